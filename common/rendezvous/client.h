@@ -1,0 +1,91 @@
+// RendezvousClient: a worker's side of the rendezvous protocol in proto/rendezvous.proto.
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto client, RendezvousClient::Connect(options));
+//   LOCKSTEP_ASSIGN_OR_RETURN(Assignment a, client->Join(/*state_step=*/-1, timeout_ms));
+//   client->StartHeartbeat(a, [&](const std::string& reason) { AbortCollectives(reason); });
+//   auto store = client->GenerationStore(a.generation);   // for Gloo/NCCL bootstrap
+//   ... train; client->SetProgress(progress) every few steps ...
+//   client->StopHeartbeat();  // before joining the next generation
+//   client->Leave(/*completed=*/true, final_progress);
+//
+// Thread safety: all methods may be called from any thread. The on_generation_ended callback
+// runs on the heartbeat thread, once per generation; it must not block.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous/kv_store.h"
+#include "common/status.h"
+
+namespace lockstep::rendezvous {
+
+struct ClientOptions {
+  std::string address;    // host:port of the rendezvous service (LOCKSTEP_RENDEZVOUS)
+  std::string job;        // namespace/name (LOCKSTEP_JOB)
+  std::string token;      // LOCKSTEP_JOB_TOKEN; sent as metadata, never logged
+  std::string member_id;  // LOCKSTEP_POD
+  std::string host = "127.0.0.1";  // address peers reach this member at
+  // TLS: PEM of the CA that signed the service's certificate; empty for plaintext (loopback).
+  std::string tls_ca_pem;
+  int64_t rpc_timeout_ms = 10000;  // deadline of each non-blocking RPC
+};
+
+struct MemberInfo {
+  std::string member_id;
+  std::string host;
+  int32_t rank = 0;
+  int64_t state_step = -1;
+};
+
+struct Assignment {
+  int64_t generation = 0;
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  std::vector<MemberInfo> members;  // by rank
+  int64_t heartbeat_interval_ms = 0;
+  int64_t heartbeat_timeout_ms = 0;
+};
+
+struct ProgressReport {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  double loss = 0;
+  double samples_per_second = 0;
+  double scaling_efficiency = 0;
+  int64_t samples = 0;
+  double eval_accuracy = -1;
+  int64_t last_checkpoint_step = -1;
+  std::string last_checkpoint_uri;
+  double comm_exposed_fraction = 0;
+};
+
+class RendezvousClient {
+ public:
+  static StatusOr<std::unique_ptr<RendezvousClient>> Connect(const ClientOptions& options);
+  virtual ~RendezvousClient() = default;
+
+  // Blocks until the next generation forms (or timeout_ms passes: DEADLINE_EXCEEDED; wrong token:
+  // UNAUTHENTICATED). state_step: the newest step held in memory, -1 for none.
+  virtual StatusOr<Assignment> Join(int64_t state_step, int64_t timeout_ms) = 0;
+
+  // Opens the heartbeat stream for a.generation and beats every a.heartbeat_interval_ms with the
+  // latest progress. on_generation_ended(reason) is called once, when the service ends the
+  // generation or the stream fails. Replaces any previous heartbeat.
+  virtual Status StartHeartbeat(const Assignment& a,
+                                std::function<void(const std::string& reason)> on_generation_ended) = 0;
+  // Closes the stream without ending the generation for others only if preceded by Leave; a
+  // member that stops beating otherwise ends the generation (that is the point).
+  virtual void StopHeartbeat() = 0;
+  virtual void SetProgress(const ProgressReport& progress) = 0;
+
+  virtual Status Leave(bool completed, const ProgressReport& final_progress) = 0;
+
+  // A store whose keys are scoped to `generation`. Valid while the client lives.
+  virtual std::unique_ptr<KeyValueStore> GenerationStore(int64_t generation) = 0;
+};
+
+}  // namespace lockstep::rendezvous

@@ -1,0 +1,78 @@
+// RendezvousServer: the rendezvous service of proto/rendezvous.proto as a library. `lockstep run`
+// hosts it in-process for one job; the operator hosts it for every job in the cluster.
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto server, RendezvousServer::Start({.listen_address = "127.0.0.1:0"}));
+//   LOCKSTEP_RETURN_IF_ERROR(server->AddJob({.job = "default/fashion", .token = token,
+//                                            .min_members = 4, .max_members = 4}));
+//   ... launch workers with LOCKSTEP_RENDEZVOUS=127.0.0.1:<server->port()> ...
+//   server->RemoveMember("default/fashion", "fashion-worker-2", "exited with code 137");
+//   JobSnapshot s = *server->Snapshot("default/fashion");   // progress, generation, members
+//
+// Thread safety: every method may be called from any thread while the server runs.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous/client.h"
+#include "common/status.h"
+
+namespace lockstep::rendezvous {
+
+struct ServerOptions {
+  std::string listen_address = "127.0.0.1:0";  // port 0: pick a free port
+  // TLS: PEM certificate chain and key; both empty for plaintext.
+  std::string tls_cert_pem;
+  std::string tls_key_pem;
+};
+
+struct JobConfig {
+  std::string job;    // namespace/name
+  std::string token;  // compared in constant time; never logged
+  int32_t min_members = 1;
+  int32_t max_members = 1;
+  // After min_members have joined and not all expected have, how long to wait for more.
+  int64_t last_call_ms = 1000;
+  int64_t heartbeat_interval_ms = 200;
+  int64_t heartbeat_timeout_ms = 2000;
+};
+
+struct GenerationRecord {
+  int64_t generation = 0;
+  int32_t world_size = 0;
+  double formed_at = 0;  // MonotonicSeconds()
+  double ended_at = -1;  // -1 while current
+  std::string end_reason;
+};
+
+struct JobSnapshot {
+  int64_t generation = 0;  // current (0 before the first forms)
+  int32_t world_size = 0;
+  bool generation_active = false;
+  std::vector<MemberInfo> members;  // of the current generation, by rank
+  ProgressReport progress;          // latest reported by any member of the current generation
+  std::vector<GenerationRecord> history;
+  int32_t completed_members = 0;  // members that called Leave(completed)
+  ProgressReport final_progress;  // from the first Leave(completed) that carried eval accuracy
+};
+
+class RendezvousServer {
+ public:
+  static StatusOr<std::unique_ptr<RendezvousServer>> Start(const ServerOptions& options);
+  virtual ~RendezvousServer() = default;
+
+  virtual int port() const = 0;
+  virtual Status AddJob(const JobConfig& config) = 0;  // AlreadyExists when present
+  virtual Status RemoveJob(const std::string& job) = 0;
+  // The member is gone (its process exited, its pod was deleted): ends its generation at once.
+  virtual void RemoveMember(const std::string& job, const std::string& member_id,
+                            const std::string& reason) = 0;
+  virtual StatusOr<JobSnapshot> Snapshot(const std::string& job) const = 0;
+  // Stops accepting calls, fails pending ones with UNAVAILABLE, returns within deadline_ms.
+  virtual void Shutdown(int64_t deadline_ms) = 0;
+};
+
+}  // namespace lockstep::rendezvous

@@ -1,0 +1,203 @@
+// The TrainingJob (lockstep.io/v1alpha1) spec model: one C++ model of the manifest that the
+// operator, the worker and `lockstep run` all use.
+//
+//   StatusOr<TrainingJob> job = LoadTrainingJobFile("examples/fashion-mnist.yaml");
+//   if (!job.ok()) { std::cerr << job.status().message(); return 2; }   // one problem per line
+//
+// Parsing reads YAML (yaml-cpp) or JSON (a JSON document is YAML, and ParseTrainingJobJson takes
+// nlohmann::json for the operator's watch stream), applies the defaults written below, and
+// validates. Every problem is reported, one per line, each naming the field by its path and the
+// problem, e.g.
+//   spec.elastic.minReplicas (5) > spec.elastic.maxReplicas (4)
+//   spec.trainer.batchSize: unknown field "batchsize" (did you mean "batchSize"?)
+// Unknown fields are errors, never silently dropped. The CRD in crds/ is the same schema for the
+// API server; keep the two in step.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "common/status.h"
+
+namespace lockstep::spec {
+
+enum class Activation { kRelu, kGelu, kTanh };
+enum class DataFormat { kIdx, kCsv };
+enum class OptimizerType { kSgd, kAdamW };
+enum class LrScaling { kNone, kLinear };
+enum class Device { kCpu, kCuda };
+enum class Compression { kNone, kBf16, kFp16 };
+enum class NetworkMode { kTcp, kRoce, kInfiniband };
+enum class RestartPolicy { kOnFailure, kExitCode, kNever };
+enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
+
+const char* ToString(Activation value);      // "relu" | "gelu" | "tanh"
+const char* ToString(DataFormat value);      // "idx" | "csv"
+const char* ToString(OptimizerType value);   // "sgd" | "adamw"
+const char* ToString(LrScaling value);       // "none" | "linear"
+const char* ToString(Device value);          // "cpu" | "cuda"
+const char* ToString(Compression value);     // "none" | "bf16" | "fp16"
+const char* ToString(NetworkMode value);     // "tcp" | "roce" | "infiniband"
+const char* ToString(RestartPolicy value);   // "OnFailure" | "ExitCode" | "Never"
+const char* ToString(GangScheduler value);   // "" (none) | "volcano" | "scheduler-plugins"
+
+struct ObjectMeta {
+  std::string name;                    // required, a DNS-1123 label
+  std::string namespace_ = "default";  // `namespace`
+  std::map<std::string, std::string> labels;
+  std::map<std::string, std::string> annotations;
+  std::string uid;                     // set by the API server; empty locally
+  int64_t generation = 0;              // set by the API server
+};
+
+struct ElasticSpec {
+  int32_t min_replicas = 0;  // default: replicas
+  int32_t max_replicas = 0;  // default: replicas
+};
+
+struct ModelSpec {
+  std::string type = "mlp";           // only "mlp" for now
+  std::vector<int32_t> hidden{256};   // each >= 1
+  Activation activation = Activation::kRelu;
+};
+
+struct DataSpec {
+  DataFormat format = DataFormat::kIdx;
+  // idx: [images, labels]; csv: [file] whose rows are features..., label (last column).
+  // URIs: file:///abs/path or a plain path (relative to the manifest's directory).
+  std::vector<std::string> train;
+  std::vector<std::string> test;  // optional: no evaluation when empty
+};
+
+struct OptimizerSpec {
+  OptimizerType type = OptimizerType::kSgd;
+  double learning_rate = 0.05;  // > 0
+  double momentum = 0.9;        // [0, 1) for sgd
+  double weight_decay = 0.0;    // >= 0
+  LrScaling lr_scaling = LrScaling::kNone;
+  int64_t warmup_steps = 0;     // >= 0
+  double beta1 = 0.9;           // adamw
+  double beta2 = 0.999;         // adamw
+  double epsilon = 1e-8;        // adamw
+};
+
+struct AllreduceSpec {
+  double bucket_mib = 25;  // > 0
+  Compression compression = Compression::kNone;
+  int64_t timeout_seconds = 300;  // > 0
+};
+
+struct TrainerSpec {
+  ModelSpec model;
+  DataSpec data;
+  int64_t batch_size = 64;  // per worker, >= 1
+  int64_t steps = 0;        // exactly one of steps and epochs is > 0
+  int64_t epochs = 0;
+  OptimizerSpec optimizer;
+  uint64_t seed = 1;
+  Device device = Device::kCpu;
+  AllreduceSpec allreduce;
+  int64_t log_interval_steps = 50;  // `logIntervalSteps`: progress report period
+};
+
+struct ResourcesSpec {
+  int32_t gpus = 0;
+  std::string cpu;     // Kubernetes quantity, e.g. "8"
+  std::string memory;  // Kubernetes quantity, e.g. "64Gi"
+};
+
+struct CheckpointSpec {
+  std::string uri;  // "" (none) | file:///path | hdfs://host:port/path
+  int64_t interval_steps = 0;  // 0: only at the end
+  int32_t keep = 3;            // >= 1
+  bool async = true;
+};
+
+struct RdmaResource {
+  std::string name;  // e.g. rdma/roce_shared
+  int32_t count = 1;
+};
+
+struct NetworkSpec {
+  NetworkMode mode = NetworkMode::kTcp;
+  RdmaResource rdma_resource;
+  std::vector<std::string> multus_networks;
+  bool host_network = false;
+  std::map<std::string, std::string> nccl_env;
+};
+
+struct SchedulingSpec {
+  GangScheduler gang = GangScheduler::kNone;
+  std::string queue = "default";
+  std::string priority_class_name;
+  int64_t schedule_timeout_seconds = 600;
+};
+
+struct RunPolicy {
+  RestartPolicy restart_policy = RestartPolicy::kOnFailure;
+  int32_t backoff_limit = 6;                         // >= 0
+  std::optional<int64_t> active_deadline_seconds;    // > 0 when set
+  std::optional<int64_t> ttl_seconds_after_finished; // >= 0 when set
+  bool suspend = false;
+  SchedulingSpec scheduling;
+  // ExitCode policy: exit codes that are retried (default: 128+ signals and 1..127 are not,
+  // PyTorchJob's convention: retryable = 130, 137, 143 and codes in this list).
+  std::vector<int32_t> retryable_exit_codes;
+};
+
+struct MetricsSpec {
+  int32_t port = 9400;  // 0: no endpoint; else 1..65535
+};
+
+struct TrainingJobSpec {
+  int32_t replicas = 0;  // required, >= 1
+  ElasticSpec elastic;   // resolved: min/max always set after parsing
+  bool elastic_set = false;
+  std::optional<TrainerSpec> trainer;  // exactly one of trainer and command
+  std::vector<std::string> command;
+  std::string image;
+  ResourcesSpec resources;
+  nlohmann::json template_;  // `template`: PodTemplateSpec merged into every pod (object or null)
+  CheckpointSpec checkpoint;
+  NetworkSpec network;
+  RunPolicy run_policy;
+  MetricsSpec metrics;
+};
+
+struct TrainingJob {
+  std::string api_version = "lockstep.io/v1alpha1";
+  std::string kind = "TrainingJob";
+  ObjectMeta metadata;
+  TrainingJobSpec spec;
+  // Directory of the manifest file; relative data paths resolve against it. Empty: cwd.
+  std::string base_dir;
+};
+
+// Parses and validates. On failure: InvalidArgument whose message holds every problem, one per
+// line, each prefixed by `source` ("examples/x.yaml: spec.replicas: must be >= 1 (got 0)").
+StatusOr<TrainingJob> ParseTrainingJobYaml(const std::string& text, const std::string& source);
+StatusOr<TrainingJob> ParseTrainingJobJson(const nlohmann::json& document,
+                                           const std::string& source);
+// Reads the file (NotFound naming it when missing) and parses it; sets base_dir.
+StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path);
+
+// Problems the schema cannot see: data files that do not exist or cannot be read. One per line,
+// naming the field and the file: "spec.trainer.data.train[1]: file not found: /x/y.gz".
+std::vector<std::string> CheckDataFiles(const TrainingJob& job);
+
+// A file:// URI or plain path resolved to an absolute path (relative to job.base_dir).
+std::string ResolveDataPath(const TrainingJob& job, const std::string& uri);
+
+// Serialization in the manifest's own camelCase form; ParseTrainingJobJson(ToJson(job)) == job.
+nlohmann::json ToJson(const TrainingJob& job);
+
+// Total steps the trainer will run for a given dataset size and world size (steps, or epochs
+// converted with the global batch). Used for progress and time-left displays.
+int64_t TotalSteps(const TrainerSpec& trainer, int64_t train_samples, int32_t world_size);
+
+}  // namespace lockstep::spec

@@ -1,0 +1,50 @@
+// Communicator: the collectives data-parallel training needs, behind one interface with one
+// implementation per backend (gloo/ for CPU over TCP, nccl/ for GPU).
+//
+// Contract for every collective:
+//  - every rank of the generation calls the same collectives in the same order with the same
+//    counts and types (the DDP engine guarantees this by issuing buckets in a fixed order);
+//  - each call returns within timeout_ms: DEADLINE_EXCEEDED if the peers do not take part in time,
+//    ABORTED once Abort() was called, UNAVAILABLE when a peer's connection breaks. After any
+//    error the communicator is unusable: drop it and build a new one for the next generation.
+//  - buffers are in the backend's memory (host for gloo, device for nccl).
+// A communicator is used by one thread at a time (the engine's communication thread), except
+// Abort(), which any thread may call to make blocked and later calls fail promptly.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace lockstep::comm {
+
+enum class DataType { kFloat32, kFloat64, kInt64, kBFloat16, kFloat16 };
+enum class ReduceOp { kSum, kMax, kMin };
+
+size_t DataTypeSize(DataType type);
+const char* DataTypeName(DataType type);
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual std::string backend() const = 0;  // "gloo" | "nccl"
+
+  // In place: data[0..count) becomes the reduction over ranks.
+  virtual Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                           int64_t timeout_ms) = 0;
+  // data[0..bytes) on every rank becomes root's.
+  virtual Status Broadcast(void* data, size_t bytes, int root, int64_t timeout_ms) = 0;
+  // out[r * bytes_per_rank ...] = in of rank r; out holds size() * bytes_per_rank bytes.
+  virtual Status AllGather(const void* in, size_t bytes_per_rank, void* out,
+                           int64_t timeout_ms) = 0;
+  virtual Status Barrier(int64_t timeout_ms) = 0;
+  // Makes every blocked and later call fail with ABORTED. Safe from any thread, idempotent.
+  virtual void Abort(const std::string& reason) = 0;
+};
+
+}  // namespace lockstep::comm
