@@ -9,6 +9,12 @@
 // optimizer is one fused pass over the whole model.
 //
 // Thread safety: functions keep no state; callers serialise use of a context.
+//
+// Errors: these functions return void, so misuse is a programming error reported by one ERROR log
+// line and abort(): DeviceType::kCuda in a build without the CUDA kernels (check CudaAvailable()
+// first), a label outside [0, classes), a null input the activation needs, a Gemm dimension
+// beyond 32-bit BLAS indices. Empty sizes do no work beyond the empty result (Gemm with k = 0
+// computes C = beta * C; zero rows give dbias = 0).
 #pragma once
 
 #include <cstddef>
@@ -24,8 +30,8 @@ enum class HalfType { kBf16, kFp16 };
 
 struct ExecutionContext {
   DeviceType device = DeviceType::kCpu;
-  void* cuda_stream = nullptr;   // cudaStream_t when device == kCuda
-  void* blas_handle = nullptr;   // cublasHandle_t when device == kCuda
+  void* cuda_stream = nullptr;  // cudaStream_t when device == kCuda
+  void* blas_handle = nullptr;  // cublasHandle_t when device == kCuda
 };
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) is X or X^T.
@@ -34,14 +40,16 @@ void Gemm(const ExecutionContext& ctx, bool transpose_a, bool transpose_b, int64
           int64_t k, float alpha, const float* a, const float* b, float beta, float* c);
 
 // In place on x[rows, cols]: x = act(x + bias) with bias[cols]. Also writes the pre-activation
-// (x + bias) to `pre_activation` when it is not null (needed by gelu/tanh backward; relu needs
-// only the output).
+// (x + bias) to `pre_activation` when it is not null (needed by gelu backward; relu and tanh
+// backward need only the output). gelu is the exact erf form, PyTorch's default.
 void BiasActivationForward(const ExecutionContext& ctx, ActivationType act, int64_t rows,
                            int64_t cols, const float* bias, float* x, float* pre_activation);
 
 // Given dy = dL/d(output) [rows, cols], the layer's output y and pre-activation (may be null
-// for relu/identity/tanh, which use y): writes dx = dL/d(pre-activation) into dy in place, and
-// accumulates (beta=0: overwrites) dbias[cols] = sum over rows of dx.
+// for relu/identity/tanh, which use y; y may be null for identity and gelu): writes
+// dx = dL/d(pre-activation) into dy in place, and overwrites (never accumulates into)
+// dbias[cols] = sum over rows of dx, summed in double. A null input the activation needs is a
+// programming error: logged, then abort().
 void BiasActivationBackward(const ExecutionContext& ctx, ActivationType act, int64_t rows,
                             int64_t cols, const float* y, const float* pre_activation, float* dy,
                             float* dbias);
