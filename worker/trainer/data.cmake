@@ -1,0 +1,8 @@
+# lockstep_data: the built-in trainer's data sets (IDX, CSV) and the global sampler.
+# Included from worker/trainer/CMakeLists.txt; owned by the data module.
+add_library(lockstep_data STATIC
+  ${CMAKE_CURRENT_LIST_DIR}/dataset.cc
+  ${CMAKE_CURRENT_LIST_DIR}/sampler.cc)
+target_link_libraries(lockstep_data
+  PUBLIC lockstep_spec lockstep_base
+  PRIVATE ZLIB::ZLIB)
