@@ -9,18 +9,17 @@
 // validates. Every problem is reported, one per line, each naming the field by its path and the
 // problem, e.g.
 //   spec.elastic.minReplicas (5) > spec.elastic.maxReplicas (4)
-//   spec.trainer.batchSize: unknown field "batchsize" (did you mean "batchSize"?)
+//   spec.trainer.bachSize: unknown field (did you mean "batchSize"?)
 // Unknown fields are errors, never silently dropped. The CRD in crds/ is the same schema for the
 // API server; keep the two in step.
 #pragma once
 
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "common/status.h"
 
@@ -36,23 +35,23 @@ enum class NetworkMode { kTcp, kRoce, kInfiniband };
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
 
-const char* ToString(Activation value);      // "relu" | "gelu" | "tanh"
-const char* ToString(DataFormat value);      // "idx" | "csv"
-const char* ToString(OptimizerType value);   // "sgd" | "adamw"
-const char* ToString(LrScaling value);       // "none" | "linear"
-const char* ToString(Device value);          // "cpu" | "cuda"
-const char* ToString(Compression value);     // "none" | "bf16" | "fp16"
-const char* ToString(NetworkMode value);     // "tcp" | "roce" | "infiniband"
-const char* ToString(RestartPolicy value);   // "OnFailure" | "ExitCode" | "Never"
-const char* ToString(GangScheduler value);   // "" (none) | "volcano" | "scheduler-plugins"
+const char* ToString(Activation value);     // "relu" | "gelu" | "tanh"
+const char* ToString(DataFormat value);     // "idx" | "csv"
+const char* ToString(OptimizerType value);  // "sgd" | "adamw"
+const char* ToString(LrScaling value);      // "none" | "linear"
+const char* ToString(Device value);         // "cpu" | "cuda"
+const char* ToString(Compression value);    // "none" | "bf16" | "fp16"
+const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
+const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never"
+const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
 
 struct ObjectMeta {
   std::string name;                    // required, a DNS-1123 label
   std::string namespace_ = "default";  // `namespace`
   std::map<std::string, std::string> labels;
   std::map<std::string, std::string> annotations;
-  std::string uid;                     // set by the API server; empty locally
-  int64_t generation = 0;              // set by the API server
+  std::string uid;         // set by the API server; empty locally
+  int64_t generation = 0;  // set by the API server
 };
 
 struct ElasticSpec {
@@ -61,8 +60,8 @@ struct ElasticSpec {
 };
 
 struct ModelSpec {
-  std::string type = "mlp";           // only "mlp" for now
-  std::vector<int32_t> hidden{256};   // each >= 1
+  std::string type = "mlp";          // only "mlp" for now
+  std::vector<int32_t> hidden{256};  // each >= 1
   Activation activation = Activation::kRelu;
 };
 
@@ -80,10 +79,10 @@ struct OptimizerSpec {
   double momentum = 0.9;        // [0, 1) for sgd
   double weight_decay = 0.0;    // >= 0
   LrScaling lr_scaling = LrScaling::kNone;
-  int64_t warmup_steps = 0;     // >= 0
-  double beta1 = 0.9;           // adamw
-  double beta2 = 0.999;         // adamw
-  double epsilon = 1e-8;        // adamw
+  int64_t warmup_steps = 0;  // >= 0
+  double beta1 = 0.9;        // adamw
+  double beta2 = 0.999;      // adamw
+  double epsilon = 1e-8;     // adamw
 };
 
 struct AllreduceSpec {
@@ -112,7 +111,7 @@ struct ResourcesSpec {
 };
 
 struct CheckpointSpec {
-  std::string uri;  // "" (none) | file:///path | hdfs://host:port/path
+  std::string uri;             // "" (none) | file:///path | hdfs://host:port/path
   int64_t interval_steps = 0;  // 0: only at the end
   int32_t keep = 3;            // >= 1
   bool async = true;
@@ -140,9 +139,9 @@ struct SchedulingSpec {
 
 struct RunPolicy {
   RestartPolicy restart_policy = RestartPolicy::kOnFailure;
-  int32_t backoff_limit = 6;                         // >= 0
-  std::optional<int64_t> active_deadline_seconds;    // > 0 when set
-  std::optional<int64_t> ttl_seconds_after_finished; // >= 0 when set
+  int32_t backoff_limit = 6;                          // >= 0
+  std::optional<int64_t> active_deadline_seconds;     // > 0 when set
+  std::optional<int64_t> ttl_seconds_after_finished;  // >= 0 when set
   bool suspend = false;
   SchedulingSpec scheduling;
   // ExitCode policy: exit codes that are retried (default: 128+ signals and 1..127 are not,
@@ -177,6 +176,27 @@ struct TrainingJob {
   // Directory of the manifest file; relative data paths resolve against it. Empty: cwd.
   std::string base_dir;
 };
+
+// Field-by-field equality (template_ compared as JSON; base_dir included for TrainingJob). The
+// operator compares specs to decide whether anything changed.
+bool operator==(const ObjectMeta& a, const ObjectMeta& b);
+bool operator==(const ElasticSpec& a, const ElasticSpec& b);
+bool operator==(const ModelSpec& a, const ModelSpec& b);
+bool operator==(const DataSpec& a, const DataSpec& b);
+bool operator==(const OptimizerSpec& a, const OptimizerSpec& b);
+bool operator==(const AllreduceSpec& a, const AllreduceSpec& b);
+bool operator==(const TrainerSpec& a, const TrainerSpec& b);
+bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
+bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
+bool operator==(const RdmaResource& a, const RdmaResource& b);
+bool operator==(const NetworkSpec& a, const NetworkSpec& b);
+bool operator==(const SchedulingSpec& a, const SchedulingSpec& b);
+bool operator==(const RunPolicy& a, const RunPolicy& b);
+bool operator==(const MetricsSpec& a, const MetricsSpec& b);
+bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b);
+bool operator==(const TrainingJob& a, const TrainingJob& b);
+inline bool operator!=(const TrainingJobSpec& a, const TrainingJobSpec& b) { return !(a == b); }
+inline bool operator!=(const TrainingJob& a, const TrainingJob& b) { return !(a == b); }
 
 // Parses and validates. On failure: InvalidArgument whose message holds every problem, one per
 // line, each prefixed by `source` ("examples/x.yaml: spec.replicas: must be >= 1 (got 0)").

@@ -1,0 +1,158 @@
+// The TrainingJob model's small pieces: enum names, equality, file loading, data paths and step
+// counts. Parsing lives in training_job_parse.cc, serialization in training_job_json.cc.
+#include "common/spec/training_job.h"
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <system_error>
+#include <tuple>
+
+#include "common/spec/enum_names.h"
+
+namespace lockstep::spec {
+
+const char* ToString(Activation value) { return internal::EnumToString(value); }
+const char* ToString(DataFormat value) { return internal::EnumToString(value); }
+const char* ToString(OptimizerType value) { return internal::EnumToString(value); }
+const char* ToString(LrScaling value) { return internal::EnumToString(value); }
+const char* ToString(Device value) { return internal::EnumToString(value); }
+const char* ToString(Compression value) { return internal::EnumToString(value); }
+const char* ToString(NetworkMode value) { return internal::EnumToString(value); }
+const char* ToString(RestartPolicy value) { return internal::EnumToString(value); }
+const char* ToString(GangScheduler value) { return internal::EnumToString(value); }
+
+bool operator==(const ObjectMeta& a, const ObjectMeta& b) {
+  return std::tie(a.name, a.namespace_, a.labels, a.annotations, a.uid, a.generation) ==
+         std::tie(b.name, b.namespace_, b.labels, b.annotations, b.uid, b.generation);
+}
+bool operator==(const ElasticSpec& a, const ElasticSpec& b) {
+  return a.min_replicas == b.min_replicas && a.max_replicas == b.max_replicas;
+}
+bool operator==(const ModelSpec& a, const ModelSpec& b) {
+  return std::tie(a.type, a.hidden, a.activation) == std::tie(b.type, b.hidden, b.activation);
+}
+bool operator==(const DataSpec& a, const DataSpec& b) {
+  return std::tie(a.format, a.train, a.test) == std::tie(b.format, b.train, b.test);
+}
+bool operator==(const OptimizerSpec& a, const OptimizerSpec& b) {
+  return std::tie(a.type, a.learning_rate, a.momentum, a.weight_decay, a.lr_scaling, a.warmup_steps,
+                  a.beta1, a.beta2,
+                  a.epsilon) == std::tie(b.type, b.learning_rate, b.momentum, b.weight_decay,
+                                         b.lr_scaling, b.warmup_steps, b.beta1, b.beta2, b.epsilon);
+}
+bool operator==(const AllreduceSpec& a, const AllreduceSpec& b) {
+  return std::tie(a.bucket_mib, a.compression, a.timeout_seconds) ==
+         std::tie(b.bucket_mib, b.compression, b.timeout_seconds);
+}
+bool operator==(const TrainerSpec& a, const TrainerSpec& b) {
+  return a.model == b.model && a.data == b.data && a.batch_size == b.batch_size &&
+         a.steps == b.steps && a.epochs == b.epochs && a.optimizer == b.optimizer &&
+         a.seed == b.seed && a.device == b.device && a.allreduce == b.allreduce &&
+         a.log_interval_steps == b.log_interval_steps;
+}
+bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
+  return std::tie(a.gpus, a.cpu, a.memory) == std::tie(b.gpus, b.cpu, b.memory);
+}
+bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
+  return std::tie(a.uri, a.interval_steps, a.keep, a.async) ==
+         std::tie(b.uri, b.interval_steps, b.keep, b.async);
+}
+bool operator==(const RdmaResource& a, const RdmaResource& b) {
+  return a.name == b.name && a.count == b.count;
+}
+bool operator==(const NetworkSpec& a, const NetworkSpec& b) {
+  return a.mode == b.mode && a.rdma_resource == b.rdma_resource &&
+         a.multus_networks == b.multus_networks && a.host_network == b.host_network &&
+         a.nccl_env == b.nccl_env;
+}
+bool operator==(const SchedulingSpec& a, const SchedulingSpec& b) {
+  return std::tie(a.gang, a.queue, a.priority_class_name, a.schedule_timeout_seconds) ==
+         std::tie(b.gang, b.queue, b.priority_class_name, b.schedule_timeout_seconds);
+}
+bool operator==(const RunPolicy& a, const RunPolicy& b) {
+  return a.restart_policy == b.restart_policy && a.backoff_limit == b.backoff_limit &&
+         a.active_deadline_seconds == b.active_deadline_seconds &&
+         a.ttl_seconds_after_finished == b.ttl_seconds_after_finished && a.suspend == b.suspend &&
+         a.scheduling == b.scheduling && a.retryable_exit_codes == b.retryable_exit_codes;
+}
+bool operator==(const MetricsSpec& a, const MetricsSpec& b) { return a.port == b.port; }
+bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b) {
+  return a.replicas == b.replicas && a.elastic == b.elastic && a.elastic_set == b.elastic_set &&
+         a.trainer == b.trainer && a.command == b.command && a.image == b.image &&
+         a.resources == b.resources && a.template_ == b.template_ && a.checkpoint == b.checkpoint &&
+         a.network == b.network && a.run_policy == b.run_policy && a.metrics == b.metrics;
+}
+bool operator==(const TrainingJob& a, const TrainingJob& b) {
+  return a.api_version == b.api_version && a.kind == b.kind && a.metadata == b.metadata &&
+         a.spec == b.spec && a.base_dir == b.base_dir;
+}
+
+StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  fs::file_status status = fs::status(path, error);
+  if (!fs::exists(status)) return NotFoundError(path + ": no such file");
+  if (fs::is_directory(status)) return InvalidArgumentError(path + ": is a directory");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return PermissionDeniedError(path + ": cannot be read");
+  std::ostringstream text;
+  text << in.rdbuf();
+  if (in.bad()) return UnknownError(path + ": read failed");
+
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(text.str(), path);
+  if (!job.ok()) return job;
+  fs::path absolute = fs::absolute(path, error);
+  if (error) return InternalError(path + ": cannot make the path absolute: " + error.message());
+  job->base_dir = absolute.lexically_normal().parent_path().string();
+  return job;
+}
+
+std::string ResolveDataPath(const TrainingJob& job, const std::string& uri) {
+  namespace fs = std::filesystem;
+  constexpr std::string_view kFileScheme = "file://";
+  std::string path = uri.rfind(kFileScheme, 0) == 0 ? uri.substr(kFileScheme.size()) : uri;
+  fs::path resolved(path);
+  if (resolved.is_relative()) {
+    std::error_code error;
+    fs::path base = job.base_dir.empty() ? fs::current_path(error) : fs::path(job.base_dir);
+    resolved = base / resolved;
+  }
+  return resolved.lexically_normal().string();
+}
+
+std::vector<std::string> CheckDataFiles(const TrainingJob& job) {
+  namespace fs = std::filesystem;
+  std::vector<std::string> problems;
+  if (!job.spec.trainer) return problems;
+  auto check = [&](const std::vector<std::string>& uris, const std::string& field) {
+    for (size_t i = 0; i < uris.size(); ++i) {
+      std::string prefix = field + "[" + std::to_string(i) + "]: ";
+      std::string path = ResolveDataPath(job, uris[i]);
+      std::error_code error;
+      fs::file_status status = fs::status(path, error);
+      if (!fs::exists(status)) {
+        problems.push_back(prefix + "file not found: " + path);
+      } else if (!fs::is_regular_file(status)) {
+        problems.push_back(prefix + "not a regular file: " + path);
+      } else if (!std::ifstream(path, std::ios::binary)) {
+        problems.push_back(prefix + "cannot be read: " + path);
+      }
+    }
+  };
+  check(job.spec.trainer->data.train, "spec.trainer.data.train");
+  check(job.spec.trainer->data.test, "spec.trainer.data.test");
+  return problems;
+}
+
+int64_t TotalSteps(const TrainerSpec& trainer, int64_t train_samples, int32_t world_size) {
+  if (trainer.steps > 0) return trainer.steps;
+  if (trainer.epochs <= 0 || train_samples <= 0) return 0;
+  // An epoch is one pass of the global cursor over the permutation; the last, partial global
+  // batch still counts as a step, so every sample is seen once per epoch.
+  int64_t global_batch = trainer.batch_size * std::max<int64_t>(world_size, 1);
+  int64_t steps_per_epoch = (train_samples + global_batch - 1) / global_batch;
+  return trainer.epochs * steps_per_epoch;
+}
+
+}  // namespace lockstep::spec

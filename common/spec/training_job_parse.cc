@@ -1,0 +1,455 @@
+// The manifest walker: reads a TrainingJob from its JSON form (YAML is converted first) field by
+// field, applying defaults and collecting every problem. ParseTrainingJobYaml and
+// ParseTrainingJobJson both end here, so the two formats cannot drift apart.
+#include <yaml-cpp/yaml.h>
+
+#include <cctype>
+#include <cstdint>
+#include <limits>
+#include <string>
+
+#include "common/spec/field_reader.h"
+#include "common/spec/problems.h"
+#include "common/spec/training_job.h"
+#include "common/spec/yaml_to_json.h"
+
+namespace lockstep::spec {
+namespace {
+
+using internal::Bound;
+using internal::Describe;
+using internal::ObjectReader;
+using internal::Problems;
+using json = nlohmann::json;
+
+constexpr char kApiVersion[] = "lockstep.io/v1alpha1";
+constexpr char kKind[] = "TrainingJob";
+constexpr int32_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// RFC 1123 label, as Kubernetes requires for names: lowercase alphanumerics and '-', starting
+// and ending with an alphanumeric, at most 63 characters.
+bool IsDns1123Label(const std::string& name) {
+  if (name.empty() || name.size() > 63) return false;
+  auto alnum = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+  for (char c : name) {
+    if (!alnum(c) && c != '-') return false;
+  }
+  return alnum(name.front()) && alnum(name.back());
+}
+
+void ReadDns1123Label(const ObjectReader& reader, std::string_view key, std::string* out) {
+  std::string value;
+  if (!reader.ReadString(key, &value)) return;
+  if (!IsDns1123Label(value)) {
+    reader.problems()->Add(reader.PathOf(key),
+                           "must be a DNS-1123 label: at most 63 lowercase letters, digits and "
+                           "'-', starting and ending with a letter or digit (got " +
+                               Describe(json(value)) + ")");
+    return;
+  }
+  *out = value;
+}
+
+// "file:///abs/path" or "hdfs://host:port/path"; anything else is reported.
+bool IsCheckpointUri(const std::string& uri) {
+  constexpr std::string_view kFile = "file://";
+  constexpr std::string_view kHdfs = "hdfs://";
+  if (uri.rfind(kFile, 0) == 0) return uri.size() > kFile.size() + 1 && uri[kFile.size()] == '/';
+  if (uri.rfind(kHdfs, 0) != 0) return false;
+  std::string rest = uri.substr(kHdfs.size());
+  size_t slash = rest.find('/');
+  if (slash == std::string::npos || slash + 1 >= rest.size()) return false;
+  std::string authority = rest.substr(0, slash);
+  size_t colon = authority.rfind(':');
+  if (colon == std::string::npos || colon == 0) return false;
+  std::string port = authority.substr(colon + 1);
+  if (port.empty() || port.size() > 5) return false;
+  for (char c : port) {
+    if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+  }
+  int number = std::stoi(port);
+  return number >= 1 && number <= 65535;
+}
+
+// Kubernetes quantity: a decimal number with an optional binary (Ki..Ei) or decimal (n..E)
+// suffix or exponent, e.g. "8", "500m", "64Gi", "1e3".
+bool IsQuantity(const std::string& text) {
+  size_t i = 0;
+  if (i < text.size() && (text[i] == '+' || text[i] == '-')) ++i;
+  size_t digits = 0;
+  bool dot = false;
+  for (; i < text.size(); ++i) {
+    if (std::isdigit(static_cast<unsigned char>(text[i]))) {
+      ++digits;
+    } else if (text[i] == '.' && !dot) {
+      dot = true;
+    } else {
+      break;
+    }
+  }
+  if (digits == 0) return false;
+  std::string suffix = text.substr(i);
+  static const char* const kSuffixes[] = {"",  "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n",
+                                          "u", "m",  "k",  "M",  "G",  "T",  "P",  "E"};
+  for (const char* allowed : kSuffixes) {
+    if (suffix == allowed) return true;
+  }
+  if (suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E')) {
+    size_t j = (suffix[1] == '+' || suffix[1] == '-') ? 2 : 1;
+    if (j >= suffix.size()) return false;
+    for (; j < suffix.size(); ++j) {
+      if (!std::isdigit(static_cast<unsigned char>(suffix[j]))) return false;
+    }
+    return true;
+  }
+  return false;
+}
+
+void ReadQuantity(const ObjectReader& reader, std::string_view key, std::string* out) {
+  std::string value;
+  if (!reader.ReadIntOrString(key, &value)) return;
+  // Empty means "not requested", which is also how ToJson writes an unset quantity.
+  if (!value.empty() && !IsQuantity(value)) {
+    reader.problems()->Add(reader.PathOf(key),
+                           "must be a Kubernetes quantity such as \"8\", "
+                           "\"500m\" or \"64Gi\" (got " +
+                               Describe(json(value)) + ")");
+    return;
+  }
+  *out = value;
+}
+
+void ReadMetadata(const ObjectReader& top, ObjectMeta* metadata) {
+  // Besides what users write, the API server's fields, so the operator can parse watched objects.
+  ObjectReader reader =
+      top.Child("metadata", {"name", "namespace", "labels", "annotations", "uid", "generation",
+                             "resourceVersion", "creationTimestamp", "deletionTimestamp",
+                             "deletionGracePeriodSeconds", "finalizers", "ownerReferences",
+                             "managedFields", "generateName", "selfLink"});
+  if (!reader.valid()) return;
+  if (reader.Require("name")) ReadDns1123Label(reader, "name", &metadata->name);
+  ReadDns1123Label(reader, "namespace", &metadata->namespace_);
+  reader.ReadStringMap("labels", &metadata->labels);
+  reader.ReadStringMap("annotations", &metadata->annotations);
+  reader.ReadString("uid", &metadata->uid);
+  reader.ReadInt("generation", &metadata->generation, 0);
+}
+
+// Data URIs are local: file:///abs/path or a plain path. Other schemes are reported here because
+// the files layer could only say "not found" about them.
+void CheckDataUris(const ObjectReader& reader, std::string_view key,
+                   const std::vector<std::string>& uris) {
+  for (size_t i = 0; i < uris.size(); ++i) {
+    const std::string& uri = uris[i];
+    std::string path = internal::IndexPath(reader.PathOf(key), i);
+    size_t scheme_end = uri.find("://");
+    if (uri.empty()) {
+      reader.problems()->Add(path, "must not be empty");
+    } else if (scheme_end != std::string::npos && uri.rfind("file://", 0) != 0) {
+      reader.problems()->Add(
+          path, "must be a file:// URI or a plain path (got " + Describe(json(uri)) + ")");
+    }
+  }
+}
+
+void CheckDataFileCount(const ObjectReader& reader, std::string_view key, DataFormat format,
+                        size_t count) {
+  size_t expected = format == DataFormat::kIdx ? 2 : 1;
+  if (count == expected) return;
+  std::string rule = format == DataFormat::kIdx ? "format idx needs 2 files [images, labels]"
+                                                : "format csv needs 1 file";
+  reader.problems()->Add(reader.PathOf(key), rule + " (got " + std::to_string(count) + ")");
+}
+
+void ReadData(const ObjectReader& trainer, DataSpec* data) {
+  ObjectReader reader = trainer.Child("data", {"format", "train", "test"});
+  if (!reader.valid()) return;
+  bool format_ok = reader.ReadEnum("format", &data->format) || !reader.Has("format");
+  if (reader.Require("train") && reader.ReadStringList("train", &data->train)) {
+    CheckDataUris(reader, "train", data->train);
+    if (format_ok) CheckDataFileCount(reader, "train", data->format, data->train.size());
+  }
+  // An empty test list means no evaluation, like an absent one.
+  if (reader.ReadStringList("test", &data->test) && !data->test.empty()) {
+    CheckDataUris(reader, "test", data->test);
+    if (format_ok) CheckDataFileCount(reader, "test", data->format, data->test.size());
+  }
+}
+
+void ReadModel(const ObjectReader& trainer, ModelSpec* model) {
+  ObjectReader reader = trainer.Child("model", {"type", "hidden", "activation"});
+  if (!reader.valid()) return;
+  std::string type;
+  if (reader.ReadString("type", &type)) {
+    if (type == "mlp") {
+      model->type = type;
+    } else {
+      reader.problems()->Add(reader.PathOf("type"),
+                             "must be one of mlp (got " + Describe(json(type)) + ")");
+    }
+  }
+  std::vector<int64_t> hidden;
+  if (reader.ReadIntList("hidden", 1, kMaxInt32, &hidden)) {
+    model->hidden.assign(hidden.begin(), hidden.end());
+  }
+  reader.ReadEnum("activation", &model->activation);
+}
+
+void ReadOptimizer(const ObjectReader& trainer, OptimizerSpec* optimizer) {
+  ObjectReader reader =
+      trainer.Child("optimizer", {"type", "learningRate", "momentum", "weightDecay", "lrScaling",
+                                  "warmupSteps", "beta1", "beta2", "epsilon"});
+  if (!reader.valid()) return;
+  const Bound kAboveZero{0, false}, kZeroOrMore{0, true}, kBelowOne{1, false};
+  reader.ReadEnum("type", &optimizer->type);
+  reader.ReadDouble("learningRate", &optimizer->learning_rate, &kAboveZero);
+  reader.ReadDouble("momentum", &optimizer->momentum, &kZeroOrMore, &kBelowOne);
+  reader.ReadDouble("weightDecay", &optimizer->weight_decay, &kZeroOrMore);
+  reader.ReadEnum("lrScaling", &optimizer->lr_scaling);
+  reader.ReadInt("warmupSteps", &optimizer->warmup_steps, 0);
+  reader.ReadDouble("beta1", &optimizer->beta1, &kZeroOrMore, &kBelowOne);
+  reader.ReadDouble("beta2", &optimizer->beta2, &kZeroOrMore, &kBelowOne);
+  reader.ReadDouble("epsilon", &optimizer->epsilon, &kAboveZero);
+}
+
+void ReadAllreduce(const ObjectReader& trainer, AllreduceSpec* allreduce) {
+  ObjectReader reader = trainer.Child("allreduce", {"bucketMiB", "compression", "timeoutSeconds"});
+  if (!reader.valid()) return;
+  const Bound kAboveZero{0, false};
+  reader.ReadDouble("bucketMiB", &allreduce->bucket_mib, &kAboveZero);
+  reader.ReadEnum("compression", &allreduce->compression);
+  reader.ReadInt("timeoutSeconds", &allreduce->timeout_seconds, 1);
+}
+
+void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
+  ObjectReader reader =
+      spec.Child("trainer", {"model", "data", "batchSize", "steps", "epochs", "optimizer", "seed",
+                             "device", "allreduce", "logIntervalSteps"});
+  if (!reader.valid()) return;
+  ReadModel(reader, &trainer->model);
+  ReadData(reader, &trainer->data);
+  reader.ReadInt("batchSize", &trainer->batch_size, 1);
+  bool steps_ok = reader.ReadInt("steps", &trainer->steps, 0) || !reader.Has("steps");
+  bool epochs_ok = reader.ReadInt("epochs", &trainer->epochs, 0) || !reader.Has("epochs");
+  if (steps_ok && epochs_ok && (trainer->steps > 0) == (trainer->epochs > 0)) {
+    reader.problems()->Add(
+        reader.path(),
+        "exactly one of steps and epochs must be > 0 (got " +
+            (trainer->steps > 0 ? "steps " + std::to_string(trainer->steps) + " and epochs " +
+                                      std::to_string(trainer->epochs)
+                                : std::string("neither")) +
+            ")");
+  }
+  ReadOptimizer(reader, &trainer->optimizer);
+  reader.ReadUint64("seed", &trainer->seed);
+  reader.ReadEnum("device", &trainer->device);
+  ReadAllreduce(reader, &trainer->allreduce);
+  reader.ReadInt("logIntervalSteps", &trainer->log_interval_steps, 1);
+}
+
+void ReadCheckpoint(const ObjectReader& spec, CheckpointSpec* checkpoint) {
+  ObjectReader reader = spec.Child("checkpoint", {"uri", "intervalSteps", "keep", "async"});
+  if (!reader.valid()) return;
+  std::string uri;
+  if (reader.ReadString("uri", &uri)) {
+    if (uri.empty() || IsCheckpointUri(uri)) {
+      checkpoint->uri = uri;
+    } else {
+      reader.problems()->Add(
+          reader.PathOf("uri"),
+          "must be file:///path or hdfs://host:port/path (got " + Describe(json(uri)) + ")");
+    }
+  }
+  reader.ReadInt("intervalSteps", &checkpoint->interval_steps, 0);
+  reader.ReadInt("keep", &checkpoint->keep, 1);
+  reader.ReadBool("async", &checkpoint->async);
+}
+
+void ReadNetwork(const ObjectReader& spec, NetworkSpec* network) {
+  ObjectReader reader =
+      spec.Child("network", {"mode", "rdmaResource", "multusNetworks", "hostNetwork", "ncclEnv"});
+  if (!reader.valid()) return;
+  reader.ReadEnum("mode", &network->mode);
+  ObjectReader rdma = reader.Child("rdmaResource", {"name", "count"});
+  rdma.ReadString("name", &network->rdma_resource.name);
+  rdma.ReadInt("count", &network->rdma_resource.count, 1);
+  reader.ReadStringList("multusNetworks", &network->multus_networks);
+  reader.ReadBool("hostNetwork", &network->host_network);
+  reader.ReadStringMap("ncclEnv", &network->nccl_env);
+}
+
+void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
+  ObjectReader reader = spec.Child(
+      "runPolicy", {"restartPolicy", "backoffLimit", "activeDeadlineSeconds",
+                    "ttlSecondsAfterFinished", "suspend", "scheduling", "retryableExitCodes"});
+  if (!reader.valid()) return;
+  reader.ReadEnum("restartPolicy", &policy->restart_policy);
+  reader.ReadInt("backoffLimit", &policy->backoff_limit, 0);
+  int64_t seconds = 0;
+  if (reader.ReadInt("activeDeadlineSeconds", &seconds, 1)) {
+    policy->active_deadline_seconds = seconds;
+  }
+  if (reader.ReadInt("ttlSecondsAfterFinished", &seconds, 0)) {
+    policy->ttl_seconds_after_finished = seconds;
+  }
+  reader.ReadBool("suspend", &policy->suspend);
+  ObjectReader scheduling =
+      reader.Child("scheduling", {"gang", "queue", "priorityClassName", "scheduleTimeoutSeconds"});
+  scheduling.ReadEnum("gang", &policy->scheduling.gang);
+  scheduling.ReadString("queue", &policy->scheduling.queue);
+  scheduling.ReadString("priorityClassName", &policy->scheduling.priority_class_name);
+  scheduling.ReadInt("scheduleTimeoutSeconds", &policy->scheduling.schedule_timeout_seconds, 0);
+  std::vector<int64_t> codes;
+  if (reader.ReadIntList("retryableExitCodes", 0, 255, &codes)) {
+    policy->retryable_exit_codes.assign(codes.begin(), codes.end());
+  }
+}
+
+void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* job_spec) {
+  ObjectReader reader = spec.Child("elastic", {"minReplicas", "maxReplicas"});
+  job_spec->elastic_set = spec.Has("elastic") && reader.valid();
+  bool min_ok = reader.ReadInt("minReplicas", &job_spec->elastic.min_replicas, 1);
+  bool max_ok = reader.ReadInt("maxReplicas", &job_spec->elastic.max_replicas, 1);
+  bool min_given = reader.Has("minReplicas"), max_given = reader.Has("maxReplicas");
+  // An end that is not given defaults to replicas; an end given wrongly is already reported.
+  if (!min_given) job_spec->elastic.min_replicas = job_spec->replicas;
+  if (!max_given) job_spec->elastic.max_replicas = job_spec->replicas;
+  if (!reader.valid() || (min_given && !min_ok) || (max_given && !max_ok)) return;
+  const ElasticSpec& elastic = job_spec->elastic;
+  if (min_given && max_given && elastic.min_replicas > elastic.max_replicas) {
+    spec.problems()->Add(
+        "", reader.PathOf("minReplicas") + " (" + std::to_string(elastic.min_replicas) + ") > " +
+                reader.PathOf("maxReplicas") + " (" + std::to_string(elastic.max_replicas) + ")");
+    return;
+  }
+  if (!replicas_ok || !job_spec->elastic_set) return;
+  if (job_spec->replicas < elastic.min_replicas) {
+    spec.problems()->Add(spec.PathOf("replicas"), "must be >= " + reader.PathOf("minReplicas") +
+                                                      " (" + std::to_string(elastic.min_replicas) +
+                                                      ") (got " +
+                                                      std::to_string(job_spec->replicas) + ")");
+  } else if (job_spec->replicas > elastic.max_replicas) {
+    spec.problems()->Add(spec.PathOf("replicas"), "must be <= " + reader.PathOf("maxReplicas") +
+                                                      " (" + std::to_string(elastic.max_replicas) +
+                                                      ") (got " +
+                                                      std::to_string(job_spec->replicas) + ")");
+  }
+}
+
+void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
+  ObjectReader reader =
+      top.Child("spec", {"replicas", "elastic", "trainer", "command", "image", "resources",
+                         "template", "checkpoint", "network", "runPolicy", "metrics"});
+  if (!reader.valid()) return;
+  bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1);
+  ReadElastic(reader, replicas_ok, spec);
+
+  bool has_trainer = reader.Has("trainer"), has_command = reader.Has("command");
+  if (has_trainer == has_command) {
+    reader.problems()->Add(reader.path(),
+                           std::string("exactly one of trainer and command must be set (got ") +
+                               (has_trainer ? "both" : "neither") + ")");
+  }
+  if (has_trainer) {
+    spec->trainer.emplace();
+    ReadTrainer(reader, &*spec->trainer);
+  }
+  if (reader.ReadStringList("command", &spec->command) && has_command && spec->command.empty()) {
+    reader.problems()->Add(reader.PathOf("command"), "must not be empty");
+  }
+  reader.ReadString("image", &spec->image);
+  ObjectReader resources = reader.Child("resources", {"gpus", "cpu", "memory"});
+  resources.ReadInt("gpus", &spec->resources.gpus, 0);
+  ReadQuantity(resources, "cpu", &spec->resources.cpu);
+  ReadQuantity(resources, "memory", &spec->resources.memory);
+  if (const json* pod_template = reader.Find("template")) {
+    if (pod_template->is_object()) {
+      spec->template_ = *pod_template;
+    } else {
+      reader.problems()->Add(reader.PathOf("template"),
+                             "expected a map (a PodTemplateSpec), got " + Describe(*pod_template));
+    }
+  }
+  ReadCheckpoint(reader, &spec->checkpoint);
+  ReadNetwork(reader, &spec->network);
+  ReadRunPolicy(reader, &spec->run_policy);
+  ObjectReader metrics = reader.Child("metrics", {"port"});
+  metrics.ReadInt("port", &spec->metrics.port, 0, 65535);
+}
+
+StatusOr<TrainingJob> ParseDocument(const json& document, const std::string& source,
+                                    Problems problems) {
+  TrainingJob job;
+  if (document.is_null()) {
+    problems.Add("", "empty document: expected a TrainingJob manifest");
+    return InvalidArgumentError(problems.Join(source));
+  }
+  if (!document.is_object()) {
+    problems.Add(
+        "", "expected a TrainingJob manifest (a map) at the top level, got " + Describe(document));
+    return InvalidArgumentError(problems.Join(source));
+  }
+  // `status` belongs to the operator; a manifest read back from the cluster carries it.
+  ObjectReader top(document, "", {"apiVersion", "kind", "metadata", "spec", "status"}, &problems);
+  std::string api_version, kind;
+  if (top.Require("apiVersion") && top.ReadString("apiVersion", &api_version) &&
+      api_version != kApiVersion) {
+    problems.Add("apiVersion", std::string("must be ") + kApiVersion + " (got " +
+                                   Describe(json(api_version)) + ")");
+  }
+  if (top.Require("kind") && top.ReadString("kind", &kind) && kind != kKind) {
+    problems.Add("kind", std::string("must be ") + kKind + " (got " + Describe(json(kind)) + ")");
+  }
+  if (top.Require("metadata")) ReadMetadata(top, &job.metadata);
+  if (top.Require("spec")) ReadSpec(top, &job.spec);
+  if (!problems.empty()) return InvalidArgumentError(problems.Join(source));
+  return job;
+}
+
+}  // namespace
+
+StatusOr<TrainingJob> ParseTrainingJobJson(const nlohmann::json& document,
+                                           const std::string& source) {
+  try {
+    return ParseDocument(document, source, Problems());
+  } catch (const std::exception& error) {
+    // Types are checked before every access, so this is a bug here, not bad input.
+    return InternalError(source + ": reading the manifest: " + error.what());
+  }
+}
+
+StatusOr<TrainingJob> ParseTrainingJobYaml(const std::string& text, const std::string& source) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAll(text);
+  } catch (const YAML::Exception& error) {
+    std::string where = source;
+    if (!error.mark.is_null()) {
+      where +=
+          ":" + std::to_string(error.mark.line + 1) + ":" + std::to_string(error.mark.column + 1);
+    }
+    Problems problems;
+    problems.Add("", "malformed YAML: " + error.msg);
+    return InvalidArgumentError(problems.Join(where));
+  }
+  Problems problems;
+  if (documents.size() > 1) {
+    problems.Add("", "expected one YAML document, got " + std::to_string(documents.size()));
+    return InvalidArgumentError(problems.Join(source));
+  }
+  json document;
+  try {
+    if (!documents.empty()) document = internal::YamlToJson(documents.front(), &problems);
+  } catch (const std::exception& error) {
+    // yaml-cpp's accessors and nlohmann's containers may throw; neither escapes this module.
+    problems.Add("", std::string("cannot read the YAML document: ") + error.what());
+    return InvalidArgumentError(problems.Join(source));
+  }
+  try {
+    return ParseDocument(document, source, std::move(problems));
+  } catch (const std::exception& error) {
+    return InternalError(source + ": reading the manifest: " + error.what());
+  }
+}
+
+}  // namespace lockstep::spec

@@ -1,0 +1,322 @@
+// Behaviour of the TrainingJob spec model as users of `lockstep validate`, `lockstep run` and the
+// operator see it: defaults, messages, JSON input, round trips and data paths.
+#include "common/spec/training_job.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+namespace lockstep::spec {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+const std::string kSourceDir = LOCKSTEP_SOURCE_DIR;
+const std::string kFullManifest = kSourceDir + "/tests/common/spec/testdata/full.yaml";
+
+constexpr char kMinimal[] = R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: mini}
+spec:
+  replicas: 3
+  trainer:
+    data:
+      train: [images.gz, labels.gz]
+    steps: 100
+)";
+
+std::vector<std::string> Lines(const std::string& text) {
+  std::vector<std::string> lines;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    if (end == std::string::npos) end = text.size();
+    lines.push_back(text.substr(start, end - start));
+    start = end + 1;
+  }
+  return lines;
+}
+
+std::string ParseError(const std::string& yaml) {
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(yaml, "job.yaml");
+  EXPECT_FALSE(job.ok()) << "parsed although it should not have";
+  return job.ok() ? "" : job.status().message();
+}
+
+TEST(TrainingJobSpec, MinimalManifestGetsTheDocumentedDefaults) {
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(kMinimal, "mini.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->metadata.namespace_, "default");
+  EXPECT_EQ(job->spec.replicas, 3);
+  EXPECT_FALSE(job->spec.elastic_set);
+  EXPECT_EQ(job->spec.elastic.min_replicas, 3);
+  EXPECT_EQ(job->spec.elastic.max_replicas, 3);
+  ASSERT_TRUE(job->spec.trainer.has_value());
+  const TrainerSpec& trainer = *job->spec.trainer;
+  EXPECT_EQ(trainer.model.type, "mlp");
+  EXPECT_THAT(trainer.model.hidden, ElementsAre(256));
+  EXPECT_EQ(trainer.model.activation, Activation::kRelu);
+  EXPECT_EQ(trainer.data.format, DataFormat::kIdx);
+  EXPECT_TRUE(trainer.data.test.empty());
+  EXPECT_EQ(trainer.batch_size, 64);
+  EXPECT_EQ(trainer.steps, 100);
+  EXPECT_EQ(trainer.epochs, 0);
+  EXPECT_EQ(trainer.optimizer.type, OptimizerType::kSgd);
+  EXPECT_DOUBLE_EQ(trainer.optimizer.learning_rate, 0.05);
+  EXPECT_DOUBLE_EQ(trainer.optimizer.momentum, 0.9);
+  EXPECT_EQ(trainer.seed, 1u);
+  EXPECT_EQ(trainer.device, Device::kCpu);
+  EXPECT_DOUBLE_EQ(trainer.allreduce.bucket_mib, 25);
+  EXPECT_EQ(trainer.allreduce.compression, Compression::kNone);
+  EXPECT_EQ(trainer.allreduce.timeout_seconds, 300);
+  EXPECT_EQ(trainer.log_interval_steps, 50);
+  EXPECT_EQ(job->spec.checkpoint.keep, 3);
+  EXPECT_TRUE(job->spec.checkpoint.async);
+  EXPECT_EQ(job->spec.network.mode, NetworkMode::kTcp);
+  EXPECT_EQ(job->spec.run_policy.restart_policy, RestartPolicy::kOnFailure);
+  EXPECT_EQ(job->spec.run_policy.backoff_limit, 6);
+  EXPECT_FALSE(job->spec.run_policy.active_deadline_seconds.has_value());
+  EXPECT_EQ(job->spec.run_policy.scheduling.gang, GangScheduler::kNone);
+  EXPECT_EQ(job->spec.metrics.port, 9400);
+  EXPECT_TRUE(job->spec.template_.is_null());
+}
+
+TEST(TrainingJobSpec, ElasticEndLeftOutDefaultsToReplicas) {
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  elastic: {minReplicas: 2}\n");
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_TRUE(job->spec.elastic_set);
+  EXPECT_EQ(job->spec.elastic.min_replicas, 2);
+  EXPECT_EQ(job->spec.elastic.max_replicas, 3);
+}
+
+TEST(TrainingJobSpec, FullManifestRoundTripsThroughToJson) {
+  StatusOr<TrainingJob> job = LoadTrainingJobFile(kFullManifest);
+  ASSERT_TRUE(job.ok()) << job.status();
+  // Every field of the fixture differs from its default, so a dropped field shows here.
+  EXPECT_EQ(job->spec.trainer->allreduce.compression, Compression::kBf16);
+  EXPECT_EQ(job->spec.run_policy.ttl_seconds_after_finished, 3600);
+  EXPECT_EQ(job->spec.template_["spec"]["nodeSelector"]["gpu"], "h100");
+
+  nlohmann::json json = ToJson(*job);
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(json, "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status() << "\n" << json.dump(2);
+  again->base_dir = job->base_dir;
+  EXPECT_TRUE(*again == *job) << json.dump(2) << "\nvs\n" << ToJson(*again).dump(2);
+  EXPECT_EQ(ToJson(*again), json);
+}
+
+TEST(TrainingJobSpec, MinimalAndExecManifestsRoundTripThroughToJson) {
+  for (const std::string& yaml :
+       {std::string(kMinimal), std::string("apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+                                           "metadata: {name: exec}\n"
+                                           "spec: {replicas: 1, command: [sleep, \"1\"]}\n")}) {
+    StatusOr<TrainingJob> job = ParseTrainingJobYaml(yaml, "job.yaml");
+    ASSERT_TRUE(job.ok()) << job.status();
+    StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*job), "round-trip");
+    ASSERT_TRUE(again.ok()) << again.status() << "\n" << ToJson(*job).dump(2);
+    EXPECT_TRUE(*again == *job) << ToJson(*job).dump(2);
+  }
+}
+
+TEST(TrainingJobSpec, JsonTextIsAcceptedByTheYamlParser) {
+  StatusOr<TrainingJob> job = LoadTrainingJobFile(kFullManifest);
+  ASSERT_TRUE(job.ok()) << job.status();
+  StatusOr<TrainingJob> from_text = ParseTrainingJobYaml(ToJson(*job).dump(), "job.json");
+  ASSERT_TRUE(from_text.ok()) << from_text.status();
+  from_text->base_dir = job->base_dir;
+  EXPECT_TRUE(*from_text == *job);
+}
+
+TEST(TrainingJobSpec, JsonDocumentIsValidatedWithTheSameRules) {
+  nlohmann::json document = {
+      {"apiVersion", "lockstep.io/v1alpha1"},
+      {"kind", "TrainingJob"},
+      {"metadata", {{"name", "from-json"}, {"resourceVersion", "12"}, {"uid", "abc"}}},
+      {"spec", {{"replicas", 2}, {"command", {"python3", "train.py"}}}},
+      {"status", {{"phase", "Running"}}}};
+  StatusOr<TrainingJob> job = ParseTrainingJobJson(document, "watch");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->metadata.uid, "abc");
+  EXPECT_THAT(job->spec.command, ElementsAre("python3", "train.py"));
+  EXPECT_FALSE(job->spec.trainer.has_value());
+
+  document["spec"]["replicas"] = "two";
+  document["spec"]["trainer"] = {{"bachSize", 3}};
+  StatusOr<TrainingJob> bad = ParseTrainingJobJson(document, "watch");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("watch: spec.replicas: expected an integer, got \"two\""));
+  EXPECT_THAT(
+      bad.status().message(),
+      HasSubstr("watch: spec.trainer.bachSize: unknown field (did you mean \"batchSize\"?)"));
+  EXPECT_THAT(bad.status().message(),
+              HasSubstr("watch: spec: exactly one of trainer and command must be set (got both)"));
+}
+
+TEST(TrainingJobSpec, MisspelledFieldSuggestsTheClosestName) {
+  std::string yaml = kMinimal;
+  yaml += "    optimizer: {learning_rate: 0.1, momentun: 0.5, flux: 1}\n";
+  std::string message = ParseError(yaml);
+  EXPECT_THAT(message, HasSubstr("job.yaml: spec.trainer.optimizer.learning_rate: unknown field "
+                                 "(did you mean \"learningRate\"?)"));
+  EXPECT_THAT(message, HasSubstr("spec.trainer.optimizer.momentun: unknown field (did you mean "
+                                 "\"momentum\"?)"));
+  EXPECT_THAT(message, HasSubstr("spec.trainer.optimizer.flux: unknown field\n"));
+}
+
+TEST(TrainingJobSpec, EveryProblemIsReportedAtOnceOnePerLine) {
+  std::string message = ParseError(R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: three}
+spec:
+  replicas: 0
+  trainer:
+    data: {train: [a.gz, b.gz]}
+    steps: 10
+    batchSize: sixty-four
+    optimizer: {type: adam}
+)");
+  EXPECT_THAT(Lines(message),
+              ElementsAre("job.yaml: spec.replicas: must be >= 1 (got 0)",
+                          "job.yaml: spec.trainer.batchSize: expected an integer, got "
+                          "\"sixty-four\"",
+                          "job.yaml: spec.trainer.optimizer.type: must be one of sgd, adamw "
+                          "(got \"adam\")"));
+}
+
+TEST(TrainingJobSpec, MalformedYamlNamesLineAndColumn) {
+  std::string message = ParseError("apiVersion: lockstep.io/v1alpha1\nspec: [1, 2\n");
+  EXPECT_THAT(message, HasSubstr("job.yaml:"));
+  EXPECT_THAT(message, HasSubstr(": malformed YAML: "));
+  EXPECT_EQ(Lines(message).size(), 1u);
+}
+
+TEST(TrainingJobSpec, QuotedNumbersAndBooleansAreStringsNotValues) {
+  std::string yaml = kMinimal;
+  yaml += "  checkpoint: {keep: \"2\", async: \"true\"}\n";
+  std::string message = ParseError(yaml);
+  EXPECT_THAT(message, HasSubstr("spec.checkpoint.keep: expected an integer, got \"2\""));
+  EXPECT_THAT(message, HasSubstr("spec.checkpoint.async: expected a boolean"));
+}
+
+TEST(TrainingJobSpec, ValueWithNewlinesStaysOnOneLine) {
+  std::string yaml = kMinimal;
+  yaml += "  image: [1]\n  metrics: {port: \"a\\nb\"}\n";
+  std::string message = ParseError(yaml);
+  EXPECT_THAT(Lines(message), ElementsAre("job.yaml: spec.image: expected a string, got a list",
+                                          "job.yaml: spec.metrics.port: expected an integer, "
+                                          "got \"a\\nb\""));
+}
+
+TEST(TrainingJobSpec, MissingManifestFileIsNotFoundNamingIt) {
+  StatusOr<TrainingJob> job = LoadTrainingJobFile("/nonexistent/dir/job.yaml");
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(job.status().message(), HasSubstr("/nonexistent/dir/job.yaml"));
+}
+
+class DataPathTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::path(::testing::TempDir()) /
+           ("lockstep_spec_" +
+            std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()));
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_ / "data");
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+
+  void Write(const std::filesystem::path& path, const std::string& text) {
+    std::ofstream(path, std::ios::binary) << text;
+  }
+
+  std::filesystem::path dir_;
+};
+
+TEST_F(DataPathTest, RelativeDataPathsResolveAgainstTheManifestDirectory) {
+  Write(dir_ / "data" / "images.gz", "x");
+  Write(dir_ / "job.yaml", std::string(kMinimal).replace(std::string(kMinimal).find("images.gz"), 9,
+                                                         "data/images.gz"));
+  StatusOr<TrainingJob> job = LoadTrainingJobFile((dir_ / "job.yaml").string());
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->base_dir, dir_.lexically_normal().string());
+  EXPECT_EQ(ResolveDataPath(*job, job->spec.trainer->data.train[0]),
+            (dir_ / "data" / "images.gz").string());
+  EXPECT_EQ(ResolveDataPath(*job, "file:///abs/x.gz"), "/abs/x.gz");
+  EXPECT_EQ(ResolveDataPath(*job, "file://rel/x.gz"), (dir_ / "rel" / "x.gz").string());
+  EXPECT_THAT(CheckDataFiles(*job), ElementsAre("spec.trainer.data.train[1]: file not found: " +
+                                                (dir_ / "labels.gz").string()));
+}
+
+TEST_F(DataPathTest, DirectoryGivenAsDataFileIsReported) {
+  Write(dir_ / "job.yaml", R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: csv}
+spec:
+  replicas: 1
+  trainer:
+    data: {format: csv, train: [data], test: [file:///usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz]}
+    epochs: 1
+)");
+  StatusOr<TrainingJob> job = LoadTrainingJobFile((dir_ / "job.yaml").string());
+  ASSERT_TRUE(job.ok()) << job.status();
+  std::vector<std::string> problems = CheckDataFiles(*job);
+  ASSERT_FALSE(problems.empty());
+  EXPECT_EQ(problems[0],
+            "spec.trainer.data.train[0]: not a regular file: " + (dir_ / "data").string());
+}
+
+TEST(TrainingJobSpec, RealDatasetFilesPassTheFileCheck) {
+  if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed on this machine";
+  }
+  StatusOr<TrainingJob> job = LoadTrainingJobFile(kFullManifest);
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_THAT(CheckDataFiles(*job), ElementsAre());
+}
+
+TEST(TrainingJobSpec, ExecModeNeedsNoTrainerAndChecksNoDataFiles) {
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: exec}
+spec:
+  replicas: 2
+  command: ["python3", "train.py", "--lr", "0.1"]
+)",
+                                                   "exec.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_FALSE(job->spec.trainer.has_value());
+  EXPECT_THAT(CheckDataFiles(*job), ElementsAre());
+}
+
+TEST(TrainingJobSpec, TotalStepsConvertsEpochsWithTheGlobalBatch) {
+  TrainerSpec trainer;
+  trainer.batch_size = 64;
+  trainer.steps = 500;
+  EXPECT_EQ(TotalSteps(trainer, 60000, 4), 500);
+  trainer.steps = 0;
+  trainer.epochs = 2;
+  // 60000 samples / (64 * 4) = 234.375 -> 235 steps an epoch, the last one partial.
+  EXPECT_EQ(TotalSteps(trainer, 60000, 4), 470);
+  EXPECT_EQ(TotalSteps(trainer, 256, 4), 2);
+  EXPECT_EQ(TotalSteps(trainer, 0, 4), 0);
+}
+
+TEST(TrainingJobSpec, EnumNamesAreTheManifestSpellings) {
+  EXPECT_STREQ(ToString(OptimizerType::kAdamW), "adamw");
+  EXPECT_STREQ(ToString(RestartPolicy::kOnFailure), "OnFailure");
+  EXPECT_STREQ(ToString(GangScheduler::kNone), "");
+  EXPECT_STREQ(ToString(GangScheduler::kSchedulerPlugins), "scheduler-plugins");
+  EXPECT_STREQ(ToString(NetworkMode::kInfiniband), "infiniband");
+}
+
+}  // namespace
+}  // namespace lockstep::spec
