@@ -9,7 +9,8 @@
 //   client->Leave(/*completed=*/true, final_progress);
 //
 // Thread safety: all methods may be called from any thread. The on_generation_ended callback
-// runs on the heartbeat thread, once per generation; it must not block.
+// runs on the heartbeat thread, once per generation; it must not block, and must not call
+// StartHeartbeat/StopHeartbeat (they join that thread).
 #pragma once
 
 #include <cstdint>
@@ -24,10 +25,10 @@
 namespace lockstep::rendezvous {
 
 struct ClientOptions {
-  std::string address;    // host:port of the rendezvous service (LOCKSTEP_RENDEZVOUS)
-  std::string job;        // namespace/name (LOCKSTEP_JOB)
-  std::string token;      // LOCKSTEP_JOB_TOKEN; sent as metadata, never logged
-  std::string member_id;  // LOCKSTEP_POD
+  std::string address;             // host:port of the rendezvous service (LOCKSTEP_RENDEZVOUS)
+  std::string job;                 // namespace/name (LOCKSTEP_JOB)
+  std::string token;               // LOCKSTEP_JOB_TOKEN; sent as metadata, never logged
+  std::string member_id;           // LOCKSTEP_POD
   std::string host = "127.0.0.1";  // address peers reach this member at
   // TLS: PEM of the CA that signed the service's certificate; empty for plaintext (loopback).
   std::string tls_ca_pem;
@@ -75,8 +76,8 @@ class RendezvousClient {
   // Opens the heartbeat stream for a.generation and beats every a.heartbeat_interval_ms with the
   // latest progress. on_generation_ended(reason) is called once, when the service ends the
   // generation or the stream fails. Replaces any previous heartbeat.
-  virtual Status StartHeartbeat(const Assignment& a,
-                                std::function<void(const std::string& reason)> on_generation_ended) = 0;
+  virtual Status StartHeartbeat(
+      const Assignment& a, std::function<void(const std::string& reason)> on_generation_ended) = 0;
   // Closes the stream without ending the generation for others only if preceded by Leave; a
   // member that stops beating otherwise ends the generation (that is the point).
   virtual void StopHeartbeat() = 0;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -22,5 +23,9 @@ class KeyValueStore {
   // Adds delta to the integer at key (0 when missing) and returns the new value.
   virtual StatusOr<int64_t> Add(const std::string& key, int64_t delta, int64_t timeout_ms) = 0;
 };
+
+// A process-local store (mutex and condition variable) with the same contract, for tests and for
+// single-process use. Values written by Add are decimal text, as in the service's store.
+std::unique_ptr<KeyValueStore> NewInMemoryStore();
 
 }  // namespace lockstep::rendezvous

@@ -1,8 +1,9 @@
 // RendezvousServer: the rendezvous service of proto/rendezvous.proto as a library. `lockstep run`
 // hosts it in-process for one job; the operator hosts it for every job in the cluster.
 //
-//   LOCKSTEP_ASSIGN_OR_RETURN(auto server, RendezvousServer::Start({.listen_address = "127.0.0.1:0"}));
-//   LOCKSTEP_RETURN_IF_ERROR(server->AddJob({.job = "default/fashion", .token = token,
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto server, RendezvousServer::Start({.listen_address =
+//   "127.0.0.1:0"})); LOCKSTEP_RETURN_IF_ERROR(server->AddJob({.job = "default/fashion", .token =
+//   token,
 //                                            .min_members = 4, .max_members = 4}));
 //   ... launch workers with LOCKSTEP_RENDEZVOUS=127.0.0.1:<server->port()> ...
 //   server->RemoveMember("default/fashion", "fashion-worker-2", "exited with code 137");
@@ -34,6 +35,10 @@ struct JobConfig {
   std::string token;  // compared in constant time; never logged
   int32_t min_members = 1;
   int32_t max_members = 1;
+  // How many members the first generation expects (no generation before it has survivors):
+  // it forms at once when this many have joined, else last_call_ms after the latest arrival
+  // once min_members have. 0: max_members.
+  int32_t initial_members = 0;
   // After min_members have joined and not all expected have, how long to wait for more.
   int64_t last_call_ms = 1000;
   int64_t heartbeat_interval_ms = 200;
@@ -52,8 +57,9 @@ struct JobSnapshot {
   int64_t generation = 0;  // current (0 before the first forms)
   int32_t world_size = 0;
   bool generation_active = false;
-  std::vector<MemberInfo> members;  // of the current generation, by rank
-  ProgressReport progress;          // latest reported by any member of the current generation
+  std::vector<MemberInfo> members;           // of the current generation, by rank
+  std::vector<std::string> waiting_members;  // ids whose Join is held, in join order
+  ProgressReport progress;  // latest reported by any member of the current generation
   std::vector<GenerationRecord> history;
   int32_t completed_members = 0;  // members that called Leave(completed)
   ProgressReport final_progress;  // from the first Leave(completed) that carried eval accuracy

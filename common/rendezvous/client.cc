@@ -1,0 +1,342 @@
+// The rendezvous client on gRPC's synchronous API.
+//
+// Heartbeat. One session per generation: a writer thread opens the bidi stream and beats every
+// heartbeat_interval_ms; a reader thread waits for GENERATION_ENDED. Whichever learns first that
+// the generation is over (the message, or the stream failing) reports it, once. StopHeartbeat
+// cancels the call's context, which unblocks both threads at once, and joins them.
+#include "common/rendezvous/client.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <utility>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "common/rendezvous/wire.h"
+#include "proto/rendezvous.grpc.pb.h"
+
+namespace lockstep::rendezvous {
+namespace {
+
+// A Join or StoreGet is held by the service for up to its timeout_ms and answered with a
+// message that says what was missing; the RPC deadline leaves this much more so that the
+// service's answer, not the transport's, reaches the caller.
+constexpr int64_t kHeldCallMarginMs = 2000;
+
+std::chrono::system_clock::time_point DeadlineAfterMs(int64_t ms) {
+  return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
+}
+
+class GrpcRendezvousClient;
+
+class GenerationScopedStore : public KeyValueStore {
+ public:
+  GenerationScopedStore(GrpcRendezvousClient* client, int64_t generation)
+      : client_(client), generation_(generation) {}
+  Status Set(const std::string& key, const std::string& value, int64_t timeout_ms) override;
+  StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
+                                         int64_t timeout_ms) override;
+  StatusOr<int64_t> Add(const std::string& key, int64_t delta, int64_t timeout_ms) override;
+
+ private:
+  GrpcRendezvousClient* client_;
+  const int64_t generation_;
+};
+
+// The state of one heartbeat stream; owned by the client, shared with its two threads.
+struct HeartbeatSession {
+  Assignment assignment;
+  std::function<void(const std::string&)> on_generation_ended;
+  grpc::ClientContext context;
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop_requested = false;  // StopHeartbeat
+  bool stream_ended = false;    // the reader saw the end of the stream
+  std::atomic<bool> reported{false};
+  std::thread writer;
+
+  void ReportEnded(const std::string& reason) {
+    if (reported.exchange(true)) return;
+    if (on_generation_ended) on_generation_ended(reason);
+  }
+};
+
+class GrpcRendezvousClient : public RendezvousClient {
+ public:
+  GrpcRendezvousClient(ClientOptions options, std::shared_ptr<grpc::Channel> channel)
+      : options_(std::move(options)),
+        channel_(std::move(channel)),
+        stub_(v1::Rendezvous::NewStub(channel_)) {}
+  ~GrpcRendezvousClient() override { StopHeartbeat(); }
+
+  StatusOr<Assignment> Join(int64_t state_step, int64_t timeout_ms) override;
+  Status StartHeartbeat(const Assignment& a,
+                        std::function<void(const std::string& reason)> on_ended) override;
+  void StopHeartbeat() override;
+  void SetProgress(const ProgressReport& progress) override {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    progress_ = progress;
+    has_progress_ = true;
+  }
+  Status Leave(bool completed, const ProgressReport& final_progress) override;
+  std::unique_ptr<KeyValueStore> GenerationStore(int64_t generation) override {
+    return std::make_unique<GenerationScopedStore>(this, generation);
+  }
+
+  Status StoreSet(int64_t generation, const std::string& key, const std::string& value,
+                  int64_t timeout_ms);
+  StatusOr<std::vector<std::string>> StoreGet(int64_t generation,
+                                              const std::vector<std::string>& keys,
+                                              int64_t timeout_ms);
+  StatusOr<int64_t> StoreAdd(int64_t generation, const std::string& key, int64_t delta,
+                             int64_t timeout_ms);
+
+ private:
+  void PrepareContext(grpc::ClientContext* context, int64_t deadline_ms) const {
+    context->set_deadline(DeadlineAfterMs(deadline_ms));
+    context->AddMetadata(kTokenMetadataKey, options_.token);
+  }
+  void RunHeartbeat(HeartbeatSession* session);
+
+  const ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Rendezvous::Stub> stub_;
+
+  std::mutex progress_mu_;
+  ProgressReport progress_;
+  bool has_progress_ = false;
+
+  std::mutex heartbeat_mu_;  // serializes StartHeartbeat/StopHeartbeat
+  std::unique_ptr<HeartbeatSession> heartbeat_;
+};
+
+StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t timeout_ms) {
+  if (timeout_ms <= 0) return InvalidArgumentError("rendezvous join: timeout_ms must be > 0");
+  grpc::ClientContext context;
+  PrepareContext(&context, timeout_ms + kHeldCallMarginMs);
+  // A worker may start before the service listens: wait for it within the deadline rather than
+  // failing on the first refused connection.
+  context.set_wait_for_ready(true);
+  v1::JoinRequest request;
+  request.set_job(options_.job);
+  request.set_member_id(options_.member_id);
+  request.set_host(options_.host);
+  request.set_state_step(state_step);
+  request.set_timeout_ms(timeout_ms);
+  v1::JoinResponse response;
+  const grpc::Status status = stub_->Join(&context, request, &response);
+  if (!status.ok()) {
+    Status error = FromGrpcStatus(status);
+    if (error.code() == StatusCode::kDeadlineExceeded &&
+        error.message().find("members present") == std::string::npos) {
+      error = DeadlineExceededError("no answer from the rendezvous service at " + options_.address +
+                                    " within " + std::to_string(timeout_ms + kHeldCallMarginMs) +
+                                    " ms");
+    }
+    return error.WithContext("rendezvous join as " + options_.member_id);
+  }
+  Assignment assignment;
+  assignment.generation = response.generation();
+  assignment.rank = response.rank();
+  assignment.world_size = response.world_size();
+  for (const auto& member : response.members()) assignment.members.push_back(FromProto(member));
+  assignment.heartbeat_interval_ms = response.heartbeat_interval_ms();
+  assignment.heartbeat_timeout_ms = response.heartbeat_timeout_ms();
+  return assignment;
+}
+
+Status GrpcRendezvousClient::StartHeartbeat(
+    const Assignment& a, std::function<void(const std::string& reason)> on_ended) {
+  if (a.heartbeat_interval_ms <= 0) {
+    return InvalidArgumentError("rendezvous heartbeat: assignment has no heartbeat interval");
+  }
+  StopHeartbeat();
+  std::lock_guard<std::mutex> lock(heartbeat_mu_);
+  heartbeat_ = std::make_unique<HeartbeatSession>();
+  HeartbeatSession* session = heartbeat_.get();
+  session->assignment = a;
+  session->on_generation_ended = std::move(on_ended);
+  // No overall deadline: the stream lives as long as the generation. Liveness is bounded by the
+  // channel's keepalive and by the service's heartbeat timeout instead.
+  session->context.AddMetadata(kTokenMetadataKey, options_.token);
+  session->writer = std::thread([this, session] { RunHeartbeat(session); });
+  return OkStatus();
+}
+
+void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
+  auto stream = stub_->Heartbeat(&session->context);
+  const int64_t generation = session->assignment.generation;
+
+  std::thread reader([session, &stream] {
+    v1::HeartbeatResponse response;
+    while (stream->Read(&response)) {
+      if (response.kind() == v1::HeartbeatResponse::GENERATION_ENDED) {
+        session->ReportEnded(response.reason());
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lock(session->mu);
+      session->stream_ended = true;
+    }
+    session->cv.notify_all();
+  });
+
+  const auto interval = std::chrono::milliseconds(session->assignment.heartbeat_interval_ms);
+  while (true) {
+    v1::HeartbeatRequest beat;
+    beat.set_job(options_.job);
+    beat.set_member_id(options_.member_id);
+    beat.set_generation(generation);
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      if (has_progress_) *beat.mutable_progress() = ToProto(progress_);
+    }
+    if (!stream->Write(beat)) break;  // the stream is over; the reader sees why
+    std::unique_lock<std::mutex> lock(session->mu);
+    if (session->cv.wait_for(lock, interval, [session] {
+          return session->stop_requested || session->stream_ended;
+        })) {
+      break;
+    }
+  }
+  reader.join();  // returns once the service finishes the stream or StopHeartbeat cancels it
+  const grpc::Status status = stream->Finish();
+  bool stopped;
+  {
+    std::lock_guard<std::mutex> lock(session->mu);
+    stopped = session->stop_requested;
+  }
+  if (!stopped) {
+    session->ReportEnded(status.ok()
+                             ? "heartbeat stream closed by the rendezvous service"
+                             : "heartbeat stream failed: " + FromGrpcStatus(status).ToString());
+  }
+}
+
+void GrpcRendezvousClient::StopHeartbeat() {
+  std::unique_ptr<HeartbeatSession> session;
+  {
+    std::lock_guard<std::mutex> lock(heartbeat_mu_);
+    session = std::move(heartbeat_);
+  }
+  if (session == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(session->mu);
+    session->stop_requested = true;
+  }
+  session->cv.notify_all();
+  session->context.TryCancel();
+  if (session->writer.joinable()) session->writer.join();
+}
+
+Status GrpcRendezvousClient::Leave(bool completed, const ProgressReport& final_progress) {
+  grpc::ClientContext context;
+  PrepareContext(&context, options_.rpc_timeout_ms);
+  v1::LeaveRequest request;
+  request.set_job(options_.job);
+  request.set_member_id(options_.member_id);
+  request.set_completed(completed);
+  *request.mutable_progress() = ToProto(final_progress);
+  v1::LeaveResponse response;
+  return FromGrpcStatus(stub_->Leave(&context, request, &response))
+      .WithContext("rendezvous leave as " + options_.member_id);
+}
+
+Status GrpcRendezvousClient::StoreSet(int64_t generation, const std::string& key,
+                                      const std::string& value, int64_t timeout_ms) {
+  grpc::ClientContext context;
+  PrepareContext(&context, timeout_ms);
+  v1::StoreSetRequest request;
+  request.set_job(options_.job);
+  request.set_generation(generation);
+  request.set_key(key);
+  request.set_value(value);
+  v1::StoreSetResponse response;
+  return FromGrpcStatus(stub_->StoreSet(&context, request, &response))
+      .WithContext("rendezvous store set " + key);
+}
+
+StatusOr<std::vector<std::string>> GrpcRendezvousClient::StoreGet(
+    int64_t generation, const std::vector<std::string>& keys, int64_t timeout_ms) {
+  grpc::ClientContext context;
+  PrepareContext(&context, timeout_ms + kHeldCallMarginMs);
+  v1::StoreGetRequest request;
+  request.set_job(options_.job);
+  request.set_generation(generation);
+  for (const auto& key : keys) request.add_keys(key);
+  request.set_timeout_ms(timeout_ms);
+  v1::StoreGetResponse response;
+  const grpc::Status status = stub_->StoreGet(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status).WithContext("rendezvous");
+  if (response.values_size() != static_cast<int>(keys.size())) {
+    return InternalError("rendezvous store get: asked for " + std::to_string(keys.size()) +
+                         " keys, got " + std::to_string(response.values_size()) + " values");
+  }
+  return std::vector<std::string>(response.values().begin(), response.values().end());
+}
+
+StatusOr<int64_t> GrpcRendezvousClient::StoreAdd(int64_t generation, const std::string& key,
+                                                 int64_t delta, int64_t timeout_ms) {
+  grpc::ClientContext context;
+  PrepareContext(&context, timeout_ms);
+  v1::StoreAddRequest request;
+  request.set_job(options_.job);
+  request.set_generation(generation);
+  request.set_key(key);
+  request.set_delta(delta);
+  v1::StoreAddResponse response;
+  const grpc::Status status = stub_->StoreAdd(&context, request, &response);
+  if (!status.ok()) return FromGrpcStatus(status).WithContext("rendezvous");
+  return response.value();
+}
+
+Status GenerationScopedStore::Set(const std::string& key, const std::string& value,
+                                  int64_t timeout_ms) {
+  return client_->StoreSet(generation_, key, value, timeout_ms);
+}
+
+StatusOr<std::vector<std::string>> GenerationScopedStore::Get(const std::vector<std::string>& keys,
+                                                              int64_t timeout_ms) {
+  return client_->StoreGet(generation_, keys, timeout_ms);
+}
+
+StatusOr<int64_t> GenerationScopedStore::Add(const std::string& key, int64_t delta,
+                                             int64_t timeout_ms) {
+  return client_->StoreAdd(generation_, key, delta, timeout_ms);
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Connect(
+    const ClientOptions& options) {
+  if (options.address.empty() || options.job.empty() || options.member_id.empty()) {
+    return InvalidArgumentError("rendezvous client: address, job and member_id are required");
+  }
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (!options.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = options.tls_ca_pem;
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  // A Join can wait minutes without traffic, and a dead peer must be noticed even then.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
+  if (channel == nullptr) {
+    return UnavailableError("rendezvous client: cannot create a channel to " + options.address);
+  }
+  return std::unique_ptr<RendezvousClient>(
+      std::make_unique<GrpcRendezvousClient>(options, std::move(channel)));
+}
+
+}  // namespace lockstep::rendezvous

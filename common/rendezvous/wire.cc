@@ -1,0 +1,65 @@
+#include "common/rendezvous/wire.h"
+
+namespace lockstep::rendezvous {
+
+Status FromGrpcStatus(const grpc::Status& status) {
+  if (status.ok()) return OkStatus();
+  return Status(static_cast<StatusCode>(status.error_code()), status.error_message());
+}
+
+grpc::Status ToGrpcStatus(const Status& status) {
+  if (status.ok()) return grpc::Status::OK;
+  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+}
+
+bool TokensEqual(const std::string& expected, const std::string& presented) {
+  // Walk the expected token in full whatever the presented one holds; fold the length difference
+  // into the result rather than returning early.
+  unsigned char diff = expected.size() == presented.size() ? 0 : 1;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    const unsigned char p = i < presented.size() ? static_cast<unsigned char>(presented[i]) : 0;
+    diff |= static_cast<unsigned char>(expected[i]) ^ p;
+  }
+  return diff == 0 && !expected.empty();
+}
+
+ProgressReport FromProto(const v1::Progress& progress) {
+  ProgressReport out;
+  out.step = progress.step();
+  out.total_steps = progress.total_steps();
+  out.loss = progress.loss();
+  out.samples_per_second = progress.samples_per_second();
+  out.scaling_efficiency = progress.scaling_efficiency();
+  out.samples = progress.samples();
+  out.eval_accuracy = progress.eval_accuracy();
+  out.last_checkpoint_step = progress.last_checkpoint_step();
+  out.last_checkpoint_uri = progress.last_checkpoint_uri();
+  out.comm_exposed_fraction = progress.comm_exposed_fraction();
+  return out;
+}
+
+v1::Progress ToProto(const ProgressReport& progress) {
+  v1::Progress out;
+  out.set_step(progress.step);
+  out.set_total_steps(progress.total_steps);
+  out.set_loss(progress.loss);
+  out.set_samples_per_second(progress.samples_per_second);
+  out.set_scaling_efficiency(progress.scaling_efficiency);
+  out.set_samples(progress.samples);
+  out.set_eval_accuracy(progress.eval_accuracy);
+  out.set_last_checkpoint_step(progress.last_checkpoint_step);
+  out.set_last_checkpoint_uri(progress.last_checkpoint_uri);
+  out.set_comm_exposed_fraction(progress.comm_exposed_fraction);
+  return out;
+}
+
+MemberInfo FromProto(const v1::Member& member) {
+  MemberInfo out;
+  out.member_id = member.member_id();
+  out.host = member.host();
+  out.rank = member.rank();
+  out.state_step = member.state_step();
+  return out;
+}
+
+}  // namespace lockstep::rendezvous

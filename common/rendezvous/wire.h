@@ -1,0 +1,31 @@
+// Wire helpers shared by the rendezvous client and server: mapping between gRPC and Lockstep
+// statuses (the codes are the same numbers), the token metadata key, a constant-time token
+// compare, and conversions between the proto messages and the public structs.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include <string>
+
+#include "common/rendezvous/client.h"
+#include "common/status.h"
+#include "proto/rendezvous.pb.h"
+
+namespace lockstep::rendezvous {
+
+// Metadata key that carries the job's token on every call.
+inline constexpr char kTokenMetadataKey[] = "x-lockstep-token";
+
+Status FromGrpcStatus(const grpc::Status& status);
+grpc::Status ToGrpcStatus(const Status& status);
+
+// Compares in time that depends only on the lengths, so a caller cannot learn a token's prefix
+// by timing refusals.
+// An empty expected token never matches: a job without a token is a configuration error.
+bool TokensEqual(const std::string& expected, const std::string& presented);
+
+ProgressReport FromProto(const v1::Progress& progress);
+v1::Progress ToProto(const ProgressReport& progress);
+MemberInfo FromProto(const v1::Member& member);
+
+}  // namespace lockstep::rendezvous

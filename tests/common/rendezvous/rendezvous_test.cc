@@ -1,0 +1,586 @@
+// The rendezvous service end to end: a real server on 127.0.0.1:0, real clients, one thread per
+// member. Heartbeat and last-call settings are short so the suite stays within seconds.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <fstream>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/rendezvous/client.h"
+#include "common/rendezvous/kv_store.h"
+#include "common/rendezvous/server.h"
+#include "proto/rendezvous.grpc.pb.h"
+
+namespace lockstep::rendezvous {
+namespace {
+
+constexpr char kJob[] = "default/fashion";
+constexpr char kToken[] = "s3cret-token-value";
+constexpr int64_t kJoinTimeoutMs = 5000;
+constexpr int64_t kHeartbeatIntervalMs = 50;
+constexpr int64_t kHeartbeatTimeoutMs = 400;
+constexpr int64_t kBoundedWaitMs = 3000;  // for things that should happen "at once"
+
+// Polls `condition` until it holds or timeout_ms passes: for state that only Snapshot shows.
+bool WaitUntil(const std::function<bool()>& condition, int64_t timeout_ms = kBoundedWaitMs) {
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  while (!condition()) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return true;
+}
+
+// Records on_generation_ended calls.
+class EndWatcher {
+ public:
+  std::function<void(const std::string&)> Callback() {
+    return [this](const std::string& reason) {
+      std::lock_guard<std::mutex> lock(mu_);
+      reasons_.push_back(reason);
+      cv_.notify_all();
+    };
+  }
+  // True once the generation was reported ended; waits up to timeout_ms.
+  bool WaitEnded(int64_t timeout_ms = kBoundedWaitMs) {
+    std::unique_lock<std::mutex> lock(mu_);
+    return cv_.wait_for(lock, std::chrono::milliseconds(timeout_ms),
+                        [this] { return !reasons_.empty(); });
+  }
+  std::vector<std::string> reasons() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return reasons_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> reasons_;
+};
+
+class RendezvousTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto server = RendezvousServer::Start(ServerOptions{});
+    ASSERT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+  }
+  void TearDown() override {
+    if (server_ != nullptr) server_->Shutdown(1000);
+  }
+
+  static JobConfig Config(int32_t min_members, int32_t max_members, const std::string& job = kJob) {
+    JobConfig config;
+    config.job = job;
+    config.token = kToken;
+    config.min_members = min_members;
+    config.max_members = max_members;
+    config.last_call_ms = 200;
+    config.heartbeat_interval_ms = kHeartbeatIntervalMs;
+    config.heartbeat_timeout_ms = kHeartbeatTimeoutMs;
+    return config;
+  }
+
+  std::string Address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+
+  std::unique_ptr<RendezvousClient> NewClient(const std::string& member_id,
+                                              const std::string& job = kJob,
+                                              const std::string& token = kToken) {
+    ClientOptions options;
+    options.address = Address();
+    options.job = job;
+    options.token = token;
+    options.member_id = member_id;
+    options.rpc_timeout_ms = 2000;
+    auto client = RendezvousClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(*client) : nullptr;
+  }
+
+  // Every client joins on its own thread; results in the clients' order.
+  static std::vector<StatusOr<Assignment>> JoinAll(const std::vector<RendezvousClient*>& clients,
+                                                   int64_t timeout_ms = kJoinTimeoutMs) {
+    std::vector<std::future<StatusOr<Assignment>>> futures;
+    for (RendezvousClient* client : clients) {
+      futures.push_back(std::async(std::launch::async, [client, timeout_ms] {
+        return client->Join(/*state_step=*/-1, timeout_ms);
+      }));
+    }
+    std::vector<StatusOr<Assignment>> results;
+    for (auto& future : futures) results.push_back(future.get());
+    return results;
+  }
+
+  JobSnapshot Snap(const std::string& job = kJob) {
+    auto snapshot = server_->Snapshot(job);
+    EXPECT_TRUE(snapshot.ok()) << snapshot.status();
+    return snapshot.ok() ? *snapshot : JobSnapshot{};
+  }
+
+  std::unique_ptr<RendezvousServer> server_;
+};
+
+TEST_F(RendezvousTest, MembersFormFirstGenerationWithRanksZeroToN) {
+  constexpr int kMembers = 4;
+  ASSERT_TRUE(server_->AddJob(Config(kMembers, kMembers)).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  std::vector<RendezvousClient*> raw;
+  for (int i = 0; i < kMembers; ++i) {
+    clients.push_back(NewClient("w-" + std::to_string(i)));
+    raw.push_back(clients.back().get());
+  }
+  auto results = JoinAll(raw);
+  std::set<int32_t> ranks;
+  for (int i = 0; i < kMembers; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const Assignment& a = *results[i];
+    EXPECT_EQ(a.generation, 1);
+    EXPECT_EQ(a.world_size, kMembers);
+    EXPECT_EQ(a.heartbeat_interval_ms, kHeartbeatIntervalMs);
+    ASSERT_EQ(a.members.size(), static_cast<size_t>(kMembers));
+    EXPECT_EQ(a.members[a.rank].member_id, "w-" + std::to_string(i));
+    ranks.insert(a.rank);
+  }
+  EXPECT_EQ(ranks, (std::set<int32_t>{0, 1, 2, 3}));
+  JobSnapshot snapshot = Snap();
+  EXPECT_EQ(snapshot.generation, 1);
+  EXPECT_TRUE(snapshot.generation_active);
+  ASSERT_EQ(snapshot.history.size(), 1u);
+  EXPECT_LT(snapshot.history[0].ended_at, 0);
+}
+
+TEST_F(RendezvousTest, WrongTokenIsRefused) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
+  auto client = NewClient("w-0", kJob, "not-the-token");
+  auto result = client->Join(-1, 1000);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kUnauthenticated);
+  EXPECT_NE(result.status().message().find("invalid token for job default/fashion"),
+            std::string::npos)
+      << result.status();
+  EXPECT_EQ(result.status().message().find("not-the-token"), std::string::npos);
+  EXPECT_EQ(result.status().message().find(kToken), std::string::npos);
+}
+
+TEST_F(RendezvousTest, UnknownJobIsRefused) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
+  auto client = NewClient("w-0", "default/other");
+  auto result = client->Join(-1, 1000);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kNotFound) << result.status();
+}
+
+TEST_F(RendezvousTest, JoinPastDeadlineFailsCleanly) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto client = NewClient("w-0");
+  const Deadline bound = Deadline::AfterMs(kBoundedWaitMs);
+  auto result = client->Join(-1, 300);
+  EXPECT_FALSE(bound.expired());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(result.status().message().find("1 of 2 members present"), std::string::npos)
+      << result.status();
+  EXPECT_TRUE(Snap().waiting_members.empty());
+}
+
+TEST_F(RendezvousTest, StoreGetHonoursItsDeadline) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
+  auto client = NewClient("w-0");
+  auto a = client->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto store = client->GenerationStore(a->generation);
+  const auto start = Deadline::Clock::now();
+  auto got = store->Get({"rank0/addr", "nccl-id"}, 200);
+  const auto elapsed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start).count();
+  ASSERT_FALSE(got.ok());
+  EXPECT_EQ(got.status().code(), StatusCode::kDeadlineExceeded);
+  EXPECT_NE(got.status().message().find("rank0/addr, nccl-id"), std::string::npos) << got.status();
+  EXPECT_GE(elapsed_ms, 190);
+  EXPECT_LT(elapsed_ms, kBoundedWaitMs);
+}
+
+TEST_F(RendezvousTest, SetGetAndAddWorkAcrossMembers) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto results = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  const int64_t g = results[0]->generation;
+  auto store_a = a->GenerationStore(g);
+  auto store_b = b->GenerationStore(g);
+
+  // b waits for a key that a writes afterwards.
+  auto waiting = std::async(std::launch::async, [&] {
+    return store_b->Get({"addr/0", "addr/1"}, kBoundedWaitMs);
+  });
+  ASSERT_TRUE(store_b->Set("addr/1", "10.0.0.2:4000", 1000).ok());
+  ASSERT_TRUE(store_a->Set("addr/0", "10.0.0.1:4000", 1000).ok());
+  auto got = waiting.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, (std::vector<std::string>{"10.0.0.1:4000", "10.0.0.2:4000"}));
+
+  auto add_a = std::async(std::launch::async, [&] { return store_a->Add("barrier", 1, 1000); });
+  auto add_b = std::async(std::launch::async, [&] { return store_b->Add("barrier", 1, 1000); });
+  auto va = add_a.get();
+  auto vb = add_b.get();
+  ASSERT_TRUE(va.ok() && vb.ok());
+  EXPECT_EQ(std::set<int64_t>({*va, *vb}), (std::set<int64_t>{1, 2}));
+  auto counter = store_a->Get({"barrier"}, 0);
+  ASSERT_TRUE(counter.ok());
+  EXPECT_EQ((*counter)[0], "2");
+}
+
+TEST_F(RendezvousTest, KeysOfGenerationAreInvisibleInTheNext) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
+  auto client = NewClient("w-0");
+  auto first = client->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(client->GenerationStore(first->generation)->Set("nccl-id", "abc", 1000).ok());
+  // Joining again as a member of the active generation ends it and forms the next.
+  auto second = client->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(second.ok()) << second.status();
+  ASSERT_EQ(second->generation, first->generation + 1);
+  auto in_next = client->GenerationStore(second->generation)->Get({"nccl-id"}, 0);
+  EXPECT_EQ(in_next.status().code(), StatusCode::kDeadlineExceeded) << in_next.status();
+  auto in_first = client->GenerationStore(first->generation)->Get({"nccl-id"}, 0);
+  ASSERT_TRUE(in_first.ok()) << in_first.status();
+  EXPECT_EQ((*in_first)[0], "abc");
+}
+
+TEST_F(RendezvousTest, DestroyedClientEndsGenerationAndOthersFormTheNextWithoutIt) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 3)).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
+  auto results = JoinAll({clients[0].get(), clients[1].get(), clients[2].get()});
+  EndWatcher watchers[3];
+  ProgressReport marker;
+  marker.step = 7;
+  clients[2]->SetProgress(marker);  // its beat arriving shows its stream is attached
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    ASSERT_TRUE(clients[i]->StartHeartbeat(*results[i], watchers[i].Callback()).ok());
+  }
+  ASSERT_TRUE(WaitUntil([&] { return Snap().progress.step == 7; }));
+  clients[2].reset();  // the process of w-2 dies: its stream closes
+
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(watchers[i].WaitEnded()) << "member " << i << " was not told";
+    EXPECT_NE(watchers[i].reasons()[0].find("member w-2 left"), std::string::npos)
+        << watchers[i].reasons()[0];
+    clients[i]->StopHeartbeat();
+  }
+  EXPECT_EQ(watchers[0].reasons().size(), 1u);
+  auto next = JoinAll({clients[0].get(), clients[1].get()});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(next[i].ok()) << next[i].status();
+    EXPECT_EQ(next[i]->generation, 2);
+    EXPECT_EQ(next[i]->world_size, 2);
+    EXPECT_EQ(next[i]->members[next[i]->rank].member_id, "w-" + std::to_string(i));
+  }
+  // Survivors keep their relative order.
+  EXPECT_EQ(next[0]->rank < next[1]->rank, results[0]->rank < results[1]->rank);
+  JobSnapshot snapshot = Snap();
+  ASSERT_EQ(snapshot.history.size(), 2u);
+  EXPECT_GE(snapshot.history[0].ended_at, snapshot.history[0].formed_at);
+  EXPECT_NE(snapshot.history[0].end_reason.find("w-2"), std::string::npos);
+}
+
+TEST_F(RendezvousTest, MissedHeartbeatsEndGenerationAfterTheTimeout) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto beating = NewClient("w-0");
+  auto silent = NewClient("w-1");
+  auto results = JoinAll({beating.get(), silent.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  EndWatcher watcher;
+  ASSERT_TRUE(beating->StartHeartbeat(*results[0], watcher.Callback()).ok());
+
+  // w-1 opens its stream and beats once, then hangs without closing it.
+  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Rendezvous::NewStub(channel);
+  grpc::ClientContext context;
+  context.AddMetadata("x-lockstep-token", kToken);
+  auto stream = stub->Heartbeat(&context);
+  v1::HeartbeatRequest beat;
+  beat.set_job(kJob);
+  beat.set_member_id("w-1");
+  beat.set_generation(results[1]->generation);
+  ASSERT_TRUE(stream->Write(beat));
+
+  const auto start = Deadline::Clock::now();
+  ASSERT_TRUE(watcher.WaitEnded(kHeartbeatTimeoutMs + kBoundedWaitMs));
+  const auto elapsed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start).count();
+  EXPECT_GE(elapsed_ms, kHeartbeatTimeoutMs - 100);
+  EXPECT_NE(watcher.reasons()[0].find("w-1 missed heartbeats"), std::string::npos)
+      << watcher.reasons()[0];
+  // The silent member's own stream is told too.
+  v1::HeartbeatResponse response;
+  ASSERT_TRUE(stream->Read(&response));
+  EXPECT_EQ(response.kind(), v1::HeartbeatResponse::GENERATION_ENDED);
+  context.TryCancel();
+  stream->Finish().ok();
+}
+
+TEST_F(RendezvousTest, RemoveMemberEndsGenerationAtOnce) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto results = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  EndWatcher watcher_a, watcher_b;
+  ASSERT_TRUE(a->StartHeartbeat(*results[0], watcher_a.Callback()).ok());
+  ASSERT_TRUE(b->StartHeartbeat(*results[1], watcher_b.Callback()).ok());
+  server_->RemoveMember(kJob, "w-1", "exited with code 137");
+  EXPECT_FALSE(Snap().generation_active);
+  ASSERT_TRUE(watcher_a.WaitEnded());
+  EXPECT_NE(watcher_a.reasons()[0].find("exited with code 137"), std::string::npos)
+      << watcher_a.reasons()[0];
+  ASSERT_TRUE(watcher_b.WaitEnded());
+}
+
+TEST_F(RendezvousTest, LateJoinerEndsActiveGenerationAndNextIncludesEveryone) {
+  JobConfig config = Config(2, 3);
+  config.initial_members = 2;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto c = NewClient("w-2");
+  auto first = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(first[0].ok() && first[1].ok());
+  EXPECT_EQ(first[0]->world_size, 2);
+  EndWatcher watcher_a, watcher_b;
+  ASSERT_TRUE(a->StartHeartbeat(*first[0], watcher_a.Callback()).ok());
+  ASSERT_TRUE(b->StartHeartbeat(*first[1], watcher_b.Callback()).ok());
+  auto late = std::async(std::launch::async, [&] { return c->Join(-1, kJoinTimeoutMs); });
+  ASSERT_TRUE(watcher_a.WaitEnded());
+  ASSERT_TRUE(watcher_b.WaitEnded());
+  EXPECT_NE(watcher_a.reasons()[0].find("member w-2 joined"), std::string::npos)
+      << watcher_a.reasons()[0];
+  a->StopHeartbeat();
+  b->StopHeartbeat();
+  auto second = JoinAll({b.get(), a.get()});
+  auto joined = late.get();
+  ASSERT_TRUE(second[0].ok() && second[1].ok() && joined.ok());
+  EXPECT_EQ(joined->generation, 2);
+  EXPECT_EQ(joined->world_size, 3);
+  EXPECT_EQ(joined->rank, 2);  // newcomers after survivors
+  // Survivors keep their previous relative order, whatever order they rejoined in.
+  EXPECT_EQ(second[1]->rank < second[0]->rank, first[0]->rank < first[1]->rank);
+}
+
+TEST_F(RendezvousTest, DuplicateJoinReplacesTheOlderCall) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto first_process = NewClient("w-0");
+  auto restarted = NewClient("w-0");
+  auto other = NewClient("w-1");
+  auto older =
+      std::async(std::launch::async, [&] { return first_process->Join(-1, kJoinTimeoutMs); });
+  ASSERT_TRUE(WaitUntil([&] { return Snap().waiting_members.size() == 1; }));
+  auto newer = std::async(std::launch::async, [&] { return restarted->Join(-1, kJoinTimeoutMs); });
+  auto replaced = older.get();
+  ASSERT_FALSE(replaced.ok());
+  EXPECT_EQ(replaced.status().code(), StatusCode::kAborted);
+  EXPECT_NE(replaced.status().message().find("replaced by a newer join"), std::string::npos);
+  auto results = JoinAll({other.get()});
+  auto kept = newer.get();
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  ASSERT_TRUE(results[0].ok()) << results[0].status();
+  EXPECT_EQ(kept->world_size, 2);
+}
+
+TEST_F(RendezvousTest, MaxMembersIsRespected) {
+  JobConfig config = Config(1, 2);
+  // The admitted members do not beat here; keep them from timing out while the third waits.
+  config.heartbeat_timeout_ms = 10000;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
+  auto results = JoinAll({clients[0].get(), clients[1].get(), clients[2].get()}, 1000);
+  int admitted = 0;
+  for (const auto& result : results) {
+    if (result.ok()) {
+      ++admitted;
+      EXPECT_EQ(result->world_size, 2);
+    } else {
+      EXPECT_EQ(result.status().code(), StatusCode::kDeadlineExceeded) << result.status();
+    }
+  }
+  EXPECT_EQ(admitted, 2);
+  EXPECT_EQ(Snap().generation, 1);
+}
+
+TEST_F(RendezvousTest, ElasticRangeFormsWithMinAfterLastCall) {
+  JobConfig config = Config(2, 4);
+  config.last_call_ms = 300;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  const auto start = Deadline::Clock::now();
+  auto results = JoinAll({a.get(), b.get()});
+  const auto elapsed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start).count();
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  EXPECT_EQ(results[0]->world_size, 2);
+  EXPECT_GE(elapsed_ms, 250);  // waited for the last call, since 4 could have come
+  EXPECT_LT(elapsed_ms, kBoundedWaitMs);
+}
+
+TEST_F(RendezvousTest, LeaveCompletedDoesNotEndGeneration) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto results = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  EndWatcher watcher_a, watcher_b;
+  ProgressReport progress;
+  progress.step = 42;
+  a->SetProgress(progress);
+  ASSERT_TRUE(a->StartHeartbeat(*results[0], watcher_a.Callback()).ok());
+  ASSERT_TRUE(b->StartHeartbeat(*results[1], watcher_b.Callback()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return Snap().progress.step == 42; }));
+
+  ProgressReport final_progress;
+  final_progress.step = 100;
+  final_progress.eval_accuracy = 0.87;
+  ASSERT_TRUE(a->Leave(/*completed=*/true, final_progress).ok());
+  a->StopHeartbeat();
+  // Longer than the heartbeat timeout: neither the closed stream nor the silence ends it.
+  EXPECT_FALSE(watcher_b.WaitEnded(2 * kHeartbeatTimeoutMs));
+  EXPECT_TRUE(watcher_a.reasons().empty());
+  JobSnapshot snapshot = Snap();
+  EXPECT_TRUE(snapshot.generation_active);
+  EXPECT_EQ(snapshot.completed_members, 1);
+  EXPECT_DOUBLE_EQ(snapshot.final_progress.eval_accuracy, 0.87);
+  EXPECT_EQ(snapshot.progress.step, 100);
+}
+
+TEST_F(RendezvousTest, LeaveNotCompletedEndsGeneration) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto results = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  EndWatcher watcher_b;
+  ASSERT_TRUE(b->StartHeartbeat(*results[1], watcher_b.Callback()).ok());
+  ASSERT_TRUE(a->Leave(/*completed=*/false, ProgressReport{}).ok());
+  ASSERT_TRUE(watcher_b.WaitEnded());
+  EXPECT_NE(watcher_b.reasons()[0].find("member w-0 left"), std::string::npos);
+}
+
+TEST_F(RendezvousTest, TwoJobsOnOneServerAreIsolated) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1, "team-a/x")).ok());
+  JobConfig other = Config(1, 1, "team-b/y");
+  other.token = "another-token";
+  ASSERT_TRUE(server_->AddJob(other).ok());
+  EXPECT_EQ(server_->AddJob(other).code(), StatusCode::kAlreadyExists);
+
+  auto x = NewClient("w-0", "team-a/x");
+  auto y = NewClient("w-0", "team-b/y", "another-token");
+  auto cross = NewClient("w-9", "team-b/y", kToken);  // job a's token on job b
+  auto refused = cross->Join(-1, 1000);
+  EXPECT_EQ(refused.status().code(), StatusCode::kUnauthenticated);
+
+  auto ax = x->Join(-1, kJoinTimeoutMs);
+  auto ay = y->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(ax.ok() && ay.ok());
+  EXPECT_EQ(ax->generation, 1);
+  EXPECT_EQ(ay->generation, 1);
+  ASSERT_TRUE(x->GenerationStore(1)->Set("k", "from-x", 1000).ok());
+  EXPECT_EQ(y->GenerationStore(1)->Get({"k"}, 0).status().code(), StatusCode::kDeadlineExceeded);
+
+  server_->RemoveMember("team-a/x", "w-0", "pod deleted");
+  EXPECT_FALSE(Snap("team-a/x").generation_active);
+  EXPECT_TRUE(Snap("team-b/y").generation_active);
+}
+
+TEST_F(RendezvousTest, ShutdownFailsPendingJoinsWithUnavailable) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto client = NewClient("w-0");
+  auto pending = std::async(std::launch::async, [&] { return client->Join(-1, kJoinTimeoutMs); });
+  ASSERT_TRUE(WaitUntil([&] { return Snap().waiting_members.size() == 1; }));
+  const Deadline bound = Deadline::AfterMs(kBoundedWaitMs);
+  server_->Shutdown(1000);
+  auto result = pending.get();
+  EXPECT_FALSE(bound.expired());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kUnavailable) << result.status();
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  std::stringstream contents;
+  contents << in.rdbuf();
+  return contents.str();
+}
+
+TEST(RendezvousTlsTest, MembersJoinOverTlsWithTheServiceCertificate) {
+  // A self-signed certificate for 127.0.0.1, made by the openssl CLI at test time.
+  const std::string dir = ::testing::TempDir() + "/rendezvous_tls_" + std::to_string(::getpid());
+  const std::string command = "mkdir -p " + dir +
+                              " && openssl req -x509 -newkey rsa:2048 -nodes -keyout " + dir +
+                              "/key.pem -out " + dir +
+                              "/cert.pem -days 1 -subj /CN=127.0.0.1 "
+                              "-addext subjectAltName=IP:127.0.0.1 >/dev/null 2>&1";
+  if (std::system(command.c_str()) != 0) GTEST_SKIP() << "openssl CLI cannot make a certificate";
+  ServerOptions server_options;
+  server_options.tls_cert_pem = ReadFile(dir + "/cert.pem");
+  server_options.tls_key_pem = ReadFile(dir + "/key.pem");
+  auto server = RendezvousServer::Start(server_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  JobConfig config;
+  config.job = kJob;
+  config.token = kToken;
+  ASSERT_TRUE((*server)->AddJob(config).ok());
+
+  ClientOptions options;
+  options.address = "127.0.0.1:" + std::to_string((*server)->port());
+  options.job = kJob;
+  options.token = kToken;
+  options.member_id = "w-0";
+  options.tls_ca_pem = server_options.tls_cert_pem;
+  auto client = RendezvousClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto assignment = (*client)->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(assignment.ok()) << assignment.status();
+  EXPECT_EQ(assignment->world_size, 1);
+
+  // A plaintext client cannot talk to the TLS service.
+  options.tls_ca_pem.clear();
+  options.member_id = "w-1";
+  auto plaintext = RendezvousClient::Connect(options);
+  ASSERT_TRUE(plaintext.ok());
+  EXPECT_FALSE((*plaintext)->Join(-1, 300).ok());
+  (*server)->Shutdown(1000);
+}
+
+TEST(InMemoryStoreTest, GetWaitsForSetAndHonoursDeadline) {
+  auto store = NewInMemoryStore();
+  auto missing = store->Get({"a"}, 50);
+  EXPECT_EQ(missing.status().code(), StatusCode::kDeadlineExceeded);
+  auto waiting = std::async(std::launch::async, [&] { return store->Get({"a"}, kBoundedWaitMs); });
+  ASSERT_TRUE(store->Set("a", "1", 100).ok());
+  auto got = waiting.get();
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ((*got)[0], "1");
+  auto added = store->Add("a", 2, 100);
+  ASSERT_TRUE(added.ok());
+  EXPECT_EQ(*added, 3);
+}
+
+}  // namespace
+}  // namespace lockstep::rendezvous
