@@ -43,7 +43,11 @@ class Communicator {
   virtual Status AllGather(const void* in, size_t bytes_per_rank, void* out,
                            int64_t timeout_ms) = 0;
   virtual Status Barrier(int64_t timeout_ms) = 0;
-  // Makes every blocked and later call fail with ABORTED. Safe from any thread, idempotent.
+  // Makes every later call fail with ABORTED at once, and closes this rank's connections so that
+  // peers blocked on it fail at once (UNAVAILABLE). A call of this rank that is already blocked
+  // returns when a peer closes its side or at its deadline: libgloo 0.5 offers no way to wake a
+  // blocked pair from outside. When a generation ends every member aborts, so every connection
+  // closes and no member waits for its deadline. Safe from any thread, idempotent.
   virtual void Abort(const std::string& reason) = 0;
 };
 

@@ -24,7 +24,7 @@ struct GlooOptions {
   int64_t connect_timeout_ms = 30000;
 };
 
-StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(
-    const GlooOptions& options, rendezvous::KeyValueStore& store);
+StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options,
+                                                               rendezvous::KeyValueStore& store);
 
 }  // namespace lockstep::comm
