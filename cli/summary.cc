@@ -1,0 +1,122 @@
+#include "cli/summary.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <iomanip>
+#include <sstream>
+
+#include "common/errno_check.h"
+
+namespace lockstep::cli {
+
+nlohmann::json ToJson(const RunSummary& summary) {
+  nlohmann::json json = {
+      {"job", summary.job},
+      {"status", summary.status},
+      {"steps", summary.steps},
+      {"total_steps", summary.total_steps},
+      {"world_size", summary.world_size},
+      {"final_loss", summary.final_loss},
+      {"eval_accuracy", summary.eval_accuracy},
+      {"samples_per_second", summary.samples_per_second},
+      {"restarts", summary.restarts},
+      {"generations", summary.generations},
+      {"resumed_from_step", summary.resumed_from_step},
+      {"recovery_seconds", summary.recovery_seconds},
+      {"wall_seconds", summary.wall_seconds},
+      {"log_dir", summary.log_dir},
+  };
+  if (!summary.failed_worker.empty()) {
+    json["failed_worker"] = summary.failed_worker;
+    json["failed_worker_exit"] = summary.failed_worker_exit;
+  }
+  return json;
+}
+
+Status WriteSummaryFile(const RunSummary& summary, const std::string& path) {
+  const std::string text = ToJson(summary).dump(2) + "\n";
+  const std::string tmp_path = path + ".tmp." + std::to_string(getpid());
+  int fd;
+  LOCKSTEP_SYSCALL_RETRY(fd,
+                         open(tmp_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  if (fd < 0) return ErrnoStatus("open " + tmp_path, errno);
+  size_t written = 0;
+  while (written < text.size()) {
+    ssize_t n;
+    LOCKSTEP_SYSCALL_RETRY(n, write(fd, text.data() + written, text.size() - written));
+    if (n < 0) {
+      Status status = ErrnoStatus("write " + tmp_path, errno);
+      close(fd);
+      unlink(tmp_path.c_str());
+      return status;
+    }
+    written += static_cast<size_t>(n);
+  }
+  if (fsync(fd) != 0) {
+    Status status = ErrnoStatus("fsync " + tmp_path, errno);
+    close(fd);
+    unlink(tmp_path.c_str());
+    return status;
+  }
+  close(fd);
+  if (rename(tmp_path.c_str(), path.c_str()) != 0) {
+    Status status = ErrnoStatus("rename " + tmp_path + " to " + path, errno);
+    unlink(tmp_path.c_str());
+    return status;
+  }
+  return OkStatus();
+}
+
+std::string FormatDuration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  char buffer[64];
+  if (seconds < 60) {
+    std::snprintf(buffer, sizeof(buffer), "%.1fs", seconds);
+    return buffer;
+  }
+  const int64_t total = static_cast<int64_t>(std::llround(seconds));
+  const int64_t hours = total / 3600, minutes = (total % 3600) / 60, secs = total % 60;
+  if (hours > 0) {
+    std::snprintf(buffer, sizeof(buffer), "%lldh %02lldm %02llds", static_cast<long long>(hours),
+                  static_cast<long long>(minutes), static_cast<long long>(secs));
+  } else {
+    std::snprintf(buffer, sizeof(buffer), "%lldm %02llds", static_cast<long long>(minutes),
+                  static_cast<long long>(secs));
+  }
+  return buffer;
+}
+
+void PrintResultBlock(const RunSummary& summary, std::ostream& out) {
+  std::ostringstream block;
+  auto row = [&](const char* label, const std::string& value) {
+    block << "  " << std::left << std::setw(16) << label << value << "\n";
+  };
+  block << summary.job << " " << summary.status << "\n";
+  std::string steps = std::to_string(summary.steps);
+  if (summary.total_steps > 0) steps += " / " + std::to_string(summary.total_steps);
+  row("steps", steps);
+  std::ostringstream accuracy;
+  if (summary.eval_accuracy >= 0) {
+    accuracy << std::fixed << std::setprecision(2) << summary.eval_accuracy * 100 << "%";
+  } else {
+    accuracy << "not evaluated";
+  }
+  row("test accuracy", accuracy.str());
+  std::ostringstream loss, rate;
+  loss << std::setprecision(4) << summary.final_loss;
+  row("final loss", loss.str());
+  rate << std::fixed << std::setprecision(0) << summary.samples_per_second;
+  row("samples/s", rate.str());
+  row("wall time", FormatDuration(summary.wall_seconds));
+  row("world size", std::to_string(summary.world_size) + " (generations " +
+                        std::to_string(summary.generations) + ", restarts " +
+                        std::to_string(summary.restarts) + ")");
+  row("logs", summary.log_dir);
+  out << block.str() << std::flush;
+}
+
+}  // namespace lockstep::cli

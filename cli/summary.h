@@ -1,0 +1,56 @@
+// The result of one `lockstep run`: what the result block prints and what --summary writes.
+//
+//   RunSummary summary = ...;
+//   LOCKSTEP_RETURN_IF_ERROR(WriteSummaryFile(summary, "/tmp/run.json"));
+//
+// The JSON object's keys are a contract (ARCHITECTURE.md, "lockstep run"): steps, world_size,
+// final_loss, eval_accuracy, samples_per_second, restarts, generations, resumed_from_step,
+// recovery_seconds, wall_seconds, job; plus status, log_dir and, after a failure, failed_worker
+// and failed_worker_exit.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <ostream>
+#include <string>
+
+#include "common/status.h"
+
+namespace lockstep::cli {
+
+struct RunSummary {
+  std::string job;                // namespace/name
+  std::string status = "failed";  // "succeeded" | "failed" | "interrupted"
+  int64_t steps = 0;              // last step trained
+  int64_t total_steps = 0;
+  int32_t world_size = 0;  // of the last generation
+  double final_loss = 0;
+  double eval_accuracy = -1;       // test accuracy in [0, 1]; -1 when not evaluated
+  double samples_per_second = 0;   // global, as the workers measured it
+  int32_t restarts = 0;            // replacement worker processes started
+  int64_t generations = 0;         // rendezvous generations formed
+  int64_t resumed_from_step = -1;  // step of the checkpoint the run resumed from; -1: none
+  double recovery_seconds = 0;     // longest time from losing a member to training again
+  double wall_seconds = 0;         // from starting the workers to the last one exiting
+  std::string log_dir;
+  std::string failed_worker;       // member id; empty unless a worker failed
+  std::string failed_worker_exit;  // "exit code 1" | "signal 9 (SIGKILL)"
+};
+
+nlohmann::json ToJson(const RunSummary& summary);
+
+// Writes ToJson(summary) to `path` atomically: a temporary file in the same directory, fsync,
+// then rename, so a reader sees the old file or the whole new one. Errors name the path.
+Status WriteSummaryFile(const RunSummary& summary, const std::string& path);
+
+// "1h 02m 03s" | "4m 05s" | "12.3s"
+std::string FormatDuration(double seconds);
+
+// The block printed when a run ends:
+//   fashion-mlp succeeded
+//     steps            3000 / 3000
+//     test accuracy    86.20%
+//     ...
+void PrintResultBlock(const RunSummary& summary, std::ostream& out);
+
+}  // namespace lockstep::cli

@@ -1,0 +1,75 @@
+#include "cli/validate_command.h"
+
+#include <sstream>
+
+#include "cli/exit_codes.h"
+#include "worker/trainer/dataset.h"
+
+namespace lockstep::cli {
+namespace {
+
+// Adds each line of `text` as a problem, prefixed by the manifest path unless the library
+// already did so (the spec parser prefixes its messages with the source).
+void AddProblemLines(const std::string& path, const std::string& text,
+                     std::vector<std::string>* problems) {
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    if (line.rfind(path + ":", 0) == 0) {
+      problems->push_back(line);
+    } else {
+      problems->push_back(path + ": " + line);
+    }
+  }
+}
+
+}  // namespace
+
+const char kValidateUsage[] =
+    "usage: lockstep validate FILE\n"
+    "  Checks a TrainingJob manifest and its data; prints every problem, one per line.\n";
+
+ManifestCheck CheckManifest(const std::string& path) {
+  ManifestCheck check;
+  StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFile(path);
+  if (!job.ok()) {
+    AddProblemLines(path, job.status().message(), &check.problems);
+    if (check.problems.empty()) check.problems.push_back(path + ": " + job.status().ToString());
+    return check;
+  }
+  check.job = *job;
+  for (const std::string& problem : spec::CheckDataFiles(*job)) {
+    AddProblemLines(path, problem, &check.problems);
+  }
+  // Contents are checked only when every file is there: a missing file is already reported, and
+  // loading would only repeat it.
+  if (check.problems.empty() && job->spec.trainer.has_value()) {
+    Status data = trainer::CheckDatasets(*job);
+    if (!data.ok()) AddProblemLines(path, data.message(), &check.problems);
+  }
+  return check;
+}
+
+int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
+    out << kValidateUsage;
+    return kExitOk;
+  }
+  if (args.size() != 1 || (!args[0].empty() && args[0][0] == '-')) {
+    err << kValidateUsage;
+    return kExitBadInput;
+  }
+  const std::string& path = args[0];
+  ManifestCheck check = CheckManifest(path);
+  if (!check.ok()) {
+    for (const std::string& problem : check.problems) err << problem << "\n";
+    err << path << ": invalid (" << check.problems.size()
+        << (check.problems.size() == 1 ? " problem)" : " problems)") << "\n";
+    return kExitBadInput;
+  }
+  out << path << ": valid\n";
+  return kExitOk;
+}
+
+}  // namespace lockstep::cli

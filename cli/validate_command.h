@@ -1,0 +1,35 @@
+// `lockstep validate FILE`: every problem of a manifest and its data, one per line.
+//
+// Checks, in order: the manifest parses and validates (spec::LoadTrainingJobFile, which reports
+// all schema problems at once); its data files exist and are readable (spec::CheckDataFiles);
+// and, when they are, their contents load (trainer::CheckDatasets: truncated IDX files, bad CSV
+// cells, ...). `lockstep run` runs the same checks before it starts anything.
+#pragma once
+
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "common/spec/training_job.h"
+
+namespace lockstep::cli {
+
+struct ManifestCheck {
+  std::optional<spec::TrainingJob> job;  // set when the manifest parsed
+  // One per line, each starting with "<path>: " and naming the field or file.
+  std::vector<std::string> problems;
+  bool ok() const { return job.has_value() && problems.empty(); }
+};
+
+// Blocks on file I/O: loading the data sets costs what a worker's start-up does (a few hundred
+// milliseconds for Fashion-MNIST).
+ManifestCheck CheckManifest(const std::string& path);
+
+// Runs the command: prints "<FILE>: valid" on `out` and returns 0, or prints every problem on
+// `err` and returns 2. Usage errors print the usage on `err` and return 2.
+int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
+
+extern const char kValidateUsage[];
+
+}  // namespace lockstep::cli

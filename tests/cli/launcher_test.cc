@@ -1,0 +1,279 @@
+// The Supervisor of `lockstep run` with /bin/sh standing in for workers.
+#include "cli/launcher.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "tests/cli/process_runner.h"
+
+namespace lockstep::cli {
+namespace {
+
+using lockstep::testing::MakeTempDir;
+using lockstep::testing::ReadFile;
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+WorkerCommand ShellWorker(const std::string& dir, const std::string& member_id,
+                          const std::string& script) {
+  WorkerCommand command;
+  command.member_id = member_id;
+  command.argv = {"/bin/sh", "-c", script};
+  command.env = {{"LOCKSTEP_POD", member_id}};
+  command.log_path = dir + "/" + member_id + ".log";
+  return command;
+}
+
+// Polls the supervisor until `count` events arrived or 10 s passed.
+std::vector<SupervisorEvent> CollectEvents(Supervisor& supervisor, size_t count) {
+  std::vector<SupervisorEvent> all;
+  const double deadline = Now() + 10;
+  while (all.size() < count && Now() < deadline) {
+    StatusOr<std::vector<SupervisorEvent>> events = supervisor.Poll(200);
+    EXPECT_TRUE(events.ok()) << events.status();
+    if (!events.ok()) break;
+    all.insert(all.end(), events->begin(), events->end());
+  }
+  return all;
+}
+
+// A pipe whose write end the workers inherit as fd `ready_fd`: a worker writes a line to it when
+// it is ready, and the test reads it with a deadline (instead of sleeping).
+class ReadyPipe {
+ public:
+  ReadyPipe() {
+    EXPECT_EQ(pipe(fds_), 0);
+    fcntl(fds_[0], F_SETFD, FD_CLOEXEC);
+  }
+  ~ReadyPipe() {
+    close(fds_[0]);
+    if (fds_[1] >= 0) close(fds_[1]);
+  }
+  int write_fd() const { return fds_[1]; }
+  void CloseWriteEnd() {
+    close(fds_[1]);
+    fds_[1] = -1;
+  }
+  // Reads until `lines` newlines arrived or timeout_ms passed.
+  std::string ReadLines(int lines, int64_t timeout_ms) {
+    std::string text;
+    const double deadline = Now() + timeout_ms / 1000.0;
+    while (std::count(text.begin(), text.end(), '\n') < lines && Now() < deadline) {
+      struct pollfd pfd {
+        fds_[0], POLLIN, 0
+      };
+      if (poll(&pfd, 1, static_cast<int>((deadline - Now()) * 1000) + 1) <= 0) continue;
+      char buffer[256];
+      const ssize_t got = read(fds_[0], buffer, sizeof(buffer));
+      if (got <= 0) break;
+      text.append(buffer, static_cast<size_t>(got));
+    }
+    return text;
+  }
+
+ private:
+  int fds_[2] = {-1, -1};
+};
+
+TEST(SupervisorTest, ReportsEachWorkersExitCode) {
+  const std::string dir = MakeTempDir("supervisor");
+  Supervisor supervisor({}, std::make_unique<NeverRestart>());
+  ASSERT_TRUE(
+      supervisor.Start({ShellWorker(dir, "w-0", "exit 0"), ShellWorker(dir, "w-1", "exit 3")})
+          .ok());
+  std::vector<SupervisorEvent> events = CollectEvents(supervisor, 2);
+  ASSERT_EQ(events.size(), 2u);
+  for (const SupervisorEvent& event : events) {
+    EXPECT_EQ(event.kind, SupervisorEvent::Kind::kWorkerExited);
+    EXPECT_FALSE(event.exit.signaled);
+    EXPECT_FALSE(event.restart_scheduled);
+    if (event.exit.member_id == "w-0") EXPECT_TRUE(event.exit.success());
+    if (event.exit.member_id == "w-1") {
+      EXPECT_EQ(event.exit.exit_code, 3);
+      EXPECT_EQ(event.exit.Describe(), "exit code 3");
+    }
+  }
+  EXPECT_EQ(supervisor.running(), 0);
+}
+
+TEST(SupervisorTest, WorkerGetsItsEnvironmentAndWritesToItsLog) {
+  const std::string dir = MakeTempDir("supervisor");
+  Supervisor supervisor({}, nullptr);
+  ASSERT_TRUE(
+      supervisor.Start({ShellWorker(dir, "w-0", "echo \"pod=$LOCKSTEP_POD\"; echo oops >&2")})
+          .ok());
+  ASSERT_EQ(CollectEvents(supervisor, 1).size(), 1u);
+  EXPECT_EQ(ReadFile(dir + "/w-0.log"), "pod=w-0\noops\n");
+}
+
+TEST(SupervisorTest, KilledWorkerIsReportedWithItsSignal) {
+  const std::string dir = MakeTempDir("supervisor");
+  ReadyPipe ready;
+  Supervisor supervisor({}, nullptr);
+  const std::string script =
+      "echo ready >&" + std::to_string(ready.write_fd()) + "; while :; do sleep 1; done";
+  ASSERT_TRUE(supervisor.Start({ShellWorker(dir, "w-0", script)}).ok());
+  ASSERT_EQ(ready.ReadLines(1, 10000), "ready\n");
+  ASSERT_TRUE(supervisor.SignalWorker(0, SIGKILL).ok());
+  std::vector<SupervisorEvent> events = CollectEvents(supervisor, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].exit.signaled);
+  EXPECT_EQ(events[0].exit.signal, SIGKILL);
+  EXPECT_EQ(events[0].exit.Describe(), "signal 9 (SIGKILL)");
+  EXPECT_EQ(events[0].exit.ShellStatus(), 137);
+}
+
+TEST(SupervisorTest, StopAllEscalatesToSigkillAfterTheGracePeriod) {
+  const std::string dir = MakeTempDir("supervisor");
+  ReadyPipe ready;
+  SupervisorOptions options;
+  options.grace_period_ms = 300;
+  Supervisor supervisor(options, nullptr);
+  const std::string fd = std::to_string(ready.write_fd());
+  ASSERT_TRUE(supervisor
+                  .Start({ShellWorker(dir, "polite",
+                                      "trap 'exit 143' TERM; echo ready >&" + fd +
+                                          "; while :; do sleep 0.1; done"),
+                          ShellWorker(dir, "stubborn",
+                                      "trap '' TERM; echo ready >&" + fd +
+                                          "; while :; do sleep 0.1; done")})
+                  .ok());
+  ASSERT_EQ(ready.ReadLines(2, 10000), "ready\nready\n");
+  const double started = Now();
+  std::vector<WorkerExit> exits = supervisor.StopAll();
+  const double took = Now() - started;
+  EXPECT_EQ(supervisor.running(), 0);
+  ASSERT_EQ(exits.size(), 2u);
+  for (const WorkerExit& exit : exits) {
+    if (exit.member_id == "polite") EXPECT_EQ(exit.ShellStatus(), 143);
+    if (exit.member_id == "stubborn") EXPECT_EQ(exit.ShellStatus(), 128 + SIGKILL);
+  }
+  EXPECT_GE(took, 0.3);
+  EXPECT_LT(took, 5.0);
+}
+
+TEST(SupervisorTest, SecondSignalDuringStopSkipsTheGracePeriod) {
+  const std::string dir = MakeTempDir("supervisor");
+  ReadyPipe ready;
+  SupervisorOptions options;
+  options.grace_period_ms = 20000;
+  Supervisor supervisor(options, nullptr);
+  // The worker ignores SIGTERM but, on receiving it, signals the launcher again: a user pressing
+  // Ctrl-C a second time while the workers are being stopped.
+  ASSERT_TRUE(supervisor
+                  .Start({ShellWorker(dir, "w-0",
+                                      "trap 'kill -TERM $PPID' TERM; echo ready >&" +
+                                          std::to_string(ready.write_fd()) +
+                                          "; while :; do sleep 0.1; done")})
+                  .ok());
+  ASSERT_EQ(ready.ReadLines(1, 10000), "ready\n");
+  const double started = Now();
+  std::vector<WorkerExit> exits = supervisor.StopAll();
+  ASSERT_EQ(exits.size(), 1u);
+  EXPECT_EQ(exits[0].signal, SIGKILL);
+  EXPECT_LT(Now() - started, 10.0);
+}
+
+TEST(SupervisorTest, StopAllStopsTheWorkersOwnChildren) {
+  const std::string dir = MakeTempDir("supervisor");
+  ReadyPipe ready;
+  Supervisor supervisor({}, nullptr);
+  // The worker starts a child and reports its pid; stopping the worker must stop the child too.
+  ASSERT_TRUE(
+      supervisor
+          .Start({ShellWorker(
+              dir, "w-0", "sleep 1000 & echo $! >&" + std::to_string(ready.write_fd()) + "; wait")})
+          .ok());
+  const std::string line = ready.ReadLines(1, 10000);
+  ASSERT_FALSE(line.empty());
+  const pid_t grandchild = static_cast<pid_t>(std::stol(line));
+  supervisor.StopAll();
+  // Orphans are reaped by init (or linger as zombies where init does not reap): either way the
+  // process no longer runs.
+  EXPECT_TRUE(lockstep::testing::PollUntil(
+      [&] {
+        const std::string stat = ReadFile("/proc/" + std::to_string(grandchild) + "/stat");
+        return stat.empty() || stat.find(") Z") != std::string::npos;
+      },
+      5000, 20));
+}
+
+TEST(SupervisorTest, StartNamesTheMemberWhoseProgramCannotRun) {
+  const std::string dir = MakeTempDir("supervisor");
+  Supervisor supervisor({}, nullptr);
+  WorkerCommand command = ShellWorker(dir, "w-7", "");
+  command.argv = {dir + "/no-such-program"};
+  Status status = supervisor.Start({command});
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("w-7"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("no-such-program"), std::string::npos) << status;
+  EXPECT_EQ(supervisor.running(), 0);
+}
+
+TEST(SupervisorTest, RestartOnFailureReplacesWorkerWithSameMemberIdUpToBackoffLimit) {
+  const std::string dir = MakeTempDir("supervisor");
+  Supervisor supervisor({}, std::make_unique<RestartOnFailure>(/*backoff_limit=*/2,
+                                                               /*initial_backoff_ms=*/10,
+                                                               /*max_backoff_ms=*/20));
+  ASSERT_TRUE(
+      supervisor.Start({ShellWorker(dir, "w-0", "echo \"start $LOCKSTEP_POD\"; exit 1")}).ok());
+  // exit, restart, exit, restart, exit (the limit is reached: no third restart).
+  std::vector<SupervisorEvent> events = CollectEvents(supervisor, 5);
+  ASSERT_EQ(events.size(), 5u);
+  const SupervisorEvent::Kind kExited = SupervisorEvent::Kind::kWorkerExited;
+  const SupervisorEvent::Kind kRestarted = SupervisorEvent::Kind::kWorkerRestarted;
+  EXPECT_EQ(events[0].kind, kExited);
+  EXPECT_TRUE(events[0].restart_scheduled);
+  EXPECT_EQ(events[1].kind, kRestarted);
+  EXPECT_EQ(events[2].kind, kExited);
+  EXPECT_EQ(events[3].kind, kRestarted);
+  EXPECT_EQ(events[4].kind, kExited);
+  EXPECT_FALSE(events[4].restart_scheduled);
+  for (const SupervisorEvent& event : events) EXPECT_EQ(event.exit.member_id, "w-0");
+  EXPECT_EQ(supervisor.restarts(), 2);
+  EXPECT_EQ(ReadFile(dir + "/w-0.log"), "start w-0\nstart w-0\nstart w-0\n");
+}
+
+TEST(RestartOnFailureTest, BackoffDoublesUpToTheMaximum) {
+  RestartOnFailure policy(/*backoff_limit=*/10, /*initial_backoff_ms=*/100,
+                          /*max_backoff_ms=*/500);
+  WorkerExit exit;
+  exit.exit_code = 1;
+  EXPECT_EQ(policy.OnWorkerFailed(exit, 0).backoff_ms, 100);
+  EXPECT_EQ(policy.OnWorkerFailed(exit, 1).backoff_ms, 200);
+  EXPECT_EQ(policy.OnWorkerFailed(exit, 2).backoff_ms, 400);
+  EXPECT_EQ(policy.OnWorkerFailed(exit, 3).backoff_ms, 500);
+  EXPECT_FALSE(policy.OnWorkerFailed(exit, 10).restart);
+}
+
+TEST(SupervisorTest, SigtermToTheLauncherIsReportedAsAnEvent) {
+  const std::string dir = MakeTempDir("supervisor");
+  ReadyPipe ready;
+  Supervisor supervisor({}, nullptr);
+  ASSERT_TRUE(supervisor
+                  .Start({ShellWorker(dir, "w-0",
+                                      "echo ready >&" + std::to_string(ready.write_fd()) +
+                                          "; while :; do sleep 0.1; done")})
+                  .ok());
+  ASSERT_EQ(ready.ReadLines(1, 10000), "ready\n");
+  ASSERT_EQ(raise(SIGTERM), 0);
+  std::vector<SupervisorEvent> events = CollectEvents(supervisor, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_EQ(events[0].kind, SupervisorEvent::Kind::kSignal);
+  EXPECT_EQ(events[0].signal, SIGTERM);
+  // The worker was not touched by the launcher's signal: it runs in its own process group.
+  EXPECT_EQ(supervisor.running(), 1);
+}
+
+}  // namespace
+}  // namespace lockstep::cli

@@ -1,0 +1,92 @@
+// The parts of `lockstep run` that need no workers: flags, the replicas override, the job token,
+// log tails.
+#include "cli/run_command.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+
+#include "tests/cli/process_runner.h"
+
+namespace lockstep::cli {
+namespace {
+
+TEST(RunArgsTest, AcceptsFlagsBeforeAndAfterTheManifest) {
+  StatusOr<RunOptions> options =
+      ParseRunArgs({"--replicas", "3", "job.yaml", "--summary=out.json", "--log-dir", "logs"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->manifest_path, "job.yaml");
+  EXPECT_EQ(options->replicas, 3);
+  EXPECT_EQ(options->summary_path, "out.json");
+  EXPECT_EQ(options->log_dir, "logs");
+}
+
+TEST(RunArgsTest, RejectsWhatItDoesNotUnderstand) {
+  EXPECT_FALSE(ParseRunArgs({}).ok());
+  EXPECT_FALSE(ParseRunArgs({"a.yaml", "b.yaml"}).ok());
+  EXPECT_FALSE(ParseRunArgs({"a.yaml", "--replicas"}).ok());
+  EXPECT_FALSE(ParseRunArgs({"a.yaml", "--replicas", "0"}).ok());
+  EXPECT_FALSE(ParseRunArgs({"a.yaml", "--replicas", "two"}).ok());
+  StatusOr<RunOptions> unknown = ParseRunArgs({"a.yaml", "--fast"});
+  ASSERT_FALSE(unknown.ok());
+  EXPECT_NE(unknown.status().message().find("--fast"), std::string::npos);
+}
+
+TEST(RunArgsTest, ReplicasOverrideSetsTheRangeOfAFixedSizeJob) {
+  spec::TrainingJob job;
+  job.spec.replicas = 4;
+  job.spec.elastic = {4, 4};
+  ASSERT_TRUE(ApplyReplicasOverride(2, &job).ok());
+  EXPECT_EQ(job.spec.replicas, 2);
+  EXPECT_EQ(job.spec.elastic.min_replicas, 2);
+  EXPECT_EQ(job.spec.elastic.max_replicas, 2);
+}
+
+TEST(RunArgsTest, ReplicasOverrideMustFitAnElasticRange) {
+  spec::TrainingJob job;
+  job.spec.replicas = 4;
+  job.spec.elastic = {2, 8};
+  job.spec.elastic_set = true;
+  EXPECT_TRUE(ApplyReplicasOverride(8, &job).ok());
+  EXPECT_EQ(job.spec.elastic.min_replicas, 2);
+  Status status = ApplyReplicasOverride(9, &job);
+  ASSERT_FALSE(status.ok());
+  EXPECT_NE(status.message().find("spec.elastic"), std::string::npos) << status;
+}
+
+TEST(JobTokenTest, IsFreshRandom256BitHex) {
+  std::set<std::string> tokens;
+  for (int i = 0; i < 16; ++i) {
+    StatusOr<std::string> token = GenerateJobToken();
+    ASSERT_TRUE(token.ok());
+    EXPECT_EQ(token->size(), 64u);
+    EXPECT_EQ(token->find_first_not_of("0123456789abcdef"), std::string::npos);
+    tokens.insert(*token);
+  }
+  EXPECT_EQ(tokens.size(), 16u);
+}
+
+TEST(TailOfFileTest, ReturnsTheLastLines) {
+  const std::string path = lockstep::testing::MakeTempDir("tail") + "/log";
+  std::string text;
+  for (int i = 1; i <= 30; ++i) text += "line " + std::to_string(i) + "\n";
+  lockstep::testing::WriteFile(path, text);
+  std::vector<std::string> tail = TailOfFile(path, 20);
+  ASSERT_EQ(tail.size(), 20u);
+  EXPECT_EQ(tail.front(), "line 11");
+  EXPECT_EQ(tail.back(), "line 30");
+  EXPECT_TRUE(TailOfFile(path + ".missing", 20).empty());
+}
+
+TEST(LogDirTest, DefaultLogDirIsCreatedAndUniquePerRun) {
+  StatusOr<std::string> first = CreateDefaultLogDir("job");
+  StatusOr<std::string> second = CreateDefaultLogDir("job");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(*first, *second);
+  EXPECT_NE(first->find("lockstep-logs/job-"), std::string::npos) << *first;
+}
+
+}  // namespace
+}  // namespace lockstep::cli

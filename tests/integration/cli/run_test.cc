@@ -1,0 +1,296 @@
+// `lockstep run` end to end: the real binary, real lockstep-worker processes, real data.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "tests/cli/process_runner.h"
+
+namespace lockstep::cli {
+namespace {
+
+using lockstep::testing::ChildProcess;
+using lockstep::testing::FindProcessesWithEnv;
+using lockstep::testing::MakeTempDir;
+using lockstep::testing::ParentPid;
+using lockstep::testing::PollUntil;
+using lockstep::testing::ProcessResult;
+using lockstep::testing::ReadFile;
+using lockstep::testing::RunProcess;
+using lockstep::testing::WriteFile;
+
+const std::string kSource = LOCKSTEP_SOURCE_DIR;
+constexpr char kDigits[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+
+// A digits job that trains far longer than any test waits: the failure tests stop it midway.
+// Its name is unique per test so /proc searches find only this run's workers.
+std::string LongDigitsManifest(const std::string& dir, const std::string& name) {
+  const std::string path = dir + "/" + name + ".yaml";
+  WriteFile(path,
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: " +
+                name +
+                "}\n"
+                "spec:\n"
+                "  replicas: 2\n"
+                "  trainer:\n"
+                "    model: {type: mlp, hidden: [32], activation: relu}\n"
+                "    data: {format: csv, train: [file://" +
+                std::string(kDigits) +
+                "]}\n"
+                "    batchSize: 16\n"
+                "    steps: 100000000\n"
+                "  runPolicy: {restartPolicy: Never}\n"
+                "  metrics: {port: 0}\n");
+  return path;
+}
+
+bool FileExists(const std::string& path) {
+  struct stat info {};
+  return stat(path.c_str(), &info) == 0;
+}
+
+// The pids of the job's workers that are children of `launcher` (exec'd: their environment holds
+// LOCKSTEP_POD).
+std::vector<pid_t> WorkersOf(pid_t launcher, const std::string& job) {
+  std::vector<pid_t> workers;
+  for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job)) {
+    if (ParentPid(pid) == launcher) workers.push_back(pid);
+  }
+  return workers;
+}
+
+// Waits until the run has trained at least one step (its progress display says "step N/" with
+// N > 0, or plain lines appear), so failures hit a running generation.
+bool WaitForTraining(ChildProcess& run, int64_t timeout_ms) {
+  return PollUntil(
+      [&] {
+        const std::string out = run.StdoutSoFar();
+        return out.find("loss ") != std::string::npos;
+      },
+      timeout_ms, 100);
+}
+
+TEST(RunCommandTest, DigitsTrainsToHighAccuracyOnTwoWorkers) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  const std::string summary_path = dir + "/summary.json";
+  ProcessResult result =
+      RunProcess({LOCKSTEP_BINARY, "run", kSource + "/examples/digits.yaml", "--replicas", "2",
+                  "--summary", summary_path, "--log-dir", dir + "/logs"},
+                 {}, 240000);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  nlohmann::json summary = nlohmann::json::parse(ReadFile(summary_path));
+  for (const char* key :
+       {"steps", "world_size", "final_loss", "eval_accuracy", "samples_per_second", "restarts",
+        "generations", "resumed_from_step", "recovery_seconds", "wall_seconds", "job"}) {
+    EXPECT_TRUE(summary.contains(key)) << key << " in " << summary.dump();
+  }
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["steps"], 600);
+  EXPECT_EQ(summary["job"], "default/digits");
+  EXPECT_GE(summary["eval_accuracy"].get<double>(), 0.95) << summary.dump();
+  EXPECT_EQ(summary["restarts"], 0);
+  EXPECT_GE(summary["generations"].get<int64_t>(), 1);
+  EXPECT_TRUE(FileExists(dir + "/logs/worker-0.log"));
+  EXPECT_TRUE(FileExists(dir + "/logs/worker-1.log"));
+  EXPECT_NE(result.out.find("test accuracy"), std::string::npos) << result.out;
+}
+
+TEST(RunCommandTest, FashionMnistExampleReaches85PercentTestAccuracy) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  const std::string summary_path = dir + "/summary.json";
+  // The example as shipped, except for its metrics ports (9400 + i): other runs on a shared
+  // machine may hold them, and this test is about training, not the endpoint.
+  std::string manifest = ReadFile(kSource + "/examples/fashion-mnist.yaml");
+  const size_t metrics = manifest.find("metrics: {port: 9400}");
+  ASSERT_NE(metrics, std::string::npos) << "the example's metrics line changed; update this test";
+  manifest.replace(metrics, std::string("metrics: {port: 9400}").size(), "metrics: {port: 0}");
+  const std::string manifest_path = dir + "/fashion-mnist.yaml";
+  WriteFile(manifest_path, manifest);
+  ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", manifest_path, "--summary",
+                                     summary_path, "--log-dir", dir + "/logs"},
+                                    {}, 840000);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  nlohmann::json summary = nlohmann::json::parse(ReadFile(summary_path));
+  EXPECT_EQ(summary["world_size"], 4);
+  EXPECT_GE(summary["eval_accuracy"].get<double>(), 0.85) << summary.dump();
+  std::cout << "fashion-mnist: " << summary.dump() << "\n";
+}
+
+TEST(RunCommandTest, KilledWorkerEndsTheRunPromptlyAndIsNamed) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  const std::string name = "kill-" + std::to_string(getpid());
+  ChildProcess run({LOCKSTEP_BINARY, "run", LongDigitsManifest(dir, name), "--log-dir",
+                    dir + "/logs", "--summary", dir + "/summary.json"},
+                   {});
+  ASSERT_TRUE(WaitForTraining(run, 120000)) << run.StdoutSoFar();
+  pid_t victim = 0;
+  for (pid_t pid : WorkersOf(run.pid(), name)) {
+    if (ReadFile("/proc/" + std::to_string(pid) + "/environ")
+            .find("LOCKSTEP_POD=" + name + "-worker-1") != std::string::npos) {
+      victim = pid;
+    }
+  }
+  ASSERT_NE(victim, 0) << "worker-1 not found among the launcher's children";
+  ASSERT_EQ(kill(victim, SIGKILL), 0);
+  ProcessResult result = run.Wait(30000);
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  EXPECT_NE(result.err.find(name + "-worker-1"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("signal 9"), std::string::npos) << result.err;
+  EXPECT_TRUE(WorkersOf(run.pid(), name).empty());
+  EXPECT_TRUE(FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name).empty());
+  nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["failed_worker"], name + "-worker-1");
+}
+
+TEST(RunCommandTest, SigintStopsEveryWorkerAndExits130) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  const std::string name = "sigint-" + std::to_string(getpid());
+  ChildProcess run(
+      {LOCKSTEP_BINARY, "run", LongDigitsManifest(dir, name), "--log-dir", dir + "/logs"}, {});
+  ASSERT_TRUE(WaitForTraining(run, 120000)) << run.StdoutSoFar();
+  ASSERT_EQ(WorkersOf(run.pid(), name).size(), 2u);
+  ASSERT_EQ(kill(run.pid(), SIGINT), 0);
+  ProcessResult result = run.Wait(30000);
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 130) << result.out << result.err;
+  // No process of this job is left: the launcher reaped its workers before exiting.
+  EXPECT_TRUE(FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name).empty());
+}
+
+TEST(RunCommandTest, BadManifestExits2BeforeStartingAnyWorker) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  // Valid schema, missing data: the problem only a data check finds.
+  const std::string manifest = dir + "/missing-data.yaml";
+  WriteFile(manifest,
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: missing}\n"
+            "spec:\n  replicas: 2\n  trainer:\n"
+            "    data: {format: csv, train: [file:///nonexistent/train.csv]}\n    steps: 10\n");
+  // A stand-in worker that leaves a mark if it is ever started.
+  const std::string marker = dir + "/worker-started";
+  const std::string fake_worker = dir + "/fake-worker";
+  WriteFile(fake_worker, "#!/bin/sh\ntouch " + marker + "\n");
+  chmod(fake_worker.c_str(), 0755);
+  // Schema problem: no replicas.
+  const std::string bad_schema = dir + "/no-replicas.yaml";
+  WriteFile(bad_schema,
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: bad}\n"
+            "spec:\n  replicas: 0\n  trainer:\n"
+            "    data: {format: csv, train: [file://" +
+                std::string(kDigits) +
+                "]}\n"
+                "    steps: 10\n");
+  for (const std::string& path : {manifest, bad_schema}) {
+    SCOPED_TRACE(path);
+    ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", path, "--log-dir", dir + "/logs"},
+                                      {{"LOCKSTEP_WORKER_BINARY", fake_worker}}, 60000);
+    EXPECT_EQ(result.exit_code, 2) << result.out << result.err;
+    EXPECT_FALSE(result.err.empty());
+    EXPECT_FALSE(FileExists(marker));
+    EXPECT_FALSE(FileExists(dir + "/logs"));
+  }
+  ProcessResult missing = RunProcess({LOCKSTEP_BINARY, "run", manifest}, {}, 60000);
+  EXPECT_NE(missing.err.find("/nonexistent/train.csv"), std::string::npos) << missing.err;
+}
+
+// A stand-in worker (LOCKSTEP_WORKER_BINARY) that records its arguments and environment in
+// `dir`, then runs `tail` (shell code).
+std::string FakeWorker(const std::string& dir, const std::string& tail) {
+  const std::string path = dir + "/fake-worker";
+  WriteFile(path,
+            "#!/bin/sh\n"
+            "{ echo \"args=$*\"; env | grep -E '^(LOCKSTEP_|OPENBLAS_NUM_THREADS=)'; } > " +
+                dir + "/env-$LOCKSTEP_POD\n" + tail + "\n");
+  chmod(path.c_str(), 0755);
+  return path;
+}
+
+std::string TinyManifest(const std::string& dir, int metrics_port) {
+  const std::string path = dir + "/tiny.yaml";
+  WriteFile(path,
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+            "metadata: {name: tiny, namespace: team}\n"
+            "spec:\n  replicas: 3\n  trainer:\n"
+            "    data: {format: csv, train: [file://" +
+                std::string(kDigits) +
+                "]}\n"
+                "    steps: 10\n"
+                "  metrics: {port: " +
+                std::to_string(metrics_port) + "}\n");
+  return path;
+}
+
+TEST(RunCommandTest, WorkersGetTheDocumentedEnvironmentAndTheTokenStaysSecret) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  const std::string fake = FakeWorker(dir, "exit 0");
+  ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", TinyManifest(dir, 9400), "--log-dir",
+                                     dir + "/logs", "--summary", dir + "/summary.json"},
+                                    {{"LOCKSTEP_WORKER_BINARY", fake}}, 60000);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  std::string token;
+  for (int i = 0; i < 3; ++i) {
+    const std::string env = ReadFile(dir + "/env-tiny-worker-" + std::to_string(i));
+    SCOPED_TRACE(env);
+    EXPECT_NE(env.find("args=train --manifest " + dir + "/logs/manifest.json"), std::string::npos);
+    EXPECT_NE(env.find("LOCKSTEP_JOB=team/tiny\n"), std::string::npos);
+    EXPECT_NE(env.find("LOCKSTEP_POD=tiny-worker-" + std::to_string(i) + "\n"), std::string::npos);
+    EXPECT_NE(env.find("LOCKSTEP_HOST=127.0.0.1\n"), std::string::npos);
+    EXPECT_NE(env.find("LOCKSTEP_RENDEZVOUS=127.0.0.1:"), std::string::npos);
+    EXPECT_NE(env.find("LOCKSTEP_METRICS_PORT=" + std::to_string(9400 + i) + "\n"),
+              std::string::npos);
+    const size_t at = env.find("LOCKSTEP_JOB_TOKEN=");
+    ASSERT_NE(at, std::string::npos);
+    const std::string this_token = env.substr(at + 19, env.find('\n', at) - at - 19);
+    EXPECT_EQ(this_token.size(), 64u);
+    if (!token.empty()) EXPECT_EQ(this_token, token) << "one token per job";
+    token = this_token;
+  }
+  ASSERT_FALSE(token.empty());
+  for (const std::string& text : {result.out, result.err, ReadFile(dir + "/logs/manifest.json"),
+                                  ReadFile(dir + "/summary.json")}) {
+    EXPECT_EQ(text.find(token), std::string::npos) << "the job token leaked: " << text;
+  }
+}
+
+TEST(RunCommandTest, MetricsPortZeroGivesEveryWorkerPortZero) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  ProcessResult result =
+      RunProcess({LOCKSTEP_BINARY, "run", TinyManifest(dir, 0), "--log-dir", dir + "/logs"},
+                 {{"LOCKSTEP_WORKER_BINARY", FakeWorker(dir, "exit 0")}}, 60000);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_NE(
+        ReadFile(dir + "/env-tiny-worker-" + std::to_string(i)).find("LOCKSTEP_METRICS_PORT=0\n"),
+        std::string::npos);
+  }
+}
+
+TEST(RunCommandTest, WorkerReportingBadInputMakesTheRunExit2WithItsError) {
+  const std::string dir = MakeTempDir("lockstep-run");
+  const std::string fake =
+      FakeWorker(dir,
+                 "if [ \"$LOCKSTEP_POD\" = tiny-worker-2 ]; then\n"
+                 "  echo 'lockstep-worker: error: spec.trainer.data: unusable' >&2; exit 2\n"
+                 "fi\nexec sleep 600");
+  ProcessResult result = RunProcess(
+      {LOCKSTEP_BINARY, "run", TinyManifest(dir, 0), "--log-dir", dir + "/logs"},
+      {{"LOCKSTEP_WORKER_BINARY", fake}, {"LOCKSTEP_RUN_GRACE_PERIOD_MS", "1000"}}, 60000);
+  ASSERT_FALSE(result.timed_out);
+  EXPECT_EQ(result.exit_code, 2) << result.out << result.err;
+  EXPECT_NE(result.err.find("tiny-worker-2"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("exit code 2"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("lockstep-worker: error: spec.trainer.data: unusable"),
+            std::string::npos)
+      << result.err;
+  EXPECT_LT(result.seconds, 30);
+}
+
+}  // namespace
+}  // namespace lockstep::cli
