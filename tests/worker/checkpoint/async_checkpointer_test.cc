@@ -1,0 +1,177 @@
+#include "worker/checkpoint/async_checkpointer.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <string>
+
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/storage/local/local_storage.h"
+
+namespace lockstep::checkpoint {
+namespace {
+
+// LocalStorage whose writes can be made to fail, or to wait until released.
+class ControllableStorage : public LocalStorage {
+ public:
+  Status Write(const std::string& path, std::string_view bytes, const WriteOptions& options,
+               Deadline deadline) override {
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      ++writes_started_;
+      changed_.notify_all();
+      if (!changed_.wait_until(lock, deadline.at(), [this] { return !blocked_; })) {
+        return DeadlineExceededError("write " + path + ": still blocked");
+      }
+      if (failures_left_ > 0) {
+        --failures_left_;
+        return UnavailableError("write " + path + ": injected outage");
+      }
+    }
+    return LocalStorage::Write(path, bytes, options, deadline);
+  }
+  void Block(bool blocked) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    blocked_ = blocked;
+    changed_.notify_all();
+  }
+  void FailNext(int count) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    failures_left_ = count;
+  }
+  bool WaitForWritesStarted(int count, Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_until(lock, deadline.at(), [&] { return writes_started_ >= count; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool blocked_ = false;
+  int failures_left_ = 0;
+  int writes_started_ = 0;
+};
+
+CheckpointState LargeState(int64_t step) {
+  CheckpointState state;
+  state.step = step;
+  state.optimizer = {"sgd", step};
+  NamedTensor tensor;
+  tensor.name = "w";
+  tensor.dtype = "u8";
+  tensor.bytes.assign(1 << 20, static_cast<uint8_t>(step));
+  tensor.shape = {1 << 20};
+  state.tensors.push_back(tensor);
+  return state;
+}
+
+class AsyncCheckpointerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char pattern[] = "/tmp/async-checkpointer-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    root_ = pattern;
+  }
+  void TearDown() override { (void)storage_.Delete(root_, true, Deadline::AfterMs(10000)); }
+
+  std::unique_ptr<AsyncCheckpointer> MakeCheckpointer(AsyncCheckpointerOptions options) {
+    CheckpointWriterOptions writer_options;
+    writer_options.keep = 2;
+    return std::make_unique<AsyncCheckpointer>(
+        std::make_unique<CheckpointWriter>(storage_, root_, 0, 1, writer_options), options,
+        [this](const PersistReport& report) {
+          std::lock_guard<std::mutex> lock(reports_mutex_);
+          reports_.push_back(report);
+        });
+  }
+
+  ControllableStorage storage_;
+  std::string root_;
+  std::mutex reports_mutex_;
+  std::vector<PersistReport> reports_;
+};
+
+TEST_F(AsyncCheckpointerTest, SnapshotReturnsWhilePersistHappensInTheBackground) {
+  auto checkpointer = MakeCheckpointer({});
+  storage_.Block(true);  // the persist cannot finish until released
+  checkpointer->Snapshot(LargeState(100));
+  // Snapshot returned although the storage has not taken a byte.
+  ASSERT_TRUE(storage_.WaitForWritesStarted(1, Deadline::AfterMs(10000)));
+  EXPECT_EQ(checkpointer->stats().in_flight_step.value_or(-1), 100);
+  EXPECT_EQ(LoadNewestValid(storage_, root_, Deadline::AfterMs(10000)).status().code(),
+            StatusCode::kNotFound);
+  storage_.Block(false);
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  auto loaded = LoadNewestValid(storage_, root_, Deadline::AfterMs(10000));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 100);
+  EXPECT_EQ(checkpointer->stats().last_success_step.value_or(-1), 100);
+}
+
+TEST_F(AsyncCheckpointerTest, FailedPersistIsRetriedThenReported) {
+  AsyncCheckpointerOptions options;
+  options.retry_initial_backoff_ms = 1;
+  options.max_attempts = 5;
+  auto checkpointer = MakeCheckpointer(options);
+  storage_.FailNext(2);
+  checkpointer->Snapshot(LargeState(100));
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  std::lock_guard<std::mutex> lock(reports_mutex_);
+  ASSERT_EQ(reports_.size(), 3u);
+  EXPECT_EQ(reports_[0].status.code(), StatusCode::kUnavailable);
+  EXPECT_FALSE(reports_[0].final);
+  EXPECT_EQ(reports_[2].attempt, 3);
+  EXPECT_TRUE(reports_[2].status.ok());
+  EXPECT_TRUE(reports_[2].final);
+}
+
+TEST_F(AsyncCheckpointerTest, StorageOutageIsReportedAndThePreviousCheckpointStaysValid) {
+  AsyncCheckpointerOptions options;
+  options.retry_initial_backoff_ms = 1;
+  options.max_attempts = 3;
+  auto checkpointer = MakeCheckpointer(options);
+  checkpointer->Snapshot(LargeState(100));
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  storage_.FailNext(1000);
+  checkpointer->Snapshot(LargeState(200));
+  Status status = checkpointer->Flush(Deadline::AfterMs(10000));
+  EXPECT_EQ(status.code(), StatusCode::kUnavailable) << status;
+  {
+    std::lock_guard<std::mutex> lock(reports_mutex_);
+    ASSERT_FALSE(reports_.empty());
+    EXPECT_EQ(reports_.back().step, 200);
+    EXPECT_TRUE(reports_.back().final);
+    EXPECT_FALSE(reports_.back().status.ok());
+  }
+  EXPECT_EQ(checkpointer->stats().last_success_step.value_or(-1), 100);
+  auto loaded = LoadNewestValid(storage_, root_, Deadline::AfterMs(10000));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 100);
+  // Storage back: the next snapshot goes through.
+  storage_.FailNext(0);
+  checkpointer->Snapshot(LargeState(300));
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  EXPECT_EQ(LoadNewestValid(storage_, root_, Deadline::AfterMs(10000))->state.step, 300);
+}
+
+TEST_F(AsyncCheckpointerTest, NewerSnapshotReplacesAWaitingOne) {
+  auto checkpointer = MakeCheckpointer({});
+  storage_.Block(true);
+  checkpointer->Snapshot(LargeState(100));
+  ASSERT_TRUE(storage_.WaitForWritesStarted(1, Deadline::AfterMs(10000)));
+  checkpointer->Snapshot(LargeState(200));  // waits
+  checkpointer->Snapshot(LargeState(300));  // replaces 200
+  storage_.Block(false);
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  const AsyncCheckpointerStats stats = checkpointer->stats();
+  EXPECT_EQ(stats.snapshots, 3);
+  EXPECT_EQ(stats.persisted, 2);
+  EXPECT_EQ(stats.dropped, 1);
+  EXPECT_EQ(stats.last_success_step.value_or(-1), 300);
+}
+
+}  // namespace
+}  // namespace lockstep::checkpoint

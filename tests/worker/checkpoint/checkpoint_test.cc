@@ -1,0 +1,322 @@
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/support/webhdfs/webhdfs_test_server.h"
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/checkpoint_writer.h"
+#include "worker/checkpoint/storage/local/local_storage.h"
+
+namespace lockstep::checkpoint {
+namespace {
+
+Deadline TestDeadline() { return Deadline::AfterMs(20000); }
+
+CheckpointState MakeState(int64_t step, size_t bytes_per_tensor = 1000) {
+  CheckpointState state;
+  state.step = step;
+  state.epoch = step / 100;
+  state.cursor = {step / 100, step * 64};
+  state.rng_state = "pcg:" + std::to_string(step * 7919);
+  state.optimizer = {"sgd", step};
+  for (int t = 0; t < 3; ++t) {
+    NamedTensor tensor;
+    tensor.name = (t == 2 ? "optimizer/w" : "w") + std::to_string(t);
+    tensor.dtype = "f32";
+    tensor.shape = {static_cast<int64_t>(bytes_per_tensor / 4)};
+    tensor.bytes.resize(bytes_per_tensor + t);  // sizes not multiples of the world size
+    for (size_t i = 0; i < tensor.bytes.size(); ++i) {
+      tensor.bytes[i] = static_cast<uint8_t>((i * 31 + t * 7 + step) & 0xff);
+    }
+    state.tensors.push_back(std::move(tensor));
+  }
+  return state;
+}
+
+void ExpectSameState(const CheckpointState& a, const CheckpointState& b) {
+  EXPECT_EQ(a.step, b.step);
+  EXPECT_EQ(a.epoch, b.epoch);
+  EXPECT_EQ(a.cursor.epoch, b.cursor.epoch);
+  EXPECT_EQ(a.cursor.offset, b.cursor.offset);
+  EXPECT_EQ(a.rng_state, b.rng_state);
+  EXPECT_EQ(a.optimizer.type, b.optimizer.type);
+  EXPECT_EQ(a.optimizer.step, b.optimizer.step);
+  ASSERT_EQ(a.tensors.size(), b.tensors.size());
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    EXPECT_EQ(a.tensors[i].name, b.tensors[i].name);
+    EXPECT_EQ(a.tensors[i].dtype, b.tensors[i].dtype);
+    EXPECT_EQ(a.tensors[i].shape, b.tensors[i].shape);
+    EXPECT_EQ(a.tensors[i].bytes, b.tensors[i].bytes) << a.tensors[i].name;
+  }
+}
+
+// Runs every rank's writer in its own thread, as W workers would; returns each rank's status.
+std::vector<Status> WriteFromAllRanks(Storage& storage, const std::string& root,
+                                      const CheckpointState& state, int world_size, int keep,
+                                      const std::string& attempt = "a") {
+  std::vector<Status> statuses(world_size);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world_size; ++rank) {
+    threads.emplace_back([&, rank] {
+      CheckpointWriterOptions options;
+      options.keep = keep;
+      options.attempt_id = attempt;
+      CheckpointWriter writer(storage, root, rank, world_size, options);
+      statuses[rank] = writer.Write(state, TestDeadline());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return statuses;
+}
+
+class CheckpointTest : public ::testing::Test {
+ public:  // the corruption table below uses the helpers
+  void SetUp() override {
+    char pattern[] = "/tmp/checkpoint-test-XXXXXX";
+    ASSERT_NE(::mkdtemp(pattern), nullptr);
+    root_ = std::string(pattern) + "/ckpt";
+  }
+  void TearDown() override {
+    (void)storage_.Delete(ParentPath(root_), true, Deadline::AfterMs(10000));
+  }
+  void WriteStep(int64_t step, int world_size = 2, int keep = 0) {
+    for (const Status& status :
+         WriteFromAllRanks(storage_, root_, MakeState(step), world_size, keep)) {
+      ASSERT_TRUE(status.ok()) << status;
+    }
+  }
+  std::string StepPath(int64_t step, const std::string& file) {
+    return JoinPath(JoinPath(root_, StepDirName(step)), file);
+  }
+  void Overwrite(const std::string& path, std::vector<uint8_t> bytes) {
+    WriteOptions overwrite;
+    overwrite.overwrite = true;
+    ASSERT_TRUE(
+        storage_.Write(path, std::string(bytes.begin(), bytes.end()), overwrite, TestDeadline())
+            .ok());
+  }
+  std::vector<uint8_t> ReadAll(const std::string& path) {
+    auto bytes = storage_.Read(path, 0, -1, TestDeadline());
+    EXPECT_TRUE(bytes.ok()) << bytes.status();
+    return bytes.ok() ? *bytes : std::vector<uint8_t>();
+  }
+
+  LocalStorage storage_;
+  std::string root_;
+};
+
+TEST_F(CheckpointTest, MultiRankWriteReadsBackIdentical) {
+  for (int world_size : {1, 2, 3, 4}) {
+    const CheckpointState state = MakeState(100 + world_size);
+    for (const Status& status : WriteFromAllRanks(storage_, root_, state, world_size, 0)) {
+      ASSERT_TRUE(status.ok()) << status;
+    }
+    auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->manifest.world_size, world_size);
+    EXPECT_TRUE(loaded->skipped.empty());
+    ExpectSameState(loaded->state, state);
+    for (int rank = 0; rank < world_size; ++rank) {
+      EXPECT_TRUE(
+          storage_.Stat(StepPath(state.step, ShardFileName(rank, world_size)), TestDeadline())
+              .ok());
+    }
+  }
+}
+
+TEST_F(CheckpointTest, LayoutHasZeroPaddedStepDirectoryAndNoTemporaryLeftOver) {
+  WriteStep(300);
+  auto entries = storage_.List(root_, TestDeadline());
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 1u);
+  EXPECT_EQ((*entries)[0].name, "step-000000000300");
+  auto files = storage_.List(JoinPath(root_, "step-000000000300"), TestDeadline());
+  ASSERT_TRUE(files.ok());
+  std::vector<std::string> names;
+  for (const FileInfo& file : *files) names.push_back(file.name);
+  EXPECT_EQ(names,
+            (std::vector<std::string>{"manifest.json", "shard-0-of-2.bin", "shard-1-of-2.bin"}));
+}
+
+TEST_F(CheckpointTest, ReaderNeverSeesAPartialCheckpoint) {
+  WriteStep(100);
+  // Rank 1 of step 200 never writes its shard: rank 0 gives up and nothing named step-200 appears.
+  CheckpointWriterOptions options;
+  options.attempt_id = "x";
+  CheckpointWriter rank0(storage_, root_, 0, 2, options);
+  Status status = rank0.Write(MakeState(200), Deadline::AfterMs(300));
+  EXPECT_EQ(status.code(), StatusCode::kDeadlineExceeded) << status;
+  EXPECT_NE(status.message().find("shard-1-of-2.bin"), std::string::npos) << status;
+  EXPECT_EQ(storage_.Stat(JoinPath(root_, StepDirName(200)), TestDeadline()).status().code(),
+            StatusCode::kNotFound);
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 100);
+  // The abandoned temporary directory goes with the next commit.
+  WriteStep(300);
+  auto entries = storage_.List(root_, TestDeadline());
+  ASSERT_TRUE(entries.ok());
+  for (const FileInfo& entry : *entries) EXPECT_EQ(entry.name.rfind(".tmp", 0), std::string::npos);
+}
+
+struct Corruption {
+  const char* name;
+  std::function<void(CheckpointTest*, Storage&, const std::string& dir)> apply;
+  const char* expected_in_message;
+};
+
+TEST_F(CheckpointTest, EachKindOfDamageIsDetectedNamedAndSkipped) {
+  const std::vector<Corruption> corruptions = {
+      {"flip a byte in shard 0",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         auto bytes = t->ReadAll(dir + "/shard-0-of-2.bin");
+         bytes[bytes.size() / 2] ^= 0x01;
+         t->Overwrite(dir + "/shard-0-of-2.bin", bytes);
+       },
+       "shard-0-of-2.bin: sha256 mismatch"},
+      {"flip a byte in shard 1",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         auto bytes = t->ReadAll(dir + "/shard-1-of-2.bin");
+         bytes[0] ^= 0x80;
+         t->Overwrite(dir + "/shard-1-of-2.bin", bytes);
+       },
+       "shard-1-of-2.bin: sha256 mismatch"},
+      {"truncate shard 1",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         auto bytes = t->ReadAll(dir + "/shard-1-of-2.bin");
+         bytes.resize(bytes.size() - 10);
+         t->Overwrite(dir + "/shard-1-of-2.bin", bytes);
+       },
+       "shard-1-of-2.bin: size"},
+      {"delete shard 0",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         ASSERT_TRUE(s.Delete(dir + "/shard-0-of-2.bin", false, TestDeadline()).ok());
+       },
+       "missing shard-0-of-2.bin"},
+      {"truncate the manifest",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         auto bytes = t->ReadAll(dir + "/manifest.json");
+         bytes.resize(120);
+         t->Overwrite(dir + "/manifest.json", bytes);
+       },
+       "manifest.json: truncated JSON at byte"},
+      {"garbage manifest",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         t->Overwrite(dir + "/manifest.json", {'{', '"', 'x', 0xff, '}', '!', '!'});
+       },
+       "manifest.json: malformed JSON"},
+      {"manifest missing a field",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         const std::string text = "{\"format_version\": 1, \"step\": 200}";
+         t->Overwrite(dir + "/manifest.json", std::vector<uint8_t>(text.begin(), text.end()));
+       },
+       "manifest.json: missing field 'epoch'"},
+      {"delete the manifest",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         ASSERT_TRUE(s.Delete(dir + "/manifest.json", false, TestDeadline()).ok());
+       },
+       "missing manifest.json"},
+  };
+  WriteStep(100);
+  for (const Corruption& corruption : corruptions) {
+    SCOPED_TRACE(corruption.name);
+    WriteStep(200);
+    const std::string dir = JoinPath(root_, StepDirName(200));
+    corruption.apply(this, storage_, dir);
+
+    Status verified = VerifyCheckpoint(storage_, root_, std::nullopt, TestDeadline());
+    EXPECT_EQ(verified.code(), StatusCode::kDataLoss) << verified;
+    EXPECT_NE(verified.message().find("step-000000000200"), std::string::npos) << verified;
+    EXPECT_NE(verified.message().find(corruption.expected_in_message), std::string::npos)
+        << verified;
+
+    auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    EXPECT_EQ(loaded->state.step, 100);
+    ASSERT_EQ(loaded->skipped.size(), 1u);
+    EXPECT_EQ(loaded->skipped[0].step, 200);
+    EXPECT_NE(loaded->skipped[0].problem.find(corruption.expected_in_message), std::string::npos);
+    ExpectSameState(loaded->state, MakeState(100));
+
+    auto listed = ListCheckpoints(storage_, root_, VerifyLevel::kChecksums, TestDeadline());
+    ASSERT_TRUE(listed.ok());
+    ASSERT_EQ(listed->size(), 2u);
+    EXPECT_TRUE((*listed)[0].valid);
+    EXPECT_FALSE((*listed)[1].valid);
+    ASSERT_TRUE(storage_.Delete(dir, true, TestDeadline()).ok());
+  }
+}
+
+TEST_F(CheckpointTest, RetentionKeepsTheNewestK) {
+  for (int64_t step : {100, 200, 300, 400, 500}) {
+    for (const Status& status :
+         WriteFromAllRanks(storage_, root_, MakeState(step), 2, /*keep=*/3)) {
+      ASSERT_TRUE(status.ok()) << status;
+    }
+  }
+  auto listed = ListCheckpoints(storage_, root_, VerifyLevel::kChecksums, TestDeadline());
+  ASSERT_TRUE(listed.ok());
+  std::vector<int64_t> steps;
+  for (const CheckpointInfo& info : *listed) {
+    EXPECT_TRUE(info.valid) << info.problem;
+    steps.push_back(info.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{300, 400, 500}));
+}
+
+TEST_F(CheckpointTest, RetentionCountsOnlyValidCheckpoints) {
+  WriteStep(100, 2, 2);
+  WriteStep(200, 2, 2);
+  // Damage 200 by size: retention must keep 100 as one of the two valid ones.
+  ASSERT_TRUE(storage_.Delete(StepPath(200, "shard-1-of-2.bin"), false, TestDeadline()).ok());
+  WriteStep(300, 2, 2);
+  auto listed = ListCheckpoints(storage_, root_, VerifyLevel::kSizes, TestDeadline());
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->size(), 3u);
+  EXPECT_TRUE((*listed)[0].valid);
+  EXPECT_FALSE((*listed)[1].valid);
+  EXPECT_TRUE((*listed)[2].valid);
+}
+
+TEST_F(CheckpointTest, VerifyOfAMissingStepIsNotFound) {
+  WriteStep(100);
+  EXPECT_TRUE(VerifyCheckpoint(storage_, root_, 100, TestDeadline()).ok());
+  EXPECT_EQ(VerifyCheckpoint(storage_, root_, 7, TestDeadline()).code(), StatusCode::kNotFound);
+  EXPECT_EQ(LoadNewestValid(storage_, root_ + "/none", TestDeadline()).status().code(),
+            StatusCode::kNotFound);
+}
+
+TEST_F(CheckpointTest, RewritingACommittedStepIsOk) {
+  WriteStep(100);
+  WriteStep(100);
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok());
+  EXPECT_EQ(loaded->state.step, 100);
+}
+
+TEST(CheckpointOverWebHdfsTest, MultiRankWriteAndLoadThroughTheTestServer) {
+  auto server = lockstep::testing::WebHdfsTestServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  StorageOptions options;
+  options.user = "tester";
+  auto storage = OpenStorage((*server)->uri(), options);
+  ASSERT_TRUE(storage.ok());
+  const std::string root = "/ckpt/job";
+  for (int64_t step : {100, 200}) {
+    for (const Status& status : WriteFromAllRanks(**storage, root, MakeState(step, 100000), 3, 3)) {
+      ASSERT_TRUE(status.ok()) << status;
+    }
+  }
+  auto loaded = LoadNewestValid(**storage, root, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(loaded->state, MakeState(200, 100000));
+  EXPECT_TRUE(VerifyCheckpoint(**storage, root, 100, TestDeadline()).ok());
+}
+
+}  // namespace
+}  // namespace lockstep::checkpoint

@@ -1,0 +1,155 @@
+#include "worker/checkpoint/checkpoint_writer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "common/logging.h"
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/manifest.h"
+
+namespace lockstep::checkpoint {
+
+CheckpointWriter::CheckpointWriter(Storage& storage, std::string root, int rank, int world_size,
+                                   CheckpointWriterOptions options)
+    : storage_(storage),
+      root_(std::move(root)),
+      rank_(rank),
+      world_size_(world_size),
+      options_(std::move(options)) {}
+
+Status CheckpointWriter::Write(const CheckpointState& state, Deadline deadline) {
+  if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_) {
+    return InvalidArgumentError("checkpoint writer: rank " + std::to_string(rank_) +
+                                " is not in a world of " + std::to_string(world_size_));
+  }
+  const std::string final_dir = JoinPath(root_, StepDirName(state.step));
+  const std::string temp_dir = JoinPath(root_, TempDirName(state.step, options_.attempt_id));
+
+  // A step committed earlier (a retry whose first attempt got through, or a resumed job passing
+  // the same step again) needs nothing more.
+  StatusOr<FileInfo> existing = storage_.Stat(final_dir, deadline);
+  if (existing.ok()) {
+    if (rank_ != 0) return OkStatus();
+    Status verified =
+        CheckStepDir(storage_, final_dir, VerifyLevel::kSizes, nullptr, nullptr, deadline);
+    if (verified.ok()) return OkStatus();
+    if (verified.code() != StatusCode::kDataLoss) return verified;
+    LOCKSTEP_LOG(WARNING) << "replacing damaged checkpoint: " << verified.message();
+    LOCKSTEP_RETURN_IF_ERROR(storage_.Delete(final_dir, /*recursive=*/true, deadline));
+  } else if (existing.status().code() != StatusCode::kNotFound) {
+    return existing.status();
+  }
+
+  // Only rank 0 needs the checksums (for the manifest); the others need only their range.
+  const Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/rank_ == 0);
+  const ShardEntry& own_shard = manifest.shards[rank_];
+  {
+    const std::vector<uint8_t> bytes = GatherShard(state, own_shard);
+    WriteOptions overwrite;
+    overwrite.overwrite = true;  // a retry of the same snapshot rewrites its shard
+    LOCKSTEP_RETURN_IF_ERROR(
+        storage_
+            .Write(JoinPath(temp_dir, own_shard.file),
+                   std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
+                   overwrite, deadline)
+            .WithContext("checkpoint step " + std::to_string(state.step)));
+  }
+  if (rank_ != 0) return OkStatus();
+
+  LOCKSTEP_RETURN_IF_ERROR(WaitForShards(temp_dir, manifest, deadline));
+  const std::string manifest_text = SerializeManifest(manifest);
+  WriteOptions overwrite;
+  overwrite.overwrite = true;
+  LOCKSTEP_RETURN_IF_ERROR(
+      storage_.Write(JoinPath(temp_dir, kManifestFileName), manifest_text, overwrite, deadline));
+  Status renamed = storage_.Rename(temp_dir, final_dir, deadline);
+  if (renamed.code() == StatusCode::kAlreadyExists) {
+    // Committed concurrently (should not happen with one rank 0, but never lose a valid one).
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckStepDir(storage_, final_dir, VerifyLevel::kSizes, nullptr, nullptr, deadline));
+    Status cleaned = storage_.Delete(temp_dir, /*recursive=*/true, deadline);
+    if (!cleaned.ok()) {
+      LOCKSTEP_LOG(WARNING) << "checkpoint cleanup: " << cleaned;
+    }
+  } else if (!renamed.ok()) {
+    return renamed;
+  }
+  LOCKSTEP_LOG(INFO) << "checkpoint of step " << state.step << " committed to "
+                     << storage_.Describe() << final_dir << " (" << manifest.total_bytes
+                     << " bytes in " << world_size_ << " shards)";
+  ApplyRetention(state.step, deadline);
+  return OkStatus();
+}
+
+Status CheckpointWriter::WaitForShards(const std::string& temp_dir, const Manifest& manifest,
+                                       Deadline deadline) {
+  int64_t pause_ms = std::max<int64_t>(1, options_.poll_initial_ms);
+  for (size_t rank = 1; rank < manifest.shards.size(); ++rank) {
+    const ShardEntry& shard = manifest.shards[rank];
+    const std::string path = JoinPath(temp_dir, shard.file);
+    for (;;) {
+      StatusOr<FileInfo> info = storage_.Stat(path, deadline);
+      if (info.ok() && info->size_bytes == shard.bytes) break;
+      if (!info.ok() && info.status().code() != StatusCode::kNotFound &&
+          info.status().code() != StatusCode::kDeadlineExceeded) {
+        return info.status();
+      }
+      if (deadline.remaining_ms() <= pause_ms) {
+        return DeadlineExceededError("checkpoint step " + std::to_string(manifest.step) +
+                                     ": rank " + std::to_string(rank) + " did not write " +
+                                     shard.file + " in time");
+      }
+      // Polling stands in for a message from rank `rank`: the writers share nothing but storage.
+      std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+      pause_ms = std::min(pause_ms * 2, std::max<int64_t>(1, options_.poll_max_ms));
+    }
+  }
+  return OkStatus();
+}
+
+void CheckpointWriter::ApplyRetention(int64_t committed_step, Deadline deadline) {
+  StatusOr<std::vector<FileInfo>> entries = storage_.List(root_, deadline);
+  if (!entries.ok()) {
+    LOCKSTEP_LOG(WARNING) << "checkpoint retention: " << entries.status();
+    return;
+  }
+  std::vector<int64_t> steps;
+  for (const FileInfo& entry : *entries) {
+    if (!entry.is_dir) continue;
+    const std::optional<int64_t> temp_step = ParseTempDirName(entry.name);
+    if (temp_step && *temp_step <= committed_step) {
+      // An abandoned attempt: nothing will ever complete it.
+      Status deleted = storage_.Delete(JoinPath(root_, entry.name), true, deadline);
+      if (!deleted.ok() && deleted.code() != StatusCode::kNotFound) {
+        LOCKSTEP_LOG(WARNING) << "checkpoint retention: " << deleted;
+      }
+    }
+    if (const std::optional<int64_t> step = ParseStepDirName(entry.name)) steps.push_back(*step);
+  }
+  if (options_.keep <= 0) return;
+  std::sort(steps.rbegin(), steps.rend());
+  int valid_kept = 0;
+  for (int64_t step : steps) {
+    const std::string dir = JoinPath(root_, StepDirName(step));
+    if (valid_kept >= options_.keep) {
+      Status deleted = storage_.Delete(dir, /*recursive=*/true, deadline);
+      if (deleted.ok()) {
+        LOCKSTEP_LOG(INFO) << "checkpoint retention: deleted " << dir;
+      } else if (deleted.code() != StatusCode::kNotFound) {
+        LOCKSTEP_LOG(WARNING) << "checkpoint retention: " << deleted;
+      }
+      continue;
+    }
+    Status status = CheckStepDir(storage_, dir, VerifyLevel::kSizes, nullptr, nullptr, deadline);
+    if (status.ok()) {
+      ++valid_kept;
+    } else if (status.code() != StatusCode::kDataLoss) {
+      // Cannot tell whether it is valid: stop rather than delete what might be needed.
+      LOCKSTEP_LOG(WARNING) << "checkpoint retention stopped: " << status;
+      return;
+    }
+  }
+}
+
+}  // namespace lockstep::checkpoint

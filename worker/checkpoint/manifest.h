@@ -1,0 +1,72 @@
+// manifest.json: the record that makes a checkpoint directory readable and checkable.
+//
+//   {"format_version": 1, "step": 500, "epoch": 1, "data_cursor": {"epoch": 1, "offset": 3200},
+//    "world_size": 2, "rng_state": "...", "optimizer": {"type": "sgd", "step": 500},
+//    "total_bytes": 1048576,
+//    "tensors": [{"name": "w0", "dtype": "f32", "shape": [784, 256], "offset": 0,
+//                 "bytes": 802816}, ...],
+//    "shards": [{"file": "shard-0-of-2.bin", "offset": 0, "bytes": 524288,
+//                "sha256": "9f86d0..."}, ...],
+//    "created_at": "2026-11-21T21:50:03Z", "lockstep_version": "0.1.0"}
+//
+// Tensor and shard offsets are positions in the state stream (checkpoint.h); shards cover it
+// contiguously in rank order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/checkpoint/checkpoint.h"
+
+namespace lockstep::checkpoint {
+
+struct TensorEntry {
+  std::string name;
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t offset = 0;  // in the state stream
+  int64_t bytes = 0;
+};
+
+struct ShardEntry {
+  std::string file;
+  int64_t offset = 0;  // in the state stream
+  int64_t bytes = 0;
+  std::string sha256;  // lowercase hex; empty until computed
+};
+
+struct Manifest {
+  int format_version = kCheckpointFormatVersion;
+  int64_t step = 0;
+  int64_t epoch = 0;
+  DataCursor cursor;
+  int world_size = 1;
+  std::string rng_state;
+  OptimizerInfo optimizer;
+  int64_t total_bytes = 0;
+  std::vector<TensorEntry> tensors;
+  std::vector<ShardEntry> shards;
+  std::string created_at;  // UTC, ISO 8601
+  std::string lockstep_version;
+};
+
+// The manifest of `state` split over `world_size` shards. With `hash_shards` every shard's
+// SHA-256 is computed (reads the whole state once); otherwise sha256 stays empty.
+Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_shards);
+
+// Shard `rank`'s bytes gathered from the tensors.
+std::vector<uint8_t> GatherShard(const CheckpointState& state, const ShardEntry& shard);
+
+std::string SerializeManifest(const Manifest& manifest);
+
+// DATA_LOSS naming the problem ("truncated JSON at byte 120", "missing field 'shards'",
+// "shards do not cover the state contiguously") for anything that is not a consistent manifest.
+StatusOr<Manifest> ParseManifest(std::string_view text);
+
+// "2026-11-21T21:50:03Z" for now.
+std::string UtcTimestampNow();
+
+}  // namespace lockstep::checkpoint
