@@ -7,6 +7,7 @@
 #include "cli/exit_codes.h"
 #include "cli/run_command.h"
 #include "cli/validate_command.h"
+#include "worker/checkpoint/ckpt_command.h"
 
 namespace {
 
@@ -17,6 +18,10 @@ constexpr char kUsage[] =
     "  run FILE [--replicas N] [--summary FILE] [--log-dir DIR]\n"
     "                   run a TrainingJob on this machine\n"
     "  validate FILE    check a TrainingJob manifest and its data\n"
+    "  ckpt ls URI [--checksums]\n"
+    "                   list the checkpoints under URI (file:// or hdfs://) and their validity\n"
+    "  ckpt verify URI [--step N]\n"
+    "                   check the newest (or step N) checkpoint against its manifest\n"
     "  help             show this message\n"
     "  version          show the version\n"
     "\n"
@@ -35,6 +40,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> rest(args.begin() + 1, args.end());
   if (command == "run") return lockstep::cli::RunRunCommand(rest, std::cout, std::cerr);
   if (command == "validate") return lockstep::cli::RunValidateCommand(rest, std::cout, std::cerr);
+  if (command == "ckpt") return lockstep::checkpoint::RunCkptCommand(rest, std::cout, std::cerr);
   if (command == "help" || command == "-h" || command == "--help") {
     std::cout << kUsage;
     return lockstep::cli::kExitOk;
