@@ -1,8 +1,9 @@
 // The public kernel API: each function checks its device and forwards to cpu/ or cuda/.
 //
-// Asking for DeviceType::kCuda from a library built without the CUDA kernels is a programming
-// error (the trainer must check CudaAvailable() when it reads `device: cuda`), and these functions
-// return void, so it is reported loudly: one ERROR log line naming the kernel, then abort().
+// Asking for DeviceType::kCuda from a library built without the CUDA kernels, or in a process
+// that has no usable CUDA device, is a programming error (the trainer must check CudaAvailable()
+// when it reads `device: cuda`), and these functions return void, so it is reported loudly: one
+// ERROR log line naming the kernel, then abort().
 #include <cstdlib>
 
 #include "common/logging.h"
@@ -19,9 +20,13 @@ namespace {
 
 [[noreturn]] void DieUnsupportedDevice(const char* kernel, DeviceType device) {
   if (device == DeviceType::kCuda) {
-    LOCKSTEP_LOG(ERROR) << "kernels::" << kernel
-                        << ": device cuda requested, but this build has no CUDA kernels "
-                           "(check CudaAvailable() before choosing the device)";
+#ifdef LOCKSTEP_KERNELS_WITH_CUDA
+    const char* reason = "no CUDA device is usable in this process (no driver or no device)";
+#else
+    const char* reason = "this build has no CUDA kernels";
+#endif
+    LOCKSTEP_LOG(ERROR) << "kernels::" << kernel << ": device cuda requested, but " << reason
+                        << " (check CudaAvailable() before choosing the device)";
   } else {
     LOCKSTEP_LOG(ERROR) << "kernels::" << kernel << ": unknown device type "
                         << static_cast<int>(device);
@@ -31,15 +36,17 @@ namespace {
 
 }  // namespace
 
-// Each public function: the CPU path, else the CUDA path when it is compiled in, else abort.
+// Each public function: the CPU path, else the CUDA path when it is compiled in and a device is
+// usable (a cached flag), else abort.
 #ifdef LOCKSTEP_KERNELS_WITH_CUDA
-#define LOCKSTEP_KERNELS_DISPATCH(name, cpu_call, cuda_call) \
-  switch (ctx.device) {                                      \
-    case DeviceType::kCpu:                                   \
-      return cpu_call;                                       \
-    case DeviceType::kCuda:                                  \
-      return cuda_call;                                      \
-  }                                                          \
+#define LOCKSTEP_KERNELS_DISPATCH(name, cpu_call, cuda_call)                       \
+  switch (ctx.device) {                                                            \
+    case DeviceType::kCpu:                                                         \
+      return cpu_call;                                                             \
+    case DeviceType::kCuda:                                                        \
+      if (!cuda::DeviceAvailable()) DieUnsupportedDevice(name, DeviceType::kCuda); \
+      return cuda_call;                                                            \
+  }                                                                                \
   DieUnsupportedDevice(name, ctx.device)
 #else
 #define LOCKSTEP_KERNELS_DISPATCH(name, cpu_call, cuda_call) \

@@ -14,7 +14,8 @@
 // line and abort(): DeviceType::kCuda in a build without the CUDA kernels (check CudaAvailable()
 // first), a label outside [0, classes), a null input the activation needs, a Gemm dimension
 // beyond 32-bit BLAS indices. Empty sizes do no work beyond the empty result (Gemm with k = 0
-// computes C = beta * C; zero rows give dbias = 0).
+// computes C = beta * C; zero rows give dbias = 0). On the CUDA path a failed CUDA or cuBLAS call
+// aborts the same way, naming the call and the error (kernels/cuda/cuda_kernels.h).
 #pragma once
 
 #include <cstddef>
@@ -32,6 +33,10 @@ struct ExecutionContext {
   DeviceType device = DeviceType::kCpu;
   void* cuda_stream = nullptr;  // cudaStream_t when device == kCuda
   void* blas_handle = nullptr;  // cublasHandle_t when device == kCuda
+  // CUDA Gemm only: let cuBLAS use TF32 tensor cores (inputs rounded to a 10-bit mantissa;
+  // several times faster on large layers, ~1e-3 relative error). Off by default, so the GPU
+  // matches the CPU path and PyTorch's default within fp32 rounding. The CPU path ignores it.
+  bool allow_tf32 = false;
 };
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) is X or X^T.
@@ -101,7 +106,9 @@ float Fp16ToFloat(uint16_t bits);
 // choice when several workers share a machine).
 void SetCpuBlasThreads(int threads);
 
-// Whether a CUDA device is usable in this process (false when built without CUDA).
+// Whether a CUDA device is usable in this process: the CUDA kernels are built in and
+// cudaGetDeviceCount() reports at least one device. False (never an abort) when built without
+// CUDA or without a driver or device. Cheap after the first call.
 bool CudaAvailable();
 
 }  // namespace lockstep::kernels

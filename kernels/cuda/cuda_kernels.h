@@ -1,11 +1,20 @@
-// The CUDA implementations behind kernels/kernels.h: the slot for the CUDA issue.
+// The CUDA implementations behind kernels/kernels.h, compiled when nvcc is found
+// (kernels/CMakeLists.txt lists them in LOCKSTEP_KERNELS_CUDA_SOURCES and defines
+// LOCKSTEP_KERNELS_WITH_CUDA, which makes kernels/dispatch.cc route DeviceType::kCuda here).
 //
-// Not compiled yet: kernels/CMakeLists.txt builds the .cu files listed in
-// LOCKSTEP_KERNELS_CUDA_SOURCES (empty today) and then defines LOCKSTEP_KERNELS_WITH_CUDA, which
-// makes kernels/dispatch.cc route DeviceType::kCuda here. Each function queues its work on
-// ctx.cuda_stream (Gemm through the cublasHandle_t in ctx.blas_handle) and returns without
-// synchronising, except where a host output (loss_sum, correct, CountCorrect's result) forces a
-// copy back on that stream. Contracts are those of the public functions of the same name.
+// Each function queues its work on ctx.cuda_stream (Gemm through the cublasHandle_t in
+// ctx.blas_handle, whose pointer mode must be the default CUBLAS_POINTER_MODE_HOST) and returns
+// without synchronising, except where a host output (loss_sum, correct, CountCorrect's result)
+// forces a copy back on that stream. Contracts are those of the public functions of the same
+// name; precision and reproducibility notes are in each .cu file.
+//
+// Errors: a failed CUDA or cuBLAS call (a fault in an earlier kernel included, which CUDA reports
+// at the next call) is logged as one ERROR line naming the call and the error, then abort()
+// (kernels/cuda/cuda_check.h): the API returns void, and such errors leave the device unusable.
+//
+// Scratch memory: BiasActivationBackward and SoftmaxCrossEntropy/CountCorrect take small
+// temporary buffers (a few MiB at most) from a lockstep-owned stream-ordered memory pool per
+// device, which keeps them between calls (kernels/cuda/launch.h).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +23,7 @@
 
 namespace lockstep::kernels::cuda {
 
+// cudaGetDeviceCount() > 0, read once; false (never an abort) without a driver or device.
 bool DeviceAvailable();
 
 void Gemm(const ExecutionContext& ctx, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
