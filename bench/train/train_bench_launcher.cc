@@ -1,0 +1,99 @@
+// train_bench_launcher WORKER_BINARY MANIFEST REPLICAS
+//
+// Hosts a rendezvous service on 127.0.0.1, runs REPLICAS `lockstep-worker train` processes on
+// MANIFEST, waits for them (10 minutes at most) and prints one JSON line with the job's final
+// figures as rank 0 reported them at Leave: global samples/s over the timed steps, scaling
+// efficiency (compute / step time) and the exposed-communication share of the step time.
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/rendezvous/server.h"
+
+extern char** environ;
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::cerr << "usage: train_bench_launcher WORKER_BINARY MANIFEST REPLICAS\n";
+    return 2;
+  }
+  const std::string worker = argv[1], manifest = argv[2];
+  const int replicas = std::stoi(argv[3]);
+  const std::string job = "bench/train", token = "bench-token";
+  auto server = lockstep::rendezvous::RendezvousServer::Start({"127.0.0.1:0", "", ""});
+  if (!server.ok()) {
+    std::cerr << server.status() << "\n";
+    return 1;
+  }
+  lockstep::rendezvous::JobConfig config;
+  config.job = job;
+  config.token = token;
+  config.min_members = replicas;
+  config.max_members = replicas;
+  if (auto status = (*server)->AddJob(config); !status.ok()) {
+    std::cerr << status << "\n";
+    return 1;
+  }
+
+  std::vector<pid_t> pids;
+  for (int i = 0; i < replicas; ++i) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
+    env.push_back("LOCKSTEP_RENDEZVOUS=127.0.0.1:" + std::to_string((*server)->port()));
+    env.push_back("LOCKSTEP_JOB=" + job);
+    env.push_back("LOCKSTEP_JOB_TOKEN=" + token);
+    env.push_back("LOCKSTEP_POD=bench-" + std::to_string(i));
+    env.push_back("LOCKSTEP_METRICS_PORT=0");
+    std::vector<char*> envp;
+    for (std::string& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
+    std::vector<std::string> args{worker, "train", "--manifest", manifest};
+    std::vector<char*> argp;
+    for (std::string& a : args) argp.push_back(a.data());
+    argp.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, argp[0], nullptr, nullptr, argp.data(), envp.data()) != 0) {
+      std::cerr << "cannot start " << worker << "\n";
+      return 1;
+    }
+    pids.push_back(pid);
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::minutes(10);
+  int failed = 0;
+  for (pid_t pid : pids) {
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > deadline) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &status, 0);
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+  }
+  auto snapshot = (*server)->Snapshot(job);
+  (*server)->Shutdown(5000);
+  if (failed > 0 || !snapshot.ok()) {
+    std::cerr << failed << " worker(s) failed\n";
+    return 1;
+  }
+  const auto& progress = snapshot->final_progress;
+  nlohmann::json out{{"world", replicas},
+                     {"steps", progress.step},
+                     {"samples_per_second", progress.samples_per_second},
+                     {"scaling_efficiency", progress.scaling_efficiency},
+                     {"comm_exposed_fraction", progress.comm_exposed_fraction},
+                     {"final_loss", progress.loss}};
+  std::cout << out.dump() << std::endl;
+  return 0;
+}

@@ -1,0 +1,231 @@
+// lockstep-worker: one worker of a Lockstep job.
+//
+//   lockstep-worker train [--manifest FILE]
+//
+// The manifest comes from --manifest, else from LOCKSTEP_SPEC (the JSON of spec::ToJson).
+// Environment: LOCKSTEP_RENDEZVOUS (host:port), LOCKSTEP_JOB (namespace/name),
+// LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD (member id), LOCKSTEP_HOST (address peers reach; default
+// 127.0.0.1), LOCKSTEP_METRICS_PORT (overrides spec.metrics.port; 0: no endpoint),
+// LOCKSTEP_DUMP_PARAMS (rank 0 writes the final parameters there as raw float32).
+//
+// Exit codes: 0 done; 2 bad input (manifest or data; one line on stderr); 1 any other failure;
+// 143 after SIGTERM (130 after SIGINT), having left the rendezvous with completed=false.
+#include <fcntl.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "common/deadline.h"
+#include "common/env.h"
+#include "common/errno_check.h"
+#include "common/logging.h"
+#include "common/spec/training_job.h"
+#include "kernels/kernels.h"
+#include "worker/metrics.h"
+#include "worker/trainer/dataset.h"
+#include "worker/trainer/trainer.h"
+#include "worker/trainer/training_worker.h"
+
+namespace lockstep {
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+// How long Run gets to return after SIGTERM before the signal thread leaves on its behalf and
+// exits (Run may be inside a Join that cannot be interrupted).
+constexpr auto kStopGrace = std::chrono::seconds(3);
+
+// How long one Join may wait for the generation to form (all members must have started).
+LOCKSTEP_PARAM_INT(JoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
+
+int Fail(int code, const std::string& message) {
+  // One line: the launcher shows it as the worker's error.
+  std::string line = message;
+  for (char& c : line) {
+    if (c == '\n') c = ';';
+  }
+  std::cerr << "lockstep-worker: error: " << line << std::endl;
+  return code;
+}
+
+void Usage() {
+  std::cerr << "usage: lockstep-worker train [--manifest FILE]\n"
+               "  the manifest comes from --manifest or the LOCKSTEP_SPEC environment variable\n";
+}
+
+StatusOr<spec::TrainingJob> LoadManifest(const std::string& manifest_path) {
+  if (!manifest_path.empty()) return spec::LoadTrainingJobFile(manifest_path);
+  const std::string text = EnvString("LOCKSTEP_SPEC", "");
+  if (text.empty()) {
+    return InvalidArgumentError("no manifest: pass --manifest FILE or set LOCKSTEP_SPEC");
+  }
+  nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
+  return spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
+}
+
+// SIGTERM/SIGINT: the handler only writes the signal number to a pipe (async-signal-safe);
+// a watcher thread reads it and stops the worker. A handler, rather than blocking the signals
+// and sigwait, because libraries start threads before main (OpenBLAS's pool) whose signal mask
+// we do not control, and the kernel may deliver the signal to any of them.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void ForwardSignal(int signal_number) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+class SignalWatcher {
+ public:
+  // Installs the handlers; false when the pipe cannot be made.
+  bool Install() {
+    if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) return false;
+    struct sigaction action {};
+    action.sa_handler = ForwardSignal;
+    sigemptyset(&action.sa_mask);
+    action.sa_flags = SA_RESTART;
+    sigaction(SIGTERM, &action, nullptr);
+    sigaction(SIGINT, &action, nullptr);
+    return true;
+  }
+
+  void Start(trainer::TrainingWorker* worker) {
+    std::thread([this, worker] {
+      unsigned char byte = 0;
+      ssize_t got = 0;
+      LOCKSTEP_SYSCALL_RETRY(got, read(g_signal_pipe[0], &byte, 1));
+      if (got != 1) return;
+      const int signal_number = byte;
+      LOCKSTEP_LOG(WARNING) << "received signal " << signal_number << "; stopping";
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        signal_ = signal_number;
+      }
+      worker->RequestStop();
+      std::unique_lock<std::mutex> lock(mu_);
+      if (!done_cv_.wait_for(lock, kStopGrace, [this] { return done_; })) {
+        lock.unlock();
+        LOCKSTEP_LOG(WARNING) << "still blocked after the grace period; leaving and exiting";
+        worker->LeaveNow();
+        std::_Exit(128 + signal_number);
+      }
+    }).detach();
+  }
+
+  // Called when Run returned; the signal number that stopped it, or 0.
+  int Finish() {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ = true;
+    done_cv_.notify_all();
+    return signal_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+  int signal_ = 0;
+};
+
+int Train(const std::string& manifest_path) {
+  SignalWatcher watcher;
+  if (!watcher.Install()) return Fail(kExitFailure, "cannot install the signal handlers");
+
+  StatusOr<spec::TrainingJob> job = LoadManifest(manifest_path);
+  if (!job.ok()) return Fail(kExitBadInput, job.status().message());
+  if (!job->spec.trainer.has_value()) {
+    return Fail(kExitBadInput,
+                "spec.trainer: lockstep-worker train runs the built-in trainer; "
+                "this manifest has none (exec mode is run by the agent)");
+  }
+  const std::string job_name =
+      EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
+  SetLogContext("job=" + job_name + " rank=- gen=-");
+
+  trainer::TrainingWorkerOptions options;
+  options.job_name = job_name;
+  for (const char* name : {"LOCKSTEP_RENDEZVOUS", "LOCKSTEP_JOB_TOKEN", "LOCKSTEP_POD"}) {
+    if (EnvString(name, "").empty()) {
+      return Fail(kExitBadInput, std::string("environment variable ") + name + " is not set");
+    }
+  }
+  options.client.address = EnvString("LOCKSTEP_RENDEZVOUS", "");
+  options.client.job = job_name;
+  options.client.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
+  options.client.member_id = EnvString("LOCKSTEP_POD", "");
+  options.client.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
+  options.join_timeout_ms = JoinTimeoutMs();
+  options.dump_params_path = EnvString("LOCKSTEP_DUMP_PARAMS", "");
+  const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job->spec.metrics.port);
+
+  // One BLAS thread per worker: several workers share the machine's cores.
+  kernels::SetCpuBlasThreads(1);
+
+  const double load_started = MonotonicSeconds();
+  StatusOr<trainer::DataSplits> splits = trainer::LoadDatasets(*job);
+  if (!splits.ok()) return Fail(kExitBadInput, splits.status().message());
+  LOCKSTEP_LOG(INFO) << splits->train.description << " loaded in "
+                     << static_cast<int64_t>((MonotonicSeconds() - load_started) * 1000) << " ms";
+
+  auto metrics = WorkerMetrics::Create(job_name, static_cast<int>(metrics_port));
+  if (!metrics.ok()) {
+    return Fail(
+        metrics.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure,
+        metrics.status().message());
+  }
+
+  auto trainer = trainer::Trainer::Create(*job, std::move(splits).value(), metrics->get());
+  if (!trainer.ok()) return Fail(kExitBadInput, trainer.status().message());
+
+  trainer::TrainingWorker worker(options, std::move(trainer).value(), metrics->get());
+  watcher.Start(&worker);
+  Status status = worker.Run();
+  const int signal_number = watcher.Finish();
+  if (signal_number != 0) return 128 + signal_number;
+  if (!status.ok()) {
+    const bool bad_input = status.code() == StatusCode::kInvalidArgument;
+    return Fail(bad_input ? kExitBadInput : kExitFailure, status.ToString());
+  }
+  return kExitOk;
+}
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
+    lockstep::Usage();
+    return argc < 2 ? 2 : 0;
+  }
+  const std::string command = argv[1];
+  if (command != "train") {
+    lockstep::Usage();
+    return lockstep::Fail(2, "unknown command \"" + command + "\"");
+  }
+  std::string manifest_path;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--manifest" && i + 1 < argc) {
+      manifest_path = argv[++i];
+    } else if (arg.rfind("--manifest=", 0) == 0) {
+      manifest_path = arg.substr(std::string("--manifest=").size());
+    } else {
+      lockstep::Usage();
+      return lockstep::Fail(2, "unexpected argument \"" + arg + "\"");
+    }
+  }
+  return lockstep::Train(manifest_path);
+}

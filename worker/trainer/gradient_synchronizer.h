@@ -1,0 +1,130 @@
+// GradientSynchronizer: the DDP engine's communication half. It all-reduces the gradient buckets
+// of one step on a dedicated communication thread while backward is still producing the
+// remaining gradients.
+//
+// Protocol of one step (main thread = the thread running backward):
+//
+//   sync.BeginStep(grads, loss_scale);
+//   model.ForwardBackward(..., [&](int b) { sync.OnLayerReady(b); });   // enqueues buckets
+//   LOCKSTEP_RETURN_IF_ERROR(sync.Wait(&stats));   // all buckets reduced: grads hold the SUM
+//
+// Ordering: buckets are enqueued strictly in bucket order (a bucket becomes ready when backward
+// finishes its last layer, and backward finishes layers in backward order), and the single
+// communication thread issues them in queue order. Every rank computes the same buckets from the
+// same layout (buckets.h), so every rank issues the same collectives in the same order, the
+// contract the communicator requires. No negotiation between ranks is needed (unlike Horovod's
+// coordinator) because the model, and hence the order, is static.
+//
+// Compression (allreduce.compression bf16|fp16): each bucket is packed to 16-bit floats (fp16
+// multiplied by the loss scale first so small gradients survive), reduced, and unpacked (divided
+// by the loss scale). When the communicator cannot reduce 16-bit types (it answers
+// UNIMPLEMENTED, before any traffic, identically on every rank), the engine switches for good to
+// all-gathering the packed halves and summing them in float locally, in rank order, so every rank
+// computes bit-identical sums. Bytes on the wire: a ring all-reduce of floats moves 8(W-1)/W bytes
+// per element per rank, a ring all-gather of halves 2(W-1): half the bytes at W = 2, equal at
+// W = 4, more beyond; native 16-bit reduction, where the backend has it, always halves them.
+//
+// A world of one issues no collective at all (and so does not compress either).
+//
+// Overflow (fp16): a non-finite value after unpacking sets StepCommStats::overflow; since every
+// rank holds the same reduced values, every rank sees the same flag and skips the same step.
+//
+// Thread safety: BeginStep, OnLayerReady and Wait are called by one thread (the main thread).
+// The communicator must outlive the synchronizer and is used only by the communication thread
+// between BeginStep and Wait's return; outside that window the caller may use it directly.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/spec/training_job.h"
+#include "common/status.h"
+#include "kernels/kernels.h"
+#include "worker/comm/communicator.h"
+#include "worker/trainer/buckets.h"
+
+namespace lockstep::trainer {
+
+struct SynchronizerOptions {
+  spec::Compression compression = spec::Compression::kNone;
+  int64_t timeout_ms = 300000;  // per collective (allreduce.timeoutSeconds)
+};
+
+// What one step's communication cost.
+struct StepCommStats {
+  double exposed_seconds = 0;    // Wait's blocking time: communication not hidden by backward
+  double allreduce_seconds = 0;  // sum over buckets of the collective's own duration
+  int64_t wire_bytes = 0;        // payload bytes handed to the collectives (halves when packed)
+  int64_t reduced_bytes = 0;     // float32 bytes of gradient reduced
+  std::vector<double> bucket_seconds;
+  std::vector<int64_t> bucket_wire_bytes;
+  bool overflow = false;  // a non-finite reduced gradient (fp16: skip the step)
+};
+
+class GradientSynchronizer {
+ public:
+  GradientSynchronizer(comm::Communicator& communicator, std::vector<GradientBucket> buckets,
+                       const SynchronizerOptions& options);
+  // Stops the communication thread. Aborts the communicator first if a collective is in flight,
+  // so destruction never waits on peers.
+  ~GradientSynchronizer();
+
+  GradientSynchronizer(const GradientSynchronizer&) = delete;
+  GradientSynchronizer& operator=(const GradientSynchronizer&) = delete;
+
+  const std::vector<GradientBucket>& buckets() const { return buckets_; }
+  // True once the engine fell back from native 16-bit all-reduce to all-gather.
+  bool using_allgather_fallback() const { return use_allgather_.load(); }
+
+  // Starts a step whose gradients will be written to `grads` (the flat gradient buffer).
+  // loss_scale multiplies gradients before fp16 packing (ignored otherwise).
+  void BeginStep(float* grads, float loss_scale);
+  // Backward finished layer `backward_layer`: enqueues every bucket that is now complete.
+  void OnLayerReady(int backward_layer);
+  // Blocks until every bucket of the step is reduced (OK), a collective failed (its error;
+  // the communicator is then unusable), or the collectives' deadline plus slack passed
+  // (DEADLINE_EXCEEDED after aborting the communicator).
+  Status Wait(StepCommStats* stats);
+
+ private:
+  void CommunicationLoop();
+  // Pops the queue's front bucket and reduces it with mu_ released. Requires mu_ held (through
+  // `lock`) and a non-empty queue.
+  void ReduceNextQueuedBucket(std::unique_lock<std::mutex>& lock);
+  Status ReduceBucket(size_t index, double* seconds, int64_t* wire_bytes);
+  Status ReduceHalfBucket(const GradientBucket& bucket, float* slice, int64_t* wire_bytes);
+
+  comm::Communicator& comm_;
+  const std::vector<GradientBucket> buckets_;
+  const SynchronizerOptions options_;
+  const kernels::ExecutionContext ctx_{};
+  std::atomic<bool> use_allgather_{false};
+
+  // Buffers for the 16-bit path, owned by the communication thread.
+  std::vector<uint16_t> half_;      // one region per bucket, same offsets as the floats
+  std::vector<uint16_t> gathered_;  // [world, largest bucket] for the all-gather fallback
+  std::vector<float> unpacked_;     // [largest bucket]
+
+  std::mutex mu_;
+  std::condition_variable work_cv_;  // communication thread waits for buckets
+  std::condition_variable done_cv_;  // main thread waits for completion
+  std::deque<size_t> queue_;
+  bool shutdown_ = false;
+  bool busy_ = false;  // a collective is in flight
+  float* grads_ = nullptr;
+  float loss_scale_ = 1.0f;
+  size_t next_bucket_ = 0;  // next bucket to enqueue (main thread)
+  size_t done_buckets_ = 0;
+  Status step_status_;
+  bool overflow_ = false;
+  std::vector<double> bucket_seconds_;
+  std::vector<int64_t> bucket_wire_bytes_;
+  std::thread thread_;
+};
+
+}  // namespace lockstep::trainer

@@ -1,0 +1,157 @@
+#include "worker/trainer/model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+
+#include "worker/trainer/random.h"
+
+namespace lockstep::trainer {
+
+using kernels::ActivationType;
+
+MlpWorkspace::MlpWorkspace(const MlpModel& model, int64_t max_rows) : max_rows_(max_rows) {
+  const ParameterLayout& layout = model.layout();
+  int64_t widest = 0;
+  outputs_.resize(layout.layers.size());
+  pre_activations_.resize(layout.layers.size());
+  for (size_t l = 0; l < layout.layers.size(); ++l) {
+    const LayerLayout& layer = layout.layers[l];
+    outputs_[l].resize(static_cast<size_t>(max_rows * layer.out));
+    if (layer.activation == ActivationType::kGelu) {
+      pre_activations_[l].resize(static_cast<size_t>(max_rows * layer.out));
+    }
+    widest = std::max({widest, layer.in, layer.out});
+  }
+  grad_a_.resize(static_cast<size_t>(max_rows * widest));
+  grad_b_.resize(static_cast<size_t>(max_rows * widest));
+}
+
+StatusOr<MlpModel> MlpModel::Create(int64_t input_features, const std::vector<int32_t>& hidden,
+                                    int64_t num_classes, ActivationType activation) {
+  if (input_features < 1) {
+    return InvalidArgumentError("model: input features must be >= 1 (got " +
+                                std::to_string(input_features) + ")");
+  }
+  if (num_classes < 2) {
+    return InvalidArgumentError("model: the data must have at least 2 classes (got " +
+                                std::to_string(num_classes) + ")");
+  }
+  std::vector<int64_t> widths{input_features};
+  for (size_t i = 0; i < hidden.size(); ++i) {
+    if (hidden[i] < 1) {
+      return InvalidArgumentError("spec.trainer.model.hidden[" + std::to_string(i) +
+                                  "]: must be >= 1 (got " + std::to_string(hidden[i]) + ")");
+    }
+    widths.push_back(hidden[i]);
+  }
+  widths.push_back(num_classes);
+
+  ParameterLayout layout;
+  const int num_layers = static_cast<int>(widths.size()) - 1;
+  layout.layers.resize(static_cast<size_t>(num_layers));
+  for (int l = 0; l < num_layers; ++l) {
+    LayerLayout& layer = layout.layers[static_cast<size_t>(l)];
+    layer.in = widths[static_cast<size_t>(l)];
+    layer.out = widths[static_cast<size_t>(l) + 1];
+    layer.activation = (l == num_layers - 1) ? ActivationType::kIdentity : activation;
+  }
+  // Backward order: the last layer first (see the header).
+  int64_t offset = 0;
+  for (int l = num_layers - 1; l >= 0; --l) {
+    LayerLayout& layer = layout.layers[static_cast<size_t>(l)];
+    layer.weight_offset = offset;
+    layer.bias_offset = offset + layer.in * layer.out;
+    offset += layer.num_params();
+  }
+  layout.num_params = offset;
+  return MlpModel(std::move(layout));
+}
+
+void MlpModel::InitializeParameters(uint64_t seed, float* params) const {
+  for (int l = 0; l < layout_.num_layers(); ++l) {
+    const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
+    // One stream per layer: a layer's values do not depend on the other layers' sizes.
+    SplitMix64 rng(MixSeed(seed, static_cast<uint64_t>(l)));
+    const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
+    float* weight = params + layer.weight_offset;
+    for (int64_t i = 0; i < layer.in * layer.out; ++i) weight[i] = rng.UniformFloat(-bound, bound);
+    float* bias = params + layer.bias_offset;
+    for (int64_t i = 0; i < layer.out; ++i) bias[i] = rng.UniformFloat(-bound, bound);
+  }
+}
+
+const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float* params,
+                               const float* features, int64_t rows, MlpWorkspace& workspace) const {
+  const float* input = features;
+  for (int l = 0; l < layout_.num_layers(); ++l) {
+    const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
+    float* out = workspace.outputs_[static_cast<size_t>(l)].data();
+    if (rows > 0) {
+      // out[rows, out] = input[rows, in] * W^T, W being [out, in].
+      kernels::Gemm(ctx, false, true, rows, layer.out, layer.in, 1.0f, input,
+                    params + layer.weight_offset, 0.0f, out);
+      float* pre = workspace.pre_activations_[static_cast<size_t>(l)].empty()
+                       ? nullptr
+                       : workspace.pre_activations_[static_cast<size_t>(l)].data();
+      kernels::BiasActivationForward(ctx, layer.activation, rows, layer.out,
+                                     params + layer.bias_offset, out, pre);
+    }
+    input = out;
+  }
+  return input;
+}
+
+double MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
+                                 const float* features, const int32_t* labels, int64_t rows,
+                                 float grad_scale, float* grads, MlpWorkspace& workspace,
+                                 const LayerReadyFn& on_layer_ready, int64_t* correct) const {
+  const int num_layers = layout_.num_layers();
+  if (rows == 0) {
+    // A rank whose slice of a short final batch is empty still takes part in every all-reduce
+    // with zero gradients, in the same bucket order as its peers.
+    std::fill(grads, grads + layout_.num_params, 0.0f);
+    for (int b = 0; b < num_layers; ++b) {
+      if (on_layer_ready) on_layer_ready(b);
+    }
+    return 0.0;
+  }
+  const float* logits = Forward(ctx, params, features, rows, workspace);
+
+  const LayerLayout& last = layout_.layers.back();
+  float* dy = workspace.grad_a_.data();
+  float* dx = workspace.grad_b_.data();
+  double loss_sum = 0.0;
+  kernels::SoftmaxCrossEntropy(ctx, rows, last.out, logits, labels, grad_scale, dy, &loss_sum,
+                               correct);
+
+  for (int l = num_layers - 1; l >= 0; --l) {
+    const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
+    const float* y = workspace.outputs_[static_cast<size_t>(l)].data();
+    const float* pre = workspace.pre_activations_[static_cast<size_t>(l)].empty()
+                           ? nullptr
+                           : workspace.pre_activations_[static_cast<size_t>(l)].data();
+    // dy: d(loss)/d(output) becomes d(loss)/d(pre-activation); the bias gradient is its column
+    // sum.
+    kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
+                                    grads + layer.bias_offset);
+    const float* input =
+        (l == 0) ? features : workspace.outputs_[static_cast<size_t>(l) - 1].data();
+    // dW[out, in] = dy^T[out, rows] * input[rows, in].
+    kernels::Gemm(ctx, true, false, layer.out, layer.in, rows, 1.0f, dy, input, 0.0f,
+                  grads + layer.weight_offset);
+    // The layer's gradients are final: its bucket may go on the wire while the rest of
+    // backward runs.
+    if (on_layer_ready) on_layer_ready(num_layers - 1 - l);
+    if (l > 0) {
+      // dx[rows, in] = dy[rows, out] * W[out, in].
+      kernels::Gemm(ctx, false, false, rows, layer.in, layer.out, 1.0f, dy,
+                    params + layer.weight_offset, 0.0f, dx);
+      std::swap(dy, dx);
+    }
+  }
+  return loss_sum;
+}
+
+}  // namespace lockstep::trainer

@@ -1,0 +1,107 @@
+// The built-in trainer's model: a multi-layer perceptron (input -> hidden... -> classes) whose
+// parameters live in ONE flat float buffer, and whose gradients live in a second flat buffer of
+// the same layout.
+//
+// Layout: layers are stored in BACKWARD order (the last layer first), each as its weight
+// [out, in] (row-major, PyTorch Linear's convention) followed by its bias [out]. Backward
+// produces the last layer's gradients first, so the gradients it has produced at any moment are
+// one contiguous prefix of the buffer, and a gradient bucket (a run of whole layers) is a
+// contiguous slice that can be all-reduced in place while backward continues.
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(MlpModel model, MlpModel::Create(784, {256}, 10, kRelu));
+//   std::vector<float> params(model.layout().num_params), grads(params.size());
+//   model.InitializeParameters(/*seed=*/1, params.data());
+//   MlpWorkspace ws(model, /*max_rows=*/64);
+//   double loss_sum = model.ForwardBackward(ctx, params.data(), x, labels, rows,
+//                                           /*grad_scale=*/1.0f / global_batch, grads.data(),
+//                                           ws, [&](int backward_layer) { ... });
+//
+// Thread safety: a model is immutable after Create; a workspace is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/kernels.h"
+
+namespace lockstep::trainer {
+
+// One fully connected layer and where its tensors sit in the flat buffers.
+struct LayerLayout {
+  int64_t in = 0;
+  int64_t out = 0;
+  kernels::ActivationType activation = kernels::ActivationType::kIdentity;
+  int64_t weight_offset = 0;  // [out, in] at flat[weight_offset ...]
+  int64_t bias_offset = 0;    // [out], right after the weight
+  int64_t num_params() const { return in * out + out; }
+};
+
+struct ParameterLayout {
+  std::vector<LayerLayout> layers;  // in FORWARD order (layers[0] reads the input)
+  int64_t num_params = 0;
+
+  int num_layers() const { return static_cast<int>(layers.size()); }
+  // Backward index b (0 = the last layer, which backward finishes first) to forward index.
+  int ForwardIndex(int backward_index) const { return num_layers() - 1 - backward_index; }
+  // The layer's contiguous slice [offset, offset + count) of the flat buffers.
+  int64_t SegmentOffset(int forward_index) const { return layers[forward_index].weight_offset; }
+};
+
+class MlpModel;
+
+// Activations and scratch for up to max_rows samples per call.
+class MlpWorkspace {
+ public:
+  MlpWorkspace(const MlpModel& model, int64_t max_rows);
+  int64_t max_rows() const { return max_rows_; }
+
+ private:
+  friend class MlpModel;
+  int64_t max_rows_;
+  std::vector<std::vector<float>> outputs_;          // per layer: [rows, out] post-activation
+  std::vector<std::vector<float>> pre_activations_;  // per layer; only for gelu
+  std::vector<float> grad_a_, grad_b_;               // ping-pong d(activation) buffers
+};
+
+class MlpModel {
+ public:
+  // Called by ForwardBackward once a layer's weight and bias gradients are final; the argument
+  // is the layer's backward index (0, 1, ... in the order backward finishes them).
+  using LayerReadyFn = std::function<void(int backward_index)>;
+
+  // InvalidArgument when a size is < 1.
+  static StatusOr<MlpModel> Create(int64_t input_features, const std::vector<int32_t>& hidden,
+                                   int64_t num_classes, kernels::ActivationType activation);
+
+  const ParameterLayout& layout() const { return layout_; }
+  int64_t input_features() const { return layout_.layers.front().in; }
+  int64_t num_classes() const { return layout_.layers.back().out; }
+
+  // PyTorch Linear's default initialisation, weights and biases both drawn from
+  // U(-1/sqrt(fan_in), 1/sqrt(fan_in)), from a private splitmix64 stream per layer: a pure
+  // function of (seed, architecture), identical on every rank and platform.
+  void InitializeParameters(uint64_t seed, float* params) const;
+
+  // Forward and backward over `rows` samples (0 <= rows <= workspace.max_rows()): loss =
+  // grad_scale * sum of per-sample cross-entropy. Overwrites grads with d(loss)/d(params) and
+  // calls on_layer_ready (may be empty) for every layer in backward order, each call after that
+  // layer's gradient slice is final and before the remaining layers' backward runs. Returns the
+  // UNSCALED sum of per-sample losses; adds the number of correct predictions to *correct when
+  // not null. rows == 0 yields zero gradients (a rank with an empty slice of a short batch).
+  double ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
+                         const float* features, const int32_t* labels, int64_t rows,
+                         float grad_scale, float* grads, MlpWorkspace& workspace,
+                         const LayerReadyFn& on_layer_ready, int64_t* correct = nullptr) const;
+
+  // Forward only; returns a pointer to the logits [rows, classes] inside the workspace.
+  const float* Forward(const kernels::ExecutionContext& ctx, const float* params,
+                       const float* features, int64_t rows, MlpWorkspace& workspace) const;
+
+ private:
+  explicit MlpModel(ParameterLayout layout) : layout_(std::move(layout)) {}
+  ParameterLayout layout_;
+};
+
+}  // namespace lockstep::trainer

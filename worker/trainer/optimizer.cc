@@ -1,0 +1,46 @@
+#include "worker/trainer/optimizer.h"
+
+namespace lockstep::trainer {
+
+double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int world_size) {
+  double lr = optimizer.learning_rate;
+  if (optimizer.lr_scaling == spec::LrScaling::kLinear) lr *= world_size;
+  if (optimizer.warmup_steps > 0 && step < optimizer.warmup_steps) {
+    lr *= static_cast<double>(step + 1) / static_cast<double>(optimizer.warmup_steps);
+  }
+  return lr;
+}
+
+Optimizer::Optimizer(const spec::OptimizerSpec& spec, int64_t num_params)
+    : spec_(spec), num_params_(num_params) {
+  state_a_.assign(static_cast<size_t>(num_params), 0.0f);
+  if (spec_.type == spec::OptimizerType::kAdamW) {
+    state_b_.assign(static_cast<size_t>(num_params), 0.0f);
+  }
+}
+
+void Optimizer::Step(const kernels::ExecutionContext& ctx, float lr, float* params,
+                     const float* grads) {
+  switch (spec_.type) {
+    case spec::OptimizerType::kSgd:
+      kernels::SgdMomentumUpdate(ctx, num_params_, lr, static_cast<float>(spec_.momentum),
+                                 static_cast<float>(spec_.weight_decay),
+                                 /*first_step=*/steps_taken_ == 0, params, grads, state_a_.data());
+      break;
+    case spec::OptimizerType::kAdamW:
+      kernels::AdamWUpdate(ctx, num_params_, lr, static_cast<float>(spec_.beta1),
+                           static_cast<float>(spec_.beta2), static_cast<float>(spec_.epsilon),
+                           static_cast<float>(spec_.weight_decay), steps_taken_ + 1, params, grads,
+                           state_a_.data(), state_b_.data());
+      break;
+  }
+  ++steps_taken_;
+}
+
+std::vector<std::pair<float*, int64_t>> Optimizer::StateBuffers() {
+  std::vector<std::pair<float*, int64_t>> buffers{{state_a_.data(), num_params_}};
+  if (!state_b_.empty()) buffers.emplace_back(state_b_.data(), num_params_);
+  return buffers;
+}
+
+}  // namespace lockstep::trainer

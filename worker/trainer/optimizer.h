@@ -1,0 +1,51 @@
+// The optimizer of the built-in trainer: one fused pass over the flat parameter buffer
+// (SGD with momentum, or AdamW), and the learning-rate schedule.
+//
+//   Optimizer optimizer(job.spec.trainer->optimizer, layout.num_params);
+//   float lr = LearningRate(job.spec.trainer->optimizer, step, world_size);
+//   optimizer.Step(ctx, lr, params.data(), grads.data());
+//
+// Thread safety: an Optimizer is used by one thread at a time.
+#pragma once
+
+#include <cstdint>
+#include <utility>
+#include <vector>
+
+#include "common/spec/training_job.h"
+#include "kernels/kernels.h"
+
+namespace lockstep::trainer {
+
+// The learning rate of the optimizer step with 0-based index `step` at world size `world_size`.
+//  - lrScaling linear multiplies the manifest's rate by the world size (Goyal et al. 2017, "the
+//    linear scaling rule": the global batch grows with the world, so the rate does too). It
+//    follows the CURRENT world size, so an elastic job's rate tracks its membership.
+//  - warmupSteps W > 0 ramps linearly: step s uses rate * (s + 1) / W for s < W, so the first
+//    step is already non-zero and step W - 1 reaches the full rate.
+double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int world_size);
+
+class Optimizer {
+ public:
+  Optimizer(const spec::OptimizerSpec& spec, int64_t num_params);
+
+  // Applies one update with learning rate `lr`.
+  void Step(const kernels::ExecutionContext& ctx, float lr, float* params, const float* grads);
+
+  // Updates applied so far (AdamW's bias correction and SGD's "first step" depend on it).
+  int64_t steps_taken() const { return steps_taken_; }
+  void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
+
+  // The state buffers (momentum; or AdamW's first and second moments), in a fixed order, for
+  // broadcasting and checkpointing.
+  std::vector<std::pair<float*, int64_t>> StateBuffers();
+
+ private:
+  spec::OptimizerSpec spec_;
+  int64_t num_params_;
+  int64_t steps_taken_ = 0;
+  std::vector<float> state_a_;  // sgd: momentum buffer; adamw: exp_avg
+  std::vector<float> state_b_;  // adamw: exp_avg_sq; empty for sgd
+};
+
+}  // namespace lockstep::trainer

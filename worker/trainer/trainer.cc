@@ -1,0 +1,288 @@
+#include "worker/trainer/trainer.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+#include <iomanip>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "worker/trainer/buckets.h"
+#include "worker/trainer/gradient_synchronizer.h"
+
+namespace lockstep::trainer {
+namespace {
+
+kernels::ActivationType ToKernelActivation(spec::Activation activation) {
+  switch (activation) {
+    case spec::Activation::kRelu:
+      return kernels::ActivationType::kRelu;
+    case spec::Activation::kGelu:
+      return kernels::ActivationType::kGelu;
+    case spec::Activation::kTanh:
+      return kernels::ActivationType::kTanh;
+  }
+  return kernels::ActivationType::kRelu;
+}
+
+// fp16 dynamic loss scaling, PyTorch GradScaler's defaults: halve on overflow (and skip the
+// step), double after this many steps without one.
+constexpr int64_t kLossScaleGrowthInterval = 2000;
+constexpr float kMinLossScale = 1.0f;
+constexpr float kMaxLossScale = 16777216.0f;  // 2^24
+
+// Rows per forward call during evaluation.
+constexpr int64_t kEvalChunkRows = 1024;
+
+}  // namespace
+
+StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job, DataSplits data,
+                                                   WorkerMetrics* metrics) {
+  if (!job.spec.trainer.has_value()) {
+    return InvalidArgumentError("spec.trainer: the built-in trainer needs a trainer section");
+  }
+  const spec::TrainerSpec& trainer = *job.spec.trainer;
+  if (trainer.batch_size < 1) {
+    return InvalidArgumentError("spec.trainer.batchSize: must be >= 1 (got " +
+                                std::to_string(trainer.batch_size) + ")");
+  }
+  if (data.test.has_value() && data.test->num_features != data.train.num_features) {
+    return InvalidArgumentError(
+        "spec.trainer.data.test: " + std::to_string(data.test->num_features) +
+        " features per sample, the train split has " + std::to_string(data.train.num_features));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      MlpModel model,
+      MlpModel::Create(data.train.num_features, trainer.model.hidden, data.train.num_classes,
+                       ToKernelActivation(trainer.model.activation)));
+  return std::unique_ptr<Trainer>(new Trainer(job, std::move(data), std::move(model), metrics));
+}
+
+Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
+                 WorkerMetrics* metrics)
+    : spec_(*job.spec.trainer),
+      data_(std::move(data)),
+      model_(std::move(model)),
+      metrics_(metrics),
+      sampler_(data_.train.num_samples, spec_.seed),
+      state_{0,
+             DataCursor{},
+             0,
+             65536.0f,
+             0,
+             {},
+             Optimizer(spec_.optimizer, model_.layout().num_params)} {
+  state_.params.resize(static_cast<size_t>(model_.layout().num_params));
+  grads_.resize(state_.params.size());
+  model_.InitializeParameters(spec_.seed, state_.params.data());
+}
+
+bool Trainer::Finished() const {
+  if (spec_.steps > 0) return state_.step >= spec_.steps;
+  return state_.cursor.epoch >= spec_.epochs;
+}
+
+int64_t Trainer::TotalSteps(int world_size) const {
+  if (spec_.steps > 0) return spec_.steps;
+  const int64_t global_batch = std::max<int64_t>(1, spec_.batch_size * world_size);
+  const int64_t n = data_.train.num_samples;
+  if (state_.cursor.epoch >= spec_.epochs) return state_.step;
+  const int64_t rest_of_epoch = n - state_.cursor.offset;
+  const int64_t per_epoch = (n + global_batch - 1) / global_batch;
+  return state_.step + (rest_of_epoch + global_batch - 1) / global_batch +
+         (spec_.epochs - state_.cursor.epoch - 1) * per_epoch;
+}
+
+Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation) {
+  const double started = MonotonicSeconds();
+  LOCKSTEP_ASSIGN_OR_RETURN(int source, AgreeOnTrainingState(communicator, /*has_state=*/true,
+                                                             state_, collective_timeout_ms()));
+  LOCKSTEP_LOG(INFO) << "agreed on training state at step " << state_.step << " (epoch "
+                     << state_.cursor.epoch << ", offset " << state_.cursor.offset << ") from rank "
+                     << source << " in "
+                     << static_cast<int64_t>((MonotonicSeconds() - started) * 1000) << " ms";
+  return OkStatus();
+}
+
+Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& generation,
+                      const std::atomic<bool>& stop, const ProgressFn& on_progress) {
+  const int world = generation.world_size;
+  const int rank = generation.rank;
+  const int64_t timeout_ms = collective_timeout_ms();
+  const int64_t global_batch_size = spec_.batch_size * world;
+  const int64_t log_interval = std::max<int64_t>(1, spec_.log_interval_steps);
+  const kernels::ExecutionContext ctx;
+
+  MlpWorkspace workspace(model_, spec_.batch_size);
+  std::vector<float> features(static_cast<size_t>(spec_.batch_size * data_.train.num_features));
+  std::vector<int32_t> labels(static_cast<size_t>(spec_.batch_size));
+  SynchronizerOptions sync_options;
+  sync_options.compression = spec_.allreduce.compression;
+  sync_options.timeout_ms = timeout_ms;
+  GradientSynchronizer synchronizer(
+      communicator, AssignBuckets(model_.layout(), BucketCapBytes(spec_.allreduce.bucket_mib)),
+      sync_options);
+  LOCKSTEP_LOG(INFO) << "training from step " << state_.step << " at world size " << world
+                     << ": global batch " << global_batch_size << ", " << model_.layout().num_params
+                     << " parameters in " << synchronizer.buckets().size()
+                     << " bucket(s), compression " << spec::ToString(spec_.allreduce.compression);
+
+  // Interval accumulators (reset at every log step).
+  double interval_loss_sum = 0;
+  int64_t interval_samples = 0;
+  double interval_started = MonotonicSeconds();
+  double interval_step_seconds = 0;
+  double interval_exposed_seconds = 0;
+  StepCommStats comm_stats;
+
+  while (!Finished()) {
+    if (stop.load()) return CancelledError("training stopped");
+    const double step_started = MonotonicSeconds();
+
+    const GlobalSampler::GlobalBatch batch = sampler_.Next(state_.cursor, global_batch_size);
+    const auto [lo, hi] = GlobalSampler::RankSlice(batch, world, rank);
+    const std::vector<int64_t>& order = sampler_.Permutation(batch.epoch);
+    const int64_t rows = hi - lo;
+    GatherBatch(data_.train, order.data() + lo, rows, features.data(), labels.data());
+
+    synchronizer.BeginStep(grads_.data(), state_.loss_scale);
+    const double loss_sum = model_.ForwardBackward(
+        ctx, state_.params.data(), features.data(), labels.data(), rows,
+        1.0f / static_cast<float>(batch.size()), grads_.data(), workspace,
+        [&synchronizer](int backward_layer) { synchronizer.OnLayerReady(backward_layer); });
+    Status synced = synchronizer.Wait(&comm_stats);
+    if (!synced.ok()) return synced;
+
+    if (comm_stats.overflow) {
+      // Every rank holds the same reduced gradients, so every rank skips this same step.
+      state_.loss_scale = std::max(kMinLossScale, state_.loss_scale * 0.5f);
+      state_.loss_scale_good_steps = 0;
+      LOCKSTEP_LOG(WARNING) << "fp16 gradient overflow at step " << state_.step
+                            << ": step skipped, loss scale now " << state_.loss_scale;
+    } else {
+      const float lr = static_cast<float>(LearningRate(spec_.optimizer, state_.step, world));
+      state_.optimizer.Step(ctx, lr, state_.params.data(), grads_.data());
+      if (spec_.allreduce.compression == spec::Compression::kFp16 &&
+          ++state_.loss_scale_good_steps >= kLossScaleGrowthInterval) {
+        state_.loss_scale = std::min(kMaxLossScale, state_.loss_scale * 2.0f);
+        state_.loss_scale_good_steps = 0;
+      }
+    }
+    state_.cursor = sampler_.Advance(state_.cursor, batch);
+    ++state_.step;
+    state_.samples += batch.size();
+
+    const double step_seconds = MonotonicSeconds() - step_started;
+    ++totals_.steps;
+    totals_.samples += batch.size();
+    totals_.step_seconds += step_seconds;
+    totals_.exposed_seconds += comm_stats.exposed_seconds;
+    interval_loss_sum += loss_sum;
+    interval_samples += batch.size();
+    interval_step_seconds += step_seconds;
+    interval_exposed_seconds += comm_stats.exposed_seconds;
+    if (metrics_ != nullptr) {
+      metrics_->ObserveStep({step_seconds, comm_stats.exposed_seconds, batch.size(),
+                             comm_stats.wire_bytes, comm_stats.allreduce_seconds});
+      for (size_t i = 0; i < comm_stats.bucket_seconds.size(); ++i) {
+        metrics_->ObserveAllreduce(comm_stats.bucket_seconds[i], comm_stats.bucket_wire_bytes[i],
+                                   world);
+      }
+    }
+
+    if (state_.step % log_interval == 0 || Finished()) {
+      // Every rank takes this branch at the same steps (the state is identical everywhere), so
+      // the small all-reduce of the interval's loss sum is issued in the same order by all.
+      double reduced_loss = interval_loss_sum;
+      LOCKSTEP_RETURN_IF_ERROR(communicator
+                                   .AllReduce(&reduced_loss, 1, comm::DataType::kFloat64,
+                                              comm::ReduceOp::kSum, timeout_ms)
+                                   .WithContext("all-reduce of the training loss"));
+      const double now = MonotonicSeconds();
+      TrainingProgress progress;
+      progress.step = state_.step;
+      progress.total_steps = TotalSteps(world);
+      progress.samples = state_.samples;
+      progress.loss = interval_samples > 0 ? reduced_loss / interval_samples : 0;
+      progress.samples_per_second =
+          now > interval_started ? interval_samples / (now - interval_started) : 0;
+      progress.scaling_efficiency =
+          interval_step_seconds > 0 ? 1.0 - interval_exposed_seconds / interval_step_seconds : 0;
+      progress.comm_exposed_fraction =
+          interval_step_seconds > 0 ? interval_exposed_seconds / interval_step_seconds : 0;
+      last_progress_ = progress;
+      if (metrics_ != nullptr) {
+        metrics_->SetLoss(progress.loss);
+        metrics_->SetSamplesPerSecond(progress.samples_per_second);
+        metrics_->SetScalingEfficiency(progress.scaling_efficiency);
+      }
+      if (rank == 0) {
+        LOCKSTEP_LOG(INFO) << "step " << progress.step << "/" << progress.total_steps << " loss "
+                           << std::fixed << std::setprecision(4) << progress.loss << " samples/s "
+                           << std::setprecision(0) << progress.samples_per_second << " efficiency "
+                           << std::setprecision(3) << progress.scaling_efficiency;
+      }
+      if (on_progress) on_progress(progress);
+      interval_loss_sum = 0;
+      interval_samples = 0;
+      interval_step_seconds = 0;
+      interval_exposed_seconds = 0;
+      interval_started = MonotonicSeconds();
+    }
+  }
+  return OkStatus();
+}
+
+StatusOr<EvalResult> Trainer::Evaluate(comm::Communicator& communicator,
+                                       const GenerationInfo& generation) {
+  if (!data_.test.has_value()) {
+    return FailedPreconditionError("evaluation: the manifest has no test split");
+  }
+  const Dataset& test = *data_.test;
+  const kernels::ExecutionContext ctx;
+  // Contiguous block of the test split for this rank; the blocks tile the split.
+  const int64_t lo = test.num_samples * generation.rank / generation.world_size;
+  const int64_t hi = test.num_samples * (generation.rank + 1) / generation.world_size;
+  MlpWorkspace workspace(model_, std::min<int64_t>(kEvalChunkRows, std::max<int64_t>(1, hi - lo)));
+  std::vector<float> dlogits(static_cast<size_t>(workspace.max_rows() * model_.num_classes()));
+  double totals[3] = {0, 0, static_cast<double>(hi - lo)};  // loss sum, correct, samples
+  for (int64_t begin = lo; begin < hi; begin += workspace.max_rows()) {
+    const int64_t rows = std::min(workspace.max_rows(), hi - begin);
+    const float* logits =
+        model_.Forward(ctx, state_.params.data(), test.features.data() + begin * test.num_features,
+                       rows, workspace);
+    double loss_sum = 0;
+    int64_t correct = 0;
+    kernels::SoftmaxCrossEntropy(ctx, rows, model_.num_classes(), logits,
+                                 test.labels.data() + begin, 0.0f, dlogits.data(), &loss_sum,
+                                 &correct);
+    totals[0] += loss_sum;
+    totals[1] += static_cast<double>(correct);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(communicator
+                               .AllReduce(totals, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum,
+                                          collective_timeout_ms())
+                               .WithContext("evaluation: all-reduce of the counts"));
+  EvalResult result;
+  result.samples = static_cast<int64_t>(totals[2]);
+  result.correct = static_cast<int64_t>(totals[1]);
+  result.loss = result.samples > 0 ? totals[0] / result.samples : 0;
+  return result;
+}
+
+Status Trainer::DumpParameters(const std::string& path) const {
+  // Raw float32 in host order; every supported host is little-endian (x86-64, aarch64).
+  std::FILE* file = std::fopen(path.c_str(), "wb");
+  if (file == nullptr) {
+    return UnavailableError("cannot write parameters to " + path + ": " + std::strerror(errno));
+  }
+  const size_t written =
+      std::fwrite(state_.params.data(), sizeof(float), state_.params.size(), file);
+  const bool closed = std::fclose(file) == 0;
+  if (written != state_.params.size() || !closed) {
+    return UnavailableError("cannot write parameters to " + path + ": short write");
+  }
+  return OkStatus();
+}
+
+}  // namespace lockstep::trainer

@@ -1,0 +1,128 @@
+// Trainer: the built-in trainer's data-parallel training loop over one communicator generation.
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto trainer, Trainer::Create(job, std::move(splits), metrics));
+//   for (each generation) {
+//     LOCKSTEP_RETURN_IF_ERROR(trainer->AgreeOnState(*comm, info));   // newest member broadcasts
+//     Status s = trainer->Train(*comm, info, stop, on_progress);      // until done, stop or error
+//     if (!s.ok()) continue;                                           // next generation
+//   }
+//   LOCKSTEP_ASSIGN_OR_RETURN(EvalResult eval, trainer->Evaluate(*comm, info));
+//
+// Each step: the global batch of W x B samples is the next slice of the seeded global order
+// (sampler.h); this rank gathers its RankSlice, runs forward and backward with the loss scaled by
+// 1/(global batch size), and the DDP engine (gradient_synchronizer.h) SUM-all-reduces the
+// gradient buckets while backward proceeds, so every rank ends with the exact global-mean
+// gradient, also for a short final batch split unevenly. Then one fused optimizer pass.
+//
+// Evaluation shards the test split over the ranks in contiguous blocks and all-reduces (loss
+// sum, correct, count), so every rank ends with the same result and the work scales with the
+// world size.
+//
+// Thread safety: one thread drives a Trainer; `stop` may be set from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "common/spec/training_job.h"
+#include "common/status.h"
+#include "worker/comm/communicator.h"
+#include "worker/metrics.h"
+#include "worker/trainer/dataset.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/sampler.h"
+#include "worker/trainer/training_state.h"
+
+namespace lockstep::trainer {
+
+struct GenerationInfo {
+  int64_t generation = 0;
+  int rank = 0;
+  int world_size = 1;
+};
+
+// Progress of the job as of a log interval; loss and rates are global (all-reduced).
+struct TrainingProgress {
+  int64_t step = 0;
+  int64_t total_steps = 0;
+  int64_t samples = 0;               // global samples consumed
+  double loss = 0;                   // mean per-sample loss over the interval
+  double samples_per_second = 0;     // global, over the interval
+  double scaling_efficiency = 0;     // this rank's compute / step time over the interval
+  double comm_exposed_fraction = 0;  // this rank's exposed communication / step time
+};
+
+// Cumulative figures of this process's training, for the final report.
+struct TrainingTotals {
+  int64_t steps = 0;           // steps this process trained
+  int64_t samples = 0;         // global samples of those steps
+  double step_seconds = 0;     // wall time of those steps
+  double exposed_seconds = 0;  // of which waiting on communication
+  double samples_per_second() const { return step_seconds > 0 ? samples / step_seconds : 0; }
+  double scaling_efficiency() const {
+    return step_seconds > 0 ? 1.0 - exposed_seconds / step_seconds : 0;
+  }
+};
+
+struct EvalResult {
+  int64_t samples = 0;
+  int64_t correct = 0;
+  double loss = 0;  // mean per-sample loss
+  double accuracy() const { return samples > 0 ? static_cast<double>(correct) / samples : 0; }
+};
+
+class Trainer {
+ public:
+  using ProgressFn = std::function<void(const TrainingProgress&)>;
+
+  // InvalidArgument when the manifest has no trainer or the model does not fit the data.
+  // metrics may be null.
+  static StatusOr<std::unique_ptr<Trainer>> Create(const spec::TrainingJob& job, DataSplits data,
+                                                   WorkerMetrics* metrics);
+
+  const spec::TrainerSpec& spec() const { return spec_; }
+  const MlpModel& model() const { return model_; }
+  const TrainingState& state() const { return state_; }
+  const TrainingTotals& totals() const { return totals_; }
+  const TrainingProgress& last_progress() const { return last_progress_; }
+  bool has_test_split() const { return data_.test.has_value(); }
+  int64_t collective_timeout_ms() const { return spec_.allreduce.timeout_seconds * 1000; }
+
+  // Steps of the whole job at this world size (for epochs: from the current cursor on).
+  int64_t TotalSteps(int world_size) const;
+  // Whether the job's steps or epochs are done.
+  bool Finished() const;
+
+  // Runs the state agreement of training_state.h for a freshly formed generation.
+  Status AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation);
+
+  // Trains until Finished() (OK), `stop` is set (CANCELLED), or a collective fails (its error:
+  // the generation is over; the state stays at the last completed step). on_progress runs on
+  // this thread every log interval and after the last step, on every rank.
+  Status Train(comm::Communicator& communicator, const GenerationInfo& generation,
+               const std::atomic<bool>& stop, const ProgressFn& on_progress);
+
+  // Evaluation on the test split (see above). FailedPrecondition without a test split.
+  StatusOr<EvalResult> Evaluate(comm::Communicator& communicator, const GenerationInfo& generation);
+
+  // Writes the flat parameter buffer as raw little-endian float32.
+  Status DumpParameters(const std::string& path) const;
+
+ private:
+  Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model, WorkerMetrics* metrics);
+
+  spec::TrainerSpec spec_;
+  DataSplits data_;
+  MlpModel model_;
+  WorkerMetrics* metrics_;
+  GlobalSampler sampler_;
+  TrainingState state_;
+  std::vector<float> grads_;
+  TrainingTotals totals_;
+  TrainingProgress last_progress_;
+};
+
+}  // namespace lockstep::trainer

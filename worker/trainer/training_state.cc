@@ -1,0 +1,78 @@
+#include "worker/trainer/training_state.h"
+
+#include <string>
+
+namespace lockstep::trainer {
+namespace {
+
+// The broadcast header. Plain fixed-width fields: every rank runs the same binary.
+struct StateHeader {
+  int64_t step;
+  int64_t epoch;
+  int64_t offset;
+  int64_t samples;
+  int64_t optimizer_steps;
+  int64_t loss_scale_good_steps;
+  int64_t num_params;
+  double loss_scale;
+};
+
+}  // namespace
+
+StatusOr<int> AgreeOnTrainingState(comm::Communicator& communicator, bool has_state,
+                                   TrainingState& state, int64_t timeout_ms) {
+  const int world = communicator.size();
+  const int64_t my_step = has_state ? state.step : -1;
+  std::vector<int64_t> steps(static_cast<size_t>(world));
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator.AllGather(&my_step, sizeof(my_step), steps.data(), timeout_ms)
+          .WithContext("state agreement: all-gather of state steps"));
+  int source = 0;
+  for (int r = 1; r < world; ++r) {
+    if (steps[static_cast<size_t>(r)] > steps[static_cast<size_t>(source)]) source = r;
+  }
+  if (steps[static_cast<size_t>(source)] < 0) {
+    return FailedPreconditionError("state agreement: no member holds training state");
+  }
+
+  StateHeader header{};
+  if (communicator.rank() == source) {
+    header = StateHeader{state.step,
+                         state.cursor.epoch,
+                         state.cursor.offset,
+                         state.samples,
+                         state.optimizer.steps_taken(),
+                         state.loss_scale_good_steps,
+                         static_cast<int64_t>(state.params.size()),
+                         static_cast<double>(state.loss_scale)};
+  }
+  LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&header, sizeof(header), source, timeout_ms)
+                               .WithContext("state agreement: broadcast of the header"));
+  if (header.num_params != static_cast<int64_t>(state.params.size())) {
+    // Every member sees the mismatch the same way only if all compare with the source; a member
+    // that differs stops here, and the others' next broadcast fails: the job's manifests differ.
+    return FailedPreconditionError("state agreement: rank " + std::to_string(source) + " holds " +
+                                   std::to_string(header.num_params) + " parameters, this member " +
+                                   std::to_string(state.params.size()) +
+                                   " (different model in the manifests?)");
+  }
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator
+          .Broadcast(state.params.data(), state.params.size() * sizeof(float), source, timeout_ms)
+          .WithContext("state agreement: broadcast of the parameters"));
+  for (auto [buffer, count] : state.optimizer.StateBuffers()) {
+    LOCKSTEP_RETURN_IF_ERROR(
+        communicator
+            .Broadcast(buffer, static_cast<size_t>(count) * sizeof(float), source, timeout_ms)
+            .WithContext("state agreement: broadcast of the optimizer state"));
+  }
+  state.step = header.step;
+  state.cursor = DataCursor{header.epoch, header.offset};
+  state.samples = header.samples;
+  state.optimizer.set_steps_taken(header.optimizer_steps);
+  state.loss_scale_good_steps = header.loss_scale_good_steps;
+  state.loss_scale = static_cast<float>(header.loss_scale);
+  return source;
+}
+
+}  // namespace lockstep::trainer

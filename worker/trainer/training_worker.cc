@@ -1,0 +1,208 @@
+#include "worker/trainer/training_worker.h"
+
+#include <sstream>
+#include <utility>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+
+namespace lockstep::trainer {
+namespace {
+
+std::string LogContext(const std::string& job, int rank, int64_t generation) {
+  std::ostringstream context;
+  context << "job=" << job << " rank=" << rank << " gen=" << generation;
+  return context.str();
+}
+
+}  // namespace
+
+TrainingWorker::TrainingWorker(TrainingWorkerOptions options, std::unique_ptr<Trainer> trainer,
+                               WorkerMetrics* metrics)
+    : options_(std::move(options)), trainer_(std::move(trainer)), metrics_(metrics) {}
+
+void TrainingWorker::RequestStop() {
+  stop_ = true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (communicator_ != nullptr) communicator_->Abort("worker stopping");
+}
+
+void TrainingWorker::LeaveNow() {
+  rendezvous::ProgressReport report = MakeReport(trainer_->last_progress());
+  Status status = LeaveOnce(/*completed=*/false, report);
+  if (!status.ok()) {
+    LOCKSTEP_LOG(WARNING) << "leave: " << status;
+  }
+}
+
+Status TrainingWorker::LeaveOnce(bool completed, const rendezvous::ProgressReport& report) {
+  std::lock_guard<std::mutex> lock(leave_mu_);
+  if (left_ || client_ == nullptr) return OkStatus();
+  left_ = true;
+  return client_->Leave(completed, report);
+}
+
+rendezvous::ProgressReport TrainingWorker::MakeReport(const TrainingProgress& progress) const {
+  rendezvous::ProgressReport report;
+  report.step = progress.step;
+  report.total_steps = progress.total_steps;
+  report.loss = progress.loss;
+  report.samples_per_second = progress.samples_per_second;
+  report.scaling_efficiency = progress.scaling_efficiency;
+  report.samples = progress.samples;
+  report.comm_exposed_fraction = progress.comm_exposed_fraction;
+  return report;
+}
+
+Status TrainingWorker::Run() {
+  SetLogContext("job=" + options_.job_name + " rank=- gen=-");
+  {
+    auto client = rendezvous::RendezvousClient::Connect(options_.client);
+    if (!client.ok()) return client.status().WithContext("rendezvous");
+    std::lock_guard<std::mutex> lock(leave_mu_);
+    client_ = std::move(client).value();
+  }
+
+  int failed_generations = 0;
+  bool first_generation = true;
+  while (true) {
+    if (stop_.load()) {
+      LeaveNow();
+      return CancelledError("stopped before joining a generation");
+    }
+    auto assignment = client_->Join(trainer_->state().step, options_.join_timeout_ms);
+    if (!assignment.ok()) {
+      if (stop_.load()) {
+        LeaveNow();
+        return CancelledError("stopped while joining");
+      }
+      return assignment.status().WithContext("rendezvous join");
+    }
+    SetLogContext(LogContext(options_.job_name, assignment->rank, assignment->generation));
+    LOCKSTEP_LOG(INFO) << "joined generation " << assignment->generation << " as rank "
+                       << assignment->rank << " of " << assignment->world_size;
+    if (metrics_ != nullptr) {
+      metrics_->SetGeneration(assignment->generation, assignment->rank, assignment->world_size);
+      if (!first_generation) metrics_->IncrementRestarts();
+    }
+    first_generation = false;
+
+    bool completed = false;
+    Status status = RunGeneration(*assignment, &completed);
+    client_->StopHeartbeat();
+    if (completed) return OkStatus();
+    if (stop_.load()) {
+      LeaveNow();
+      return CancelledError("stopped");
+    }
+    if (status.code() == StatusCode::kInvalidArgument ||
+        status.code() == StatusCode::kFailedPrecondition) {
+      // Not a transient condition of the generation: retrying cannot help.
+      LeaveNow();
+      return status;
+    }
+    std::string reason;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      reason = end_reason_;
+    }
+    LOCKSTEP_LOG(WARNING) << "generation " << assignment->generation << " ended at step "
+                          << trainer_->state().step << ": "
+                          << (reason.empty() ? status.ToString()
+                                             : reason + " (" + status.ToString() + ")")
+                          << "; joining the next one";
+    if (++failed_generations > options_.max_consecutive_failed_generations) {
+      LeaveNow();
+      return UnavailableError("giving up after " + std::to_string(failed_generations) +
+                              " failed generations; last: " + status.ToString());
+    }
+  }
+}
+
+Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, bool* completed) {
+  const GenerationInfo info{assignment.generation, assignment.rank, assignment.world_size};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    current_generation_ = assignment.generation;
+    generation_ended_ = false;
+    end_reason_.clear();
+  }
+  const int64_t generation = assignment.generation;
+  LOCKSTEP_RETURN_IF_ERROR(
+      client_->StartHeartbeat(assignment, [this, generation](const std::string& reason) {
+        // Heartbeat thread; must not block. Abort makes the training thread's collective fail
+        // promptly, and the training thread then joins the next generation.
+        std::lock_guard<std::mutex> lock(mu_);
+        if (generation != current_generation_) return;
+        generation_ended_ = true;
+        end_reason_ = reason;
+        if (communicator_ != nullptr) communicator_->Abort("generation ended: " + reason);
+      }));
+
+  std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(generation);
+  comm::GlooOptions gloo_options;
+  gloo_options.rank = assignment.rank;
+  gloo_options.size = assignment.world_size;
+  gloo_options.listen_host = options_.client.host;
+  gloo_options.connect_timeout_ms = options_.connect_timeout_ms;
+  auto communicator = comm::CreateGlooCommunicator(gloo_options, *store);
+  if (!communicator.ok()) return communicator.status().WithContext("communicator bootstrap");
+  std::unique_ptr<comm::Communicator> comm = std::move(communicator).value();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    communicator_ = comm.get();
+    // The generation may have ended while the mesh was connecting.
+    if (generation_ended_) comm->Abort("generation ended: " + end_reason_);
+    if (stop_.load()) comm->Abort("worker stopping");
+  }
+  // Whatever happens below, the heartbeat thread must not see a dangling communicator.
+  struct Unpublish {
+    TrainingWorker* worker;
+    ~Unpublish() {
+      std::lock_guard<std::mutex> lock(worker->mu_);
+      worker->communicator_ = nullptr;
+    }
+  } unpublish{this};
+
+  LOCKSTEP_RETURN_IF_ERROR(trainer_->AgreeOnState(*comm, info));
+  const double train_started = MonotonicSeconds();
+  LOCKSTEP_RETURN_IF_ERROR(
+      trainer_->Train(*comm, info, stop_, [this, &info](const TrainingProgress& progress) {
+        if (info.rank == 0) client_->SetProgress(MakeReport(progress));
+      }));
+  LOCKSTEP_LOG(INFO) << "training done at step " << trainer_->state().step << " in "
+                     << static_cast<int64_t>((MonotonicSeconds() - train_started) * 1000)
+                     << " ms this generation";
+
+  const int64_t timeout_ms = trainer_->collective_timeout_ms();
+  LOCKSTEP_RETURN_IF_ERROR(comm->Barrier(timeout_ms).WithContext("barrier before evaluation"));
+  rendezvous::ProgressReport report = MakeReport(trainer_->last_progress());
+  const TrainingTotals& totals = trainer_->totals();
+  report.step = trainer_->state().step;
+  report.total_steps = trainer_->state().step;
+  report.samples = trainer_->state().samples;
+  report.samples_per_second = totals.samples_per_second();
+  report.scaling_efficiency = totals.scaling_efficiency();
+  report.comm_exposed_fraction = 1.0 - totals.scaling_efficiency();
+  if (trainer_->has_test_split()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(EvalResult eval, trainer_->Evaluate(*comm, info));
+    report.eval_accuracy = eval.accuracy();
+    LOCKSTEP_LOG(INFO) << "evaluation: accuracy " << eval.accuracy() << " (" << eval.correct << "/"
+                       << eval.samples << "), loss " << eval.loss;
+  }
+  LOCKSTEP_LOG(INFO) << "trained " << totals.steps << " steps here at "
+                     << totals.samples_per_second() << " samples/s, scaling efficiency "
+                     << totals.scaling_efficiency();
+  if (info.rank == 0 && !options_.dump_params_path.empty()) {
+    LOCKSTEP_RETURN_IF_ERROR(trainer_->DumpParameters(options_.dump_params_path));
+  }
+  *completed = true;
+  Status left = LeaveOnce(/*completed=*/true, report);
+  if (!left.ok()) {
+    LOCKSTEP_LOG(WARNING) << "leave: " << left;
+  }
+  return OkStatus();
+}
+
+}  // namespace lockstep::trainer

@@ -1,0 +1,85 @@
+// TrainingWorker: one worker process's life in a job, written as a loop over rendezvous
+// generations so that elasticity only has to extend it.
+//
+// One generation:
+//   Join(state step) -> rank, world size            (blocks until the generation forms)
+//   StartHeartbeat(on_generation_ended: abort the communicator)
+//   build the Gloo communicator through the generation's key-value store
+//   agree on the training state (the newest member broadcasts; training_state.h)
+//   train until done
+// A collective error or the end of the generation (a member left or joined) drops the
+// communicator, stops the heartbeat and joins the next generation, keeping the state in memory.
+// When training is done: barrier, evaluation (sharded over the ranks), parameter dump (rank 0,
+// when asked), Leave(completed=true) with the final progress.
+//
+// Thread safety: Run is called by one thread; RequestStop and LeaveNow from any thread (the
+// signal-handling thread).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/rendezvous/client.h"
+#include "common/spec/training_job.h"
+#include "common/status.h"
+#include "worker/comm/communicator.h"
+#include "worker/metrics.h"
+#include "worker/trainer/trainer.h"
+
+namespace lockstep::trainer {
+
+struct TrainingWorkerOptions {
+  std::string job_name;                // namespace/name, for logs and metrics
+  rendezvous::ClientOptions client;    // rendezvous address, job, token, member, host
+  int64_t join_timeout_ms = 600000;    // how long one Join may wait for a generation
+  int64_t connect_timeout_ms = 60000;  // full-mesh bootstrap of the communicator
+  // Consecutive generations that may fail before the worker gives up (a member that keeps
+  // failing to connect is broken, not unlucky).
+  int max_consecutive_failed_generations = 20;
+  std::string dump_params_path;  // LOCKSTEP_DUMP_PARAMS; rank 0 writes it at the end
+};
+
+class TrainingWorker {
+ public:
+  TrainingWorker(TrainingWorkerOptions options, std::unique_ptr<Trainer> trainer,
+                 WorkerMetrics* metrics);
+
+  // Runs the job to the end: OK when training and evaluation completed and the worker left the
+  // rendezvous; CANCELLED after RequestStop (having left with completed=false); another error
+  // when the rendezvous or the communicators fail beyond retrying.
+  Status Run();
+
+  // Makes Run return CANCELLED promptly: sets the stop flag and aborts the collectives in flight.
+  void RequestStop();
+  // Leaves the rendezvous with completed=false right now (for a signal handler whose Run is
+  // stuck in a blocking call). Idempotent with Run's own Leave.
+  void LeaveNow();
+
+  const Trainer& trainer() const { return *trainer_; }
+
+ private:
+  // Runs one generation; OK when the job is complete.
+  Status RunGeneration(const rendezvous::Assignment& assignment, bool* completed);
+  rendezvous::ProgressReport MakeReport(const TrainingProgress& progress) const;
+  Status LeaveOnce(bool completed, const rendezvous::ProgressReport& report);
+
+  TrainingWorkerOptions options_;
+  std::unique_ptr<Trainer> trainer_;
+  WorkerMetrics* metrics_;
+  std::unique_ptr<rendezvous::RendezvousClient> client_;
+  std::atomic<bool> stop_{false};
+
+  std::mutex mu_;  // guards the fields below (the heartbeat and signal threads read them)
+  comm::Communicator* communicator_ = nullptr;
+  int64_t current_generation_ = -1;
+  bool generation_ended_ = false;
+  std::string end_reason_;
+
+  std::mutex leave_mu_;  // serialises Leave between Run and LeaveNow; held across the RPC
+  bool left_ = false;
+};
+
+}  // namespace lockstep::trainer
