@@ -62,6 +62,7 @@ struct ProgressReport {
   int64_t last_checkpoint_step = -1;
   std::string last_checkpoint_uri;
   double comm_exposed_fraction = 0;
+  int64_t resumed_from_step = -1;  // the checkpoint step this job resumed from, -1 if none
 };
 
 class RendezvousClient {

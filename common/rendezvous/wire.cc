@@ -35,6 +35,7 @@ ProgressReport FromProto(const v1::Progress& progress) {
   out.last_checkpoint_step = progress.last_checkpoint_step();
   out.last_checkpoint_uri = progress.last_checkpoint_uri();
   out.comm_exposed_fraction = progress.comm_exposed_fraction();
+  out.resumed_from_step = progress.resumed_from_step();
   return out;
 }
 
@@ -50,6 +51,7 @@ v1::Progress ToProto(const ProgressReport& progress) {
   out.set_last_checkpoint_step(progress.last_checkpoint_step);
   out.set_last_checkpoint_uri(progress.last_checkpoint_uri);
   out.set_comm_exposed_fraction(progress.comm_exposed_fraction);
+  out.set_resumed_from_step(progress.resumed_from_step);
   return out;
 }
 
