@@ -175,7 +175,13 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
   for (int32_t i = 0; i < workers; ++i) {
     WorkerCommand command;
     command.member_id = job.metadata.name + "-worker-" + std::to_string(i);
-    command.argv = {worker_binary, "train", "--manifest", manifest_path};
+    if (job.spec.command.empty()) {
+      command.argv = {worker_binary, "train", "--manifest", manifest_path};
+    } else {
+      // Exec mode: the agent runs spec.command under the rendezvous (docs/exec.md).
+      command.argv = {worker_binary, "exec", "--manifest", manifest_path, "--"};
+      command.argv.insert(command.argv.end(), job.spec.command.begin(), job.spec.command.end());
+    }
     command.log_path = (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".log")).string();
     const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i;
     command.env = {

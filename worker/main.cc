@@ -23,6 +23,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/env.h"
@@ -30,6 +31,7 @@
 #include "common/logging.h"
 #include "common/spec/training_job.h"
 #include "kernels/kernels.h"
+#include "worker/agent/exec_agent.h"
 #include "worker/metrics.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/trainer.h"
@@ -61,7 +63,10 @@ int Fail(int code, const std::string& message) {
 
 void Usage() {
   std::cerr << "usage: lockstep-worker train [--manifest FILE]\n"
-               "  the manifest comes from --manifest or the LOCKSTEP_SPEC environment variable\n";
+               "       lockstep-worker exec [--manifest FILE] -- COMMAND [ARGS...]\n"
+               "  train runs the built-in trainer; exec runs COMMAND under the rendezvous and\n"
+               "  restart rules (docs/exec.md). The manifest comes from --manifest or the\n"
+               "  LOCKSTEP_SPEC environment variable\n";
 }
 
 StatusOr<spec::TrainingJob> LoadManifest(const std::string& manifest_path) {
@@ -211,6 +216,9 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  if (command == "exec") {
+    return lockstep::agent::RunExecAgent(std::vector<std::string>(argv + 2, argv + argc));
+  }
   if (command != "train") {
     lockstep::Usage();
     return lockstep::Fail(2, "unknown command \"" + command + "\"");

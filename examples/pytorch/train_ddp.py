@@ -1,0 +1,153 @@
+#!/usr/bin/python3
+"""A small DistributedDataParallel MLP for Lockstep's exec mode (or torchrun).
+
+Runs unchanged under `lockstep run examples/pytorch-ddp.yaml` and under torchrun: it reads the
+standard variables (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, TORCHELASTIC_RESTART_COUNT)
+through init_method="env://". It
+
+  * trains on Fashion-MNIST (IDX .gz files read with gzip + numpy) or, with --synthetic or when
+    the files are missing, on a fixed synthetic data set;
+  * saves its own checkpoint (torch.save, written to a temporary file and renamed, so a kill
+    never leaves half a file) every --checkpoint-every steps and resumes from it after a restart;
+  * appends progress lines {"step", "samples", "loss", "total_steps"} to LOCKSTEP_PROGRESS_FILE
+    (or --progress-file), which the Lockstep agent reports to `lockstep run` and Prometheus.
+
+Debian's torch 1.13 can hang in gloo's destructors at interpreter exit, so the script ends with
+os._exit after destroy_process_group.
+"""
+import time
+
+STARTED_AT = time.time()  # before the heavy imports: benchmarks separate start-up from relaunch
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import sys
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+from torch.nn.parallel import DistributedDataParallel
+
+FASHION_DIR = "/usr/share/datasets/fashion-mnist"
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps in total")
+    p.add_argument("--batch-size", type=int, default=64, help="per rank")
+    p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--hidden", type=int, default=128)
+    p.add_argument("--data-dir", default=FASHION_DIR)
+    p.add_argument("--synthetic", action="store_true", help="synthetic data, no files needed")
+    p.add_argument("--checkpoint", default=os.environ.get("TRAIN_CHECKPOINT", ""),
+                   help="checkpoint file (default: $TRAIN_CHECKPOINT; empty: none)")
+    p.add_argument("--checkpoint-every", type=int, default=20)
+    p.add_argument("--progress-file", default=os.environ.get("LOCKSTEP_PROGRESS_FILE", ""))
+    p.add_argument("--timeline", default="",
+                   help="append {rank, step, time, restart} per step to this file (benchmarks)")
+    p.add_argument("--step-delay", type=float, default=0.0,
+                   help="seconds to sleep per step (paces a demo or a test; 0 in real use)")
+    return p.parse_args()
+
+
+def read_idx(path):
+    with gzip.open(path, "rb") as f:
+        data = f.read()
+    dims = data[3]
+    shape = [int.from_bytes(data[4 + 4 * i:8 + 4 * i], "big") for i in range(dims)]
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def load_data(args):
+    images = os.path.join(args.data_dir, "train-images-idx3-ubyte.gz")
+    labels = os.path.join(args.data_dir, "train-labels-idx1-ubyte.gz")
+    if not args.synthetic and os.path.exists(images) and os.path.exists(labels):
+        x = torch.from_numpy(read_idx(images).reshape(-1, 784).astype(np.float32) / 255.0)
+        y = torch.from_numpy(read_idx(labels).astype(np.int64))
+        return x, y
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(10, 784, generator=g)
+    y = torch.randint(0, 10, (8192,), generator=g)
+    x = centers[y] + 0.5 * torch.randn(8192, 784, generator=g)
+    return x, y
+
+
+def main():
+    args = parse_args()
+    if args.timeline:
+        with open(args.timeline, "a") as f:
+            f.write(json.dumps({"event": "start", "rank": int(os.environ.get("RANK", "0")),
+                                "time": STARTED_AT,
+                                "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
+                    + "\n")
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method="env://",
+                            timeout=datetime.timedelta(seconds=60))
+    rank, world = dist.get_rank(), dist.get_world_size()
+    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    x, y = load_data(args)
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    start_step = 0
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        state = torch.load(args.checkpoint)
+        model.load_state_dict(state["model"])
+        start_step = state["step"]
+        print(f"resumed from step {start_step} (world {world}, restart {restart})", flush=True)
+    else:
+        print(f"starting at step 0 (world {world}, restart {restart})", flush=True)
+    ddp = DistributedDataParallel(model)
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=args.lr, momentum=0.9)
+    if start_step and "optimizer" in state:
+        optimizer.load_state_dict(state["optimizer"])
+    loss_fn = nn.CrossEntropyLoss()
+    progress = open(args.progress_file, "a") if args.progress_file else None
+    # Small appends to an O_APPEND file are atomic, so every rank may share one timeline.
+    timeline = open(args.timeline, "a") if args.timeline else None
+    if args.checkpoint and rank == 0:
+        os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
+
+    n = x.shape[0]
+    global_batch = args.batch_size * world
+    for step in range(start_step, args.steps):
+        # The batch depends only on the step, so a resumed run sees the data it would have seen.
+        g = torch.Generator().manual_seed(step)
+        ids = torch.randint(0, n, (global_batch,), generator=g)
+        ids = ids[rank * args.batch_size:(rank + 1) * args.batch_size]
+        optimizer.zero_grad()
+        loss = loss_fn(ddp(x[ids]), y[ids])
+        loss.backward()
+        optimizer.step()
+        done = step + 1
+        if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or
+                                              done == args.steps):
+            tmp = f"{args.checkpoint}.tmp"
+            torch.save({"step": done, "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict()}, tmp)
+            os.replace(tmp, args.checkpoint)
+        if progress:
+            progress.write(json.dumps({"step": done, "samples": done * global_batch,
+                                       "loss": round(loss.item(), 5), "total_steps": args.steps,
+                                       "time": time.time()}) + "\n")
+            progress.flush()
+        if timeline:
+            timeline.write(json.dumps({"event": "step", "rank": rank, "step": done, "time": time.time(),
+                                       "restart": restart, "world": world}) + "\n")
+            timeline.flush()
+        if args.step_delay:
+            time.sleep(args.step_delay)
+
+    print(f"finished at step {args.steps} (world {world}, loss {loss.item():.4f})", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()

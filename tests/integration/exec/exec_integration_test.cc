@@ -1,0 +1,304 @@
+// Exec mode end to end: a RendezvousServer in the test process, real exec agents
+// (lockstep-exec-agent-test, i.e. `lockstep-worker exec`) as processes, and real commands: the
+// PyTorch DDP example under Debian's /usr/bin/python3 (torch 1.13, gloo), and shell commands for
+// the failure cases.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous/server.h"
+#include "tests/cli/process_runner.h"
+
+namespace lockstep::agent {
+namespace {
+
+using lockstep::testing::ChildProcess;
+using lockstep::testing::FindProcessesWithEnv;
+using lockstep::testing::MakeTempDir;
+using lockstep::testing::ParentPid;
+using lockstep::testing::PollUntil;
+using lockstep::testing::ProcessResult;
+using lockstep::testing::ReadFile;
+using lockstep::testing::WriteFile;
+
+const std::string kAgent = LOCKSTEP_EXEC_AGENT_BINARY;
+const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/examples/pytorch/train_ddp.py";
+const std::string kPython = "/usr/bin/python3";
+// Every wait below is bounded by this or less; a loaded 2-core machine imports torch in ~3 s.
+constexpr int64_t kTrainWaitMs = 90000;
+
+bool TorchAvailable() {
+  return lockstep::testing::RunProcess({kPython, "-c", "import torch.distributed"}, {}, 60000)
+             .exit_code == 0;
+}
+
+// A job on an in-process rendezvous service, and agents started against it.
+class ExecJob {
+ public:
+  ExecJob(const std::string& name, int32_t min_members, int32_t max_members,
+          int32_t initial_members, int32_t backoff_limit)
+      : name_(name), backoff_limit_(backoff_limit) {
+    auto server = rendezvous::RendezvousServer::Start({});
+    EXPECT_TRUE(server.ok()) << server.status();
+    server_ = std::move(*server);
+    rendezvous::JobConfig config;
+    config.job = "default/" + name;
+    config.token = "test-token-" + name;
+    config.min_members = min_members;
+    config.max_members = max_members;
+    config.initial_members = initial_members;
+    EXPECT_TRUE(server_->AddJob(config).ok());
+  }
+  ~ExecJob() { server_->Shutdown(2000); }
+
+  std::unique_ptr<ChildProcess> StartAgent(int index, const std::vector<std::string>& command) {
+    const std::string member = name_ + "-worker-" + std::to_string(index);
+    nlohmann::json manifest = {{"apiVersion", "lockstep.io/v1alpha1"},
+                               {"kind", "TrainingJob"},
+                               {"metadata", {{"name", name_}}},
+                               {"spec",
+                                {{"replicas", 1},
+                                 {"command", command},
+                                 {"runPolicy", {{"backoffLimit", backoff_limit_}}},
+                                 {"metrics", {{"port", 0}}}}}};
+    std::vector<std::string> argv = {kAgent, "exec", "--"};
+    argv.insert(argv.end(), command.begin(), command.end());
+    return std::make_unique<ChildProcess>(
+        argv, std::vector<std::pair<std::string, std::string>>{
+                  {"LOCKSTEP_RENDEZVOUS", "127.0.0.1:" + std::to_string(server_->port())},
+                  {"LOCKSTEP_JOB", "default/" + name_},
+                  {"LOCKSTEP_JOB_TOKEN", "test-token-" + name_},
+                  {"LOCKSTEP_POD", member},
+                  {"LOCKSTEP_HOST", "127.0.0.1"},
+                  {"LOCKSTEP_METRICS_PORT", "0"},
+                  {"LOCKSTEP_SPEC", manifest.dump()},
+                  {"LOCKSTEP_EXEC_GRACE_MS", "3000"},
+                  {"LOCKSTEP_EXEC_BACKOFF_MS", "200"},
+                  {"LOCKSTEP_JOIN_TIMEOUT_MS", "60000"},
+                  {"OMP_NUM_THREADS", "1"},
+              });
+  }
+
+  rendezvous::JobSnapshot Snapshot() const {
+    auto snapshot = server_->Snapshot("default/" + name_);
+    return snapshot.ok() ? *snapshot : rendezvous::JobSnapshot{};
+  }
+  // Waits until some member reported training progress of at least `step`.
+  bool WaitForStep(int64_t step, int64_t timeout_ms) const {
+    return PollUntil([&] { return Snapshot().progress.step >= step; }, timeout_ms, 50);
+  }
+
+ private:
+  std::string name_;
+  int32_t backoff_limit_;
+  std::unique_ptr<rendezvous::RendezvousServer> server_;
+};
+
+std::vector<std::string> DdpCommand(const std::string& dir, int steps, double step_delay) {
+  return {kPython,
+          kScript,
+          "--synthetic",
+          "--hidden",
+          "32",
+          "--steps",
+          std::to_string(steps),
+          "--checkpoint",
+          dir + "/ckpt.pt",
+          "--checkpoint-every",
+          "10",
+          "--step-delay",
+          std::to_string(step_delay)};
+}
+
+// The python process the agent `agent` runs: its child whose environment names the member.
+pid_t CommandOf(pid_t agent, const std::string& member) {
+  for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_POD", member)) {
+    if (ParentPid(pid) == agent) return pid;
+  }
+  return -1;
+}
+
+int64_t ResumedFromStep(const std::string& output) {
+  std::smatch match;
+  static const std::regex pattern("resumed from step (\\d+)");
+  if (!std::regex_search(output, match, pattern)) return -1;
+  return std::stoll(match[1]);
+}
+
+TEST(ExecIntegration, TwoAgentsTrainDdpScriptToTheEnd) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const std::string dir = MakeTempDir("exec-two");
+  ExecJob job("ddp-two", 2, 2, 2, 3);
+  auto agent0 = job.StartAgent(0, DdpCommand(dir, 30, 0));
+  auto agent1 = job.StartAgent(1, DdpCommand(dir, 30, 0));
+  const ProcessResult r0 = agent0->Wait(kTrainWaitMs);
+  const ProcessResult r1 = agent1->Wait(kTrainWaitMs);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  EXPECT_NE((r0.out + r1.out).find("[rank 0] finished at step 30 (world 2"), std::string::npos)
+      << r0.out << r1.out;
+  EXPECT_NE((r0.out + r1.out).find("[rank 1] starting at step 0 (world 2, restart 0)"),
+            std::string::npos);
+  const rendezvous::JobSnapshot snapshot = job.Snapshot();
+  EXPECT_EQ(snapshot.progress.step, 30) << "the progress file reached the rendezvous";
+  EXPECT_EQ(snapshot.progress.total_steps, 30);
+  EXPECT_EQ(snapshot.history.size(), 1u);
+  EXPECT_EQ(snapshot.completed_members, 2);
+}
+
+TEST(ExecIntegration, KilledTrainingProcessRestartsGroupThatResumesFromItsCheckpoint) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const std::string dir = MakeTempDir("exec-kill");
+  ExecJob job("ddp-kill", 2, 2, 2, 3);
+  auto agent0 = job.StartAgent(0, DdpCommand(dir, 60, 0.05));
+  auto agent1 = job.StartAgent(1, DdpCommand(dir, 60, 0.05));
+  ASSERT_TRUE(job.WaitForStep(25, kTrainWaitMs)) << agent1->StdoutSoFar();
+  const pid_t python = CommandOf(agent1->pid(), "ddp-kill-worker-1");
+  ASSERT_GT(python, 0) << "no python child of agent " << agent1->pid();
+  ASSERT_EQ(kill(python, SIGKILL), 0);
+
+  const ProcessResult r0 = agent0->Wait(kTrainWaitMs);
+  const ProcessResult r1 = agent1->Wait(kTrainWaitMs);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  const std::string out = r0.out + r1.out;
+  const int64_t resumed = ResumedFromStep(out);
+  EXPECT_GE(resumed, 20) << "restarted from scratch instead of the checkpoint:\n" << out;
+  EXPECT_NE(out.find("restart 1)"), std::string::npos) << "TORCHELASTIC_RESTART_COUNT:\n" << out;
+  EXPECT_NE(out.find("finished at step 60"), std::string::npos) << out;
+  EXPECT_NE(r1.err.find("signal 9"), std::string::npos) << "the kill is reported as it is";
+  const rendezvous::JobSnapshot snapshot = job.Snapshot();
+  EXPECT_GE(snapshot.history.size(), 2u);
+  EXPECT_EQ(snapshot.progress.step, 60);
+}
+
+TEST(ExecIntegration, ScalingFromOneToTwoAgentsReformsTheGroupWithoutUsingARestart) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const std::string dir = MakeTempDir("exec-scale");
+  ExecJob job("ddp-scale", 1, 2, 1, 3);
+  auto agent0 = job.StartAgent(0, DdpCommand(dir, 60, 0.05));
+  ASSERT_TRUE(job.WaitForStep(12, kTrainWaitMs)) << agent0->StdoutSoFar();
+  EXPECT_EQ(job.Snapshot().world_size, 1);
+  auto agent1 = job.StartAgent(1, DdpCommand(dir, 60, 0.05));
+
+  const ProcessResult r0 = agent0->Wait(kTrainWaitMs);
+  const ProcessResult r1 = agent1->Wait(kTrainWaitMs);
+  ASSERT_EQ(r0.exit_code, 0) << r0.out << r0.err;
+  ASSERT_EQ(r1.exit_code, 0) << r1.out << r1.err;
+  const rendezvous::JobSnapshot snapshot = job.Snapshot();
+  ASSERT_GE(snapshot.history.size(), 2u);
+  EXPECT_EQ(snapshot.history.front().world_size, 1);
+  EXPECT_EQ(snapshot.history.back().world_size, 2);
+  EXPECT_GE(ResumedFromStep(r1.out), 10) << r1.out;
+  EXPECT_NE(r1.out.find("(world 2, restart 0)"), std::string::npos)
+      << "a membership change costs no restart:\n"
+      << r1.out;
+  EXPECT_NE((r0.out + r1.out).find("finished at step 60 (world 2"), std::string::npos);
+}
+
+// `lockstep run` of a manifest with `command:` starts `lockstep-worker exec` agents and shows
+// their progress.
+TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const std::string dir = MakeTempDir("exec-run");
+  nlohmann::json command = DdpCommand(dir, 40, 0);
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: ddp-run}\n"
+            "spec:\n"
+            "  replicas: 2\n"
+            "  command: " +
+                command.dump() +
+                "\n"
+                "  runPolicy: {backoffLimit: 2}\n"
+                "  metrics: {port: 0}\n");
+  const ProcessResult result = lockstep::testing::RunProcess(
+      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs", "--summary",
+       dir + "/summary.json"},
+      {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["status"], "succeeded");
+  EXPECT_EQ(summary["steps"], 40);
+  EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_NE(ReadFile(dir + "/logs/worker-0.log").find("[rank 0] finished at step 40"),
+            std::string::npos);
+}
+
+struct BadCommandCase {
+  std::string name;
+  std::string job;  // a DNS label, unique per case
+  int expected_status;
+  std::string expected_message;
+};
+void PrintTo(const BadCommandCase& param, std::ostream* os) { *os << param.name; }
+
+class ExecBadCommand : public ::testing::TestWithParam<BadCommandCase> {};
+
+TEST_P(ExecBadCommand, GivesClearErrorAfterAtMostBackoffLimitPlusOneStarts) {
+  const BadCommandCase& param = GetParam();
+  const std::string dir = MakeTempDir("exec-bad");
+  const std::string starts = dir + "/starts";
+  std::vector<std::string> command;
+  if (param.name == "not_found") {
+    command = {dir + "/no-such-train.py"};
+  } else if (param.name == "not_executable") {
+    command = {dir + "/train.sh"};
+    WriteFile(command[0], "#!/bin/sh\nexit 0\n");
+    chmod(command[0].c_str(), 0644);
+  } else {
+    command = {"/bin/sh", "-c", "echo started >> " + starts + "; exit 3"};
+  }
+  constexpr int kBackoffLimit = 2;
+  ExecJob job(param.job, 1, 1, 1, kBackoffLimit);
+  auto agent = job.StartAgent(0, command);
+  const ProcessResult result = agent->Wait(30000);
+  ASSERT_FALSE(result.timed_out) << result.err;
+  EXPECT_EQ(result.exit_code, param.expected_status) << result.err;
+  EXPECT_NE(result.err.find(param.expected_message), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("restarts exhausted: 2 of 2"), std::string::npos) << result.err;
+  // One generation per start, and a last one whose plan tells every agent to give up.
+  EXPECT_EQ(job.Snapshot().history.size(), static_cast<size_t>(kBackoffLimit + 2));
+  if (param.name == "exits_at_once") {
+    EXPECT_EQ(ReadFile(starts), "started\nstarted\nstarted\n");
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Commands, ExecBadCommand,
+    ::testing::Values(
+        BadCommandCase{"not_found", "bad-nf", 127, "No such file or directory (errno 2)"},
+        BadCommandCase{"not_executable", "bad-nx", 126, "Permission denied (errno 13)"},
+        BadCommandCase{"exits_at_once", "bad-x3", 3, "exit code 3"}),
+    [](const ::testing::TestParamInfo<BadCommandCase>& info) { return info.param.name; });
+
+TEST(ExecIntegration, SigtermToAgentReachesCommandAndAgentExitsWithItsStatus) {
+  const std::string dir = MakeTempDir("exec-term");
+  const std::string ready = dir + "/ready";
+  ExecJob job("term", 1, 1, 1, 3);
+  auto agent = job.StartAgent(
+      0,
+      {"/bin/sh", "-c", "trap 'exit 7' TERM; touch " + ready + "; while :; do sleep 0.05; done"});
+  ASSERT_TRUE(PollUntil([&] { return access(ready.c_str(), F_OK) == 0; }, 30000, 20));
+  ASSERT_EQ(kill(agent->pid(), SIGTERM), 0);
+  const ProcessResult result = agent->Wait(20000);
+  EXPECT_EQ(result.exit_code, 7) << result.err;
+
+  ExecJob killed_job("term-default", 1, 1, 1, 3);
+  const std::string ready2 = dir + "/ready2";
+  auto agent2 = killed_job.StartAgent(0, {"/bin/sh", "-c", "touch " + ready2 + "; exec sleep 60"});
+  ASSERT_TRUE(PollUntil([&] { return access(ready2.c_str(), F_OK) == 0; }, 30000, 20));
+  ASSERT_EQ(kill(agent2->pid(), SIGTERM), 0);
+  const ProcessResult result2 = agent2->Wait(20000);
+  EXPECT_EQ(result2.exit_code, 128 + SIGTERM) << result2.err;
+}
+
+}  // namespace
+}  // namespace lockstep::agent

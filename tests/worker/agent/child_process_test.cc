@@ -1,0 +1,146 @@
+// The supervised command: how it is started, how its end is reported, how it is stopped.
+#include "worker/agent/child_process.h"
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+#include "common/deadline.h"
+#include "tests/cli/process_runner.h"
+
+namespace lockstep::agent {
+namespace {
+
+constexpr int64_t kWaitMs = 10000;
+
+std::unique_ptr<ChildProcess> Start(const std::vector<std::string>& argv) {
+  ChildProcess::Options options;
+  options.argv = argv;
+  options.env = {"PATH=/usr/bin:/bin"};
+  options.output_prefix = "[rank 3] ";
+  StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(options);
+  EXPECT_TRUE(child.ok()) << child.status();
+  return child.ok() ? std::move(*child) : nullptr;
+}
+
+// True when `pid` no longer runs (gone, or a zombie waiting for its new parent to reap it).
+bool NoLongerRuns(pid_t pid) {
+  const std::string stat = testing::ReadFile("/proc/" + std::to_string(pid) + "/stat");
+  const size_t close_paren = stat.rfind(')');
+  return close_paren == std::string::npos || stat.compare(close_paren, 3, ") Z") == 0;
+}
+
+ChildExit WaitForExit(ChildProcess& child) {
+  EXPECT_TRUE(testing::PollUntil([&] { return child.TryReap().has_value(); }, kWaitMs, 10));
+  return child.exit().value_or(ChildExit{});
+}
+
+TEST(ChildProcess, MissingProgramIsExit127NamingPathAndErrno) {
+  auto child = Start({"/nonexistent/dir/train"});
+  ASSERT_NE(child, nullptr);
+  const ChildExit exit = WaitForExit(*child);
+  EXPECT_EQ(exit.ShellStatus(), 127);
+  EXPECT_NE(exit.start_error.find("/nonexistent/dir/train"), std::string::npos) << exit.start_error;
+  EXPECT_NE(exit.start_error.find("No such file or directory (errno 2)"), std::string::npos)
+      << exit.start_error;
+}
+
+TEST(ChildProcess, NameNotOnPathIsExit127NamingThePath) {
+  auto child = Start({"lockstep-no-such-command"});
+  ASSERT_NE(child, nullptr);
+  const ChildExit exit = WaitForExit(*child);
+  EXPECT_EQ(exit.ShellStatus(), 127);
+  EXPECT_NE(exit.start_error.find("command not found: lockstep-no-such-command"), std::string::npos)
+      << exit.start_error;
+}
+
+TEST(ChildProcess, NonExecutableFileIsExit126) {
+  const std::string path = testing::MakeTempDir("child") + "/train.sh";
+  testing::WriteFile(path, "#!/bin/sh\nexit 0\n");
+  chmod(path.c_str(), 0644);
+  auto child = Start({path});
+  ASSERT_NE(child, nullptr);
+  const ChildExit exit = WaitForExit(*child);
+  EXPECT_EQ(exit.ShellStatus(), 126);
+  EXPECT_NE(exit.start_error.find("Permission denied"), std::string::npos) << exit.start_error;
+}
+
+TEST(ChildProcess, ExitCodesAndSignalsAreReportedAsTheyAre) {
+  auto exits3 = Start({"/bin/sh", "-c", "exit 3"});
+  ASSERT_NE(exits3, nullptr);
+  ChildExit exit = WaitForExit(*exits3);
+  EXPECT_FALSE(exit.signaled);
+  EXPECT_EQ(exit.exit_code, 3);
+  EXPECT_EQ(exit.Describe(), "exit code 3");
+
+  auto killed = Start({"/bin/sh", "-c", "kill -9 $$"});
+  ASSERT_NE(killed, nullptr);
+  exit = WaitForExit(*killed);
+  EXPECT_TRUE(exit.signaled);
+  EXPECT_EQ(exit.signal, SIGKILL);
+  EXPECT_EQ(exit.ShellStatus(), 137);
+  EXPECT_FALSE(exit.stopped_by_agent);
+}
+
+TEST(ChildProcess, StopEscalatesToSigkillAfterTheGracePeriod) {
+  const std::string ready = testing::MakeTempDir("child") + "/ready";
+  auto child =
+      Start({"/bin/sh", "-c", "trap '' TERM; touch " + ready + "; while :; do sleep 0.05; done"});
+  ASSERT_NE(child, nullptr);
+  ASSERT_TRUE(testing::PollUntil([&] { return access(ready.c_str(), F_OK) == 0; }, kWaitMs, 10));
+  const double started = MonotonicSeconds();
+  const ChildExit exit = child->Stop(/*grace_ms=*/300, /*kill_wait_ms=*/5000);
+  const double seconds = MonotonicSeconds() - started;
+  EXPECT_TRUE(exit.signaled);
+  EXPECT_EQ(exit.signal, SIGKILL);
+  EXPECT_TRUE(exit.stopped_by_agent);
+  EXPECT_GE(seconds, 0.3);
+  EXPECT_LT(seconds, 5.0);
+}
+
+TEST(ChildProcess, StopEndsEverythingTheCommandStarted) {
+  const std::string pid_file = testing::MakeTempDir("child") + "/pid";
+  auto child = Start({"/bin/sh", "-c",
+                      "sleep 60 & echo $! > " + pid_file + ".tmp; mv " + pid_file + ".tmp " +
+                          pid_file + "; wait"});
+  ASSERT_NE(child, nullptr);
+  ASSERT_TRUE(testing::PollUntil([&] { return access(pid_file.c_str(), F_OK) == 0; }, kWaitMs, 10));
+  const pid_t grandchild = std::stoi(testing::ReadFile(pid_file));
+  const ChildExit exit = child->Stop(/*grace_ms=*/2000, /*kill_wait_ms=*/5000);
+  EXPECT_EQ(exit.ShellStatus(), 128 + SIGTERM);
+  EXPECT_TRUE(testing::PollUntil([&] { return NoLongerRuns(grandchild); }, kWaitMs, 10))
+      << "the background sleep outlived its command";
+}
+
+TEST(ChildProcess, OutputIsRelayedLineByLineWithThePrefix) {
+  const std::string out_path = testing::MakeTempDir("child") + "/out";
+  const int saved = dup(STDOUT_FILENO);
+  const int file = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(file, 0);
+  fflush(stdout);
+  dup2(file, STDOUT_FILENO);
+  {
+    auto child = Start({"/bin/sh", "-c", "printf 'one\\ntwo\\nno newline'"});
+    if (child != nullptr) WaitForExit(*child);
+  }
+  dup2(saved, STDOUT_FILENO);
+  close(saved);
+  close(file);
+  EXPECT_EQ(testing::ReadFile(out_path), "[rank 3] one\n[rank 3] two\n[rank 3] no newline\n");
+}
+
+TEST(ChildProcess, ResolvesNamesOnPath) {
+  StatusOr<std::string> sh = ResolveProgram("sh", "/nonexistent:/bin");
+  ASSERT_TRUE(sh.ok()) << sh.status();
+  EXPECT_EQ(*sh, "/bin/sh");
+  EXPECT_EQ(ResolveProgram("./x", "/bin").value(), "./x");
+  EXPECT_EQ(ResolveProgram("lockstep-no-such-command", "/bin").status().code(),
+            StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace lockstep::agent

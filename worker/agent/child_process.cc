@@ -1,0 +1,321 @@
+#include "worker/agent/child_process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/deadline.h"
+#include "common/errno_check.h"
+#include "common/logging.h"
+
+namespace lockstep::agent {
+namespace {
+
+// A line longer than this is relayed in pieces (each still prefixed).
+constexpr size_t kMaxLineBytes = 64 * 1024;
+// Relay threads check for a stop request this often while the pipe is quiet.
+constexpr int kRelayPollMs = 100;
+// After the program exited, how long the relays may take to drain what it wrote.
+constexpr int64_t kRelayDrainMs = 2000;
+// Reaping polls at this period while waiting for an exit (Stop only).
+constexpr int64_t kReapPollMs = 10;
+// The destructor's bound on reaping a SIGKILLed program.
+constexpr int64_t kDestructorKillWaitMs = 5000;
+
+void WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t written;
+    LOCKSTEP_SYSCALL_RETRY(written, write(fd, data, size));
+    if (written <= 0) return;  // the agent's output is gone: nothing useful to do
+    data += written;
+    size -= static_cast<size_t>(written);
+  }
+}
+
+ChildExit FromWaitStatus(int status) {
+  ChildExit exit;
+  if (WIFSIGNALED(status)) {
+    exit.signaled = true;
+    exit.signal = WTERMSIG(status);
+  } else {
+    exit.exit_code = WEXITSTATUS(status);
+  }
+  return exit;
+}
+
+}  // namespace
+
+std::string ChildExit::Describe() const {
+  std::string text;
+  if (signaled) {
+    text = "signal " + std::to_string(signal) + " (" + strsignal(signal) + ")";
+  } else {
+    text = "exit code " + std::to_string(exit_code);
+  }
+  if (!start_error.empty()) text += " (" + start_error + ")";
+  return text;
+}
+
+StatusOr<std::string> ResolveProgram(const std::string& name, const std::string& path_env) {
+  if (name.empty()) return InvalidArgumentError("empty command");
+  if (name.find('/') != std::string::npos) return name;
+  std::string first_existing;
+  size_t start = 0;
+  while (start <= path_env.size()) {
+    size_t end = path_env.find(':', start);
+    if (end == std::string::npos) end = path_env.size();
+    std::string dir = path_env.substr(start, end - start);
+    if (dir.empty()) dir = ".";  // POSIX: an empty PATH entry is the current directory
+    const std::string candidate = dir + "/" + name;
+    struct stat info {};
+    if (stat(candidate.c_str(), &info) == 0 && S_ISREG(info.st_mode)) {
+      if (access(candidate.c_str(), X_OK) == 0) return candidate;
+      if (first_existing.empty()) first_existing = candidate;
+    }
+    start = end + 1;
+  }
+  if (!first_existing.empty()) return first_existing;
+  return NotFoundError("command not found: " + name + " (searched PATH=" + path_env + ")");
+}
+
+StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& options) {
+  if (options.argv.empty()) return InvalidArgumentError("exec: empty command");
+  std::unique_ptr<ChildProcess> child(new ChildProcess());
+  child->output_prefix_ = options.output_prefix;
+
+  std::string path_env = "/usr/local/bin:/usr/bin:/bin";
+  for (const std::string& entry : options.env) {
+    if (entry.rfind("PATH=", 0) == 0) path_env = entry.substr(5);
+  }
+  StatusOr<std::string> program = ResolveProgram(options.argv[0], path_env);
+
+  int out_pipe[2], err_pipe[2], exec_pipe[2];
+  if (pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus("exec: pipe", errno);
+  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
+    const int error = errno;
+    close(out_pipe[0]), close(out_pipe[1]);
+    return ErrnoStatus("exec: pipe", error);
+  }
+  if (pipe2(exec_pipe, O_CLOEXEC) != 0) {
+    const int error = errno;
+    close(out_pipe[0]), close(out_pipe[1]), close(err_pipe[0]), close(err_pipe[1]);
+    return ErrnoStatus("exec: pipe", error);
+  }
+
+  // Everything the child needs is built before fork: after it, only async-signal-safe calls.
+  std::vector<char*> argv;
+  for (const std::string& arg : options.argv) argv.push_back(const_cast<char*>(arg.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const std::string& entry : options.env) envp.push_back(const_cast<char*>(entry.c_str()));
+  envp.push_back(nullptr);
+  const std::string program_path = program.ok() ? *program : std::string();
+  const pid_t parent = getpid();
+
+  const pid_t pid = fork();
+  if (pid < 0) {
+    const int error = errno;
+    for (int fd : {out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1], exec_pipe[0], exec_pipe[1]})
+      close(fd);
+    return ErrnoStatus("exec: fork", error);
+  }
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the agent died before prctl took effect
+    struct sigaction action {};
+    action.sa_handler = SIG_DFL;
+    sigemptyset(&action.sa_mask);
+    for (int s : {SIGTERM, SIGINT, SIGCHLD, SIGPIPE, SIGHUP}) sigaction(s, &action, nullptr);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    const int null_fd = open("/dev/null", O_RDONLY);
+    if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
+    dup2(out_pipe[1], STDOUT_FILENO);
+    dup2(err_pipe[1], STDERR_FILENO);
+    int error = ENOENT;
+    if (!program_path.empty()) {
+      execve(program_path.c_str(), argv.data(), envp.data());
+      error = errno;
+    }
+    [[maybe_unused]] ssize_t ignored = write(exec_pipe[1], &error, sizeof(error));
+    _exit(error == ENOENT || error == ENOTDIR ? 127 : 126);
+  }
+  setpgid(pid, pid);  // also in the parent: no race with a Signal() right after Start
+  child->pid_ = pid;
+  close(out_pipe[1]);
+  close(err_pipe[1]);
+  close(exec_pipe[1]);
+  child->StartRelay(out_pipe[0], STDOUT_FILENO);
+  child->StartRelay(err_pipe[0], STDERR_FILENO);
+
+  // The exec pipe closes (CLOEXEC) when execve succeeds, or carries errno when it fails.
+  int exec_errno = 0;
+  struct pollfd waiting {
+    exec_pipe[0], POLLIN, 0
+  };
+  int ready;
+  LOCKSTEP_SYSCALL_RETRY(ready, poll(&waiting, 1, static_cast<int>(options.exec_timeout_ms)));
+  if (ready > 0) {
+    ssize_t got;
+    LOCKSTEP_SYSCALL_RETRY(got, read(exec_pipe[0], &exec_errno, sizeof(exec_errno)));
+    if (got != static_cast<ssize_t>(sizeof(exec_errno))) exec_errno = 0;
+  } else {
+    LOCKSTEP_LOG(WARNING) << "exec of " << options.argv[0] << " not confirmed within "
+                          << options.exec_timeout_ms << " ms; supervising it anyway";
+  }
+  close(exec_pipe[0]);
+  if (exec_errno != 0) {
+    // The child _exits at once; reap it here so the failure carries the reason.
+    const Deadline deadline = Deadline::AfterMs(options.exec_timeout_ms);
+    while (child->running() && !deadline.expired()) {
+      if (!child->TryReap()) std::this_thread::sleep_for(std::chrono::milliseconds(kReapPollMs));
+    }
+    const std::string shown = program_path.empty() ? options.argv[0] : program_path;
+    std::string reason = "cannot execute " + shown + ": " + std::strerror(exec_errno) + " (errno " +
+                         std::to_string(exec_errno) + ")";
+    if (!program.ok()) reason = program.status().message();
+    if (child->exit_) {
+      child->exit_->start_error = reason;
+    } else {
+      ChildExit exit;
+      exit.exit_code = exec_errno == ENOENT ? 127 : 126;
+      exit.start_error = reason;
+      child->exit_ = exit;
+    }
+  }
+  return child;
+}
+
+ChildProcess::~ChildProcess() {
+  if (pid_ > 0 && running()) {
+    kill(-pid_, SIGKILL);
+    const Deadline deadline = Deadline::AfterMs(kDestructorKillWaitMs);
+    while (!TryReap() && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kReapPollMs));
+    }
+  }
+  JoinRelays(kRelayDrainMs);
+}
+
+void ChildProcess::StartRelay(int fd, int target_fd) {
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  relay_done_.push_back(done);
+  relays_.emplace_back([this, fd, target_fd, done] {
+    std::string pending;
+    char buffer[16384];
+    auto emit = [&](const std::string& line) {
+      const std::string out = output_prefix_ + line + "\n";
+      WriteAll(target_fd, out.data(), out.size());
+    };
+    while (true) {
+      struct pollfd readable {
+        fd, POLLIN, 0
+      };
+      const int ready = poll(&readable, 1, kRelayPollMs);
+      if (ready == 0) {
+        if (stop_relays_.load()) break;
+        continue;
+      }
+      if (ready < 0) {
+        if (errno == EINTR) continue;
+        break;
+      }
+      ssize_t got;
+      LOCKSTEP_SYSCALL_RETRY(got, read(fd, buffer, sizeof(buffer)));
+      if (got <= 0) break;  // end of file: every writer closed
+      pending.append(buffer, static_cast<size_t>(got));
+      size_t start = 0;
+      for (size_t newline; (newline = pending.find('\n', start)) != std::string::npos;) {
+        emit(pending.substr(start, newline - start));
+        start = newline + 1;
+      }
+      pending.erase(0, start);
+      while (pending.size() >= kMaxLineBytes) {
+        emit(pending.substr(0, kMaxLineBytes));
+        pending.erase(0, kMaxLineBytes);
+      }
+    }
+    if (!pending.empty()) emit(pending);
+    close(fd);
+    done->store(true);
+  });
+}
+
+void ChildProcess::JoinRelays(int64_t timeout_ms) {
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  for (const auto& done : relay_done_) {
+    while (!done->load() && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kReapPollMs));
+    }
+  }
+  // A grandchild that escaped the group may still hold the pipe: stop reading it.
+  stop_relays_.store(true);
+  for (std::thread& relay : relays_) {
+    if (relay.joinable()) relay.join();
+  }
+  relays_.clear();
+  relay_done_.clear();
+}
+
+std::optional<ChildExit> ChildProcess::TryReap() {
+  if (exit_) return exit_;
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
+      info.si_pid == 0) {
+    return std::nullopt;
+  }
+  kill(-pid_, SIGKILL);  // the rest of the group; the zombie leader keeps the group id ours
+  int status = 0;
+  pid_t got;
+  LOCKSTEP_SYSCALL_RETRY(got, waitpid(pid_, &status, 0));  // exited already: returns at once
+  if (got != pid_) return std::nullopt;
+  exit_ = FromWaitStatus(status);
+  JoinRelays(kRelayDrainMs);
+  return exit_;
+}
+
+void ChildProcess::Signal(int signal) {
+  if (pid_ > 0 && running()) kill(-pid_, signal);
+}
+
+ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
+  if (exit_) return *exit_;
+  if (TryReap()) return *exit_;
+  auto wait_for_exit = [&](int64_t timeout_ms) {
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    while (!TryReap() && !deadline.expired()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(kReapPollMs));
+    }
+    return exit_.has_value();
+  };
+  Signal(SIGTERM);
+  if (!wait_for_exit(grace_ms)) {
+    LOCKSTEP_LOG(WARNING) << "command (pid " << pid_ << ") still running " << grace_ms
+                          << " ms after SIGTERM; sending SIGKILL";
+    Signal(SIGKILL);
+    if (!wait_for_exit(kill_wait_ms)) {
+      LOCKSTEP_LOG(ERROR) << "command (pid " << pid_ << ") survived SIGKILL for " << kill_wait_ms
+                          << " ms (uninterruptible sleep?); leaving it";
+      ChildExit exit;
+      exit.signaled = true;
+      exit.signal = SIGKILL;
+      exit.stopped_by_agent = true;
+      return exit;
+    }
+  }
+  exit_->stopped_by_agent = true;
+  return *exit_;
+}
+
+}  // namespace lockstep::agent

@@ -1,0 +1,111 @@
+// ChildProcess: the exec agent's one supervised program (the user's command) for one generation.
+//
+//   ChildProcess::Options options{.argv = {"/usr/bin/python3", "train.py"}, .env = env,
+//                                 .output_prefix = "[rank 1] "};
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto child, ChildProcess::Start(options));
+//   ... poll(wake pipe) ...; if (auto exit = child->TryReap()) { ... }
+//   ChildExit exit = child->Stop(/*grace_ms=*/10000, /*kill_wait_ms=*/5000);
+//
+// The program runs in its own process group (so stopping it stops whatever it started, and a
+// terminal's Ctrl-C reaches only the agent), with PR_SET_PDEATHSIG(SIGKILL) (a SIGKILLed agent
+// does not leave it running) and stdin from /dev/null. Its stdout and stderr are relayed line by
+// line to the agent's own stdout and stderr, each line prefixed (`[rank N] `), each written with
+// one write(2) so lines of several ranks never interleave mid-line.
+//
+// A command that cannot be executed (not found on PATH, not executable) is reported as an exit
+// in the shell's convention: 127 for "not found", 126 for "found but cannot execute", with the
+// path and errno in ChildExit::start_error; it is a failure like any other.
+//
+// Waits are bounded: TryReap never blocks; Stop returns within grace_ms + kill_wait_ms (plus a
+// relay drain bound). Thread safety: one thread uses a ChildProcess.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+
+namespace lockstep::agent {
+
+// How the program ended.
+struct ChildExit {
+  bool signaled = false;  // true: killed by `signal`; false: exited with `exit_code`
+  int exit_code = 0;
+  int signal = 0;
+  // Set when the program never ran: "cannot execute /x/train: No such file or directory (errno
+  // 2)". exit_code is then 127 (not found) or 126 (not executable).
+  std::string start_error;
+  // The agent stopped it (generation ended, agent signalled): not the program's own failure.
+  bool stopped_by_agent = false;
+
+  bool success() const { return !signaled && exit_code == 0; }
+  // The shell's convention: the exit code, or 128 + the signal.
+  int ShellStatus() const { return signaled ? 128 + signal : exit_code; }
+  // "exit code 3" | "signal 9 (Killed)" | "exit code 127 (cannot execute ...)"
+  std::string Describe() const;
+};
+
+class ChildProcess {
+ public:
+  struct Options {
+    std::vector<std::string> argv;  // argv[0]: a path, or a name looked up on the env's PATH
+    // The complete environment of the program, NAME=value.
+    std::vector<std::string> env;
+    std::string output_prefix;  // prepended to every relayed line
+    // How long Start waits for the exec to succeed or fail (the exec pipe closes on success).
+    int64_t exec_timeout_ms = 5000;
+  };
+
+  // Forks and execs. Returns an error only when the agent itself cannot (fork, pipes); a program
+  // that cannot be executed is a started child whose exit() already holds the 127/126 exit.
+  static StatusOr<std::unique_ptr<ChildProcess>> Start(const Options& options);
+  // Kills the group (SIGKILL) if still running and joins the relay threads.
+  ~ChildProcess();
+  ChildProcess(const ChildProcess&) = delete;
+  ChildProcess& operator=(const ChildProcess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  bool running() const { return !exit_.has_value(); }
+  // The exit, once reaped.
+  const std::optional<ChildExit>& exit() const { return exit_; }
+
+  // Reaps the program if it has exited (never blocks). After the leader exits, what is left of
+  // its process group is SIGKILLed before the leader is reaped (the group id cannot be reused
+  // while the leader is a zombie), so nothing the command started outlives it.
+  std::optional<ChildExit> TryReap();
+  // Sends `signal` to the program's process group.
+  void Signal(int signal);
+  // SIGTERM to the group, up to grace_ms for it to exit, then SIGKILL and up to kill_wait_ms.
+  // Returns the exit (stopped_by_agent set unless it had exited before Stop). If the program
+  // survives even SIGKILL for kill_wait_ms (uninterruptible sleep), the exit says signal 9 and
+  // the zombie is left for the destructor.
+  ChildExit Stop(int64_t grace_ms, int64_t kill_wait_ms);
+
+ private:
+  ChildProcess() = default;
+  void StartRelay(int fd, int target_fd);
+  // Waits (bounded) for the relays to see end-of-file, then stops them.
+  void JoinRelays(int64_t timeout_ms);
+
+  pid_t pid_ = -1;
+  std::optional<ChildExit> exit_;
+  std::string output_prefix_;
+  std::atomic<bool> stop_relays_{false};
+  std::vector<std::thread> relays_;
+  std::vector<std::shared_ptr<std::atomic<bool>>> relay_done_;
+};
+
+// The program the agent will execute: `name` itself when it holds a '/', else the first entry of
+// `path_env` (colon separated) where it is an executable file; when none is executable, the
+// first where it exists (so exec reports EACCES), else NotFound naming the PATH searched.
+StatusOr<std::string> ResolveProgram(const std::string& name, const std::string& path_env);
+
+}  // namespace lockstep::agent

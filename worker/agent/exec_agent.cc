@@ -1,0 +1,629 @@
+#include "worker/agent/exec_agent.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <thread>
+
+#include "common/deadline.h"
+#include "common/env.h"
+#include "common/errno_check.h"
+#include "common/logging.h"
+#include "common/spec/training_job.h"
+#include "worker/agent/child_process.h"
+#include "worker/agent/exec_environment.h"
+#include "worker/agent/exec_metrics.h"
+#include "worker/agent/progress_file.h"
+
+extern char** environ;
+
+namespace lockstep::agent {
+
+// Tunables (docs/exec.md).
+LOCKSTEP_PARAM_INT(ExecGraceMs, "LOCKSTEP_EXEC_GRACE_MS", 10000);
+LOCKSTEP_PARAM_INT(ExecBackoffMs, "LOCKSTEP_EXEC_BACKOFF_MS", 1000);
+LOCKSTEP_PARAM_INT(ExecMaxBackoffMs, "LOCKSTEP_EXEC_MAX_BACKOFF_MS", 30000);
+LOCKSTEP_PARAM_INT(ExecJoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
+LOCKSTEP_PARAM_INT(ExecPlanTimeoutMs, "LOCKSTEP_EXEC_PLAN_TIMEOUT_MS", 60000);
+
+const char kExecUsage[] =
+    "usage: lockstep-worker exec [--manifest FILE] [--] COMMAND [ARG...]\n"
+    "  Runs COMMAND as this member of the job under the rendezvous, with the environment\n"
+    "  PyTorch expects (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, ...), and\n"
+    "  restarts it in a new generation when it fails anywhere or membership changes.\n"
+    "  The manifest (runPolicy, command) comes from --manifest or LOCKSTEP_SPEC.\n";
+
+namespace {
+
+constexpr int kExitOk = 0;
+constexpr int kExitFailure = 1;
+constexpr int kExitBadInput = 2;
+
+// Read from the wake pipe: signal numbers, and these for the agent's own events.
+constexpr unsigned char kWakeGenerationEnded = 0xF0;
+constexpr unsigned char kWakeJoinDone = 0xF1;
+// Non-rank-0 agents poll for the plan in slices this long, checking for the generation's end.
+constexpr int64_t kPlanPollSliceMs = 500;
+// How long rank 0 waits for the first failure's details (written right after its counter).
+constexpr int64_t kFailureDetailsWaitMs = 2000;
+
+int g_wake_pipe[2] = {-1, -1};
+
+extern "C" void WakeOnSignal(int signal_number) {
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t ignored = write(g_wake_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+void Wake(unsigned char what) {
+  [[maybe_unused]] ssize_t ignored = write(g_wake_pipe[1], &what, 1);
+}
+
+Status InstallSignalHandlers() {
+  if (g_wake_pipe[0] < 0 && pipe2(g_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
+    return ErrnoStatus("exec agent: pipe", errno);
+  }
+  struct sigaction action {};
+  action.sa_handler = WakeOnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
+  for (int s : {SIGTERM, SIGINT, SIGCHLD}) {
+    if (sigaction(s, &action, nullptr) != 0) return ErrnoStatus("exec agent: sigaction", errno);
+  }
+  signal(SIGPIPE, SIG_IGN);
+  return OkStatus();
+}
+
+// What woke the agent up since the last wait.
+struct Events {
+  int signal = 0;  // SIGTERM or SIGINT to the agent (the first one)
+  bool child = false;
+  bool generation_ended = false;
+  bool join_done = false;
+};
+
+// Waits up to timeout_ms for anything on the wake pipe, then drains it.
+Events WaitForEvents(int64_t timeout_ms) {
+  Events events;
+  struct pollfd readable {
+    g_wake_pipe[0], POLLIN, 0
+  };
+  int ready;
+  LOCKSTEP_SYSCALL_RETRY(ready,
+                         poll(&readable, 1, static_cast<int>(std::max<int64_t>(0, timeout_ms))));
+  if (ready <= 0) return events;
+  unsigned char bytes[64];
+  ssize_t got;
+  while ((got = read(g_wake_pipe[0], bytes, sizeof(bytes))) > 0) {
+    for (ssize_t i = 0; i < got; ++i) {
+      switch (bytes[i]) {
+        case SIGCHLD:
+          events.child = true;
+          break;
+        case SIGTERM:
+        case SIGINT:
+          if (events.signal == 0) events.signal = bytes[i];
+          break;
+        case kWakeGenerationEnded:
+          events.generation_ended = true;
+          break;
+        case kWakeJoinDone:
+          events.join_done = true;
+          break;
+        default:
+          break;
+      }
+    }
+  }
+  return events;
+}
+
+std::vector<std::string> InheritedEnvironment() {
+  std::vector<std::string> entries;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    entries.emplace_back(*entry);
+  }
+  return entries;
+}
+
+// A port free on this host now: bound to port 0 on all interfaces (where PyTorch's TCPStore will
+// listen), read back, released. Another process could take it before the program binds it; the
+// window is the program's start-up, the same as torchrun's, and a new generation picks again.
+StatusOr<int32_t> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("master port: socket", errno);
+  struct sockaddr_in address {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus("master port: bind", error);
+  }
+  socklen_t length = sizeof(address);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus("master port: getsockname", error);
+  }
+  close(fd);
+  return static_cast<int32_t>(ntohs(address.sin_port));
+}
+
+// The private directory that holds the progress file; removed when the agent ends.
+class PrivateDirectory {
+ public:
+  static StatusOr<PrivateDirectory> Create() {
+    std::string pattern = EnvString("TMPDIR", "/tmp") + "/lockstep-exec-XXXXXX";
+    if (mkdtemp(pattern.data()) == nullptr) return ErrnoStatus("mkdtemp " + pattern, errno);
+    return PrivateDirectory(pattern);
+  }
+  PrivateDirectory(PrivateDirectory&& other) noexcept : path_(std::move(other.path_)) {
+    other.path_.clear();
+  }
+  ~PrivateDirectory() {
+    if (path_.empty()) return;
+    std::error_code ignored;
+    std::filesystem::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit PrivateDirectory(std::string path) : path_(std::move(path)) {}
+  std::string path_;
+};
+
+// Converts progress lines into heartbeat progress, with samples per second from the recent rate.
+class ProgressTracker {
+ public:
+  rendezvous::ProgressReport Update(const ProgressLine& line) {
+    const double now = MonotonicSeconds();
+    report_.step = line.step;
+    if (line.total_steps >= 0) report_.total_steps = line.total_steps;
+    if (line.has_loss) report_.loss = line.loss;
+    if (line.samples >= 0) {
+      if (last_samples_ >= 0 && line.samples > last_samples_ && now > last_time_) {
+        report_.samples_per_second =
+            static_cast<double>(line.samples - last_samples_) / (now - last_time_);
+      }
+      last_samples_ = line.samples;
+      last_time_ = now;
+      report_.samples = line.samples;
+    }
+    return report_;
+  }
+  // A new generation restarts the program: its first samples count is not comparable.
+  void ResetRate() { last_samples_ = -1; }
+  const rendezvous::ProgressReport& report() const { return report_; }
+
+ private:
+  rendezvous::ProgressReport report_;
+  int64_t last_samples_ = -1;
+  double last_time_ = 0;
+};
+
+class ExecAgent {
+ public:
+  ExecAgent(ExecAgentOptions options, std::unique_ptr<rendezvous::RendezvousClient> client,
+            std::unique_ptr<ExecMetrics> metrics, std::string progress_path)
+      : options_(std::move(options)),
+        client_(std::move(client)),
+        metrics_(std::move(metrics)),
+        progress_(std::move(progress_path)) {}
+
+  int Run();
+
+ private:
+  enum class Outcome { kSucceeded, kFailed, kGenerationEnded, kSignalled };
+
+  StatusOr<rendezvous::Assignment> JoinInterruptibly();
+  StatusOr<GenerationPlan> MakePlan(const rendezvous::Assignment& a);
+  StatusOr<GenerationPlan> AwaitPlan(const rendezvous::Assignment& a);
+  // Supervises the running command until one of the outcomes; fills exit_ (kFailed,
+  // kSignalled) or stops the command (kGenerationEnded).
+  Outcome Supervise(const rendezvous::Assignment& a, ChildProcess& child);
+  void PumpProgress();
+  bool GenerationEnded(int64_t generation) const { return ended_generation_.load() >= generation; }
+  // Leaves (completed=false) so the others re-form at once, and stops heartbeating.
+  void LeaveAsFailed();
+  void SetContext(const rendezvous::Assignment* a);
+  int GiveUp(int status, const std::string& message);
+
+  ExecAgentOptions options_;
+  std::unique_ptr<rendezvous::RendezvousClient> client_;
+  std::unique_ptr<ExecMetrics> metrics_;
+  ProgressFileReader progress_;
+  ProgressTracker tracker_;
+  std::atomic<int64_t> ended_generation_{0};
+  int pending_signal_ = 0;
+  int32_t known_restarts_ = 0;
+  int32_t own_failures_ = 0;
+  ChildExit last_exit_;
+};
+
+void ExecAgent::SetContext(const rendezvous::Assignment* a) {
+  if (a == nullptr) {
+    SetLogContext("job=" + options_.job + " member=" + options_.client.member_id + " rank=- gen=-");
+  } else {
+    SetLogContext("job=" + options_.job + " member=" + options_.client.member_id +
+                  " rank=" + std::to_string(a->rank) + " gen=" + std::to_string(a->generation));
+  }
+}
+
+int ExecAgent::GiveUp(int status, const std::string& message) {
+  LOCKSTEP_LOG(ERROR) << message;
+  std::cerr << "lockstep-worker exec: error: " << message << std::endl;
+  LeaveAsFailed();
+  return status;
+}
+
+void ExecAgent::LeaveAsFailed() {
+  if (Status status = client_->Leave(/*completed=*/false, tracker_.report()); !status.ok()) {
+    LOCKSTEP_LOG(WARNING) << "leave: " << status;
+  }
+  client_->StopHeartbeat();
+}
+
+StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
+  // Join cannot be cancelled, and it may wait long for the others: it runs on a helper thread
+  // while this thread stays responsive to SIGTERM.
+  struct JoinState {
+    std::mutex mu;
+    std::optional<StatusOr<rendezvous::Assignment>> result;
+  };
+  auto state = std::make_shared<JoinState>();
+  rendezvous::RendezvousClient* client = client_.get();
+  const int64_t timeout_ms = options_.join_timeout_ms;
+  std::thread joiner([state, client, timeout_ms] {
+    StatusOr<rendezvous::Assignment> result = client->Join(/*state_step=*/-1, timeout_ms);
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      state->result = std::move(result);
+    }
+    Wake(kWakeJoinDone);
+  });
+  while (true) {
+    {
+      std::lock_guard<std::mutex> lock(state->mu);
+      if (state->result.has_value()) break;
+    }
+    const Events events = WaitForEvents(1000);
+    if (events.signal != 0 || pending_signal_ != 0) {
+      const int signal_number = pending_signal_ != 0 ? pending_signal_ : events.signal;
+      LOCKSTEP_LOG(WARNING) << "received signal " << signal_number
+                            << " while joining; leaving and exiting";
+      LeaveAsFailed();
+      std::cout.flush();
+      std::cerr.flush();
+      std::_Exit(128 + signal_number);  // the Join thread cannot be stopped; the process ends
+    }
+  }
+  joiner.join();
+  return std::move(*state->result);
+}
+
+StatusOr<GenerationPlan> ExecAgent::MakePlan(const rendezvous::Assignment& a) {
+  GenerationPlan plan;
+  plan.restart_count = known_restarts_;
+  if (a.generation > 1) {
+    std::unique_ptr<rendezvous::KeyValueStore> previous =
+        client_->GenerationStore(a.generation - 1);
+    const PreviousGeneration before = ReadPreviousGeneration(*previous, kFailureDetailsWaitMs);
+    const int32_t restarts_before = std::max(known_restarts_, before.restart_count.value_or(0));
+    plan = DecideNextGeneration(options_.budget, restarts_before, before.failure);
+    if (before.failure && !plan.give_up) {
+      LOCKSTEP_LOG(WARNING) << "restart " << plan.restart_count << " of "
+                            << options_.budget.backoff_limit << " after " << plan.message;
+    }
+  }
+  plan.generation = a.generation;
+  plan.master_addr = a.members.empty() ? options_.client.host : a.members[0].host;
+  LOCKSTEP_ASSIGN_OR_RETURN(plan.master_port, PickFreePort());
+  std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
+  LOCKSTEP_RETURN_IF_ERROR(store->Set(kPlanKey, EncodePlan(plan), options_.store_timeout_ms));
+  return plan;
+}
+
+StatusOr<GenerationPlan> ExecAgent::AwaitPlan(const rendezvous::Assignment& a) {
+  std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
+  const Deadline deadline = Deadline::AfterMs(options_.plan_timeout_ms);
+  while (true) {
+    StatusOr<std::vector<std::string>> value = store->Get(
+        {kPlanKey}, std::min(kPlanPollSliceMs, std::max<int64_t>(1, deadline.remaining_ms())));
+    if (value.ok()) return DecodePlan((*value)[0]);
+    if (value.status().code() != StatusCode::kDeadlineExceeded) return value.status();
+    const Events events = WaitForEvents(0);
+    if (events.signal != 0 && pending_signal_ == 0) pending_signal_ = events.signal;
+    if (pending_signal_ != 0) return CancelledError("signal while waiting for the plan");
+    if (GenerationEnded(a.generation)) return AbortedError("generation ended before its plan");
+    if (deadline.expired()) {
+      return DeadlineExceededError("rank 0 published no plan for generation " +
+                                   std::to_string(a.generation) + " within " +
+                                   std::to_string(options_.plan_timeout_ms) + " ms");
+    }
+  }
+}
+
+void ExecAgent::PumpProgress() {
+  std::optional<ProgressLine> line = progress_.ReadNew();
+  if (!line) return;
+  client_->SetProgress(tracker_.Update(*line));
+  metrics_->ObserveProgress(*line);
+}
+
+ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildProcess& child) {
+  const int64_t poll_ms = std::max<int64_t>(50, a.heartbeat_interval_ms);
+  while (true) {
+    const Events events = WaitForEvents(poll_ms);
+    if (events.signal != 0 && pending_signal_ == 0) pending_signal_ = events.signal;
+    PumpProgress();
+    if (pending_signal_ != 0) {
+      LOCKSTEP_LOG(WARNING) << "received signal " << pending_signal_
+                            << "; stopping the command (pid " << child.pid() << ")";
+      last_exit_ = child.Stop(options_.grace_ms, options_.kill_wait_ms);
+      return Outcome::kSignalled;
+    }
+    if (std::optional<ChildExit> exit = child.TryReap()) {
+      last_exit_ = *exit;
+      PumpProgress();
+      return exit->success() ? Outcome::kSucceeded : Outcome::kFailed;
+    }
+    if (GenerationEnded(a.generation)) {
+      LOCKSTEP_LOG(INFO) << "generation ended; stopping the command (pid " << child.pid() << ")";
+      last_exit_ = child.Stop(options_.grace_ms, options_.kill_wait_ms);
+      // A command that died on its own before the stop is a failure of this generation too.
+      if (!last_exit_.stopped_by_agent && !last_exit_.success()) return Outcome::kFailed;
+      return Outcome::kGenerationEnded;
+    }
+  }
+}
+
+int ExecAgent::Run() {
+  SetContext(nullptr);
+  LOCKSTEP_LOG(INFO) << "exec agent for " << options_.command[0] << " (backoffLimit "
+                     << options_.budget.backoff_limit << ", restartPolicy "
+                     << spec::ToString(options_.budget.policy) << ")";
+  const std::vector<std::string> inherited = InheritedEnvironment();
+  while (true) {
+    StatusOr<rendezvous::Assignment> joined = JoinInterruptibly();
+    if (!joined.ok()) {
+      client_->StopHeartbeat();
+      LOCKSTEP_LOG(ERROR) << joined.status();
+      std::cerr << "lockstep-worker exec: error: " << joined.status().message() << std::endl;
+      return kExitFailure;
+    }
+    const rendezvous::Assignment a = *joined;
+    const int64_t g = a.generation;
+    SetContext(&a);
+    LOCKSTEP_LOG(INFO) << "joined generation " << g << " as rank " << a.rank << " of "
+                       << a.world_size;
+    // Replaces the previous generation's stream (kept open through the Join: restart_protocol.h,
+    // step 2).
+    Status heartbeat = client_->StartHeartbeat(a, [this, g](const std::string& reason) {
+      LOCKSTEP_LOG(INFO) << "generation " << g << " ended: " << reason;
+      int64_t seen = ended_generation_.load();
+      while (seen < g && !ended_generation_.compare_exchange_weak(seen, g)) {
+      }
+      Wake(kWakeGenerationEnded);
+    });
+    if (!heartbeat.ok()) return GiveUp(kExitFailure, heartbeat.ToString());
+    metrics_->SetGeneration(g, a.rank, a.world_size);
+
+    StatusOr<GenerationPlan> plan = a.rank == 0 ? MakePlan(a) : AwaitPlan(a);
+    if (!plan.ok()) {
+      if (pending_signal_ != 0) return GiveUp(128 + pending_signal_, "interrupted by a signal");
+      if (GenerationEnded(g)) continue;  // the membership changed meanwhile: form the next one
+      return GiveUp(kExitFailure,
+                    "generation " + std::to_string(g) + ": " + plan.status().ToString());
+    }
+    if (plan->restart_count > known_restarts_) {
+      metrics_->AddRestarts(plan->restart_count - known_restarts_);
+      known_restarts_ = plan->restart_count;
+    }
+    if (plan->give_up) return GiveUp(plan->exit_status, plan->message);
+    // Safety net under the shared count: a command that failed here more often than the budget
+    // allows stops even if failure records went missing (an unreachable store).
+    if (own_failures_ > options_.budget.backoff_limit) {
+      return GiveUp(last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
+                    "the command failed " + std::to_string(own_failures_) +
+                        " times on this member (backoffLimit " +
+                        std::to_string(options_.budget.backoff_limit) +
+                        "); last: " + last_exit_.Describe());
+    }
+    if (plan->backoff_ms > 0) {
+      LOCKSTEP_LOG(INFO) << "backing off " << plan->backoff_ms << " ms before restart "
+                         << plan->restart_count;
+      const Deadline backoff = Deadline::AfterMs(plan->backoff_ms);
+      while (!backoff.expired() && !GenerationEnded(g) && pending_signal_ == 0) {
+        const Events events = WaitForEvents(backoff.remaining_ms());
+        if (events.signal != 0) pending_signal_ = events.signal;
+      }
+      if (pending_signal_ != 0) return GiveUp(128 + pending_signal_, "interrupted by a signal");
+      if (GenerationEnded(g)) continue;
+    }
+
+    ExecEnvironmentExtras extras;
+    extras.run_id = options_.job;
+    extras.max_restarts = options_.budget.backoff_limit;
+    extras.progress_file = progress_.path();
+    ChildProcess::Options child_options;
+    child_options.argv = options_.command;
+    child_options.env = BuildExecEnvironment(inherited, a, *plan, extras);
+    child_options.output_prefix = "[rank " + std::to_string(a.rank) + "] ";
+    tracker_.ResetRate();
+    StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(child_options);
+    if (!child.ok()) return GiveUp(kExitFailure, child.status().ToString());
+    LOCKSTEP_LOG(INFO) << "started " << options_.command[0] << " (pid " << (*child)->pid()
+                       << ", MASTER_ADDR " << plan->master_addr << ", MASTER_PORT "
+                       << plan->master_port << ", restart " << plan->restart_count << ")";
+
+    switch (Supervise(a, **child)) {
+      case Outcome::kSucceeded: {
+        LOCKSTEP_LOG(INFO) << "command exited 0";
+        Status left = client_->Leave(/*completed=*/true, tracker_.report());
+        if (!left.ok()) {
+          LOCKSTEP_LOG(WARNING) << "leave: " << left;
+        }
+        client_->StopHeartbeat();
+        return kExitOk;
+      }
+      case Outcome::kSignalled: {
+        const int status = last_exit_.ShellStatus();
+        LOCKSTEP_LOG(WARNING) << "command stopped: " << last_exit_.Describe() << "; exiting "
+                              << status;
+        LeaveAsFailed();
+        return status;
+      }
+      case Outcome::kGenerationEnded:
+        break;  // Join the next generation
+      case Outcome::kFailed: {
+        ++own_failures_;
+        LOCKSTEP_LOG(ERROR) << "command failed: " << last_exit_.Describe();
+        if (!last_exit_.start_error.empty()) {
+          std::cerr << "lockstep-worker exec: error: " << last_exit_.start_error << std::endl;
+        }
+        FailureRecord failure;
+        failure.member_id = options_.client.member_id;
+        failure.rank = a.rank;
+        failure.shell_status = last_exit_.ShellStatus();
+        failure.description = last_exit_.Describe();
+        std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(g);
+        if (Status status = RecordFailure(*store, failure, options_.store_timeout_ms);
+            !status.ok()) {
+          LOCKSTEP_LOG(WARNING) << "could not record the failure in generation " << g << ": "
+                                << status;
+        }
+        break;  // Join again with the heartbeat still open: that ends g for everyone
+      }
+    }
+  }
+}
+
+}  // namespace
+
+StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& args) {
+  std::string manifest_path;
+  std::vector<std::string> command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      break;
+    }
+    if (arg == "--manifest") {
+      if (i + 1 >= args.size()) return InvalidArgumentError("--manifest: missing value");
+      manifest_path = args[++i];
+    } else if (arg.rfind("--manifest=", 0) == 0) {
+      manifest_path = arg.substr(std::string("--manifest=").size());
+    } else if (!arg.empty() && arg[0] == '-') {
+      return InvalidArgumentError("unknown flag " + arg + " (the command follows --)");
+    } else {
+      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+  }
+
+  std::optional<spec::TrainingJob> job;
+  if (!manifest_path.empty()) {
+    StatusOr<spec::TrainingJob> loaded = spec::LoadTrainingJobFile(manifest_path);
+    if (!loaded.ok()) return loaded.status();
+    job = *loaded;
+  } else if (const std::string text = EnvString("LOCKSTEP_SPEC", ""); !text.empty()) {
+    nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
+    StatusOr<spec::TrainingJob> parsed = spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
+    if (!parsed.ok()) return parsed.status();
+    job = *parsed;
+  }
+
+  ExecAgentOptions options;
+  if (command.empty() && job) command = job->spec.command;
+  if (command.empty()) {
+    return InvalidArgumentError("no command: give it after -- or in the manifest's spec.command");
+  }
+  options.command = command;
+  for (const char* name : {"LOCKSTEP_RENDEZVOUS", "LOCKSTEP_JOB_TOKEN", "LOCKSTEP_POD"}) {
+    if (EnvString(name, "").empty()) {
+      return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
+    }
+  }
+  options.job = EnvString(
+      "LOCKSTEP_JOB", job ? job->metadata.namespace_ + "/" + job->metadata.name : std::string());
+  if (options.job.empty()) {
+    return InvalidArgumentError("environment variable LOCKSTEP_JOB is not set (and no manifest)");
+  }
+  options.client.address = EnvString("LOCKSTEP_RENDEZVOUS", "");
+  options.client.job = options.job;
+  options.client.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
+  options.client.member_id = EnvString("LOCKSTEP_POD", "");
+  options.client.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
+  const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job ? job->spec.metrics.port : 0);
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return InvalidArgumentError("LOCKSTEP_METRICS_PORT " + std::to_string(metrics_port) +
+                                " outside 0..65535");
+  }
+  options.metrics_port = static_cast<int>(metrics_port);
+  if (job) {
+    options.budget.policy = job->spec.run_policy.restart_policy;
+    options.budget.backoff_limit = job->spec.run_policy.backoff_limit;
+    options.budget.retryable_exit_codes = job->spec.run_policy.retryable_exit_codes;
+  }
+  options.budget.initial_backoff_ms = std::max<int64_t>(0, ExecBackoffMs());
+  options.budget.max_backoff_ms = std::max(options.budget.initial_backoff_ms, ExecMaxBackoffMs());
+  options.grace_ms = std::max<int64_t>(0, ExecGraceMs());
+  options.join_timeout_ms = std::max<int64_t>(1, ExecJoinTimeoutMs());
+  options.plan_timeout_ms = std::max<int64_t>(1, ExecPlanTimeoutMs());
+  return options;
+}
+
+int RunExecAgent(const std::vector<std::string>& args) {
+  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
+    std::cout << kExecUsage;
+    return kExitOk;
+  }
+  auto fail = [](int code, const std::string& message) {
+    std::string line = message;
+    std::replace(line.begin(), line.end(), '\n', ';');
+    std::cerr << "lockstep-worker exec: error: " << line << std::endl;
+    return code;
+  };
+  StatusOr<ExecAgentOptions> options = ParseExecAgentArgs(args);
+  if (!options.ok()) {
+    std::cerr << kExecUsage;
+    return fail(kExitBadInput, options.status().message());
+  }
+  if (Status status = InstallSignalHandlers(); !status.ok()) {
+    return fail(kExitFailure, status.message());
+  }
+  StatusOr<std::unique_ptr<ExecMetrics>> metrics =
+      ExecMetrics::Create(options->job, options->metrics_port);
+  if (!metrics.ok()) return fail(kExitFailure, metrics.status().message());
+  StatusOr<PrivateDirectory> directory = PrivateDirectory::Create();
+  if (!directory.ok()) return fail(kExitFailure, directory.status().message());
+  StatusOr<std::unique_ptr<rendezvous::RendezvousClient>> client =
+      rendezvous::RendezvousClient::Connect(options->client);
+  if (!client.ok()) return fail(kExitFailure, client.status().message());
+  ExecAgent agent(*options, std::move(*client), std::move(*metrics),
+                  directory->path() + "/progress.jsonl");
+  return agent.Run();
+}
+
+}  // namespace lockstep::agent

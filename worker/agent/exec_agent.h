@@ -1,0 +1,68 @@
+// The exec agent: `lockstep-worker exec [--manifest FILE] -- COMMAND...` runs any training
+// program (a PyTorch script) as one member of a Lockstep job, the way torchrun's elastic agent
+// runs one node's workers.
+//
+//   int main(int argc, char** argv) {   // worker/main.cc, for argv[1] == "exec"
+//     return lockstep::agent::RunExecAgent({argv + 2, argv + argc});
+//   }
+//
+// For every rendezvous generation the agent: joins; heartbeats; agrees with the other agents on
+// the generation's plan (master port, restart count, back-off, give-up) through the generation's
+// store (the protocol is in restart_protocol.h); starts COMMAND with MASTER_ADDR, MASTER_PORT,
+// RANK, WORLD_SIZE, LOCAL_RANK, ... (exec_environment.h), its output relayed with a `[rank N] `
+// prefix; reports the program's progress file (progress_file.h) on its heartbeats and metrics;
+// and, when the command fails anywhere or the membership changes, stops it (SIGTERM to its
+// process group, SIGKILL after LOCKSTEP_EXEC_GRACE_MS) and starts it again in the next
+// generation. docs/exec.md is the user's page.
+//
+// Inputs. Environment: LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD,
+// LOCKSTEP_HOST (default 127.0.0.1), LOCKSTEP_METRICS_PORT (default spec.metrics.port; 0: no
+// endpoint). The manifest (for spec.runPolicy and spec.command) from --manifest FILE or
+// LOCKSTEP_SPEC (JSON); without either, runPolicy's defaults apply. COMMAND after `--` wins over
+// spec.command.
+//
+// Exit status: 0 when this member's command exited 0; when restarts are exhausted (or the
+// restart policy forbids one), the last failure's status as the shell reports it (exit code, or
+// 128 + signal; 127 not found, 126 not executable) on every agent; after SIGTERM/SIGINT to the
+// agent, the command's own status (143 when SIGTERM killed it); 2 for bad usage, a bad manifest
+// or a missing variable; 1 when the rendezvous fails (no generation within the join timeout).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous/client.h"
+#include "common/status.h"
+#include "worker/agent/restart_protocol.h"
+
+namespace lockstep::agent {
+
+// Runs the agent with the arguments that follow "exec"; returns the process exit status.
+// Installs handlers for SIGTERM, SIGINT and SIGCHLD and ignores SIGPIPE: call it as the whole
+// of a process's work. A SIGTERM/SIGINT that arrives while the agent waits in a rendezvous Join
+// (which cannot be interrupted) makes it Leave and _Exit(128 + signal) at once.
+int RunExecAgent(const std::vector<std::string>& args);
+
+struct ExecAgentOptions {
+  rendezvous::ClientOptions client;
+  std::string job;  // namespace/name, for logs, metrics and TORCHELASTIC_RUN_ID
+  std::vector<std::string> command;
+  RestartBudget budget;
+  int metrics_port = 0;
+  // SIGTERM to SIGKILL when stopping the command. Longer: the program may save a checkpoint;
+  // shorter: faster recovery from a hung program.
+  int64_t grace_ms = 10000;
+  int64_t kill_wait_ms = 5000;       // after SIGKILL, how long to wait for the exit
+  int64_t join_timeout_ms = 600000;  // one Join: every member must have started by then
+  int64_t plan_timeout_ms = 60000;   // waiting for rank 0's plan
+  int64_t store_timeout_ms = 10000;  // each store call
+};
+
+// Parses the arguments after "exec" and the LOCKSTEP_ environment (read through getenv) into
+// options. InvalidArgument with one line naming what is wrong.
+StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& args);
+
+extern const char kExecUsage[];
+
+}  // namespace lockstep::agent

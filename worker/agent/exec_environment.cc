@@ -1,0 +1,73 @@
+#include "worker/agent/exec_environment.h"
+
+#include <map>
+
+namespace lockstep::agent {
+
+LocalPlacement ComputeLocalPlacement(const std::vector<rendezvous::MemberInfo>& members,
+                                     int32_t rank) {
+  LocalPlacement placement;
+  if (rank < 0 || rank >= static_cast<int32_t>(members.size())) return placement;
+  const std::string& host = members[rank].host;
+  placement.local_world_size = 0;
+  for (const rendezvous::MemberInfo& member : members) {
+    if (member.host != host) continue;
+    if (member.rank < rank) ++placement.local_rank;
+    ++placement.local_world_size;
+  }
+  return placement;
+}
+
+std::vector<std::pair<std::string, std::string>> ExecVariables(
+    const rendezvous::Assignment& assignment, const GenerationPlan& plan,
+    const ExecEnvironmentExtras& extras) {
+  const LocalPlacement local = ComputeLocalPlacement(assignment.members, assignment.rank);
+  const std::string rank = std::to_string(assignment.rank);
+  const std::string world = std::to_string(assignment.world_size);
+  std::vector<std::pair<std::string, std::string>> variables = {
+      {"MASTER_ADDR", plan.master_addr},
+      {"MASTER_PORT", std::to_string(plan.master_port)},
+      {"RANK", rank},
+      {"WORLD_SIZE", world},
+      {"LOCAL_RANK", std::to_string(local.local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(local.local_world_size)},
+      {"GROUP_RANK", rank},
+      {"GROUP_WORLD_SIZE", world},
+      {"ROLE_NAME", "default"},
+      {"ROLE_RANK", rank},
+      {"ROLE_WORLD_SIZE", world},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(plan.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(extras.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", extras.run_id},
+      {"LOCKSTEP_RANK", rank},
+      {"LOCKSTEP_WORLD_SIZE", world},
+      {"LOCKSTEP_GENERATION", std::to_string(assignment.generation)},
+  };
+  if (!extras.progress_file.empty()) {
+    variables.emplace_back("LOCKSTEP_PROGRESS_FILE", extras.progress_file);
+  }
+  return variables;
+}
+
+std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& inherited,
+                                              const rendezvous::Assignment& assignment,
+                                              const GenerationPlan& plan,
+                                              const ExecEnvironmentExtras& extras) {
+  std::map<std::string, std::string> overrides;
+  for (auto& [name, value] : ExecVariables(assignment, plan, extras)) overrides[name] = value;
+  std::vector<std::string> env;
+  bool python_unbuffered = false;
+  for (const std::string& entry : inherited) {
+    const std::string name = entry.substr(0, entry.find('='));
+    if (name == "LOCKSTEP_JOB_TOKEN" || overrides.count(name) != 0) continue;
+    if (name == "PYTHONUNBUFFERED") python_unbuffered = true;
+    env.push_back(entry);
+  }
+  if (!python_unbuffered) env.push_back("PYTHONUNBUFFERED=1");
+  for (auto& [name, value] : ExecVariables(assignment, plan, extras)) {
+    env.push_back(name + "=" + value);
+  }
+  return env;
+}
+
+}  // namespace lockstep::agent

@@ -1,0 +1,126 @@
+#include "worker/agent/exec_metrics.h"
+
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include <map>
+#include <sstream>
+
+namespace lockstep::agent {
+
+StatusOr<std::unique_ptr<ExecMetrics>> ExecMetrics::Create(const std::string& job, int port) {
+  if (port < 0 || port > 65535) {
+    return InvalidArgumentError("metrics port " + std::to_string(port) + " outside 0..65535");
+  }
+  std::unique_ptr<ExecMetrics> metrics(new ExecMetrics());
+  ExecMetrics& m = *metrics;
+  m.job_ = job;
+  m.registry_ = std::make_shared<prometheus::Registry>();
+  prometheus::Registry& registry = *m.registry_;
+  m.steps_family_ = &prometheus::BuildCounter()
+                         .Name("lockstep_train_steps_total")
+                         .Help("Optimizer steps the program reported")
+                         .Register(registry);
+  m.samples_family_ = &prometheus::BuildCounter()
+                           .Name("lockstep_train_samples_total")
+                           .Help("Training samples the program reported (global)")
+                           .Register(registry);
+  m.loss_family_ = &prometheus::BuildGauge()
+                        .Name("lockstep_train_loss")
+                        .Help("Latest training loss the program reported")
+                        .Register(registry);
+  const std::map<std::string, std::string> job_labels{{"job", job}};
+  m.world_size_ = &prometheus::BuildGauge()
+                       .Name("lockstep_world_size")
+                       .Help("Members of the current rendezvous generation")
+                       .Register(registry)
+                       .Add(job_labels);
+  m.generation_ = &prometheus::BuildGauge()
+                       .Name("lockstep_rendezvous_generation")
+                       .Help("Current rendezvous generation")
+                       .Register(registry)
+                       .Add(job_labels);
+  m.restarts_ = &prometheus::BuildCounter()
+                     .Name("lockstep_restarts_total")
+                     .Help("Restarts of the command after a failure")
+                     .Register(registry)
+                     .Add(job_labels);
+  {
+    std::lock_guard<std::mutex> lock(m.mu_);
+    m.BindRank(0);
+  }
+  if (port != 0) {
+    try {
+      m.exposer_ = std::make_unique<prometheus::Exposer>("0.0.0.0:" + std::to_string(port));
+    } catch (const std::exception& e) {
+      return UnavailableError("metrics endpoint: cannot listen on 0.0.0.0:" + std::to_string(port) +
+                              " (port busy?): " + e.what());
+    }
+    m.exposer_->RegisterCollectable(m.registry_);
+  }
+  return metrics;
+}
+
+ExecMetrics::~ExecMetrics() = default;
+
+void ExecMetrics::BindRank(int32_t rank) {
+  if (rank == rank_) return;
+  const std::map<std::string, std::string> labels{{"job", job_}, {"rank", std::to_string(rank)}};
+  auto rebind_counter = [&](prometheus::Family<prometheus::Counter>* family,
+                            prometheus::Counter** series) {
+    double carried = 0;
+    if (*series != nullptr) {
+      carried = (*series)->Value();
+      family->Remove(*series);
+    }
+    *series = &family->Add(labels);
+    (*series)->Increment(carried);
+  };
+  rebind_counter(steps_family_, &steps_);
+  rebind_counter(samples_family_, &samples_);
+  double loss = 0;
+  if (loss_ != nullptr) {
+    loss = loss_->Value();
+    loss_family_->Remove(loss_);
+  }
+  loss_ = &loss_family_->Add(labels);
+  loss_->Set(loss);
+  rank_ = rank;
+}
+
+void ExecMetrics::SetGeneration(int64_t generation, int32_t rank, int32_t world_size) {
+  std::lock_guard<std::mutex> lock(mu_);
+  BindRank(rank);
+  generation_->Set(static_cast<double>(generation));
+  world_size_->Set(world_size);
+}
+
+void ExecMetrics::AddRestarts(int32_t restarts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (restarts > 0) restarts_->Increment(restarts);
+}
+
+void ExecMetrics::ObserveProgress(const ProgressLine& line) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (line.step > furthest_step_) {
+    steps_->Increment(static_cast<double>(line.step - furthest_step_));
+    furthest_step_ = line.step;
+  }
+  if (line.samples > furthest_samples_) {
+    samples_->Increment(static_cast<double>(line.samples - furthest_samples_));
+    furthest_samples_ = line.samples;
+  }
+  if (line.has_loss) loss_->Set(line.loss);
+}
+
+std::string ExecMetrics::Scrape() const {
+  std::ostringstream out;
+  prometheus::TextSerializer().Serialize(out, registry_->Collect());
+  return out.str();
+}
+
+}  // namespace lockstep::agent

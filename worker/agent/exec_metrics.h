@@ -1,0 +1,69 @@
+// ExecMetrics: the worker metrics an exec agent can know (ARCHITECTURE.md's names), for a
+// program it does not see inside: generation, world size and restarts from the rendezvous, and
+// steps, samples and loss from the program's progress file.
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto metrics, ExecMetrics::Create("default/ddp", 9400));
+//   metrics->SetGeneration(generation, rank, world_size);
+//   metrics->ObserveProgress(line);
+//
+// Every series has the label `job`; the per-rank ones (steps, samples, loss) also `rank`, and
+// move to the new rank's series when the rank changes (counters carry their totals). Port 0
+// keeps the metrics in memory without an endpoint. Thread safety: any thread.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/status.h"
+#include "worker/agent/progress_file.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace lockstep::agent {
+
+class ExecMetrics {
+ public:
+  // InvalidArgument for a port outside 0..65535; Unavailable naming the port when it is busy.
+  static StatusOr<std::unique_ptr<ExecMetrics>> Create(const std::string& job, int port);
+  ~ExecMetrics();
+
+  void SetGeneration(int64_t generation, int32_t rank, int32_t world_size);
+  void AddRestarts(int32_t restarts);
+  // Steps and samples count forward only: after a restart resumes from an older checkpoint the
+  // counters wait until the program passes the furthest step seen (rate() never sees a reset).
+  void ObserveProgress(const ProgressLine& line);
+  // The text exposition of the registry, for tests.
+  std::string Scrape() const;
+
+ private:
+  ExecMetrics() = default;
+  void BindRank(int32_t rank);
+
+  std::string job_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  mutable std::mutex mu_;
+  int32_t rank_ = -1;
+  int64_t furthest_step_ = 0;
+  int64_t furthest_samples_ = 0;
+  prometheus::Family<prometheus::Counter>* steps_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* samples_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* loss_family_ = nullptr;
+  prometheus::Counter* steps_ = nullptr;
+  prometheus::Counter* samples_ = nullptr;
+  prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* world_size_ = nullptr;
+  prometheus::Gauge* generation_ = nullptr;
+  prometheus::Counter* restarts_ = nullptr;
+};
+
+}  // namespace lockstep::agent

@@ -1,0 +1,50 @@
+// ProgressFile: how a program run by the exec agent reports its training progress.
+//
+// The agent sets LOCKSTEP_PROGRESS_FILE to a path in a private temporary directory; the program
+// appends one JSON object per line, e.g.
+//   {"step": 120, "samples": 7680, "loss": 0.41, "total_steps": 600}
+// (every field optional but "step"; unknown fields are ignored). The agent reads the lines added
+// since its last read every heartbeat interval and reports the newest through the rendezvous
+// heartbeat (so `lockstep run`'s display and the operator's status.progress show it) and to its
+// metrics. A file rather than a socket: appending a line is one call in any language, needs no
+// connection handling in the program, and survives the agent reading late.
+//
+// Thread safety: one thread uses a ProgressFileReader.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace lockstep::agent {
+
+struct ProgressLine {
+  int64_t step = 0;
+  int64_t samples = -1;  // -1: not given
+  double loss = 0;
+  bool has_loss = false;
+  int64_t total_steps = -1;  // -1: not given
+};
+
+// Parses one line; nullopt when it is not a JSON object with an integer "step".
+std::optional<ProgressLine> ParseProgressLine(const std::string& line);
+
+class ProgressFileReader {
+ public:
+  explicit ProgressFileReader(std::string path) : path_(std::move(path)) {}
+
+  const std::string& path() const { return path_; }
+  // Reads the complete lines appended since the last call and returns the newest valid one
+  // (nullopt when none). A partial last line waits for its newline. A file that shrank (the
+  // program truncated it) is read again from its start. Invalid lines are counted and skipped.
+  std::optional<ProgressLine> ReadNew();
+  int64_t invalid_lines() const { return invalid_lines_; }
+
+ private:
+  std::string path_;
+  int64_t offset_ = 0;
+  std::string partial_;
+  int64_t invalid_lines_ = 0;
+};
+
+}  // namespace lockstep::agent
