@@ -6,7 +6,9 @@
 // Environment: LOCKSTEP_RENDEZVOUS (host:port), LOCKSTEP_JOB (namespace/name),
 // LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD (member id), LOCKSTEP_HOST (address peers reach; default
 // 127.0.0.1), LOCKSTEP_METRICS_PORT (overrides spec.metrics.port; 0: no endpoint),
-// LOCKSTEP_DUMP_PARAMS (rank 0 writes the final parameters there as raw float32).
+// LOCKSTEP_DUMP_PARAMS (rank 0 writes the final parameters there as raw float32),
+// LOCKSTEP_SAMPLE_ACCOUNTING (rank 0 appends one JSON line per epoch there: the format is in
+// worker/trainer/sample_accounting.h).
 //
 // Exit codes: 0 done; 2 bad input (manifest or data; one line on stderr); 1 any other failure;
 // 143 after SIGTERM (130 after SIGINT), having left the rendezvous with completed=false.
@@ -50,6 +52,12 @@ constexpr auto kStopGrace = std::chrono::seconds(3);
 
 // How long one Join may wait for the generation to form (all members must have started).
 LOCKSTEP_PARAM_INT(JoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
+// Checkpoints: the limit of one persist attempt, the attempts per checkpoint, the first pause
+// between attempts (doubling), and how long the end of training waits for the final one.
+LOCKSTEP_PARAM_INT(CheckpointAttemptTimeoutMs, "LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", 60000);
+LOCKSTEP_PARAM_INT(CheckpointMaxAttempts, "LOCKSTEP_CHECKPOINT_MAX_ATTEMPTS", 5);
+LOCKSTEP_PARAM_INT(CheckpointRetryBackoffMs, "LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", 1000);
+LOCKSTEP_PARAM_INT(FinalCheckpointTimeoutMs, "LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", 300000);
 
 int Fail(int code, const std::string& message) {
   // One line: the launcher shows it as the worker's error.
@@ -174,6 +182,11 @@ int Train(const std::string& manifest_path) {
   options.client.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
   options.join_timeout_ms = JoinTimeoutMs();
   options.dump_params_path = EnvString("LOCKSTEP_DUMP_PARAMS", "");
+  options.checkpoint.checkpoint = job->spec.checkpoint;
+  options.checkpoint.attempt_timeout_ms = CheckpointAttemptTimeoutMs();
+  options.checkpoint.max_attempts = static_cast<int>(CheckpointMaxAttempts());
+  options.checkpoint.retry_initial_backoff_ms = CheckpointRetryBackoffMs();
+  options.final_checkpoint_timeout_ms = FinalCheckpointTimeoutMs();
   const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job->spec.metrics.port);
 
   // One BLAS thread per worker: several workers share the machine's cores.
@@ -194,6 +207,9 @@ int Train(const std::string& manifest_path) {
 
   auto trainer = trainer::Trainer::Create(*job, std::move(splits).value(), metrics->get());
   if (!trainer.ok()) return Fail(kExitBadInput, trainer.status().message());
+
+  const std::string accounting_path = EnvString("LOCKSTEP_SAMPLE_ACCOUNTING", "");
+  if (!accounting_path.empty()) (*trainer)->EnableSampleAccounting(accounting_path);
 
   trainer::TrainingWorker worker(options, std::move(trainer).value(), metrics->get());
   watcher.Start(&worker);

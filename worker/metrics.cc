@@ -106,6 +106,10 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
            .Name("lockstep_checkpoint_last_success_timestamp_seconds")
            .Help("Unix time of the newest complete checkpoint")
            .Register(registry);
+  m.checkpoint_failures_family_ = &BuildCounter()
+                                       .Name("lockstep_checkpoint_failures_total")
+                                       .Help("Checkpoint persist attempts that failed")
+                                       .Register(registry);
 
   const std::map<std::string, std::string> job_labels{{"job", job}};
   m.world_size_ = &m.world_size_family_->Add(job_labels);
@@ -117,6 +121,7 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
       &m.checkpoint_duration_family_->Add({{"job", job}, {"phase", "persist"}}, DurationBuckets());
   m.checkpoint_last_step_ = &m.checkpoint_last_step_family_->Add(job_labels);
   m.checkpoint_last_success_ = &m.checkpoint_last_success_family_->Add(job_labels);
+  m.checkpoint_failures_ = &m.checkpoint_failures_family_->Add(job_labels);
   {
     std::lock_guard<std::mutex> lock(m.mu_);
     m.BindRank(0);
@@ -230,6 +235,11 @@ void WorkerMetrics::SetCheckpointSuccess(int64_t step, double unix_seconds) {
   std::lock_guard<std::mutex> lock(mu_);
   checkpoint_last_step_->Set(static_cast<double>(step));
   checkpoint_last_success_->Set(unix_seconds);
+}
+
+void WorkerMetrics::IncrementCheckpointFailures() {
+  std::lock_guard<std::mutex> lock(mu_);
+  checkpoint_failures_->Increment();
 }
 
 std::string WorkerMetrics::Scrape() const {

@@ -62,6 +62,9 @@ class WorkerMetrics {
   // For the checkpoint module: phase is "snapshot" or "persist".
   void ObserveCheckpoint(const std::string& phase, double seconds);
   void SetCheckpointSuccess(int64_t step, double unix_seconds);
+  // lockstep_checkpoint_failures_total: persist attempts that failed (each is retried or given
+  // up; training goes on).
+  void IncrementCheckpointFailures();
 
   // The text exposition of the registry (what /metrics serves), for tests.
   std::string Scrape() const;
@@ -94,6 +97,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Histogram>* checkpoint_duration_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* checkpoint_last_step_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* checkpoint_last_success_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* checkpoint_failures_family_ = nullptr;
   // Series of the current rank.
   prometheus::Counter* steps_total_ = nullptr;
   prometheus::Counter* samples_total_ = nullptr;
@@ -112,6 +116,7 @@ class WorkerMetrics {
   prometheus::Histogram* checkpoint_persist_ = nullptr;
   prometheus::Gauge* checkpoint_last_step_ = nullptr;
   prometheus::Gauge* checkpoint_last_success_ = nullptr;
+  prometheus::Counter* checkpoint_failures_ = nullptr;
 };
 
 }  // namespace lockstep

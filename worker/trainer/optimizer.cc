@@ -43,4 +43,19 @@ std::vector<std::pair<float*, int64_t>> Optimizer::StateBuffers() {
   return buffers;
 }
 
+std::vector<std::pair<const float*, int64_t>> Optimizer::StateBuffers() const {
+  std::vector<std::pair<const float*, int64_t>> buffers{{state_a_.data(), num_params_}};
+  if (!state_b_.empty()) buffers.emplace_back(state_b_.data(), num_params_);
+  return buffers;
+}
+
+std::vector<std::string> Optimizer::StateBufferNames() const {
+  if (spec_.type == spec::OptimizerType::kAdamW) return {"exp_avg", "exp_avg_sq"};
+  return {"momentum"};
+}
+
+std::string Optimizer::TypeName() const {
+  return spec_.type == spec::OptimizerType::kAdamW ? "adamw" : "sgd";
+}
+
 }  // namespace lockstep::trainer

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -39,6 +40,11 @@ class Optimizer {
   // The state buffers (momentum; or AdamW's first and second moments), in a fixed order, for
   // broadcasting and checkpointing.
   std::vector<std::pair<float*, int64_t>> StateBuffers();
+  std::vector<std::pair<const float*, int64_t>> StateBuffers() const;
+  // The name of each state buffer, in StateBuffers' order ("momentum"; "exp_avg", "exp_avg_sq").
+  std::vector<std::string> StateBufferNames() const;
+  // "sgd" or "adamw".
+  std::string TypeName() const;
 
  private:
   spec::OptimizerSpec spec_;

@@ -9,6 +9,7 @@
 #include "common/logging.h"
 #include "worker/trainer/buckets.h"
 #include "worker/trainer/gradient_synchronizer.h"
+#include "worker/trainer/sample_accounting.h"
 
 namespace lockstep::trainer {
 namespace {
@@ -71,7 +72,8 @@ Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
              65536.0f,
              0,
              {},
-             Optimizer(spec_.optimizer, model_.layout().num_params)} {
+             Optimizer(spec_.optimizer, model_.layout().num_params),
+             {}} {
   state_.params.resize(static_cast<size_t>(model_.layout().num_params));
   grads_.resize(state_.params.size());
   model_.InitializeParameters(spec_.seed, state_.params.data());
@@ -93,19 +95,74 @@ int64_t Trainer::TotalSteps(int world_size) const {
          (spec_.epochs - state_.cursor.epoch - 1) * per_epoch;
 }
 
-Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation) {
+void Trainer::EnableSampleAccounting(const std::string& path) {
+  accounting_path_ = path;
+  state_.sample_counts.assign(static_cast<size_t>(data_.train.num_samples), 0);
+}
+
+Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation,
+                             const RestoreFn& restore) {
   const double started = MonotonicSeconds();
-  LOCKSTEP_ASSIGN_OR_RETURN(int source, AgreeOnTrainingState(communicator, /*has_state=*/true,
-                                                             state_, collective_timeout_ms()));
+  const int64_t timeout_ms = collective_timeout_ms();
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
+                            GatherStateSteps(communicator, state_step(), timeout_ms));
+  int source = SelectStateSource(steps);
+  // Steps 3 and 4 below are entered by every member alike: the gathered vector is the same.
+  int64_t resumed_from = resumed_from_step_;
+  if (source < 0) {
+    // Nobody holds state: rank 0 restores it and tells the others the outcome (a step, -1 for
+    // the seed, -2 for a failure) before broadcasting, so that a failure ends the agreement on
+    // every member alike instead of leaving some in a broadcast.
+    int64_t outcome = -1;
+    if (generation.rank == 0) {
+      if (restore) {
+        StatusOr<int64_t> restored = restore(state_);
+        if (!restored.ok()) {
+          LOCKSTEP_LOG(ERROR) << "no member holds state and the checkpoint cannot be read: "
+                              << restored.status();
+          outcome = -2;
+        } else {
+          outcome = *restored;
+        }
+      }
+      if (outcome == -1) {
+        LOCKSTEP_LOG(INFO) << "no member holds state and there is no checkpoint: starting from "
+                              "the seed at step 0";
+      }
+    }
+    LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&outcome, sizeof(outcome), 0, timeout_ms)
+                                 .WithContext("state agreement: broadcast of the restore outcome"));
+    if (outcome == -2) {
+      return UnavailableError("state agreement: rank 0 could not read the checkpoints");
+    }
+    resumed_from = outcome;
+    source = 0;
+  }
+  LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(communicator, source, state_, timeout_ms));
+  // The source's resume point travels with it (a newcomer must report it too).
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator.Broadcast(&resumed_from, sizeof(resumed_from), source, timeout_ms)
+          .WithContext("state agreement: broadcast of the resume step"));
+  resumed_from_step_ = resumed_from;
+  has_state_ = true;
+  if (!accounting_path_.empty() && state_.sample_counts.empty()) {
+    // The source kept no counts (its accounting was off): count from here on.
+    state_.sample_counts.assign(static_cast<size_t>(data_.train.num_samples), 0);
+  }
   LOCKSTEP_LOG(INFO) << "agreed on training state at step " << state_.step << " (epoch "
                      << state_.cursor.epoch << ", offset " << state_.cursor.offset << ") from rank "
-                     << source << " in "
-                     << static_cast<int64_t>((MonotonicSeconds() - started) * 1000) << " ms";
+                     << source
+                     << (resumed_from >= 0
+                             ? ", resumed from checkpoint step " + std::to_string(resumed_from)
+                             : std::string())
+                     << " in " << static_cast<int64_t>((MonotonicSeconds() - started) * 1000)
+                     << " ms";
   return OkStatus();
 }
 
 Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& generation,
-                      const std::atomic<bool>& stop, const ProgressFn& on_progress) {
+                      const std::atomic<bool>& stop, const ProgressFn& on_progress,
+                      const StepFn& on_step) {
   const int world = generation.world_size;
   const int rank = generation.rank;
   const int64_t timeout_ms = collective_timeout_ms();
@@ -171,6 +228,17 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     state_.cursor = sampler_.Advance(state_.cursor, batch);
     ++state_.step;
     state_.samples += batch.size();
+    if (!state_.sample_counts.empty()) {
+      // Every rank knows the whole global batch, so every rank keeps the same counts.
+      CountGlobalBatch(order, batch.begin, batch.end, state_.sample_counts);
+      if (state_.cursor.epoch != batch.epoch) {
+        if (rank == 0 && !accounting_path_.empty()) {
+          AppendEpochAccounting(accounting_path_, batch.epoch, state_.step, /*partial=*/false,
+                                order, order.size(), state_.sample_counts);
+        }
+        std::fill(state_.sample_counts.begin(), state_.sample_counts.end(), 0);
+      }
+    }
 
     const double step_seconds = MonotonicSeconds() - step_started;
     ++totals_.steps;
@@ -229,6 +297,13 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
       interval_exposed_seconds = 0;
       interval_started = MonotonicSeconds();
     }
+    if (on_step) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
+  }
+  if (rank == 0 && !accounting_path_.empty() && state_.cursor.offset > 0) {
+    // Training ends mid-epoch: account for the part of the epoch that was trained.
+    const std::vector<int64_t>& order = sampler_.Permutation(state_.cursor.epoch);
+    AppendEpochAccounting(accounting_path_, state_.cursor.epoch, state_.step, /*partial=*/true,
+                          order, static_cast<size_t>(state_.cursor.offset), state_.sample_counts);
   }
   return OkStatus();
 }

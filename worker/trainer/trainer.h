@@ -77,6 +77,15 @@ struct EvalResult {
 class Trainer {
  public:
   using ProgressFn = std::function<void(const TrainingProgress&)>;
+  // Called on the training thread after every committed step, at the step boundary (the state
+  // is consistent and is not modified while the callback runs), on every rank at the same steps,
+  // so it may issue collectives. An error ends Train with it (the generation is over).
+  using StepFn = std::function<Status(const TrainingState&)>;
+  // Called on rank 0 only, when no member of a generation holds state: fills `state` from the
+  // newest valid checkpoint and returns its step, or returns -1 and leaves `state` untouched
+  // (no checkpoint: training starts from the seed). An error (storage unreachable) ends the
+  // generation; the next one tries again.
+  using RestoreFn = std::function<StatusOr<int64_t>(TrainingState& state)>;
 
   // InvalidArgument when the manifest has no trainer or the model does not fit the data.
   // metrics may be null.
@@ -86,6 +95,16 @@ class Trainer {
   const spec::TrainerSpec& spec() const { return spec_; }
   const MlpModel& model() const { return model_; }
   const TrainingState& state() const { return state_; }
+  // The step of the state held in memory, -1 before the first agreement (a fresh process holds
+  // no state; what the rendezvous Join reports).
+  int64_t state_step() const { return has_state_ ? state_.step : -1; }
+  // The checkpoint step this process's state was restored from (-1: none), as agreed: every
+  // member of the generation that restored it knows it.
+  int64_t resumed_from_step() const { return resumed_from_step_; }
+
+  // Turns on sample accounting (see the file comment of sample_accounting.h); rank 0 appends
+  // one JSON line per epoch to `path`. Call before the first generation.
+  void EnableSampleAccounting(const std::string& path);
   const TrainingTotals& totals() const { return totals_; }
   const TrainingProgress& last_progress() const { return last_progress_; }
   bool has_test_split() const { return data_.test.has_value(); }
@@ -96,14 +115,17 @@ class Trainer {
   // Whether the job's steps or epochs are done.
   bool Finished() const;
 
-  // Runs the state agreement of training_state.h for a freshly formed generation.
-  Status AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation);
+  // Runs the state agreement of training_state.h for a freshly formed generation. When no member
+  // holds state, rank 0 calls `restore` (may be empty: start from the seed).
+  Status AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation,
+                      const RestoreFn& restore = nullptr);
 
   // Trains until Finished() (OK), `stop` is set (CANCELLED), or a collective fails (its error:
   // the generation is over; the state stays at the last completed step). on_progress runs on
   // this thread every log interval and after the last step, on every rank.
   Status Train(comm::Communicator& communicator, const GenerationInfo& generation,
-               const std::atomic<bool>& stop, const ProgressFn& on_progress);
+               const std::atomic<bool>& stop, const ProgressFn& on_progress,
+               const StepFn& on_step = nullptr);
 
   // Evaluation on the test split (see above). FailedPrecondition without a test split.
   StatusOr<EvalResult> Evaluate(comm::Communicator& communicator, const GenerationInfo& generation);
@@ -120,6 +142,9 @@ class Trainer {
   WorkerMetrics* metrics_;
   GlobalSampler sampler_;
   TrainingState state_;
+  bool has_state_ = false;
+  int64_t resumed_from_step_ = -1;
+  std::string accounting_path_;
   std::vector<float> grads_;
   TrainingTotals totals_;
   TrainingProgress last_progress_;

@@ -1,5 +1,6 @@
 #include "worker/trainer/training_state.h"
 
+#include <algorithm>
 #include <string>
 
 namespace lockstep::trainer {
@@ -14,27 +15,31 @@ struct StateHeader {
   int64_t optimizer_steps;
   int64_t loss_scale_good_steps;
   int64_t num_params;
+  int64_t num_sample_counts;
   double loss_scale;
 };
 
 }  // namespace
 
-StatusOr<int> AgreeOnTrainingState(comm::Communicator& communicator, bool has_state,
-                                   TrainingState& state, int64_t timeout_ms) {
-  const int world = communicator.size();
-  const int64_t my_step = has_state ? state.step : -1;
-  std::vector<int64_t> steps(static_cast<size_t>(world));
+int SelectStateSource(const std::vector<int64_t>& steps) {
+  int source = 0;
+  for (size_t r = 1; r < steps.size(); ++r) {
+    if (steps[r] > steps[static_cast<size_t>(source)]) source = static_cast<int>(r);
+  }
+  return steps.empty() || steps[static_cast<size_t>(source)] < 0 ? -1 : source;
+}
+
+StatusOr<std::vector<int64_t>> GatherStateSteps(comm::Communicator& communicator, int64_t my_step,
+                                                int64_t timeout_ms) {
+  std::vector<int64_t> steps(static_cast<size_t>(communicator.size()));
   LOCKSTEP_RETURN_IF_ERROR(
       communicator.AllGather(&my_step, sizeof(my_step), steps.data(), timeout_ms)
           .WithContext("state agreement: all-gather of state steps"));
-  int source = 0;
-  for (int r = 1; r < world; ++r) {
-    if (steps[static_cast<size_t>(r)] > steps[static_cast<size_t>(source)]) source = r;
-  }
-  if (steps[static_cast<size_t>(source)] < 0) {
-    return FailedPreconditionError("state agreement: no member holds training state");
-  }
+  return steps;
+}
 
+Status BroadcastTrainingState(comm::Communicator& communicator, int source, TrainingState& state,
+                              int64_t timeout_ms) {
   StateHeader header{};
   if (communicator.rank() == source) {
     header = StateHeader{state.step,
@@ -44,6 +49,7 @@ StatusOr<int> AgreeOnTrainingState(comm::Communicator& communicator, bool has_st
                          state.optimizer.steps_taken(),
                          state.loss_scale_good_steps,
                          static_cast<int64_t>(state.params.size()),
+                         static_cast<int64_t>(state.sample_counts.size()),
                          static_cast<double>(state.loss_scale)};
   }
   LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&header, sizeof(header), source, timeout_ms)
@@ -66,12 +72,38 @@ StatusOr<int> AgreeOnTrainingState(comm::Communicator& communicator, bool has_st
             .Broadcast(buffer, static_cast<size_t>(count) * sizeof(float), source, timeout_ms)
             .WithContext("state agreement: broadcast of the optimizer state"));
   }
+  if (header.num_sample_counts > 0) {
+    if (communicator.rank() != source) {
+      state.sample_counts.assign(static_cast<size_t>(header.num_sample_counts), 0);
+    }
+    LOCKSTEP_RETURN_IF_ERROR(communicator
+                                 .Broadcast(state.sample_counts.data(),
+                                            state.sample_counts.size() * sizeof(int32_t), source,
+                                            timeout_ms)
+                                 .WithContext("state agreement: broadcast of the sample counts"));
+  } else {
+    // The source does not account: whatever this member counted is of another history.
+    std::fill(state.sample_counts.begin(), state.sample_counts.end(), 0);
+  }
   state.step = header.step;
   state.cursor = DataCursor{header.epoch, header.offset};
   state.samples = header.samples;
   state.optimizer.set_steps_taken(header.optimizer_steps);
   state.loss_scale_good_steps = header.loss_scale_good_steps;
   state.loss_scale = static_cast<float>(header.loss_scale);
+  return OkStatus();
+}
+
+StatusOr<int> AgreeOnTrainingState(comm::Communicator& communicator, bool has_state,
+                                   TrainingState& state, int64_t timeout_ms) {
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<int64_t> steps,
+      GatherStateSteps(communicator, has_state ? state.step : -1, timeout_ms));
+  const int source = SelectStateSource(steps);
+  if (source < 0) {
+    return FailedPreconditionError("state agreement: no member holds training state");
+  }
+  LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(communicator, source, state, timeout_ms));
   return source;
 }
 

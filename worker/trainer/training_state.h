@@ -3,15 +3,18 @@
 //
 // Agreement (run by every member right after a generation's communicator is built):
 //  1. all-gather each member's state step (the number of optimizer steps its state reflects;
-//     -1 when it holds none);
+//     -1 when it holds none: a process that just started);
 //  2. the source is the member with the largest step, the lowest rank among ties; all members
-//     compute the same source from the same gathered vector;
-//  3. the source broadcasts a fixed-size header (step, data cursor, counters, fp16 loss scale,
-//     parameter count), then the parameters, then each optimizer state buffer in order.
-// At the first generation every member holds step 0 from the same seed, so the broadcast only
-// confirms what all hold; it runs anyway, because it is the path by which survivors of an
-// elastic change hand their state to newcomers. A member whose parameter count differs from
-// the source's (different manifests) fails with FAILED_PRECONDITION.
+//     compute the same source from the same gathered vector (SelectStateSource);
+//  3. when NO member holds state (every process of the job was restarted), rank 0 restores it
+//     (the newest valid checkpoint, else the seed: Trainer::AgreeOnState) and becomes the
+//     source; the other members never read storage, so all of them end with exactly the state
+//     rank 0 read, even while some other writer adds a checkpoint concurrently;
+//  4. the source broadcasts a fixed-size header (step, data cursor, counters, fp16 loss scale,
+//     parameter and sample-count sizes), then the parameters, each optimizer state buffer in
+//     order, and the per-sample counts of the current epoch when it keeps them.
+// A member whose parameter count differs from the source's (different manifests) fails with
+// FAILED_PRECONDITION.
 #pragma once
 
 #include <cstdint>
@@ -34,10 +37,29 @@ struct TrainingState {
   int64_t loss_scale_good_steps = 0;
   std::vector<float> params;
   Optimizer optimizer;
+  // Sample accounting (LOCKSTEP_SAMPLE_ACCOUNTING; empty when off): how many times each sample
+  // id was trained in the current epoch (cursor.epoch). Part of the state so that it survives
+  // membership changes (broadcast) and restarts (checkpointed).
+  std::vector<int32_t> sample_counts;
 };
 
-// Returns the rank that was the source. Errors are the communicator's (the generation is then
-// over) or FAILED_PRECONDITION for a layout mismatch.
+// The source of the agreement given every member's state step (-1: none): the largest step,
+// the lowest rank among ties; -1 when no member holds state.
+int SelectStateSource(const std::vector<int64_t>& steps);
+
+// All-gathers each member's state step (`my_step`, -1 for none) in rank order.
+StatusOr<std::vector<int64_t>> GatherStateSteps(comm::Communicator& communicator, int64_t my_step,
+                                                int64_t timeout_ms);
+
+// Step 4 of the agreement: every member calls it with the same `source`; afterwards every
+// member holds the source's state. A receiver whose sample accounting is off takes the source's
+// counts anyway (so that it can report if it becomes rank 0); counts the source lacks are reset.
+Status BroadcastTrainingState(comm::Communicator& communicator, int source, TrainingState& state,
+                              int64_t timeout_ms);
+
+// Steps 1, 2 and 4 for members of which at least one holds state. Returns the rank that was
+// the source; FAILED_PRECONDITION when no member holds state. Errors are the communicator's (the
+// generation is then over) or FAILED_PRECONDITION for a layout mismatch.
 StatusOr<int> AgreeOnTrainingState(comm::Communicator& communicator, bool has_state,
                                    TrainingState& state, int64_t timeout_ms);
 

@@ -1,5 +1,7 @@
 #include "worker/trainer/training_worker.h"
 
+#include <cstdio>
+#include <random>
 #include <sstream>
 #include <utility>
 
@@ -52,6 +54,11 @@ rendezvous::ProgressReport TrainingWorker::MakeReport(const TrainingProgress& pr
   report.scaling_efficiency = progress.scaling_efficiency;
   report.samples = progress.samples;
   report.comm_exposed_fraction = progress.comm_exposed_fraction;
+  report.resumed_from_step = trainer_->resumed_from_step();
+  if (checkpointer_ != nullptr) {
+    report.last_checkpoint_step = checkpointer_->last_checkpoint_step();
+    report.last_checkpoint_uri = checkpointer_->last_checkpoint_uri();
+  }
   return report;
 }
 
@@ -63,6 +70,15 @@ Status TrainingWorker::Run() {
     std::lock_guard<std::mutex> lock(leave_mu_);
     client_ = std::move(client).value();
   }
+  if (!options_.checkpoint.checkpoint.uri.empty()) {
+    auto checkpointer = TrainingCheckpointer::Create(options_.checkpoint, trainer_->spec(),
+                                                     trainer_->model().layout(), metrics_);
+    if (!checkpointer.ok()) {
+      LeaveNow();
+      return checkpointer.status().WithContext("spec.checkpoint.uri");
+    }
+    checkpointer_ = std::move(checkpointer).value();
+  }
 
   int failed_generations = 0;
   bool first_generation = true;
@@ -71,7 +87,7 @@ Status TrainingWorker::Run() {
       LeaveNow();
       return CancelledError("stopped before joining a generation");
     }
-    auto assignment = client_->Join(trainer_->state().step, options_.join_timeout_ms);
+    auto assignment = client_->Join(trainer_->state_step(), options_.join_timeout_ms);
     if (!assignment.ok()) {
       if (stop_.load()) {
         LeaveNow();
@@ -90,6 +106,7 @@ Status TrainingWorker::Run() {
 
     bool completed = false;
     Status status = RunGeneration(*assignment, &completed);
+    if (checkpointer_ != nullptr) checkpointer_->EndGeneration();
     client_->StopHeartbeat();
     if (completed) return OkStatus();
     if (stop_.load()) {
@@ -165,12 +182,40 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
     }
   } unpublish{this};
 
-  LOCKSTEP_RETURN_IF_ERROR(trainer_->AgreeOnState(*comm, info));
+  Trainer::RestoreFn restore;
+  if (checkpointer_ != nullptr) {
+    restore = [this](TrainingState& state) { return checkpointer_->Restore(state); };
+  }
+  LOCKSTEP_RETURN_IF_ERROR(trainer_->AgreeOnState(*comm, info, restore));
+  if (checkpointer_ != nullptr) {
+    // The attempt id names the temporary directory of this generation's writes; generation
+    // numbers restart with a restarted rendezvous service, so rank 0 adds a random nonce that
+    // keeps a new write from ever mixing with shards an earlier incarnation left behind.
+    uint64_t nonce = 0;
+    if (info.rank == 0) nonce = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+    LOCKSTEP_RETURN_IF_ERROR(
+        comm->Broadcast(&nonce, sizeof(nonce), 0, trainer_->collective_timeout_ms())
+            .WithContext("broadcast of the checkpoint attempt id"));
+    char attempt_id[40];
+    std::snprintf(attempt_id, sizeof(attempt_id), "g%lld-%016llx",
+                  static_cast<long long>(generation), static_cast<unsigned long long>(nonce));
+    checkpointer_->BeginGeneration(attempt_id, info.rank, info.world_size);
+  }
   const double train_started = MonotonicSeconds();
-  LOCKSTEP_RETURN_IF_ERROR(
-      trainer_->Train(*comm, info, stop_, [this, &info](const TrainingProgress& progress) {
+  Trainer::StepFn on_step;
+  if (checkpointer_ != nullptr) {
+    on_step = [this, &comm](const TrainingState& state) {
+      return checkpointer_->OnStep(state, *comm, trainer_->collective_timeout_ms());
+    };
+  }
+  LOCKSTEP_RETURN_IF_ERROR(trainer_->Train(
+      *comm, info, stop_,
+      [this, &info](const TrainingProgress& progress) {
         if (info.rank == 0) client_->SetProgress(MakeReport(progress));
-      }));
+      },
+      on_step));
+  // The final state is snapshotted at once; its write overlaps evaluation.
+  if (checkpointer_ != nullptr) checkpointer_->SnapshotFinal(trainer_->state());
   LOCKSTEP_LOG(INFO) << "training done at step " << trainer_->state().step << " in "
                      << static_cast<int64_t>((MonotonicSeconds() - train_started) * 1000)
                      << " ms this generation";
@@ -196,6 +241,20 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
                      << totals.scaling_efficiency();
   if (info.rank == 0 && !options_.dump_params_path.empty()) {
     LOCKSTEP_RETURN_IF_ERROR(trainer_->DumpParameters(options_.dump_params_path));
+  }
+  if (checkpointer_ != nullptr) {
+    Status persisted =
+        checkpointer_->WaitForFinal(Deadline::AfterMs(options_.final_checkpoint_timeout_ms));
+    if (persisted.ok()) {
+      LOCKSTEP_LOG(INFO) << "final checkpoint of step " << trainer_->state().step << " persisted";
+    } else {
+      LOCKSTEP_LOG(WARNING) << "final checkpoint of step " << trainer_->state().step
+                            << " not persisted: " << persisted
+                            << "; the newest complete checkpoint is step "
+                            << checkpointer_->last_checkpoint_step();
+    }
+    report.last_checkpoint_step = checkpointer_->last_checkpoint_step();
+    report.last_checkpoint_uri = checkpointer_->last_checkpoint_uri();
   }
   *completed = true;
   Status left = LeaveOnce(/*completed=*/true, report);

@@ -5,12 +5,14 @@
 //   Join(state step) -> rank, world size            (blocks until the generation forms)
 //   StartHeartbeat(on_generation_ended: abort the communicator)
 //   build the Gloo communicator through the generation's key-value store
-//   agree on the training state (the newest member broadcasts; training_state.h)
-//   train until done
+//   agree on the training state (the newest member broadcasts; training_state.h; when no member
+//   holds state, rank 0 restores the newest valid checkpoint: training_checkpointer.h)
+//   train until done, checkpointing every spec.checkpoint.intervalSteps in the background
 // A collective error or the end of the generation (a member left or joined) drops the
 // communicator, stops the heartbeat and joins the next generation, keeping the state in memory.
-// When training is done: barrier, evaluation (sharded over the ranks), parameter dump (rank 0,
-// when asked), Leave(completed=true) with the final progress.
+// When training is done: the final checkpoint is snapshotted, then barrier, evaluation (sharded
+// over the ranks), parameter dump (rank 0, when asked), a bounded wait for the final checkpoint
+// to persist, Leave(completed=true) with the final progress.
 //
 // Thread safety: Run is called by one thread; RequestStop and LeaveNow from any thread (the
 // signal-handling thread).
@@ -28,6 +30,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/metrics.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/training_checkpointer.h"
 
 namespace lockstep::trainer {
 
@@ -40,6 +43,10 @@ struct TrainingWorkerOptions {
   // failing to connect is broken, not unlucky).
   int max_consecutive_failed_generations = 20;
   std::string dump_params_path;  // LOCKSTEP_DUMP_PARAMS; rank 0 writes it at the end
+  // Checkpoints (spec.checkpoint; none when its uri is empty) and their tunables.
+  TrainingCheckpointerOptions checkpoint;
+  // How long the end of training waits for the final checkpoint to persist before leaving.
+  int64_t final_checkpoint_timeout_ms = 300000;
 };
 
 class TrainingWorker {
@@ -70,6 +77,7 @@ class TrainingWorker {
   std::unique_ptr<Trainer> trainer_;
   WorkerMetrics* metrics_;
   std::unique_ptr<rendezvous::RendezvousClient> client_;
+  std::unique_ptr<TrainingCheckpointer> checkpointer_;  // null without spec.checkpoint.uri
   std::atomic<bool> stop_{false};
 
   std::mutex mu_;  // guards the fields below (the heartbeat and signal threads read them)

@@ -25,7 +25,8 @@ TrainingState MakeState(int64_t step, float tag) {
                       1024.0f * tag,
                       step,
                       std::vector<float>(100, tag),
-                      Optimizer(optimizer_spec, 100)};
+                      Optimizer(optimizer_spec, 100),
+                      {}};
   for (auto [buffer, count] : state.optimizer.StateBuffers()) {
     for (int64_t i = 0; i < count; ++i) buffer[i] = -tag;
   }

@@ -1,0 +1,383 @@
+// How training uses checkpoints, with real lockstep-worker processes against a RendezvousServer
+// hosted in the test process: every worker killed (also mid-checkpoint) and the job started
+// again, a damaged newest checkpoint, storage that goes down, and sample accounting across a
+// world-size change.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/rendezvous/server.h"
+#include "tests/integration/trainer/worker_process.h"
+#include "tests/support/webhdfs/webhdfs_test_server.h"
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/storage/storage.h"
+
+namespace lockstep {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist";
+constexpr char kDigitsCsv[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+constexpr char kToken[] = "checkpoint-test-token";
+
+// A test's scratch directory, kept when the test failed so that the worker logs can be read.
+class ScratchDir {
+ public:
+  explicit ScratchDir(const std::string& name) {
+    std::string pattern = (fs::temp_directory_path() / ("lockstep-" + name + "-XXXXXX")).string();
+    EXPECT_NE(mkdtemp(pattern.data()), nullptr);
+    path_ = pattern;
+  }
+  ~ScratchDir() {
+    if (!::testing::Test::HasFailure()) {
+      std::error_code ignored;
+      fs::remove_all(path_, ignored);
+    }
+  }
+  fs::path operator/(const std::string& name) const { return path_ / name; }
+  const fs::path& path() const { return path_; }
+
+ private:
+  fs::path path_;
+};
+
+// One incarnation of a job: a rendezvous server in this process and `replicas` workers.
+class LocalJob {
+ public:
+  LocalJob(const fs::path& dir, const std::string& manifest, int replicas, const std::string& job,
+           const std::map<std::string, std::string>& extra_env, int min_replicas = 0,
+           const std::string& tag = "")
+      : job_(job) {
+    auto server = rendezvous::RendezvousServer::Start({"127.0.0.1:0", "", ""});
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) return;
+    server_ = std::move(server).value();
+    rendezvous::JobConfig config;
+    config.job = job;
+    config.token = kToken;
+    config.min_members = min_replicas > 0 ? min_replicas : replicas;
+    config.max_members = replicas;
+    EXPECT_TRUE(server_->AddJob(config).ok());
+    const std::string name = job.substr(job.find('/') + 1) + tag;
+    const fs::path manifest_path = dir / (name + ".yaml");
+    std::ofstream(manifest_path) << manifest;
+    for (int i = 0; i < replicas; ++i) {
+      std::map<std::string, std::string> env = extra_env;
+      env["LOCKSTEP_RENDEZVOUS"] = "127.0.0.1:" + std::to_string(server_->port());
+      env["LOCKSTEP_JOB"] = job;
+      env["LOCKSTEP_JOB_TOKEN"] = kToken;
+      env["LOCKSTEP_POD"] = "worker-" + std::to_string(i);
+      env["LOCKSTEP_HOST"] = "127.0.0.1";
+      env["LOCKSTEP_METRICS_PORT"] = "0";
+      env["LOCKSTEP_JOIN_TIMEOUT_MS"] = "60000";
+      workers_.push_back(std::make_unique<testing::WorkerProcess>(
+          std::vector<std::string>{LOCKSTEP_WORKER_BINARY, "train", "--manifest",
+                                   manifest_path.string()},
+          env, (dir / (name + "-worker-" + std::to_string(i) + ".log")).string()));
+      EXPECT_GT(workers_.back()->pid(), 0);
+    }
+  }
+  ~LocalJob() {
+    workers_.clear();
+    if (server_) server_->Shutdown(5000);
+  }
+
+  testing::WorkerProcess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
+  rendezvous::RendezvousServer& server() { return *server_; }
+
+  // Bounded polling of the server's view of the job's progress.
+  bool WaitForStep(int64_t step, Clock::time_point deadline) {
+    while (Clock::now() < deadline) {
+      auto snapshot = server_->Snapshot(job_);
+      if (snapshot.ok() && snapshot->progress.step >= step) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return false;
+  }
+
+  void KillAll() {
+    for (auto& worker : workers_) kill(worker->pid(), SIGKILL);
+    for (auto& worker : workers_) worker->Wait(Clock::now() + std::chrono::seconds(10));
+  }
+
+  std::vector<int> WaitAll(std::chrono::seconds timeout, std::string* logs) {
+    std::vector<int> codes;
+    const auto deadline = Clock::now() + timeout;
+    for (auto& worker : workers_) {
+      codes.push_back(worker->Wait(deadline));
+      *logs += worker->Log();
+    }
+    return codes;
+  }
+
+  rendezvous::JobSnapshot Snapshot() {
+    auto snapshot = server_->Snapshot(job_);
+    EXPECT_TRUE(snapshot.ok());
+    return snapshot.ok() ? *snapshot : rendezvous::JobSnapshot{};
+  }
+
+ private:
+  std::string job_;
+  std::unique_ptr<rendezvous::RendezvousServer> server_;
+  std::vector<std::unique_ptr<testing::WorkerProcess>> workers_;
+};
+
+std::string ReadBytes(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+bool WriteDigitsSplit(const fs::path& train, const fs::path& test) {
+  gzFile in = gzopen(kDigitsCsv, "rb");
+  if (in == nullptr) return false;
+  std::ofstream train_out(train), test_out(test);
+  char line[4096];
+  int row = 0;
+  while (gzgets(in, line, sizeof(line)) != nullptr) (++row % 6 == 0 ? test_out : train_out) << line;
+  gzclose(in);
+  return row > 6;
+}
+
+std::string DigitsManifest(const std::string& name, int replicas, int steps,
+                           const std::string& checkpoint) {
+  return "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: " + name +
+         "}\nspec:\n  replicas: " + std::to_string(replicas) +
+         "\n  trainer:\n"
+         "    model: {type: mlp, hidden: [128], activation: relu}\n"
+         "    data: {format: csv, train: [train.csv], test: [test.csv]}\n"
+         "    batchSize: 16\n    steps: " +
+         std::to_string(steps) +
+         "\n    optimizer: {type: adamw, learningRate: 0.002}\n"
+         "    seed: 5\n    logIntervalSteps: 5\n"
+         "  checkpoint: " +
+         checkpoint + "\n  metrics: {port: 0}\n";
+}
+
+// Every step-* directory under `root` (a local path), each verified with checksums.
+std::vector<checkpoint::CheckpointInfo> ListVerified(const std::string& root) {
+  auto storage = checkpoint::OpenStorage("file://" + root, {});
+  EXPECT_TRUE(storage.ok());
+  auto list = checkpoint::ListCheckpoints(**storage, root, checkpoint::VerifyLevel::kChecksums,
+                                          Deadline::AfterMs(60000));
+  EXPECT_TRUE(list.ok()) << list.status();
+  return list.ok() ? *list : std::vector<checkpoint::CheckpointInfo>{};
+}
+
+// A finished run's final parameters, dumped by rank 0.
+struct Finished {
+  std::vector<int> codes;
+  std::string logs;
+  rendezvous::JobSnapshot snapshot;
+};
+
+Finished RunToEnd(const fs::path& dir, const std::string& manifest, int replicas,
+                  const std::string& job, const std::map<std::string, std::string>& env,
+                  const std::string& tag) {
+  LocalJob local(dir, manifest, replicas, job, env, 0, tag);
+  Finished finished;
+  finished.codes = local.WaitAll(std::chrono::seconds(120), &finished.logs);
+  finished.snapshot = local.Snapshot();
+  return finished;
+}
+
+class DigitsCheckpointTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!fs::exists(kDigitsCsv)) GTEST_SKIP() << "sklearn's digits are not installed";
+    ASSERT_TRUE(WriteDigitsSplit(dir_ / "train.csv", dir_ / "test.csv"));
+  }
+  ScratchDir dir_{"ckpt-digits"};
+};
+
+// Every process of the job is SIGKILLed while checkpoints are being written (interval 1: a write
+// is always in flight), then the job is started again with the same manifest: it resumes from
+// the newest valid checkpoint, finishes at the exact step count, and ends with exactly the
+// parameters of an uninterrupted run of the same world size.
+TEST_F(DigitsCheckpointTest,
+       KillingEveryWorkerMidCheckpointResumesAndEndsBitwiseLikeAnUninterruptedRun) {
+  constexpr int kSteps = 400;
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string manifest = DigitsManifest(
+      "killall", 2, kSteps, "{uri: \"file://" + ckpt + "\", intervalSteps: 1, keep: 3}");
+  const std::string reference_manifest =
+      DigitsManifest("killall", 2, kSteps,
+                     "{uri: \"file://" + (dir_ / "ref-ckpt").string() + "\", intervalSteps: 1}");
+  const fs::path reference_dump = dir_ / "reference.bin";
+  Finished reference = RunToEnd(dir_.path(), reference_manifest, 2, "default/killall",
+                                {{"LOCKSTEP_DUMP_PARAMS", reference_dump.string()}}, "-ref");
+  ASSERT_EQ(reference.codes, (std::vector<int>{0, 0})) << reference.logs;
+  EXPECT_EQ(reference.snapshot.final_progress.resumed_from_step, -1);
+
+  {
+    LocalJob first(dir_.path(), manifest, 2, "default/killall", {}, 0, "-first");
+    ASSERT_TRUE(first.WaitForStep(150, Clock::now() + std::chrono::seconds(60)))
+        << first.worker(0).Log();
+    first.KillAll();
+  }
+  // Whatever the kill interrupted, no step-* directory that retention keeps is partial or
+  // damaged: the newest `keep` (3) are valid. KNOWN ISSUE (worker/checkpoint, reported): the
+  // writer's retention deletes an old step-* in place, so a kill in the middle of that delete
+  // leaves a step-* older than the kept ones without its manifest; it is never chosen (older than
+  // valid ones) and the next commit's retention removes it. Tolerated below, and printed.
+  std::vector<checkpoint::CheckpointInfo> left = ListVerified(ckpt);
+  ASSERT_FALSE(left.empty());
+  std::vector<checkpoint::CheckpointInfo> valid;
+  for (const auto& info : left) {
+    if (info.valid) valid.push_back(info);
+  }
+  ASSERT_GE(valid.size(), 3u);
+  const int64_t oldest_kept = valid[valid.size() - 3].step;
+  for (const auto& info : left) {
+    if (info.step >= oldest_kept) {
+      EXPECT_TRUE(info.valid) << info.dir << ": " << info.problem;
+    } else if (!info.valid) {
+      std::printf("retention leftover older than the kept checkpoints: %s\n", info.problem.c_str());
+    }
+  }
+  const int64_t newest = left.back().step;
+  EXPECT_GE(newest, 100);
+  EXPECT_LT(newest, kSteps);
+  std::printf("killed with %zu valid checkpoints left, the newest of step %lld\n", left.size(),
+              static_cast<long long>(newest));
+
+  const fs::path dump = dir_ / "resumed.bin";
+  Finished resumed = RunToEnd(dir_.path(), manifest, 2, "default/killall",
+                              {{"LOCKSTEP_DUMP_PARAMS", dump.string()}}, "-second");
+  ASSERT_EQ(resumed.codes, (std::vector<int>{0, 0})) << resumed.logs;
+  EXPECT_EQ(resumed.snapshot.final_progress.step, kSteps);
+  EXPECT_EQ(resumed.snapshot.final_progress.resumed_from_step, newest) << resumed.logs;
+  EXPECT_EQ(resumed.snapshot.final_progress.last_checkpoint_step, kSteps);
+  const std::string expected = ReadBytes(reference_dump);
+  ASSERT_FALSE(expected.empty());
+  EXPECT_TRUE(ReadBytes(dump) == expected) << "resumed parameters differ from the reference run";
+  // The resumed run's commits retained the newest three, all valid, and removed the rest.
+  std::vector<checkpoint::CheckpointInfo> final_list = ListVerified(ckpt);
+  ASSERT_EQ(final_list.size(), 3u);
+  for (const auto& info : final_list) EXPECT_TRUE(info.valid) << info.problem;
+  EXPECT_EQ(final_list.back().step, kSteps);
+}
+
+// The newest checkpoint is damaged before the restart: it is reported and skipped, and the job
+// resumes from the previous one.
+TEST_F(DigitsCheckpointTest, DamagedNewestCheckpointIsSkippedForThePreviousOne) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string checkpoint = "{uri: \"file://" + ckpt + "\", intervalSteps: 20, keep: 3}";
+  Finished first = RunToEnd(dir_.path(), DigitsManifest("damaged", 2, 100, checkpoint), 2,
+                            "default/damaged", {}, "-first");
+  ASSERT_EQ(first.codes, (std::vector<int>{0, 0})) << first.logs;
+  std::vector<checkpoint::CheckpointInfo> checkpoints = ListVerified(ckpt);
+  ASSERT_EQ(checkpoints.size(), 3u);
+  ASSERT_EQ(checkpoints.back().step, 100);
+  // Flip one byte in the middle of a shard of the newest checkpoint.
+  const fs::path shard = fs::path(checkpoints.back().dir) / "shard-1-of-2.bin";
+  std::string bytes = ReadBytes(shard);
+  ASSERT_FALSE(bytes.empty());
+  bytes[bytes.size() / 2] ^= 0x5a;
+  std::ofstream(shard, std::ios::binary | std::ios::trunc) << bytes;
+
+  // The same job asked for 120 steps: it must continue from step 80.
+  Finished resumed = RunToEnd(dir_.path(), DigitsManifest("damaged", 2, 120, checkpoint), 2,
+                              "default/damaged", {}, "-second");
+  ASSERT_EQ(resumed.codes, (std::vector<int>{0, 0})) << resumed.logs;
+  EXPECT_EQ(resumed.snapshot.final_progress.resumed_from_step, 80) << resumed.logs;
+  EXPECT_EQ(resumed.snapshot.final_progress.step, 120);
+  EXPECT_NE(resumed.logs.find("skipped damaged checkpoint of step 100"), std::string::npos)
+      << resumed.logs;
+}
+
+// Storage refuses every write (WebHDFS AccessControlException) after the first checkpoint:
+// training still finishes, the failures are reported, and the checkpoint written before stays
+// valid.
+TEST_F(DigitsCheckpointTest, TrainingFinishesWhileStorageIsDownAndThePreviousCheckpointStaysValid) {
+  auto server = testing::WebHdfsTestServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  const std::string checkpoint =
+      "{uri: \"" + (*server)->uri() + "/ckpt/down\", intervalSteps: 50, keep: 3}";
+  LocalJob job(dir_.path(), DigitsManifest("down", 2, 600, checkpoint), 2, "default/down",
+               {{"LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", "5000"},
+                {"LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", "100"},
+                {"LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", "3000"}});
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  bool committed = false;
+  while (!committed && Clock::now() < deadline) {
+    auto snapshot = job.server().Snapshot("default/down");
+    committed = snapshot.ok() && snapshot->progress.last_checkpoint_step >= 50;
+    if (!committed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(committed) << job.worker(0).Log();
+  ASSERT_TRUE((*server)->Admin("/deny?path=/ckpt").ok());
+  std::string logs;
+  ASSERT_EQ(job.WaitAll(std::chrono::seconds(120), &logs), (std::vector<int>{0, 0})) << logs;
+  rendezvous::JobSnapshot snapshot = job.Snapshot();
+  EXPECT_EQ(snapshot.final_progress.step, 600);
+  EXPECT_LT(snapshot.final_progress.last_checkpoint_step, 600);
+  EXPECT_NE(logs.find("failed"), std::string::npos) << logs;
+  EXPECT_NE(logs.find("not persisted"), std::string::npos) << logs;
+  // What the storage holds, read through its own files: every step-* verifies.
+  std::vector<checkpoint::CheckpointInfo> left = ListVerified((*server)->root() + "/fs/ckpt/down");
+  ASSERT_FALSE(left.empty());
+  for (const auto& info : left) EXPECT_TRUE(info.valid) << info.dir << ": " << info.problem;
+  EXPECT_EQ(left.back().step, snapshot.final_progress.last_checkpoint_step);
+}
+
+// Sample accounting: one of three workers is killed mid-epoch and the two survivors go on; every
+// epoch is still trained exactly once per sample.
+TEST(SampleAccountingIntegrationTest, EveryEpochIsCompleteAcrossAWorldSizeChange) {
+  if (!fs::exists(fs::path(kFashionDir) / "train-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed";
+  }
+  const ScratchDir dir("accounting");
+  const fs::path accounting = dir / "accounting.jsonl";
+  std::ostringstream manifest;
+  manifest << "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: acct}\n"
+           << "spec:\n  replicas: 3\n  elastic: {minReplicas: 2, maxReplicas: 3}\n  trainer:\n"
+           << "    model: {type: mlp, hidden: [32], activation: relu}\n"
+           << "    data:\n      format: idx\n      train: [" << kFashionDir
+           << "/train-images-idx3-ubyte.gz, " << kFashionDir << "/train-labels-idx1-ubyte.gz]\n"
+           << "    batchSize: 64\n    epochs: 2\n"
+           << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
+           << "    seed: 2\n    logIntervalSteps: 5\n  metrics: {port: 0}\n";
+  LocalJob job(dir.path(), manifest.str(), 3, "default/acct",
+               {{"LOCKSTEP_SAMPLE_ACCOUNTING", accounting.string()}}, /*min_replicas=*/2);
+  // 60000 samples at a global batch of 192: 313 steps per epoch; kill in the middle of epoch 0.
+  ASSERT_TRUE(job.WaitForStep(150, Clock::now() + std::chrono::seconds(90))) << job.worker(0).Log();
+  ASSERT_EQ(kill(job.worker(2).pid(), SIGKILL), 0);
+  EXPECT_EQ(job.worker(2).Wait(Clock::now() + std::chrono::seconds(10)), 256 + SIGKILL);
+  job.server().RemoveMember("default/acct", "worker-2", "killed by the test");
+  EXPECT_EQ(job.worker(0).Wait(Clock::now() + std::chrono::seconds(120)), 0) << job.worker(0).Log();
+  EXPECT_EQ(job.worker(1).Wait(Clock::now() + std::chrono::seconds(30)), 0) << job.worker(1).Log();
+
+  std::map<int64_t, nlohmann::json> last_by_epoch;
+  std::ifstream in(accounting);
+  std::string line;
+  while (std::getline(in, line)) {
+    nlohmann::json record = nlohmann::json::parse(line);
+    EXPECT_EQ(record["more_than_once"], 0) << line;
+    last_by_epoch[record["epoch"].get<int64_t>()] = record;
+  }
+  ASSERT_EQ(last_by_epoch.size(), 2u);
+  for (const auto& [epoch, record] : last_by_epoch) {
+    EXPECT_TRUE(record["complete"].get<bool>()) << record.dump();
+    EXPECT_FALSE(record["partial"].get<bool>()) << record.dump();
+    EXPECT_EQ(record["trained_once"], 60000) << record.dump();
+  }
+}
+
+}  // namespace
+}  // namespace lockstep

@@ -1,0 +1,111 @@
+#include "worker/trainer/checkpoint_state.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/checkpoint_writer.h"
+#include "worker/checkpoint/storage/storage.h"
+#include "worker/trainer/random.h"
+
+namespace lockstep::trainer {
+namespace {
+
+namespace fs = std::filesystem;
+
+spec::TrainerSpec AdamWSpec() {
+  spec::TrainerSpec spec;
+  spec.seed = 11;
+  spec.optimizer.type = spec::OptimizerType::kAdamW;
+  return spec;
+}
+
+// A state in which every field holds a value a fresh state would not.
+TrainingState DistinctState(const spec::TrainerSpec& spec, const ParameterLayout& layout,
+                            uint64_t seed) {
+  TrainingState state{
+      1234, DataCursor{3, 77}, 98765, 512.0f, 17, {}, Optimizer(spec.optimizer, layout.num_params),
+      {}};
+  SplitMix64 rng(seed);
+  state.params.resize(static_cast<size_t>(layout.num_params));
+  for (float& value : state.params) value = rng.UniformFloat(-1, 1);
+  for (auto [buffer, count] : state.optimizer.StateBuffers()) {
+    for (int64_t i = 0; i < count; ++i) buffer[i] = rng.UniformFloat(-1, 1);
+  }
+  state.optimizer.set_steps_taken(1230);
+  state.sample_counts.resize(100);
+  for (int32_t& count : state.sample_counts) count = static_cast<int32_t>(rng.Next() % 2);
+  return state;
+}
+
+TEST(CheckpointStateTest, SavedAndLoadedStateIsIdenticalToTheTrainersState) {
+  const spec::TrainerSpec spec = AdamWSpec();
+  auto model = MlpModel::Create(20, {16, 8}, 4, kernels::ActivationType::kRelu);
+  ASSERT_TRUE(model.ok());
+  const ParameterLayout& layout = model->layout();
+  const TrainingState saved = DistinctState(spec, layout, 1);
+
+  std::string pattern = (fs::temp_directory_path() / "lockstep-ckptstate-XXXXXX").string();
+  ASSERT_NE(mkdtemp(pattern.data()), nullptr);
+  const std::string root = pattern + "/ckpt";
+  auto storage = checkpoint::OpenStorage("file://" + root, {});
+  ASSERT_TRUE(storage.ok());
+  checkpoint::CheckpointState written;
+  FillCheckpointState(saved, layout, spec, &written);
+  // Two ranks write their shards; rank 0 commits.
+  checkpoint::CheckpointWriter rank1(**storage, root, 1, 2, {});
+  ASSERT_TRUE(rank1.Write(written, Deadline::AfterMs(20000)).ok());
+  checkpoint::CheckpointWriter rank0(**storage, root, 0, 2, {});
+  ASSERT_TRUE(rank0.Write(written, Deadline::AfterMs(20000)).ok());
+
+  auto loaded = checkpoint::LoadNewestValid(**storage, root, Deadline::AfterMs(20000));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  TrainingState restored = DistinctState(spec, layout, 2);  // every value different
+  restored.step = 0;
+  restored.cursor = DataCursor{};
+  ASSERT_TRUE(RestoreFromCheckpointState(loaded->state, layout, spec, &restored).ok());
+
+  EXPECT_EQ(restored.step, saved.step);
+  EXPECT_EQ(restored.cursor, saved.cursor);
+  EXPECT_EQ(restored.samples, saved.samples);
+  EXPECT_EQ(restored.loss_scale, saved.loss_scale);
+  EXPECT_EQ(restored.loss_scale_good_steps, saved.loss_scale_good_steps);
+  EXPECT_EQ(restored.params, saved.params);
+  EXPECT_EQ(restored.optimizer.steps_taken(), saved.optimizer.steps_taken());
+  const auto saved_buffers = saved.optimizer.StateBuffers();
+  const auto restored_buffers = std::as_const(restored.optimizer).StateBuffers();
+  ASSERT_EQ(saved_buffers.size(), 2u);
+  ASSERT_EQ(restored_buffers.size(), 2u);
+  for (size_t k = 0; k < saved_buffers.size(); ++k) {
+    EXPECT_EQ(std::vector<float>(saved_buffers[k].first,
+                                 saved_buffers[k].first + saved_buffers[k].second),
+              std::vector<float>(restored_buffers[k].first,
+                                 restored_buffers[k].first + restored_buffers[k].second));
+  }
+  EXPECT_EQ(restored.sample_counts, saved.sample_counts);
+  EXPECT_EQ(loaded->state.rng_state, "splitmix64 seed=11");
+  fs::remove_all(pattern);
+}
+
+TEST(CheckpointStateTest, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
+  const spec::TrainerSpec spec = AdamWSpec();
+  auto small = MlpModel::Create(20, {16}, 4, kernels::ActivationType::kRelu);
+  auto large = MlpModel::Create(20, {32}, 4, kernels::ActivationType::kRelu);
+  ASSERT_TRUE(small.ok() && large.ok());
+  checkpoint::CheckpointState written;
+  FillCheckpointState(DistinctState(spec, small->layout(), 1), small->layout(), spec, &written);
+  TrainingState other = DistinctState(spec, large->layout(), 2);
+  const std::vector<float> before = other.params;
+  Status status = RestoreFromCheckpointState(written, large->layout(), spec, &other);
+  EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(status.message().find("layers.1.weight"), std::string::npos) << status;
+  EXPECT_EQ(other.params, before);  // nothing changed
+}
+
+}  // namespace
+}  // namespace lockstep::trainer

@@ -1,0 +1,35 @@
+// The built-in trainer's state as a checkpoint (worker/checkpoint/checkpoint.h) and back.
+//
+// Tensors, in this order (the state stream is then the flat buffers one after the other):
+//   layers.<i>.weight [out, in], layers.<i>.bias [out]        f32, i = forward layer index, in
+//                                                             the flat buffer's (backward) order
+//   optimizer/<buffer>/layers.<i>.weight|bias                 f32, <buffer> = momentum (sgd) or
+//                                                             exp_avg, exp_avg_sq (adamw)
+//   trainer/samples [1] i64, trainer/loss_scale [1] f32, trainer/loss_scale_good_steps [1] i64
+//   accounting/sample_counts [N] i32                          only with sample accounting on
+// Metadata: step, the data cursor (epoch, offset), the optimizer's type and own step count, and
+// rng_state "splitmix64 seed=<seed>": the data order and the initialisation are pure functions
+// of the seed and the cursor, so the seed is all the random state there is.
+#pragma once
+
+#include "common/spec/training_job.h"
+#include "common/status.h"
+#include "worker/checkpoint/checkpoint.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/training_state.h"
+
+namespace lockstep::trainer {
+
+// Writes `state` into `out`, reusing out's buffers when it already has this layout (a repeated
+// snapshot then costs one copy and no allocation).
+void FillCheckpointState(const TrainingState& state, const ParameterLayout& layout,
+                         const spec::TrainerSpec& spec, checkpoint::CheckpointState* out);
+
+// Restores `state` from `checkpoint`. FAILED_PRECONDITION naming the tensor when the checkpoint
+// does not fit this model or optimizer (the manifest changed). Sample counts are restored when
+// both sides keep them, and reset otherwise.
+Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
+                                  const ParameterLayout& layout, const spec::TrainerSpec& spec,
+                                  TrainingState* state);
+
+}  // namespace lockstep::trainer

@@ -1,0 +1,175 @@
+#include "worker/trainer/training_checkpointer.h"
+
+#include <utility>
+
+#include "common/logging.h"
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/checkpoint_writer.h"
+#include "worker/trainer/checkpoint_state.h"
+
+namespace lockstep::trainer {
+
+StatusOr<std::unique_ptr<TrainingCheckpointer>> TrainingCheckpointer::Create(
+    TrainingCheckpointerOptions options, const spec::TrainerSpec& spec,
+    const ParameterLayout& layout, WorkerMetrics* metrics) {
+  LOCKSTEP_ASSIGN_OR_RETURN(checkpoint::StorageUri uri,
+                            checkpoint::ParseStorageUri(options.checkpoint.uri));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::Storage> storage,
+                            checkpoint::OpenStorage(uri.uri, {}));
+  return std::unique_ptr<TrainingCheckpointer>(new TrainingCheckpointer(
+      std::move(options), std::move(uri), std::move(storage), spec, layout, metrics));
+}
+
+TrainingCheckpointer::TrainingCheckpointer(TrainingCheckpointerOptions options,
+                                           checkpoint::StorageUri uri,
+                                           std::shared_ptr<checkpoint::Storage> storage,
+                                           const spec::TrainerSpec& spec,
+                                           const ParameterLayout& layout, WorkerMetrics* metrics)
+    : options_(std::move(options)),
+      uri_(std::move(uri)),
+      storage_(std::move(storage)),
+      spec_(spec),
+      layout_(layout),
+      metrics_(metrics) {}
+
+TrainingCheckpointer::~TrainingCheckpointer() {
+  EndGeneration();
+  for (std::thread& thread : retiring_) thread.join();
+}
+
+std::string TrainingCheckpointer::last_checkpoint_uri() const {
+  const int64_t step = last_step_.load();
+  if (step < 0) return "";
+  std::string root = options_.checkpoint.uri;
+  while (!root.empty() && root.back() == '/') root.pop_back();
+  return root + "/" + checkpoint::StepDirName(step);
+}
+
+StatusOr<int64_t> TrainingCheckpointer::Restore(TrainingState& state) {
+  const double started = MonotonicSeconds();
+  StatusOr<checkpoint::LoadedCheckpoint> loaded = checkpoint::LoadNewestValid(
+      *storage_, uri_.path, Deadline::AfterMs(options_.restore_timeout_ms));
+  if (loaded.status().code() == StatusCode::kNotFound) {
+    LOCKSTEP_LOG(INFO) << "no valid checkpoint under " << options_.checkpoint.uri << ": "
+                       << loaded.status().message();
+    return int64_t{-1};
+  }
+  if (!loaded.ok()) return loaded.status().WithContext("reading " + options_.checkpoint.uri);
+  for (const checkpoint::SkippedCheckpoint& skipped : loaded->skipped) {
+    LOCKSTEP_LOG(WARNING) << "skipped damaged checkpoint of step " << skipped.step << ": "
+                          << skipped.problem;
+  }
+  LOCKSTEP_RETURN_IF_ERROR(RestoreFromCheckpointState(loaded->state, layout_, spec_, &state));
+  last_step_ = loaded->state.step;
+  LOCKSTEP_LOG(INFO) << "restored step " << loaded->state.step << " from " << loaded->dir << " ("
+                     << loaded->manifest.total_bytes << " bytes, written by "
+                     << loaded->manifest.world_size << " ranks) in "
+                     << static_cast<int64_t>((MonotonicSeconds() - started) * 1000) << " ms";
+  return loaded->state.step;
+}
+
+void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int rank,
+                                           int world_size) {
+  EndGeneration();
+  rank_ = rank;
+  checkpoint::CheckpointWriterOptions writer_options;
+  writer_options.keep = options_.checkpoint.keep;
+  writer_options.attempt_id = attempt_id;
+  auto writer = std::make_unique<checkpoint::CheckpointWriter>(*storage_, uri_.path, rank,
+                                                               world_size, writer_options);
+  checkpoint::AsyncCheckpointerOptions async_options;
+  async_options.attempt_timeout_ms = options_.attempt_timeout_ms;
+  async_options.max_attempts = options_.max_attempts;
+  async_options.retry_initial_backoff_ms = options_.retry_initial_backoff_ms;
+  async_options.retry_max_backoff_ms = options_.retry_max_backoff_ms;
+  WorkerMetrics* metrics = metrics_;
+  std::atomic<int64_t>* last_step = &last_step_;
+  current_ = std::make_unique<checkpoint::AsyncCheckpointer>(
+      std::move(writer), async_options,
+      [metrics, last_step, rank, attempt_id](const checkpoint::PersistReport& report) {
+        // Background thread of the checkpointer (also after it was retired): touches only what
+        // outlives it (metrics and this object's atomic; the destructor joins retired ones).
+        if (metrics != nullptr) metrics->ObserveCheckpoint("persist", report.persist_seconds);
+        if (report.status.ok()) {
+          int64_t previous = last_step->load();
+          while (previous < report.step &&
+                 !last_step->compare_exchange_weak(previous, report.step)) {
+          }
+          // Only rank 0's success means the checkpoint is committed.
+          if (rank == 0 && metrics != nullptr) {
+            metrics->SetCheckpointSuccess(report.step, report.unix_seconds);
+          }
+          LOCKSTEP_LOG(INFO) << "checkpoint of step " << report.step
+                             << (rank == 0 ? " committed" : ": shard written") << " in "
+                             << static_cast<int64_t>(report.persist_seconds * 1000) << " ms ("
+                             << attempt_id << ", attempt " << report.attempt << ")";
+        } else {
+          if (metrics != nullptr) metrics->IncrementCheckpointFailures();
+          LOCKSTEP_LOG(WARNING) << "checkpoint of step " << report.step << " failed (" << attempt_id
+                                << ", attempt " << report.attempt << "): " << report.status
+                                << (report.final ? "; given up, training goes on" : "; retrying");
+        }
+      });
+}
+
+void TrainingCheckpointer::EndGeneration() {
+  if (!current_) return;
+  // The destructor drops a waiting snapshot and awaits the attempt in flight (bounded by
+  // attempt_timeout_ms): done on a helper thread so the next generation does not wait for it.
+  retiring_.emplace_back(
+      [retired = std::move(current_), storage = storage_]() mutable { retired.reset(); });
+  current_.reset();
+}
+
+void TrainingCheckpointer::Snapshot(const TrainingState& state) {
+  if (!current_) return;
+  const double started = MonotonicSeconds();
+  FillCheckpointState(state, layout_, spec_, &staging_);
+  const double copy_seconds = current_->Snapshot(staging_);
+  const double snapshot_seconds = MonotonicSeconds() - started;
+  (void)copy_seconds;
+  if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", snapshot_seconds);
+  last_snapshot_step_ = state.step;
+  if (!options_.checkpoint.async) {
+    // Synchronous checkpoints: training waits for the write (and its retries), but never longer
+    // than one attempt's limit; a write still failing then goes on in the background.
+    Status flushed = current_->Flush(Deadline::AfterMs(options_.attempt_timeout_ms));
+    if (!flushed.ok()) {
+      LOCKSTEP_LOG(WARNING) << "synchronous checkpoint of step " << state.step
+                            << " not persisted: " << flushed << "; training goes on";
+    }
+  }
+}
+
+Status TrainingCheckpointer::OnStep(const TrainingState& state, comm::Communicator& communicator,
+                                    int64_t timeout_ms) {
+  const int64_t interval = options_.checkpoint.interval_steps;
+  if (interval <= 0 || state.step % interval != 0) return OkStatus();
+  int64_t busy = 0;
+  if (current_) {
+    const checkpoint::AsyncCheckpointerStats stats = current_->stats();
+    busy = stats.snapshots - stats.persisted - stats.dropped > 0 ? 1 : 0;
+  }
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator.AllReduce(&busy, 1, comm::DataType::kInt64, comm::ReduceOp::kMax, timeout_ms)
+          .WithContext("checkpoint: all-reduce of the writers' state"));
+  if (busy != 0) {
+    LOCKSTEP_LOG(INFO) << "checkpoint of step " << state.step
+                       << " skipped: an earlier one is still being persisted";
+    return OkStatus();
+  }
+  Snapshot(state);
+  return OkStatus();
+}
+
+void TrainingCheckpointer::SnapshotFinal(const TrainingState& state) {
+  if (state.step == last_snapshot_step_) return;
+  Snapshot(state);
+}
+
+Status TrainingCheckpointer::WaitForFinal(Deadline deadline) {
+  if (!current_) return OkStatus();
+  return current_->Flush(deadline);
+}
+
+}  // namespace lockstep::trainer

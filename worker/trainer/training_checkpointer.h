@@ -1,0 +1,115 @@
+// TrainingCheckpointer: how training uses checkpoints (spec.checkpoint), for one worker process.
+//
+//   - Restore (rank 0 only, when no member of a generation holds state): the newest valid
+//     checkpoint under spec.checkpoint.uri (damaged ones are reported and skipped), or nothing.
+//   - OnStep (every committed step, at the step boundary): every intervalSteps, the state is
+//     snapshotted in memory and persisted by an AsyncCheckpointer in the background (async:
+//     true), or persisted before training goes on (async: false). Every rank writes its shard;
+//     the attempt id ("g<generation>-<nonce rank 0 drew>") is the same on every rank of a
+//     generation and differs between generations and between incarnations of the job.
+//   - SnapshotFinal / WaitForFinal: the state at the end of training, persisted before Leave
+//     (bounded wait).
+// A failed persist is retried with back-off and reported (log, lockstep_checkpoint_failures_total)
+// and never stops training; nothing is ever renamed over a complete checkpoint, so the previous
+// one stays valid. When a generation ends (EndGeneration), its AsyncCheckpointer is retired on a
+// helper thread: the write in flight finishes or fails on its own (bounded by
+// attempt_timeout_ms) without holding up the next generation; its writer only ever renames a
+// complete directory, so an abandoned write leaves at most a .tmp- directory, which the next
+// commit's retention removes.
+//
+// Thread safety: every method is called by the training thread; last_checkpoint_step/uri may be
+// read from any thread.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/spec/training_job.h"
+#include "common/status.h"
+#include "worker/checkpoint/async_checkpointer.h"
+#include "worker/checkpoint/storage/storage.h"
+#include "worker/comm/communicator.h"
+#include "worker/metrics.h"
+#include "worker/trainer/model.h"
+#include "worker/trainer/training_state.h"
+
+namespace lockstep::trainer {
+
+struct TrainingCheckpointerOptions {
+  spec::CheckpointSpec checkpoint;  // uri (non-empty), intervalSteps, keep, async
+  // Limit of one persist attempt. Smaller: a write that cannot finish (a peer died before writing
+  // its shard) is given up sooner; larger: a slow storage can still take a big checkpoint.
+  int64_t attempt_timeout_ms = 60000;
+  // Attempts per checkpoint (the first included) and the pause before the second, doubling.
+  int max_attempts = 5;
+  int64_t retry_initial_backoff_ms = 1000;
+  int64_t retry_max_backoff_ms = 30000;
+  // Limit of reading the newest valid checkpoint at a restore.
+  int64_t restore_timeout_ms = 300000;
+};
+
+class TrainingCheckpointer {
+ public:
+  // INVALID_ARGUMENT for a malformed URI. metrics may be null.
+  static StatusOr<std::unique_ptr<TrainingCheckpointer>> Create(TrainingCheckpointerOptions options,
+                                                                const spec::TrainerSpec& spec,
+                                                                const ParameterLayout& layout,
+                                                                WorkerMetrics* metrics);
+  // Retires the current checkpointer and waits for every retired one (each bounded by
+  // attempt_timeout_ms). Call WaitForFinal first to keep the final checkpoint.
+  ~TrainingCheckpointer();
+
+  // Restores `state` from the newest valid checkpoint; returns its step, -1 when there is none
+  // (the state is untouched). Errors: the storage's (unreachable), FAILED_PRECONDITION when the
+  // checkpoint does not fit the manifest's model.
+  StatusOr<int64_t> Restore(TrainingState& state);
+
+  // A generation formed with this process as `rank` of `world_size`; `attempt_id` must be the
+  // same on every member and unique to the generation.
+  void BeginGeneration(const std::string& attempt_id, int rank, int world_size);
+  // The generation ended (or training did): retires its AsyncCheckpointer.
+  void EndGeneration();
+
+  // At every committed step, on every rank: at multiples of intervalSteps the ranks all-reduce
+  // whether any of them is still persisting an earlier checkpoint; if none is, every rank
+  // snapshots this step, else every rank skips it. So all ranks persist the same steps, and
+  // rank 0 never waits for the shard of a step that another rank dropped. Errors are the
+  // communicator's.
+  Status OnStep(const TrainingState& state, comm::Communicator& communicator, int64_t timeout_ms);
+  // At the end of training: checkpoints the final state unless that step is already queued.
+  void SnapshotFinal(const TrainingState& state);
+  // Waits until the final checkpoint is persisted (rank 0: committed), bounded by `deadline`.
+  Status WaitForFinal(Deadline deadline);
+
+  // The newest checkpoint this process committed (rank 0) or wrote its shard of; -1: none.
+  int64_t last_checkpoint_step() const { return last_step_.load(); }
+  std::string last_checkpoint_uri() const;
+
+ private:
+  TrainingCheckpointer(TrainingCheckpointerOptions options, checkpoint::StorageUri uri,
+                       std::shared_ptr<checkpoint::Storage> storage, const spec::TrainerSpec& spec,
+                       const ParameterLayout& layout, WorkerMetrics* metrics);
+  void Snapshot(const TrainingState& state);
+
+  TrainingCheckpointerOptions options_;
+  checkpoint::StorageUri uri_;
+  std::shared_ptr<checkpoint::Storage> storage_;
+  spec::TrainerSpec spec_;
+  ParameterLayout layout_;
+  WorkerMetrics* metrics_;
+
+  int rank_ = 0;
+  std::unique_ptr<checkpoint::AsyncCheckpointer> current_;
+  int64_t last_snapshot_step_ = -1;
+  checkpoint::CheckpointState staging_;  // reused: a snapshot costs copies, not allocations
+  std::vector<std::thread> retiring_;
+  std::atomic<int64_t> last_step_{-1};
+};
+
+}  // namespace lockstep::trainer
