@@ -1,7 +1,6 @@
 #include "worker/metrics.h"
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
@@ -128,13 +127,10 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
   }
 
   if (port != 0) {
-    try {
-      metrics->exposer_ = std::make_unique<prometheus::Exposer>("0.0.0.0:" + std::to_string(port));
-    } catch (const std::exception& e) {
-      return UnavailableError("metrics endpoint: cannot listen on 0.0.0.0:" + std::to_string(port) +
-                              " (port busy?): " + e.what());
-    }
-    metrics->exposer_->RegisterCollectable(metrics->registry_);
+    auto endpoint = http::HttpEndpoint::Start(
+        "0.0.0.0", port, {{"/metrics", http::PrometheusHandler(metrics->registry_)}});
+    if (!endpoint.ok()) return endpoint.status().WithContext("metrics endpoint");
+    metrics->endpoint_ = std::move(endpoint).value();
   }
   return metrics;
 }

@@ -16,11 +16,11 @@
 #include <mutex>
 #include <string>
 
+#include "common/http/http_endpoint.h"
 #include "common/status.h"
 
 namespace prometheus {
 class Counter;
-class Exposer;
 class Gauge;
 class Histogram;
 class Registry;
@@ -76,7 +76,7 @@ class WorkerMetrics {
   std::string job_;
   int port_ = 0;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<http::HttpEndpoint> endpoint_;
 
   mutable std::mutex mu_;
   int rank_ = -1;

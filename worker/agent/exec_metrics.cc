@@ -1,7 +1,6 @@
 #include "worker/agent/exec_metrics.h"
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/registry.h>
@@ -54,13 +53,10 @@ StatusOr<std::unique_ptr<ExecMetrics>> ExecMetrics::Create(const std::string& jo
     m.BindRank(0);
   }
   if (port != 0) {
-    try {
-      m.exposer_ = std::make_unique<prometheus::Exposer>("0.0.0.0:" + std::to_string(port));
-    } catch (const std::exception& e) {
-      return UnavailableError("metrics endpoint: cannot listen on 0.0.0.0:" + std::to_string(port) +
-                              " (port busy?): " + e.what());
-    }
-    m.exposer_->RegisterCollectable(m.registry_);
+    auto endpoint = http::HttpEndpoint::Start("0.0.0.0", port,
+                                              {{"/metrics", http::PrometheusHandler(m.registry_)}});
+    if (!endpoint.ok()) return endpoint.status().WithContext("metrics endpoint");
+    m.endpoint_ = std::move(endpoint).value();
   }
   return metrics;
 }

@@ -16,12 +16,12 @@
 #include <mutex>
 #include <string>
 
+#include "common/http/http_endpoint.h"
 #include "common/status.h"
 #include "worker/agent/progress_file.h"
 
 namespace prometheus {
 class Counter;
-class Exposer;
 class Gauge;
 class Registry;
 template <typename T>
@@ -50,7 +50,7 @@ class ExecMetrics {
 
   std::string job_;
   std::shared_ptr<prometheus::Registry> registry_;
-  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::unique_ptr<http::HttpEndpoint> endpoint_;
   mutable std::mutex mu_;
   int32_t rank_ = -1;
   int64_t furthest_step_ = 0;
