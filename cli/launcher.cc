@@ -118,7 +118,49 @@ std::string WorkerExit::Describe() const {
 RestartPolicy::Decision RestartOnFailure::OnWorkerFailed(const WorkerExit& exit,
                                                          int32_t restarts_so_far) {
   Decision decision;
-  if (restarts_so_far >= backoff_limit_) return decision;
+  if (restarts_so_far >= backoff_limit_) {
+    decision.refusal = "backoffLimit " + std::to_string(backoff_limit_) + " reached";
+    return decision;
+  }
+  decision.restart = true;
+  int64_t backoff_ms = initial_backoff_ms_;
+  for (int32_t i = 0; i < restarts_so_far && backoff_ms < max_backoff_ms_; ++i) backoff_ms *= 2;
+  decision.backoff_ms = std::min(backoff_ms, max_backoff_ms_);
+  return decision;
+}
+
+RestartPolicy::Decision RunPolicyRestarts::OnWorkerFailed(const WorkerExit& exit,
+                                                          int32_t restarts_so_far) {
+  Decision decision;
+  const int status = exit.ShellStatus();
+  if (!exit.signaled && exit.exit_code == 2) {
+    decision.refusal = "exit code 2 means bad input, which a restart cannot fix";
+    return decision;
+  }
+  switch (policy_.restart_policy) {
+    case spec::RestartPolicy::kNever:
+      decision.refusal = "restartPolicy Never";
+      return decision;
+    case spec::RestartPolicy::kExitCode: {
+      const std::vector<int32_t>& listed = policy_.retryable_exit_codes;
+      const bool retryable = status == 130 || status == 137 || status == 143 ||
+                             std::find(listed.begin(), listed.end(), status) != listed.end();
+      if (!retryable) {
+        decision.refusal = "restartPolicy ExitCode: " + std::to_string(status) +
+                           " is not retryable (130, 137, 143 and "
+                           "spec.runPolicy.retryableExitCodes are)";
+        return decision;
+      }
+      break;
+    }
+    case spec::RestartPolicy::kOnFailure:
+      break;
+  }
+  if (restarts_so_far >= policy_.backoff_limit) {
+    decision.refusal = "spec.runPolicy.backoffLimit " + std::to_string(policy_.backoff_limit) +
+                       " reached (" + std::to_string(restarts_so_far) + " restarts)";
+    return decision;
+  }
   decision.restart = true;
   int64_t backoff_ms = initial_backoff_ms_;
   for (int32_t i = 0; i < restarts_so_far && backoff_ms < max_backoff_ms_; ++i) backoff_ms *= 2;
@@ -284,6 +326,9 @@ void Supervisor::Reap(std::vector<SupervisorEvent>* events) {
         slot.restart_pending = true;
         slot.restart_at = MonotonicSeconds() + decision.backoff_ms / 1000.0;
         event.restart_scheduled = true;
+        event.restart_backoff_ms = decision.backoff_ms;
+      } else {
+        event.no_restart_reason = decision.refusal;
       }
     }
     events->push_back(std::move(event));
@@ -392,6 +437,16 @@ Status Supervisor::SignalWorker(int slot, int signal_number) {
 int32_t Supervisor::running() const {
   int32_t count = 0;
   for (const Slot& slot : slots_) count += slot.pid != 0 ? 1 : 0;
+  return count;
+}
+
+void Supervisor::CancelPendingRestarts() {
+  for (Slot& slot : slots_) slot.restart_pending = false;
+}
+
+int32_t Supervisor::pending_restarts() const {
+  int32_t count = 0;
+  for (const Slot& slot : slots_) count += slot.restart_pending ? 1 : 0;
   return count;
 }
 

@@ -36,6 +36,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spec/training_job.h"
 #include "common/status.h"
 
 namespace lockstep::cli {
@@ -65,13 +66,14 @@ struct WorkerExit {
   int ShellStatus() const { return signaled ? 128 + signal : exit_code; }
 };
 
-// Decides whether a failed worker is replaced. The elastic issue plugs OnFailure/backoffLimit in
-// here; `lockstep run` uses NeverRestart until then.
+// Decides whether a failed worker is replaced (`lockstep run` uses RunPolicyRestarts).
 class RestartPolicy {
  public:
   struct Decision {
     bool restart = false;
     int64_t backoff_ms = 0;  // delay before the replacement starts
+    // When not restarting: why, for the user ("restartPolicy Never", "backoffLimit 3 reached").
+    std::string refusal;
   };
   virtual ~RestartPolicy() = default;
   // Called for every non-zero exit while the supervisor is not stopping. `restarts_so_far` counts
@@ -101,6 +103,29 @@ class RestartOnFailure : public RestartPolicy {
   int64_t max_backoff_ms_;
 };
 
+// spec.runPolicy as `lockstep run` applies it (docs/cli.md, "Restarts"):
+//  - exit code 2 (the worker found its input bad) is never retried: a replacement would find
+//    the same input;
+//  - OnFailure: any other failure, exit code or signal, is retried;
+//  - ExitCode: only retryable failures are: 130, 137, 143 (SIGINT, SIGKILL, SIGTERM: the
+//    process was stopped from outside, not broken) and spec.runPolicy.retryableExitCodes;
+//  - Never: nothing is retried;
+//  - at most backoffLimit replacements for the whole job; the back-off doubles from
+//    initial_backoff_ms up to max_backoff_ms.
+class RunPolicyRestarts : public RestartPolicy {
+ public:
+  RunPolicyRestarts(spec::RunPolicy policy, int64_t initial_backoff_ms, int64_t max_backoff_ms)
+      : policy_(std::move(policy)),
+        initial_backoff_ms_(initial_backoff_ms),
+        max_backoff_ms_(max_backoff_ms) {}
+  Decision OnWorkerFailed(const WorkerExit& exit, int32_t restarts_so_far) override;
+
+ private:
+  spec::RunPolicy policy_;
+  int64_t initial_backoff_ms_;
+  int64_t max_backoff_ms_;
+};
+
 struct SupervisorEvent {
   enum class Kind {
     kWorkerExited,     // `exit` is set; `restart_scheduled` says whether a replacement will start
@@ -110,6 +135,8 @@ struct SupervisorEvent {
   Kind kind = Kind::kWorkerExited;
   WorkerExit exit;
   bool restart_scheduled = false;
+  int64_t restart_backoff_ms = 0;  // when restart_scheduled
+  std::string no_restart_reason;   // a failed exit that is not restarted: the policy's refusal
   int signal = 0;
 };
 
@@ -148,10 +175,14 @@ class Supervisor {
   // arriving during the grace period (a second Ctrl-C) sends SIGKILL at once. Idempotent.
   std::vector<WorkerExit> StopAll();
 
+  // Drops every scheduled restart (the job is completing: a replacement is not needed).
+  void CancelPendingRestarts();
+
   // Sends `signal` to one worker's process group (tests use it to simulate failures).
   Status SignalWorker(int slot, int signal);
 
-  int32_t running() const;  // slots with a live process
+  int32_t running() const;           // slots with a live process
+  int32_t pending_restarts() const;  // slots waiting out a back-off before their replacement
   int32_t restarts() const { return restarts_; }
   pid_t pid(int slot) const;  // 0 when the slot has no live process
   const WorkerCommand& command(int slot) const { return slots_[slot].command; }

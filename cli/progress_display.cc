@@ -52,6 +52,8 @@ std::string ProgressDisplay::FormatLine(const ProgressSample& sample, double ste
   std::snprintf(buffer, sizeof(buffer), "  world %d  gen %lld", sample.world_size,
                 static_cast<long long>(sample.generation));
   line += buffer;
+  if (sample.restarts > 0) line += "  restarts " + std::to_string(sample.restarts);
+  if (!sample.generation_active) line += "  re-forming";
   return line;
 }
 
@@ -63,6 +65,16 @@ void ProgressDisplay::Update(const ProgressSample& sample, double now) {
     while (window_.size() > 2 && now - window_.front().first > kRateWindowSeconds) {
       window_.pop_front();
     }
+  }
+  if (sample.generation > last_generation_) {
+    if (last_world_size_ > 0 && sample.world_size != last_world_size_) {
+      Clear();
+      out_ << "world size " << last_world_size_ << " -> " << sample.world_size << " (generation "
+           << sample.generation << ")\n"
+           << std::flush;
+    }
+    last_generation_ = sample.generation;
+    last_world_size_ = sample.world_size;
   }
   const int64_t interval_ms = options_.tty ? options_.tty_interval_ms : options_.plain_interval_ms;
   if ((now - last_draw_) * 1000.0 < static_cast<double>(interval_ms)) return;

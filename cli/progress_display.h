@@ -23,8 +23,10 @@ struct ProgressSample {
   double loss = 0;
   double samples_per_second = 0;
   int32_t world_size = 0;
-  int64_t generation = 0;  // 0: no generation formed yet
+  int64_t generation = 0;         // 0: no generation formed yet
+  bool generation_active = true;  // false: re-forming after a member left or joined
   int32_t workers_running = 0;
+  int32_t restarts = 0;        // replacement workers started so far
   double elapsed_seconds = 0;  // since the workers were started
 };
 
@@ -42,7 +44,9 @@ class ProgressDisplay {
   ProgressDisplay(std::ostream& out, ProgressDisplayOptions options);
 
   // Records the sample (for the time-left estimate) and draws it when the period has passed.
-  // `now` is MonotonicSeconds().
+  // A new generation with another world size is also written as a line of its own, at once
+  // ("world size 3 -> 2 (generation 2)"), so a log keeps every change. `now` is
+  // MonotonicSeconds().
   void Update(const ProgressSample& sample, double now);
   // Erases the in-place line on a terminal so other output starts at column 0; no-op otherwise.
   void Clear();
@@ -50,7 +54,8 @@ class ProgressDisplay {
   // Steps per second over the recent window, or -1 while unknown.
   double StepsPerSecond() const;
 
-  // "step 1200/3000  40.0%  loss 0.4123  9876 samples/s  1m 05s left  world 4  gen 1"
+  // "step 1200/3000  40.0%  loss 0.4123  9876 samples/s  1m 05s left  world 4  gen 1", then
+  // "  restarts 2" once a worker was replaced and "  re-forming" between generations.
   static std::string FormatLine(const ProgressSample& sample, double steps_per_second);
 
  private:
@@ -60,6 +65,8 @@ class ProgressDisplay {
   double last_draw_ = -1e18;
   bool line_drawn_ = false;  // a TTY line is on screen
   std::string last_plain_line_;
+  int64_t last_generation_ = 0;
+  int32_t last_world_size_ = 0;
 };
 
 }  // namespace lockstep::cli

@@ -33,6 +33,17 @@ namespace lockstep::cli {
 LOCKSTEP_PARAM_INT(RunCompletionDrainMs, "LOCKSTEP_RUN_DRAIN_TIMEOUT_MS", 300000);
 // Between SIGTERM and SIGKILL when stopping workers.
 LOCKSTEP_PARAM_INT(RunGracePeriodMs, "LOCKSTEP_RUN_GRACE_PERIOD_MS", 5000);
+// How long fewer than minReplicas workers may be alive before the job fails. The workers' Join
+// gets this plus kJoinTimeoutMarginMs, so the launcher's message, which says what happened,
+// comes first. Longer: more patience for a slow replacement; shorter: a lost job fails sooner.
+LOCKSTEP_PARAM_INT(RendezvousTimeoutMs, "LOCKSTEP_RENDEZVOUS_TIMEOUT_MS", 30000);
+// First back-off before a failed worker's replacement starts; doubles per restart up to
+// kMaxRestartBackoffMs. The survivors train meanwhile, so it does not delay recovery; it keeps
+// a worker that crashes at once from spinning.
+LOCKSTEP_PARAM_INT(RunRestartBackoffMs, "LOCKSTEP_RUN_RESTART_BACKOFF_MS", 200);
+// Period of the plain progress lines when stdout is not a terminal. Shorter: finer logs (tests
+// and benchmarks follow the step through them); longer: quieter CI logs.
+LOCKSTEP_PARAM_INT(RunProgressIntervalMs, "LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", 5000);
 
 namespace {
 
@@ -41,6 +52,8 @@ namespace fs = std::filesystem;
 constexpr int kFailureLogLines = 20;
 constexpr int64_t kPollIntervalMs = 250;  // also the TTY redraw period
 constexpr int64_t kServerShutdownMs = 2000;
+constexpr int64_t kJoinTimeoutMarginMs = 5000;
+constexpr int64_t kMaxRestartBackoffMs = 10000;
 
 StatusOr<int32_t> ParseReplicas(const std::string& text) {
   char* end = nullptr;
@@ -126,7 +139,7 @@ std::string ThreadsPerWorker(int32_t workers) {
 }
 
 ProgressSample SampleFrom(const rendezvous::JobSnapshot& snapshot, int32_t running,
-                          double elapsed) {
+                          int32_t restarts, double elapsed) {
   ProgressSample sample;
   sample.step = snapshot.progress.step;
   sample.total_steps = snapshot.progress.total_steps;
@@ -134,7 +147,9 @@ ProgressSample SampleFrom(const rendezvous::JobSnapshot& snapshot, int32_t runni
   sample.samples_per_second = snapshot.progress.samples_per_second;
   sample.world_size = snapshot.world_size;
   sample.generation = snapshot.generation;
+  sample.generation_active = snapshot.generation_active;
   sample.workers_running = running;
+  sample.restarts = restarts;
   sample.elapsed_seconds = elapsed;
   return sample;
 }
@@ -152,6 +167,8 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, RunSummary
   summary->eval_accuracy =
       final_progress.eval_accuracy >= 0 ? final_progress.eval_accuracy : last.eval_accuracy;
   summary->generations = static_cast<int64_t>(snapshot.history.size());
+  summary->resumed_from_step = std::max(last.resumed_from_step, final_progress.resumed_from_step);
+  summary->recovery_seconds = rendezvous::LongestRecoverySeconds(snapshot.history);
   summary->world_size = snapshot.world_size;
   if (summary->world_size == 0 && !snapshot.history.empty()) {
     summary->world_size = snapshot.history.back().world_size;
@@ -184,6 +201,8 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
     }
     command.log_path = (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".log")).string();
     const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i;
+    const std::string join_timeout_ms = EnvString(
+        "LOCKSTEP_JOIN_TIMEOUT_MS", std::to_string(RendezvousTimeoutMs() + kJoinTimeoutMarginMs));
     command.env = {
         {"LOCKSTEP_RENDEZVOUS", rendezvous_address},
         {"LOCKSTEP_JOB", JobKey(job)},
@@ -191,6 +210,7 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
         {"LOCKSTEP_POD", command.member_id},
         {"LOCKSTEP_HOST", "127.0.0.1"},
         {"LOCKSTEP_METRICS_PORT", std::to_string(metrics_port)},
+        {"LOCKSTEP_JOIN_TIMEOUT_MS", join_timeout_ms},
         {"OPENBLAS_NUM_THREADS", EnvString("OPENBLAS_NUM_THREADS", threads)},
         {"OMP_NUM_THREADS", EnvString("OMP_NUM_THREADS", threads)},
     };
@@ -202,26 +222,57 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
 // How watching a run ended: at most one of failure, failure_reason and interrupt_signal is set;
 // none means every worker finished.
 struct WatchOutcome {
-  std::optional<WorkerExit> failure;  // the first worker that failed for good
+  std::optional<WorkerExit> failure;  // the worker whose failure ended the job
+  std::string failure_policy;         // why it was not restarted ("restartPolicy Never")
   std::string failure_reason;         // a failure that is not a worker's exit
   int interrupt_signal = 0;           // SIGINT or SIGTERM to the launcher
   rendezvous::JobSnapshot snapshot;   // the latest seen
 };
 
+// Writes one event line (a restart, a world size change) without tearing the progress line.
+void PrintEvent(ProgressDisplay& display, std::ostream& out, const std::string& line) {
+  display.Clear();
+  out << "lockstep: " << line << "\n" << std::flush;
+}
+
 // Polls the supervisor (every kPollIntervalMs, which is also the TTY redraw period) and the
-// rendezvous snapshot until every worker has finished, one fails, a signal arrives, or a
-// deadline passes. Reports failed workers to the rendezvous service as it sees them.
+// rendezvous snapshot until every worker has finished, the job fails, a signal arrives, or a
+// deadline passes. Reports failed workers to the rendezvous service as it sees them, so the
+// survivors re-form at once; the restart policy decides whether a replacement follows.
+//
+// A failure that is not restarted fails the job, except in an elastic job (minReplicas <
+// maxReplicas) whose policy declines the restart (Never, ExitCode): there the worker is
+// dropped and the job goes on while at least minReplicas are alive. Exit code 2 and an
+// exhausted backoffLimit always fail the job. Fewer than minReplicas alive (running, finished,
+// or about to be replaced) for longer than the rendezvous timeout fails it too.
 WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor,
                             rendezvous::RendezvousServer& server, ProgressDisplay& display,
-                            double started_at) {
+                            std::ostream& out, double started_at) {
   WatchOutcome outcome;
   const std::string job_key = JobKey(job);
+  const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
+  const int32_t min_alive = job.spec.elastic.min_replicas;
+  const int64_t rendezvous_timeout_ms = RendezvousTimeoutMs();
   std::vector<bool> finished(supervisor.size(), false);
+  std::vector<bool> dropped(supervisor.size(), false);
+  // Once a worker completed training (Leave(completed) or exit 0), replacements are no longer
+  // needed: pending restarts are cancelled, a replacement outside the final generation is
+  // stopped, and its exit (the rendezvous refuses it, or our SIGTERM) is not a failure.
+  // Workers of the first start are never stopped this way: they finish on their own.
+  bool completing = false;
+  std::vector<bool> replaced(supervisor.size(), false);
+  auto in_final_generation = [&](const std::string& member_id) {
+    for (const auto& member : outcome.snapshot.members) {
+      if (member.member_id == member_id) return true;
+    }
+    return false;
+  };
   std::optional<Deadline> active_deadline;
   if (job.spec.run_policy.active_deadline_seconds.has_value()) {
     active_deadline = Deadline::AfterMs(*job.spec.run_policy.active_deadline_seconds * 1000);
   }
   std::optional<Deadline> drain_deadline;
+  double below_min_since = -1;  // MonotonicSeconds() since fewer than min_alive; -1: not
   while (true) {
     StatusOr<std::vector<SupervisorEvent>> events = supervisor.Poll(kPollIntervalMs);
     if (!events.ok()) {
@@ -233,19 +284,57 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor
         case SupervisorEvent::Kind::kSignal:
           if (outcome.interrupt_signal == 0) outcome.interrupt_signal = event.signal;
           break;
-        case SupervisorEvent::Kind::kWorkerExited:
+        case SupervisorEvent::Kind::kWorkerExited: {
           if (event.exit.success()) {
             finished[event.exit.slot] = true;
+            completing = true;
             if (!drain_deadline) drain_deadline = Deadline::AfterMs(RunCompletionDrainMs());
+            break;
+          }
+          if (completing && replaced[event.exit.slot] &&
+              !in_final_generation(event.exit.member_id)) {
+            dropped[event.exit.slot] = true;  // a late replacement: the job no longer needs it
             break;
           }
           // The launcher is the failure detector on one machine: the generation ends now, not
           // after a heartbeat timeout.
           server.RemoveMember(job_key, event.exit.member_id,
                               "process exited with " + event.exit.Describe());
-          if (!event.restart_scheduled && !outcome.failure) outcome.failure = event.exit;
+          if (event.restart_scheduled) {
+            PrintEvent(display, out,
+                       "worker " + event.exit.member_id + " failed (" + event.exit.Describe() +
+                           "); the others train on; replacement " +
+                           std::to_string(supervisor.restarts() + 1) + " of backoffLimit " +
+                           std::to_string(job.spec.run_policy.backoff_limit) + " starts in " +
+                           FormatDuration(event.restart_backoff_ms / 1000.0));
+            break;
+          }
+          const bool bad_input = !event.exit.signaled && event.exit.exit_code == kExitBadInput;
+          const bool limit_reached =
+              event.no_restart_reason.find("backoffLimit") != std::string::npos;
+          if (elastic && !bad_input && !limit_reached && event.exit.exit_code != 127) {
+            dropped[event.exit.slot] = true;
+            PrintEvent(display, out,
+                       "worker " + event.exit.member_id + " failed (" + event.exit.Describe() +
+                           ") and is not replaced (" + event.no_restart_reason +
+                           "); the job goes on while at least minReplicas " +
+                           std::to_string(min_alive) + " workers are alive");
+            break;
+          }
+          if (!outcome.failure) {
+            outcome.failure = event.exit;
+            outcome.failure_policy = event.no_restart_reason.empty()
+                                         ? "its replacement could not start"
+                                         : event.no_restart_reason;
+          }
           break;
+        }
         case SupervisorEvent::Kind::kWorkerRestarted:
+          replaced[event.exit.slot] = true;
+          PrintEvent(display, out,
+                     "started replacement for " + event.exit.member_id + " (pid " +
+                         std::to_string(event.exit.pid) + ", restart " +
+                         std::to_string(supervisor.restarts()) + ")");
           break;
       }
     }
@@ -253,7 +342,35 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor
       outcome.snapshot = *latest;
     }
     if (outcome.interrupt_signal != 0 || outcome.failure) return outcome;
-    if (std::all_of(finished.begin(), finished.end(), [](bool done) { return done; })) {
+    if (outcome.snapshot.completed_members > 0) completing = true;
+    if (completing) {
+      supervisor.CancelPendingRestarts();
+      for (int slot = 0; slot < supervisor.size(); ++slot) {
+        if (!replaced[slot] || supervisor.pid(slot) == 0 || finished[slot] || dropped[slot]) {
+          continue;
+        }
+        if (in_final_generation(supervisor.command(slot).member_id)) continue;
+        if (supervisor.SignalWorker(slot, SIGTERM).ok()) dropped[slot] = true;
+      }
+    }
+    int32_t finished_count = 0, settled = 0;
+    for (size_t i = 0; i < finished.size(); ++i) {
+      finished_count += finished[i] ? 1 : 0;
+      settled += finished[i] || dropped[i] ? 1 : 0;
+    }
+    if (settled == supervisor.size() && finished_count > 0) return outcome;
+    // Finished workers count as alive: a job that is completing is not short of members.
+    const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
+    const double now = MonotonicSeconds();
+    if (alive >= min_alive) {
+      below_min_since = -1;
+    } else if (below_min_since < 0) {
+      below_min_since = now;
+    } else if ((now - below_min_since) * 1000.0 >= static_cast<double>(rendezvous_timeout_ms)) {
+      outcome.failure_reason = "only " + std::to_string(alive) + " of minReplicas " +
+                               std::to_string(min_alive) + " workers alive for " +
+                               FormatDuration(rendezvous_timeout_ms / 1000.0) +
+                               " (LOCKSTEP_RENDEZVOUS_TIMEOUT_MS)";
       return outcome;
     }
     if (active_deadline && active_deadline->expired()) {
@@ -267,14 +384,16 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor
                                std::to_string(RunCompletionDrainMs() / 1000) + " s";
       return outcome;
     }
-    const double now = MonotonicSeconds();
-    display.Update(SampleFrom(outcome.snapshot, supervisor.running(), now - started_at), now);
+    display.Update(
+        SampleFrom(outcome.snapshot, supervisor.running(), supervisor.restarts(), now - started_at),
+        now);
   }
 }
 
-void PrintWorkerFailure(const WorkerExit& exit, const std::string& log_path, std::ostream& err) {
+void PrintWorkerFailure(const WorkerExit& exit, const std::string& policy,
+                        const std::string& log_path, std::ostream& err) {
   err << "lockstep: worker " << exit.member_id << " (pid " << exit.pid
-      << ") failed: " << exit.Describe() << "\n";
+      << ") failed: " << exit.Describe() << "; not restarted: " << policy << "\n";
   std::vector<std::string> tail = TailOfFile(log_path, kFailureLogLines);
   if (tail.empty()) {
     err << "lockstep: its log " << log_path << " is empty\n";
@@ -467,9 +586,16 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   rendezvous::JobConfig job_config;
   job_config.job = job_key;
   job_config.token = *token;
-  job_config.min_members = job.spec.elastic.min_replicas;
+  // A fixed-size job's survivors train on at a smaller world size while a failed worker's
+  // replacement starts (the data order and the global-mean gradient do not depend on the world
+  // size), so the rendezvous admits any number up to replicas; whether the job may go on
+  // without the worker is the restart policy's decision (WatchUntilDone). An elastic job's
+  // range is the spec's.
+  const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
+  job_config.min_members = elastic ? job.spec.elastic.min_replicas : 1;
   job_config.max_members = job.spec.elastic.max_replicas;
   job_config.initial_members = workers;  // every local worker is started at once
+  job_config.wait_for_initial_members = true;
   if (Status status = (*server)->AddJob(job_config); !status.ok()) {
     err << "lockstep run: rendezvous service: " << status.message() << "\n";
     (*server)->Shutdown(kServerShutdownMs);
@@ -482,9 +608,9 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
                           "127.0.0.1:" + std::to_string((*server)->port()), *token);
   SupervisorOptions supervisor_options;
   supervisor_options.grace_period_ms = RunGracePeriodMs();
-  // Restarts need a replacement to join a later rendezvous generation and recover state; until
-  // the elastic work lands, a failed worker ends the run (NeverRestart).
-  Supervisor supervisor(supervisor_options, std::make_unique<NeverRestart>());
+  Supervisor supervisor(supervisor_options,
+                        std::make_unique<RunPolicyRestarts>(
+                            job.spec.run_policy, RunRestartBackoffMs(), kMaxRestartBackoffMs));
   const double started_at = MonotonicSeconds();
   if (Status status = supervisor.Start(commands); !status.ok()) {
     err << "lockstep run: " << status.message() << "\n";
@@ -500,8 +626,9 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   ProgressDisplayOptions display_options;
   display_options.tty = tty;
   display_options.columns = tty ? TerminalColumns() : 0;
+  display_options.plain_interval_ms = std::max<int64_t>(1, RunProgressIntervalMs());
   ProgressDisplay display(out, display_options);
-  WatchOutcome outcome = WatchUntilDone(job, supervisor, **server, display, started_at);
+  WatchOutcome outcome = WatchUntilDone(job, supervisor, **server, display, out, started_at);
   display.Clear();
 
   // Stop whatever still runs; bounded by the grace period plus the kill wait.
@@ -537,7 +664,8 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     summary.status = "failed";
     summary.failed_worker = failure->member_id;
     summary.failed_worker_exit = failure->Describe();
-    PrintWorkerFailure(*failure, supervisor.command(failure->slot).log_path, err);
+    PrintWorkerFailure(*failure, outcome.failure_policy, supervisor.command(failure->slot).log_path,
+                       err);
     // Exit 2 from a worker means it found its input bad; pass that on so scripts can tell a
     // broken manifest from a crash.
     exit_code =

@@ -57,6 +57,10 @@ struct HeartbeatSession {
   std::condition_variable cv;
   bool stop_requested = false;  // StopHeartbeat
   bool stream_ended = false;    // the reader saw the end of the stream
+  // The first progress set during this generation waits for no beat interval: it is how the
+  // service learns that training runs again after a re-formation (recovery time).
+  bool first_progress_pending = false;
+  bool first_progress_sent = false;
   std::atomic<bool> reported{false};
   std::thread writer;
 
@@ -79,9 +83,17 @@ class GrpcRendezvousClient : public RendezvousClient {
                         std::function<void(const std::string& reason)> on_ended) override;
   void StopHeartbeat() override;
   void SetProgress(const ProgressReport& progress) override {
-    std::lock_guard<std::mutex> lock(progress_mu_);
-    progress_ = progress;
-    has_progress_ = true;
+    {
+      std::lock_guard<std::mutex> lock(progress_mu_);
+      progress_ = progress;
+      has_progress_ = true;
+    }
+    std::lock_guard<std::mutex> lock(heartbeat_mu_);
+    if (heartbeat_ == nullptr) return;
+    std::lock_guard<std::mutex> session_lock(heartbeat_->mu);
+    if (heartbeat_->first_progress_sent) return;
+    heartbeat_->first_progress_pending = true;
+    heartbeat_->cv.notify_all();
   }
   Status Leave(bool completed, const ProgressReport& final_progress) override;
   std::unique_ptr<KeyValueStore> GenerationStore(int64_t generation) override {
@@ -193,15 +205,23 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
     beat.set_member_id(options_.member_id);
     beat.set_generation(generation);
     {
+      // Cleared before the progress is read: progress set while it is in flight prompts another
+      // beat.
+      std::lock_guard<std::mutex> lock(session->mu);
+      if (session->first_progress_pending) session->first_progress_sent = true;
+      session->first_progress_pending = false;
+    }
+    {
       std::lock_guard<std::mutex> lock(progress_mu_);
       if (has_progress_) *beat.mutable_progress() = ToProto(progress_);
     }
     if (!stream->Write(beat)) break;  // the stream is over; the reader sees why
     std::unique_lock<std::mutex> lock(session->mu);
     if (session->cv.wait_for(lock, interval, [session] {
-          return session->stop_requested || session->stream_ended;
+          return session->stop_requested || session->stream_ended ||
+                 session->first_progress_pending;
         })) {
-      break;
+      if (session->stop_requested || session->stream_ended) break;
     }
   }
   reader.join();  // returns once the service finishes the stream or StopHeartbeat cancels it

@@ -217,7 +217,8 @@ class Job : public std::enable_shared_from_this<Job> {
   bool AllExpectedJoined() const;
   void TryFormGeneration(Actions& actions);
   void FormGeneration(Actions& actions);
-  void EndGeneration(const std::string& reason, Actions& actions);
+  // lost: a member is gone (for the recovery time); false when one joined.
+  void EndGeneration(const std::string& reason, bool lost, Actions& actions);
   void ScheduleHeartbeatCheck(int64_t generation, Clock::time_point at);
   void CheckHeartbeats(int64_t generation);
   void ExpireJoin(uint64_t join_id);
@@ -408,6 +409,7 @@ bool Job::AllExpectedJoined() const {
 void Job::TryFormGeneration(Actions& actions) {
   if (active_ || !closed_status_.ok()) return;
   if (static_cast<int32_t>(pending_.size()) < config_.min_members) return;
+  if (generation_ == 0 && config_.wait_for_initial_members && !AllExpectedJoined()) return;
   if (!AllExpectedJoined()) {
     const Clock::time_point last_call_at =
         latest_arrival_ + std::chrono::milliseconds(config_.last_call_ms);
@@ -494,6 +496,9 @@ void Job::FormGeneration(Actions& actions) {
   record.generation = generation_;
   record.world_size = static_cast<int32_t>(world);
   record.formed_at = MonotonicSeconds();
+  for (const auto& member : members_) {
+    record.formed_at_step = std::max(record.formed_at_step, member.info.state_step);
+  }
   history_.push_back(record);
 
   // A member of g-1 may still be reading g-1's keys while it learns that g-1 ended; anything
@@ -518,12 +523,13 @@ void Job::FormGeneration(Actions& actions) {
                          now + std::chrono::milliseconds(config_.heartbeat_timeout_ms + 1));
 }
 
-void Job::EndGeneration(const std::string& reason, Actions& actions) {
+void Job::EndGeneration(const std::string& reason, bool lost, Actions& actions) {
   if (!active_) return;
   active_ = false;
   if (!history_.empty()) {
     history_.back().ended_at = MonotonicSeconds();
     history_.back().end_reason = reason;
+    history_.back().ended_by_loss = lost;
   }
   for (auto& member : members_) {
     if (member.stream == nullptr) continue;
@@ -546,6 +552,15 @@ void Job::Join(const std::shared_ptr<HeldCall>& call, const v1::JoinRequest& req
         call->Complete(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                     "join needs a member_id and a positive timeout_ms"));
       });
+    } else if (!completed_ids_.empty() && FindMember(request.member_id()) == nullptr &&
+               std::find(survivors_.begin(), survivors_.end(), request.member_id()) ==
+                   survivors_.end()) {
+      // Training is over (a member completed it): a newcomer, such as a replacement that
+      // started late, has nothing to join. Survivors may still re-form to finish.
+      actions.push_back([call, job = config_.job] {
+        call->Complete(grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                                    "job " + job + " has completed; nothing to join"));
+      });
     } else {
       const std::string& member_id = request.member_id();
       for (auto it = pending_.begin(); it != pending_.end(); ++it) {
@@ -563,7 +578,7 @@ void Job::Join(const std::shared_ptr<HeldCall>& call, const v1::JoinRequest& req
         // it is impossible and ending would only stall the others.
         const bool is_member = FindMember(member_id) != nullptr;
         if (is_member || static_cast<int32_t>(members_.size()) < config_.max_members) {
-          EndGeneration("member " + member_id + " joined", actions);
+          EndGeneration("member " + member_id + " joined", /*lost=*/false, actions);
         } else {
           LOCKSTEP_LOG(INFO) << Describe() << ": " << member_id << " waits: generation "
                              << generation_ << " is at max_members";
@@ -659,7 +674,15 @@ void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
         member->stream = stream;
       }
       member->last_beat = Clock::now();
-      if (request.has_progress()) UpdateProgress(request.progress());
+      if (request.has_progress()) {
+        UpdateProgress(request.progress());
+        // A survivor's first beats may repeat its progress from the previous generation; only a
+        // step past the newest state at formation shows that this generation trains.
+        GenerationRecord& record = history_.back();
+        if (record.training_at < 0 && request.progress().step() > record.formed_at_step) {
+          record.training_at = MonotonicSeconds();
+        }
+      }
     }
   }
   RunActions(actions);
@@ -677,7 +700,7 @@ void Job::StreamClosed(const std::shared_ptr<HeartbeatStream>& stream, const std
     member->stream = nullptr;
     if (member->completed) return;  // Leave(completed) came first: finishing is not failing
     RemoveSurvivor(member_id);
-    EndGeneration("member " + member_id + " left: " + how, actions);
+    EndGeneration("member " + member_id + " left: " + how, /*lost=*/true, actions);
     TryFormGeneration(actions);
   }
   RunActions(actions);
@@ -719,7 +742,7 @@ void Job::CheckHeartbeats(int64_t generation) {
     }
     EndGeneration("member " + names + " missed heartbeats for " +
                       std::to_string(config_.heartbeat_timeout_ms) + " ms",
-                  actions);
+                  /*lost=*/true, actions);
     TryFormGeneration(actions);
   }
   RunActions(actions);
@@ -738,14 +761,17 @@ Status Job::Leave(const v1::LeaveRequest& request) {
     if (request.completed()) {
       completed_ids_.insert(member_id);
       if (member != nullptr) member->completed = true;
-      if (!has_final_progress_ && request.has_progress() &&
-          request.progress().eval_accuracy() >= 0) {
+      // The first completed member's report is final (a job without a test split has no
+      // accuracy in it); a later report replaces it only to add an evaluation it lacked.
+      if (request.has_progress() &&
+          (!has_final_progress_ ||
+           (final_progress_.eval_accuracy < 0 && request.progress().eval_accuracy() >= 0))) {
         final_progress_ = FromProto(request.progress());
         has_final_progress_ = true;
       }
       LOCKSTEP_LOG(INFO) << Describe() << ": member " << member_id << " completed";
     } else if (active_ && member != nullptr) {
-      EndGeneration("member " + member_id + " left", actions);
+      EndGeneration("member " + member_id + " left", /*lost=*/true, actions);
       TryFormGeneration(actions);
     }
   }
@@ -762,7 +788,7 @@ void Job::RemoveMember(const std::string& member_id, const std::string& reason) 
     RemoveSurvivor(member_id);
     ActiveMember* member = FindMember(member_id);
     if (active_ && member != nullptr && !member->completed) {
-      EndGeneration("member " + member_id + " removed: " + reason, actions);
+      EndGeneration("member " + member_id + " removed: " + reason, /*lost=*/true, actions);
       TryFormGeneration(actions);
     }
   }
@@ -1154,6 +1180,21 @@ grpc::ServerUnaryReactor* RendezvousServerImpl::StoreAdd(grpc::CallbackServerCon
 }
 
 }  // namespace
+
+double LongestRecoverySeconds(const std::vector<GenerationRecord>& history) {
+  double longest = 0;
+  for (size_t i = 0; i < history.size(); ++i) {
+    if (!history[i].ended_by_loss || history[i].ended_at < 0) continue;
+    // The next generation may end before it trains (the replacement joins at once): recovery
+    // lasts until some later generation trains.
+    for (size_t j = i + 1; j < history.size(); ++j) {
+      if (history[j].training_at < 0) continue;
+      longest = std::max(longest, history[j].training_at - history[i].ended_at);
+      break;
+    }
+  }
+  return longest;
+}
 
 StatusOr<std::unique_ptr<RendezvousServer>> RendezvousServer::Start(const ServerOptions& options) {
   auto server = std::make_unique<RendezvousServerImpl>();

@@ -256,6 +256,66 @@ TEST(RestartOnFailureTest, BackoffDoublesUpToTheMaximum) {
   EXPECT_FALSE(policy.OnWorkerFailed(exit, 10).restart);
 }
 
+WorkerExit ExitWithCode(int code) {
+  WorkerExit exit;
+  exit.exit_code = code;
+  return exit;
+}
+
+WorkerExit KilledBy(int signal_number) {
+  WorkerExit exit;
+  exit.signaled = true;
+  exit.signal = signal_number;
+  return exit;
+}
+
+spec::RunPolicy Policy(spec::RestartPolicy kind, int32_t backoff_limit,
+                       std::vector<int32_t> retryable = {}) {
+  spec::RunPolicy policy;
+  policy.restart_policy = kind;
+  policy.backoff_limit = backoff_limit;
+  policy.retryable_exit_codes = std::move(retryable);
+  return policy;
+}
+
+TEST(RunPolicyRestartsTest, OnFailureRetriesCrashesAndSignalsButNeverBadInput) {
+  RunPolicyRestarts policy(Policy(spec::RestartPolicy::kOnFailure, 3), 100, 1000);
+  EXPECT_TRUE(policy.OnWorkerFailed(ExitWithCode(1), 0).restart);
+  EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGKILL), 1).restart);
+  EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGSEGV), 2).restart);
+  const RestartPolicy::Decision bad_input = policy.OnWorkerFailed(ExitWithCode(2), 0);
+  EXPECT_FALSE(bad_input.restart);
+  EXPECT_NE(bad_input.refusal.find("bad input"), std::string::npos) << bad_input.refusal;
+}
+
+TEST(RunPolicyRestartsTest, BackoffLimitCountsReplacementsForTheWholeJobAndIsNamed) {
+  RunPolicyRestarts policy(Policy(spec::RestartPolicy::kOnFailure, 2), 100, 150);
+  EXPECT_EQ(policy.OnWorkerFailed(KilledBy(SIGKILL), 0).backoff_ms, 100);
+  EXPECT_EQ(policy.OnWorkerFailed(KilledBy(SIGKILL), 1).backoff_ms, 150);
+  const RestartPolicy::Decision refused = policy.OnWorkerFailed(KilledBy(SIGKILL), 2);
+  EXPECT_FALSE(refused.restart);
+  EXPECT_NE(refused.refusal.find("backoffLimit 2"), std::string::npos) << refused.refusal;
+}
+
+TEST(RunPolicyRestartsTest, ExitCodeRetriesOnlySignalsStoppedFromOutsideAndListedCodes) {
+  RunPolicyRestarts policy(Policy(spec::RestartPolicy::kExitCode, 10, {3}), 100, 1000);
+  EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGKILL), 0).restart);   // 137
+  EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGTERM), 0).restart);   // 143
+  EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGINT), 0).restart);    // 130
+  EXPECT_TRUE(policy.OnWorkerFailed(ExitWithCode(3), 0).restart);     // listed
+  EXPECT_FALSE(policy.OnWorkerFailed(ExitWithCode(1), 0).restart);    // a crash
+  EXPECT_FALSE(policy.OnWorkerFailed(KilledBy(SIGSEGV), 0).restart);  // 139
+  const RestartPolicy::Decision refused = policy.OnWorkerFailed(ExitWithCode(1), 0);
+  EXPECT_NE(refused.refusal.find("not retryable"), std::string::npos) << refused.refusal;
+}
+
+TEST(RunPolicyRestartsTest, NeverRetriesNothing) {
+  RunPolicyRestarts policy(Policy(spec::RestartPolicy::kNever, 10), 100, 1000);
+  const RestartPolicy::Decision refused = policy.OnWorkerFailed(KilledBy(SIGKILL), 0);
+  EXPECT_FALSE(refused.restart);
+  EXPECT_EQ(refused.refusal, "restartPolicy Never");
+}
+
 TEST(SupervisorTest, SigtermToTheLauncherIsReportedAsAnEvent) {
   const std::string dir = MakeTempDir("supervisor");
   ReadyPipe ready;

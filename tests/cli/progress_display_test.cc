@@ -32,6 +32,34 @@ TEST(ProgressDisplayTest, LineShowsStepPercentLossRateWorldAndGeneration) {
   EXPECT_NE(line.find("gen 1"), std::string::npos) << line;
 }
 
+TEST(ProgressDisplayTest, LineShowsRestartsAndReforming) {
+  ProgressSample sample = Training(250);
+  EXPECT_EQ(ProgressDisplay::FormatLine(sample, -1).find("restarts"), std::string::npos);
+  sample.restarts = 2;
+  sample.generation_active = false;
+  const std::string line = ProgressDisplay::FormatLine(sample, -1);
+  EXPECT_NE(line.find("restarts 2"), std::string::npos) << line;
+  EXPECT_NE(line.find("re-forming"), std::string::npos) << line;
+}
+
+TEST(ProgressDisplayTest, WorldSizeChangesAreWrittenAsTheyHappen) {
+  std::ostringstream out;
+  ProgressDisplayOptions options;
+  options.plain_interval_ms = 1000000;  // only the world size lines, no periodic ones
+  ProgressDisplay display(out, options);
+  ProgressSample sample = Training(10);
+  sample.world_size = 3;
+  display.Update(sample, 0.0);
+  sample.generation = 2;
+  sample.world_size = 2;
+  display.Update(sample, 0.1);
+  sample.generation = 3;
+  sample.world_size = 3;
+  display.Update(sample, 0.2);
+  EXPECT_NE(out.str().find("world size 3 -> 2 (generation 2)"), std::string::npos) << out.str();
+  EXPECT_NE(out.str().find("world size 2 -> 3 (generation 3)"), std::string::npos) << out.str();
+}
+
 TEST(ProgressDisplayTest, BeforeTheFirstGenerationItSaysItIsWaiting) {
   ProgressSample sample;
   sample.workers_running = 2;

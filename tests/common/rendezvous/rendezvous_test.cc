@@ -528,6 +528,175 @@ std::string ReadFile(const std::string& path) {
   return contents.str();
 }
 
+// Joins every (client, state_step) pair on its own thread; results in the same order.
+std::vector<StatusOr<Assignment>> JoinWithState(
+    const std::vector<std::pair<RendezvousClient*, int64_t>>& joiners,
+    int64_t timeout_ms = kJoinTimeoutMs) {
+  std::vector<std::future<StatusOr<Assignment>>> futures;
+  for (const auto& [client, state_step] : joiners) {
+    futures.push_back(
+        std::async(std::launch::async, [client = client, state_step = state_step, timeout_ms] {
+          return client->Join(state_step, timeout_ms);
+        }));
+  }
+  std::vector<StatusOr<Assignment>> results;
+  for (auto& future : futures) results.push_back(future.get());
+  return results;
+}
+
+TEST_F(RendezvousTest, SurvivorsReformAtOnceAfterADeathWithoutTheLastCall) {
+  JobConfig config = Config(1, 3);
+  config.last_call_ms = 60000;  // any wait for it would blow the bounded wait below
+  config.initial_members = 3;
+  config.heartbeat_timeout_ms = 10000;  // only the RemoveMember below may end generation 1
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
+  auto first = JoinAll({clients[0].get(), clients[1].get(), clients[2].get()});
+  for (const auto& result : first) ASSERT_TRUE(result.ok()) << result.status();
+  server_->RemoveMember(kJob, "w-1", "process exited with signal 9 (SIGKILL)");
+
+  const auto start = Deadline::Clock::now();
+  auto second = JoinWithState({{clients[0].get(), 40}, {clients[2].get(), 40}}, kBoundedWaitMs);
+  const auto elapsed_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(Deadline::Clock::now() - start).count();
+  for (const auto& result : second) {
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->generation, 2);
+    EXPECT_EQ(result->world_size, 2);
+  }
+  EXPECT_LT(elapsed_ms, kBoundedWaitMs);
+  // The replacement (same member id) ends the smaller generation and the job grows back, again
+  // without a last call: every expected member is there.
+  EndWatcher watcher_0, watcher_2;
+  ASSERT_TRUE(clients[0]->StartHeartbeat(*second[0], watcher_0.Callback()).ok());
+  ASSERT_TRUE(clients[2]->StartHeartbeat(*second[1], watcher_2.Callback()).ok());
+  auto replacement = NewClient("w-1");
+  auto grown_back =
+      std::async(std::launch::async, [&] { return replacement->Join(-1, kBoundedWaitMs); });
+  ASSERT_TRUE(watcher_0.WaitEnded());
+  ASSERT_TRUE(watcher_2.WaitEnded());
+  clients[0]->StopHeartbeat();
+  clients[2]->StopHeartbeat();
+  auto third = JoinWithState({{clients[0].get(), 45}, {clients[2].get(), 45}}, kBoundedWaitMs);
+  auto joined = grown_back.get();
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EXPECT_EQ(joined->generation, 3);
+  EXPECT_EQ(joined->world_size, 3);
+  EXPECT_EQ(joined->members[0].state_step, 45);  // the survivors lead: they hold the state
+  for (const auto& result : third) ASSERT_TRUE(result.ok()) << result.status();
+}
+
+TEST_F(RendezvousTest, FirstGenerationWaitsForEveryInitialMemberWhenAsked) {
+  JobConfig config = Config(1, 3);
+  config.last_call_ms = 50;
+  config.initial_members = 3;
+  config.wait_for_initial_members = true;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
+  auto early = std::async(std::launch::async, [&] {
+    return JoinAll({clients[0].get(), clients[1].get()});
+  });
+  ASSERT_TRUE(WaitUntil([&] { return Snap().waiting_members.size() == 2; }));
+  // Many last-call windows pass: still no generation without w-2.
+  EXPECT_FALSE(WaitUntil([&] { return Snap().generation > 0; }, 10 * config.last_call_ms));
+  auto late = JoinAll({clients[2].get()});
+  ASSERT_TRUE(late[0].ok()) << late[0].status();
+  EXPECT_EQ(late[0]->world_size, 3);
+  for (const auto& result : early.get()) ASSERT_TRUE(result.ok()) << result.status();
+}
+
+TEST_F(RendezvousTest, GenerationRecordsWhenTrainingResumesAfterALoss) {
+  JobConfig config = Config(1, 2);
+  config.heartbeat_timeout_ms = 10000;  // only rank 0 beats; the loss is the RemoveMember
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto first = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(first[0].ok() && first[1].ok());
+  RendezvousClient* rank0 = first[0]->rank == 0 ? a.get() : b.get();
+  const Assignment& rank0_assignment = first[0]->rank == 0 ? *first[0] : *first[1];
+  EndWatcher watcher;
+  ProgressReport progress;
+  progress.step = 20;
+  rank0->SetProgress(progress);
+  ASSERT_TRUE(rank0->StartHeartbeat(rank0_assignment, watcher.Callback()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return Snap().history[0].training_at >= 0; }));
+
+  const std::string lost = rank0 == a.get() ? "w-1" : "w-0";
+  server_->RemoveMember(kJob, lost, "process exited with signal 9 (SIGKILL)");
+  ASSERT_TRUE(watcher.WaitEnded());
+  rank0->StopHeartbeat();
+  auto second = JoinWithState({{rank0, 23}});
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  EndWatcher second_watcher;
+  ASSERT_TRUE(rank0->StartHeartbeat(*second[0], second_watcher.Callback()).ok());
+  // Beats repeating the step the survivor held do not count as training again...
+  progress.step = 23;
+  rank0->SetProgress(progress);
+  EXPECT_FALSE(WaitUntil([&] { return Snap().history[1].training_at >= 0; }, 300));
+  // ...the first step past it does.
+  progress.step = 24;
+  rank0->SetProgress(progress);
+  ASSERT_TRUE(WaitUntil([&] { return Snap().history[1].training_at >= 0; }));
+  JobSnapshot snapshot = Snap();
+  ASSERT_EQ(snapshot.history.size(), 2u);
+  EXPECT_TRUE(snapshot.history[0].ended_by_loss);
+  EXPECT_EQ(snapshot.history[1].formed_at_step, 23);
+  const double recovery = LongestRecoverySeconds(snapshot.history);
+  EXPECT_GT(recovery, 0);
+  EXPECT_DOUBLE_EQ(recovery, snapshot.history[1].training_at - snapshot.history[0].ended_at);
+  rank0->StopHeartbeat();
+}
+
+TEST(LongestRecoverySecondsTest, SpansGenerationsThatEndedBeforeTrainingAndIgnoresJoins) {
+  auto record = [](double formed_at, double training_at, double ended_at, bool lost) {
+    GenerationRecord r;
+    r.formed_at = formed_at;
+    r.training_at = training_at;
+    r.ended_at = ended_at;
+    r.ended_by_loss = lost;
+    return r;
+  };
+  EXPECT_EQ(LongestRecoverySeconds({}), 0);
+  // A member joined (no loss): no recovery.
+  EXPECT_EQ(LongestRecoverySeconds({record(0, 1, 5, false), record(5.1, 5.5, -1, false)}), 0);
+  // Lost at 5; generation 2 ended (the replacement joined) before training; 3 trains at 7.
+  EXPECT_DOUBLE_EQ(LongestRecoverySeconds({record(0, 1, 5, true), record(5.1, -1, 5.2, false),
+                                           record(5.3, 7, -1, false)}),
+                   2.0);
+  // The longest of two losses; a loss after which nothing trained does not count.
+  EXPECT_DOUBLE_EQ(
+      LongestRecoverySeconds({record(0, 1, 5, true), record(5.1, 5.6, 9, true),
+                              record(9.1, 9.4, 12, true), record(12.1, -1, -1, false)}),
+      0.6);
+}
+
+TEST_F(RendezvousTest, FirstCompletedLeaveIsFinalProgressEvenWithoutEvaluation) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto a = NewClient("w-0");
+  auto b = NewClient("w-1");
+  auto results = JoinAll({a.get(), b.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  ProgressReport final_progress;
+  final_progress.step = 300;
+  final_progress.total_steps = 300;
+  final_progress.loss = 0.25;
+  final_progress.resumed_from_step = 150;
+  // No test split: eval_accuracy stays -1.
+  ASSERT_TRUE(a->Leave(/*completed=*/true, final_progress).ok());
+  ProgressReport later = final_progress;
+  later.loss = 9.0;
+  ASSERT_TRUE(b->Leave(/*completed=*/true, later).ok());
+  JobSnapshot snapshot = Snap();
+  EXPECT_EQ(snapshot.completed_members, 2);
+  EXPECT_EQ(snapshot.final_progress.step, 300);
+  EXPECT_DOUBLE_EQ(snapshot.final_progress.loss, 0.25);
+  EXPECT_EQ(snapshot.final_progress.resumed_from_step, 150);
+  EXPECT_LT(snapshot.final_progress.eval_accuracy, 0);
+}
+
 TEST(RendezvousTlsTest, MembersJoinOverTlsWithTheServiceCertificate) {
   // A self-signed certificate for 127.0.0.1, made by the openssl CLI at test time.
   const std::string dir = ::testing::TempDir() + "/rendezvous_tls_" + std::to_string(::getpid());

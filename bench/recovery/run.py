@@ -1,0 +1,210 @@
+#!/usr/bin/python3
+"""Recovery time after a worker is killed: Lockstep's elastic `lockstep run` vs torchrun.
+
+Both train the same MLP (784-128-10, ReLU, SGD, batch 64 per worker) on Fashion-MNIST with N
+workers (default 3) on this machine; once the job has trained --kill-at-step steps, one worker
+process gets SIGKILL. Recovery is the time from the kill to training again:
+
+  * Lockstep (`lockstep run`, restartPolicy OnFailure): the survivors re-form without the dead
+    worker and go on with their state. Reported: `recovery_seconds` from the summary (measured
+    by the rendezvous service: generation ended -> first step past the survivors' state), and a
+    cross-check from the logs: kill time -> the first "step" log line of rank 0 in the next
+    generation (worker logs carry wall-clock timestamps with milliseconds).
+  * torchrun (`--rdzv_backend=c10d --max_restarts=3`; Debian's torch 1.13 spells the flags with
+    underscores and needs `--redirects 2 --tee 1`) running examples/pytorch/train_ddp.py, which appends a timestamped line per step
+    to a timeline: kill time -> the first step line of the restarted group (restart count 1).
+    torchrun restarts every worker and resumes from the script's checkpoint (every 20 steps).
+
+Each system runs --reps times; the medians and the ratio are printed. Logs: /tmp/recovery-*/.
+
+  bench/recovery/run.py [--build build-elastic] [--workers 3] [--reps 3]
+"""
+import argparse
+import datetime
+import json
+import os
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FASHION = "/usr/share/datasets/fashion-mnist"
+DDP_SCRIPT = os.path.join(REPO, "examples", "pytorch", "train_ddp.py")
+RUN_TIMEOUT_S = 300
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def pids_with_env(*needles):
+    """Pids whose environment holds every `KEY=value` in needles."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+        except OSError:
+            continue
+        if all(n.encode() in env for n in needles):
+            found.append(int(entry))
+    return found
+
+
+def wait_for(condition, timeout_s, what, process):
+    deadline = time.time() + timeout_s
+    while time.time() < deadline:
+        if condition():
+            return
+        if process.poll() is not None:
+            raise RuntimeError(f"{what}: it exited {process.returncode} first")
+        time.sleep(0.01)
+    raise TimeoutError(what)
+
+
+def lockstep_manifest(path, name, workers, steps):
+    with open(path, "w") as f:
+        f.write(f"""apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {{name: {name}}}
+spec:
+  replicas: {workers}
+  trainer:
+    model: {{type: mlp, hidden: [128], activation: relu}}
+    data:
+      format: idx
+      train: [file://{FASHION}/train-images-idx3-ubyte.gz, file://{FASHION}/train-labels-idx1-ubyte.gz]
+    batchSize: 64
+    steps: {steps}
+    optimizer: {{type: sgd, learningRate: 0.05, momentum: 0.9}}
+    logIntervalSteps: 1
+  runPolicy: {{restartPolicy: OnFailure, backoffLimit: 3}}
+  metrics: {{port: 0}}
+""")
+
+
+def log_time(line):
+    """Wall time (epoch seconds) of a worker log line '2026-11-21T22:36:05.867Z ...'."""
+    stamp = line.split(" ", 1)[0]
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+def run_lockstep(build, workers, steps, kill_at_step, work):
+    name = f"recovery-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+    manifest = os.path.join(work, name + ".yaml")
+    lockstep_manifest(manifest, name, workers, steps)
+    out_path = os.path.join(work, name + ".out")
+    summary_path = os.path.join(work, name + ".json")
+    log_dir = os.path.join(work, name + "-logs")
+    env = dict(os.environ, LOCKSTEP_RUN_PROGRESS_INTERVAL_MS="20", LOCKSTEP_LOG_LEVEL="info")
+    with open(out_path, "w") as out:
+        run = subprocess.Popen([os.path.join(build, "bin", "lockstep"), "run", manifest,
+                                "--summary", summary_path, "--log-dir", log_dir],
+                               stdout=out, stderr=subprocess.STDOUT, env=env)
+
+    def step():
+        steps_seen = [int(m) for m in re.findall(r"step (\d+)/", open(out_path).read())]
+        return max(steps_seen, default=-1)
+
+    wait_for(lambda: step() >= kill_at_step, RUN_TIMEOUT_S, "lockstep never reached the step", run)
+    victim = [p for p in pids_with_env(f"LOCKSTEP_JOB=default/{name}",
+                                       f"LOCKSTEP_POD={name}-worker-1")
+              if open(f"/proc/{p}/stat").read().split()[3] == str(run.pid)]
+    killed_at = time.time()
+    os.kill(victim[0], signal.SIGKILL)
+    run.wait(RUN_TIMEOUT_S)
+    if run.returncode != 0:
+        raise RuntimeError(f"lockstep run exited {run.returncode}; see {out_path}")
+    summary = json.load(open(summary_path))
+    # Cross-check: the first step logged by rank 0 of a generation formed after the kill.
+    first_step_after = None
+    for log in os.listdir(log_dir):
+        if not log.startswith("worker-"):
+            continue
+        for line in open(os.path.join(log_dir, log)):
+            m = re.search(r"rank=0 gen=(\d+)\] step \d+/", line)
+            if m and int(m.group(1)) >= 2:
+                t = log_time(line)
+                if t > killed_at and (first_step_after is None or t < first_step_after):
+                    first_step_after = t
+                break
+    from_logs = first_step_after - killed_at if first_step_after else float("nan")
+    return summary["recovery_seconds"], from_logs, summary
+
+
+def run_torchrun(workers, steps, kill_at_step, work):
+    tag = f"torchrun-{os.getpid()}-{int(time.time() * 1000) % 100000}"
+    timeline = os.path.join(work, tag + ".timeline")
+    checkpoint = os.path.join(work, tag + ".pt")
+    log_path = os.path.join(work, tag + ".log")
+    env = dict(os.environ, BENCH_MARKER=tag, OMP_NUM_THREADS="1")
+    with open(log_path, "w") as log:
+        run = subprocess.Popen(
+            ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={workers}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+             "--max_restarts=3", "--redirects", "2", "--tee", "1",
+             DDP_SCRIPT, "--steps", str(steps), "--hidden", "128", "--batch-size", "64",
+             "--timeline", timeline, "--checkpoint", checkpoint, "--checkpoint-every", "20"],
+            stdout=log, stderr=subprocess.STDOUT, env=env)
+
+    def events():
+        if not os.path.exists(timeline):
+            return []
+        return [json.loads(l) for l in open(timeline) if l.strip().endswith("}")]
+
+    wait_for(lambda: any(e.get("event") == "step" and e["step"] >= kill_at_step
+                         for e in events()), RUN_TIMEOUT_S, "torchrun never reached the step",
+             run)
+    victim = [p for p in pids_with_env(f"BENCH_MARKER={tag}", "RANK=1", "LOCAL_RANK=1")
+              if "python" in open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")]
+    killed_at = time.time()
+    os.kill(victim[0], signal.SIGKILL)
+    run.wait(RUN_TIMEOUT_S)
+    if run.returncode != 0:
+        raise RuntimeError(f"torchrun exited {run.returncode}; see {log_path}")
+    after = [e["time"] for e in events()
+             if e.get("event") == "step" and e.get("restart", 0) >= 1 and e["time"] > killed_at]
+    return min(after) - killed_at
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default=os.path.join(REPO, "build"))
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--steps", type=int, default=400)
+    p.add_argument("--kill-at-step", type=int, default=100)
+    args = p.parse_args()
+    work = tempfile.mkdtemp(prefix="recovery-")
+    print(f"logs in {work}; {args.workers} workers, kill at step {args.kill_at_step}",
+          flush=True)
+    lockstep, cross, torch_times = [], [], []
+    for rep in range(args.reps):
+        seconds, from_logs, summary = run_lockstep(args.build, args.workers, args.steps,
+                                                   args.kill_at_step, work)
+        lockstep.append(seconds)
+        cross.append(from_logs)
+        print(f"lockstep  rep {rep}: recovery_seconds {seconds:.3f}  (kill -> first step in "
+              f"logs {from_logs:.3f})  generations {summary['generations']} restarts "
+              f"{summary['restarts']}", flush=True)
+        t = run_torchrun(args.workers, args.steps, args.kill_at_step, work)
+        torch_times.append(t)
+        print(f"torchrun  rep {rep}: kill -> first step after restart {t:.3f}", flush=True)
+    ls, lx, tr = (statistics.median(x) for x in (lockstep, cross, torch_times))
+    print(f"\nmedian recovery: lockstep {ls:.3f} s (log cross-check {lx:.3f} s), "
+          f"torchrun {tr:.3f} s; torchrun / lockstep = {tr / max(lx, ls, 1e-6):.1f}x "
+          f"(against the larger of lockstep's two measures)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,323 @@
+// Elastic training through `lockstep run`, end to end: the real launcher, real lockstep-worker
+// processes on digits, SIGKILL at random steps. What a user would check: the run still exits 0
+// at exactly the step count, no sample was trained twice or skipped within an epoch, the model
+// is as good as an undisturbed run's, a whole-job kill resumes from the newest checkpoint, and
+// an elastic job runs on above minReplicas and fails with a clear message below it.
+//
+// The kill test is seeded for replay: it prints its seed, and LOCKSTEP_ELASTIC_SEED=<seed>
+// repeats the same victims and steps (LOCKSTEP_ELASTIC_KILLS changes the count, default 20).
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <filesystem>
+#include <iostream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tests/cli/process_runner.h"
+
+namespace lockstep::cli {
+namespace {
+
+using lockstep::testing::ChildProcess;
+using lockstep::testing::FindProcessesWithEnv;
+using lockstep::testing::MakeTempDir;
+using lockstep::testing::ParentPid;
+using lockstep::testing::PollUntil;
+using lockstep::testing::ProcessResult;
+using lockstep::testing::ReadFile;
+using lockstep::testing::RunProcess;
+using lockstep::testing::WriteFile;
+
+constexpr char kDigits[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
+constexpr int kWorkers = 3;
+constexpr int64_t kSteps = 1000;  // long enough that accuracy has settled (undisturbed: ~99%)
+constexpr int64_t kCheckpointIntervalSteps = 5;
+constexpr int64_t kRunTimeoutMs = 120000;  // one run, start to exit, on a loaded machine
+
+struct JobOptions {
+  std::string name;
+  int64_t steps = kSteps;
+  std::string run_policy = "{restartPolicy: OnFailure, backoffLimit: 5}";
+  std::string elastic;  // "" or "{minReplicas: 2, maxReplicas: 3}"
+  std::string checkpoint_dir;
+};
+
+// A small, fast digits job: 3 workers, progress every step (so the test can follow the step
+// and the service can time recovery), a checkpoint every 5 steps (so kills land in writes).
+std::string WriteManifest(const std::string& dir, const JobOptions& job) {
+  const std::string path = dir + "/" + job.name + ".yaml";
+  std::ostringstream yaml;
+  yaml << "apiVersion: lockstep.io/v1alpha1\n"
+       << "kind: TrainingJob\n"
+       << "metadata: {name: " << job.name << "}\n"
+       << "spec:\n"
+       << "  replicas: " << kWorkers << "\n";
+  if (!job.elastic.empty()) yaml << "  elastic: " << job.elastic << "\n";
+  yaml << "  trainer:\n"
+       << "    model: {type: mlp, hidden: [32], activation: relu}\n"
+       << "    data: {format: csv, train: [file://" << kDigits << "], test: [file://" << kDigits
+       << "]}\n"
+       << "    batchSize: 16\n"
+       << "    steps: " << job.steps << "\n"
+       << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
+       << "    seed: 7\n"
+       << "    logIntervalSteps: 1\n";
+  if (!job.checkpoint_dir.empty()) {
+    yaml << "  checkpoint: {uri: \"file://" << job.checkpoint_dir
+         << "\", intervalSteps: " << kCheckpointIntervalSteps << ", keep: 3}\n";
+  }
+  yaml << "  runPolicy: " << job.run_policy << "\n"
+       << "  metrics: {port: 0}\n";
+  WriteFile(path, yaml.str());
+  return path;
+}
+
+// Plain progress lines often enough to follow the step (stdout is a file, not a terminal).
+const std::vector<std::pair<std::string, std::string>> kRunEnv = {
+    {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"}};
+
+// The highest "step N/" the launcher's progress lines have shown; -1 before any.
+int64_t LatestStep(const std::string& out) {
+  int64_t latest = -1;
+  for (size_t at = out.find("step "); at != std::string::npos; at = out.find("step ", at + 5)) {
+    char* end = nullptr;
+    const long long step = std::strtoll(out.c_str() + at + 5, &end, 10);
+    if (end != out.c_str() + at + 5 && *end == '/') latest = std::max<int64_t>(latest, step);
+  }
+  return latest;
+}
+
+// The worker of member `member_id` started by `launcher`, or 0.
+pid_t WorkerPid(pid_t launcher, const std::string& job, const std::string& member_id) {
+  for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job)) {
+    if (ParentPid(pid) != launcher) continue;
+    if (ReadFile("/proc/" + std::to_string(pid) + "/environ")
+            .find(std::string("LOCKSTEP_POD=") + member_id + '\0') != std::string::npos) {
+      return pid;
+    }
+  }
+  return 0;
+}
+
+// Checks the worker's sample accounting (worker/trainer/sample_accounting.h): for every epoch,
+// the line of the trajectory that finished (the last one of that epoch) is exact.
+void ExpectExactSampleAccounting(const std::string& path, const std::string& context) {
+  const std::string text = ReadFile(path);
+  ASSERT_FALSE(text.empty()) << context << ": no sample accounting in " << path;
+  std::map<int64_t, nlohmann::json> last_line_of_epoch;
+  std::istringstream lines(text);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.empty()) continue;
+    nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    ASSERT_FALSE(entry.is_discarded()) << context << ": torn accounting line: " << line;
+    last_line_of_epoch[entry["epoch"].get<int64_t>()] = entry;
+  }
+  ASSERT_FALSE(last_line_of_epoch.empty()) << context;
+  for (const auto& [epoch, entry] : last_line_of_epoch) {
+    EXPECT_TRUE(entry["complete"].get<bool>()) << context << ": " << entry.dump();
+    EXPECT_EQ(entry["more_than_once"].get<int64_t>(), 0) << context << ": " << entry.dump();
+    if (!entry.value("partial", false)) {
+      EXPECT_EQ(entry["never"].get<int64_t>(), 0) << context << ": " << entry.dump();
+      EXPECT_EQ(entry["trained_once"], entry["samples"]) << context << ": " << entry.dump();
+    }
+  }
+}
+
+nlohmann::json ReadSummary(const std::string& path) {
+  const std::string text = ReadFile(path);
+  nlohmann::json summary = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  return summary.is_discarded() ? nlohmann::json::object() : summary;
+}
+
+uint64_t SeedFromEnvOrRandom() {
+  if (const char* text = std::getenv("LOCKSTEP_ELASTIC_SEED"); text != nullptr && *text != '\0') {
+    return std::strtoull(text, nullptr, 10);
+  }
+  return std::random_device{}();
+}
+
+int KillsFromEnv() {
+  const char* text = std::getenv("LOCKSTEP_ELASTIC_KILLS");
+  return text != nullptr && *text != '\0' ? std::atoi(text) : 20;
+}
+
+TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly) {
+  const uint64_t seed = SeedFromEnvOrRandom();
+  const int kills = KillsFromEnv();
+  std::cout << "seed " << seed << " (replay: LOCKSTEP_ELASTIC_SEED=" << seed << "), " << kills
+            << " kills\n";
+  std::mt19937_64 random(seed);
+  const std::string dir = MakeTempDir("lockstep-elastic");
+
+  // The undisturbed run the disturbed ones are compared with.
+  JobOptions baseline_job;
+  baseline_job.name = "elastic-base-" + std::to_string(getpid());
+  baseline_job.checkpoint_dir = dir + "/ckpt-base";
+  ProcessResult baseline =
+      RunProcess({LOCKSTEP_BINARY, "run", WriteManifest(dir, baseline_job), "--summary",
+                  dir + "/base.json", "--log-dir", dir + "/logs-base"},
+                 {}, kRunTimeoutMs);
+  ASSERT_FALSE(baseline.timed_out) << baseline.out << baseline.err;
+  ASSERT_EQ(baseline.exit_code, 0) << baseline.out << baseline.err;
+  const double baseline_accuracy = ReadSummary(dir + "/base.json")["eval_accuracy"].get<double>();
+  ASSERT_GT(baseline_accuracy, 0.9);
+
+  for (int i = 0; i < kills; ++i) {
+    const int victim = static_cast<int>(random() % kWorkers);
+    // Early enough that the replacement joins while the others still train.
+    const int64_t target_step = 10 + static_cast<int64_t>(random() % (kSteps / 2));
+    JobOptions job;
+    job.name = "elastic-" + std::to_string(getpid()) + "-" + std::to_string(i);
+    job.checkpoint_dir = dir + "/ckpt-" + std::to_string(i);
+    const std::string run_dir = dir + "/run-" + std::to_string(i);
+    const std::string context = "kill " + std::to_string(i) + " (seed " + std::to_string(seed) +
+                                "): worker-" + std::to_string(victim) +
+                                " at step >= " + std::to_string(target_step);
+    auto env = kRunEnv;
+    env.emplace_back("LOCKSTEP_SAMPLE_ACCOUNTING", run_dir + "-accounting.jsonl");
+    ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, job), "--summary",
+                      run_dir + ".json", "--log-dir", run_dir},
+                     env);
+    ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= target_step; }, 60000, 10))
+        << context << "\n"
+        << run.StdoutSoFar();
+    const std::string member = job.name + "-worker-" + std::to_string(victim);
+    const pid_t pid = WorkerPid(run.pid(), job.name, member);
+    ASSERT_NE(pid, 0) << context << ": " << member << " not found";
+    ASSERT_EQ(kill(pid, SIGKILL), 0) << context;
+    const int64_t killed_near = LatestStep(run.StdoutSoFar());
+
+    ProcessResult result = run.Wait(kRunTimeoutMs);
+    ASSERT_FALSE(result.timed_out) << context << "\n" << result.out << result.err;
+    ASSERT_EQ(result.exit_code, 0) << context << "\n" << result.out << result.err;
+    nlohmann::json summary = ReadSummary(run_dir + ".json");
+    EXPECT_EQ(summary["steps"], kSteps) << context << ": " << summary.dump();
+    EXPECT_EQ(summary["restarts"], 1) << context << ": " << summary.dump();
+    EXPECT_GE(summary["generations"].get<int64_t>(), 2) << context << ": " << summary.dump();
+    EXPECT_NEAR(summary["eval_accuracy"].get<double>(), baseline_accuracy, 0.01)
+        << context << ": " << summary.dump();
+    EXPECT_NE(result.out.find("worker " + member + " failed (signal 9 (SIGKILL))"),
+              std::string::npos)
+        << context << "\n"
+        << result.out;
+    ExpectExactSampleAccounting(run_dir + "-accounting.jsonl", context);
+    std::cout << context << ": killed near step " << killed_near << ", recovery "
+              << summary["recovery_seconds"] << " s, generations " << summary["generations"]
+              << ", accuracy " << summary["eval_accuracy"] << " (undisturbed " << baseline_accuracy
+              << ")\n";
+    if (::testing::Test::HasFailure()) return;  // one replayable failure is enough to read
+  }
+}
+
+TEST(ElasticRunTest, WholeJobKilledMidRunResumesFromTheNewestCheckpoint) {
+  const std::string dir = MakeTempDir("lockstep-elastic");
+  JobOptions job;
+  job.name = "elastic-resume-" + std::to_string(getpid());
+  job.steps = 600;
+  job.checkpoint_dir = dir + "/ckpt";
+  const std::string manifest = WriteManifest(dir, job);
+  auto env = kRunEnv;
+  env.emplace_back("LOCKSTEP_SAMPLE_ACCOUNTING", dir + "/accounting.jsonl");
+  {
+    ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs-1"}, env);
+    ASSERT_TRUE(
+        PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= job.steps / 3; }, 60000, 10))
+        << run.StdoutSoFar();
+    // Every process of the job at once: the launcher and its workers (a checkpoint may be in
+    // flight: one is written every 5 steps).
+    std::vector<pid_t> victims = FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job.name);
+    victims.push_back(run.pid());
+    for (pid_t pid : victims) kill(pid, SIGKILL);
+    ProcessResult killed = run.Wait(10000);
+    ASSERT_FALSE(killed.timed_out);
+    ASSERT_TRUE(PollUntil(
+        [&] { return FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job.name).empty(); }, 10000,
+        20));
+  }
+  int64_t newest_checkpoint = -1;
+  for (const auto& entry : std::filesystem::directory_iterator(job.checkpoint_dir)) {
+    const std::string leaf = entry.path().filename().string();
+    if (leaf.rfind("step-", 0) == 0) {
+      newest_checkpoint = std::max<int64_t>(newest_checkpoint, std::stoll(leaf.substr(5)));
+    }
+  }
+  ASSERT_GT(newest_checkpoint, 0) << "no checkpoint written before the kill";
+
+  ProcessResult resumed = RunProcess({LOCKSTEP_BINARY, "run", manifest, "--summary",
+                                      dir + "/summary.json", "--log-dir", dir + "/logs-2"},
+                                     env, kRunTimeoutMs);
+  ASSERT_FALSE(resumed.timed_out) << resumed.out << resumed.err;
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
+  nlohmann::json summary = ReadSummary(dir + "/summary.json");
+  EXPECT_EQ(summary["steps"], job.steps) << summary.dump();
+  // The newest complete (renamed into place) checkpoint: a partial one is never a step-* dir.
+  EXPECT_EQ(summary["resumed_from_step"], newest_checkpoint) << summary.dump();
+  ExpectExactSampleAccounting(dir + "/accounting.jsonl", "resumed run");
+}
+
+TEST(ElasticRunTest, ElasticJobTrainsOnWithAWorkerLessWhileAtLeastMinReplicasAreAlive) {
+  const std::string dir = MakeTempDir("lockstep-elastic");
+  JobOptions job;
+  job.name = "elastic-shrink-" + std::to_string(getpid());
+  job.elastic = "{minReplicas: 2, maxReplicas: 3}";
+  job.run_policy = "{restartPolicy: Never}";
+  ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, job), "--summary",
+                    dir + "/summary.json", "--log-dir", dir + "/logs"},
+                   kRunEnv);
+  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= 20; }, 60000, 10))
+      << run.StdoutSoFar();
+  const pid_t pid = WorkerPid(run.pid(), job.name, job.name + "-worker-2");
+  ASSERT_NE(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ProcessResult result = run.Wait(kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  nlohmann::json summary = ReadSummary(dir + "/summary.json");
+  EXPECT_EQ(summary["steps"], kSteps) << summary.dump();
+  EXPECT_EQ(summary["world_size"], 2) << summary.dump();
+  EXPECT_EQ(summary["restarts"], 0) << summary.dump();
+  EXPECT_NE(result.out.find("world size 3 -> 2"), std::string::npos) << result.out;
+  EXPECT_NE(result.out.find("is not replaced (restartPolicy Never)"), std::string::npos)
+      << result.out;
+}
+
+TEST(ElasticRunTest, ElasticJobFailsClearlyWhenFewerThanMinReplicasRemainPastTheTimeout) {
+  const std::string dir = MakeTempDir("lockstep-elastic");
+  JobOptions job;
+  job.name = "elastic-below-min-" + std::to_string(getpid());
+  job.steps = 100000000;  // trains far longer than the test waits
+  job.elastic = "{minReplicas: 2, maxReplicas: 3}";
+  job.run_policy = "{restartPolicy: Never}";
+  auto env = kRunEnv;
+  env.emplace_back("LOCKSTEP_RENDEZVOUS_TIMEOUT_MS", "2000");
+  ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, job), "--summary",
+                    dir + "/summary.json", "--log-dir", dir + "/logs"},
+                   env);
+  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= 20; }, 60000, 10))
+      << run.StdoutSoFar();
+  for (int victim : {1, 2}) {
+    const pid_t pid =
+        WorkerPid(run.pid(), job.name, job.name + "-worker-" + std::to_string(victim));
+    ASSERT_NE(pid, 0) << "worker-" << victim;
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
+  }
+  ProcessResult result = run.Wait(30000);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  EXPECT_NE(result.err.find("only 1 of minReplicas 2 workers alive for 2.0s"), std::string::npos)
+      << result.err;
+  EXPECT_TRUE(FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job.name).empty());
+  EXPECT_EQ(ReadSummary(dir + "/summary.json")["status"], "failed");
+}
+
+}  // namespace
+}  // namespace lockstep::cli
