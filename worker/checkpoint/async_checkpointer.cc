@@ -32,22 +32,32 @@ AsyncCheckpointer::~AsyncCheckpointer() {
   thread_.join();
 }
 
-double AsyncCheckpointer::Snapshot(const CheckpointState& state) {
-  const double start = MonotonicSeconds();
-  auto copy = std::make_unique<CheckpointState>(state);
-  const double seconds = MonotonicSeconds() - start;
+CheckpointState AsyncCheckpointer::TakeRecycledState() {
+  std::unique_ptr<CheckpointState> spare;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    spare = std::move(spare_);
+  }
+  return spare ? std::move(*spare) : CheckpointState();
+}
+
+void AsyncCheckpointer::Snapshot(CheckpointState state) {
+  auto queued = std::make_unique<CheckpointState>(std::move(state));
+  std::unique_ptr<CheckpointState> surplus;  // freed outside the lock
   {
     std::lock_guard<std::mutex> lock(mutex_);
     ++stats_.snapshots;
     if (pending_) {
       LOCKSTEP_LOG(INFO) << "checkpoint of step " << pending_->step << " dropped: step "
-                         << state.step << " is newer";
+                         << queued->step << " is newer";
       ++stats_.dropped;
+      // The replaced snapshot's memory is the next one's buffer.
+      surplus = std::move(spare_);
+      spare_ = std::move(pending_);
     }
-    pending_ = std::move(copy);
+    pending_ = std::move(queued);
   }
   changed_.notify_all();
-  return seconds;
 }
 
 Status AsyncCheckpointer::Flush(Deadline deadline) {
@@ -117,7 +127,14 @@ void AsyncCheckpointer::Run() {
     }
     busy_ = false;
     stats_.in_flight_step.reset();
+    // Kept for TakeRecycledState. One spare is enough: a second would only be needed by a
+    // trainer filling two snapshots at once. Any older spare is freed outside the lock.
+    std::unique_ptr<CheckpointState> surplus = std::move(spare_);
+    spare_ = std::move(state);
     changed_.notify_all();
+    lock.unlock();
+    surplus.reset();
+    lock.lock();
   }
 }
 

@@ -1,26 +1,34 @@
 // AsyncCheckpointer: checkpoints without stopping training for the write.
 //
-// Snapshot() copies the state in memory at a step boundary (the only time the training thread
-// waits) and returns; a background thread persists the copy through a CheckpointWriter. A failed
-// persist is retried with exponential back-off and reported through the callback; the previous
-// checkpoint stays valid because nothing is renamed over it.
+// The training thread fills a state buffer at a step boundary (the only time it waits) and hands
+// it over with Snapshot(), which moves it in without copying and returns; a background thread
+// persists it through a CheckpointWriter. Buffers are recycled: TakeRecycledState() returns one
+// whose persist has ended, so filling it again copies the state without allocating, and the
+// stall of a checkpoint is one memcpy of the state. A failed persist is retried with exponential
+// back-off and reported through the callback; the previous checkpoint stays valid because
+// nothing is renamed over it.
 //
 // A snapshot taken while another is still being persisted waits in a one-slot queue; a newer
 // snapshot replaces a waiting one (latest wins: the newest state is the one worth having, and
-// memory stays bounded at two copies). A persist that is failing gives way to a waiting newer
-// snapshot instead of retrying further. Each rank runs its own AsyncCheckpointer; if ranks drop
-// different snapshots, rank 0 times out waiting for a shard of the dropped step and that step is
-// abandoned (its .tmp- directory is removed by the next commit's retention).
+// memory stays bounded: one buffer in flight, one waiting, one spare). A persist that is failing
+// gives way to a waiting newer snapshot instead of retrying further. Each rank runs its own
+// AsyncCheckpointer; if ranks drop different snapshots, rank 0 times out waiting for a shard of
+// the dropped step and that step is abandoned (its .tmp- directory is removed by the next
+// commit's retention).
 //
 //   AsyncCheckpointer checkpointer(std::move(writer), {}, [&](const PersistReport& report) {
 //     metrics.ObserveCheckpoint("persist", report.persist_seconds);
 //     if (report.status.ok()) metrics.SetCheckpointSuccess(report.step, report.unix_seconds);
 //   });
-//   ... at a step boundary:  metrics.ObserveCheckpoint("snapshot", checkpointer.Snapshot(state));
+//   ... at a step boundary:
+//     CheckpointState state = checkpointer.TakeRecycledState();
+//     FillCheckpointState(training_state, ..., &state);  // the stall: one copy, no allocation
+//     checkpointer.Snapshot(std::move(state));
 //   ... at the end:          LOCKSTEP_RETURN_IF_ERROR(checkpointer.Flush(Deadline::AfterMs(...)));
 //
-// Thread-safety: Snapshot, Flush and stats may be called from any thread. The callback runs on
-// the background thread and must not call Flush or destroy the checkpointer.
+// Thread-safety: every method may be called from any thread; none blocks on storage except
+// Flush (until its deadline) and the destructor. The callback runs on the background thread and
+// must not call Flush or destroy the checkpointer.
 #pragma once
 
 #include <condition_variable>
@@ -82,8 +90,14 @@ class AsyncCheckpointer {
   AsyncCheckpointer(const AsyncCheckpointer&) = delete;
   AsyncCheckpointer& operator=(const AsyncCheckpointer&) = delete;
 
-  // Copies `state` and queues it; returns the seconds spent copying (the training stall).
-  double Snapshot(const CheckpointState& state);
+  // A buffer to fill for the next Snapshot: the state of a persist that has ended (or of a
+  // snapshot that a newer one replaced), whose tensors keep their memory, so refilling it with the
+  // same layout allocates nothing. An empty state when none is spare (the first snapshot).
+  CheckpointState TakeRecycledState();
+
+  // Queues `state` for persisting, moved in without a copy: the caller must not keep pointers
+  // into its tensors. Never blocks on storage (a short lock).
+  void Snapshot(CheckpointState state);
 
   // Waits until nothing is queued or in flight. Returns the status of the last snapshot's
   // final attempt (OK if there was none), DEADLINE_EXCEEDED if still busy at `deadline`.
@@ -101,6 +115,7 @@ class AsyncCheckpointer {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   std::unique_ptr<CheckpointState> pending_;  // latest snapshot not yet started
+  std::unique_ptr<CheckpointState> spare_;    // persisted or replaced: for TakeRecycledState
   bool busy_ = false;                         // a snapshot is being persisted
   bool stopping_ = false;
   Status last_status_;

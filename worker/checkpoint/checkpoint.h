@@ -12,7 +12,9 @@
 //
 // It is assembled under R/.tmp-step-<N>-<attempt>/ and renamed into place once the manifest is
 // there, so a directory named step-N is complete from its first appearance. Anything under a
-// .tmp- name is an unfinished (or abandoned) write and is never read.
+// .tmp- name is an unfinished (or abandoned) write and is never read. Deleting runs the other way
+// round (checkpoint_deletion.h): step-N is first renamed to .deleting-step-N, then deleted, so a
+// process killed mid-delete never leaves a partial step-N behind.
 //
 // Optimizer state (momentum, Adam moments) travels as ordinary tensors (by convention named
 // "optimizer/<parameter>"); OptimizerInfo records what they belong to.
@@ -67,5 +69,9 @@ std::string ShardFileName(int rank, int world_size);
 std::string TempDirName(int64_t step, const std::string& attempt_id);
 // The step of a ".tmp-step-<N>-..." name; nullopt for any other name.
 std::optional<int64_t> ParseTempDirName(const std::string& name);
+// ".deleting-step-000000000500": where step-000000000500 goes while it is deleted.
+std::string DeletingDirName(int64_t step);
+// Whether `name` is a ".deleting-..." name.
+bool IsDeletingDirName(const std::string& name);
 
 }  // namespace lockstep::checkpoint

@@ -4,6 +4,7 @@
 #include <map>
 
 #include "common/logging.h"
+#include "worker/checkpoint/checkpoint_deletion.h"
 #include "worker/checkpoint/sha256.h"
 
 namespace lockstep::checkpoint {
@@ -98,6 +99,7 @@ StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Storage& storage, const st
   StatusOr<std::vector<FileInfo>> entries = storage.List(root, deadline);
   if (entries.status().code() == StatusCode::kNotFound) return std::vector<CheckpointInfo>();
   if (!entries.ok()) return entries.status();
+  RemoveInterruptedDeletions(storage, root, *entries, deadline);
   std::vector<CheckpointInfo> checkpoints;
   for (const FileInfo& entry : *entries) {
     const std::optional<int64_t> step = ParseStepDirName(entry.name);
@@ -148,6 +150,7 @@ StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& 
     return NotFoundError("no checkpoint under " + root + " (it does not exist)");
   }
   if (!entries.ok()) return entries.status();
+  RemoveInterruptedDeletions(storage, root, *entries, deadline);
   std::vector<int64_t> steps;
   for (const FileInfo& entry : *entries) {
     const std::optional<int64_t> step = ParseStepDirName(entry.name);

@@ -44,7 +44,8 @@ struct CheckpointInfo {
 };
 
 // Every step-<N> directory under `root`, oldest first, each checked at `level`. An absent root
-// is an empty list.
+// is an empty list. ListCheckpoints and LoadNewestValid also finish deletes that a killed process
+// left as .deleting- directories (checkpoint_deletion.h; best effort, failures only logged).
 StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Storage& storage, const std::string& root,
                                                       VerifyLevel level, Deadline deadline);
 

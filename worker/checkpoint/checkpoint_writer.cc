@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "worker/checkpoint/checkpoint_deletion.h"
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/manifest.h"
 
@@ -36,26 +37,33 @@ Status CheckpointWriter::Write(const CheckpointState& state, Deadline deadline) 
     if (verified.ok()) return OkStatus();
     if (verified.code() != StatusCode::kDataLoss) return verified;
     LOCKSTEP_LOG(WARNING) << "replacing damaged checkpoint: " << verified.message();
-    LOCKSTEP_RETURN_IF_ERROR(storage_.Delete(final_dir, /*recursive=*/true, deadline));
+    LOCKSTEP_RETURN_IF_ERROR(DeleteStepDir(storage_, root_, state.step, deadline));
   } else if (existing.status().code() != StatusCode::kNotFound) {
     return existing.status();
   }
 
-  // Only rank 0 needs the checksums (for the manifest); the others need only their range.
-  const Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/rank_ == 0);
-  const ShardEntry& own_shard = manifest.shards[rank_];
+  Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/false);
+  // Only rank 0 needs the checksums (for the manifest). It computes them on a helper thread while
+  // it writes its own shard, so a persist costs the longer of hashing and writing, not their sum.
+  std::vector<std::string> hashes;
+  std::thread hasher;
+  if (rank_ == 0) hasher = std::thread([&] { hashes = HashShards(state, manifest); });
+  Status shard_written;
   {
-    const std::vector<uint8_t> bytes = GatherShard(state, own_shard);
+    // Written straight from the snapshot's tensors: no gathered copy of the shard.
+    const ShardEntry& own_shard = manifest.shards[rank_];
     WriteOptions overwrite;
     overwrite.overwrite = true;  // a retry of the same snapshot rewrites its shard
-    LOCKSTEP_RETURN_IF_ERROR(
-        storage_
-            .Write(JoinPath(temp_dir, own_shard.file),
-                   std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()),
-                   overwrite, deadline)
-            .WithContext("checkpoint step " + std::to_string(state.step)));
+    shard_written = storage_
+                        .WritePieces(JoinPath(temp_dir, own_shard.file),
+                                     ShardPieces(state, own_shard), overwrite, deadline)
+                        .WithContext("checkpoint step " + std::to_string(state.step));
   }
+  // Hashing is bounded by the state's size (no storage involved), so this join needs no deadline.
+  if (hasher.joinable()) hasher.join();
+  LOCKSTEP_RETURN_IF_ERROR(shard_written);
   if (rank_ != 0) return OkStatus();
+  for (size_t rank = 0; rank < hashes.size(); ++rank) manifest.shards[rank].sha256 = hashes[rank];
 
   LOCKSTEP_RETURN_IF_ERROR(WaitForShards(temp_dir, manifest, deadline));
   const std::string manifest_text = SerializeManifest(manifest);
@@ -114,6 +122,7 @@ void CheckpointWriter::ApplyRetention(int64_t committed_step, Deadline deadline)
     LOCKSTEP_LOG(WARNING) << "checkpoint retention: " << entries.status();
     return;
   }
+  RemoveInterruptedDeletions(storage_, root_, *entries, deadline);
   std::vector<int64_t> steps;
   for (const FileInfo& entry : *entries) {
     if (!entry.is_dir) continue;
@@ -133,10 +142,10 @@ void CheckpointWriter::ApplyRetention(int64_t committed_step, Deadline deadline)
   for (int64_t step : steps) {
     const std::string dir = JoinPath(root_, StepDirName(step));
     if (valid_kept >= options_.keep) {
-      Status deleted = storage_.Delete(dir, /*recursive=*/true, deadline);
+      Status deleted = DeleteStepDir(storage_, root_, step, deadline);
       if (deleted.ok()) {
         LOCKSTEP_LOG(INFO) << "checkpoint retention: deleted " << dir;
-      } else if (deleted.code() != StatusCode::kNotFound) {
+      } else {
         LOCKSTEP_LOG(WARNING) << "checkpoint retention: " << deleted;
       }
       continue;

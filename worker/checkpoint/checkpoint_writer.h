@@ -15,8 +15,10 @@
 // Retention (rank 0, after a commit): keeps the newest `keep` valid checkpoints (valid: manifest
 // parses and every shard has its size; checksums are not read here), deletes every step
 // directory older than the oldest kept one, and every .tmp- directory of a step not newer than the
-// committed one. Damaged directories newer than that are left for inspection. Retention failures
-// are logged, never returned: the checkpoint is committed.
+// committed one. Damaged directories newer than that are left for inspection. Step directories
+// are deleted through DeleteStepDir (renamed to .deleting- first, checkpoint_deletion.h), so a
+// kill mid-delete never leaves a partial step-<N>; leftover .deleting- directories are removed.
+// Retention failures are logged, never returned: the checkpoint is committed.
 //
 // Not thread-safe: one Write at a time per writer (AsyncCheckpointer guarantees it).
 #pragma once

@@ -52,6 +52,10 @@ std::optional<int64_t> ParseTempDirName(const std::string& name) {
       kPrefix.size(), dash == std::string::npos ? std::string::npos : dash - kPrefix.size()));
 }
 
+std::string DeletingDirName(int64_t step) { return ".deleting-" + StepDirName(step); }
+
+bool IsDeletingDirName(const std::string& name) { return name.rfind(".deleting-", 0) == 0; }
+
 std::string UtcTimestampNow() {
   const std::time_t now = std::time(nullptr);
   std::tm utc;
@@ -86,34 +90,42 @@ Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_s
     manifest.shards.push_back(shard);
   }
   if (hash_shards) {
-    // One pass over the tensors, feeding each byte to the shard that holds it.
-    std::vector<std::unique_ptr<Sha256>> hashers;
-    for (int rank = 0; rank < world_size; ++rank) hashers.push_back(std::make_unique<Sha256>());
-    size_t shard_index = 0;
-    int64_t position = 0;
-    for (const NamedTensor& tensor : state.tensors) {
-      size_t done = 0;
-      while (done < tensor.bytes.size()) {
-        while (position >= manifest.shards[shard_index].offset + manifest.shards[shard_index].bytes)
-          ++shard_index;
-        const ShardEntry& shard = manifest.shards[shard_index];
-        const size_t take = std::min<size_t>(
-            tensor.bytes.size() - done, static_cast<size_t>(shard.offset + shard.bytes - position));
-        hashers[shard_index]->Update(tensor.bytes.data() + done, take);
-        done += take;
-        position += static_cast<int64_t>(take);
-      }
-    }
+    std::vector<std::string> hashes = HashShards(state, manifest);
     for (int rank = 0; rank < world_size; ++rank) {
-      manifest.shards[rank].sha256 = hashers[rank]->FinishHex();
+      manifest.shards[rank].sha256 = std::move(hashes[rank]);
     }
   }
   return manifest;
 }
 
-std::vector<uint8_t> GatherShard(const CheckpointState& state, const ShardEntry& shard) {
-  std::vector<uint8_t> bytes;
-  bytes.reserve(static_cast<size_t>(shard.bytes));
+std::vector<std::string> HashShards(const CheckpointState& state, const Manifest& manifest) {
+  // One pass over the tensors, feeding each byte to the shard that holds it.
+  std::vector<std::unique_ptr<Sha256>> hashers;
+  for (size_t rank = 0; rank < manifest.shards.size(); ++rank) {
+    hashers.push_back(std::make_unique<Sha256>());
+  }
+  size_t shard_index = 0;
+  int64_t position = 0;
+  for (const NamedTensor& tensor : state.tensors) {
+    size_t done = 0;
+    while (done < tensor.bytes.size()) {
+      while (position >= manifest.shards[shard_index].offset + manifest.shards[shard_index].bytes)
+        ++shard_index;
+      const ShardEntry& shard = manifest.shards[shard_index];
+      const size_t take = std::min<size_t>(
+          tensor.bytes.size() - done, static_cast<size_t>(shard.offset + shard.bytes - position));
+      hashers[shard_index]->Update(tensor.bytes.data() + done, take);
+      done += take;
+      position += static_cast<int64_t>(take);
+    }
+  }
+  std::vector<std::string> hashes;
+  for (const auto& hasher : hashers) hashes.push_back(hasher->FinishHex());
+  return hashes;
+}
+
+std::vector<std::string_view> ShardPieces(const CheckpointState& state, const ShardEntry& shard) {
+  std::vector<std::string_view> pieces;
   const int64_t end = shard.offset + shard.bytes;
   int64_t tensor_offset = 0;
   for (const NamedTensor& tensor : state.tensors) {
@@ -121,12 +133,13 @@ std::vector<uint8_t> GatherShard(const CheckpointState& state, const ShardEntry&
     const int64_t from = std::max(shard.offset, tensor_offset);
     const int64_t to = std::min(end, tensor_end);
     if (from < to) {
-      bytes.insert(bytes.end(), tensor.bytes.begin() + (from - tensor_offset),
-                   tensor.bytes.begin() + (to - tensor_offset));
+      pieces.emplace_back(
+          reinterpret_cast<const char*>(tensor.bytes.data()) + (from - tensor_offset),
+          static_cast<size_t>(to - from));
     }
     tensor_offset = tensor_end;
   }
-  return bytes;
+  return pieces;
 }
 
 std::string SerializeManifest(const Manifest& manifest) {

@@ -57,8 +57,13 @@ struct Manifest {
 // SHA-256 is computed (reads the whole state once); otherwise sha256 stays empty.
 Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_shards);
 
-// Shard `rank`'s bytes gathered from the tensors.
-std::vector<uint8_t> GatherShard(const CheckpointState& state, const ShardEntry& shard);
+// The SHA-256 (lowercase hex) of each shard of `manifest`, which must have been built from
+// `state`; one pass over the state.
+std::vector<std::string> HashShards(const CheckpointState& state, const Manifest& manifest);
+
+// Shard `shard`'s bytes as slices of the tensors, in order (for Storage::WritePieces; no copy).
+// Valid while `state` is unchanged.
+std::vector<std::string_view> ShardPieces(const CheckpointState& state, const ShardEntry& shard);
 
 std::string SerializeManifest(const Manifest& manifest);
 

@@ -114,6 +114,11 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
 
 void TrainingCheckpointer::EndGeneration() {
   if (!current_) return;
+  // Keep the retiring checkpointer's spare buffer so the next generation's first snapshot does
+  // not allocate the whole state again.
+  if (checkpoint::CheckpointState spare = current_->TakeRecycledState(); !spare.tensors.empty()) {
+    carried_over_ = std::move(spare);
+  }
   // The destructor drops a waiting snapshot and awaits the attempt in flight (bounded by
   // attempt_timeout_ms): done on a helper thread so the next generation does not wait for it.
   retiring_.emplace_back(
@@ -124,10 +129,13 @@ void TrainingCheckpointer::EndGeneration() {
 void TrainingCheckpointer::Snapshot(const TrainingState& state) {
   if (!current_) return;
   const double started = MonotonicSeconds();
-  FillCheckpointState(state, layout_, spec_, &staging_);
-  const double copy_seconds = current_->Snapshot(staging_);
+  // The checkpointer's spent buffer, or the one carried over from the previous generation: either
+  // way FillCheckpointState only copies, and the checkpointer takes the buffer without copying.
+  checkpoint::CheckpointState staging = current_->TakeRecycledState();
+  if (staging.tensors.empty()) std::swap(staging, carried_over_);
+  FillCheckpointState(state, layout_, spec_, &staging);
+  current_->Snapshot(std::move(staging));
   const double snapshot_seconds = MonotonicSeconds() - started;
-  (void)copy_seconds;
   if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", snapshot_seconds);
   last_snapshot_step_ = state.step;
   if (!options_.checkpoint.async) {

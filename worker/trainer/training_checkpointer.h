@@ -107,7 +107,10 @@ class TrainingCheckpointer {
   int rank_ = 0;
   std::unique_ptr<checkpoint::AsyncCheckpointer> current_;
   int64_t last_snapshot_step_ = -1;
-  checkpoint::CheckpointState staging_;  // reused: a snapshot costs copies, not allocations
+  // A state buffer taken from a retired checkpointer, used by the next generation's first
+  // snapshot (later ones reuse the checkpointer's own spare): a snapshot costs one copy, no
+  // allocation.
+  checkpoint::CheckpointState carried_over_;
   std::vector<std::thread> retiring_;
   std::atomic<int64_t> last_step_{-1};
 };

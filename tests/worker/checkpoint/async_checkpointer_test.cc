@@ -3,10 +3,12 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/storage/local/local_storage.h"
@@ -17,8 +19,9 @@ namespace {
 // LocalStorage whose writes can be made to fail, or to wait until released.
 class ControllableStorage : public LocalStorage {
  public:
-  Status Write(const std::string& path, std::string_view bytes, const WriteOptions& options,
-               Deadline deadline) override {
+  // LocalStorage::Write goes through WritePieces too, so this sees every write.
+  Status WritePieces(const std::string& path, const std::vector<std::string_view>& pieces,
+                     const WriteOptions& options, Deadline deadline) override {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       ++writes_started_;
@@ -31,7 +34,7 @@ class ControllableStorage : public LocalStorage {
         return UnavailableError("write " + path + ": injected outage");
       }
     }
-    return LocalStorage::Write(path, bytes, options, deadline);
+    return LocalStorage::WritePieces(path, pieces, options, deadline);
   }
   void Block(bool blocked) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -171,6 +174,28 @@ TEST_F(AsyncCheckpointerTest, NewerSnapshotReplacesAWaitingOne) {
   EXPECT_EQ(stats.persisted, 2);
   EXPECT_EQ(stats.dropped, 1);
   EXPECT_EQ(stats.last_success_step.value_or(-1), 300);
+}
+
+TEST_F(AsyncCheckpointerTest, PersistedSnapshotsMemoryIsRecycledForTheNextOne) {
+  auto checkpointer = MakeCheckpointer({});
+  EXPECT_TRUE(checkpointer->TakeRecycledState().tensors.empty());  // nothing persisted yet
+  CheckpointState first = LargeState(100);
+  const uint8_t* first_bytes = first.tensors[0].bytes.data();
+  checkpointer->Snapshot(std::move(first));
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+
+  // The next snapshot is filled into the persisted one's memory: no allocation, one copy.
+  CheckpointState second = checkpointer->TakeRecycledState();
+  ASSERT_EQ(second.tensors.size(), 1u);
+  EXPECT_EQ(second.tensors[0].bytes.data(), first_bytes);
+  second.step = 200;
+  std::fill(second.tensors[0].bytes.begin(), second.tensors[0].bytes.end(), uint8_t{200});
+  checkpointer->Snapshot(std::move(second));
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  auto loaded = LoadNewestValid(storage_, root_, Deadline::AfterMs(10000));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 200);
+  EXPECT_EQ(loaded->state.tensors[0].bytes, std::vector<uint8_t>(1 << 20, uint8_t{200}));
 }
 
 }  // namespace

@@ -283,6 +283,49 @@ TEST_F(CheckpointTest, RetentionCountsOnlyValidCheckpoints) {
   EXPECT_TRUE((*listed)[2].valid);
 }
 
+// LocalStorage whose recursive deletes stop half-way, as if the process were killed during
+// them: the manifest is gone, the shards are still there.
+class DeleteKilledHalfwayStorage : public LocalStorage {
+ public:
+  Status Delete(const std::string& path, bool recursive, Deadline deadline) override {
+    if (!recursive || !kill_deletes) return LocalStorage::Delete(path, recursive, deadline);
+    (void)LocalStorage::Delete(JoinPath(path, kManifestFileName), false, deadline);
+    return UnavailableError("delete " + path + ": process killed");
+  }
+  bool kill_deletes = true;
+};
+
+TEST_F(CheckpointTest, RetentionKilledMidDeleteLeavesNoDamagedCheckpointVisible) {
+  DeleteKilledHalfwayStorage storage;
+  for (int64_t step : {100, 200, 300, 400}) {
+    for (const Status& status : WriteFromAllRanks(storage, root_, MakeState(step), 2, /*keep=*/2)) {
+      ASSERT_TRUE(status.ok()) << status;
+    }
+  }
+  // Retention's deletes of 100 and 200 were cut short, yet readers see only whole checkpoints.
+  auto listed = ListCheckpoints(storage, root_, VerifyLevel::kSizes, TestDeadline());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  std::vector<int64_t> steps;
+  for (const CheckpointInfo& info : *listed) {
+    EXPECT_TRUE(info.valid) << info.problem;
+    steps.push_back(info.step);
+  }
+  EXPECT_EQ(steps, (std::vector<int64_t>{300, 400}));
+  auto loaded = LoadNewestValid(storage, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 400);
+  EXPECT_TRUE(loaded->skipped.empty());
+
+  // Once deletes work again (a restarted process), the next reader finishes the interrupted ones.
+  storage.kill_deletes = false;
+  ASSERT_TRUE(ListCheckpoints(storage, root_, VerifyLevel::kSizes, TestDeadline()).ok());
+  auto entries = storage.List(root_, TestDeadline());
+  ASSERT_TRUE(entries.ok()) << entries.status();
+  std::vector<std::string> names;
+  for (const FileInfo& entry : *entries) names.push_back(entry.name);
+  EXPECT_EQ(names, (std::vector<std::string>{StepDirName(300), StepDirName(400)}));
+}
+
 TEST_F(CheckpointTest, VerifyOfAMissingStepIsNotFound) {
   WriteStep(100);
   EXPECT_TRUE(VerifyCheckpoint(storage_, root_, 100, TestDeadline()).ok());

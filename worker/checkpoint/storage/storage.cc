@@ -4,6 +4,16 @@
 #include "worker/checkpoint/storage/webhdfs/webhdfs_storage.h"
 
 namespace lockstep::checkpoint {
+
+Status Storage::WritePieces(const std::string& path, const std::vector<std::string_view>& pieces,
+                            const WriteOptions& options, Deadline deadline) {
+  size_t total_bytes = 0;
+  for (std::string_view piece : pieces) total_bytes += piece.size();
+  std::string joined;
+  joined.reserve(total_bytes);
+  for (std::string_view piece : pieces) joined.append(piece);
+  return Write(path, joined, options, deadline);
+}
 namespace {
 
 std::string NormalizePath(std::string path) {

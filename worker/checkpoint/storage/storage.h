@@ -56,6 +56,14 @@ class Storage {
   virtual Status Write(const std::string& path, std::string_view bytes, const WriteOptions& options,
                        Deadline deadline) = 0;
 
+  // Write of the concatenation of `pieces`, for content that lies in several buffers (a
+  // checkpoint shard spans tensors); the same contract as Write. The default joins the pieces
+  // and calls Write; LocalStorage writes straight from them, sparing a copy of the whole content
+  // (and Write of LocalStorage goes through it, so a wrapper of LocalStorage that intercepts
+  // writes overrides this one).
+  virtual Status WritePieces(const std::string& path, const std::vector<std::string_view>& pieces,
+                             const WriteOptions& options, Deadline deadline);
+
   // Reads up to `length` bytes from `offset` (length < 0: to the end). Returns fewer bytes only
   // when the file ends first; a transfer cut short is an error, never a short result.
   virtual StatusOr<std::vector<uint8_t>> Read(const std::string& path, int64_t offset,

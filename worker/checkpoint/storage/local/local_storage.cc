@@ -84,6 +84,12 @@ std::string UniqueTempName(const std::string& path) {
 
 Status LocalStorage::Write(const std::string& path, std::string_view bytes,
                            const WriteOptions& options, Deadline deadline) {
+  return WritePieces(path, {bytes}, options, deadline);
+}
+
+Status LocalStorage::WritePieces(const std::string& path,
+                                 const std::vector<std::string_view>& pieces,
+                                 const WriteOptions& options, Deadline deadline) {
   LOCKSTEP_RETURN_IF_ERROR(CheckDeadline(deadline, "write " + path));
   const std::string parent = ParentPath(path);
   LOCKSTEP_RETURN_IF_ERROR(MakeDirs(parent, deadline));
@@ -95,7 +101,10 @@ Status LocalStorage::Write(const std::string& path, std::string_view bytes,
   int fd;
   LOCKSTEP_SYSCALL_RETRY(fd, ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644));
   if (fd < 0) return ErrnoStatus("create " + temp, errno);
-  Status status = WriteAll(fd, bytes, temp);
+  Status status;
+  for (size_t k = 0; k < pieces.size() && status.ok(); ++k) {
+    status = WriteAll(fd, pieces[k], temp);
+  }
   if (status.ok()) {
     int rc;
     LOCKSTEP_SYSCALL_RETRY(rc, ::fsync(fd));

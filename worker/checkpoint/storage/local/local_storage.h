@@ -21,6 +21,8 @@ class LocalStorage : public Storage {
 
   Status Write(const std::string& path, std::string_view bytes, const WriteOptions& options,
                Deadline deadline) override;
+  Status WritePieces(const std::string& path, const std::vector<std::string_view>& pieces,
+                     const WriteOptions& options, Deadline deadline) override;
   StatusOr<std::vector<uint8_t>> Read(const std::string& path, int64_t offset, int64_t length,
                                       Deadline deadline) override;
   StatusOr<FileInfo> Stat(const std::string& path, Deadline deadline) override;
