@@ -1,9 +1,10 @@
 // All-reduce bus bandwidth of one rank process, for bench/allreduce/run.sh.
 //
-//   allreduce_bench --impl lockstep|gloo --rank R --size N --dir /tmp/x
+//   allreduce_bench --impl lockstep|shm|gloo --rank R --size N --dir /tmp/x
 //                   [--algo ring|bcube] [--sizes-mib 1,16,64] [--iters 20] [--warmup 5]
 //
 // lockstep: Lockstep's Communicator (GlooCommunicator), bootstrapped through a file store.
+// shm:      Lockstep's Communicator (ShmCommunicator, shared memory), the same way.
 // gloo:     gloo::allreduce called directly with the algorithm given, on a context from
 //           gloo's own FileStore; the same buffers and options are reused every iteration.
 // Rank 0 prints one line per size: "<bytes> <seconds per op> <busbw GB/s>", where
@@ -27,6 +28,7 @@
 
 #include "bench/allreduce/file_kv_store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/shm/shm_communicator.h"
 
 namespace {
 
@@ -91,10 +93,19 @@ void Report(const Args& args, size_t bytes, double seconds) {
 int RunLockstep(const Args& args) {
   using namespace lockstep;
   bench::FileKeyValueStore store(args.dir);
-  comm::GlooOptions options;
-  options.rank = args.rank;
-  options.size = args.size;
-  auto communicator = comm::CreateGlooCommunicator(options, store);
+  StatusOr<std::unique_ptr<comm::Communicator>> communicator = InternalError("no backend");
+  if (args.impl == "shm") {
+    comm::ShmOptions options;
+    options.rank = args.rank;
+    options.size = args.size;
+    options.job_name = "allreduce-bench";
+    communicator = comm::CreateShmCommunicator(options, store);
+  } else {
+    comm::GlooOptions options;
+    options.rank = args.rank;
+    options.size = args.size;
+    communicator = comm::CreateGlooCommunicator(options, store);
+  }
   if (!communicator.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", args.rank, communicator.status().ToString().c_str());
     return 1;

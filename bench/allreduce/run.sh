@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # All-reduce bus bandwidth, 2 ranks as 2 processes on loopback, float32 sum:
-#   lockstep = Lockstep's Communicator (Gloo backend), gloo = gloo::allreduce called directly
+#   lockstep = Lockstep's Communicator (Gloo backend), shm = Lockstep's Communicator (shared-memory
+#   backend, what `lockstep run` uses), gloo = gloo::allreduce called directly
 #   (ring, the faster of its algorithms at these sizes), mpi = OpenMPI's MPI_Allreduce.
 # busbw = 2(n-1)/n * bytes / time (nccl-tests). Usage: run.sh [BUILD_DIR] [ITERS] [WARMUP]
 set -euo pipefail
@@ -26,6 +27,7 @@ run_pair() {
 
 export LOCKSTEP_LOG_LEVEL=warning
 run_pair lockstep --impl lockstep
+run_pair shm --impl shm
 run_pair gloo --impl gloo --algo "${GLOO_ALGO:-ring}"
 if [[ -x $BIN/mpi_allreduce_bench ]]; then
   timeout 600 mpirun --allow-run-as-root --oversubscribe -np 2 \
@@ -34,9 +36,12 @@ else
   : >"$WORK/mpi.txt"
 fi
 
-printf '%-10s %14s %12s %12s %16s\n' size lockstep_GB/s gloo_GB/s mpi_GB/s lockstep/gloo
-paste -d' ' "$WORK/lockstep.txt" "$WORK/gloo.txt" | while read -r bytes _ lbw _ _ gbw; do
-  mbw=$(awk -v b="$bytes" '$1 == b {print $3}' "$WORK/mpi.txt")
-  printf '%-10s %14s %12s %12s %16s\n' "$((bytes >> 20))MiB" "$lbw" "$gbw" "${mbw:-n/a}" \
-      "$(awk -v l="$lbw" -v g="$gbw" 'BEGIN {printf "%.2f", l / g}')"
-done
+printf '%-10s %14s %10s %12s %12s %16s %12s\n' size lockstep_GB/s shm_GB/s gloo_GB/s mpi_GB/s \
+    lockstep/gloo shm/mpi
+paste -d' ' "$WORK/lockstep.txt" "$WORK/shm.txt" "$WORK/gloo.txt" |
+  while read -r bytes _ lbw _ _ sbw _ _ gbw; do
+    mbw=$(awk -v b="$bytes" '$1 == b {print $3}' "$WORK/mpi.txt")
+    printf '%-10s %14s %10s %12s %12s %16s %12s\n' "$((bytes >> 20))MiB" "$lbw" "$sbw" "$gbw" \
+        "${mbw:-n/a}" "$(awk -v l="$lbw" -v g="$gbw" 'BEGIN {printf "%.2f", l / g}')" \
+        "$(awk -v s="$sbw" -v m="${mbw:-0}" 'BEGIN {if (m > 0) printf "%.2f", s / m; else print "n/a"}')"
+  done

@@ -1,0 +1,73 @@
+// Which backend the factory picks for a generation's members and LOCKSTEP_COMM, and that the
+// picked backend is what CreateCommunicator builds.
+#include "worker/comm/communicator_factory.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/worker/comm/memory_store.h"
+
+namespace lockstep::comm {
+namespace {
+
+CommunicatorOptions Members(std::vector<std::string> hosts) {
+  CommunicatorOptions options;
+  options.size = static_cast<int>(hosts.size());
+  options.member_hosts = std::move(hosts);
+  options.host = "10.0.0.1";
+  options.job_name = "test/factory";
+  options.connect_timeout_ms = 5000;
+  return options;
+}
+
+TEST(CommunicatorFactoryTest, BackendFollowsMembersHostsAndLockstepComm) {
+  struct Case {
+    std::vector<std::string> hosts;
+    const char* lockstep_comm;
+    std::string expected;  // backend, or the error code's name
+  };
+  const std::vector<Case> cases = {
+      {{"10.0.0.1", "10.0.0.1"}, nullptr, "shm"},
+      {{"10.0.0.1", "10.0.0.1"}, "", "shm"},
+      {{"10.0.0.1", "10.0.0.1"}, "auto", "shm"},
+      {{"10.0.0.1"}, nullptr, "shm"},
+      {{"10.0.0.1", "10.0.0.2"}, nullptr, "gloo"},
+      {{"10.0.0.1", "10.0.0.2"}, "auto", "gloo"},
+      {{"10.0.0.1", "10.0.0.1"}, "gloo", "gloo"},
+      {{"10.0.0.1", "10.0.0.1"}, "shm", "shm"},
+      {{"10.0.0.1", "10.0.0.2"}, "shm", "FAILED_PRECONDITION"},
+      {{"10.0.0.1", "10.0.0.1"}, "tcp", "INVALID_ARGUMENT"},
+  };
+  for (const Case& c : cases) {
+    auto backend = ChooseCommunicatorBackend(Members(c.hosts), c.lockstep_comm);
+    const std::string got =
+        backend.ok()                                                 ? *backend
+        : backend.status().code() == StatusCode::kFailedPrecondition ? "FAILED_PRECONDITION"
+        : backend.status().code() == StatusCode::kInvalidArgument    ? "INVALID_ARGUMENT"
+                                                                     : backend.status().ToString();
+    EXPECT_EQ(got, c.expected) << "hosts " << c.hosts.size() << " LOCKSTEP_COMM="
+                               << (c.lockstep_comm ? c.lockstep_comm : "(unset)");
+  }
+}
+
+TEST(CommunicatorFactoryTest, MembersOnOneHostGetSharedMemoryUnlessGlooIsForced) {
+  testing::MemoryKeyValueStore store;
+  CommunicatorOptions options = Members({"127.0.0.1"});
+  options.host = "127.0.0.1";
+  unsetenv("LOCKSTEP_COMM");
+  auto shm = CreateCommunicator(options, store);
+  ASSERT_TRUE(shm.ok()) << shm.status();
+  EXPECT_EQ((*shm)->backend(), "shm");
+  setenv("LOCKSTEP_COMM", "gloo", 1);
+  testing::MemoryKeyValueStore gloo_store;
+  auto gloo = CreateCommunicator(options, gloo_store);
+  unsetenv("LOCKSTEP_COMM");
+  ASSERT_TRUE(gloo.ok()) << gloo.status();
+  EXPECT_EQ((*gloo)->backend(), "gloo");
+}
+
+}  // namespace
+}  // namespace lockstep::comm

@@ -1,0 +1,63 @@
+#include "worker/comm/communicator_factory.h"
+
+#include <cstdlib>
+#include <string>
+
+#include "common/logging.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/shm/shm_communicator.h"
+
+namespace lockstep::comm {
+namespace {
+
+bool AllMembersOnThisHost(const CommunicatorOptions& options) {
+  if (options.member_hosts.size() != static_cast<size_t>(options.size)) return false;
+  for (const std::string& host : options.member_hosts) {
+    if (host != options.host) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& options,
+                                                const char* lockstep_comm) {
+  const std::string forced = lockstep_comm == nullptr ? "" : lockstep_comm;
+  const bool one_host = AllMembersOnThisHost(options);
+  if (forced.empty() || forced == "auto") return std::string(one_host ? "shm" : "gloo");
+  if (forced == "gloo") return std::string("gloo");
+  if (forced == "shm") {
+    if (!one_host) {
+      return FailedPreconditionError(
+          "LOCKSTEP_COMM=shm, but the members of this generation are not all on host " +
+          options.host + "; shared memory needs every member on one host");
+    }
+    return std::string("shm");
+  }
+  return InvalidArgumentError("LOCKSTEP_COMM=" + forced + ": expected auto, shm or gloo");
+}
+
+StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOptions& options,
+                                                           rendezvous::KeyValueStore& store) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::string backend,
+                            ChooseCommunicatorBackend(options, std::getenv("LOCKSTEP_COMM")));
+  LOCKSTEP_LOG(INFO) << "communicator backend " << backend << " for " << options.size
+                     << " member(s)" << (backend == "shm" ? " on one host" : "");
+  if (backend == "shm") {
+    ShmOptions shm;
+    shm.rank = options.rank;
+    shm.size = options.size;
+    shm.job_name = options.job_name;
+    shm.generation = options.generation;
+    shm.connect_timeout_ms = options.connect_timeout_ms;
+    return CreateShmCommunicator(shm, store);
+  }
+  GlooOptions gloo;
+  gloo.rank = options.rank;
+  gloo.size = options.size;
+  gloo.listen_host = options.host;
+  gloo.connect_timeout_ms = options.connect_timeout_ms;
+  return CreateGlooCommunicator(gloo, store);
+}
+
+}  // namespace lockstep::comm

@@ -1,0 +1,53 @@
+// CreateCommunicator: picks the Communicator backend for a generation and builds it.
+//
+// Backends, in order of preference:
+//  - shm (shm/): every member of the generation runs on this member's host (their rendezvous
+//    host strings are equal, as under `lockstep run`, where every worker is 127.0.0.1). One
+//    shared-memory segment instead of TCP over loopback: ~5-10x the all-reduce bandwidth.
+//  - gloo (gloo/): everything else, over TCP.
+// The environment variable LOCKSTEP_COMM overrides the choice: "auto" (or unset) as above,
+// "gloo" always Gloo, "shm" always shared memory (an error when the members are not on one
+// host). Every member must see the same value, or members pick different backends and the
+// bootstrap fails at its deadline; the launcher and the operator give every worker the same
+// environment. Set LOCKSTEP_COMM=gloo where members report the same host but do not share
+// /dev/shm or a pid namespace (e.g. separate containers with host networking).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous/kv_store.h"
+#include "common/status.h"
+#include "worker/comm/communicator.h"
+
+namespace lockstep::comm {
+
+struct CommunicatorOptions {
+  int rank = 0;
+  int size = 1;
+  // Each member's host as the rendezvous service reports it, by rank (Assignment::members).
+  std::vector<std::string> member_hosts;
+  // This member's host: the address Gloo listens on, and what shm compares member_hosts with.
+  std::string host = "127.0.0.1";
+  // Names the shared-memory segment (for tracing a leaked one).
+  std::string job_name;
+  int64_t generation = 0;
+  // Deadline for the bootstrap (Gloo's full mesh, or every rank attaching to the segment).
+  int64_t connect_timeout_ms = 30000;
+};
+
+// "shm" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr: unset).
+// INVALID_ARGUMENT for an unknown value; FAILED_PRECONDITION for "shm" across hosts.
+StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& options,
+                                                const char* lockstep_comm);
+
+// Builds this member's communicator with the backend ChooseCommunicatorBackend picks for
+// getenv("LOCKSTEP_COMM"), bootstrapping through `store` (scoped to the generation), and logs
+// the choice. Blocks at most connect_timeout_ms. Errors: those of the choice and of the
+// backend's Create function.
+StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOptions& options,
+                                                           rendezvous::KeyValueStore& store);
+
+}  // namespace lockstep::comm
