@@ -51,7 +51,7 @@ class GenerationScopedStore : public KeyValueStore {
 // The state of one heartbeat stream; owned by the client, shared with its two threads.
 struct HeartbeatSession {
   Assignment assignment;
-  std::function<void(const std::string&)> on_generation_ended;
+  std::function<void(const GenerationEnd&)> on_generation_ended;
   grpc::ClientContext context;
   std::mutex mu;
   std::condition_variable cv;
@@ -64,9 +64,9 @@ struct HeartbeatSession {
   std::atomic<bool> reported{false};
   std::thread writer;
 
-  void ReportEnded(const std::string& reason) {
+  void ReportEnded(const GenerationEnd& end) {
     if (reported.exchange(true)) return;
-    if (on_generation_ended) on_generation_ended(reason);
+    if (on_generation_ended) on_generation_ended(end);
   }
 };
 
@@ -80,7 +80,7 @@ class GrpcRendezvousClient : public RendezvousClient {
 
   StatusOr<Assignment> Join(int64_t state_step, int64_t timeout_ms) override;
   Status StartHeartbeat(const Assignment& a,
-                        std::function<void(const std::string& reason)> on_ended) override;
+                        std::function<void(const GenerationEnd& end)> on_ended) override;
   void StopHeartbeat() override;
   void SetProgress(const ProgressReport& progress) override {
     {
@@ -163,7 +163,7 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
 }
 
 Status GrpcRendezvousClient::StartHeartbeat(
-    const Assignment& a, std::function<void(const std::string& reason)> on_ended) {
+    const Assignment& a, std::function<void(const GenerationEnd& end)> on_ended) {
   if (a.heartbeat_interval_ms <= 0) {
     return InvalidArgumentError("rendezvous heartbeat: assignment has no heartbeat interval");
   }
@@ -188,7 +188,7 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
     v1::HeartbeatResponse response;
     while (stream->Read(&response)) {
       if (response.kind() == v1::HeartbeatResponse::GENERATION_ENDED) {
-        session->ReportEnded(response.reason());
+        session->ReportEnded(GenerationEnd{response.reason(), response.member_lost()});
       }
     }
     {
@@ -232,9 +232,11 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
     stopped = session->stop_requested;
   }
   if (!stopped) {
-    session->ReportEnded(status.ok()
-                             ? "heartbeat stream closed by the rendezvous service"
-                             : "heartbeat stream failed: " + FromGrpcStatus(status).ToString());
+    // The service did not say why: assume the worst (a member lost) so collectives abort.
+    session->ReportEnded(
+        GenerationEnd{status.ok() ? "heartbeat stream closed by the rendezvous service"
+                                  : "heartbeat stream failed: " + FromGrpcStatus(status).ToString(),
+                      /*member_lost=*/true});
   }
 }
 

@@ -2,7 +2,7 @@
 //
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto client, RendezvousClient::Connect(options));
 //   LOCKSTEP_ASSIGN_OR_RETURN(Assignment a, client->Join(/*state_step=*/-1, timeout_ms));
-//   client->StartHeartbeat(a, [&](const std::string& reason) { AbortCollectives(reason); });
+//   client->StartHeartbeat(a, [&](const GenerationEnd& end) { StopTraining(end); });
 //   auto store = client->GenerationStore(a.generation);   // for Gloo/NCCL bootstrap
 //   ... train; client->SetProgress(progress) every few steps ...
 //   client->StopHeartbeat();  // before joining the next generation
@@ -51,6 +51,16 @@ struct Assignment {
   int64_t heartbeat_timeout_ms = 0;
 };
 
+// Why a generation ended, as the heartbeat stream reports it.
+struct GenerationEnd {
+  std::string reason;
+  // True when a member is gone (exited, left, missed heartbeats, removed), or the stream itself
+  // failed: collectives with the gone member cannot complete, so abort them. False when a member
+  // joined: every member is alive, so finish the current step together and leave at a step
+  // boundary (no abort, no lost work).
+  bool member_lost = true;
+};
+
 struct ProgressReport {
   int64_t step = 0;
   int64_t total_steps = 0;
@@ -78,7 +88,7 @@ class RendezvousClient {
   // latest progress. on_generation_ended(reason) is called once, when the service ends the
   // generation or the stream fails. Replaces any previous heartbeat.
   virtual Status StartHeartbeat(
-      const Assignment& a, std::function<void(const std::string& reason)> on_generation_ended) = 0;
+      const Assignment& a, std::function<void(const GenerationEnd& end)> on_generation_ended) = 0;
   // Closes the stream without ending the generation for others only if preceded by Leave; a
   // member that stops beating otherwise ends the generation (that is the point).
   virtual void StopHeartbeat() = 0;

@@ -116,7 +116,7 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
 
   // Tells the member that `generation` is over and closes the stream. Any thread; once.
   // Callers hold a shared_ptr; Finish runs outside mu_ (see HeldCall::Complete).
-  void EndGeneration(int64_t generation, const std::string& reason) {
+  void EndGeneration(int64_t generation, const std::string& reason, bool member_lost) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (finished_) return;
@@ -125,6 +125,7 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
     response_.set_kind(v1::HeartbeatResponse::GENERATION_ENDED);
     response_.set_generation(generation);
     response_.set_reason(reason);
+    response_.set_member_lost(member_lost);
     StartWriteAndFinish(&response_, grpc::WriteOptions(), grpc::Status::OK);
   }
 
@@ -533,8 +534,8 @@ void Job::EndGeneration(const std::string& reason, bool lost, Actions& actions) 
   }
   for (auto& member : members_) {
     if (member.stream == nullptr) continue;
-    actions.push_back([stream = std::move(member.stream), generation = generation_, reason] {
-      stream->EndGeneration(generation, reason);
+    actions.push_back([stream = std::move(member.stream), generation = generation_, reason, lost] {
+      stream->EndGeneration(generation, reason, lost);
     });
     member.stream = nullptr;
   }
@@ -661,7 +662,8 @@ void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
         reason = "generation " + std::to_string(g) + " is not current (current " +
                  std::to_string(generation_) + ")";
       }
-      actions.push_back([stream, g, reason] { stream->EndGeneration(g, reason); });
+      // A stale beat: its generation is over; treat it as lost so the member stops at once.
+      actions.push_back([stream, g, reason] { stream->EndGeneration(g, reason, true); });
     } else {
       if (member->stream != stream) {
         // A second stream for the same member and generation replaces the first; closing the

@@ -417,8 +417,9 @@ int ExecAgent::Run() {
                        << a.world_size;
     // Replaces the previous generation's stream (kept open through the Join: restart_protocol.h,
     // step 2).
-    Status heartbeat = client_->StartHeartbeat(a, [this, g](const std::string& reason) {
-      LOCKSTEP_LOG(INFO) << "generation " << g << " ended: " << reason;
+    // A join or a loss: either way the command must restart at the new world size.
+    Status heartbeat = client_->StartHeartbeat(a, [this, g](const rendezvous::GenerationEnd& end) {
+      LOCKSTEP_LOG(INFO) << "generation " << g << " ended: " << end.reason;
       int64_t seen = ended_generation_.load();
       while (seen < g && !ended_generation_.compare_exchange_weak(seen, g)) {
       }

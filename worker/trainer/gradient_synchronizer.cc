@@ -53,15 +53,23 @@ GradientSynchronizer::~GradientSynchronizer() {
   thread_.join();
 }
 
-void GradientSynchronizer::BeginStep(float* grads, float loss_scale) {
-  std::lock_guard<std::mutex> lock(mu_);
-  grads_ = grads;
-  loss_scale_ = loss_scale;
-  next_bucket_ = 0;
-  done_buckets_ = 0;
-  step_status_ = OkStatus();
-  overflow_ = false;
-  queue_.clear();
+void GradientSynchronizer::BeginStep(float* grads, float loss_scale, bool leave_vote) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    grads_ = grads;
+    loss_scale_ = loss_scale;
+    next_bucket_ = 0;
+    done_buckets_ = 0;
+    step_status_ = OkStatus();
+    overflow_ = false;
+    queue_.clear();
+    leave_vote_ = leave_vote ? 1 : 0;
+    // The vote goes first on every rank, so the collective order stays identical everywhere.
+    control_done_ = comm_.size() == 1;
+    if (comm_.size() == 1) return;
+    queue_.push_back(kControlItem);
+  }
+  work_cv_.notify_one();
 }
 
 void GradientSynchronizer::OnLayerReady(int backward_layer) {
@@ -90,14 +98,13 @@ void GradientSynchronizer::OnLayerReady(int backward_layer) {
 Status GradientSynchronizer::Wait(StepCommStats* stats) {
   const double started = MonotonicSeconds();
   const Deadline deadline = Deadline::AfterMs(
-      options_.timeout_ms * static_cast<int64_t>(std::max<size_t>(buckets_.size(), 1)) +
-      kWaitSlackMs);
+      options_.timeout_ms * static_cast<int64_t>(buckets_.size() + 1) + kWaitSlackMs);
   std::unique_lock<std::mutex> lock(mu_);
   // The main thread only waits here; it does not reduce trailing buckets itself. (Measured:
   // taking the last bucket on this thread, to save the hand-off, made 2-worker steps ~15%
   // slower on a 2-core machine.)
   const bool finished = done_cv_.wait_until(lock, deadline.at(), [this] {
-    return done_buckets_ == buckets_.size() || !step_status_.ok();
+    return (done_buckets_ == buckets_.size() && control_done_) || !step_status_.ok();
   });
   if (!finished) {
     comm_.Abort("gradient all-reduce overran its deadline");
@@ -117,6 +124,7 @@ Status GradientSynchronizer::Wait(StepCommStats* stats) {
   if (stats != nullptr) {
     stats->exposed_seconds = MonotonicSeconds() - started;
     stats->overflow = overflow_;
+    stats->leave_agreed = leave_vote_ > 0;
     stats->bucket_seconds = bucket_seconds_;
     stats->bucket_wire_bytes = bucket_wire_bytes_;
     stats->allreduce_seconds = 0;
@@ -145,6 +153,21 @@ void GradientSynchronizer::ReduceNextQueuedBucket(std::unique_lock<std::mutex>& 
   queue_.pop_front();
   if (!step_status_.ok()) return;  // a failed step issues nothing more
   busy_ = true;
+  if (index == kControlItem) {
+    int64_t vote = leave_vote_;
+    lock.unlock();
+    Status status = comm_.AllReduce(&vote, 1, comm::DataType::kInt64, comm::ReduceOp::kMax,
+                                    options_.timeout_ms);
+    lock.lock();
+    busy_ = false;
+    leave_vote_ = vote;
+    control_done_ = true;
+    if (!status.ok() && step_status_.ok()) {
+      step_status_ = status.WithContext("all-reduce of the leave vote");
+    }
+    done_cv_.notify_all();
+    return;
+  }
   lock.unlock();
   double seconds = 0;
   int64_t wire_bytes = 0;

@@ -26,6 +26,14 @@
 //
 // A world of one issues no collective at all (and so does not compress either).
 //
+// Leaving a generation together: when a member joins, the rendezvous ends the generation while
+// every current member is alive and possibly inside a collective. Rather than aborting (which
+// loses the step, and which libgloo cannot do to a blocked call anyway), each step starts with a
+// one-element MAX all-reduce of every rank's "leave" vote, issued on the communication thread
+// before the first bucket, so it overlaps forward and backward and costs no exposed time. All
+// ranks read the same reduced vote in Wait (StepCommStats::leave_agreed) and so all finish this
+// same step, apply it, and leave the generation at the same step boundary.
+//
 // Overflow (fp16): a non-finite value after unpacking sets StepCommStats::overflow; since every
 // rank holds the same reduced values, every rank sees the same flag and skips the same step.
 //
@@ -64,6 +72,9 @@ struct StepCommStats {
   std::vector<double> bucket_seconds;
   std::vector<int64_t> bucket_wire_bytes;
   bool overflow = false;  // a non-finite reduced gradient (fp16: skip the step)
+  // Some rank voted to leave the generation at this step (see the file comment); every rank
+  // reads the same value.
+  bool leave_agreed = false;
 };
 
 class GradientSynchronizer {
@@ -82,8 +93,9 @@ class GradientSynchronizer {
   bool using_allgather_fallback() const { return use_allgather_.load(); }
 
   // Starts a step whose gradients will be written to `grads` (the flat gradient buffer).
-  // loss_scale multiplies gradients before fp16 packing (ignored otherwise).
-  void BeginStep(float* grads, float loss_scale);
+  // loss_scale multiplies gradients before fp16 packing (ignored otherwise). leave_vote: this
+  // rank asks every rank to leave the generation after this step.
+  void BeginStep(float* grads, float loss_scale, bool leave_vote = false);
   // Backward finished layer `backward_layer`: enqueues every bucket that is now complete.
   void OnLayerReady(int backward_layer);
   // Blocks until every bucket of the step is reduced (OK), a collective failed (its error;
@@ -113,7 +125,10 @@ class GradientSynchronizer {
   std::mutex mu_;
   std::condition_variable work_cv_;  // communication thread waits for buckets
   std::condition_variable done_cv_;  // main thread waits for completion
-  std::deque<size_t> queue_;
+  std::deque<size_t> queue_;         // bucket indices, or kControlItem for the leave vote
+  static constexpr size_t kControlItem = static_cast<size_t>(-1);
+  int64_t leave_vote_ = 0;  // in: this rank's vote; out: the MAX over ranks
+  bool control_done_ = false;
   bool shutdown_ = false;
   bool busy_ = false;  // a collective is in flight
   float* grads_ = nullptr;

@@ -162,7 +162,9 @@ Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationI
 
 Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& generation,
                       const std::atomic<bool>& stop, const ProgressFn& on_progress,
-                      const StepFn& on_step) {
+                      const StepFn& on_step, const std::atomic<bool>* leave_requested,
+                      bool* left_generation) {
+  if (left_generation != nullptr) *left_generation = false;
   const int world = generation.world_size;
   const int rank = generation.rank;
   const int64_t timeout_ms = collective_timeout_ms();
@@ -202,7 +204,8 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     const int64_t rows = hi - lo;
     GatherBatch(data_.train, order.data() + lo, rows, features.data(), labels.data());
 
-    synchronizer.BeginStep(grads_.data(), state_.loss_scale);
+    synchronizer.BeginStep(grads_.data(), state_.loss_scale,
+                           leave_requested != nullptr && leave_requested->load());
     const double loss_sum = model_.ForwardBackward(
         ctx, state_.params.data(), features.data(), labels.data(), rows,
         1.0f / static_cast<float>(batch.size()), grads_.data(), workspace,
@@ -298,6 +301,11 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
       interval_started = MonotonicSeconds();
     }
     if (on_step) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
+    if (comm_stats.leave_agreed && !Finished()) {
+      if (left_generation != nullptr) *left_generation = true;
+      return AbortedError("leaving generation " + std::to_string(generation.generation) +
+                          " together after step " + std::to_string(state_.step));
+    }
   }
   if (rank == 0 && !accounting_path_.empty() && state_.cursor.offset > 0) {
     // Training ends mid-epoch: account for the part of the epoch that was trained.

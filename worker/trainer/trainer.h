@@ -123,9 +123,15 @@ class Trainer {
   // Trains until Finished() (OK), `stop` is set (CANCELLED), or a collective fails (its error:
   // the generation is over; the state stays at the last completed step). on_progress runs on
   // this thread every log interval and after the last step, on every rank.
+  //
+  // Leaving together: while *leave_requested is set, this rank votes at every step to leave the
+  // generation (gradient_synchronizer.h); once any rank voted, every rank completes that same
+  // step and Train returns ABORTED with *left_generation set (the state is consistent and equal
+  // on every rank; the caller joins the next generation).
   Status Train(comm::Communicator& communicator, const GenerationInfo& generation,
                const std::atomic<bool>& stop, const ProgressFn& on_progress,
-               const StepFn& on_step = nullptr);
+               const StepFn& on_step = nullptr, const std::atomic<bool>* leave_requested = nullptr,
+               bool* left_generation = nullptr);
 
   // Evaluation on the test split (see above). FailedPrecondition without a test split.
   StatusOr<EvalResult> Evaluate(comm::Communicator& communicator, const GenerationInfo& generation);

@@ -7,7 +7,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
-#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/communicator_factory.h"
 
 namespace lockstep::trainer {
 namespace {
@@ -124,6 +124,14 @@ Status TrainingWorker::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       reason = end_reason_;
     }
+    if (left_by_vote_) {
+      // A member joined: every rank completed the same step and left together. Not a failure.
+      LOCKSTEP_LOG(INFO) << "generation " << assignment->generation << " ended at step "
+                         << trainer_->state().step << ": " << reason
+                         << "; left together, joining the next one";
+      failed_generations = 0;
+      continue;
+    }
     LOCKSTEP_LOG(WARNING) << "generation " << assignment->generation << " ended at step "
                           << trainer_->state().step << ": "
                           << (reason.empty() ? status.ToString()
@@ -143,34 +151,51 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
     std::lock_guard<std::mutex> lock(mu_);
     current_generation_ = assignment.generation;
     generation_ended_ = false;
+    end_member_lost_ = false;
     end_reason_.clear();
+    leave_requested_.store(false);
+    left_by_vote_ = false;
   }
   const int64_t generation = assignment.generation;
   LOCKSTEP_RETURN_IF_ERROR(
-      client_->StartHeartbeat(assignment, [this, generation](const std::string& reason) {
-        // Heartbeat thread; must not block. Abort makes the training thread's collective fail
-        // promptly, and the training thread then joins the next generation.
+      client_->StartHeartbeat(assignment, [this, generation](const rendezvous::GenerationEnd& end) {
+        // Heartbeat thread; must not block.
         std::lock_guard<std::mutex> lock(mu_);
         if (generation != current_generation_) return;
         generation_ended_ = true;
-        end_reason_ = reason;
-        if (communicator_ != nullptr) communicator_->Abort("generation ended: " + reason);
+        end_reason_ = end.reason;
+        end_member_lost_ = end.member_lost;
+        if (end.member_lost) {
+          // A member is gone: collectives with it cannot complete. Abort makes them fail
+          // promptly, and the training thread then joins the next generation.
+          if (communicator_ != nullptr) communicator_->Abort("generation ended: " + end.reason);
+        } else {
+          // A member joined and everyone is alive: vote to leave at the next step boundary, so
+          // every rank completes the same step and nothing is lost (gradient_synchronizer.h).
+          leave_requested_.store(true);
+        }
       }));
 
   std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(generation);
-  comm::GlooOptions gloo_options;
-  gloo_options.rank = assignment.rank;
-  gloo_options.size = assignment.world_size;
-  gloo_options.listen_host = options_.client.host;
-  gloo_options.connect_timeout_ms = options_.connect_timeout_ms;
-  auto communicator = comm::CreateGlooCommunicator(gloo_options, *store);
+  comm::CommunicatorOptions comm_options;
+  comm_options.rank = assignment.rank;
+  comm_options.size = assignment.world_size;
+  for (const rendezvous::MemberInfo& member : assignment.members) {
+    comm_options.member_hosts.push_back(member.host);
+  }
+  comm_options.host = options_.client.host;
+  comm_options.job_name = options_.job_name;
+  comm_options.generation = generation;
+  comm_options.connect_timeout_ms = options_.connect_timeout_ms;
+  auto communicator = comm::CreateCommunicator(comm_options, *store);
   if (!communicator.ok()) return communicator.status().WithContext("communicator bootstrap");
   std::unique_ptr<comm::Communicator> comm = std::move(communicator).value();
   {
     std::lock_guard<std::mutex> lock(mu_);
     communicator_ = comm.get();
     // The generation may have ended while the mesh was connecting.
-    if (generation_ended_) comm->Abort("generation ended: " + end_reason_);
+    // (After a join nobody is lost: the first training step's vote ends it instead.)
+    if (generation_ended_ && end_member_lost_) comm->Abort("generation ended: " + end_reason_);
     if (stop_.load()) comm->Abort("worker stopping");
   }
   // Whatever happens below, the heartbeat thread must not see a dangling communicator.
@@ -213,7 +238,7 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
       [this, &info](const TrainingProgress& progress) {
         if (info.rank == 0) client_->SetProgress(MakeReport(progress));
       },
-      on_step));
+      on_step, &leave_requested_, &left_by_vote_));
   // The final state is snapshotted at once; its write overlaps evaluation.
   if (checkpointer_ != nullptr) checkpointer_->SnapshotFinal(trainer_->state());
   LOCKSTEP_LOG(INFO) << "training done at step " << trainer_->state().step << " in "

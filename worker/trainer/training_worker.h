@@ -84,6 +84,10 @@ class TrainingWorker {
   comm::Communicator* communicator_ = nullptr;
   int64_t current_generation_ = -1;
   bool generation_ended_ = false;
+  bool end_member_lost_ = false;  // why it ended: a member lost (abort) or joined (vote)
+  // Set by the heartbeat thread when a member joined; read by the trainer at each step.
+  std::atomic<bool> leave_requested_{false};
+  bool left_by_vote_ = false;  // the last generation ended by the ranks' vote, not a failure
   std::string end_reason_;
 
   std::mutex leave_mu_;  // serialises Leave between Run and LeaveNow; held across the RPC

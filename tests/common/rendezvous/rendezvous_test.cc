@@ -48,10 +48,11 @@ bool WaitUntil(const std::function<bool()>& condition, int64_t timeout_ms = kBou
 // Records on_generation_ended calls.
 class EndWatcher {
  public:
-  std::function<void(const std::string&)> Callback() {
-    return [this](const std::string& reason) {
+  std::function<void(const GenerationEnd&)> Callback() {
+    return [this](const GenerationEnd& end) {
       std::lock_guard<std::mutex> lock(mu_);
-      reasons_.push_back(reason);
+      reasons_.push_back(end.reason);
+      member_lost_.push_back(end.member_lost);
       cv_.notify_all();
     };
   }
@@ -65,11 +66,16 @@ class EndWatcher {
     std::lock_guard<std::mutex> lock(mu_);
     return reasons_;
   }
+  std::vector<bool> member_lost() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return member_lost_;
+  }
 
  private:
   std::mutex mu_;
   std::condition_variable cv_;
   std::vector<std::string> reasons_;
+  std::vector<bool> member_lost_;
 };
 
 class RendezvousTest : public ::testing::Test {
@@ -282,6 +288,7 @@ TEST_F(RendezvousTest, DestroyedClientEndsGenerationAndOthersFormTheNextWithoutI
     ASSERT_TRUE(watchers[i].WaitEnded()) << "member " << i << " was not told";
     EXPECT_NE(watchers[i].reasons()[0].find("member w-2 left"), std::string::npos)
         << watchers[i].reasons()[0];
+    EXPECT_TRUE(watchers[i].member_lost()[0]) << "a dead member's peers must abort";
     clients[i]->StopHeartbeat();
   }
   EXPECT_EQ(watchers[0].reasons().size(), 1u);
@@ -371,6 +378,9 @@ TEST_F(RendezvousTest, LateJoinerEndsActiveGenerationAndNextIncludesEveryone) {
   ASSERT_TRUE(watcher_b.WaitEnded());
   EXPECT_NE(watcher_a.reasons()[0].find("member w-2 joined"), std::string::npos)
       << watcher_a.reasons()[0];
+  // Nobody was lost: members may finish their step and leave together instead of aborting.
+  EXPECT_FALSE(watcher_a.member_lost()[0]);
+  EXPECT_FALSE(watcher_b.member_lost()[0]);
   a->StopHeartbeat();
   b->StopHeartbeat();
   auto second = JoinAll({b.get(), a.get()});

@@ -24,6 +24,12 @@ class ReplicaCommunicator : public comm::Communicator {
   Status AllReduce(void* data, size_t count, comm::DataType type, comm::ReduceOp op,
                    int64_t timeout_ms) override {
     std::lock_guard<std::mutex> lock(mu_);
+    if (type == comm::DataType::kInt64) {
+      // The per-step leave vote (MAX over identical replicas: unchanged). Recorded apart from
+      // the buckets, with its position among them.
+      vote_positions_.push_back(calls_.size());
+      return OkStatus();
+    }
     if (fail_next_) return UnavailableError("peer 1 closed the connection");
     calls_.push_back(count);
     if (type == comm::DataType::kFloat32) {
@@ -58,6 +64,11 @@ class ReplicaCommunicator : public comm::Communicator {
     std::lock_guard<std::mutex> lock(mu_);
     return calls_;
   }
+  // For each leave vote: how many buckets had been reduced before it.
+  std::vector<size_t> vote_positions() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return vote_positions_;
+  }
 
  private:
   const int world_;
@@ -65,6 +76,7 @@ class ReplicaCommunicator : public comm::Communicator {
   std::mutex mu_;
   bool fail_next_ = false;
   std::vector<size_t> calls_;
+  std::vector<size_t> vote_positions_;
 };
 
 std::vector<GradientBucket> ThreeBuckets() { return {{0, 3, 0, 0}, {3, 5, 1, 2}, {8, 2, 3, 3}}; }
@@ -151,6 +163,39 @@ TEST(GradientSynchronizerTest, FailedCollectiveSurfacesFromWait) {
   Status status = sync.Wait(nullptr);
   EXPECT_EQ(status.code(), StatusCode::kUnavailable);
   EXPECT_NE(status.message().find("bucket 0"), std::string::npos) << status;
+}
+
+TEST(GradientSynchronizerTest, LeaveVoteIsAgreedAndIssuedBeforeTheFirstBucket) {
+  ReplicaCommunicator comm(2, true);
+  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  std::vector<float> grads(10, 1.0f);
+  StepCommStats stats;
+
+  sync.BeginStep(grads.data(), 1.0f, /*leave_vote=*/false);
+  for (int layer = 0; layer < 4; ++layer) sync.OnLayerReady(layer);
+  ASSERT_TRUE(sync.Wait(&stats).ok());
+  EXPECT_FALSE(stats.leave_agreed);
+
+  sync.BeginStep(grads.data(), 1.0f, /*leave_vote=*/true);
+  for (int layer = 0; layer < 4; ++layer) sync.OnLayerReady(layer);
+  ASSERT_TRUE(sync.Wait(&stats).ok());
+  EXPECT_TRUE(stats.leave_agreed);
+  // One vote per step, each issued before that step's first bucket, so every rank issues the
+  // collectives in the same order.
+  EXPECT_EQ(comm.vote_positions(), (std::vector<size_t>{0, 3}));
+}
+
+TEST(GradientSynchronizerTest, WorldOfOneAgreesWithItsOwnVoteWithoutCollectives) {
+  ReplicaCommunicator comm(1, true);
+  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  std::vector<float> grads(10, 1.0f);
+  sync.BeginStep(grads.data(), 1.0f, /*leave_vote=*/true);
+  for (int layer = 0; layer < 4; ++layer) sync.OnLayerReady(layer);
+  StepCommStats stats;
+  ASSERT_TRUE(sync.Wait(&stats).ok());
+  EXPECT_TRUE(stats.leave_agreed);
+  EXPECT_TRUE(comm.vote_positions().empty());
+  EXPECT_TRUE(comm.calls().empty());
 }
 
 }  // namespace
