@@ -346,9 +346,14 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor
     if (completing) {
       supervisor.CancelPendingRestarts();
       for (int slot = 0; slot < supervisor.size(); ++slot) {
-        if (!replaced[slot] || supervisor.pid(slot) == 0 || finished[slot] || dropped[slot]) {
+        if (finished[slot] || dropped[slot]) continue;
+        if (supervisor.pid(slot) == 0) {
+          // Failed, and its replacement (if one was pending) was just cancelled: the job is
+          // completing without it. Waiting for it would only run into the minReplicas timeout.
+          dropped[slot] = true;
           continue;
         }
+        if (!replaced[slot]) continue;
         if (in_final_generation(supervisor.command(slot).member_id)) continue;
         if (supervisor.SignalWorker(slot, SIGTERM).ok()) dropped[slot] = true;
       }
@@ -362,7 +367,8 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor
     // Finished workers count as alive: a job that is completing is not short of members.
     const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
     const double now = MonotonicSeconds();
-    if (alive >= min_alive) {
+    // A completing job is draining, not short of members: the drain deadline governs it.
+    if (alive >= min_alive || completing) {
       below_min_since = -1;
     } else if (below_min_since < 0) {
       below_min_since = now;

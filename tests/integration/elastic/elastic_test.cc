@@ -63,7 +63,9 @@ std::string WriteManifest(const std::string& dir, const JobOptions& job) {
        << "  replicas: " << kWorkers << "\n";
   if (!job.elastic.empty()) yaml << "  elastic: " << job.elastic << "\n";
   yaml << "  trainer:\n"
-       << "    model: {type: mlp, hidden: [32], activation: relu}\n"
+       // Wide enough that a run lasts a few seconds on the shared-memory backend, so a
+       // replacement started after a kill can rejoin before training ends.
+       << "    model: {type: mlp, hidden: [256], activation: relu}\n"
        << "    data: {format: csv, train: [file://" << kDigits << "], test: [file://" << kDigits
        << "]}\n"
        << "    batchSize: 16\n"
@@ -184,6 +186,7 @@ TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly
                                 " at step >= " + std::to_string(target_step);
     auto env = kRunEnv;
     env.emplace_back("LOCKSTEP_SAMPLE_ACCOUNTING", run_dir + "-accounting.jsonl");
+    env.emplace_back("LOCKSTEP_RUN_RESTART_BACKOFF_MS", "20");
     ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, job), "--summary",
                       run_dir + ".json", "--log-dir", run_dir},
                      env);
