@@ -16,6 +16,9 @@ packages=(
   dataset-fashion-mnist python3-sklearn python3-torch
   # MPI, for comparisons against a conventional launcher
   openmpi-bin libopenmpi-dev
+  # the operator's tests: etcd, a kube-apiserver built from Debian's source by
+  # scripts/kube-apiserver.sh (Go 1.19, reflect2 1.0.2, dpkg-source, rsync), curl and openssl
+  etcd-server golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync curl openssl
 )
 
 missing=()
