@@ -654,16 +654,20 @@ void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
       // A beat for a generation that is over, or from someone outside it: tell it to rejoin.
       std::string reason;
       const int64_t g = request.generation();
+      // Unless the generation is known to have ended by a join, treat it as lost so that the
+      // member stops at once. (A beat racing the end of its generation lands here too, and must
+      // carry the same cause as the end message it raced.)
+      bool lost = true;
       if (g >= 1 && g <= static_cast<int64_t>(history_.size()) && history_[g - 1].ended_at >= 0) {
         reason = "generation " + std::to_string(g) + " ended: " + history_[g - 1].end_reason;
+        lost = history_[g - 1].ended_by_loss;
       } else if (member == nullptr && g == generation_) {
         reason = "member " + request.member_id() + " is not in generation " + std::to_string(g);
       } else {
         reason = "generation " + std::to_string(g) + " is not current (current " +
                  std::to_string(generation_) + ")";
       }
-      // A stale beat: its generation is over; treat it as lost so the member stops at once.
-      actions.push_back([stream, g, reason] { stream->EndGeneration(g, reason, true); });
+      actions.push_back([stream, g, reason, lost] { stream->EndGeneration(g, reason, lost); });
     } else {
       if (member->stream != stream) {
         // A second stream for the same member and generation replaces the first; closing the
@@ -768,8 +772,19 @@ Status Job::Leave(const v1::LeaveRequest& request) {
       if (request.has_progress() &&
           (!has_final_progress_ ||
            (final_progress_.eval_accuracy < 0 && request.progress().eval_accuracy() >= 0))) {
+        const int64_t committed_step = final_progress_.last_checkpoint_step;
+        const std::string committed_uri = final_progress_.last_checkpoint_uri;
         final_progress_ = FromProto(request.progress());
+        if (has_final_progress_ && committed_step > final_progress_.last_checkpoint_step) {
+          final_progress_.last_checkpoint_step = committed_step;
+          final_progress_.last_checkpoint_uri = committed_uri;
+        }
         has_final_progress_ = true;
+      } else if (request.has_progress() &&
+                 request.progress().last_checkpoint_step() > final_progress_.last_checkpoint_step) {
+        // Only rank 0 knows which checkpoint was committed; its report may come second.
+        final_progress_.last_checkpoint_step = request.progress().last_checkpoint_step();
+        final_progress_.last_checkpoint_uri = request.progress().last_checkpoint_uri();
       }
       LOCKSTEP_LOG(INFO) << Describe() << ": member " << member_id << " completed";
     } else if (active_ && member != nullptr) {

@@ -43,6 +43,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
     return InvalidArgumentError("spec.trainer: the built-in trainer needs a trainer section");
   }
   const spec::TrainerSpec& trainer = *job.spec.trainer;
+  if (trainer.device == spec::Device::kCuda) {
+    // The CUDA kernels exist (kernels/cuda) but the trainer does not drive them yet; training
+    // on the CPU instead would silently give the user something other than they asked for.
+    return InvalidArgumentError(
+        "spec.trainer.device: cuda is not supported by this version's built-in trainer yet "
+        "(it trains on the CPU); use device: cpu");
+  }
   if (trainer.batch_size < 1) {
     return InvalidArgumentError("spec.trainer.batchSize: must be >= 1 (got " +
                                 std::to_string(trainer.batch_size) + ")");

@@ -90,7 +90,9 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
         // Background thread of the checkpointer (also after it was retired): touches only what
         // outlives it (metrics and this object's atomic; the destructor joins retired ones).
         if (metrics != nullptr) metrics->ObserveCheckpoint("persist", report.persist_seconds);
-        if (report.status.ok()) {
+        // Only rank 0 commits (manifest + rename): another rank's success means only that its
+        // shard was written, so only rank 0's success advances the last checkpoint it reports.
+        if (report.status.ok() && rank == 0) {
           int64_t previous = last_step->load();
           while (previous < report.step &&
                  !last_step->compare_exchange_weak(previous, report.step)) {

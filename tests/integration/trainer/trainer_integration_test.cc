@@ -378,5 +378,21 @@ TEST(WorkerInputTest, MissingDataFileExitsWithCodeTwoAndOneLineMessage) {
   EXPECT_NE(run.logs.find("missing.csv"), std::string::npos) << run.logs;
 }
 
+// The CUDA kernels are not yet driven by the trainer: a cuda manifest is refused, naming the
+// field, rather than quietly trained on the CPU.
+TEST(WorkerInputTest, CudaDeviceIsRefusedNamingTheFieldRatherThanTrainedOnTheCpu) {
+  const ScratchDir dir("cudadevice");
+  const std::string manifest =
+      "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: gpu}\n"
+      "spec:\n  replicas: 1\n  trainer:\n"
+      "    data: {format: csv, train: "
+      "[/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz]}\n"
+      "    steps: 5\n    device: cuda\n  metrics: {port: 0}\n";
+  RunResult run = RunJob(dir, manifest, 1, "default/gpu", {}, std::chrono::seconds(30));
+  ASSERT_EQ(run.exit_codes, (std::vector<int>{2})) << run.logs;
+  EXPECT_NE(run.logs.find("lockstep-worker: error: spec.trainer.device: cuda"), std::string::npos)
+      << run.logs;
+}
+
 }  // namespace
 }  // namespace lockstep
