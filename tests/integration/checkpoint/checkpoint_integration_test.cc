@@ -309,7 +309,8 @@ TEST_F(DigitsCheckpointTest, TrainingFinishesWhileStorageIsDownAndThePreviousChe
   ASSERT_TRUE(server.ok()) << server.status();
   const std::string checkpoint =
       "{uri: \"" + (*server)->uri() + "/ckpt/down\", intervalSteps: 50, keep: 3}";
-  LocalJob job(dir_.path(), DigitsManifest("down", 2, 600, checkpoint), 2, "default/down",
+  // Long enough that storage goes down mid-run even when training is fast.
+  LocalJob job(dir_.path(), DigitsManifest("down", 2, 6000, checkpoint), 2, "default/down",
                {{"LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", "5000"},
                 {"LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", "100"},
                 {"LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", "3000"}});
@@ -325,8 +326,8 @@ TEST_F(DigitsCheckpointTest, TrainingFinishesWhileStorageIsDownAndThePreviousChe
   std::string logs;
   ASSERT_EQ(job.WaitAll(std::chrono::seconds(120), &logs), (std::vector<int>{0, 0})) << logs;
   rendezvous::JobSnapshot snapshot = job.Snapshot();
-  EXPECT_EQ(snapshot.final_progress.step, 600);
-  EXPECT_LT(snapshot.final_progress.last_checkpoint_step, 600);
+  EXPECT_EQ(snapshot.final_progress.step, 6000);
+  EXPECT_LT(snapshot.final_progress.last_checkpoint_step, 6000);
   EXPECT_NE(logs.find("failed"), std::string::npos) << logs;
   EXPECT_NE(logs.find("not persisted"), std::string::npos) << logs;
   // What the storage holds, read through its own files: every step-* verifies.
