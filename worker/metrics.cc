@@ -11,6 +11,8 @@
 #include <sstream>
 #include <vector>
 
+#include "common/metrics/move_series.h"
+
 namespace lockstep {
 namespace {
 
@@ -140,36 +142,15 @@ WorkerMetrics::~WorkerMetrics() = default;
 void WorkerMetrics::BindRank(int rank) {
   if (rank == rank_) return;
   const std::map<std::string, std::string> labels{{"job", job_}, {"rank", std::to_string(rank)}};
-  // Counters carry their totals to the new rank's series so rate() sees no reset; gauges of the
-  // old rank are removed (their value would be stale); histograms keep the old series, since
-  // their observations cannot be moved.
-  auto rebind_counter = [&](prometheus::Family<prometheus::Counter>* family,
-                            prometheus::Counter** series) {
-    double carried = 0;
-    if (*series != nullptr) {
-      carried = (*series)->Value();
-      family->Remove(*series);
-    }
-    *series = &family->Add(labels);
-    (*series)->Increment(carried);
-  };
-  auto rebind_gauge = [&](prometheus::Family<prometheus::Gauge>* family,
-                          prometheus::Gauge** series) {
-    double value = 0;
-    if (*series != nullptr) {
-      value = (*series)->Value();
-      family->Remove(*series);
-    }
-    *series = &family->Add(labels);
-    (*series)->Set(value);
-  };
-  rebind_counter(steps_total_family_, &steps_total_);
-  rebind_counter(samples_total_family_, &samples_total_);
-  rebind_counter(allreduce_bytes_family_, &allreduce_bytes_);
-  rebind_gauge(samples_per_second_family_, &samples_per_second_);
-  rebind_gauge(loss_family_, &loss_);
-  rebind_gauge(bus_bandwidth_family_, &bus_bandwidth_);
-  rebind_gauge(scaling_efficiency_family_, &scaling_efficiency_);
+  // Counters and gauges move to the new rank's series keeping their values (move_series.h);
+  // histograms keep the old series, since their observations cannot be moved.
+  metrics::MoveSeries(steps_total_family_, &steps_total_, labels);
+  metrics::MoveSeries(samples_total_family_, &samples_total_, labels);
+  metrics::MoveSeries(allreduce_bytes_family_, &allreduce_bytes_, labels);
+  metrics::MoveSeries(samples_per_second_family_, &samples_per_second_, labels);
+  metrics::MoveSeries(loss_family_, &loss_, labels);
+  metrics::MoveSeries(bus_bandwidth_family_, &bus_bandwidth_, labels);
+  metrics::MoveSeries(scaling_efficiency_family_, &scaling_efficiency_, labels);
   step_duration_ = &step_duration_family_->Add(labels, DurationBuckets());
   allreduce_duration_ = &allreduce_duration_family_->Add(labels, DurationBuckets());
   comm_exposed_ = &comm_exposed_family_->Add(labels, DurationBuckets());

@@ -9,6 +9,8 @@
 #include <map>
 #include <sstream>
 
+#include "common/metrics/move_series.h"
+
 namespace lockstep::agent {
 
 StatusOr<std::unique_ptr<ExecMetrics>> ExecMetrics::Create(const std::string& job, int port) {
@@ -66,25 +68,9 @@ ExecMetrics::~ExecMetrics() = default;
 void ExecMetrics::BindRank(int32_t rank) {
   if (rank == rank_) return;
   const std::map<std::string, std::string> labels{{"job", job_}, {"rank", std::to_string(rank)}};
-  auto rebind_counter = [&](prometheus::Family<prometheus::Counter>* family,
-                            prometheus::Counter** series) {
-    double carried = 0;
-    if (*series != nullptr) {
-      carried = (*series)->Value();
-      family->Remove(*series);
-    }
-    *series = &family->Add(labels);
-    (*series)->Increment(carried);
-  };
-  rebind_counter(steps_family_, &steps_);
-  rebind_counter(samples_family_, &samples_);
-  double loss = 0;
-  if (loss_ != nullptr) {
-    loss = loss_->Value();
-    loss_family_->Remove(loss_);
-  }
-  loss_ = &loss_family_->Add(labels);
-  loss_->Set(loss);
+  metrics::MoveSeries(steps_family_, &steps_, labels);
+  metrics::MoveSeries(samples_family_, &samples_, labels);
+  metrics::MoveSeries(loss_family_, &loss_, labels);
   rank_ = rank;
 }
 
