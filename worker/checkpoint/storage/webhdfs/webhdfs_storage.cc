@@ -207,6 +207,27 @@ StatusOr<std::pair<std::string, std::string>> SplitLocation(const std::string& l
   }
 }
 
+// The two-step operations (CREATE, OPEN): the namenode answers 307 with a datanode's Location
+// (redirects are never followed automatically: the data must not go to the namenode), then the
+// request, with `body`, goes to that datanode. Returns the datanode's response; the caller checks
+// its status.
+StatusOr<HttpResult> ExchangeThroughDatanode(const std::string& namenode_url,
+                                             const web::http::method& method,
+                                             const std::string& resource,
+                                             const std::string_view* body,
+                                             int64_t request_timeout_ms, Deadline deadline,
+                                             const std::string& what) {
+  LOCKSTEP_ASSIGN_OR_RETURN(HttpResult redirect, Exchange(namenode_url, method, resource, nullptr,
+                                                          request_timeout_ms, deadline, what));
+  if (redirect.status != status_codes::TemporaryRedirect) {
+    return ErrorFromResponse(redirect, what);
+  }
+  if (redirect.location.empty()) return UnavailableError(what + ": 307 without Location");
+  LOCKSTEP_ASSIGN_OR_RETURN(auto datanode, SplitLocation(redirect.location, what));
+  return Exchange(datanode.first, method, datanode.second, body, request_timeout_ms, deadline,
+                  what);
+}
+
 std::string DefaultUser() {
   const char* user = std::getenv("USER");
   return user != nullptr && *user != '\0' ? user : "root";
@@ -261,19 +282,9 @@ Status WebHdfsStorage::Write(const std::string& path, std::string_view bytes,
   const std::string resource = NamenodeResource(
       path, "CREATE", std::string("&overwrite=") + (options.overwrite ? "true" : "false"));
   return RetryUnavailable(options_, deadline, what, [&]() -> Status {
-    // Step 1: the namenode picks a datanode; no data goes with this request.
-    LOCKSTEP_ASSIGN_OR_RETURN(HttpResult redirect,
-                              Exchange(namenode_url_, methods::PUT, resource, nullptr,
-                                       options_.request_timeout_ms, deadline, what));
-    if (redirect.status != status_codes::TemporaryRedirect) {
-      return ErrorFromResponse(redirect, what);
-    }
-    if (redirect.location.empty()) return UnavailableError(what + ": 307 without Location");
-    LOCKSTEP_ASSIGN_OR_RETURN(auto datanode, SplitLocation(redirect.location, what));
-    // Step 2: the data goes to the datanode.
     LOCKSTEP_ASSIGN_OR_RETURN(HttpResult created,
-                              Exchange(datanode.first, methods::PUT, datanode.second, &bytes,
-                                       options_.request_timeout_ms, deadline, what));
+                              ExchangeThroughDatanode(namenode_url_, methods::PUT, resource, &bytes,
+                                                      options_.request_timeout_ms, deadline, what));
     if (created.status != status_codes::Created) return ErrorFromResponse(created, what);
     return OkStatus();
   });
@@ -288,17 +299,9 @@ StatusOr<std::vector<uint8_t>> WebHdfsStorage::Read(const std::string& path, int
   const std::string resource = NamenodeResource(path, "OPEN", extra);
   std::vector<uint8_t> bytes;
   Status status = RetryUnavailable(options_, deadline, what, [&]() -> Status {
-    LOCKSTEP_ASSIGN_OR_RETURN(HttpResult redirect,
-                              Exchange(namenode_url_, methods::GET, resource, nullptr,
-                                       options_.request_timeout_ms, deadline, what));
-    if (redirect.status != status_codes::TemporaryRedirect) {
-      return ErrorFromResponse(redirect, what);
-    }
-    if (redirect.location.empty()) return UnavailableError(what + ": 307 without Location");
-    LOCKSTEP_ASSIGN_OR_RETURN(auto datanode, SplitLocation(redirect.location, what));
-    LOCKSTEP_ASSIGN_OR_RETURN(HttpResult data,
-                              Exchange(datanode.first, methods::GET, datanode.second, nullptr,
-                                       options_.request_timeout_ms, deadline, what));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        HttpResult data, ExchangeThroughDatanode(namenode_url_, methods::GET, resource, nullptr,
+                                                 options_.request_timeout_ms, deadline, what));
     if (data.status != status_codes::OK) return ErrorFromResponse(data, what);
     if (length >= 0 && static_cast<int64_t>(data.body.size()) > length) {
       return DataLossError(what + ": datanode sent " + std::to_string(data.body.size()) +
