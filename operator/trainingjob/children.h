@@ -1,0 +1,91 @@
+// The objects a TrainingJob owns, built from its spec: what Reconcile wants to exist. Pure
+// functions of (job, settings, index): no I/O, so every rule is table-tested in
+// tests/operator/trainingjob/children_test.cc.
+//
+//   json pod = DesiredPod(job, /*index=*/2, settings);       // "fashion-worker-2"
+//   json svc = DesiredService(job);                           // headless, selects the job's pods
+//   json secret = DesiredSecret(job, token, settings.rendezvous_ca_pem);
+//   std::optional<json> group = DesiredPodGroup(job);         // nullopt without gang scheduling
+//
+// Every child carries the labels below, an ownerReference to the job (controller: true,
+// blockOwnerDeletion: true) so Kubernetes' garbage collector deletes it with the job, and
+// metadata.namespace of the job.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "common/spec/training_job.h"
+
+namespace lockstep::op::trainingjob {
+
+using json = nlohmann::json;
+
+inline constexpr char kJobNameLabel[] = "lockstep.io/job-name";
+inline constexpr char kReplicaIndexLabel[] = "lockstep.io/replica-index";
+inline constexpr char kManagedByLabel[] = "app.kubernetes.io/managed-by";  // "lockstep-operator"
+inline constexpr char kWorkerContainer[] = "worker";
+// Annotation on each pod: the job's metadata.generation the pod was built for (debugging).
+inline constexpr char kSpecGenerationAnnotation[] = "lockstep.io/spec-generation";
+
+// Where the job's Secret is mounted in every worker (ca.crt; the token comes as an env var).
+inline constexpr char kSecretMountPath[] = "/var/run/lockstep";
+
+// What the operator knows about itself that pods need.
+struct OperatorSettings {
+  // host:port that workers dial for rendezvous (the operator's rendezvous Service).
+  std::string rendezvous_address;
+  // PEM of the CA that signed the rendezvous serving certificate; empty: plaintext (tests).
+  std::string rendezvous_ca_pem;
+  // Image when spec.image is empty.
+  std::string default_worker_image = "lockstep-worker:0.1";
+  // Volcano / scheduler-plugins scheduler names used with gang scheduling.
+  std::string volcano_scheduler_name = "volcano";
+  std::string scheduler_plugins_scheduler_name = "scheduler-plugins-scheduler";
+  // First port of the hostNetwork range; each job gets a block (see DesiredPod).
+  int32_t host_network_base_port = 30000;
+};
+
+std::string PodName(const std::string& job_name, int32_t index);  // "<job>-worker-<index>"
+std::string ServiceName(const std::string& job_name);             // "<job>" (headless)
+std::string SecretName(const std::string& job_name);              // "<job>-rendezvous"
+std::string PodGroupName(const std::string& job_name);            // "<job>"
+// "lockstep.io/job-name=<job>": the scale subresource's status.selector and the pod informer's.
+std::string PodSelector(const std::string& job_name);
+
+json OwnerReference(const spec::TrainingJob& job);  // needs job.metadata.uid
+
+// Secret (type Opaque): data.token (the rendezvous token, base64) and data["ca.crt"] when
+// ca_pem is not empty.
+json DesiredSecret(const spec::TrainingJob& job, const std::string& token,
+                   const std::string& ca_pem);
+
+// Headless Service (clusterIP None, publishNotReadyAddresses) selecting the job's pods, so
+// workers reach each other at <pod>.<job>.<namespace>.svc before they are Ready.
+json DesiredService(const spec::TrainingJob& job);
+
+// One worker pod. Container "worker": image, `lockstep-worker train` (or `exec -- command...`),
+// env of ARCHITECTURE.md (LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN from the Secret,
+// LOCKSTEP_POD from metadata.name, LOCKSTEP_HOST from status.podIP, LOCKSTEP_SPEC = the spec's
+// JSON, LOCKSTEP_RENDEZVOUS_CA_FILE when TLS), resources (cpu, memory, nvidia.com/gpu), the
+// metrics port and prometheus.io annotations, restartPolicy Never (the operator replaces pods,
+// the kubelet does not restart them), hostname + subdomain for DNS. Network modes roce and
+// infiniband add the RDMA resource, the Multus annotation k8s.v1.cni.cncf.io/networks, the
+// IPC_LOCK capability, a memory-backed /dev/shm and NCCL_IB_* / NCCL_SOCKET_IFNAME defaults
+// (spec.network.ncclEnv wins). hostNetwork only when asked, with dnsPolicy
+// ClusterFirstWithHostNet and ports (metrics, collectives) from a block derived from the job's
+// uid so two jobs on one node cannot collide. Gang scheduling sets schedulerName and the
+// scheduler's pod-group annotation/label. spec.template is merged last: its metadata labels and
+// annotations are added, its containers are merged by name into ours (its "worker" container's
+// env, volumeMounts, resources... added; ours win on conflicts of what the operator owns), and
+// every other pod-spec field it sets is kept.
+json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings);
+
+// Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
+// minResources}; scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup {minMember,
+// scheduleTimeoutSeconds}. minMember = elastic.minReplicas. nullopt when gang is none.
+std::optional<json> DesiredPodGroup(const spec::TrainingJob& job);
+
+}  // namespace lockstep::op::trainingjob

@@ -1,0 +1,54 @@
+// TrainingJob status: conditions, phase and the decisions that depend only on what the pods
+// report. Pure functions, table-tested.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/spec/training_job.h"
+
+namespace lockstep::op::trainingjob {
+
+using json = nlohmann::json;
+
+// Condition types, in the order the CRD lists them.
+inline constexpr char kCreated[] = "Created";
+inline constexpr char kRunning[] = "Running";
+inline constexpr char kRestarting[] = "Restarting";
+inline constexpr char kScaling[] = "Scaling";
+inline constexpr char kSucceeded[] = "Succeeded";
+inline constexpr char kFailed[] = "Failed";
+inline constexpr char kSuspended[] = "Suspended";
+
+// Sets (adds or replaces) status.conditions[type]. lastTransitionTime changes only when `status`
+// changes; lastUpdateTime whenever reason or message change. now: RFC 3339 ("2026-11-22T10:00:00Z").
+void SetCondition(json* job_status, const std::string& type, bool status,
+                  const std::string& reason, const std::string& message, const std::string& now);
+// The condition's status is "True".
+bool HasCondition(const json& job_status, const std::string& type);
+
+// RFC 3339 UTC with seconds, as Kubernetes writes metav1.Time.
+std::string Rfc3339(double unix_seconds);
+// Parses Rfc3339 (and the fractional-seconds form); -1 when it is not one.
+double ParseRfc3339(const std::string& text);
+
+// What a finished worker pod means.
+enum class ExitDecision {
+  kSucceeded,     // exit 0
+  kRestart,       // replace the pod (counts against backoffLimit)
+  kFailJob,       // the job fails: restartPolicy Never, or ExitCode with a permanent code
+};
+
+// OnFailure: any non-zero exit restarts. ExitCode: 130, 137, 143 and run_policy's
+// retryable_exit_codes restart; other codes fail the job (PyTorchJob's convention). Never: any
+// failure fails the job.
+ExitDecision DecideExit(const spec::RunPolicy& policy, int32_t exit_code);
+
+// The exit code of a pod's "worker" container (status.containerStatuses[].state.terminated
+// .exitCode), or -1 when not terminated / not reported. An evicted pod (phase Failed without a
+// container exit, reason Evicted) is -1: it is replaced as retryable.
+int32_t WorkerExitCode(const json& pod);
+
+}  // namespace lockstep::op::trainingjob
