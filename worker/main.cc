@@ -29,6 +29,7 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
+#include "common/rendezvous/client_environment.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
 #include "common/spec/training_job.h"
@@ -170,16 +171,9 @@ int Train(const std::string& manifest_path) {
 
   trainer::TrainingWorkerOptions options;
   options.job_name = job_name;
-  for (const char* name : {"LOCKSTEP_RENDEZVOUS", "LOCKSTEP_JOB_TOKEN", "LOCKSTEP_POD"}) {
-    if (EnvString(name, "").empty()) {
-      return Fail(kExitBadInput, std::string("environment variable ") + name + " is not set");
-    }
-  }
-  options.client.address = EnvString("LOCKSTEP_RENDEZVOUS", "");
-  options.client.job = job_name;
-  options.client.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
-  options.client.member_id = EnvString("LOCKSTEP_POD", "");
-  options.client.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
+  StatusOr<rendezvous::ClientOptions> client = rendezvous::ClientOptionsFromEnvironment(job_name);
+  if (!client.ok()) return Fail(kExitBadInput, client.status().message());
+  options.client = *client;
   options.join_timeout_ms = JoinTimeoutMs();
   options.dump_params_path = EnvString("LOCKSTEP_DUMP_PARAMS", "");
   options.checkpoint.checkpoint = job->spec.checkpoint;

@@ -120,6 +120,10 @@ ProcessResult ChildProcess::Wait(int64_t timeout_ms) {
   result.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
   result.out = ReadFile(out_path_);
   result.err = ReadFile(err_path_);
+  // The output is in the result now: leave nothing behind in /tmp (curl-based API requests in
+  // the Kubernetes tests start thousands of children).
+  std::error_code ignored;
+  std::filesystem::remove_all(std::filesystem::path(out_path_).parent_path(), ignored);
   return result;
 }
 

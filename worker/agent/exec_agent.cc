@@ -23,6 +23,7 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
+#include "common/rendezvous/client_environment.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
 #include "common/spec/training_job.h"
@@ -561,21 +562,15 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
     return InvalidArgumentError("no command: give it after -- or in the manifest's spec.command");
   }
   options.command = command;
-  for (const char* name : {"LOCKSTEP_RENDEZVOUS", "LOCKSTEP_JOB_TOKEN", "LOCKSTEP_POD"}) {
-    if (EnvString(name, "").empty()) {
-      return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
-    }
-  }
   options.job = EnvString(
       "LOCKSTEP_JOB", job ? job->metadata.namespace_ + "/" + job->metadata.name : std::string());
   if (options.job.empty()) {
     return InvalidArgumentError("environment variable LOCKSTEP_JOB is not set (and no manifest)");
   }
-  options.client.address = EnvString("LOCKSTEP_RENDEZVOUS", "");
-  options.client.job = options.job;
-  options.client.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
-  options.client.member_id = EnvString("LOCKSTEP_POD", "");
-  options.client.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
+  StatusOr<rendezvous::ClientOptions> client =
+      rendezvous::ClientOptionsFromEnvironment(options.job);
+  if (!client.ok()) return client.status();
+  options.client = *client;
   const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job ? job->spec.metrics.port : 0);
   if (metrics_port < 0 || metrics_port > 65535) {
     return InvalidArgumentError("LOCKSTEP_METRICS_PORT " + std::to_string(metrics_port) +

@@ -1,10 +1,13 @@
-# lockstep_kube_testenv: a real kube-apiserver + etcd on loopback for tests (kube_testenv.h).
+# lockstep_kube_testenv: a real kube-apiserver + etcd on loopback for tests (kube_testenv.h), and
+# a kubelet double that runs or fakes the pods of one node against it (kubelet_simulator.h).
 # Include this file from a test folder's CMakeLists.txt; it defines the target once.
 if(NOT TARGET lockstep_kube_testenv)
-  add_library(lockstep_kube_testenv STATIC ${PROJECT_SOURCE_DIR}/tests/support/kube/kube_testenv.cc)
+  add_library(lockstep_kube_testenv STATIC
+    ${PROJECT_SOURCE_DIR}/tests/support/kube/kube_testenv.cc
+    ${PROJECT_SOURCE_DIR}/tests/support/kube/kubelet_simulator.cc)
   target_include_directories(lockstep_kube_testenv PUBLIC ${PROJECT_SOURCE_DIR})
   target_compile_definitions(lockstep_kube_testenv PRIVATE
     LOCKSTEP_KUBE_APISERVER_SCRIPT="${PROJECT_SOURCE_DIR}/scripts/kube-apiserver.sh")
   target_link_libraries(lockstep_kube_testenv PUBLIC
-    lockstep_process_runner nlohmann_json::nlohmann_json)
+    lockstep_base lockstep_process_runner nlohmann_json::nlohmann_json Threads::Threads)
 endif()

@@ -1,0 +1,39 @@
+#include "common/rendezvous/client_environment.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/env.h"
+
+namespace lockstep::rendezvous {
+
+StatusOr<ClientOptions> ClientOptionsFromEnvironment(const std::string& job_name) {
+  for (const char* name : {"LOCKSTEP_RENDEZVOUS", "LOCKSTEP_JOB_TOKEN", "LOCKSTEP_POD"}) {
+    if (EnvString(name, "").empty()) {
+      return InvalidArgumentError(std::string("environment variable ") + name + " is not set");
+    }
+  }
+  ClientOptions options;
+  options.address = EnvString("LOCKSTEP_RENDEZVOUS", "");
+  options.job = job_name;
+  options.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
+  options.member_id = EnvString("LOCKSTEP_POD", "");
+  options.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
+  const std::string ca_file = EnvString("LOCKSTEP_RENDEZVOUS_CA_FILE", "");
+  if (!ca_file.empty()) {
+    std::ifstream in(ca_file, std::ios::binary);
+    std::ostringstream pem;
+    pem << in.rdbuf();
+    if (!in.good() && !in.eof()) {
+      return InvalidArgumentError("LOCKSTEP_RENDEZVOUS_CA_FILE: cannot read " + ca_file);
+    }
+    options.tls_ca_pem = pem.str();
+    if (options.tls_ca_pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
+      return InvalidArgumentError("LOCKSTEP_RENDEZVOUS_CA_FILE: " + ca_file +
+                                  " holds no PEM certificate");
+    }
+  }
+  return options;
+}
+
+}  // namespace lockstep::rendezvous
