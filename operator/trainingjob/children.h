@@ -44,9 +44,30 @@ struct OperatorSettings {
   // Volcano / scheduler-plugins scheduler names used with gang scheduling.
   std::string volcano_scheduler_name = "volcano";
   std::string scheduler_plugins_scheduler_name = "scheduler-plugins-scheduler";
-  // First port of the hostNetwork range; each job gets a block (see DesiredPod).
-  int32_t host_network_base_port = 30000;
+  // The hostNetwork port range [base, base + count); each job gets a block of
+  // kHostNetworkPortBlockSize ports in it (see DesiredPod). The default stays below both the
+  // default NodePort range (30000-32767: kube-proxy intercepts those on every node) and Linux's
+  // ephemeral range (32768-60999: any outgoing connection may hold one).
+  int32_t host_network_base_port = 20000;
+  int32_t host_network_port_count = 4096;
 };
+
+// Ports per job in the hostNetwork range: worker i serves metrics on the block's port
+// (i mod kHostNetworkPortBlockSize), so up to that many workers of one job can share a node.
+inline constexpr int32_t kHostNetworkPortBlockSize = 8;
+// The first port of the job's hostNetwork block: a hash of metadata.uid (namespace/name when the
+// uid is empty) picks one of count / kHostNetworkPortBlockSize blocks (512 by default).
+//
+// Collisions are possible and handled by the scheduler, not prevented: each metrics port is
+// also the container's hostPort, and the scheduler never places two pods wanting the same
+// hostPort on one node. Two jobs whose blocks collide (1 in 512 for a given pair; among 20
+// hostNetwork jobs about a 1 in 3 chance that some pair does) therefore cannot share a node for
+// the colliding workers, and workers i and i+8 of one job are kept on different nodes; nothing
+// fails at bind time. A process outside Kubernetes holding a port of the range is not seen by
+// the scheduler: keep the range free on GPU nodes. Collective ports need no block: Gloo, NCCL's
+// bootstrap and the exec agent's MASTER_PORT all bind port 0 and publish what the kernel gave
+// them through the rendezvous store.
+int32_t HostNetworkFirstPort(const spec::TrainingJob& job, const OperatorSettings& settings);
 
 std::string PodName(const std::string& job_name, int32_t index);  // "<job>-worker-<index>"
 std::string ServiceName(const std::string& job_name);             // "<job>" (headless)
@@ -75,12 +96,13 @@ json DesiredService(const spec::TrainingJob& job);
 // infiniband add the RDMA resource, the Multus annotation k8s.v1.cni.cncf.io/networks, the
 // IPC_LOCK capability, a memory-backed /dev/shm and NCCL_IB_* / NCCL_SOCKET_IFNAME defaults
 // (spec.network.ncclEnv wins). hostNetwork only when asked, with dnsPolicy
-// ClusterFirstWithHostNet and ports (metrics, collectives) from a block derived from the job's
-// uid so two jobs on one node cannot collide. Gang scheduling sets schedulerName and the
+// ClusterFirstWithHostNet and the metrics port (also LOCKSTEP_METRICS_PORT and the hostPort)
+// from the job's block (HostNetworkFirstPort). Gang scheduling sets schedulerName and the
 // scheduler's pod-group annotation/label. spec.template is merged last: its metadata labels and
 // annotations are added, its containers are merged by name into ours (its "worker" container's
 // env, volumeMounts, resources... added; ours win on conflicts of what the operator owns), and
-// every other pod-spec field it sets is kept.
+// every other pod-spec field it sets is kept. The exact rules are at MergeTemplate in
+// children.cc.
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings);
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,

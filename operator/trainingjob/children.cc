@@ -1,0 +1,605 @@
+#include "operator/trainingjob/children.h"
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <limits>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lockstep::op::trainingjob {
+namespace {
+
+constexpr char kManagedByValue[] = "lockstep-operator";
+constexpr char kJobApiVersion[] = "lockstep.io/v1alpha1";
+constexpr char kJobKind[] = "TrainingJob";
+constexpr char kWorkerBinary[] = "lockstep-worker";
+constexpr char kMetricsPortName[] = "metrics";
+// The job Secret's keys: the token reaches the worker as an env var (never a file), the CA as
+// a file because gRPC wants PEM and env vars are visible in `kubectl describe pod` anyway.
+constexpr char kTokenKey[] = "token";
+constexpr char kCaKey[] = "ca.crt";
+constexpr char kSecretVolume[] = "lockstep-rendezvous";
+constexpr char kShmVolume[] = "lockstep-dshm";
+constexpr char kGpuResource[] = "nvidia.com/gpu";
+// Multus: the secondary networks a pod is attached to (comma-separated NetworkAttachmentDefinition
+// names, optionally namespace/name).
+constexpr char kMultusAnnotation[] = "k8s.v1.cni.cncf.io/networks";
+// Volcano's pod -> PodGroup key (volcano.sh/apis scheduling/v1beta1 KubeGroupNameAnnotationKey).
+constexpr char kVolcanoGroupAnnotation[] = "scheduling.k8s.io/group-name";
+// scheduler-plugins' coscheduling pod -> PodGroup label (pkg/coscheduling/README.md).
+constexpr char kSchedulerPluginsGroupLabel[] = "scheduling.x-k8s.io/pod-group";
+constexpr char kPrometheusScrapeAnnotation[] = "prometheus.io/scrape";
+constexpr char kPrometheusPortAnnotation[] = "prometheus.io/port";
+constexpr char kVolcanoApiVersion[] = "scheduling.volcano.sh/v1beta1";
+constexpr char kSchedulerPluginsApiVersion[] = "scheduling.x-k8s.io/v1alpha1";
+// spec.hostname is a DNS-1123 label.
+constexpr size_t kMaxHostnameLength = 63;
+
+uint64_t Fnv1a64(const std::string& text) {
+  uint64_t hash = 14695981039346656037ull;
+  for (unsigned char c : text) {
+    hash ^= c;
+    hash *= 1099511628211ull;
+  }
+  return hash;
+}
+
+std::string Base64(const std::string& bytes) {
+  static constexpr char kAlphabet[] =
+      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 3 <= bytes.size(); i += 3) {
+    const uint32_t v = (static_cast<unsigned char>(bytes[i]) << 16) |
+                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
+                       static_cast<unsigned char>(bytes[i + 2]);
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += kAlphabet[(v >> 6) & 63];
+    out += kAlphabet[v & 63];
+  }
+  const size_t rest = bytes.size() - i;
+  if (rest > 0) {
+    uint32_t v = static_cast<unsigned char>(bytes[i]) << 16;
+    if (rest == 2) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
+    out += kAlphabet[(v >> 18) & 63];
+    out += kAlphabet[(v >> 12) & 63];
+    out += rest == 2 ? kAlphabet[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+json JobLabels(const spec::TrainingJob& job) {
+  return {{kJobNameLabel, job.metadata.name}, {kManagedByLabel, kManagedByValue}};
+}
+
+json ChildMetadata(const spec::TrainingJob& job, const std::string& name, json labels) {
+  return {{"name", name},
+          {"namespace", job.metadata.namespace_},
+          {"labels", std::move(labels)},
+          {"ownerReferences", json::array({OwnerReference(job)})}};
+}
+
+json EnvValue(const std::string& name, const std::string& value) {
+  return {{"name", name}, {"value", value}};
+}
+
+json EnvField(const std::string& name, const std::string& field_path) {
+  return {{"name", name},
+          {"valueFrom", {{"fieldRef", {{"apiVersion", "v1"}, {"fieldPath", field_path}}}}}};
+}
+
+// DNS of a worker is <hostname>.<service>.<namespace>.svc, so the hostname is the pod name when
+// it fits a DNS label. Job names may be 63 characters, which makes "<job>-worker-<i>" too long;
+// then the name is cut and a hash of the full name keeps workers apart. Workers never dial
+// these names (peers use LOCKSTEP_HOST, the pod IP): they are for people and sidecars.
+std::string Hostname(const std::string& pod_name) {
+  if (pod_name.size() <= kMaxHostnameLength) return pod_name;
+  char suffix[10];
+  std::snprintf(suffix, sizeof(suffix), "-%08x",
+                static_cast<uint32_t>(Fnv1a64(pod_name) & 0xffffffffu));
+  std::string head = pod_name.substr(0, kMaxHostnameLength - 9);
+  while (!head.empty() && head.back() == '-') head.pop_back();
+  return head + suffix;
+}
+
+// The port worker `index` serves metrics on; 0: none.
+int32_t MetricsPort(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings) {
+  if (job.spec.metrics.port == 0) return 0;
+  if (!job.spec.network.host_network) return job.spec.metrics.port;
+  return HostNetworkFirstPort(job, settings) + index % kHostNetworkPortBlockSize;
+}
+
+// NCCL settings per network mode; spec.network.ncclEnv overrides any of them and adds more.
+// Only what the mode decides is set: NCCL's own detection is better than a guess for the rest.
+//  - tcp: NCCL_IB_DISABLE=1, so NCCL uses sockets even where an HCA is visible (hostNetwork).
+//  - roce/infiniband: NCCL_IB_DISABLE=0 (RoCE also runs on the IB verbs transport). The HCA comes
+//    with the RDMA resource, so NCCL_IB_HCA is left to NCCL's detection. NCCL_IB_GID_INDEX is not
+//    set: NCCL >= 2.21 picks the RoCEv2 GID itself; a cluster that needs a fixed one sets it
+//    in ncclEnv.
+//  - with Multus networks (and the pod network): NCCL_SOCKET_IFNAME=eth0. The pod then has eth0
+//    (the pod network, where LOCKSTEP_HOST's address lives and every peer is routable) and
+//    net1..netN (Multus' names); NCCL's bootstrap must not pick a secondary interface whose
+//    subnet other pods may not route. Data still moves over the HCA: the IB transport chooses
+//    devices by NCCL_IB_HCA, not by this variable. On hostNetwork the interface names are the
+//    node's, which the operator cannot know, so nothing is set there.
+std::map<std::string, std::string> NcclDefaults(const spec::NetworkSpec& network) {
+  std::map<std::string, std::string> env;
+  if (network.mode == spec::NetworkMode::kTcp) {
+    env["NCCL_IB_DISABLE"] = "1";
+    return env;
+  }
+  env["NCCL_IB_DISABLE"] = "0";
+  if (!network.multus_networks.empty() && !network.host_network) {
+    env["NCCL_SOCKET_IFNAME"] = "eth0";
+  }
+  return env;
+}
+
+bool IsRdma(const spec::NetworkSpec& network) {
+  return network.mode == spec::NetworkMode::kRoce || network.mode == spec::NetworkMode::kInfiniband;
+}
+
+std::string Join(const std::vector<std::string>& parts, const char* separator) {
+  std::string out;
+  for (const std::string& part : parts) {
+    if (!out.empty()) out += separator;
+    out += part;
+  }
+  return out;
+}
+
+// ----- spec.template merge -------------------------------------------------------------------
+
+// Adds theirs' keys that ours lacks: ours wins on a conflict.
+void AddMissingKeys(json* ours, const json& theirs) {
+  if (!theirs.is_object()) return;
+  if (!ours->is_object()) *ours = json::object();
+  for (auto& [key, value] : theirs.items()) {
+    if (!ours->contains(key)) (*ours)[key] = value;
+  }
+}
+
+// Lists merged by a key field (strategic merge's patchMergeKey): ours first and winning, then
+// theirs' entries whose key ours does not have, in their order.
+void MergeListByKey(json* ours, const json& theirs, const char* key) {
+  if (!theirs.is_array()) return;
+  if (!ours->is_array()) *ours = json::array();
+  std::set<std::string> seen;
+  for (const json& item : *ours) {
+    if (item.is_object() && item.contains(key)) seen.insert(item[key].dump());
+  }
+  for (const json& item : theirs) {
+    if (item.is_object() && item.contains(key) && seen.count(item[key].dump())) continue;
+    ours->push_back(item);
+  }
+}
+
+// The worker container's env: the operator's LOCKSTEP_* and ncclEnv entries win; the NCCL
+// defaults give way to the template's value (a template is as explicit as ncclEnv is); other
+// entries are added after ours.
+void MergeEnv(json* ours, const json& theirs, const std::set<std::string>& overridable) {
+  if (!theirs.is_array()) return;
+  for (const json& item : theirs) {
+    if (!item.is_object() || !item.contains("name") || !item["name"].is_string()) {
+      ours->push_back(item);  // malformed: let the API server name it
+      continue;
+    }
+    const std::string name = item["name"];
+    auto existing = std::find_if(ours->begin(), ours->end(),
+                                 [&](const json& e) { return e.value("name", "") == name; });
+    if (existing == ours->end()) {
+      ours->push_back(item);
+    } else if (overridable.count(name)) {
+      *existing = item;
+    }
+  }
+}
+
+// resources.limits/requests: the template may add resources (ephemeral-storage, hugepages-2Mi,
+// another device); a resource the operator sets is the operator's in both maps, since extended
+// resources must have requests == limits and cpu/memory are kept Guaranteed.
+void MergeResources(json* ours, const json& theirs) {
+  if (!theirs.is_object()) return;
+  if (!ours->is_object()) *ours = json::object();
+  std::set<std::string> owned;
+  for (const char* section : {"limits", "requests"}) {
+    if (ours->contains(section)) {
+      for (auto& [name, value] : (*ours)[section].items()) owned.insert(name);
+    }
+  }
+  for (auto& [section, values] : theirs.items()) {
+    if ((section != "limits" && section != "requests") || !values.is_object()) {
+      if (!ours->contains(section)) (*ours)[section] = values;
+      continue;
+    }
+    for (auto& [name, value] : values.items()) {
+      if (!owned.count(name)) (*ours)[section][name] = value;
+    }
+  }
+}
+
+// securityContext: the template's fields are kept; the capabilities the operator adds
+// (IPC_LOCK) are added to the template's.
+void MergeSecurityContext(json* ours, const json& theirs) {
+  if (!theirs.is_object()) return;
+  json merged = theirs;
+  if (ours->is_object()) {
+    for (auto& [key, value] : ours->items()) {
+      if (key == "capabilities" && merged.contains("capabilities") &&
+          merged["capabilities"].is_object()) {
+        json& add = merged["capabilities"]["add"];
+        if (!add.is_array()) add = json::array();
+        for (const json& capability : value.value("add", json::array())) {
+          if (std::find(add.begin(), add.end(), capability) == add.end()) add.push_back(capability);
+        }
+      } else {
+        merged[key] = value;
+      }
+    }
+  }
+  *ours = std::move(merged);
+}
+
+void MergeWorkerContainer(json* ours, const json& theirs,
+                          const std::set<std::string>& overridable) {
+  if (!theirs.is_object()) return;
+  for (auto& [key, value] : theirs.items()) {
+    if (key == "name" || key == "image" || key == "command" || key == "args") {
+      // What runs is the operator's: args would be appended to `lockstep-worker train`.
+      continue;
+    } else if (key == "env") {
+      if (!ours->contains("env")) (*ours)["env"] = json::array();
+      MergeEnv(&(*ours)["env"], value, overridable);
+    } else if (key == "volumeMounts") {
+      MergeListByKey(&(*ours)["volumeMounts"], value, "mountPath");
+    } else if (key == "ports") {
+      json ports = ours->value("ports", json::array());
+      MergeListByKey(&ports, value, "containerPort");
+      // A second port named "metrics" would be refused; ours is the one the Service targets.
+      json kept = json::array();
+      std::set<std::string> names;
+      for (const json& port : ports) {
+        const std::string name = port.contains("name") ? port["name"].dump() : "";
+        if (!name.empty() && !names.insert(name).second) continue;
+        kept.push_back(port);
+      }
+      (*ours)["ports"] = std::move(kept);
+    } else if (key == "resources") {
+      MergeResources(&(*ours)["resources"], value);
+    } else if (key == "securityContext") {
+      MergeSecurityContext(&(*ours)["securityContext"], value);
+    } else if (!ours->contains(key)) {
+      (*ours)[key] = value;
+    }
+  }
+}
+
+// Merges spec.template into the pod. The rules (a strategic merge keyed like Kubernetes' own):
+//  - metadata.labels/annotations: added; the operator's keys win.
+//  - spec.containers: by name. The "worker" container is merged field by field (see
+//    MergeWorkerContainer: image, command and args stay the operator's; env, volumeMounts, ports,
+//    resources and securityContext are merged; any other field of the template is kept); every
+//    other container (a sidecar) is added after the worker as written.
+//  - spec.volumes: by name, the operator's win.
+//  - spec.hostNetwork: the operator's (spec.network.hostNetwork decides ports and DNS policy).
+//  - every other spec field: the template's unless the operator sets it (restartPolicy,
+//    hostname, subdomain, dnsPolicy with hostNetwork, schedulerName with gang scheduling,
+//    priorityClassName when set).
+void MergeTemplate(json* pod, const json& pod_template, const std::set<std::string>& overridable) {
+  if (!pod_template.is_object()) return;
+  if (pod_template.contains("metadata") && pod_template["metadata"].is_object()) {
+    const json& metadata = pod_template["metadata"];
+    for (const char* field : {"labels", "annotations"}) {
+      if (metadata.contains(field)) AddMissingKeys(&(*pod)["metadata"][field], metadata[field]);
+    }
+  }
+  if (!pod_template.contains("spec") || !pod_template["spec"].is_object()) return;
+  json& spec = (*pod)["spec"];
+  for (auto& [key, value] : pod_template["spec"].items()) {
+    if (key == "containers") {
+      if (!value.is_array()) continue;
+      for (const json& container : value) {
+        if (container.is_object() && container.value("name", "") == kWorkerContainer) {
+          MergeWorkerContainer(&spec["containers"].front(), container, overridable);
+        } else {
+          spec["containers"].push_back(container);
+        }
+      }
+    } else if (key == "volumes") {
+      MergeListByKey(&spec["volumes"], value, "name");
+    } else if (key == "hostNetwork") {
+      continue;
+    } else if (!spec.contains(key)) {
+      spec[key] = value;
+    }
+  }
+}
+
+// ----- quantities ----------------------------------------------------------------------------
+
+// `quantity` (a Kubernetes quantity: decimal number and suffix) times `factor`, keeping the
+// suffix: "500m" x 3 = "1500m", "1.5" x 2 = "3", "64Gi" x 2 = "128Gi". nullopt when the text is
+// not a plain non-negative quantity or the product overflows.
+std::optional<std::string> MultiplyQuantity(const std::string& quantity, int64_t factor) {
+  size_t i = 0;
+  std::string digits;
+  size_t fraction_digits = 0;
+  bool point = false;
+  for (; i < quantity.size(); ++i) {
+    const char c = quantity[i];
+    if (c >= '0' && c <= '9') {
+      digits += c;
+      if (point) ++fraction_digits;
+    } else if (c == '.' && !point) {
+      point = true;
+    } else {
+      break;
+    }
+  }
+  if (digits.empty() || digits.size() > 18) return std::nullopt;
+  const std::string suffix = quantity.substr(i);
+  static const std::set<std::string> kSuffixes = {"",  "n", "u",  "m",  "k",  "M",  "G",  "T",
+                                                  "P", "E", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei"};
+  const bool exponent = suffix.size() >= 2 && (suffix[0] == 'e' || suffix[0] == 'E');
+  if (!kSuffixes.count(suffix) && !exponent) return std::nullopt;
+  const int64_t mantissa = std::stoll(digits);
+  if (factor < 0 || (factor > 0 && mantissa > std::numeric_limits<int64_t>::max() / factor)) {
+    return std::nullopt;
+  }
+  std::string product = std::to_string(mantissa * factor);
+  if (fraction_digits > 0) {
+    if (product.size() <= fraction_digits) {
+      product.insert(0, fraction_digits + 1 - product.size(), '0');
+    }
+    std::string whole = product.substr(0, product.size() - fraction_digits);
+    std::string fraction = product.substr(product.size() - fraction_digits);
+    while (!fraction.empty() && fraction.back() == '0') fraction.pop_back();
+    product = fraction.empty() ? whole : whole + "." + fraction;
+  }
+  return product + suffix;
+}
+
+// What one worker asks of a node, by resource name (requests, as schedulers count them).
+std::map<std::string, std::string> WorkerRequests(const spec::TrainingJobSpec& spec) {
+  std::map<std::string, std::string> requests;
+  if (!spec.resources.cpu.empty()) requests["cpu"] = spec.resources.cpu;
+  if (!spec.resources.memory.empty()) requests["memory"] = spec.resources.memory;
+  if (spec.resources.gpus > 0) requests[kGpuResource] = std::to_string(spec.resources.gpus);
+  if (IsRdma(spec.network) && !spec.network.rdma_resource.name.empty()) {
+    requests[spec.network.rdma_resource.name] = std::to_string(spec.network.rdma_resource.count);
+  }
+  return requests;
+}
+
+}  // namespace
+
+std::string PodName(const std::string& job_name, int32_t index) {
+  return job_name + "-worker-" + std::to_string(index);
+}
+std::string ServiceName(const std::string& job_name) { return job_name; }
+std::string SecretName(const std::string& job_name) { return job_name + "-rendezvous"; }
+std::string PodGroupName(const std::string& job_name) { return job_name; }
+std::string PodSelector(const std::string& job_name) {
+  return std::string(kJobNameLabel) + "=" + job_name;
+}
+
+int32_t HostNetworkFirstPort(const spec::TrainingJob& job, const OperatorSettings& settings) {
+  const std::string key = job.metadata.uid.empty()
+                              ? job.metadata.namespace_ + "/" + job.metadata.name
+                              : job.metadata.uid;
+  const int64_t blocks =
+      std::max<int64_t>(1, settings.host_network_port_count / kHostNetworkPortBlockSize);
+  return settings.host_network_base_port +
+         static_cast<int32_t>(Fnv1a64(key) % static_cast<uint64_t>(blocks)) *
+             kHostNetworkPortBlockSize;
+}
+
+json OwnerReference(const spec::TrainingJob& job) {
+  return {{"apiVersion", kJobApiVersion}, {"kind", kJobKind},   {"name", job.metadata.name},
+          {"uid", job.metadata.uid},      {"controller", true}, {"blockOwnerDeletion", true}};
+}
+
+json DesiredSecret(const spec::TrainingJob& job, const std::string& token,
+                   const std::string& ca_pem) {
+  json data = {{kTokenKey, Base64(token)}};
+  if (!ca_pem.empty()) data[kCaKey] = Base64(ca_pem);
+  return {{"apiVersion", "v1"},
+          {"kind", "Secret"},
+          {"metadata", ChildMetadata(job, SecretName(job.metadata.name), JobLabels(job))},
+          {"type", "Opaque"},
+          {"data", std::move(data)}};
+}
+
+json DesiredService(const spec::TrainingJob& job) {
+  json spec = {{"clusterIP", "None"},
+               {"publishNotReadyAddresses", true},
+               {"selector", {{kJobNameLabel, job.metadata.name}}}};
+  if (job.spec.metrics.port != 0) {
+    // targetPort by name: with hostNetwork each worker's port differs, the name does not.
+    spec["ports"] = json::array({{{"name", kMetricsPortName},
+                                  {"port", job.spec.metrics.port},
+                                  {"targetPort", kMetricsPortName},
+                                  {"protocol", "TCP"}}});
+  }
+  return {{"apiVersion", "v1"},
+          {"kind", "Service"},
+          {"metadata", ChildMetadata(job, ServiceName(job.metadata.name), JobLabels(job))},
+          {"spec", std::move(spec)}};
+}
+
+json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings) {
+  const spec::TrainingJobSpec& spec = job.spec;
+  const spec::NetworkSpec& network = spec.network;
+  const std::string pod_name = PodName(job.metadata.name, index);
+  const bool rdma = IsRdma(network);
+  const bool tls = !settings.rendezvous_ca_pem.empty();
+  const int32_t metrics_port = MetricsPort(job, index, settings);
+
+  json labels = JobLabels(job);
+  labels[kReplicaIndexLabel] = std::to_string(index);
+  json annotations = {{kSpecGenerationAnnotation, std::to_string(job.metadata.generation)}};
+  if (metrics_port != 0) {
+    annotations[kPrometheusScrapeAnnotation] = "true";
+    annotations[kPrometheusPortAnnotation] = std::to_string(metrics_port);
+  }
+  if (rdma && !network.multus_networks.empty()) {
+    annotations[kMultusAnnotation] = Join(network.multus_networks, ",");
+  }
+  const spec::SchedulingSpec& scheduling = spec.run_policy.scheduling;
+  if (scheduling.gang == spec::GangScheduler::kVolcano) {
+    annotations[kVolcanoGroupAnnotation] = PodGroupName(job.metadata.name);
+  } else if (scheduling.gang == spec::GangScheduler::kSchedulerPlugins) {
+    labels[kSchedulerPluginsGroupLabel] = PodGroupName(job.metadata.name);
+  }
+
+  json env = json::array({
+      EnvValue("LOCKSTEP_RENDEZVOUS", settings.rendezvous_address),
+      EnvValue("LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name),
+      {{"name", "LOCKSTEP_JOB_TOKEN"},
+       {"valueFrom",
+        {{"secretKeyRef", {{"name", SecretName(job.metadata.name)}, {"key", kTokenKey}}}}}},
+      EnvField("LOCKSTEP_POD", "metadata.name"),
+      EnvField("LOCKSTEP_HOST", "status.podIP"),
+      EnvValue("LOCKSTEP_SPEC", spec::ToJson(job).dump()),
+  });
+  if (tls) {
+    env.push_back(
+        EnvValue("LOCKSTEP_RENDEZVOUS_CA_FILE", std::string(kSecretMountPath) + "/" + kCaKey));
+  }
+  if (network.host_network && metrics_port != 0) {
+    env.push_back(EnvValue("LOCKSTEP_METRICS_PORT", std::to_string(metrics_port)));
+  }
+  // Defaults a template may override, then ncclEnv, which always wins.
+  std::map<std::string, std::string> nccl = NcclDefaults(network);
+  std::set<std::string> overridable;
+  for (const auto& [name, value] : nccl) {
+    if (!network.nccl_env.count(name)) overridable.insert(name);
+  }
+  for (const auto& [name, value] : network.nccl_env) nccl[name] = value;
+  for (const auto& [name, value] : nccl) env.push_back(EnvValue(name, value));
+
+  json command = json::array({kWorkerBinary});
+  if (spec.trainer.has_value()) {
+    command.push_back("train");
+  } else {
+    command.push_back("exec");
+    command.push_back("--");
+    for (const std::string& word : spec.command) command.push_back(word);
+  }
+
+  json container = {{"name", kWorkerContainer},
+                    {"image", spec.image.empty() ? settings.default_worker_image : spec.image},
+                    {"command", std::move(command)},
+                    {"env", std::move(env)}};
+
+  // cpu/memory: requests = limits (Guaranteed QoS when both are set: a worker that is throttled
+  // or evicted under pressure stalls every other rank). Devices are limits only; the API server
+  // copies them to requests.
+  json limits = json::object();
+  json requests = json::object();
+  if (!spec.resources.cpu.empty()) limits["cpu"] = requests["cpu"] = spec.resources.cpu;
+  if (!spec.resources.memory.empty()) limits["memory"] = requests["memory"] = spec.resources.memory;
+  if (spec.resources.gpus > 0) limits[kGpuResource] = std::to_string(spec.resources.gpus);
+  if (rdma && !network.rdma_resource.name.empty()) {
+    limits[network.rdma_resource.name] = std::to_string(network.rdma_resource.count);
+  }
+  if (!limits.empty()) {
+    container["resources"]["limits"] = std::move(limits);
+    if (!requests.empty()) container["resources"]["requests"] = std::move(requests);
+  }
+
+  if (metrics_port != 0) {
+    json port = {{"name", kMetricsPortName}, {"containerPort", metrics_port}, {"protocol", "TCP"}};
+    // Declared as hostPort too, so the scheduler never puts two pods that want the same node
+    // port on one node (see HostNetworkFirstPort on collisions).
+    if (network.host_network) port["hostPort"] = metrics_port;
+    container["ports"] = json::array({std::move(port)});
+  }
+
+  json volumes = json::array();
+  json mounts = json::array();
+  if (tls) {
+    volumes.push_back({{"name", kSecretVolume},
+                       {"secret",
+                        {{"secretName", SecretName(job.metadata.name)},
+                         {"items", json::array({{{"key", kCaKey}, {"path", kCaKey}}})}}}});
+    mounts.push_back(
+        {{"name", kSecretVolume}, {"mountPath", kSecretMountPath}, {"readOnly", true}});
+  }
+  if (rdma) {
+    // RDMA registers (pins) memory: IPC_LOCK lifts the memlock limit. NCCL's shared-memory
+    // transport between GPUs of one pod needs more /dev/shm than a container's default 64 MiB.
+    container["securityContext"] = {{"capabilities", {{"add", json::array({"IPC_LOCK"})}}}};
+    volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
+    mounts.push_back({{"name", kShmVolume}, {"mountPath", "/dev/shm"}});
+  }
+  if (!mounts.empty()) container["volumeMounts"] = std::move(mounts);
+
+  json pod_spec = {{"restartPolicy", "Never"},
+                   {"hostname", Hostname(pod_name)},
+                   {"subdomain", ServiceName(job.metadata.name)},
+                   {"containers", json::array({std::move(container)})}};
+  if (!volumes.empty()) pod_spec["volumes"] = std::move(volumes);
+  if (network.host_network) {
+    pod_spec["hostNetwork"] = true;
+    // Without it a hostNetwork pod resolves with the node's resolv.conf and cannot find the
+    // rendezvous Service by its cluster name.
+    pod_spec["dnsPolicy"] = "ClusterFirstWithHostNet";
+  }
+  if (scheduling.gang == spec::GangScheduler::kVolcano) {
+    pod_spec["schedulerName"] = settings.volcano_scheduler_name;
+  } else if (scheduling.gang == spec::GangScheduler::kSchedulerPlugins) {
+    pod_spec["schedulerName"] = settings.scheduler_plugins_scheduler_name;
+  }
+  if (!scheduling.priority_class_name.empty()) {
+    pod_spec["priorityClassName"] = scheduling.priority_class_name;
+  }
+
+  json metadata = ChildMetadata(job, pod_name, std::move(labels));
+  metadata["annotations"] = std::move(annotations);
+  json pod = {{"apiVersion", "v1"},
+              {"kind", "Pod"},
+              {"metadata", std::move(metadata)},
+              {"spec", std::move(pod_spec)}};
+  MergeTemplate(&pod, spec.template_, overridable);
+  return pod;
+}
+
+std::optional<json> DesiredPodGroup(const spec::TrainingJob& job) {
+  const spec::SchedulingSpec& scheduling = job.spec.run_policy.scheduling;
+  if (scheduling.gang == spec::GangScheduler::kNone) return std::nullopt;
+  const int32_t min_member =
+      job.spec.elastic.min_replicas > 0 ? job.spec.elastic.min_replicas : job.spec.replicas;
+  json spec = {{"minMember", min_member}};
+  std::string api_version;
+  if (scheduling.gang == spec::GangScheduler::kVolcano) {
+    api_version = kVolcanoApiVersion;
+    spec["queue"] = scheduling.queue;
+    if (!scheduling.priority_class_name.empty()) {
+      spec["priorityClassName"] = scheduling.priority_class_name;
+    }
+    // Volcano admits the group only when a queue can hold minMember workers at once.
+    json min_resources = json::object();
+    for (const auto& [name, quantity] : WorkerRequests(job.spec)) {
+      if (auto total = MultiplyQuantity(quantity, min_member)) min_resources[name] = *total;
+    }
+    if (!min_resources.empty()) spec["minResources"] = std::move(min_resources);
+  } else {
+    api_version = kSchedulerPluginsApiVersion;
+    spec["scheduleTimeoutSeconds"] = static_cast<int32_t>(std::min<int64_t>(
+        scheduling.schedule_timeout_seconds, std::numeric_limits<int32_t>::max()));
+  }
+  return json{{"apiVersion", api_version},
+              {"kind", "PodGroup"},
+              {"metadata", ChildMetadata(job, PodGroupName(job.metadata.name), JobLabels(job))},
+              {"spec", std::move(spec)}};
+}
+
+}  // namespace lockstep::op::trainingjob

@@ -1,0 +1,184 @@
+#include "operator/trainingjob/job_status.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+
+#include "operator/trainingjob/children.h"
+
+namespace lockstep::op::trainingjob {
+namespace {
+
+// PyTorchJob's convention for ExitCode: interrupted (SIGINT), killed (SIGKILL: OOM killer,
+// preemption) and terminated (SIGTERM: node drain) are not the program's fault.
+constexpr int32_t kRetryableSignalExits[] = {130, 137, 143};
+
+bool ParseDigits(const std::string& text, size_t pos, size_t count, int* out) {
+  if (pos + count > text.size()) return false;
+  int value = 0;
+  for (size_t i = pos; i < pos + count; ++i) {
+    if (text[i] < '0' || text[i] > '9') return false;
+    value = value * 10 + (text[i] - '0');
+  }
+  *out = value;
+  return true;
+}
+
+int DaysInMonth(int year, int month) {
+  static constexpr int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
+  const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
+  return month == 2 && leap ? 29 : kDays[month - 1];
+}
+
+}  // namespace
+
+void SetCondition(json* job_status, const std::string& type, bool status, const std::string& reason,
+                  const std::string& message, const std::string& now) {
+  if (!job_status->is_object()) *job_status = json::object();
+  json& conditions = (*job_status)["conditions"];
+  if (!conditions.is_array()) conditions = json::array();
+  const std::string status_text = status ? "True" : "False";
+  for (json& condition : conditions) {
+    if (condition.value("type", "") != type) continue;
+    if (condition.value("status", "") != status_text) {
+      condition["status"] = status_text;
+      condition["lastTransitionTime"] = now;
+      condition["lastUpdateTime"] = now;
+    } else if (condition.value("reason", "") != reason ||
+               condition.value("message", "") != message) {
+      condition["lastUpdateTime"] = now;
+    }
+    condition["reason"] = reason;
+    condition["message"] = message;
+    return;
+  }
+  conditions.push_back({{"type", type},
+                        {"status", status_text},
+                        {"reason", reason},
+                        {"message", message},
+                        {"lastTransitionTime", now},
+                        {"lastUpdateTime", now}});
+}
+
+bool HasCondition(const json& job_status, const std::string& type) {
+  if (!job_status.is_object() || !job_status.contains("conditions") ||
+      !job_status["conditions"].is_array()) {
+    return false;
+  }
+  for (const json& condition : job_status["conditions"]) {
+    if (condition.is_object() && condition.value("type", "") == type) {
+      return condition.value("status", "") == "True";
+    }
+  }
+  return false;
+}
+
+std::string Rfc3339(double unix_seconds) {
+  const time_t seconds = static_cast<time_t>(std::floor(unix_seconds));
+  struct tm utc {};
+  gmtime_r(&seconds, &utc);
+  char text[32];
+  std::strftime(text, sizeof(text), "%Y-%m-%dT%H:%M:%SZ", &utc);
+  return text;
+}
+
+// date-time of RFC 3339 section 5.6: YYYY-MM-DDTHH:MM:SS[.fraction](Z|+HH:MM|-HH:MM); "t", "z"
+// and a space for "T" are accepted as the RFC allows.
+double ParseRfc3339(const std::string& text) {
+  int year, month, day, hour, minute, second;
+  if (text.size() < 20 || !ParseDigits(text, 0, 4, &year) || text[4] != '-' ||
+      !ParseDigits(text, 5, 2, &month) || text[7] != '-' || !ParseDigits(text, 8, 2, &day) ||
+      (text[10] != 'T' && text[10] != 't' && text[10] != ' ') || !ParseDigits(text, 11, 2, &hour) ||
+      text[13] != ':' || !ParseDigits(text, 14, 2, &minute) || text[16] != ':' ||
+      !ParseDigits(text, 17, 2, &second)) {
+    return -1;
+  }
+  // Leap second 60 is RFC 3339; it is folded into the next second as POSIX time does.
+  if (month < 1 || month > 12 || day < 1 || day > DaysInMonth(year, month) || hour > 23 ||
+      minute > 59 || second > 60) {
+    return -1;
+  }
+  size_t pos = 19;
+  double fraction = 0;
+  if (pos < text.size() && text[pos] == '.') {
+    double scale = 0.1;
+    size_t digits = 0;
+    for (++pos; pos < text.size() && text[pos] >= '0' && text[pos] <= '9'; ++pos, ++digits) {
+      fraction += (text[pos] - '0') * scale;
+      scale /= 10;
+    }
+    if (digits == 0) return -1;
+  }
+  int offset_seconds = 0;
+  if (pos < text.size() && (text[pos] == 'Z' || text[pos] == 'z')) {
+    ++pos;
+  } else if (pos < text.size() && (text[pos] == '+' || text[pos] == '-')) {
+    int offset_hours, offset_minutes;
+    if (!ParseDigits(text, pos + 1, 2, &offset_hours) || pos + 3 >= text.size() ||
+        text[pos + 3] != ':' || !ParseDigits(text, pos + 4, 2, &offset_minutes) ||
+        offset_hours > 23 || offset_minutes > 59) {
+      return -1;
+    }
+    offset_seconds = (offset_hours * 3600 + offset_minutes * 60) * (text[pos] == '-' ? -1 : 1);
+    pos += 6;
+  } else {
+    return -1;
+  }
+  if (pos != text.size()) return -1;
+  struct tm utc {};
+  utc.tm_year = year - 1900;
+  utc.tm_mon = month - 1;
+  utc.tm_mday = day;
+  utc.tm_hour = hour;
+  utc.tm_min = minute;
+  utc.tm_sec = second;
+  const time_t seconds = timegm(&utc);
+  const double result = static_cast<double>(seconds) - offset_seconds + fraction;
+  return result < 0 ? -1 : result;
+}
+
+ExitDecision DecideExit(const spec::RunPolicy& policy, int32_t exit_code) {
+  if (exit_code == 0) return ExitDecision::kSucceeded;
+  switch (policy.restart_policy) {
+    case spec::RestartPolicy::kOnFailure:
+      return ExitDecision::kRestart;
+    case spec::RestartPolicy::kNever:
+      return ExitDecision::kFailJob;
+    case spec::RestartPolicy::kExitCode:
+      break;
+  }
+  // No exit code at all (evicted, node lost): nothing the program did, so retry.
+  if (exit_code < 0) return ExitDecision::kRestart;
+  const auto& listed = policy.retryable_exit_codes;
+  const bool retryable =
+      std::find(std::begin(kRetryableSignalExits), std::end(kRetryableSignalExits), exit_code) !=
+          std::end(kRetryableSignalExits) ||
+      std::find(listed.begin(), listed.end(), exit_code) != listed.end();
+  return retryable ? ExitDecision::kRestart : ExitDecision::kFailJob;
+}
+
+int32_t WorkerExitCode(const json& pod) {
+  if (!pod.is_object() || !pod.contains("status") || !pod["status"].is_object()) return -1;
+  const json& status = pod["status"];
+  // An eviction kills the containers, and what they report then (0 after a graceful SIGTERM,
+  // 137) says nothing about the program: the pod is replaced, as retryable.
+  if (status.value("reason", "") == "Evicted") return -1;
+  if (!status.contains("containerStatuses") || !status["containerStatuses"].is_array()) return -1;
+  for (const json& container : status["containerStatuses"]) {
+    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
+    const json* terminated = nullptr;
+    if (container.contains("state") && container["state"].is_object() &&
+        container["state"].contains("terminated")) {
+      terminated = &container["state"]["terminated"];
+    }
+    if (terminated == nullptr || !terminated->is_object() || !terminated->contains("exitCode") ||
+        !(*terminated)["exitCode"].is_number_integer()) {
+      return -1;
+    }
+    return (*terminated)["exitCode"].get<int32_t>();
+  }
+  return -1;
+}
+
+}  // namespace lockstep::op::trainingjob

@@ -1,0 +1,558 @@
+// The children a TrainingJob owns (operator/trainingjob/children.h), rule by rule: what a pod
+// gets from each part of the spec, and what the Service, Secret and PodGroup look like.
+// children_apiserver_test.cc checks that a real kube-apiserver accepts all of them.
+#include "operator/trainingjob/children.h"
+
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+namespace lockstep::op::trainingjob {
+namespace {
+
+constexpr char kBaseManifest[] = R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: mnist, namespace: team-a}
+spec:
+  replicas: 2
+  trainer:
+    data: {format: csv, train: [file:///data/train.csv]}
+    steps: 10
+)";
+
+spec::TrainingJob ParseJob(const std::string& yaml, const std::string& uid = "uid-1") {
+  auto job = spec::ParseTrainingJobYaml(yaml, "test");
+  EXPECT_TRUE(job.ok()) << job.status().message();
+  if (!job.ok()) return {};
+  job->metadata.uid = uid;
+  job->metadata.generation = 3;
+  return *job;
+}
+
+// The base manifest with `extra` appended under spec (two-space indented YAML lines).
+spec::TrainingJob JobWith(const std::string& extra, const std::string& uid = "uid-1") {
+  return ParseJob(std::string(kBaseManifest) + extra, uid);
+}
+
+OperatorSettings Settings() {
+  OperatorSettings settings;
+  settings.rendezvous_address = "lockstep-rendezvous.lockstep-system.svc:7070";
+  return settings;
+}
+
+const json& Worker(const json& pod) { return pod["spec"]["containers"][0]; }
+
+// The env entry named `name` in the worker container; null when absent.
+json Env(const json& pod, const std::string& name) {
+  for (const json& entry : Worker(pod).value("env", json::array())) {
+    if (entry["name"] == name) return entry;
+  }
+  return nullptr;
+}
+
+std::string EnvText(const json& pod, const std::string& name) {
+  json entry = Env(pod, name);
+  return entry.is_object() ? entry.value("value", "<valueFrom>") : "<unset>";
+}
+
+int CountEnv(const json& pod, const std::string& name) {
+  int count = 0;
+  for (const json& entry : Worker(pod).value("env", json::array())) count += entry["name"] == name;
+  return count;
+}
+
+TEST(ChildNamesTest, NamesFollowTheJob) {
+  EXPECT_EQ(PodName("mnist", 3), "mnist-worker-3");
+  EXPECT_EQ(ServiceName("mnist"), "mnist");
+  EXPECT_EQ(SecretName("mnist"), "mnist-rendezvous");
+  EXPECT_EQ(PodGroupName("mnist"), "mnist");
+  EXPECT_EQ(PodSelector("mnist"), "lockstep.io/job-name=mnist");
+}
+
+TEST(DesiredPodTest, WorkerEnvironmentReachesRendezvousAsThisJobAndPod) {
+  spec::TrainingJob job = JobWith("");
+  json pod = DesiredPod(job, 1, Settings());
+  EXPECT_EQ(EnvText(pod, "LOCKSTEP_RENDEZVOUS"), "lockstep-rendezvous.lockstep-system.svc:7070");
+  EXPECT_EQ(EnvText(pod, "LOCKSTEP_JOB"), "team-a/mnist");
+  EXPECT_EQ(Env(pod, "LOCKSTEP_JOB_TOKEN")["valueFrom"],
+            json({{"secretKeyRef", {{"name", "mnist-rendezvous"}, {"key", "token"}}}}));
+  EXPECT_EQ(Env(pod, "LOCKSTEP_POD")["valueFrom"]["fieldRef"]["fieldPath"], "metadata.name");
+  EXPECT_EQ(Env(pod, "LOCKSTEP_HOST")["valueFrom"]["fieldRef"]["fieldPath"], "status.podIP");
+  // The worker reads the whole manifest back from LOCKSTEP_SPEC.
+  auto spec_back = spec::ParseTrainingJobJson(json::parse(EnvText(pod, "LOCKSTEP_SPEC")), "env");
+  ASSERT_TRUE(spec_back.ok()) << spec_back.status().message();
+  EXPECT_TRUE(spec_back->spec == job.spec);
+  EXPECT_EQ(spec_back->metadata.name, "mnist");
+  // Plaintext rendezvous: no CA file, no Secret volume.
+  EXPECT_TRUE(Env(pod, "LOCKSTEP_RENDEZVOUS_CA_FILE").is_null());
+  EXPECT_FALSE(pod["spec"].contains("volumes"));
+  // The token is never written into the pod in clear.
+  EXPECT_EQ(pod.dump().find("s3cret"), std::string::npos);
+}
+
+TEST(DesiredPodTest, TlsMountsTheCaFromTheJobSecretReadOnly) {
+  OperatorSettings settings = Settings();
+  settings.rendezvous_ca_pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  json pod = DesiredPod(JobWith(""), 0, settings);
+  EXPECT_EQ(EnvText(pod, "LOCKSTEP_RENDEZVOUS_CA_FILE"), "/var/run/lockstep/ca.crt");
+  json volume = pod["spec"]["volumes"][0];
+  EXPECT_EQ(volume["secret"]["secretName"], "mnist-rendezvous");
+  EXPECT_EQ(volume["secret"]["items"], json::parse(R"([{"key":"ca.crt","path":"ca.crt"}])"));
+  json mount = Worker(pod)["volumeMounts"][0];
+  EXPECT_EQ(mount["name"], volume["name"]);
+  EXPECT_EQ(mount["mountPath"], "/var/run/lockstep");
+  EXPECT_EQ(mount["readOnly"], true);
+}
+
+TEST(DesiredPodTest, CommandIsTrainForTheTrainerAndExecForACommand) {
+  EXPECT_EQ(Worker(DesiredPod(JobWith(""), 0, Settings()))["command"],
+            json::array({"lockstep-worker", "train"}));
+  spec::TrainingJob exec = ParseJob(R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: ddp}
+spec:
+  replicas: 2
+  command: ["python3", "train.py", "--epochs", "3"]
+)");
+  EXPECT_EQ(Worker(DesiredPod(exec, 0, Settings()))["command"],
+            json::array({"lockstep-worker", "exec", "--", "python3", "train.py", "--epochs", "3"}));
+}
+
+TEST(DesiredPodTest, PodIsOwnedLabelledAndNeverRestartedByTheKubelet) {
+  json pod = DesiredPod(JobWith(""), 1, Settings());
+  EXPECT_EQ(pod["apiVersion"], "v1");
+  EXPECT_EQ(pod["kind"], "Pod");
+  EXPECT_EQ(pod["metadata"]["name"], "mnist-worker-1");
+  EXPECT_EQ(pod["metadata"]["namespace"], "team-a");
+  EXPECT_EQ(pod["metadata"]["labels"],
+            json({{"lockstep.io/job-name", "mnist"},
+                  {"lockstep.io/replica-index", "1"},
+                  {"app.kubernetes.io/managed-by", "lockstep-operator"}}));
+  EXPECT_EQ(pod["metadata"]["annotations"]["lockstep.io/spec-generation"], "3");
+  EXPECT_EQ(pod["metadata"]["ownerReferences"],
+            json::array({{{"apiVersion", "lockstep.io/v1alpha1"},
+                          {"kind", "TrainingJob"},
+                          {"name", "mnist"},
+                          {"uid", "uid-1"},
+                          {"controller", true},
+                          {"blockOwnerDeletion", true}}}));
+  EXPECT_EQ(pod["spec"]["restartPolicy"], "Never");
+  EXPECT_EQ(pod["spec"]["hostname"], "mnist-worker-1");
+  EXPECT_EQ(pod["spec"]["subdomain"], "mnist");
+  EXPECT_EQ(Worker(pod)["name"], "worker");
+  EXPECT_EQ(Worker(pod)["image"], "lockstep-worker:0.1");
+  EXPECT_EQ(Worker(DesiredPod(JobWith("  image: registry.example/w:2\n"), 0, Settings()))["image"],
+            "registry.example/w:2");
+  EXPECT_FALSE(pod["spec"].contains("hostNetwork"));
+  EXPECT_FALSE(pod["spec"].contains("schedulerName"));
+}
+
+TEST(DesiredPodTest, LongJobNamesStillGetADnsLabelHostname) {
+  const std::string name(63, 'a');
+  spec::TrainingJob job = JobWith("");
+  job.metadata.name = name;
+  std::set<std::string> hostnames;
+  for (int32_t index : {0, 1, 10, 11}) {
+    json pod = DesiredPod(job, index, Settings());
+    const std::string hostname = pod["spec"]["hostname"];
+    EXPECT_LE(hostname.size(), 63u);
+    EXPECT_NE(hostname.back(), '-');
+    EXPECT_EQ(pod["metadata"]["name"], name + "-worker-" + std::to_string(index));
+    hostnames.insert(hostname);
+  }
+  EXPECT_EQ(hostnames.size(), 4u);
+}
+
+TEST(DesiredPodTest, MetricsPortIsNamedAndAnnotatedForPrometheus) {
+  json pod = DesiredPod(JobWith("  metrics: {port: 9400}\n"), 0, Settings());
+  EXPECT_EQ(Worker(pod)["ports"],
+            json::parse(R"([{"name":"metrics","containerPort":9400,"protocol":"TCP"}])"));
+  EXPECT_EQ(pod["metadata"]["annotations"]["prometheus.io/scrape"], "true");
+  EXPECT_EQ(pod["metadata"]["annotations"]["prometheus.io/port"], "9400");
+
+  json none = DesiredPod(JobWith("  metrics: {port: 0}\n"), 0, Settings());
+  EXPECT_FALSE(Worker(none).contains("ports"));
+  EXPECT_FALSE(none["metadata"]["annotations"].contains("prometheus.io/scrape"));
+}
+
+TEST(DesiredPodTest, ResourcesRequestEqualsLimitAndGpusAreLimits) {
+  struct Case {
+    std::string resources;
+    json expected;  // null: no resources field
+  };
+  const Case cases[] = {
+      {"", nullptr},
+      {"  resources: {cpu: \"2\", memory: 8Gi}\n",
+       json::parse(
+           R"({"limits":{"cpu":"2","memory":"8Gi"},"requests":{"cpu":"2","memory":"8Gi"}})")},
+      {"  resources: {gpus: 4}\n", json::parse(R"({"limits":{"nvidia.com/gpu":"4"}})")},
+      {"  resources: {gpus: 1, cpu: 500m}\n",
+       json::parse(R"({"limits":{"cpu":"500m","nvidia.com/gpu":"1"},"requests":{"cpu":"500m"}})")},
+  };
+  for (const Case& c : cases) {
+    json worker = Worker(DesiredPod(JobWith(c.resources), 0, Settings()));
+    if (c.expected.is_null()) {
+      EXPECT_FALSE(worker.contains("resources")) << c.resources;
+    } else {
+      EXPECT_EQ(worker["resources"], c.expected) << c.resources;
+    }
+  }
+}
+
+TEST(DesiredPodTest, RdmaModesGetDeviceMultusIpcLockShmAndNcclSettings) {
+  struct Case {
+    std::string network;
+    bool rdma;
+    std::string multus;  // annotation; "" = none
+    std::string ib_disable;
+    std::string socket_ifname;  // "<unset>" when not set
+  };
+  const Case cases[] = {
+      {"  network: {mode: tcp}\n", false, "", "1", "<unset>"},
+      {"  network: {mode: roce, rdmaResource: {name: rdma/roce_shared, count: 1}, "
+       "multusNetworks: [roce-net, kube-system/roce-net-b]}\n",
+       true, "roce-net,kube-system/roce-net-b", "0", "eth0"},
+      {"  network: {mode: infiniband, rdmaResource: {name: rdma/ib, count: 2}}\n", true, "", "0",
+       "<unset>"},
+      {"  network: {mode: infiniband, rdmaResource: {name: rdma/ib, count: 2}, "
+       "multusNetworks: [ib-net]}\n",
+       true, "ib-net", "0", "eth0"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.network);
+    spec::TrainingJob job = JobWith(c.network);
+    json pod = DesiredPod(job, 0, Settings());
+    json worker = Worker(pod);
+    const json& annotations = pod["metadata"]["annotations"];
+    EXPECT_EQ(EnvText(pod, "NCCL_IB_DISABLE"), c.ib_disable);
+    EXPECT_EQ(EnvText(pod, "NCCL_SOCKET_IFNAME"), c.socket_ifname);
+    // The worker (NCCL >= 2.21) picks the RoCE GID itself unless ncclEnv says otherwise.
+    EXPECT_EQ(EnvText(pod, "NCCL_IB_GID_INDEX"), "<unset>");
+    if (c.multus.empty()) {
+      EXPECT_FALSE(annotations.contains("k8s.v1.cni.cncf.io/networks"));
+    } else {
+      EXPECT_EQ(annotations["k8s.v1.cni.cncf.io/networks"], c.multus);
+    }
+    if (!c.rdma) {
+      EXPECT_FALSE(worker.contains("securityContext"));
+      EXPECT_FALSE(worker.contains("resources"));
+      EXPECT_FALSE(pod["spec"].contains("volumes"));
+      continue;
+    }
+    const auto& device = job.spec.network.rdma_resource;
+    EXPECT_EQ(worker["resources"]["limits"][device.name], std::to_string(device.count));
+    EXPECT_EQ(worker["securityContext"]["capabilities"]["add"], json::array({"IPC_LOCK"}));
+    ASSERT_EQ(pod["spec"]["volumes"].size(), 1u);
+    EXPECT_EQ(pod["spec"]["volumes"][0]["emptyDir"], json({{"medium", "Memory"}}));
+    EXPECT_EQ(worker["volumeMounts"][0]["mountPath"], "/dev/shm");
+    EXPECT_EQ(worker["volumeMounts"][0]["name"], pod["spec"]["volumes"][0]["name"]);
+  }
+}
+
+TEST(DesiredPodTest, NcclEnvWinsOverDefaultsAndAppliesToTcpToo) {
+  json roce = DesiredPod(JobWith("  network: {mode: roce, rdmaResource: {name: rdma/r}, "
+                                 "multusNetworks: [n], ncclEnv: {NCCL_SOCKET_IFNAME: net1, "
+                                 "NCCL_IB_GID_INDEX: \"3\", NCCL_DEBUG: INFO}}\n"),
+                         0, Settings());
+  EXPECT_EQ(EnvText(roce, "NCCL_SOCKET_IFNAME"), "net1");
+  EXPECT_EQ(CountEnv(roce, "NCCL_SOCKET_IFNAME"), 1);
+  EXPECT_EQ(EnvText(roce, "NCCL_IB_GID_INDEX"), "3");
+  EXPECT_EQ(EnvText(roce, "NCCL_DEBUG"), "INFO");
+  EXPECT_EQ(EnvText(roce, "NCCL_IB_DISABLE"), "0");
+
+  json tcp = DesiredPod(
+      JobWith("  network: {mode: tcp, ncclEnv: {NCCL_IB_DISABLE: \"0\", NCCL_DEBUG: WARN}}\n"), 0,
+      Settings());
+  EXPECT_EQ(EnvText(tcp, "NCCL_IB_DISABLE"), "0");
+  EXPECT_EQ(CountEnv(tcp, "NCCL_IB_DISABLE"), 1);
+  EXPECT_EQ(EnvText(tcp, "NCCL_DEBUG"), "WARN");
+}
+
+TEST(DesiredPodTest, HostNetworkUsesClusterDnsAndAPortBlockOfItsOwn) {
+  OperatorSettings settings = Settings();
+  const std::string network =
+      "  network: {mode: roce, rdmaResource: {name: rdma/r}, multusNetworks: [n], "
+      "hostNetwork: true}\n  metrics: {port: 9400}\n";
+  spec::TrainingJob job = JobWith(network, "7d4e1a52-0f0e-4c1b-9a53-2f1f0c7c0001");
+  const int32_t first = HostNetworkFirstPort(job, settings);
+  EXPECT_GE(first, settings.host_network_base_port);
+  EXPECT_LE(first + kHostNetworkPortBlockSize,
+            settings.host_network_base_port + settings.host_network_port_count);
+  EXPECT_EQ((first - settings.host_network_base_port) % kHostNetworkPortBlockSize, 0);
+
+  std::set<int32_t> ports;
+  for (int32_t index = 0; index < kHostNetworkPortBlockSize; ++index) {
+    json pod = DesiredPod(job, index, settings);
+    EXPECT_EQ(pod["spec"]["hostNetwork"], true);
+    EXPECT_EQ(pod["spec"]["dnsPolicy"], "ClusterFirstWithHostNet");
+    json port = Worker(pod)["ports"][0];
+    const int32_t metrics = port["containerPort"];
+    EXPECT_EQ(port["hostPort"], metrics);
+    EXPECT_EQ(port["name"], "metrics");
+    EXPECT_GE(metrics, first);
+    EXPECT_LT(metrics, first + kHostNetworkPortBlockSize);
+    EXPECT_EQ(EnvText(pod, "LOCKSTEP_METRICS_PORT"), std::to_string(metrics));
+    EXPECT_EQ(pod["metadata"]["annotations"]["prometheus.io/port"], std::to_string(metrics));
+    // The node's interface names are unknown: NCCL's socket interface is left to NCCL.
+    EXPECT_EQ(EnvText(pod, "NCCL_SOCKET_IFNAME"), "<unset>");
+    ports.insert(metrics);
+  }
+  EXPECT_EQ(ports.size(), static_cast<size_t>(kHostNetworkPortBlockSize));
+  // Worker 8 wraps around to worker 0's port: the hostPort keeps them on different nodes.
+  EXPECT_EQ(Worker(DesiredPod(job, kHostNetworkPortBlockSize, settings))["ports"][0]["hostPort"],
+            Worker(DesiredPod(job, 0, settings))["ports"][0]["hostPort"]);
+
+  // Another job gets another block; every job's block stays inside the range.
+  spec::TrainingJob other = JobWith(network, "c93a0b7e-5d21-4a8e-8f0a-3b9d7e6f0002");
+  EXPECT_NE(HostNetworkFirstPort(other, settings), first);
+  std::set<int32_t> blocks;
+  for (int i = 0; i < 200; ++i) {
+    job.metadata.uid = "uid-" + std::to_string(i);
+    const int32_t block = HostNetworkFirstPort(job, settings);
+    EXPECT_GE(block, settings.host_network_base_port);
+    EXPECT_LE(block + kHostNetworkPortBlockSize,
+              settings.host_network_base_port + settings.host_network_port_count);
+    blocks.insert(block);
+  }
+  EXPECT_GT(blocks.size(), 150u);  // 200 jobs over 512 blocks: the hash spreads them
+
+  // A custom range is honoured.
+  settings.host_network_base_port = 41000;
+  settings.host_network_port_count = 64;
+  for (int i = 0; i < 50; ++i) {
+    job.metadata.uid = "uid-" + std::to_string(i);
+    const int32_t block = HostNetworkFirstPort(job, settings);
+    EXPECT_GE(block, 41000);
+    EXPECT_LE(block + kHostNetworkPortBlockSize, 41064);
+  }
+}
+
+TEST(DesiredPodTest, GangSchedulingNamesTheSchedulerAndThePodGroup) {
+  OperatorSettings settings = Settings();
+  json volcano =
+      DesiredPod(JobWith("  runPolicy: {scheduling: {gang: volcano, priorityClassName: high}}\n"),
+                 0, settings);
+  EXPECT_EQ(volcano["spec"]["schedulerName"], "volcano");
+  EXPECT_EQ(volcano["metadata"]["annotations"]["scheduling.k8s.io/group-name"], "mnist");
+  EXPECT_FALSE(volcano["metadata"]["labels"].contains("scheduling.x-k8s.io/pod-group"));
+  EXPECT_EQ(volcano["spec"]["priorityClassName"], "high");
+
+  json plugins =
+      DesiredPod(JobWith("  runPolicy: {scheduling: {gang: scheduler-plugins}}\n"), 0, settings);
+  EXPECT_EQ(plugins["spec"]["schedulerName"], "scheduler-plugins-scheduler");
+  EXPECT_EQ(plugins["metadata"]["labels"]["scheduling.x-k8s.io/pod-group"], "mnist");
+  EXPECT_FALSE(plugins["metadata"]["annotations"].contains("scheduling.k8s.io/group-name"));
+  EXPECT_FALSE(plugins["spec"].contains("priorityClassName"));
+
+  json none =
+      DesiredPod(JobWith("  runPolicy: {scheduling: {priorityClassName: low}}\n"), 0, settings);
+  EXPECT_FALSE(none["spec"].contains("schedulerName"));
+  EXPECT_EQ(none["spec"]["priorityClassName"], "low");
+}
+
+TEST(DesiredPodTest, TemplateIsMergedKeepingUserFieldsAndTheOperatorsOwn) {
+  const std::string extra = R"(
+  network: {mode: roce, rdmaResource: {name: rdma/r}, ncclEnv: {NCCL_DEBUG: INFO}}
+  resources: {cpu: "4"}
+  metrics: {port: 9400}
+  template:
+    metadata:
+      labels: {team: vision, lockstep.io/job-name: hijack}
+      annotations: {note: hello}
+    spec:
+      nodeSelector: {gpu: a100}
+      tolerations: [{key: gpu, operator: Exists, effect: NoSchedule}]
+      restartPolicy: Always
+      hostNetwork: true
+      serviceAccountName: trainer
+      initContainers: [{name: fetch, image: busybox, command: [sh, -c, "true"]}]
+      volumes:
+      - {name: data, persistentVolumeClaim: {claimName: datasets}}
+      - {name: lockstep-dshm, emptyDir: {}}
+      containers:
+      - name: worker
+        image: ignored:latest
+        args: [--ignored]
+        imagePullPolicy: Always
+        workingDir: /work
+        env:
+        - {name: HTTP_PROXY, value: "http://proxy:3128"}
+        - {name: LOCKSTEP_JOB, value: other/job}
+        - {name: NCCL_IB_DISABLE, value: "1"}
+        - {name: NCCL_DEBUG, value: TRACE}
+        volumeMounts:
+        - {name: data, mountPath: /data}
+        - {name: data, mountPath: /dev/shm}
+        ports:
+        - {name: debug, containerPort: 5678}
+        - {name: metrics, containerPort: 9999}
+        resources:
+          limits: {cpu: "64", ephemeral-storage: 10Gi}
+          requests: {ephemeral-storage: 10Gi}
+        securityContext:
+          runAsUser: 1000
+          capabilities: {add: [SYS_PTRACE], drop: [NET_RAW]}
+      - name: log-shipper
+        image: fluent-bit:2
+)";
+  json pod = DesiredPod(JobWith(extra), 0, Settings());
+  const json& metadata = pod["metadata"];
+  EXPECT_EQ(metadata["labels"]["team"], "vision");
+  EXPECT_EQ(metadata["labels"]["lockstep.io/job-name"], "mnist");  // the operator's key wins
+  EXPECT_EQ(metadata["annotations"]["note"], "hello");
+
+  const json& spec = pod["spec"];
+  EXPECT_EQ(spec["nodeSelector"], json({{"gpu", "a100"}}));
+  EXPECT_EQ(spec["tolerations"].size(), 1u);
+  EXPECT_EQ(spec["serviceAccountName"], "trainer");
+  EXPECT_EQ(spec["initContainers"][0]["name"], "fetch");
+  EXPECT_EQ(spec["restartPolicy"], "Never");   // the operator replaces pods itself
+  EXPECT_FALSE(spec.contains("hostNetwork"));  // only spec.network.hostNetwork decides
+
+  // Volumes by name: the user's added, the operator's /dev/shm kept as it is.
+  ASSERT_EQ(spec["volumes"].size(), 2u);
+  EXPECT_EQ(spec["volumes"][0]["name"], "lockstep-dshm");
+  EXPECT_EQ(spec["volumes"][0]["emptyDir"]["medium"], "Memory");
+  EXPECT_EQ(spec["volumes"][1]["name"], "data");
+
+  // Containers by name: worker first and merged, the sidecar after it as written.
+  ASSERT_EQ(spec["containers"].size(), 2u);
+  EXPECT_EQ(spec["containers"][1], json({{"name", "log-shipper"}, {"image", "fluent-bit:2"}}));
+  json worker = Worker(pod);
+  EXPECT_EQ(worker["image"], "lockstep-worker:0.1");
+  EXPECT_EQ(worker["command"], json::array({"lockstep-worker", "train"}));
+  EXPECT_FALSE(worker.contains("args"));
+  EXPECT_EQ(worker["imagePullPolicy"], "Always");
+  EXPECT_EQ(worker["workingDir"], "/work");
+
+  EXPECT_EQ(EnvText(pod, "HTTP_PROXY"), "http://proxy:3128");
+  EXPECT_EQ(EnvText(pod, "LOCKSTEP_JOB"), "team-a/mnist");
+  EXPECT_EQ(CountEnv(pod, "LOCKSTEP_JOB"), 1);
+  EXPECT_EQ(EnvText(pod, "NCCL_IB_DISABLE"), "1");  // a default gives way to the template
+  EXPECT_EQ(CountEnv(pod, "NCCL_IB_DISABLE"), 1);
+  EXPECT_EQ(EnvText(pod, "NCCL_DEBUG"), "INFO");  // ncclEnv wins over the template
+  EXPECT_EQ(CountEnv(pod, "NCCL_DEBUG"), 1);
+
+  std::vector<std::string> mount_paths;
+  for (const json& mount : worker["volumeMounts"]) mount_paths.push_back(mount["mountPath"]);
+  EXPECT_EQ(mount_paths, (std::vector<std::string>{"/dev/shm", "/data"}));
+  EXPECT_EQ(worker["volumeMounts"][0]["name"], "lockstep-dshm");
+
+  EXPECT_EQ(worker["ports"],
+            json::parse(R"([{"name":"metrics","containerPort":9400,"protocol":"TCP"},
+                                              {"name":"debug","containerPort":5678}])"));
+  EXPECT_EQ(worker["resources"],
+            json::parse(R"({"limits":{"cpu":"4","rdma/r":"1","ephemeral-storage":"10Gi"},
+                            "requests":{"cpu":"4","ephemeral-storage":"10Gi"}})"));
+  EXPECT_EQ(worker["securityContext"]["runAsUser"], 1000);
+  EXPECT_EQ(worker["securityContext"]["capabilities"]["add"],
+            json::array({"SYS_PTRACE", "IPC_LOCK"}));
+  EXPECT_EQ(worker["securityContext"]["capabilities"]["drop"], json::array({"NET_RAW"}));
+}
+
+TEST(DesiredPodTest, TemplateWithoutWorkerContainerOnlyAddsSidecars) {
+  json pod = DesiredPod(JobWith(R"(
+  template:
+    spec:
+      containers: [{name: proxy, image: envoy:1}]
+)"),
+                        0, Settings());
+  ASSERT_EQ(pod["spec"]["containers"].size(), 2u);
+  EXPECT_EQ(pod["spec"]["containers"][0]["name"], "worker");
+  EXPECT_EQ(pod["spec"]["containers"][1]["name"], "proxy");
+}
+
+TEST(DesiredServiceTest, HeadlessSelectingTheJobsPodsBeforeTheyAreReady) {
+  spec::TrainingJob job = JobWith("  metrics: {port: 9400}\n");
+  json service = DesiredService(job);
+  EXPECT_EQ(service["apiVersion"], "v1");
+  EXPECT_EQ(service["kind"], "Service");
+  EXPECT_EQ(service["metadata"]["name"], "mnist");
+  EXPECT_EQ(service["spec"]["clusterIP"], "None");
+  EXPECT_EQ(service["spec"]["publishNotReadyAddresses"], true);
+  EXPECT_EQ(service["spec"]["selector"], json({{"lockstep.io/job-name", "mnist"}}));
+  EXPECT_EQ(
+      service["spec"]["ports"],
+      json::parse(R"([{"name":"metrics","port":9400,"targetPort":"metrics","protocol":"TCP"}])"));
+  EXPECT_FALSE(DesiredService(JobWith("  metrics: {port: 0}\n"))["spec"].contains("ports"));
+}
+
+TEST(DesiredSecretTest, OpaqueWithBase64TokenAndCa) {
+  spec::TrainingJob job = JobWith("");
+  json secret = DesiredSecret(job, "token", "ca");
+  EXPECT_EQ(secret["kind"], "Secret");
+  EXPECT_EQ(secret["type"], "Opaque");
+  EXPECT_EQ(secret["metadata"]["name"], "mnist-rendezvous");
+  EXPECT_EQ(secret["data"], json({{"token", "dG9rZW4="}, {"ca.crt", "Y2E="}}));
+  EXPECT_EQ(DesiredSecret(job, "abc", "")["data"], json({{"token", "YWJj"}}));
+  EXPECT_EQ(DesiredSecret(job, "ab", "")["data"]["token"], "YWI=");
+  EXPECT_EQ(DesiredSecret(job, std::string("\xff\x00\x10", 3), "")["data"]["token"], "/wAQ");
+}
+
+TEST(DesiredPodGroupTest, NoneWithoutGangScheduling) {
+  EXPECT_FALSE(DesiredPodGroup(JobWith("")).has_value());
+}
+
+TEST(DesiredPodGroupTest, VolcanoGroupNeedsMinReplicasWorthOfResources) {
+  struct Case {
+    std::string extra;
+    json expected_spec;
+  };
+  const Case cases[] = {
+      {R"(
+  elastic: {minReplicas: 2, maxReplicas: 4}
+  resources: {cpu: 500m, memory: 3Gi, gpus: 2}
+  network: {mode: roce, rdmaResource: {name: rdma/roce_shared, count: 1}}
+  runPolicy: {scheduling: {gang: volcano, queue: research, priorityClassName: high}}
+)",
+       json::parse(R"({"minMember":2,"queue":"research","priorityClassName":"high",
+                       "minResources":{"cpu":"1000m","memory":"6Gi","nvidia.com/gpu":"4",
+                                       "rdma/roce_shared":"2"}})")},
+      {R"(
+  resources: {cpu: "1.5"}
+  runPolicy: {scheduling: {gang: volcano}}
+)",
+       json::parse(R"({"minMember":2,"queue":"default","minResources":{"cpu":"3"}})")},
+      {"  runPolicy: {scheduling: {gang: volcano}}\n",
+       json::parse(R"({"minMember":2,"queue":"default"})")},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.extra);
+    std::optional<json> group = DesiredPodGroup(JobWith(c.extra));
+    ASSERT_TRUE(group.has_value());
+    EXPECT_EQ((*group)["apiVersion"], "scheduling.volcano.sh/v1beta1");
+    EXPECT_EQ((*group)["kind"], "PodGroup");
+    EXPECT_EQ((*group)["metadata"]["name"], "mnist");
+    EXPECT_EQ((*group)["spec"], c.expected_spec);
+  }
+}
+
+TEST(DesiredPodGroupTest, SchedulerPluginsGroupHasMinMemberAndTimeout) {
+  std::optional<json> group = DesiredPodGroup(JobWith(R"(
+  elastic: {minReplicas: 1, maxReplicas: 3}
+  runPolicy: {scheduling: {gang: scheduler-plugins, scheduleTimeoutSeconds: 120}}
+)"));
+  ASSERT_TRUE(group.has_value());
+  EXPECT_EQ((*group)["apiVersion"], "scheduling.x-k8s.io/v1alpha1");
+  EXPECT_EQ((*group)["spec"], json({{"minMember", 1}, {"scheduleTimeoutSeconds", 120}}));
+}
+
+TEST(ChildrenTest, EveryChildIsLabelledOwnedAndInTheJobsNamespace) {
+  spec::TrainingJob job = JobWith("  runPolicy: {scheduling: {gang: volcano}}\n");
+  const std::vector<json> children = {DesiredPod(job, 0, Settings()), DesiredService(job),
+                                      DesiredSecret(job, "t", ""), *DesiredPodGroup(job)};
+  for (const json& child : children) {
+    SCOPED_TRACE(child["kind"].get<std::string>());
+    EXPECT_EQ(child["metadata"]["namespace"], "team-a");
+    EXPECT_EQ(child["metadata"]["labels"]["lockstep.io/job-name"], "mnist");
+    EXPECT_EQ(child["metadata"]["labels"]["app.kubernetes.io/managed-by"], "lockstep-operator");
+    EXPECT_EQ(child["metadata"]["ownerReferences"], json::array({OwnerReference(job)}));
+  }
+}
+
+}  // namespace
+}  // namespace lockstep::op::trainingjob
