@@ -19,7 +19,14 @@ packages=(
   # the operator's tests: etcd, a kube-apiserver built from Debian's source by
   # scripts/kube-apiserver.sh (Go 1.19, reflect2 1.0.2, dpkg-source, rsync), curl and openssl
   etcd-server golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync curl openssl
+  # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart renderer
+  prometheus python3-yaml
 )
+# Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs): Debian's
+# when no node is installed (an existing one, e.g. NodeSource's, which bundles npm, is kept).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for package in "${packages[@]}"; do
@@ -29,8 +36,20 @@ for package in "${packages[@]}"; do
   fi
 done
 
+# npm packages of tests/packaging, installed from its package-lock.json into
+# tests/packaging/node_modules (git-ignored) when missing or older than the lock file.
+install_npm_packages() {
+  local dir
+  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/packaging"
+  if [[ ! -d "$dir/node_modules" || "$dir/package-lock.json" -nt "$dir/node_modules" ]]; then
+    echo "setup: npm ci in $dir"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error && touch node_modules)
+  fi
+}
+
 if [[ ${#missing[@]} -eq 0 ]]; then
   echo "setup: all ${#packages[@]} packages are installed"
+  install_npm_packages
   exit 0
 fi
 
@@ -48,3 +67,4 @@ echo "setup: installing ${missing[*]}"
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update
 "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
   "${missing[@]}"
+install_npm_packages

@@ -1,0 +1,123 @@
+# syntax=docker/dockerfile:1
+# Lockstep images, from one multi-stage build:
+#
+#   docker build --target operator -t REGISTRY/lockstep-operator:TAG .   # debian:bookworm-slim + operator
+#   docker build --target worker   -t REGISTRY/lockstep-worker:TAG .     # CUDA runtime + NCCL + worker
+#
+# Base images. Lockstep links Debian bookworm's libraries (gRPC 1.51, protobuf 32, Gloo, cpprest,
+# prometheus-cpp, OpenBLAS; ARCHITECTURE.md, "Dependencies"), so both the build and the runtime
+# stages must be bookworm. The nvidia/cuda images exist only for Ubuntu and RHEL-family
+# distributions, whose library versions differ; using one would mean building every dependency
+# from source. So the CUDA toolkit comes from NVIDIA's own apt repository for Debian 12 (the same
+# packages the nvidia/cuda images are made of): cuda-nvcc, cuBLAS and NCCL -dev packages in the
+# build stage, only their runtime packages in the worker stage.
+#
+# Runtime stages install exactly the Debian packages whose shared libraries `ldd` lists for the
+# binaries they copy (tests/packaging/dockerfile_test.py checks this against the build's binaries),
+# run as a non-root user, and contain no compiler, headers or -dev package.
+
+ARG DEBIAN_RELEASE=bookworm
+# CUDA major.minor; NVIDIA's package names carry it as 13-0.
+ARG CUDA_VERSION=13.0
+ARG CUDA_PACKAGE_VERSION=13-0
+# GPU architectures of the CUDA kernels (see kernels/CMakeLists.txt).
+ARG CUDA_ARCHITECTURES="90-real;80-virtual"
+
+# ---------------------------------------------------------------------------------------------
+# cuda-apt: NVIDIA's apt repository definition and signing key (cuda-keyring), so that the
+# stages below can apt-get CUDA packages without carrying curl.
+FROM debian:${DEBIAN_RELEASE}-slim AS cuda-apt
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates curl \
+ && curl -fsSLo /tmp/cuda-keyring.deb \
+      https://developer.download.nvidia.com/compute/cuda/repos/debian12/x86_64/cuda-keyring_1.1-1_all.deb \
+ && dpkg -i /tmp/cuda-keyring.deb \
+ && rm -rf /var/lib/apt/lists/* /tmp/cuda-keyring.deb
+
+# ---------------------------------------------------------------------------------------------
+# build: the toolchain, Debian's -dev packages (scripts/setup.sh lists the same ones) and the
+# CUDA toolkit; builds lockstep, lockstep-worker and lockstep-operator into /src/build/bin.
+FROM debian:${DEBIAN_RELEASE} AS build
+ARG CUDA_VERSION
+ARG CUDA_PACKAGE_VERSION
+ARG CUDA_ARCHITECTURES
+COPY --from=cuda-apt /usr/share/keyrings/cuda-archive-keyring.gpg /usr/share/keyrings/
+COPY --from=cuda-apt /etc/apt/sources.list.d/cuda-debian12-x86_64.list /etc/apt/sources.list.d/
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+      cmake ninja-build g++ pkg-config \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev \
+      prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev \
+      cuda-nvcc-${CUDA_PACKAGE_VERSION} cuda-cudart-dev-${CUDA_PACKAGE_VERSION} \
+      libcublas-dev-${CUDA_PACKAGE_VERSION} libnccl-dev \
+ && rm -rf /var/lib/apt/lists/*
+ENV PATH=/usr/local/cuda/bin:${PATH}
+WORKDIR /src
+COPY . .
+RUN cmake -S . -B build -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCH=OFF \
+      -DLOCKSTEP_WITH_CUDA=ON -DLOCKSTEP_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
+ && cmake --build build --target lockstep lockstep-worker lockstep-operator \
+ && strip build/bin/lockstep build/bin/lockstep-worker build/bin/lockstep-operator
+
+# ---------------------------------------------------------------------------------------------
+# operator: lockstep-operator alone. It writes nothing to disk (the chart mounts the root
+# filesystem read-only) and talks to the API server over TLS (ca-certificates is not needed: it
+# trusts the in-cluster service account CA file).
+FROM debian:${DEBIAN_RELEASE}-slim AS operator
+# runtime libraries: the packages of `ldd lockstep-operator`
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libgcc-s1 libgrpc++1.51 \
+      libgrpc29 libprometheus-cpp-core1.0 libprotobuf32 libre2-9 libssl3 libstdc++6 \
+      libyaml-cpp0.7 zlib1g \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/build/bin/lockstep-operator /usr/bin/lockstep-operator
+# 65532: the conventional "nonroot" id; the chart's securityContext uses the same numbers.
+RUN groupadd --gid 65532 lockstep && useradd --uid 65532 --gid 65532 --no-create-home \
+      --home-dir /nonexistent --shell /usr/sbin/nologin lockstep
+USER 65532:65532
+EXPOSE 8080 7443
+ENTRYPOINT ["/usr/bin/lockstep-operator"]
+
+# ---------------------------------------------------------------------------------------------
+# worker: lockstep-worker (what the operator starts in every pod) and the lockstep command
+# (validate, ckpt), on the CUDA runtime, cuBLAS and NCCL. The GPU driver (libcuda) comes from the
+# node through the NVIDIA container toolkit.
+FROM debian:${DEBIAN_RELEASE}-slim AS worker
+ARG CUDA_VERSION
+ARG CUDA_PACKAGE_VERSION
+COPY --from=cuda-apt /usr/share/keyrings/cuda-archive-keyring.gpg /usr/share/keyrings/
+COPY --from=cuda-apt /etc/apt/sources.list.d/cuda-debian12-x86_64.list /etc/apt/sources.list.d/
+# runtime libraries: the packages of `ldd lockstep-worker` and `ldd lockstep`
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+ && apt-get install -y --no-install-recommends \
+      libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libgcc-s1 libgfortran5 \
+      libgloo0 libgrpc++1.51 libgrpc29 libhiredis0.14 libibverbs1 libnl-3-200 \
+      libnl-route-3-200 libopenblas0-pthread libprometheus-cpp-core1.0 libprotobuf32 \
+      libquadmath0 libre2-9 libssl3 libstdc++6 libyaml-cpp0.7 zlib1g \
+      cuda-cudart-${CUDA_PACKAGE_VERSION} libcublas-${CUDA_PACKAGE_VERSION} \
+ && rm -rf /var/lib/apt/lists/*
+# loaded at run time (dlopen), so not in ldd: NCCL (the NCCL communicator) and the RDMA
+# providers libibverbs loads for RoCE/InfiniBand NICs (mlx5, ...)
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libnccl2 ibverbs-providers \
+ && rm -rf /var/lib/apt/lists/*
+# data: the Fashion-MNIST files examples/fashion-mnist.yaml reads
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends dataset-fashion-mnist \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build /src/build/bin/lockstep-worker /src/build/bin/lockstep /usr/bin/
+RUN echo /usr/local/cuda-${CUDA_VERSION}/targets/x86_64-linux/lib > /etc/ld.so.conf.d/cuda.conf \
+ && ldconfig \
+ && groupadd --gid 65532 lockstep && useradd --uid 65532 --gid 65532 --create-home \
+      --home-dir /home/lockstep --shell /usr/sbin/nologin lockstep
+# What the NVIDIA container toolkit reads: expose every GPU the pod was given, compute only.
+ENV NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 65532:65532
+WORKDIR /home/lockstep
+EXPOSE 9400
+ENTRYPOINT ["/usr/bin/lockstep-worker"]

@@ -1,0 +1,270 @@
+// The Helm chart's rendered objects on a real kube-apiserver 1.20.2 (KubeTestEnv): every object
+// of every value set chart_test.py rendered is accepted (server-side dry run, then created), reads
+// back with nothing pruned or changed (an unknown or misplaced field would be dropped silently by
+// 1.20), and the operator's ServiceAccount gets exactly the access the operator needs, asked of the
+// server's RBAC authorizer through SubjectAccessReviews.
+//
+// Input: LOCKSTEP_CHART_RENDER_DIR, written by the packaging_chart_render test (ctest fixture):
+// crds.json (the chart's CRD), test-crds.json (stand-ins for the Prometheus Operator's and
+// Multus' CRDs), defaults.json, monitoring.json, all-options.json.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "tests/support/kube/kube_testenv.h"
+
+namespace lockstep {
+namespace {
+
+using json = nlohmann::json;
+using testing::KubeTestEnv;
+
+const std::string kRenderDir = LOCKSTEP_CHART_RENDER_DIR;
+
+json ReadJson(const std::string& name) {
+  std::ifstream in(kRenderDir + "/" + name);
+  std::stringstream text;
+  text << in.rdbuf();
+  return json::parse(text.str(), nullptr, /*allow_exceptions=*/false);
+}
+
+KubeTestEnv* g_kube = nullptr;
+
+class KubeEnvironment : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    std::string error;
+    kube_ = KubeTestEnv::Start({}, &error);
+    ASSERT_TRUE(kube_) << error;
+    g_kube = kube_.get();
+  }
+  void TearDown() override {
+    g_kube = nullptr;
+    kube_.reset();
+  }
+
+ private:
+  std::unique_ptr<KubeTestEnv> kube_;
+};
+
+KubeTestEnv& kube() { return *g_kube; }
+
+// The collection path of an object: /api/v1/namespaces/NS/services, /apis/rbac.../clusterroles.
+std::string CollectionPath(const json& object) {
+  static const std::map<std::string, std::string> kPlural = {
+      {"Deployment", "deployments"},
+      {"Service", "services"},
+      {"ServiceAccount", "serviceaccounts"},
+      {"ConfigMap", "configmaps"},
+      {"ClusterRole", "clusterroles"},
+      {"ClusterRoleBinding", "clusterrolebindings"},
+      {"Role", "roles"},
+      {"RoleBinding", "rolebindings"},
+      {"ServiceMonitor", "servicemonitors"},
+      {"PodMonitor", "podmonitors"},
+      {"PrometheusRule", "prometheusrules"},
+      {"NetworkAttachmentDefinition", "network-attachment-definitions"},
+      {"CustomResourceDefinition", "customresourcedefinitions"},
+      {"Namespace", "namespaces"},
+  };
+  const std::string api_version = object.value("apiVersion", "");
+  const std::string kind = object.value("kind", "");
+  auto plural = kPlural.find(kind);
+  if (plural == kPlural.end()) return "";
+  std::string path =
+      api_version.find('/') == std::string::npos ? "/api/" + api_version : "/apis/" + api_version;
+  const json& metadata = object["metadata"];
+  if (metadata.contains("namespace")) {
+    path += "/namespaces/" + metadata["namespace"].get<std::string>();
+  }
+  return path + "/" + plural->second;
+}
+
+// Every field of `sent` is in `got` with the same value (the server may add fields).
+void ExpectSubset(const json& sent, const json& got, const std::string& where) {
+  if (sent.is_object()) {
+    ASSERT_TRUE(got.is_object()) << where << ": sent an object, read back " << got.dump();
+    for (auto it = sent.begin(); it != sent.end(); ++it) {
+      ASSERT_TRUE(got.contains(it.key()))
+          << where << "." << it.key() << " was dropped by the server (unknown or misplaced)";
+      ExpectSubset(it.value(), got[it.key()], where + "." + it.key());
+    }
+  } else if (sent.is_array()) {
+    ASSERT_TRUE(got.is_array() && got.size() == sent.size()) << where << ": " << got.dump();
+    for (size_t i = 0; i < sent.size(); ++i) {
+      ExpectSubset(sent[i], got[i], where + "[" + std::to_string(i) + "]");
+    }
+  } else if (sent.is_number() && got.is_number()) {
+    EXPECT_EQ(sent.get<double>(), got.get<double>()) << where;
+  } else {
+    EXPECT_EQ(sent, got) << where;
+  }
+}
+
+void EnsureNamespace(const std::string& name) {
+  auto created =
+      kube().Request("POST", "/api/v1/namespaces",
+                     {{"apiVersion", "v1"}, {"kind", "Namespace"}, {"metadata", {{"name", name}}}});
+  ASSERT_TRUE(created.status == 201 || created.status == 409) << created.raw;
+}
+
+void CreateCrd(const json& crd) {
+  const std::string path = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions";
+  auto created = kube().Request("POST", path, crd);
+  ASSERT_TRUE(created.status == 201 || created.status == 409) << created.raw;
+  const std::string name = crd["metadata"]["name"];
+  bool established = KubeTestEnv::WaitFor(
+      [&] {
+        auto got = kube().Request("GET", path + "/" + name);
+        for (const auto& condition : got.body["status"].value("conditions", json::array())) {
+          if (condition.value("type", "") == "Established" &&
+              condition.value("status", "") == "True") {
+            return true;
+          }
+        }
+        return false;
+      },
+      30000);
+  ASSERT_TRUE(established) << name << " never became Established";
+}
+
+class ChartApplyTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    for (const char* file : {"crds.json", "test-crds.json"}) {
+      json crds = ReadJson(file);
+      ASSERT_TRUE(crds.is_object())
+          << kRenderDir << "/" << file << " missing: run the packaging_chart_render test first";
+      for (const auto& entry : crds["objects"]) CreateCrd(entry["object"]);
+    }
+  }
+
+  // Applies one rendered value set: dry run first (what `helm install --dry-run=server` would
+  // ask), then for real, then reads each object back.
+  // Each set is applied once per process (the RBAC test needs the defaults whichever test runs
+  // first).
+  static void ApplyRenderedSet(const std::string& file) {
+    static std::set<std::string> applied_sets;
+    if (!applied_sets.insert(file).second) return;
+    json rendered = ReadJson(file);
+    ASSERT_TRUE(rendered.is_object()) << file << " missing: run packaging_chart_render first";
+    std::set<std::string> namespaces{rendered["namespace"].get<std::string>()};
+    for (const auto& entry : rendered["objects"]) {
+      const json& metadata = entry["object"]["metadata"];
+      if (metadata.contains("namespace")) namespaces.insert(metadata["namespace"]);
+    }
+    for (const auto& ns : namespaces) EnsureNamespace(ns);
+    int applied = 0;
+    for (const auto& entry : rendered["objects"]) {
+      const json& object = entry["object"];
+      const std::string where = file + ": " + entry["source"].get<std::string>() + ": " +
+                                object["kind"].get<std::string>() + " " +
+                                object["metadata"]["name"].get<std::string>();
+      SCOPED_TRACE(where);
+      const std::string collection = CollectionPath(object);
+      ASSERT_FALSE(collection.empty()) << "no API path known for " << object["kind"];
+      auto dry_run = kube().Request("POST", collection + "?dryRun=All", object);
+      ASSERT_EQ(dry_run.status, 201) << dry_run.raw;
+      auto created = kube().Request("POST", collection, object);
+      ASSERT_EQ(created.status, 201) << created.raw;
+      auto got =
+          kube().Request("GET", collection + "/" + object["metadata"]["name"].get<std::string>());
+      ASSERT_EQ(got.status, 200) << got.raw;
+      ExpectSubset(object, got.body, where);
+      ++applied;
+    }
+    EXPECT_GE(applied, 8) << file;
+  }
+};
+
+TEST_F(ChartApplyTest, DefaultValuesApply) { ApplyRenderedSet("defaults.json"); }
+TEST_F(ChartApplyTest, MonitoringObjectsApply) { ApplyRenderedSet("monitoring.json"); }
+TEST_F(ChartApplyTest, EveryOptionSetApplies) { ApplyRenderedSet("all-options.json"); }
+
+// What the RBAC authorizer answers for the operator's ServiceAccount of the default release.
+bool Allowed(const std::string& verb, const std::string& group, const std::string& resource,
+             const std::string& ns, const std::string& name = "",
+             const std::string& subresource = "") {
+  const std::string account_ns = "lockstep-system";
+  json attributes = {{"verb", verb}, {"group", group}, {"resource", resource}};
+  if (!ns.empty()) attributes["namespace"] = ns;
+  if (!name.empty()) attributes["name"] = name;
+  if (!subresource.empty()) attributes["subresource"] = subresource;
+  json review = {{"apiVersion", "authorization.k8s.io/v1"},
+                 {"kind", "SubjectAccessReview"},
+                 {"spec",
+                  {{"user", "system:serviceaccount:" + account_ns + ":lockstep"},
+                   {"groups",
+                    {"system:serviceaccounts", "system:serviceaccounts:" + account_ns,
+                     "system:authenticated"}},
+                   {"resourceAttributes", attributes}}}};
+  auto answer =
+      kube().Request("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", review);
+  EXPECT_EQ(answer.status, 201) << answer.raw;
+  return answer.body["status"].value("allowed", false);
+}
+
+TEST_F(ChartApplyTest, OperatorServiceAccountHasExactlyWhatTheOperatorNeeds) {
+  ApplyRenderedSet("defaults.json");
+  const std::string own = "lockstep-system";
+  const std::string team = "team-a";  // any namespace with jobs
+  // What the operator does (docs/operations.md, "RBAC").
+  for (const char* verb : {"get", "list", "watch", "update", "patch", "delete"}) {
+    EXPECT_TRUE(Allowed(verb, "lockstep.io", "trainingjobs", team)) << verb;
+  }
+  EXPECT_TRUE(Allowed("list", "lockstep.io", "trainingjobs", ""));  // cluster-wide watch
+  EXPECT_TRUE(Allowed("update", "lockstep.io", "trainingjobs", team, "job", "status"));
+  EXPECT_TRUE(Allowed("patch", "lockstep.io", "trainingjobs", team, "job", "status"));
+  for (const char* verb : {"get", "list", "watch", "create", "delete", "patch"}) {
+    EXPECT_TRUE(Allowed(verb, "", "pods", team)) << verb;
+  }
+  EXPECT_TRUE(Allowed("patch", "", "pods", own, "lockstep-operator-abc"));  // the leader label
+  for (const char* verb : {"get", "list", "watch", "create", "delete"}) {
+    EXPECT_TRUE(Allowed(verb, "", "services", team)) << verb;
+    EXPECT_TRUE(Allowed(verb, "scheduling.volcano.sh", "podgroups", team)) << verb;
+    EXPECT_TRUE(Allowed(verb, "scheduling.x-k8s.io", "podgroups", team)) << verb;
+  }
+  EXPECT_TRUE(Allowed("create", "", "secrets", team));  // a job's rendezvous Secret
+  EXPECT_TRUE(Allowed("create", "", "events", team));
+  EXPECT_TRUE(Allowed("patch", "", "events", team));
+  EXPECT_TRUE(Allowed("get", "", "secrets", own, "lockstep-operator"));
+  EXPECT_TRUE(Allowed("update", "", "secrets", own, "lockstep-operator"));
+  EXPECT_TRUE(Allowed("create", "", "secrets", own));
+  EXPECT_TRUE(Allowed("get", "coordination.k8s.io", "leases", own, "lockstep-operator"));
+  EXPECT_TRUE(Allowed("update", "coordination.k8s.io", "leases", own, "lockstep-operator"));
+  EXPECT_TRUE(Allowed("create", "coordination.k8s.io", "leases", own));
+
+  // What it must not do: read Secrets it did not create, or anything beyond the list above.
+  EXPECT_FALSE(Allowed("get", "", "secrets", team, "job-rendezvous"));
+  EXPECT_FALSE(Allowed("list", "", "secrets", team));
+  EXPECT_FALSE(Allowed("list", "", "secrets", own));
+  EXPECT_FALSE(Allowed("watch", "", "secrets", own));
+  EXPECT_FALSE(Allowed("get", "", "secrets", own, "another-secret"));
+  EXPECT_FALSE(Allowed("delete", "", "secrets", own, "lockstep-operator"));
+  EXPECT_FALSE(Allowed("update", "", "secrets", team, "lockstep-operator"));
+  EXPECT_FALSE(Allowed("get", "coordination.k8s.io", "leases", team, "lockstep-operator"));
+  EXPECT_FALSE(Allowed("update", "coordination.k8s.io", "leases", own, "kube-scheduler"));
+  EXPECT_FALSE(Allowed("create", "lockstep.io", "trainingjobs", team));
+  EXPECT_FALSE(Allowed("update", "", "pods", team));
+  EXPECT_FALSE(Allowed("update", "", "services", team));
+  EXPECT_FALSE(Allowed("create", "apps", "deployments", team));
+  EXPECT_FALSE(Allowed("get", "", "nodes", ""));
+  EXPECT_FALSE(Allowed("get", "", "configmaps", own));
+  EXPECT_FALSE(Allowed("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""));
+  EXPECT_FALSE(Allowed("create", "", "pods", team, "", "exec"));
+}
+
+}  // namespace
+}  // namespace lockstep
+
+int main(int argc, char** argv) {
+  ::testing::InitGoogleTest(&argc, argv);
+  ::testing::AddGlobalTestEnvironment(new lockstep::KubeEnvironment());
+  return RUN_ALL_TESTS();
+}

@@ -1,0 +1,333 @@
+#!/usr/bin/env python3
+"""Renders charts/lockstep with helm_render.py and checks what a user of the chart relies on.
+
+    chart_test.py --source REPO --out DIR
+
+Renders three value sets (the defaults; tests/packaging/values-monitoring.yaml, the defaults with
+the Prometheus objects and the dashboard on; tests/packaging/values-all-options.yaml, every
+option set) into DIR/<set>.json (read by validate_objects.mjs and chart_apply_test), writes the
+alert rules as the PrometheusRule renders them with default thresholds to DIR/rules/alerts.yaml
+(promtool and the scrape test use it), and checks:
+  - the chart's CRD is a byte-for-byte copy of crds/trainingjob.yaml;
+  - values.yaml, the chart README and values-all-options.yaml list the same options, and every
+    .Values reference in the templates exists in values.yaml;
+  - the Deployment (replicas, probes, securityContext, resources, flags and environment of the
+    operator interface), the Services' selectors (the rendezvous Service follows the leader
+    label), the RBAC rules (exactly the operator's needs), the monitors, the dashboard ConfigMap
+    and the PrometheusRule.
+Exit 0 when every check holds; otherwise prints each failure and exits 1.
+"""
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+
+import yaml
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import helm_render  # noqa: E402
+
+LEADER_LABEL = "lockstep.io/rendezvous-leader"
+
+# (apiGroup, resource, verbs, resourceNames): the operator's interface, fixed by the lead.
+EXPECTED_CLUSTER_RULES = {
+    ("lockstep.io", "trainingjobs", ("delete", "get", "list", "patch", "update", "watch"), ()),
+    ("lockstep.io", "trainingjobs/status", ("get", "patch", "update"), ()),
+    ("", "pods", ("create", "delete", "get", "list", "patch", "watch"), ()),
+    ("", "services", ("create", "delete", "get", "list", "watch"), ()),
+    ("", "secrets", ("create",), ()),
+    ("", "events", ("create", "patch"), ()),
+    ("scheduling.volcano.sh", "podgroups", ("create", "delete", "get", "list", "watch"), ()),
+    ("scheduling.x-k8s.io", "podgroups", ("create", "delete", "get", "list", "watch"), ()),
+}
+
+
+def expected_role_rules(lease_name):
+    return {
+        ("", "secrets", ("get", "update"), ("lockstep-operator",)),
+        ("", "secrets", ("create",), ()),
+        ("coordination.k8s.io", "leases", ("get", "update"), (lease_name,)),
+        ("coordination.k8s.io", "leases", ("create",), ()),
+    }
+
+
+def normalize_rules(rules):
+    out = set()
+    for rule in rules:
+        for group in rule.get("apiGroups", []):
+            for resource in rule.get("resources", []):
+                out.add((group, resource, tuple(sorted(rule["verbs"])),
+                         tuple(sorted(rule.get("resourceNames", [])))))
+    return out
+
+
+def leaves(tree, prefix=""):
+    """Dotted paths of the leaves of a values tree (a non-empty map is not a leaf; lists and
+    empty maps are)."""
+    if isinstance(tree, dict) and tree:
+        for key, value in tree.items():
+            yield from leaves(value, prefix + "." + key if prefix else key)
+    else:
+        yield prefix
+
+
+def documented_options(readme_text):
+    """Value paths in the README's table rows: | `path` | ..."""
+    return set(re.findall(r"^\|\s*`([A-Za-z0-9_.]+)`\s*\|", readme_text, re.M))
+
+
+class Checker:
+    def __init__(self):
+        self.failures = []
+
+    def expect(self, condition, message):
+        if not condition:
+            self.failures.append(message)
+        return condition
+
+
+def find(objects, kind, name_suffix=""):
+    found = [o["object"] for o in objects
+             if o["object"]["kind"] == kind and o["object"]["metadata"]["name"].endswith(name_suffix)]
+    return found
+
+
+def check_render(check, objects, values, label, release_namespace):
+    ctx = "[%s] " % label
+    deployment = find(objects, "Deployment")
+    if not check.expect(len(deployment) == 1, ctx + "one Deployment"):
+        return
+    deployment = deployment[0]
+    spec = deployment["spec"]
+    pod = spec["template"]["spec"]
+    op = values["operator"]
+    check.expect(spec["replicas"] == op["replicas"], ctx + "replicas follow operator.replicas")
+    pod_labels = spec["template"]["metadata"]["labels"]
+    selector = spec["selector"]["matchLabels"]
+    check.expect(all(pod_labels.get(k) == v for k, v in selector.items()),
+                 ctx + "Deployment selector matches its pod labels")
+    check.expect(LEADER_LABEL not in selector, ctx + "Deployment selector must not use the leader label")
+    check.expect(pod["securityContext"].get("runAsNonRoot") is True, ctx + "pod runAsNonRoot")
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    check.expect(security.get("readOnlyRootFilesystem") is True, ctx + "readOnlyRootFilesystem")
+    check.expect(security.get("allowPrivilegeEscalation") is False, ctx + "no privilege escalation")
+    check.expect(security.get("capabilities", {}).get("drop") == ["ALL"], ctx + "capabilities dropped")
+    check.expect(container["command"] == ["/usr/bin/lockstep-operator"], ctx + "runs the operator binary")
+    check.expect(container["resources"] == op["resources"], ctx + "resources from values")
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    check.expect(ports.get("metrics") == op["metricsPort"], ctx + "metrics port")
+    check.expect(ports.get("rendezvous") == op["rendezvousPort"], ctx + "rendezvous port")
+    for probe, path in (("livenessProbe", "/healthz"), ("readinessProbe", "/readyz")):
+        get = container.get(probe, {}).get("httpGet", {})
+        check.expect(get.get("path") == path and get.get("port") == "metrics",
+                     ctx + "%s GET %s on the metrics port" % (probe, path))
+    env = {e["name"]: e.get("valueFrom", {}).get("fieldRef", {}).get("fieldPath") for e in container["env"]}
+    check.expect(env.get("POD_NAME") == "metadata.name" and env.get("POD_NAMESPACE") == "metadata.namespace",
+                 ctx + "POD_NAME and POD_NAMESPACE from the downward API")
+    flags = dict(a[2:].split("=", 1) for a in container["args"] if a.startswith("--") and "=" in a)
+    want = {
+        "leader-elect": "true" if op["leaderElection"]["enabled"] else "false",
+        "leader-election-namespace": release_namespace,
+        "leader-election-id": op["leaderElection"]["leaseName"],
+        "metrics-port": str(op["metricsPort"]),
+        "rendezvous-port": str(op["rendezvousPort"]),
+        "workers": str(op["workers"]), "qps": str(op["qps"]), "burst": str(op["burst"]),
+        "gang-scheduler-name-volcano": values["gangScheduler"]["volcanoSchedulerName"],
+        "gang-scheduler-name-scheduler-plugins": values["gangScheduler"]["schedulerPluginsSchedulerName"],
+    }
+    for flag, value in want.items():
+        check.expect(flags.get(flag) == value, ctx + "--%s=%s (got %r)" % (flag, value, flags.get(flag)))
+    if op["watchNamespace"]:
+        check.expect(flags.get("watch-namespace") == op["watchNamespace"], ctx + "--watch-namespace")
+    else:
+        check.expect("watch-namespace" not in flags, ctx + "no --watch-namespace: all namespaces")
+    check.expect(flags.get("worker-image", "").endswith("/" + values["worker"]["repository"] + ":" +
+                                                        (values["image"]["tag"] or "0.1.0")),
+                 ctx + "--worker-image from image.registry, worker.repository and the tag")
+    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "worker-image", "kubeconfig"}
+    extra_args = set(a for a in op["extraArgs"])
+    for arg in container["args"]:
+        check.expect(arg in extra_args or arg[2:].split("=")[0] in allowed_flags,
+                     ctx + "flag %s is not in the operator's interface" % arg)
+
+    services = {s["metadata"]["name"]: s for s in find(objects, "Service")}
+    rendezvous = [s for n, s in services.items() if n.endswith("-rendezvous")]
+    metrics = [s for n, s in services.items() if n.endswith("-metrics")]
+    if check.expect(len(rendezvous) == 1 and len(metrics) == 1, ctx + "rendezvous and metrics Services"):
+        rdv_selector = rendezvous[0]["spec"]["selector"]
+        check.expect(rdv_selector.get(LEADER_LABEL) == "true", ctx + "rendezvous Service selects the leader label")
+        check.expect({k: v for k, v in rdv_selector.items() if k != LEADER_LABEL} == selector,
+                     ctx + "rendezvous Service selects the operator pods")
+        check.expect(rendezvous[0]["spec"]["ports"][0]["targetPort"] == "rendezvous", ctx + "rendezvous targetPort")
+        address = flags.get("rendezvous-address", "")
+        if not op["rendezvousAddress"]:
+            check.expect(address == "%s.%s.svc:%s" % (rendezvous[0]["metadata"]["name"], release_namespace,
+                                                     op["rendezvousPort"]),
+                         ctx + "--rendezvous-address names the rendezvous Service (got %s)" % address)
+        check.expect(metrics[0]["spec"]["selector"] == selector, ctx + "metrics Service selects the operator pods")
+        check.expect(metrics[0]["spec"]["ports"][0]["targetPort"] == "metrics", ctx + "metrics targetPort")
+
+    account = pod["serviceAccountName"]
+    if values["rbac"]["create"]:
+        (cluster_role,) = find(objects, "ClusterRole")
+        (role,) = find(objects, "Role")
+        got = normalize_rules(cluster_role["rules"])
+        check.expect(got == EXPECTED_CLUSTER_RULES,
+                     ctx + "ClusterRole rules: extra %s, missing %s" %
+                     (sorted(got - EXPECTED_CLUSTER_RULES), sorted(EXPECTED_CLUSTER_RULES - got)))
+        want_role = expected_role_rules(op["leaderElection"]["leaseName"])
+        got_role = normalize_rules(role["rules"])
+        check.expect(got_role == want_role, ctx + "Role rules: extra %s, missing %s" %
+                     (sorted(got_role - want_role), sorted(want_role - got_role)))
+        check.expect(role["metadata"]["namespace"] == release_namespace, ctx + "Role in the release namespace")
+        for binding in find(objects, "ClusterRoleBinding") + find(objects, "RoleBinding"):
+            subject = binding["subjects"][0]
+            check.expect(subject == {"kind": "ServiceAccount", "name": account, "namespace": release_namespace},
+                         ctx + "%s binds the operator's ServiceAccount" % binding["kind"])
+    if values["serviceAccount"]["create"]:
+        check.expect([a["metadata"]["name"] for a in find(objects, "ServiceAccount")] == [account],
+                     ctx + "the ServiceAccount the pods use is created")
+
+    monitoring = values["monitoring"]
+    service_monitors = find(objects, "ServiceMonitor")
+    check.expect(len(service_monitors) == (1 if monitoring["serviceMonitor"]["enabled"] else 0),
+                 ctx + "ServiceMonitor iff monitoring.serviceMonitor.enabled")
+    for monitor in service_monitors:
+        wanted = monitor["spec"]["selector"]["matchLabels"]
+        check.expect(metrics and all(metrics[0]["metadata"]["labels"].get(k) == v for k, v in wanted.items()),
+                     ctx + "ServiceMonitor selects the metrics Service")
+        check.expect(monitor["spec"]["endpoints"][0]["port"] == "metrics", ctx + "ServiceMonitor port name")
+    pod_monitors = find(objects, "PodMonitor")
+    check.expect(len(pod_monitors) == (1 if monitoring["podMonitor"]["enabled"] else 0),
+                 ctx + "PodMonitor iff monitoring.podMonitor.enabled")
+    for monitor in pod_monitors:
+        check.expect(monitor["spec"]["selector"]["matchLabels"] ==
+                     {"app.kubernetes.io/managed-by": "lockstep-operator"}, ctx + "PodMonitor selects worker pods")
+        endpoint = monitor["spec"]["podMetricsEndpoints"][0]
+        check.expect(endpoint["port"] == "metrics" and endpoint.get("honorLabels") is True,
+                     ctx + "PodMonitor scrapes port metrics and keeps the workers' job label")
+        check.expect(monitor["spec"]["namespaceSelector"] == {"any": True}, ctx + "PodMonitor in every namespace")
+    rules = find(objects, "PrometheusRule")
+    check.expect(len(rules) == (1 if monitoring["prometheusRule"]["enabled"] else 0),
+                 ctx + "PrometheusRule iff monitoring.prometheusRule.enabled")
+    dashboards = find(objects, "ConfigMap", "-dashboard")
+    check.expect(len(dashboards) == (1 if values["dashboard"]["enabled"] else 0),
+                 ctx + "dashboard ConfigMap iff dashboard.enabled")
+    for config_map in dashboards:
+        check.expect(config_map["metadata"]["labels"].get(values["dashboard"]["label"]) ==
+                     str(values["dashboard"]["labelValue"]), ctx + "dashboard ConfigMap carries the sidecar label")
+        try:
+            json.loads(config_map["data"]["lockstep.json"])
+        except (KeyError, ValueError) as e:
+            check.expect(False, ctx + "dashboard ConfigMap holds the dashboard JSON: %s" % e)
+    nads = find(objects, "NetworkAttachmentDefinition")
+    check.expect(len(nads) == (1 if values["rdma"]["networkAttachmentDefinition"]["create"] else 0),
+                 ctx + "NetworkAttachmentDefinition iff rdma.networkAttachmentDefinition.create")
+    for nad in nads:
+        config = json.loads(nad["spec"]["config"])
+        check.expect(config["master"] == values["rdma"]["networkAttachmentDefinition"]["masterInterface"],
+                     ctx + "NetworkAttachmentDefinition config is JSON with the master interface")
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--source", required=True)
+    parser.add_argument("--out", required=True)
+    options = parser.parse_args()
+    chart = os.path.join(options.source, "charts", "lockstep")
+    here = os.path.dirname(os.path.abspath(__file__))
+    check = Checker()
+    os.makedirs(options.out, exist_ok=True)
+
+    with open(os.path.join(options.source, "crds", "trainingjob.yaml"), "rb") as a, \
+            open(os.path.join(chart, "crds", "trainingjob.yaml"), "rb") as b:
+        check.expect(a.read() == b.read(),
+                     "charts/lockstep/crds/trainingjob.yaml differs from crds/trainingjob.yaml: "
+                     "cp crds/trainingjob.yaml charts/lockstep/crds/")
+
+    with open(os.path.join(chart, "crds", "trainingjob.yaml")) as f:
+        crd = yaml.safe_load(f)
+    with open(os.path.join(options.out, "crds.json"), "w") as f:
+        json.dump({"objects": [{"source": "crds/trainingjob.yaml", "object": crd}]}, f, indent=1)
+    test_crds = []
+    for name in sorted(os.listdir(os.path.join(here, "data"))):
+        with open(os.path.join(here, "data", name)) as f:
+            test_crds.append({"source": "tests/packaging/data/" + name, "object": yaml.safe_load(f)})
+    with open(os.path.join(options.out, "test-crds.json"), "w") as f:
+        json.dump({"objects": test_crds}, f, indent=1)
+    with open(os.path.join(chart, "values.yaml")) as f:
+        defaults = yaml.safe_load(f)
+    with open(os.path.join(here, "values-all-options.yaml")) as f:
+        all_options = yaml.safe_load(f)
+    with open(os.path.join(chart, "README.md")) as f:
+        documented = documented_options(f.read())
+    value_paths = set(leaves(defaults))
+    check.expect(value_paths == documented, "chart README lists options %s that values.yaml lacks, "
+                 "and lacks %s" % (sorted(documented - value_paths), sorted(value_paths - documented)))
+    # An option whose default is an empty map or list (annotations, affinity) is set by any
+    # path below it.
+    all_paths = set(leaves(all_options))
+
+    def covers(option, path):
+        return path == option or path.startswith(option + ".")
+    unset = sorted(v for v in value_paths if not any(covers(v, a) for a in all_paths))
+    unknown = sorted(a for a in all_paths if not any(covers(v, a) for v in value_paths))
+    check.expect(not unset, "values-all-options.yaml does not set %s" % unset)
+    check.expect(not unknown, "values-all-options.yaml sets unknown options %s" % unknown)
+    referenced = set()
+    for root, _, files in os.walk(chart):
+        for name in files:
+            if name.endswith((".yaml", ".tpl", ".txt")):
+                with open(os.path.join(root, name)) as f:
+                    referenced |= {r.rstrip(".") for r in
+                                   re.findall(r"\.Values\.([A-Za-z0-9_.]+)", f.read())}
+    known_prefixes = {p for path in value_paths for p in
+                      [".".join(path.split(".")[:i]) for i in range(1, len(path.split(".")) + 1)]}
+    check.expect(referenced <= known_prefixes, "templates reference values missing from values.yaml: %s" %
+                 sorted(referenced - known_prefixes))
+
+    sets = {
+        "defaults": ([], "lockstep", "lockstep-system", defaults),
+        "monitoring": ([os.path.join(here, "values-monitoring.yaml")], "lockstep-mon", "lockstep-monitoring", None),
+        "all-options": ([os.path.join(here, "values-all-options.yaml")], "lockstep-all", "ml-platform", None),
+    }
+    for label, (files, release, namespace, values) in sets.items():
+        if values is None:
+            values = defaults
+            for path in files:
+                with open(path) as f:
+                    values = helm_render.deep_merge(values, yaml.safe_load(f))
+        try:
+            objects, notes = helm_render.render_chart(chart, files, release, namespace)
+        except helm_render.TemplateError as e:
+            check.expect(False, "[%s] render: %s" % (label, e))
+            continue
+        with open(os.path.join(options.out, label + ".json"), "w") as f:
+            json.dump({"release": release, "namespace": namespace, "objects": objects}, f, indent=1)
+        check.expect("docs/operations.md" in notes and "kubectl" in notes, "[%s] NOTES.txt tells the next step" % label)
+        check_render(check, objects, values, label, namespace)
+        if label == "monitoring":
+            (rule,) = find(objects, "PrometheusRule")
+            rules_dir = os.path.join(options.out, "rules")
+            os.makedirs(rules_dir, exist_ok=True)
+            with open(os.path.join(rules_dir, "alerts.yaml"), "w") as f:
+                yaml.safe_dump(rule["spec"], f, sort_keys=False, width=1 << 20)
+            shutil.copy(os.path.join(here, "alerts_test.yaml"), rules_dir)
+            (config_map,) = find(objects, "ConfigMap", "-dashboard")
+            with open(os.path.join(chart, "files", "dashboards", "lockstep.json")) as f:
+                check.expect(json.loads(config_map["data"]["lockstep.json"]) == json.load(f),
+                             "the dashboard ConfigMap carries files/dashboards/lockstep.json unchanged")
+
+    for failure in check.failures:
+        print("FAIL " + failure)
+    if check.failures:
+        return 1
+    print("chart: %d value sets rendered into %s; every check holds" % (len(sets), options.out))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
