@@ -24,6 +24,7 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -99,6 +100,8 @@ class Informer {
   std::vector<Handler> handlers_;
 
   mutable std::mutex mutex_;
+  // Wakes WaitForSync when the first list lands and the back-off sleep when Stop is called.
+  mutable std::condition_variable cv_;
   std::unordered_map<std::string, ObjectPtr> objects_;
   // index name -> value -> keys
   std::map<std::string, std::unordered_map<std::string, std::set<std::string>>> indices_;

@@ -19,8 +19,10 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -52,6 +54,8 @@ class LeaderElector {
  private:
   void Loop();
   bool TryAcquireOrRenew();
+  void Release();             // a leader's Stop: clears holderIdentity so a standby need not wait
+  void SleepFor(int64_t ms);  // woken early by Stop
 
   kube::KubeClient* client_;
   LeaderElectionOptions options_;
@@ -59,6 +63,13 @@ class LeaderElector {
   std::atomic<bool> leader_{false};
   std::atomic<bool> stop_{false};
   std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  // The Lease's spec as last seen and when (our monotonic clock) it last changed: a holder is
+  // presumed alive until lease_duration_ms after we saw its record change.
+  nlohmann::json observed_spec_;
+  double observed_at_ = 0;
+  std::string observed_holder_;
 };
 
 }  // namespace lockstep::op::controller

@@ -1,0 +1,294 @@
+#include "operator/controller/informer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <exception>
+#include <tuple>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+
+namespace lockstep::op::controller {
+namespace {
+
+constexpr int64_t kFirstBackoffMs = 500;
+constexpr int64_t kMaxBackoffMs = 30000;
+// A watch the server ends this quickly without sending anything is treated like an error, so a
+// misbehaving server cannot make the informer spin.
+constexpr double kShortestHealthyWatchSeconds = 1.0;
+
+std::string ResourceVersionOf(const json& object) {
+  if (!object.is_object()) return "";
+  auto metadata = object.find("metadata");
+  if (metadata == object.end() || !metadata->is_object()) return "";
+  return metadata->value("resourceVersion", "");
+}
+
+}  // namespace
+
+std::string ObjectKey(const json& object) {
+  if (!object.is_object()) return "";
+  auto metadata = object.find("metadata");
+  if (metadata == object.end() || !metadata->is_object()) return "";
+  const std::string ns = metadata->value("namespace", "");
+  const std::string name = metadata->value("name", "");
+  return ns.empty() ? name : ns + "/" + name;
+}
+
+Informer::Informer(kube::KubeClient* client, InformerOptions options)
+    : client_(client), options_(std::move(options)) {}
+
+Informer::~Informer() { Stop(); }
+
+void Informer::AddIndex(const std::string& name, IndexFunc index) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  index_funcs_[name] = std::move(index);
+  indices_[name];
+}
+
+void Informer::AddHandler(Handler handler) { handlers_.push_back(std::move(handler)); }
+
+void Informer::Start() {
+  if (thread_.joinable()) return;
+  stop_ = false;
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Informer::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+bool Informer::WaitForSync(int64_t timeout_ms) const {
+  std::unique_lock<std::mutex> lock(mutex_);
+  return cv_.wait_for(lock, std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 0)),
+                      [this] { return synced_.load(); });
+}
+
+bool Informer::HasSynced() const { return synced_.load(); }
+
+ObjectPtr Informer::Get(const std::string& key) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = objects_.find(key);
+  return it == objects_.end() ? nullptr : it->second;
+}
+
+std::vector<ObjectPtr> Informer::List() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ObjectPtr> objects;
+  objects.reserve(objects_.size());
+  for (const auto& entry : objects_) objects.push_back(entry.second);
+  return objects;
+}
+
+std::vector<ObjectPtr> Informer::ByIndex(const std::string& index, const std::string& value) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<ObjectPtr> objects;
+  auto by_index = indices_.find(index);
+  if (by_index == indices_.end()) return objects;
+  auto keys = by_index->second.find(value);
+  if (keys == by_index->second.end()) return objects;
+  for (const std::string& key : keys->second) {
+    auto it = objects_.find(key);
+    if (it != objects_.end()) objects.push_back(it->second);
+  }
+  return objects;
+}
+
+size_t Informer::Size() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return objects_.size();
+}
+
+std::string Informer::resource_version() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return resource_version_;
+}
+
+void Informer::Run() {
+  const std::string what =
+      "informer " + options_.resource.plural + (options_.ns.empty() ? "" : " in " + options_.ns);
+  int64_t backoff_ms = kFirstBackoffMs;
+  bool need_list = true;
+  bool first_list = true;
+  // Interruptible by Stop; the back-off doubles up to its cap and resets on success.
+  auto back_off = [&] {
+    std::unique_lock<std::mutex> lock(mutex_);
+    cv_.wait_for(lock, std::chrono::milliseconds(backoff_ms), [this] { return stop_.load(); });
+    backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+  };
+  while (!stop_) {
+    if (need_list) {
+      if (!first_list) ++relists_;
+      first_list = false;
+      Status listed = ListAndReplace();
+      if (!listed.ok()) {
+        LOCKSTEP_LOG(WARNING) << what << ": list failed, retrying in " << backoff_ms
+                              << " ms: " << listed;
+        back_off();
+        continue;
+      }
+      need_list = false;
+      backoff_ms = kFirstBackoffMs;
+    }
+    const double started = MonotonicSeconds();
+    const std::string version_before = resource_version();
+    Status watched = WatchFromLast();
+    if (stop_) break;
+    if (watched.ok()) {
+      const bool quiet_and_short = resource_version() == version_before &&
+                                   MonotonicSeconds() - started < kShortestHealthyWatchSeconds;
+      if (quiet_and_short) {
+        back_off();
+      } else {
+        backoff_ms = kFirstBackoffMs;
+      }
+      continue;  // the server ended the watch (its timeout): reopen from the last version
+    }
+    if (kube::IsGone(watched)) {
+      // Our version fell out of the server's window: only a fresh list can say what changed.
+      LOCKSTEP_LOG(INFO) << what << ": resourceVersion " << version_before
+                         << " is too old, relisting";
+      need_list = true;
+      continue;
+    }
+    LOCKSTEP_LOG(WARNING) << what << ": watch failed, reopening in " << backoff_ms
+                          << " ms: " << watched;
+    back_off();
+  }
+}
+
+Status Informer::ListAndReplace() {
+  std::unordered_map<std::string, ObjectPtr> listed;
+  kube::ListOptions list_options;
+  list_options.label_selector = options_.label_selector;
+  list_options.field_selector = options_.field_selector;
+  list_options.limit = options_.list_page_size;
+  list_options.on_page = [&](std::vector<json>& page) {
+    for (json& item : page) {
+      json object = options_.transform ? options_.transform(std::move(item)) : std::move(item);
+      std::string key = ObjectKey(object);
+      listed[key] = std::make_shared<const json>(std::move(object));
+    }
+  };
+  StatusOr<kube::ListResult> list = client_->List(options_.resource, options_.ns, list_options);
+  if (!list.ok()) return list.status();
+
+  // The difference between the cache and the list is what the handlers have missed.
+  std::vector<std::tuple<std::string, ObjectPtr, ObjectPtr>> changes;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    for (auto& [key, object] : listed) {
+      auto cached = objects_.find(key);
+      if (cached == objects_.end()) {
+        changes.emplace_back(key, nullptr, object);
+      } else if (ResourceVersionOf(*cached->second) != ResourceVersionOf(*object)) {
+        changes.emplace_back(key, cached->second, object);
+      }
+    }
+    for (const auto& [key, object] : objects_) {
+      if (listed.count(key) == 0) changes.emplace_back(key, object, nullptr);
+    }
+    for (const auto& [key, old_object, new_object] : changes) {
+      IndexLocked(key, old_object.get(), new_object.get());
+    }
+    objects_ = std::move(listed);
+    resource_version_ = list->resource_version;
+  }
+  for (const auto& [key, old_object, new_object] : changes) {
+    for (const Handler& handler : handlers_) {
+      try {
+        handler(old_object.get(), new_object.get());
+      } catch (const std::exception& e) {
+        LOCKSTEP_LOG(ERROR) << "informer handler threw on " << key << ": " << e.what();
+      }
+    }
+  }
+  if (!synced_) {
+    // Synced means the handlers have seen the first list, as client-go's HasSynced does.
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      synced_ = true;
+    }
+    cv_.notify_all();
+  }
+  return OkStatus();
+}
+
+Status Informer::WatchFromLast() {
+  kube::WatchOptions watch_options;
+  watch_options.label_selector = options_.label_selector;
+  watch_options.field_selector = options_.field_selector;
+  watch_options.resource_version = resource_version();
+  watch_options.allow_bookmarks = true;
+  watch_options.timeout_seconds = options_.watch_timeout_seconds;
+  auto on_event = [this](const kube::WatchEvent& event) {
+    const std::string version = ResourceVersionOf(event.object);
+    if (event.type == kube::WatchEventType::kBookmark) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!version.empty()) resource_version_ = version;
+      return !stop_.load();
+    }
+    json object = options_.transform ? options_.transform(event.object) : event.object;
+    const std::string key = ObjectKey(object);
+    auto pointer = std::make_shared<const json>(std::move(object));
+    if (event.type == kube::WatchEventType::kDeleted) {
+      Apply(key, pointer, nullptr);
+    } else {
+      Apply(key, nullptr, pointer);
+    }
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!version.empty()) resource_version_ = version;
+    }
+    return !stop_.load();
+  };
+  return client_->Watch(options_.resource, options_.ns, watch_options, on_event, &stop_);
+}
+
+void Informer::Apply(const std::string& key, ObjectPtr old_object, ObjectPtr new_object) {
+  ObjectPtr previous;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto cached = objects_.find(key);
+    // A delete of an object the cache never held still tells handlers what went away.
+    previous = cached != objects_.end() ? cached->second : old_object;
+    if (cached == objects_.end() && new_object == nullptr && previous == nullptr) return;
+    IndexLocked(key, cached != objects_.end() ? cached->second.get() : nullptr, new_object.get());
+    if (new_object) {
+      objects_[key] = new_object;
+    } else if (cached != objects_.end()) {
+      objects_.erase(cached);
+    }
+  }
+  for (const Handler& handler : handlers_) {
+    try {
+      handler(previous.get(), new_object.get());
+    } catch (const std::exception& e) {
+      LOCKSTEP_LOG(ERROR) << "informer handler threw on " << key << ": " << e.what();
+    }
+  }
+}
+
+void Informer::IndexLocked(const std::string& key, const json* old_object, const json* new_object) {
+  for (const auto& [name, index] : index_funcs_) {
+    auto& values = indices_[name];
+    if (old_object != nullptr) {
+      for (const std::string& value : index(*old_object)) {
+        auto it = values.find(value);
+        if (it == values.end()) continue;
+        it->second.erase(key);
+        if (it->second.empty()) values.erase(it);
+      }
+    }
+    if (new_object != nullptr) {
+      for (const std::string& value : index(*new_object)) values[value].insert(key);
+    }
+  }
+}
+
+}  // namespace lockstep::op::controller
