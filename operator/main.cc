@@ -1,0 +1,477 @@
+// lockstep-operator: reconciles TrainingJobs into worker pods and hosts their rendezvous service.
+//
+//   lockstep-operator [--kubeconfig FILE] [--watch-namespace NS] [--leader-elect=false] ...
+//
+// In a pod (no --kubeconfig) it uses the service account. Flags are listed by --help and in
+// docs/operator.md. Exits 0 after SIGTERM/SIGINT (the lease released for a standby); 1 when it
+// loses leadership (the kubelet restarts it as a standby: the safe way never to act beside a new
+// leader); 2 on bad flags or configuration.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "common/http/http_endpoint.h"
+#include "common/logging.h"
+#include "common/rendezvous/server.h"
+#include "operator/controller/controller.h"
+#include "operator/controller/event_recorder.h"
+#include "operator/controller/expectations.h"
+#include "operator/controller/informer.h"
+#include "operator/controller/leader_election.h"
+#include "operator/controller/work_queue.h"
+#include "operator/kube/kube_client.h"
+#include "operator/kube/kube_config.h"
+#include "operator/operator_identity.h"
+#include "operator/operator_metrics.h"
+#include "operator/trainingjob/reconciler.h"
+
+namespace lockstep::op {
+namespace {
+
+using json = nlohmann::json;
+
+struct Flags {
+  std::string kubeconfig;
+  std::string watch_namespace;
+  bool leader_elect = true;
+  std::string leader_election_namespace;
+  std::string leader_election_id = "lockstep-operator";
+  std::string identity;
+  int metrics_port = 8080;
+  std::string metrics_host = "0.0.0.0";
+  int rendezvous_port = 7443;
+  std::string rendezvous_host = "0.0.0.0";
+  std::string rendezvous_address;
+  bool rendezvous_insecure = false;
+  std::string operator_secret = "lockstep-operator";
+  std::string worker_image = "lockstep-worker:0.1";
+  int workers = 4;
+  double qps = 50;
+  int burst = 100;
+  std::string volcano_scheduler = "volcano";
+  std::string scheduler_plugins_scheduler = "scheduler-plugins-scheduler";
+  int64_t progress_interval_ms = 10000;
+  int64_t heartbeat_timeout_ms = 10000;
+};
+
+constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
+  --kubeconfig FILE                 kubeconfig to use (default: in-cluster service account)
+  --watch-namespace NS              only this namespace's TrainingJobs (default: all)
+  --leader-elect=true|false         run leader election (default true)
+  --leader-election-namespace NS    namespace of the Lease (default: $POD_NAMESPACE or default)
+  --leader-election-id NAME         name of the Lease (default lockstep-operator)
+  --identity ID                     this replica's identity (default: $POD_NAME or hostname)
+  --metrics-port PORT               /metrics, /healthz, /readyz (default 8080; 0: a free port)
+  --metrics-host HOST               address to bind it (default 0.0.0.0)
+  --rendezvous-port PORT            the rendezvous gRPC service (default 7443; 0: a free port)
+  --rendezvous-host HOST            address to bind it (default 0.0.0.0)
+  --rendezvous-address HOST:PORT    what workers dial (default
+                                    lockstep-rendezvous.$POD_NAMESPACE.svc:<rendezvous-port>)
+  --rendezvous-insecure             plaintext rendezvous (no TLS; development only)
+  --operator-secret NAME            Secret holding the CA and master key (default
+                                    lockstep-operator, in the leader election namespace)
+  --worker-image IMAGE              image for jobs without spec.image
+  --workers N                       concurrent reconciles (default 4)
+  --qps Q --burst B                 API client rate limit (default 50, 100)
+  --gang-scheduler-name-volcano NAME
+  --gang-scheduler-name-scheduler-plugins NAME
+  --progress-interval-ms MS         how often running jobs' progress is written (default 10000)
+)";
+
+Status ParseFlags(int argc, char** argv, Flags* flags) {
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      std::cout << kUsage;
+      std::exit(0);
+    }
+    if (arg.rfind("--", 0) != 0) return InvalidArgumentError("unexpected argument " + arg);
+    std::string name = arg, value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      name = arg.substr(0, eq);
+      value = arg.substr(eq + 1);
+      has_value = true;
+    }
+    auto take = [&]() -> StatusOr<std::string> {
+      if (has_value) return value;
+      if (i + 1 >= argc) return InvalidArgumentError(name + " needs a value");
+      return std::string(argv[++i]);
+    };
+    auto take_int = [&](int64_t lo, int64_t hi) -> StatusOr<int64_t> {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, take());
+      char* end = nullptr;
+      long long v = std::strtoll(text.c_str(), &end, 10);
+      if (text.empty() || *end != '\0' || v < lo || v > hi) {
+        return InvalidArgumentError(name + ": " + text + " is not an integer in " +
+                                    std::to_string(lo) + ".." + std::to_string(hi));
+      }
+      return static_cast<int64_t>(v);
+    };
+    auto take_bool = [&]() -> StatusOr<bool> {
+      if (!has_value) return true;
+      if (value == "true") return true;
+      if (value == "false") return false;
+      return InvalidArgumentError(name + ": " + value + " is not true or false");
+    };
+    if (name == "--kubeconfig") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->kubeconfig, take());
+    } else if (name == "--watch-namespace") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->watch_namespace, take());
+    } else if (name == "--leader-elect") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->leader_elect, take_bool());
+    } else if (name == "--leader-election-namespace") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->leader_election_namespace, take());
+    } else if (name == "--leader-election-id") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->leader_election_id, take());
+    } else if (name == "--identity") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->identity, take());
+    } else if (name == "--metrics-port") {
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 65535));
+      flags->metrics_port = static_cast<int>(v);
+    } else if (name == "--metrics-host") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->metrics_host, take());
+    } else if (name == "--rendezvous-port") {
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 65535));
+      flags->rendezvous_port = static_cast<int>(v);
+    } else if (name == "--rendezvous-host") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_host, take());
+    } else if (name == "--rendezvous-address") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_address, take());
+    } else if (name == "--rendezvous-insecure") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_insecure, take_bool());
+    } else if (name == "--operator-secret") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->operator_secret, take());
+    } else if (name == "--worker-image") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->worker_image, take());
+    } else if (name == "--workers") {
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(1, 256));
+      flags->workers = static_cast<int>(v);
+    } else if (name == "--qps") {
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 100000));
+      flags->qps = static_cast<double>(v);
+    } else if (name == "--burst") {
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(1, 100000));
+      flags->burst = static_cast<int>(v);
+    } else if (name == "--gang-scheduler-name-volcano") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->volcano_scheduler, take());
+    } else if (name == "--gang-scheduler-name-scheduler-plugins") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->scheduler_plugins_scheduler, take());
+    } else if (name == "--progress-interval-ms") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->progress_interval_ms, take_int(100, 3600000));
+    } else if (name == "--rendezvous-heartbeat-timeout-ms") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->heartbeat_timeout_ms, take_int(500, 600000));
+    } else {
+      return InvalidArgumentError("unknown flag " + name + " (see --help)");
+    }
+  }
+  auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return std::string(v ? v : "");
+  };
+  if (flags->leader_election_namespace.empty()) {
+    flags->leader_election_namespace = env("POD_NAMESPACE");
+    if (flags->leader_election_namespace.empty()) flags->leader_election_namespace = "default";
+  }
+  if (flags->identity.empty()) flags->identity = env("POD_NAME");
+  if (flags->identity.empty()) {
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    flags->identity = std::string(host) + "-" + std::to_string(getpid());
+  }
+  return OkStatus();
+}
+
+// Signals go to one waiting thread (main), never to a library's thread.
+sigset_t BlockTerminationSignals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGTERM);
+  sigaddset(&set, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+class Operator {
+ public:
+  Operator(Flags flags) : flags_(std::move(flags)) {}
+
+  Status Start() {
+    StatusOr<kube::KubeConfig> config = flags_.kubeconfig.empty()
+                                            ? kube::InClusterConfig()
+                                            : kube::LoadKubeconfig(flags_.kubeconfig);
+    if (!config.ok()) return config.status();
+    kube::ClientOptions client_options;
+    client_options.qps = flags_.qps;
+    client_options.burst = flags_.burst;
+    LOCKSTEP_ASSIGN_OR_RETURN(client_, kube::KubeClient::Create(*config, client_options));
+
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        identity_, LoadOrCreateOperatorIdentity(client_.get(), flags_.leader_election_namespace,
+                                                flags_.operator_secret, 30000));
+    if (flags_.rendezvous_address.empty()) {
+      flags_.rendezvous_address = "lockstep-rendezvous." + flags_.leader_election_namespace +
+                                  ".svc:" + std::to_string(flags_.rendezvous_port);
+    }
+    rendezvous::ServerOptions server_options;
+    server_options.listen_address =
+        flags_.rendezvous_host + ":" + std::to_string(flags_.rendezvous_port);
+    if (!flags_.rendezvous_insecure) {
+      LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
+                                IssueRendezvousCertificate(identity_, flags_.rendezvous_address));
+      server_options.tls_cert_pem = serving.cert_pem + identity_.ca.cert_pem;
+      server_options.tls_key_pem = serving.key_pem;
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(rendezvous_, rendezvous::RendezvousServer::Start(server_options));
+    if (flags_.rendezvous_port == 0) {
+      // A free port was asked for: workers dial the one we got.
+      const std::string& a = flags_.rendezvous_address;
+      flags_.rendezvous_address =
+          a.substr(0, a.rfind(':') + 1) + std::to_string(rendezvous_->port());
+    }
+    LOCKSTEP_LOG(INFO) << "rendezvous service on port " << rendezvous_->port() << " ("
+                       << (flags_.rendezvous_insecure ? "plaintext" : "TLS") << "), workers dial "
+                       << flags_.rendezvous_address;
+
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        endpoint_, http::HttpEndpoint::Start(
+                       flags_.metrics_host, flags_.metrics_port,
+                       {{"/metrics", http::PrometheusHandler(metrics_.registry())},
+                        {"/healthz",
+                         [] {
+                           return http::HttpResponse{200, "text/plain", "ok\n"};
+                         }},
+                        {"/readyz", [this] {
+                           // A standby is ready (it serves metrics and waits for the lease); a
+                           // leader is ready once its caches are synced.
+                           if (leading_.load() && !synced_.load()) {
+                             return http::HttpResponse{503, "text/plain", "caches syncing\n"};
+                           }
+                           return http::HttpResponse{200, "text/plain", "ok\n"};
+                         }}}));
+    LOCKSTEP_LOG(INFO) << "metrics, healthz and readyz on port " << endpoint_->port();
+
+    if (flags_.leader_elect) {
+      controller::LeaderElectionOptions election;
+      election.lease_namespace = flags_.leader_election_namespace;
+      election.lease_name = flags_.leader_election_id;
+      election.identity = flags_.identity;
+      // Its own client: a renew must give up before renew_deadline_ms, so that this replica
+      // stops leading before another may take over (the default request timeout is longer).
+      kube::ClientOptions election_client = client_options;
+      election_client.request_timeout_ms = std::min<int64_t>(5000, election.renew_deadline_ms / 2);
+      LOCKSTEP_ASSIGN_OR_RETURN(election_client_,
+                                kube::KubeClient::Create(*config, election_client));
+      elector_ = std::make_unique<controller::LeaderElector>(election_client_.get(), election);
+      elector_->Run([this] { StartLeading(); }, [this] { LostLeadership(); });
+    } else {
+      StartLeading();
+    }
+    return OkStatus();
+  }
+
+  // Returns the process exit code.
+  int Wait(const sigset_t& signals) {
+    while (true) {
+      timespec tick{0, 200 * 1000 * 1000};
+      int signal_number = sigtimedwait(&signals, nullptr, &tick);
+      if (signal_number == SIGTERM || signal_number == SIGINT) {
+        LOCKSTEP_LOG(INFO) << "received signal " << signal_number << "; stopping";
+        Stop();
+        return 0;
+      }
+      if (lost_.load()) {
+        LOCKSTEP_LOG(ERROR) << "lost the leader lease; exiting so that only the new leader acts";
+        Stop();
+        return 1;
+      }
+      UpdateGauges();
+    }
+  }
+
+ private:
+  void StartLeading() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (leading_.exchange(true)) return;
+    LOCKSTEP_LOG(INFO) << "leading as " << flags_.identity;
+    metrics_.SetLeader(true);
+    SetLeaderLabel(true);
+
+    events_ = std::make_unique<controller::EventRecorder>(client_.get(), "lockstep-operator");
+    controller::InformerOptions job_options;
+    job_options.resource = kube::resources::kTrainingJobs;
+    job_options.ns = flags_.watch_namespace;
+    job_options.transform = trainingjob::TrimJob;
+    jobs_ = std::make_unique<controller::Informer>(client_.get(), job_options);
+    controller::InformerOptions pod_options;
+    pod_options.resource = kube::resources::kPods;
+    pod_options.ns = flags_.watch_namespace;
+    pod_options.label_selector = trainingjob::kJobNameLabel;
+    pod_options.transform = trainingjob::TrimPod;
+    pods_ = std::make_unique<controller::Informer>(client_.get(), pod_options);
+    pods_->AddIndex(trainingjob::kJobIndex, trainingjob::JobIndexOfPod);
+
+    trainingjob::ReconcilerDeps deps;
+    deps.client = client_.get();
+    deps.jobs = jobs_.get();
+    deps.pods = pods_.get();
+    deps.expectations = &expectations_;
+    deps.events = events_.get();
+    deps.rendezvous = rendezvous_.get();
+    deps.metrics = &metrics_;
+    deps.has_podgroup_crds_volcano = ResourceServed(kube::resources::kVolcanoPodGroups);
+    deps.has_podgroup_crds_scheduler_plugins =
+        ResourceServed(kube::resources::kSchedulerPluginsPodGroups);
+    trainingjob::ReconcilerOptions options;
+    options.settings.rendezvous_address = flags_.rendezvous_address;
+    if (!flags_.rendezvous_insecure) options.settings.rendezvous_ca_pem = identity_.ca.cert_pem;
+    options.settings.default_worker_image = flags_.worker_image;
+    options.settings.volcano_scheduler_name = flags_.volcano_scheduler;
+    options.settings.scheduler_plugins_scheduler_name = flags_.scheduler_plugins_scheduler;
+    options.master_key = identity_.master_key;
+    options.progress_interval_ms = flags_.progress_interval_ms;
+    options.rendezvous_heartbeat_timeout_ms = flags_.heartbeat_timeout_ms;
+    reconciler_ = std::make_unique<trainingjob::TrainingJobReconciler>(deps, options);
+
+    jobs_->AddHandler([this](const json* old_job, const json* new_job) {
+      queue_.Add(controller::ObjectKey(new_job ? *new_job : *old_job));
+    });
+    pods_->AddHandler([this](const json* old_pod, const json* new_pod) {
+      std::string key = reconciler_->OnPodEvent(old_pod, new_pod);
+      if (!key.empty()) queue_.Add(key);
+    });
+    controller::ControllerHooks hooks;
+    hooks.on_reconciled = [this](double seconds, bool ok) {
+      metrics_.ObserveReconcile(seconds, ok);
+    };
+    controller_ = std::make_unique<controller::Controller>(
+        "trainingjob", &queue_, reconciler_.get(), flags_.workers, hooks);
+    // Start the caches, and the workers only once both are synced: a reconcile against an empty
+    // pod cache would create every pod again.
+    pods_->Start();
+    jobs_->Start();
+    sync_thread_ = std::thread([this] {
+      while (!stopping_.load()) {
+        if (pods_->WaitForSync(500) && jobs_->WaitForSync(500)) break;
+      }
+      if (stopping_.load()) return;
+      synced_.store(true);
+      LOCKSTEP_LOG(INFO) << "caches synced: " << jobs_->Size() << " TrainingJobs, " << pods_->Size()
+                         << " worker pods";
+      controller_->Start();
+    });
+  }
+
+  void LostLeadership() { lost_.store(true); }
+
+  bool ResourceServed(const kube::Resource& resource) {
+    kube::ListOptions options;
+    options.limit = 1;
+    StatusOr<kube::ListResult> list = client_->List(resource, "", options);
+    if (list.ok()) return true;
+    if (kube::IsNotFound(list.status())) {
+      LOCKSTEP_LOG(INFO) << resource.plural << "." << resource.group
+                         << " is not served: jobs asking for that gang scheduler will fail";
+      return false;
+    }
+    // Forbidden or unavailable: assume it is there and let creation report what is wrong.
+    return true;
+  }
+
+  void SetLeaderLabel(bool leader) {
+    const char* pod_name = std::getenv("POD_NAME");
+    if (!pod_name || !*pod_name) return;
+    json patch = {
+        {"metadata",
+         {{"labels", {{"lockstep.io/rendezvous-leader", leader ? json("true") : json()}}}}}};
+    StatusOr<json> patched =
+        client_->Patch(kube::resources::kPods, flags_.leader_election_namespace, pod_name,
+                       kube::PatchType::kMerge, patch);
+    if (!patched.ok()) {
+      LOCKSTEP_LOG(WARNING) << "labelling this pod as the rendezvous leader: "
+                            << patched.status().message();
+    }
+  }
+
+  void UpdateGauges() {
+    metrics_.SetWorkqueueDepth(static_cast<double>(queue_.Len()));
+    metrics_.SetLeader(leading_.load() && !lost_.load());
+    if (!synced_.load()) return;
+    std::map<std::string, int> by_phase;
+    int64_t members = 0;
+    for (const controller::ObjectPtr& job : jobs_->List()) {
+      std::string phase = "Pending";
+      if (job->contains("status") && (*job)["status"].is_object()) {
+        phase = (*job)["status"].value("phase", "Pending");
+      }
+      ++by_phase[phase];
+      StatusOr<rendezvous::JobSnapshot> snapshot =
+          rendezvous_->Snapshot(controller::ObjectKey(*job));
+      if (snapshot.ok()) members += static_cast<int64_t>(snapshot->members.size());
+    }
+    metrics_.SetJobsByPhase(by_phase);
+    metrics_.SetRendezvousMembers(static_cast<double>(members));
+  }
+
+  void Stop() {
+    stopping_.store(true);
+    if (sync_thread_.joinable()) sync_thread_.join();
+    if (controller_) controller_->Stop();
+    queue_.ShutDown();
+    if (pods_) pods_->Stop();
+    if (jobs_) jobs_->Stop();
+    if (events_) events_->Flush(2000);
+    if (leading_.load()) SetLeaderLabel(false);
+    if (elector_) elector_->Stop();
+    if (rendezvous_) rendezvous_->Shutdown(2000);
+  }
+
+  Flags flags_;
+  std::unique_ptr<kube::KubeClient> client_;
+  std::unique_ptr<kube::KubeClient> election_client_;
+  OperatorIdentity identity_;
+  OperatorMetrics metrics_;
+  std::unique_ptr<rendezvous::RendezvousServer> rendezvous_;
+  std::unique_ptr<http::HttpEndpoint> endpoint_;
+  std::unique_ptr<controller::LeaderElector> elector_;
+  controller::WorkQueue queue_;
+  controller::Expectations expectations_;
+  std::unique_ptr<controller::EventRecorder> events_;
+  std::unique_ptr<controller::Informer> jobs_, pods_;
+  std::unique_ptr<trainingjob::TrainingJobReconciler> reconciler_;
+  std::unique_ptr<controller::Controller> controller_;
+  std::thread sync_thread_;
+  std::mutex mutex_;
+  std::atomic<bool> leading_{false}, synced_{false}, lost_{false}, stopping_{false};
+};
+
+}  // namespace
+}  // namespace lockstep::op
+
+int main(int argc, char** argv) {
+  using namespace lockstep;
+  const sigset_t signals = op::BlockTerminationSignals();
+  op::Flags flags;
+  if (Status s = op::ParseFlags(argc, argv, &flags); !s.ok()) {
+    std::cerr << "lockstep-operator: " << s.message() << "\n";
+    return 2;
+  }
+  SetLogContext("operator " + flags.identity);
+  op::Operator operator_process(flags);
+  if (Status s = operator_process.Start(); !s.ok()) {
+    LOCKSTEP_LOG(ERROR) << s.message();
+    return 2;
+  }
+  return operator_process.Wait(signals);
+}

@@ -1,0 +1,55 @@
+// OperatorMetrics: the operator's Prometheus metrics, named as ARCHITECTURE.md's contract lists
+// them (the chart's dashboard and alert rules use these names).
+//
+// Thread safety: every method may be called from any thread.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <string>
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace lockstep::op {
+
+class OperatorMetrics {
+ public:
+  OperatorMetrics();
+  ~OperatorMetrics();
+
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  void ObserveReconcile(double seconds, bool ok);
+  void SetWorkqueueDepth(double depth);
+  // Replaces lockstep_operator_jobs{phase} with these counts (phases absent are set to 0).
+  void SetJobsByPhase(const std::map<std::string, int>& jobs_by_phase);
+  void JobCreated();
+  void JobSucceeded();
+  void JobFailed();
+  void JobRestarted();
+  void SetLeader(bool leader);
+  void SetRendezvousMembers(double members);
+
+ private:
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Histogram* reconcile_duration_;
+  prometheus::Counter* reconcile_errors_;
+  prometheus::Gauge* workqueue_depth_;
+  prometheus::Family<prometheus::Gauge>* jobs_family_;
+  std::map<std::string, prometheus::Gauge*> jobs_by_phase_;
+  prometheus::Counter* jobs_created_;
+  prometheus::Counter* jobs_succeeded_;
+  prometheus::Counter* jobs_failed_;
+  prometheus::Counter* jobs_restarted_;
+  prometheus::Gauge* is_leader_;
+  prometheus::Gauge* rendezvous_members_;
+};
+
+}  // namespace lockstep::op

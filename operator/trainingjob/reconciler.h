@@ -1,0 +1,113 @@
+// TrainingJobReconciler: the level-based, idempotent Reconcile(namespace/name) of STYLE.md for
+// TrainingJobs. It reads the job and its pods from the informers' caches, makes the cluster match
+// the spec (Secret, headless Service, PodGroup, one pod per worker), hosts the job in the
+// rendezvous service, and writes status (phase, conditions, replica counts, progress reported by
+// the workers through rendezvous) only when it changed.
+//
+// One reconcile, in order:
+//  1. The job is gone: forget it (rendezvous, expectations). Being deleted: nothing (the garbage
+//     collector deletes its children through their owner references).
+//  2. The spec does not validate (what the CRD schema cannot express): Failed, condition reason
+//     InvalidSpec naming the field; terminal.
+//  3. Finished (Succeeded/Failed): delete pods still running, drop the rendezvous job, and delete
+//     the job ttlSecondsAfterFinished after completionTime.
+//  4. Suspended: delete every pod; resume brings them back (startTime restarts, as a Job's does).
+//  5. activeDeadlineSeconds passed since startTime: Failed, reason DeadlineExceeded.
+//  6. Expectations not yet satisfied (the pod cache is behind our own writes): wait.
+//  7. Children: Secret (token derived from the operator's master key and the job's uid, so a
+//     restarted operator derives the same one and never reads Secrets back), Service, PodGroup,
+//     rendezvous registration; created when missing (AlreadyExists is success).
+//  8. Pods: a failed pod is replaced or fails the job by restartPolicy and backoffLimit; pods
+//     whose index is >= spec.replicas are deleted (scale-down touches no other pod); missing
+//     indices are created (scale-up, deleted pods) unless a worker already succeeded.
+//  9. Status from the pods and the rendezvous snapshot; written with the cached resourceVersion
+//     (a stale cache gets a conflict and a retry, never a lost update); Events for every action.
+//
+// Thread safety: Reconcile may run concurrently for different keys (the work queue never hands
+// one key to two workers).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "common/rendezvous/server.h"
+#include "operator/controller/controller.h"
+#include "operator/controller/event_recorder.h"
+#include "operator/controller/expectations.h"
+#include "operator/controller/informer.h"
+#include "operator/kube/kube_client.h"
+#include "operator/operator_metrics.h"
+#include "operator/trainingjob/children.h"
+
+namespace lockstep::op::trainingjob {
+
+struct ReconcilerOptions {
+  OperatorSettings settings;
+  std::string master_key;  // derives each job's rendezvous token (HMAC with the job's uid)
+  // While a job runs it is reconciled this often to carry the workers' progress into status.
+  int64_t progress_interval_ms = 10000;
+  // Children other than pods (Secret, Service, PodGroup) are not watched; they are re-ensured
+  // this often, so one deleted by hand comes back.
+  int64_t children_recheck_ms = 10 * 60 * 1000;
+  // Rendezvous timings for hosted jobs.
+  int64_t rendezvous_last_call_ms = 1000;
+  int64_t rendezvous_heartbeat_interval_ms = 1000;
+  int64_t rendezvous_heartbeat_timeout_ms = 10000;
+  std::function<double()> now_unix_seconds;  // the wall clock; tests may replace it
+};
+
+struct ReconcilerDeps {
+  kube::KubeClient* client = nullptr;
+  controller::Informer* jobs = nullptr;
+  controller::Informer* pods = nullptr;  // with the "job" index (JobIndexOfPod)
+  controller::Expectations* expectations = nullptr;
+  controller::EventRecorder* events = nullptr;
+  rendezvous::RendezvousServer* rendezvous = nullptr;
+  OperatorMetrics* metrics = nullptr;  // may be null
+  bool has_podgroup_crds_volcano = true;
+  bool has_podgroup_crds_scheduler_plugins = true;
+};
+
+// The pod informer's index: "namespace/<job-name label>".
+inline constexpr char kJobIndex[] = "job";
+std::vector<std::string> JobIndexOfPod(const nlohmann::json& pod);
+// What the caches keep of pods and jobs (1,000 jobs in a few MB): see the .cc for the fields.
+nlohmann::json TrimPod(nlohmann::json pod);
+nlohmann::json TrimJob(nlohmann::json job);
+
+class TrainingJobReconciler : public controller::Reconciler {
+ public:
+  TrainingJobReconciler(ReconcilerDeps deps, ReconcilerOptions options);
+  Status Reconcile(const std::string& key, controller::Result* result) override;
+
+  // Informer handlers: keep expectations and rendezvous membership in step with pods, and say
+  // which job key to queue ("" for none).
+  std::string OnPodEvent(const nlohmann::json* old_pod, const nlohmann::json* new_pod);
+
+ private:
+  struct Work;  // one reconcile's state
+  Status ReconcileJob(Work& w);
+  Status EnsureChildren(Work& w);
+  Status ReconcilePods(Work& w);
+  void ComputeStatus(Work& w);
+  Status WriteStatus(Work& w);
+  Status Finish(Work& w, bool succeeded, const std::string& reason, const std::string& message);
+  Status DeletePod(Work& w, const nlohmann::json& pod, const std::string& why);
+  Status CleanUpFinished(Work& w);
+  std::string Token(const spec::TrainingJob& job) const;
+  double Now() const;
+
+  ReconcilerDeps deps_;
+  ReconcilerOptions options_;
+  std::mutex mutex_;
+  // uid -> when the Secret/Service/PodGroup were last ensured (MonotonicSeconds).
+  std::map<std::string, double> children_ensured_;
+  // job key -> "uid|min/max" of its registration in the rendezvous service.
+  std::map<std::string, std::string> hosted_;
+};
+
+}  // namespace lockstep::op::trainingjob

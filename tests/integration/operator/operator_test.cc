@@ -1,0 +1,617 @@
+// lockstep-operator against a real kube-apiserver 1.20.2 + etcd on loopback. No kubelet runs:
+// these tests move pods through their phases by writing pod status, as a kubelet would, and
+// check what a user sees through the API (kubectl get/describe): children, phases, conditions,
+// counts, events.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "common/spec/problems.h"
+#include "common/spec/training_job.h"
+#include "common/spec/yaml_to_json.h"
+#include "tests/integration/operator/operator_harness.h"
+#include "tests/support/kube/kubelet_simulator.h"
+
+namespace lockstep::testing {
+namespace {
+
+constexpr int64_t kWaitMs = 30000;
+
+class OperatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    h_ = OperatorHarness::Get();
+    ASSERT_NE(h_, nullptr);
+    ns_ = h_->NewNamespace("op");
+    std::string error;
+    op_ = h_->StartOperator(Options(), &error);
+    ASSERT_NE(op_, nullptr) << error;
+  }
+  void TearDown() override {
+    if (HasFailure() && op_) std::cerr << "operator log:\n" << op_->LogTail() << "\n";
+  }
+  virtual OperatorOptions Options() {
+    OperatorOptions options;
+    options.watch_namespace = ns_;
+    return options;
+  }
+
+  std::vector<json> WaitForPods(const std::string& job, size_t count) {
+    std::vector<json> pods;
+    bool ok = OperatorHarness::WaitFor(
+        [&] {
+          pods = h_->Pods(ns_, job);
+          return pods.size() == count;
+        },
+        kWaitMs);
+    EXPECT_TRUE(ok) << "expected " << count << " pods of " << job << ", have " << pods.size();
+    return pods;
+  }
+  json WaitForJob(const std::string& name, const std::function<bool(const json&)>& predicate,
+                  const std::string& what) {
+    bool ok = false;
+    json job = h_->WaitForJob(ns_, name, predicate, kWaitMs, &ok);
+    EXPECT_TRUE(ok) << "job " << name << " never " << what << "; last: " << job["status"].dump(2);
+    return job;
+  }
+  std::map<std::string, std::string> UidsByName(const std::vector<json>& pods) {
+    std::map<std::string, std::string> uids;
+    for (const json& p : pods) uids[p["metadata"]["name"]] = p["metadata"]["uid"];
+    return uids;
+  }
+  void RunAll(const std::string& job) {
+    for (const json& p : h_->Pods(ns_, job)) {
+      ASSERT_TRUE(h_->SetPodRunning(ns_, p["metadata"]["name"]));
+    }
+  }
+  bool HasEvent(const std::string& object, const std::string& reason) {
+    for (const json& e : h_->Events(ns_, object)) {
+      if (e.value("reason", "") == reason) return true;
+    }
+    return false;
+  }
+
+  OperatorHarness* h_ = nullptr;
+  std::string ns_;
+  std::unique_ptr<OperatorProcess> op_;
+};
+
+TEST_F(OperatorTest, CreatedJobGetsSecretServiceAndOnePodPerWorkerOwnedByIt) {
+  auto r = h_->Apply(ns_, JobManifest("create", 3));
+  ASSERT_EQ(r.status, 201) << r.raw;
+  const std::string uid = r.body["metadata"]["uid"];
+  std::vector<json> pods = WaitForPods("create", 3);
+  ASSERT_EQ(pods.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    const json& pod = pods[i];
+    EXPECT_EQ(pod["metadata"]["name"], "create-worker-" + std::to_string(i));
+    EXPECT_EQ(pod["metadata"]["labels"]["lockstep.io/replica-index"], std::to_string(i));
+    ASSERT_EQ(pod["metadata"]["ownerReferences"].size(), 1u);
+    EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["uid"], uid);
+    EXPECT_EQ(pod["metadata"]["ownerReferences"][0]["controller"], true);
+    std::map<std::string, json> env;
+    for (const json& e : pod["spec"]["containers"][0]["env"]) env[e["name"]] = e;
+    EXPECT_EQ(env["LOCKSTEP_JOB"]["value"], ns_ + "/create");
+    EXPECT_EQ(env["LOCKSTEP_RENDEZVOUS"]["value"],
+              "127.0.0.1:" + std::to_string(op_->rendezvous_port()));
+    EXPECT_EQ(env["LOCKSTEP_JOB_TOKEN"]["valueFrom"]["secretKeyRef"]["name"], "create-rendezvous");
+    EXPECT_TRUE(env.count("LOCKSTEP_SPEC"));
+    EXPECT_TRUE(env.count("LOCKSTEP_RENDEZVOUS_CA_FILE"));
+  }
+  auto secret =
+      h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/secrets/create-rendezvous");
+  ASSERT_EQ(secret.status, 200) << secret.raw;
+  EXPECT_EQ(secret.body["metadata"]["ownerReferences"][0]["uid"], uid);
+  EXPECT_TRUE(secret.body["data"].contains("token"));
+  EXPECT_TRUE(secret.body["data"].contains("ca.crt"));
+  auto service = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/services/create");
+  ASSERT_EQ(service.status, 200) << service.raw;
+  EXPECT_EQ(service.body["spec"]["clusterIP"], "None");
+
+  json job = WaitForJob(
+      "create", [](const json& j) { return Phase(j) == "Created"; }, "Created");
+  EXPECT_EQ(Condition(job, "Created")["status"], "True");
+  EXPECT_EQ(job["status"]["replicas"]["desired"], 3);
+  EXPECT_EQ(job["status"]["selector"], "lockstep.io/job-name=create");
+  EXPECT_TRUE(HasEvent("create", "SuccessfulCreatePod"));
+
+  RunAll("create");
+  job = WaitForJob(
+      "create", [](const json& j) { return j["status"]["replicas"].value("ready", 0) == 3; },
+      "had 3 ready workers");
+  // No worker joined the rendezvous (nothing runs them here): running pods are not training.
+  EXPECT_EQ(Phase(job), "Created");
+}
+
+TEST_F(OperatorTest, ScalingUpAndDownChangesOnlyTheConcernedPods) {
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("scale", 2)).status, 201);
+  auto before = UidsByName(WaitForPods("scale", 2));
+  RunAll("scale");
+  auto r = h_->Scale(ns_, "scale", 4);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  auto up = UidsByName(WaitForPods("scale", 4));
+  EXPECT_EQ(up["scale-worker-0"], before["scale-worker-0"]);
+  EXPECT_EQ(up["scale-worker-1"], before["scale-worker-1"]);
+  json job = WaitForJob(
+      "scale", [](const json& j) { return Condition(j, "Scaling").value("status", "") == "True"; },
+      "Scaling");
+  EXPECT_EQ(Phase(job), "Scaling");
+  RunAll("scale");
+  job = WaitForJob(
+      "scale", [](const json& j) { return Condition(j, "Scaling").value("status", "") == "False"; },
+      "finished scaling");
+
+  ASSERT_EQ(h_->Scale(ns_, "scale", 1).status, 200);
+  auto down = UidsByName(WaitForPods("scale", 1));
+  ASSERT_EQ(down.size(), 1u);
+  EXPECT_EQ(down["scale-worker-0"], before["scale-worker-0"]);
+  EXPECT_TRUE(HasEvent("scale", "SuccessfulDeletePod"));
+}
+
+TEST_F(OperatorTest, DeletedPodIsReplacedWithoutCountingAgainstBackoff) {
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("deleted", 2)).status, 201);
+  auto before = UidsByName(WaitForPods("deleted", 2));
+  auto r = h_->kube().Request("DELETE", "/api/v1/namespaces/" + ns_ + "/pods/deleted-worker-1");
+  ASSERT_EQ(r.status, 200) << r.raw;
+  bool replaced = OperatorHarness::WaitFor(
+      [&] {
+        json pod = h_->Pod(ns_, "deleted-worker-1");
+        return !pod.is_null() && pod["metadata"]["uid"] != before["deleted-worker-1"];
+      },
+      kWaitMs);
+  EXPECT_TRUE(replaced);
+  EXPECT_EQ(UidsByName(h_->Pods(ns_, "deleted"))["deleted-worker-0"], before["deleted-worker-0"]);
+  EXPECT_EQ(h_->GetJob(ns_, "deleted")["status"].value("restarts", 0), 0);
+}
+
+TEST_F(OperatorTest, RetryableExitCodeReplacesThePodAndPermanentOneFailsTheJob) {
+  json manifest = JobManifest("exitcode", 2);
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "ExitCode"}, {"backoffLimit", 3}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  auto before = UidsByName(WaitForPods("exitcode", 2));
+  RunAll("exitcode");
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "exitcode-worker-1", 137));  // SIGKILL: retryable
+  json job = WaitForJob(
+      "exitcode", [](const json& j) { return j["status"].value("restarts", 0) == 1; },
+      "counted a restart");
+  bool replaced = OperatorHarness::WaitFor(
+      [&] {
+        json pod = h_->Pod(ns_, "exitcode-worker-1");
+        return !pod.is_null() && pod["metadata"]["uid"] != before["exitcode-worker-1"];
+      },
+      kWaitMs);
+  EXPECT_TRUE(replaced);
+  EXPECT_EQ(Condition(job, "Restarting")["status"], "True");
+
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "exitcode-worker-0", 1));  // a bug: not retryable
+  job = WaitForJob(
+      "exitcode", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  json failed = Condition(job, "Failed");
+  EXPECT_EQ(failed["reason"], "PodFailed");
+  EXPECT_NE(failed["message"].get<std::string>().find("exit code 1"), std::string::npos)
+      << failed.dump();
+  EXPECT_TRUE(job["status"].contains("completionTime"));
+  // The other worker is stopped: nothing would use it.
+  bool gone = OperatorHarness::WaitFor([&] { return h_->Pod(ns_, "exitcode-worker-1").is_null(); },
+                                       kWaitMs);
+  EXPECT_TRUE(gone);
+}
+
+TEST_F(OperatorTest, BackoffLimitReachedFailsTheJobWithTheReason) {
+  json manifest = JobManifest("backoff", 1);
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 2}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  std::string last_uid;
+  for (int failure = 0; failure < 3; ++failure) {
+    json pod;
+    bool fresh = OperatorHarness::WaitFor(
+        [&] {
+          pod = h_->Pod(ns_, "backoff-worker-0");
+          return !pod.is_null() && pod["metadata"]["uid"] != last_uid;
+        },
+        kWaitMs);
+    ASSERT_TRUE(fresh) << "failure " << failure << ": no new pod";
+    last_uid = pod["metadata"]["uid"];
+    ASSERT_TRUE(h_->SetPodTerminated(ns_, "backoff-worker-0", 2));
+  }
+  json job = WaitForJob(
+      "backoff", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  EXPECT_EQ(Condition(job, "Failed")["reason"], "BackoffLimitExceeded");
+  EXPECT_EQ(job["status"]["restarts"], 2);
+  EXPECT_TRUE(HasEvent("backoff", "BackoffLimitExceeded"));
+}
+
+TEST_F(OperatorTest, AllWorkersSucceededMakesTheJobSucceeded) {
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("done", 2)).status, 201);
+  WaitForPods("done", 2);
+  RunAll("done");
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "done-worker-0", 0));
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "done-worker-1", 0));
+  json job = WaitForJob(
+      "done", [](const json& j) { return Phase(j) == "Succeeded"; }, "Succeeded");
+  EXPECT_EQ(Condition(job, "Succeeded")["status"], "True");
+  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
+  EXPECT_TRUE(job["status"].contains("completionTime"));
+  // Finished pods stay (their logs), and none is recreated.
+  EXPECT_EQ(h_->Pods(ns_, "done").size(), 2u);
+}
+
+TEST_F(OperatorTest, SuspendDeletesThePodsAndResumeBringsThemBack) {
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("suspend", 2)).status, 201);
+  WaitForPods("suspend", 2);
+  ASSERT_EQ(h_->PatchJobSpec(ns_, "suspend", {{"runPolicy", {{"suspend", true}}}}).status, 200);
+  WaitForPods("suspend", 0);
+  json job = WaitForJob(
+      "suspend", [](const json& j) { return Phase(j) == "Suspended"; }, "Suspended");
+  EXPECT_EQ(Condition(job, "Suspended")["status"], "True");
+  ASSERT_EQ(h_->PatchJobSpec(ns_, "suspend", {{"runPolicy", {{"suspend", false}}}}).status, 200);
+  WaitForPods("suspend", 2);
+  job = WaitForJob(
+      "suspend",
+      [](const json& j) { return Condition(j, "Suspended").value("status", "") == "False"; },
+      "resumed");
+  EXPECT_EQ(Condition(job, "Suspended")["reason"], "Resumed");
+}
+
+TEST_F(OperatorTest, ActiveDeadlineFailsTheJobAndStopsItsPods) {
+  json manifest = JobManifest("deadline", 2);
+  manifest["spec"]["runPolicy"] = {{"activeDeadlineSeconds", 2}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  WaitForPods("deadline", 2);
+  json job = WaitForJob(
+      "deadline", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  EXPECT_EQ(Condition(job, "Failed")["reason"], "DeadlineExceeded");
+  WaitForPods("deadline", 0);
+}
+
+TEST_F(OperatorTest, FinishedJobIsDeletedAfterItsTtl) {
+  json manifest = JobManifest("ttl", 1);
+  manifest["spec"]["runPolicy"] = {{"ttlSecondsAfterFinished", 1}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  WaitForPods("ttl", 1);
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "ttl-worker-0", 0));
+  bool deleted =
+      OperatorHarness::WaitFor([&] { return h_->GetJob(ns_, "ttl").is_null(); }, kWaitMs);
+  EXPECT_TRUE(deleted);
+}
+
+TEST_F(OperatorTest, GangSchedulingCreatesAPodGroupWithMinMember) {
+  json manifest = JobManifest("gang", 4);
+  manifest["spec"]["elastic"] = {{"minReplicas", 2}, {"maxReplicas", 6}};
+  manifest["spec"]["runPolicy"] = {{"scheduling", {{"gang", "volcano"}, {"queue", "research"}}}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  std::vector<json> pods = WaitForPods("gang", 4);
+  auto group = h_->kube().Request(
+      "GET", "/apis/scheduling.volcano.sh/v1beta1/namespaces/" + ns_ + "/podgroups/gang");
+  ASSERT_EQ(group.status, 200) << group.raw;
+  EXPECT_EQ(group.body["spec"]["minMember"], 2);
+  EXPECT_EQ(group.body["spec"]["queue"], "research");
+  ASSERT_FALSE(pods.empty());
+  EXPECT_EQ(pods[0]["spec"]["schedulerName"], "volcano");
+}
+
+TEST_F(OperatorTest, RoceJobPodsGetTheRdmaDeviceMultusIpcLockAndShm) {
+  json manifest = JobManifest("roce", 1);
+  manifest["spec"]["network"] = {{"mode", "roce"},
+                                 {"rdmaResource", {{"name", "rdma/roce_shared"}, {"count", 1}}},
+                                 {"multusNetworks", {"roce-net"}},
+                                 {"ncclEnv", {{"NCCL_IB_GID_INDEX", "3"}}}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  std::vector<json> pods = WaitForPods("roce", 1);
+  ASSERT_EQ(pods.size(), 1u);
+  const json& pod = pods[0];
+  const json& c = pod["spec"]["containers"][0];
+  EXPECT_EQ(c["resources"]["limits"]["rdma/roce_shared"], "1");
+  EXPECT_EQ(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"], "roce-net");
+  EXPECT_EQ(c["securityContext"]["capabilities"]["add"][0], "IPC_LOCK");
+  bool shm = false;
+  for (const json& m : c["volumeMounts"]) shm |= m["mountPath"] == "/dev/shm";
+  EXPECT_TRUE(shm);
+  std::map<std::string, json> env;
+  for (const json& e : c["env"]) env[e["name"]] = e;
+  EXPECT_EQ(env["NCCL_IB_GID_INDEX"]["value"], "3");
+}
+
+TEST_F(OperatorTest, CrossFieldErrorsTheSchemaCannotExpressFailTheJobNamingTheField) {
+  json manifest = JobManifest("minmax", 4);
+  manifest["spec"]["elastic"] = {{"minReplicas", 5}, {"maxReplicas", 8}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob(
+      "minmax", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  json failed = Condition(job, "Failed");
+  EXPECT_EQ(failed["reason"], "InvalidSpec");
+  EXPECT_NE(failed["message"].get<std::string>().find("spec.elastic.minReplicas"),
+            std::string::npos)
+      << failed.dump();
+  EXPECT_TRUE(h_->Pods(ns_, "minmax").empty());
+  EXPECT_TRUE(HasEvent("minmax", "InvalidSpec"));
+}
+
+// Every broken manifest of tests/data/bad_manifests that a client can decode is sent to the API
+// server while the operator runs: the schema refuses it naming the field, or the server stores
+// it and the operator's verdict is the model's (`lockstep validate`) on what was stored: Failed
+// with reason InvalidSpec naming the field when the model refuses it, never that otherwise. The
+// operator stays up throughout.
+TEST_F(OperatorTest, BrokenManifestsAreRefusedOrFailedNamingTheFieldAndTheOperatorStaysUp) {
+  namespace fs = std::filesystem;
+  std::vector<fs::path> files;
+  for (const auto& entry :
+       fs::directory_iterator(LOCKSTEP_SOURCE_DIR "/tests/data/bad_manifests")) {
+    if (entry.path().extension() == ".yaml") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  int refused = 0, failed_by_operator = 0;
+  std::vector<std::pair<std::string, std::string>> accepted;  // file, job name
+  for (const fs::path& file : files) {
+    json manifest;
+    try {
+      std::vector<YAML::Node> documents = YAML::LoadAllFromFile(file.string());
+      if (documents.size() != 1) continue;  // never reaches a server
+      spec::internal::Problems problems;
+      manifest = spec::internal::YamlToJson(documents[0], &problems);
+      if (!problems.empty() || manifest.is_null()) continue;
+    } catch (const YAML::Exception&) {
+      continue;
+    }
+    // Each its own job (many share a name); names that are themselves the error stay.
+    if (manifest.is_object() && manifest.contains("metadata") && manifest["metadata"].is_object() &&
+        manifest["metadata"].contains("name") && manifest["metadata"]["name"].is_string() &&
+        file.filename().string().find("name") == std::string::npos) {
+      manifest["metadata"]["name"] = "bad-" + file.filename().string().substr(0, 2);
+    }
+    auto r = h_->Apply(ns_, manifest);
+    ASSERT_NE(r.status, 409) << file << ": " << r.raw;
+    if (r.status >= 400 && r.status < 500) {
+      ++refused;
+      continue;
+    }
+    ASSERT_EQ(r.status, 201) << file << ": " << r.raw;
+    accepted.emplace_back(file.filename().string(), r.body["metadata"]["name"]);
+  }
+  for (const auto& [file, name] : accepted) {
+    json stored = h_->GetJob(ns_, name);
+    json manifest = {{"apiVersion", stored["apiVersion"]},
+                     {"kind", stored["kind"]},
+                     {"metadata", {{"name", name}, {"namespace", ns_}}},
+                     {"spec", stored["spec"]}};
+    StatusOr<spec::TrainingJob> verdict = spec::ParseTrainingJobJson(manifest, "stored");
+    if (verdict.ok()) {
+      // Valid once stored (unknown fields pruned, or what only the worker checks: data files).
+      json job = h_->GetJob(ns_, name);
+      EXPECT_NE(Condition(job, "Failed").value("reason", ""), "InvalidSpec") << file;
+      continue;
+    }
+    const std::string message = verdict.status().message();
+    const size_t field_at = message.find("spec.");
+    ASSERT_NE(field_at, std::string::npos) << message;
+    const std::string field = message.substr(field_at, message.find(':', field_at) - field_at);
+    json job = WaitForJob(
+        name, [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+    json failed = Condition(job, "Failed");
+    EXPECT_EQ(failed["reason"], "InvalidSpec") << file;
+    EXPECT_NE(failed.value("message", "").find(field), std::string::npos)
+        << file << ": " << failed.dump() << " does not name " << field;
+    ++failed_by_operator;
+  }
+  EXPECT_GE(refused + failed_by_operator, 30)
+      << refused << " refused, " << failed_by_operator << " failed by the operator";
+  EXPECT_GE(failed_by_operator, 2);
+  int code = 0;
+  op_->Http("/healthz", &code);
+  EXPECT_EQ(code, 200) << "the operator is down:\n" << op_->LogTail();
+}
+
+TEST_F(OperatorTest, PodTemplateTheApiServerRefusesFailsTheJobWithItsMessage) {
+  json manifest = JobManifest("badtemplate", 1);
+  manifest["spec"]["template"] = {
+      {"spec", {{"volumes", json::array({{{"name", "Bad_Name"}, {"emptyDir", json::object()}}})}}}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob(
+      "badtemplate", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  json failed = Condition(job, "Failed");
+  EXPECT_EQ(failed["reason"], "InvalidPodTemplate");
+  EXPECT_NE(failed["message"].get<std::string>().find("volumes"), std::string::npos)
+      << failed.dump();
+}
+
+TEST_F(OperatorTest, ExposesItsMetricsAndHealth) {
+  int code = 0;
+  op_->Http("/healthz", &code);
+  EXPECT_EQ(code, 200);
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("metrics", 1)).status, 201);
+  WaitForPods("metrics", 1);
+  bool counted = OperatorHarness::WaitFor(
+      [&] { return op_->Metric("lockstep_operator_jobs_created_total") >= 1; }, kWaitMs);
+  EXPECT_TRUE(counted);
+  EXPECT_EQ(op_->Metric("lockstep_operator_is_leader"), 1);
+  EXPECT_FALSE(std::isnan(op_->Metric("lockstep_operator_reconcile_duration_seconds_count")));
+  EXPECT_FALSE(std::isnan(op_->Metric("lockstep_operator_workqueue_depth")));
+}
+
+// Real workers: the KubeletSimulator runs each pod's lockstep-worker as a local process with the
+// env the operator wrote (token from the Secret, CA from its volume), so workers reach the
+// operator's rendezvous service over TLS and train for real.
+class OperatorEndToEndTest : public OperatorTest {
+ protected:
+  void StartKubelet() {
+    KubeletSimulatorOptions options;
+    options.namespace_ = ns_;
+    options.executables = {{"lockstep-worker", LOCKSTEP_WORKER_BINARY}};
+    options.extra_env = {{"LOCKSTEP_METRICS_PORT", "0"}};
+    auto kubelet = KubeletSimulator::Start(&h_->kube(), options);
+    ASSERT_TRUE(kubelet.ok()) << kubelet.status();
+    kubelet_ = std::move(*kubelet);
+  }
+  void TearDown() override {
+    if (HasFailure() && kubelet_) std::cerr << kubelet_->Describe() << "\n";
+    OperatorTest::TearDown();
+  }
+  std::unique_ptr<KubeletSimulator> kubelet_;
+};
+
+TEST_F(OperatorEndToEndTest, WorkersTrainOverTlsRendezvousAndTheJobSucceedsWithProgress) {
+  StartKubelet();
+  json manifest = JobManifest("e2e", 2);
+  manifest["spec"]["trainer"]["steps"] = 300;
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "e2e", [](const json& j) { return Phase(j) == "Succeeded"; }, 120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["progress"]["step"], 300);
+  EXPECT_EQ(job["status"]["progress"]["totalSteps"], 300);
+  EXPECT_GE(job["status"]["rendezvous"]["generation"].get<int>(), 1);
+  EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
+  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
+  EXPECT_EQ(job["status"].value("restarts", 0), 0);
+}
+
+TEST_F(OperatorEndToEndTest, KilledWorkerPodIsReplacedAndTheJobFinishesAtTheSameStepCount) {
+  StartKubelet();
+  // Long enough (about 10 s here) that the replacement joins before the survivor finishes alone.
+  json manifest = JobManifest("heal", 2);
+  manifest["spec"]["trainer"]["steps"] = 20000;
+  manifest["spec"]["trainer"]["model"]["hidden"] = {512, 512};
+  manifest["spec"]["elastic"] = {{"minReplicas", 1}, {"maxReplicas", 2}};
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "heal",
+      [](const json& j) {
+        return j.contains("status") && j["status"].contains("progress") &&
+               j["status"]["progress"].value("step", 0) >= 200;
+      },
+      120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  ASSERT_TRUE(kubelet_->KillContainer(ns_, "heal-worker-1", SIGKILL).ok());
+  job = h_->WaitForJob(
+      ns_, "heal", [](const json& j) { return Phase(j) == "Succeeded"; }, 180000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["progress"]["step"], 20000);
+  EXPECT_EQ(job["status"]["restarts"], 1);
+  // 1: both; 2: the survivor alone; 3: the replacement joined.
+  EXPECT_GE(job["status"]["rendezvous"]["generation"].get<int>(), 3);
+  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
+}
+
+// Leader election and restarts need their own operators.
+class OperatorLifecycleTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    h_ = OperatorHarness::Get();
+    ASSERT_NE(h_, nullptr);
+    ns_ = h_->NewNamespace("life");
+  }
+  OperatorHarness* h_ = nullptr;
+  std::string ns_;
+};
+
+TEST_F(OperatorLifecycleTest, KilledAndRestartedOperatorAdoptsJobsWithoutDuplicatesOrOrphans) {
+  OperatorOptions options;
+  options.watch_namespace = ns_;
+  std::string error;
+  auto op = h_->StartOperator(options, &error);
+  ASSERT_NE(op, nullptr) << error;
+  constexpr int kJobs = 12;
+  constexpr int kReplicas = 4;
+  for (int i = 0; i < kJobs; ++i) {
+    ASSERT_EQ(h_->Apply(ns_, JobManifest("adopt-" + std::to_string(i), kReplicas)).status, 201);
+  }
+  // Kill it while it is creating pods.
+  OperatorHarness::WaitFor(
+      [&] {
+        auto r = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/pods");
+        return r.status == 200 && r.body["items"].size() >= 8;
+      },
+      kWaitMs);
+  op->Kill(SIGKILL);
+  op->Stop();
+  auto second = h_->StartOperator(options, &error);
+  ASSERT_NE(second, nullptr) << error;
+  std::vector<json> pods;
+  bool complete = OperatorHarness::WaitFor(
+      [&] {
+        auto r = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/pods");
+        pods = r.body["items"].get<std::vector<json>>();
+        return pods.size() == kJobs * kReplicas;
+      },
+      60000);
+  ASSERT_TRUE(complete) << pods.size() << " pods\n" << second->LogTail();
+  // Let the new operator settle, then check nothing extra appeared.
+  for (int i = 0; i < kJobs; ++i) {
+    bool ok = false;
+    h_->WaitForJob(
+        ns_, "adopt-" + std::to_string(i), [](const json& j) { return Phase(j) == "Created"; },
+        kWaitMs, &ok);
+    EXPECT_TRUE(ok);
+  }
+  auto r = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/pods");
+  EXPECT_EQ(r.body["items"].size(), static_cast<size_t>(kJobs * kReplicas));
+  std::set<std::string> names;
+  for (const json& pod : r.body["items"]) {
+    names.insert(pod["metadata"]["name"].get<std::string>());
+    const std::string owner = pod["metadata"]["ownerReferences"][0]["name"];
+    EXPECT_FALSE(h_->GetJob(ns_, owner).is_null()) << "orphan " << pod["metadata"]["name"];
+  }
+  EXPECT_EQ(names.size(), static_cast<size_t>(kJobs * kReplicas));
+  // The jobs' Secrets were not replaced: the same tokens, which running workers hold.
+  auto secrets = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/secrets");
+  int job_secrets = 0;
+  for (const json& s : secrets.body["items"]) {
+    if (s["metadata"]["name"].get<std::string>().find("-rendezvous") != std::string::npos) {
+      ++job_secrets;
+    }
+  }
+  EXPECT_EQ(job_secrets, kJobs);
+}
+
+TEST_F(OperatorLifecycleTest, TwoOperatorsElectOneLeaderAndTheOtherTakesOver) {
+  OperatorOptions a, b;
+  a.identity = "op-a";
+  b.identity = "op-b";
+  a.leader_elect = b.leader_elect = true;
+  a.lease_name = b.lease_name = "lease-" + ns_;
+  a.watch_namespace = b.watch_namespace = ns_;
+  std::string error;
+  auto first = h_->StartOperator(a, &error);
+  ASSERT_NE(first, nullptr) << error;
+  auto second = h_->StartOperator(b, &error);
+  ASSERT_NE(second, nullptr) << error;
+  double leaders = 0;
+  bool one = OperatorHarness::WaitFor(
+      [&] {
+        double la = first->Metric("lockstep_operator_is_leader");
+        double lb = second->Metric("lockstep_operator_is_leader");
+        leaders = (la == 1) + (lb == 1);
+        return leaders == 1;
+      },
+      kWaitMs);
+  ASSERT_TRUE(one) << leaders << " leaders";
+  OperatorProcess* leader =
+      first->Metric("lockstep_operator_is_leader") == 1 ? first.get() : second.get();
+  OperatorProcess* standby = leader == first.get() ? second.get() : first.get();
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("led", 2)).status, 201);
+  bool created =
+      OperatorHarness::WaitFor([&] { return h_->Pods(ns_, "led").size() == 2; }, kWaitMs);
+  EXPECT_TRUE(created);
+  // The standby reconciles nothing.
+  EXPECT_EQ(standby->Metric("lockstep_operator_jobs_created_total"), 0);
+
+  leader->Stop();  // SIGTERM: releases the lease
+  bool took_over = OperatorHarness::WaitFor(
+      [&] { return standby->Metric("lockstep_operator_is_leader") == 1; }, kWaitMs);
+  ASSERT_TRUE(took_over) << standby->LogTail();
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("after", 1)).status, 201);
+  bool reconciled =
+      OperatorHarness::WaitFor([&] { return h_->Pods(ns_, "after").size() == 1; }, kWaitMs);
+  EXPECT_TRUE(reconciled) << standby->LogTail();
+}
+
+}  // namespace
+}  // namespace lockstep::testing
