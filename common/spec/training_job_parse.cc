@@ -50,6 +50,21 @@ void ReadDns1123Label(const ObjectReader& reader, std::string_view key, std::str
   *out = value;
 }
 
+// A job's name also names its headless Service, which must be an RFC 1035 label: a DNS-1123
+// label that starts with a letter ("3d-unet" cannot have a Service).
+void ReadJobName(const ObjectReader& reader, std::string_view key, std::string* out) {
+  std::string value;
+  if (!reader.ReadString(key, &value)) return;
+  if (!IsDns1123Label(value) || value.front() < 'a' || value.front() > 'z') {
+    reader.problems()->Add(reader.PathOf(key),
+                           "must be a DNS-1035 label: at most 63 lowercase letters, digits and "
+                           "'-', starting with a letter and ending with a letter or digit (got " +
+                               Describe(json(value)) + ")");
+    return;
+  }
+  *out = value;
+}
+
 // "file:///abs/path" or "hdfs://host:port/path"; anything else is reported.
 bool IsCheckpointUri(const std::string& uri) {
   constexpr std::string_view kFile = "file://";
@@ -127,7 +142,7 @@ void ReadMetadata(const ObjectReader& top, ObjectMeta* metadata) {
                              "deletionGracePeriodSeconds", "finalizers", "ownerReferences",
                              "managedFields", "generateName", "selfLink"});
   if (!reader.valid()) return;
-  if (reader.Require("name")) ReadDns1123Label(reader, "name", &metadata->name);
+  if (reader.Require("name")) ReadJobName(reader, "name", &metadata->name);
   ReadDns1123Label(reader, "namespace", &metadata->namespace_);
   reader.ReadStringMap("labels", &metadata->labels);
   reader.ReadStringMap("annotations", &metadata->annotations);

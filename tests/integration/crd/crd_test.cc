@@ -469,6 +469,7 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"47-command-not-list.yaml", {Outcome::kRefused, "spec.command"}},
     {"48-top-level-list.yaml", {Outcome::kRefused, ""}},
     {"49-ncclenv-number.yaml", {Outcome::kRefused, "spec.network.ncclEnv"}},
+    {"56-name-starts-with-digit.yaml", {Outcome::kRefused, "metadata.name"}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {
