@@ -417,6 +417,34 @@ TEST_F(OperatorTest, PodTemplateTheApiServerRefusesFailsTheJobWithItsMessage) {
   EXPECT_EQ(failed["reason"], "InvalidPodTemplate");
   EXPECT_NE(failed["message"].get<std::string>().find("volumes"), std::string::npos)
       << failed.dump();
+  EXPECT_TRUE(HasEvent("badtemplate", "FailedCreatePod"));
+}
+
+// Another writer edits the status while the operator works (a second controller, a kubectl
+// edit): the operator's writes conflict, it re-reads and converges on the truth.
+TEST_F(OperatorTest, StatusOverwrittenByAnotherWriterConvergesBack) {
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("conflict", 3)).status, 201);
+  WaitForPods("conflict", 3);
+  WaitForJob(
+      "conflict", [](const json& j) { return Phase(j) == "Created"; }, "Created");
+  const std::string path =
+      "/apis/lockstep.io/v1alpha1/namespaces/" + ns_ + "/trainingjobs/conflict/status";
+  for (int i = 0; i < 20; ++i) {
+    auto r = h_->kube().Request(
+        "PATCH", path,
+        json{{"status", {{"phase", "Pending"}, {"replicas", {{"desired", 99}, {"ready", 7}}}}}},
+        "application/merge-patch+json");
+    ASSERT_EQ(r.status, 200) << r.raw;
+    if (i == 10) RunAll("conflict");
+  }
+  json job = WaitForJob(
+      "conflict",
+      [](const json& j) {
+        return Phase(j) == "Created" && j["status"]["replicas"].value("desired", 0) == 3 &&
+               j["status"]["replicas"].value("ready", 0) == 3;
+      },
+      "converged");
+  EXPECT_EQ(h_->Pods(ns_, "conflict").size(), 3u);
 }
 
 TEST_F(OperatorTest, ExposesItsMetricsAndHealth) {
