@@ -20,6 +20,12 @@ CheckpointWriter::CheckpointWriter(Storage& storage, std::string root, int rank,
       options_(std::move(options)) {}
 
 Status CheckpointWriter::Write(const CheckpointState& state, Deadline deadline) {
+  LOCKSTEP_RETURN_IF_ERROR(Commit(state, deadline));
+  ApplyRetention(state.step, deadline);
+  return OkStatus();
+}
+
+Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline) {
   if (world_size_ < 1 || rank_ < 0 || rank_ >= world_size_) {
     return InvalidArgumentError("checkpoint writer: rank " + std::to_string(rank_) +
                                 " is not in a world of " + std::to_string(world_size_));
@@ -43,34 +49,56 @@ Status CheckpointWriter::Write(const CheckpointState& state, Deadline deadline) 
   }
 
   Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/false);
+  const std::string manifest_path = JoinPath(temp_dir, kManifestFileName);
+  // Nobody reads a .tmp- directory, so the manifest needs no temporary name of its own (the
+  // directory's rename is what makes it visible), and its name is synced with the shards'.
+  WriteOptions manifest_options;
+  manifest_options.overwrite = true;
+  manifest_options.sync_directory = false;
+  manifest_options.atomic = false;
   // Only rank 0 needs the checksums (for the manifest). It computes them on a helper thread while
-  // it writes its own shard, so a persist costs the longer of hashing and writing, not their sum.
+  // it writes its own shard and waits for the others', so a persist costs the longer of hashing
+  // and writing, not their sum.
   std::vector<std::string> hashes;
   std::thread hasher;
   if (rank_ == 0) hasher = std::thread([&] { hashes = HashShards(state, manifest); });
-  Status shard_written;
-  {
+  Status written;
+  if (rank_ == 0) {
+    // The manifest's name is created now, empty, so that the directory sync below, which runs
+    // while the shards are still being hashed, covers it too: once the hashes are known, only
+    // its content remains to be written and synced before the rename.
+    written = storage_.Write(manifest_path, "", manifest_options, deadline);
+  }
+  if (written.ok()) {
     // Written straight from the snapshot's tensors: no gathered copy of the shard.
     const ShardEntry& own_shard = manifest.shards[rank_];
-    WriteOptions overwrite;
-    overwrite.overwrite = true;  // a retry of the same snapshot rewrites its shard
-    shard_written = storage_
-                        .WritePieces(JoinPath(temp_dir, own_shard.file),
-                                     ShardPieces(state, own_shard), overwrite, deadline)
-                        .WithContext("checkpoint step " + std::to_string(state.step));
+    WriteOptions shard_options;
+    shard_options.overwrite = true;  // a retry of the same snapshot rewrites its shard
+    // The shard's content is durable before its name appears (rank 0 may commit as soon as it
+    // sees the name with the full size); the name is made durable by rank 0's one sync of the
+    // directory before the commit.
+    shard_options.sync_directory = false;
+    written = storage_
+                  .WritePieces(JoinPath(temp_dir, own_shard.file), ShardPieces(state, own_shard),
+                               shard_options, deadline)
+                  .WithContext("checkpoint step " + std::to_string(state.step));
+  }
+  if (written.ok() && rank_ == 0) {
+    written = WaitForShards(temp_dir, manifest, deadline);
+    // Every shard is durable (each was fsync'ed before its rename) and every name in the
+    // directory, the manifest's included, exists: one sync makes all the names durable.
+    if (written.ok()) written = storage_.SyncDirectory(temp_dir, deadline);
   }
   // Hashing is bounded by the state's size (no storage involved), so this join needs no deadline.
   if (hasher.joinable()) hasher.join();
-  LOCKSTEP_RETURN_IF_ERROR(shard_written);
+  LOCKSTEP_RETURN_IF_ERROR(written);
   if (rank_ != 0) return OkStatus();
   for (size_t rank = 0; rank < hashes.size(); ++rank) manifest.shards[rank].sha256 = hashes[rank];
 
-  LOCKSTEP_RETURN_IF_ERROR(WaitForShards(temp_dir, manifest, deadline));
-  const std::string manifest_text = SerializeManifest(manifest);
-  WriteOptions overwrite;
-  overwrite.overwrite = true;
+  // The manifest's content, in place under the name synced above; the rename (which Rename
+  // makes durable) is the commit.
   LOCKSTEP_RETURN_IF_ERROR(
-      storage_.Write(JoinPath(temp_dir, kManifestFileName), manifest_text, overwrite, deadline));
+      storage_.Write(manifest_path, SerializeManifest(manifest), manifest_options, deadline));
   Status renamed = storage_.Rename(temp_dir, final_dir, deadline);
   if (renamed.code() == StatusCode::kAlreadyExists) {
     // Committed concurrently (should not happen with one rank 0, but never lose a valid one).
@@ -86,7 +114,6 @@ Status CheckpointWriter::Write(const CheckpointState& state, Deadline deadline) 
   LOCKSTEP_LOG(INFO) << "checkpoint of step " << state.step << " committed to "
                      << storage_.Describe() << final_dir << " (" << manifest.total_bytes
                      << " bytes in " << world_size_ << " shards)";
-  ApplyRetention(state.step, deadline);
   return OkStatus();
 }
 
@@ -117,6 +144,7 @@ Status CheckpointWriter::WaitForShards(const std::string& temp_dir, const Manife
 }
 
 void CheckpointWriter::ApplyRetention(int64_t committed_step, Deadline deadline) {
+  if (rank_ != 0) return;
   StatusOr<std::vector<FileInfo>> entries = storage_.List(root_, deadline);
   if (!entries.ok()) {
     LOCKSTEP_LOG(WARNING) << "checkpoint retention: " << entries.status();

@@ -51,11 +51,20 @@ class CheckpointWriter {
   CheckpointWriter(Storage& storage, std::string root, int rank, int world_size,
                    CheckpointWriterOptions options = {});
 
-  // Writes `state` as step state.step (see the file comment for the split between ranks).
+  // Writes `state` as step state.step (see the file comment for the split between ranks), then
+  // applies retention: Commit, then ApplyRetention.
+  Status Write(const CheckpointState& state, Deadline deadline);
+
+  // The write alone: OK means committed (rank 0) or this rank's shard written (the others).
   // Blocks until done or `deadline`. A step that is already committed (and valid) is OK.
   // Errors: the storage's (UNAVAILABLE after its own retries, PERMISSION_DENIED, ...), or
   // DEADLINE_EXCEEDED naming the shard rank 0 still waits for.
-  Status Write(const CheckpointState& state, Deadline deadline);
+  Status Commit(const CheckpointState& state, Deadline deadline);
+
+  // Retention after `committed_step` was committed (rank 0; nothing on the other ranks). It is
+  // housekeeping, not part of making the checkpoint durable, so callers time it apart (and may
+  // run it later). Failures are logged, never returned: the checkpoint is committed.
+  void ApplyRetention(int64_t committed_step, Deadline deadline);
 
   int rank() const { return rank_; }
   int world_size() const { return world_size_; }
@@ -64,7 +73,6 @@ class CheckpointWriter {
  private:
   Status WaitForShards(const std::string& temp_dir, const struct Manifest& manifest,
                        Deadline deadline);
-  void ApplyRetention(int64_t committed_step, Deadline deadline);
 
   Storage& storage_;
   std::string root_;

@@ -109,6 +109,7 @@ void Trainer::EnableSampleAccounting(const std::string& path) {
 
 Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation,
                              const RestoreFn& restore) {
+  if (before_state_change_) before_state_change_();
   const double started = MonotonicSeconds();
   const int64_t timeout_ms = collective_timeout_ms();
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
@@ -220,6 +221,8 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     Status synced = synchronizer.Wait(&comm_stats);
     if (!synced.ok()) return synced;
 
+    // Up to here the step has only read state_; from here on it changes it.
+    if (before_state_change_) before_state_change_();
     if (comm_stats.overflow) {
       // Every rank holds the same reduced gradients, so every rank skips this same step.
       state_.loss_scale = std::max(kMinLossScale, state_.loss_scale * 0.5f);

@@ -102,6 +102,13 @@ class Trainer {
   // member of the generation that restored it knows it.
   int64_t resumed_from_step() const { return resumed_from_step_; }
 
+  // `wait` runs on the training thread before the trainer changes its state: before every
+  // optimizer update (and the loss-scale change that replaces it on an fp16 overflow) and at the
+  // start of a state agreement. Work that reads the state the StepFn was given may go on in the
+  // background until then: TrainingCheckpointer copies a snapshot while the next step's forward
+  // and backward run, and waits here for the copy. Call before the first generation.
+  void SetBeforeStateChange(std::function<void()> wait) { before_state_change_ = std::move(wait); }
+
   // Turns on sample accounting (see the file comment of sample_accounting.h); rank 0 appends
   // one JSON line per epoch to `path`. Call before the first generation.
   void EnableSampleAccounting(const std::string& path);
@@ -151,6 +158,7 @@ class Trainer {
   bool has_state_ = false;
   int64_t resumed_from_step_ = -1;
   std::string accounting_path_;
+  std::function<void()> before_state_change_;  // may be empty
   std::vector<float> grads_;
   TrainingTotals totals_;
   TrainingProgress last_progress_;

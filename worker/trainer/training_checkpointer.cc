@@ -46,6 +46,7 @@ std::string TrainingCheckpointer::last_checkpoint_uri() const {
 }
 
 StatusOr<int64_t> TrainingCheckpointer::Restore(TrainingState& state) {
+  WaitForCapture();  // `state` is about to change
   const double started = MonotonicSeconds();
   StatusOr<checkpoint::LoadedCheckpoint> loaded = checkpoint::LoadNewestValid(
       *storage_, uri_.path, Deadline::AfterMs(options_.restore_timeout_ms));
@@ -90,16 +91,15 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
         // Background thread of the checkpointer (also after it was retired): touches only what
         // outlives it (metrics and this object's atomic; the destructor joins retired ones).
         if (metrics != nullptr) metrics->ObserveCheckpoint("persist", report.persist_seconds);
-        // Only rank 0 commits (manifest + rename): another rank's success means only that its
-        // shard was written, so only rank 0's success advances the last checkpoint it reports.
-        if (report.status.ok() && rank == 0) {
-          int64_t previous = last_step->load();
-          while (previous < report.step &&
-                 !last_step->compare_exchange_weak(previous, report.step)) {
-          }
-          // Only rank 0's success means the checkpoint is committed.
-          if (rank == 0 && metrics != nullptr) {
-            metrics->SetCheckpointSuccess(report.step, report.unix_seconds);
+        if (report.status.ok()) {
+          // Only rank 0 commits (manifest + rename): another rank's success means only that its
+          // shard was written, so only rank 0's success advances the last checkpoint it reports.
+          if (rank == 0) {
+            int64_t previous = last_step->load();
+            while (previous < report.step &&
+                   !last_step->compare_exchange_weak(previous, report.step)) {
+            }
+            if (metrics != nullptr) metrics->SetCheckpointSuccess(report.step, report.unix_seconds);
           }
           LOCKSTEP_LOG(INFO) << "checkpoint of step " << report.step
                              << (rank == 0 ? " committed" : ": shard written") << " in "
@@ -116,6 +116,9 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
 
 void TrainingCheckpointer::EndGeneration() {
   if (!current_) return;
+  // The next generation may change the state at once (the state agreement), and the spare
+  // buffer taken below is only returned once the capture has queued its own.
+  WaitForCapture();
   // Keep the retiring checkpointer's spare buffer so the next generation's first snapshot does
   // not allocate the whole state again.
   if (checkpoint::CheckpointState spare = current_->TakeRecycledState(); !spare.tensors.empty()) {
@@ -128,26 +131,45 @@ void TrainingCheckpointer::EndGeneration() {
   current_.reset();
 }
 
+void TrainingCheckpointer::WaitForCapture() {
+  if (!capture_pending_) return;
+  const double started = MonotonicSeconds();
+  if (current_) current_->WaitForCapture();
+  capture_pending_ = false;
+  // The stall of a background snapshot: its hand-over plus what training waited here.
+  const double stall_seconds = capture_handover_seconds_ + (MonotonicSeconds() - started);
+  if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", stall_seconds);
+}
+
 void TrainingCheckpointer::Snapshot(const TrainingState& state) {
   if (!current_) return;
+  WaitForCapture();
   const double started = MonotonicSeconds();
   // The checkpointer's spent buffer, or the one carried over from the previous generation: either
   // way FillCheckpointState only copies, and the checkpointer takes the buffer without copying.
   checkpoint::CheckpointState staging = current_->TakeRecycledState();
   if (staging.tensors.empty()) std::swap(staging, carried_over_);
+  last_snapshot_step_ = state.step;
+  if (options_.checkpoint.async) {
+    // The copy runs on the checkpointer's capture thread while training reads on; the trainer
+    // waits for it (WaitForCapture) before the next optimizer update changes `state`.
+    current_->SnapshotInBackground(std::move(staging),
+                                   [this, &state](checkpoint::CheckpointState* out) {
+                                     FillCheckpointState(state, layout_, spec_, out);
+                                   });
+    capture_pending_ = true;
+    capture_handover_seconds_ = MonotonicSeconds() - started;
+    return;
+  }
   FillCheckpointState(state, layout_, spec_, &staging);
   current_->Snapshot(std::move(staging));
-  const double snapshot_seconds = MonotonicSeconds() - started;
-  if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", snapshot_seconds);
-  last_snapshot_step_ = state.step;
-  if (!options_.checkpoint.async) {
-    // Synchronous checkpoints: training waits for the write (and its retries), but never longer
-    // than one attempt's limit; a write still failing then goes on in the background.
-    Status flushed = current_->Flush(Deadline::AfterMs(options_.attempt_timeout_ms));
-    if (!flushed.ok()) {
-      LOCKSTEP_LOG(WARNING) << "synchronous checkpoint of step " << state.step
-                            << " not persisted: " << flushed << "; training goes on";
-    }
+  if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", MonotonicSeconds() - started);
+  // Synchronous checkpoints: training waits for the write (and its retries), but never longer
+  // than one attempt's limit; a write still failing then goes on in the background.
+  Status flushed = current_->Flush(Deadline::AfterMs(options_.attempt_timeout_ms));
+  if (!flushed.ok()) {
+    LOCKSTEP_LOG(WARNING) << "synchronous checkpoint of step " << state.step
+                          << " not persisted: " << flushed << "; training goes on";
   }
 }
 
@@ -155,6 +177,9 @@ Status TrainingCheckpointer::OnStep(const TrainingState& state, comm::Communicat
                                     int64_t timeout_ms) {
   const int64_t interval = options_.checkpoint.interval_steps;
   if (interval <= 0 || state.step % interval != 0) return OkStatus();
+  // The previous snapshot's copy must have been queued before the busy check counts it (the
+  // trainer has waited for it before its optimizer update anyway).
+  WaitForCapture();
   int64_t busy = 0;
   if (current_) {
     const checkpoint::AsyncCheckpointerStats stats = current_->stats();
@@ -178,6 +203,7 @@ void TrainingCheckpointer::SnapshotFinal(const TrainingState& state) {
 }
 
 Status TrainingCheckpointer::WaitForFinal(Deadline deadline) {
+  WaitForCapture();
   if (!current_) return OkStatus();
   return current_->Flush(deadline);
 }

@@ -4,7 +4,11 @@
 //     checkpoint under spec.checkpoint.uri (damaged ones are reported and skipped), or nothing.
 //   - OnStep (every committed step, at the step boundary): every intervalSteps, the state is
 //     snapshotted in memory and persisted by an AsyncCheckpointer in the background (async:
-//     true), or persisted before training goes on (async: false). Every rank writes its shard;
+//     true), or persisted before training goes on (async: false). With async, even the copy
+//     into the snapshot runs in the background, while the next step's forward and backward
+//     read the state: the trainer calls WaitForCapture() before it changes the state (the
+//     optimizer update), which is the only point where training may wait for the copy (see
+//     Trainer::SetBeforeStateChange). Every rank writes its shard;
 //     the attempt id ("g<generation>-<nonce rank 0 drew>") is the same on every rank of a
 //     generation and differs between generations and between incarnations of the job.
 //   - SnapshotFinal / WaitForFinal: the state at the end of training, persisted before Leave
@@ -82,6 +86,11 @@ class TrainingCheckpointer {
   // rank 0 never waits for the shard of a step that another rank dropped. Errors are the
   // communicator's.
   Status OnStep(const TrainingState& state, comm::Communicator& communicator, int64_t timeout_ms);
+  // With async: the snapshot OnStep took copies the state on a helper thread; until this
+  // returns, the state passed to OnStep (or SnapshotFinal) must stay alive and unchanged. Call
+  // it before changing the state; cheap when no copy is running. Every other method of this
+  // class calls it first where it needs to.
+  void WaitForCapture();
   // At the end of training: checkpoints the final state unless that step is already queued.
   void SnapshotFinal(const TrainingState& state);
   // Waits until the final checkpoint is persisted (rank 0: committed), bounded by `deadline`.
@@ -106,6 +115,10 @@ class TrainingCheckpointer {
 
   int rank_ = 0;
   std::unique_ptr<checkpoint::AsyncCheckpointer> current_;
+  // A background copy was started and WaitForCapture has not yet seen it end; the hand-over's
+  // seconds, to which the wait is added for the snapshot stall metric.
+  bool capture_pending_ = false;
+  double capture_handover_seconds_ = 0;
   int64_t last_snapshot_step_ = -1;
   // A state buffer taken from a retired checkpointer, used by the next generation's first
   // snapshot (later ones reuse the checkpointer's own spare): a snapshot costs one copy, no

@@ -78,6 +78,9 @@ Status TrainingWorker::Run() {
       return checkpointer.status().WithContext("spec.checkpoint.uri");
     }
     checkpointer_ = std::move(checkpointer).value();
+    // An asynchronous snapshot is copied while the next step's forward and backward run; the
+    // trainer waits for the copy before it changes the state.
+    trainer_->SetBeforeStateChange([this] { checkpointer_->WaitForCapture(); });
   }
 
   int failed_generations = 0;

@@ -8,6 +8,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "worker/checkpoint/checkpoint_reader.h"
@@ -196,6 +197,119 @@ TEST_F(AsyncCheckpointerTest, PersistedSnapshotsMemoryIsRecycledForTheNextOne) {
   ASSERT_TRUE(loaded.ok()) << loaded.status();
   EXPECT_EQ(loaded->state.step, 200);
   EXPECT_EQ(loaded->state.tensors[0].bytes, std::vector<uint8_t>(1 << 20, uint8_t{200}));
+}
+
+// A gate the test opens: lets a fill start copying and then hold until released.
+class Gate {
+ public:
+  void Open() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  void Arrive() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    arrived_ = true;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return open_; });
+  }
+  bool WaitForArrival(Deadline deadline) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return changed_.wait_until(lock, deadline.at(), [this] { return arrived_; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  bool open_ = false;
+  bool arrived_ = false;
+};
+
+TEST_F(AsyncCheckpointerTest, BackgroundSnapshotHoldsTheStateOfItsStepBoundaryBitwise) {
+  auto checkpointer = MakeCheckpointer({});
+  // The "trainer's" state, read by the fill on the capture thread.
+  CheckpointState live = LargeState(100);
+  for (size_t i = 0; i < live.tensors[0].bytes.size(); ++i) {
+    live.tensors[0].bytes[i] = static_cast<uint8_t>(i * 2654435761u >> 13);
+  }
+  const std::vector<uint8_t> at_boundary = live.tensors[0].bytes;
+  Gate gate;
+  checkpointer->SnapshotInBackground(checkpointer->TakeRecycledState(), [&](CheckpointState* out) {
+    gate.Arrive();  // held until the test lets it copy
+    *out = live;
+  });
+  // SnapshotInBackground returned while its copy has not been made: the caller trains on.
+  ASSERT_TRUE(gate.WaitForArrival(Deadline::AfterMs(10000)));
+  EXPECT_EQ(checkpointer->stats().snapshots, 1);
+  // The "optimizer update" waits for the copy before it changes the state.
+  std::atomic<bool> waited{false};
+  std::thread trainer([&] {
+    checkpointer->WaitForCapture();
+    waited = true;
+    std::fill(live.tensors[0].bytes.begin(), live.tensors[0].bytes.end(), uint8_t{0xee});
+    live.step = 101;
+  });
+  gate.Open();
+  trainer.join();
+  EXPECT_TRUE(waited.load());
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  auto loaded = LoadNewestValid(storage_, root_, Deadline::AfterMs(10000));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 100);
+  EXPECT_TRUE(loaded->state.tensors[0].bytes == at_boundary);
+}
+
+TEST_F(AsyncCheckpointerTest, FlushWaitsForABackgroundCopyAndItsPersist) {
+  auto checkpointer = MakeCheckpointer({});
+  Gate gate;
+  checkpointer->SnapshotInBackground(checkpointer->TakeRecycledState(), [&](CheckpointState* out) {
+    gate.Arrive();
+    *out = LargeState(100);
+  });
+  ASSERT_TRUE(gate.WaitForArrival(Deadline::AfterMs(10000)));
+  // Still copying: a flush that ends now reports it busy.
+  EXPECT_EQ(checkpointer->Flush(Deadline::AfterMs(50)).code(), StatusCode::kDeadlineExceeded);
+  gate.Open();
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  EXPECT_EQ(checkpointer->stats().last_success_step.value_or(-1), 100);
+}
+
+TEST_F(AsyncCheckpointerTest, BackgroundSnapshotsReuseThePersistedBuffer) {
+  auto checkpointer = MakeCheckpointer({});
+  checkpointer->Snapshot(LargeState(100));
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  CheckpointState recycled = checkpointer->TakeRecycledState();
+  ASSERT_EQ(recycled.tensors.size(), 1u);
+  const uint8_t* memory = recycled.tensors[0].bytes.data();
+  const uint8_t* filled_into = nullptr;
+  checkpointer->SnapshotInBackground(std::move(recycled), [&](CheckpointState* out) {
+    filled_into = out->tensors[0].bytes.data();
+    out->step = 200;
+    std::fill(out->tensors[0].bytes.begin(), out->tensors[0].bytes.end(), uint8_t{200});
+  });
+  checkpointer->WaitForCapture();
+  EXPECT_EQ(filled_into, memory);
+  ASSERT_TRUE(checkpointer->Flush(Deadline::AfterMs(10000)).ok());
+  EXPECT_EQ(LoadNewestValid(storage_, root_, Deadline::AfterMs(10000))->state.step, 200);
+}
+
+TEST_F(AsyncCheckpointerTest, DestroyedWhileCopyingLetsTheCopyFinishFirst) {
+  auto checkpointer = MakeCheckpointer({});
+  Gate gate;
+  std::atomic<bool> copied{false};
+  checkpointer->SnapshotInBackground(checkpointer->TakeRecycledState(), [&](CheckpointState* out) {
+    gate.Arrive();
+    *out = LargeState(100);
+    copied = true;
+  });
+  ASSERT_TRUE(gate.WaitForArrival(Deadline::AfterMs(10000)));
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    gate.Open();
+  });
+  checkpointer.reset();  // must not return while the fill still reads the caller's state
+  EXPECT_TRUE(copied.load());
+  opener.join();
 }
 
 }  // namespace

@@ -7,6 +7,8 @@
 #include <unistd.h>
 
 #include <string>
+#include <string_view>
+#include <vector>
 
 namespace lockstep::checkpoint {
 namespace {
@@ -48,6 +50,58 @@ TEST_F(LocalStorageTest, WriteCreatesParentsAndReadsBackEveryByteValue) {
   auto tail = storage_.Read(path, bytes.size() - 3, 100, deadline());
   ASSERT_TRUE(tail.ok());
   EXPECT_EQ(tail->size(), 3u);
+}
+
+TEST_F(LocalStorageTest, ManyPiecesAcrossWritebackChunksReadBackInOrder) {
+  // Pieces of odd sizes adding up to more than two of the 8 MiB chunks after which writeback is
+  // started early: the file is their exact concatenation.
+  std::vector<std::string> pieces;
+  for (size_t size : {size_t{1}, size_t{5} << 20, size_t{3}, size_t{9} << 20, size_t{4097}}) {
+    std::string piece(size, '\0');
+    for (size_t i = 0; i < size; ++i) piece[i] = static_cast<char>((i * 31 + pieces.size()) & 0xff);
+    pieces.push_back(std::move(piece));
+  }
+  std::vector<std::string_view> views(pieces.begin(), pieces.end());
+  const std::string path = root_ + "/big.bin";
+  ASSERT_TRUE(storage_.WritePieces(path, views, {}, deadline()).ok());
+  auto read = storage_.Read(path, 0, -1, deadline());
+  ASSERT_TRUE(read.ok()) << read.status();
+  std::string joined;
+  for (const std::string& piece : pieces) joined += piece;
+  EXPECT_TRUE(std::string(read->begin(), read->end()) == joined);
+}
+
+TEST_F(LocalStorageTest, WriteLeavingTheDirectorySyncToTheCallerStillWritesEverything) {
+  WriteOptions options;
+  options.sync_directory = false;
+  const std::string path = root_ + "/new/dir/f.bin";
+  ASSERT_TRUE(storage_.Write(path, "content", options, deadline()).ok());
+  ASSERT_TRUE(storage_.SyncDirectory(root_ + "/new/dir", deadline()).ok());
+  auto read = storage_.Read(path, 0, -1, deadline());
+  ASSERT_TRUE(read.ok()) << read.status();
+  EXPECT_EQ(std::string(read->begin(), read->end()), "content");
+  EXPECT_EQ(storage_.SyncDirectory(root_ + "/missing", deadline()).code(), StatusCode::kNotFound);
+}
+
+TEST_F(LocalStorageTest, InPlaceWriteKeepsTheOverwriteRulesAndLeavesNoOtherName) {
+  WriteOptions in_place;
+  in_place.atomic = false;
+  const std::string path = root_ + "/m.json";
+  ASSERT_TRUE(storage_.Write(path, "first", in_place, deadline()).ok());
+  EXPECT_EQ(storage_.Write(path, "second", in_place, deadline()).code(),
+            StatusCode::kAlreadyExists);
+  auto read = storage_.Read(path, 0, -1, deadline());
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(std::string(read->begin(), read->end()), "first");
+  in_place.overwrite = true;
+  ASSERT_TRUE(storage_.Write(path, "new", in_place, deadline()).ok());
+  read = storage_.Read(path, 0, -1, deadline());
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(std::string(read->begin(), read->end()), "new");
+  auto entries = storage_.List(root_, deadline());
+  ASSERT_TRUE(entries.ok());
+  ASSERT_EQ(entries->size(), 1u);
+  EXPECT_EQ((*entries)[0].name, "m.json");
 }
 
 TEST_F(LocalStorageTest, WriteWithoutOverwriteRefusesAnExistingFile) {

@@ -43,6 +43,18 @@ struct WriteOptions {
   // false: ALREADY_EXISTS when the path exists. true: replace it (never leaving a mix of the
   // old and the new bytes).
   bool overwrite = false;
+  // true: when Write returns, the file's name, and every parent directory it created, survive a
+  // crash too (LocalStorage: the parent directory is fsync'ed). false: only the content is
+  // durable, and it is so before the name appears; the names are the caller's to make durable
+  // with SyncDirectory, once for several files written into one directory (a checkpoint's
+  // shards and manifest) instead of once per file.
+  bool sync_directory = true;
+  // true: a reader sees no file (or the old one) or all of the new bytes (LocalStorage writes a
+  // temporary name and renames it over `path` once synced). false: written under `path`
+  // directly, so a reader may see it partial; for a file in a directory that no reader looks at
+  // until it is complete (a checkpoint's .tmp- directory), where it spares a rename and, on a
+  // journaling file system, one journal commit. WebHDFS always writes in place.
+  bool atomic = true;
 };
 
 class Storage {
@@ -78,9 +90,14 @@ class Storage {
   // Creates `path` and its missing parents; OK when it already is a directory.
   virtual Status MakeDirs(const std::string& path, Deadline deadline) = 0;
 
+  // Makes the entries of directory `dir` (names created, renamed or removed in it) survive a
+  // crash. LocalStorage: fsync of the directory (NOT_FOUND when missing). WebHDFS: nothing to
+  // do, the namenode has made every operation it acknowledged durable.
+  virtual Status SyncDirectory(const std::string& dir, Deadline deadline) = 0;
+
   // Renames a file or a directory. Fails with ALREADY_EXISTS when `dst` exists (never moves
   // into it), NOT_FOUND when `src` or dst's parent is missing. Atomic for readers: a reader
-  // sees `src` complete or `dst` complete.
+  // sees `src` complete or `dst` complete. Durable when it returns (both parents are synced).
   virtual Status Rename(const std::string& src, const std::string& dst, Deadline deadline) = 0;
 
   // Deletes a file, or a directory (its content too when `recursive`; FAILED_PRECONDITION when
