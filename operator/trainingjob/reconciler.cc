@@ -704,6 +704,8 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
 Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string& reason,
                                      const std::string& message) {
   const bool was_finished = Finished(w.status);
+  // What the server held before this reconcile (WriteStatus below replaces old_status).
+  const bool stored_finished = Finished(w.old_status);
   w.status["phase"] = succeeded ? "Succeeded" : "Failed";
   SetCondition(&w.status, succeeded ? kSucceeded : kFailed, true, reason, message, w.now);
   for (const char* type : {kRunning, kRestarting, kScaling}) {
@@ -720,7 +722,7 @@ Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string&
   }
   Status write = WriteStatus(w);
   if (!write.ok()) return write;
-  if (!was_finished && !Finished(w.old_status) && deps_.metrics) {
+  if (!was_finished && !stored_finished && deps_.metrics) {
     succeeded ? deps_.metrics->JobSucceeded() : deps_.metrics->JobFailed();
   }
   LOCKSTEP_LOG(INFO) << w.key << ": " << (succeeded ? "succeeded" : "failed") << " (" << reason

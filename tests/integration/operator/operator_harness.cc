@@ -225,9 +225,20 @@ bool OperatorHarness::Setup(std::string* error) {
 std::unique_ptr<OperatorProcess> OperatorHarness::StartOperator(const OperatorOptions& options,
                                                                 std::string* error,
                                                                 bool wait_ready) {
+  return Launch(options, PickFreePort(), PickFreePort(), error, wait_ready);
+}
+
+std::unique_ptr<OperatorProcess> OperatorHarness::StartOperatorOnPorts(
+    const OperatorOptions& options, int metrics_port, int rendezvous_port, std::string* error) {
+  return Launch(options, metrics_port, rendezvous_port, error, true);
+}
+
+std::unique_ptr<OperatorProcess> OperatorHarness::Launch(const OperatorOptions& options,
+                                                         int metrics_port, int rendezvous_port,
+                                                         std::string* error, bool wait_ready) {
   auto process = std::unique_ptr<OperatorProcess>(new OperatorProcess());
-  process->metrics_port_ = PickFreePort();
-  process->rendezvous_port_ = PickFreePort();
+  process->metrics_port_ = metrics_port;
+  process->rendezvous_port_ = rendezvous_port;
   process->log_path_ = MakeTempDir("lockstep-operator-log-") + "/operator.log";
   std::vector<std::string> argv = {
       "/bin/sh",

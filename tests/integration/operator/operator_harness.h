@@ -68,6 +68,10 @@ class OperatorHarness {
   // Starts lockstep-operator and waits (bounded, 30 s) for /readyz; nullptr with *error.
   std::unique_ptr<OperatorProcess> StartOperator(const OperatorOptions& options, std::string* error,
                                                  bool wait_ready = true);
+  // The same on given ports (a replacement operator behind the same address).
+  std::unique_ptr<OperatorProcess> StartOperatorOnPorts(const OperatorOptions& options,
+                                                        int metrics_port, int rendezvous_port,
+                                                        std::string* error);
 
   std::string NewNamespace(const std::string& prefix);  // created, unique per call
 
@@ -95,6 +99,8 @@ class OperatorHarness {
  private:
   OperatorHarness() = default;
   bool Setup(std::string* error);
+  std::unique_ptr<OperatorProcess> Launch(const OperatorOptions& options, int metrics_port,
+                                          int rendezvous_port, std::string* error, bool wait_ready);
   bool InstallCrd(const std::string& path, std::string* error);
   std::unique_ptr<KubeTestEnv> kube_;
   int namespaces_ = 0;

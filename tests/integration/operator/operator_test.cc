@@ -457,6 +457,10 @@ TEST_F(OperatorTest, ExposesItsMetricsAndHealth) {
       [&] { return op_->Metric("lockstep_operator_jobs_created_total") >= 1; }, kWaitMs);
   EXPECT_TRUE(counted);
   EXPECT_EQ(op_->Metric("lockstep_operator_is_leader"), 1);
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "metrics-worker-0", 0));
+  bool succeeded = OperatorHarness::WaitFor(
+      [&] { return op_->Metric("lockstep_operator_jobs_succeeded_total") == 1; }, kWaitMs);
+  EXPECT_TRUE(succeeded) << op_->Http("/metrics");
   EXPECT_FALSE(std::isnan(op_->Metric("lockstep_operator_reconcile_duration_seconds_count")));
   EXPECT_FALSE(std::isnan(op_->Metric("lockstep_operator_workqueue_depth")));
 }
@@ -525,6 +529,41 @@ TEST_F(OperatorEndToEndTest, KilledWorkerPodIsReplacedAndTheJobFinishesAtTheSame
   EXPECT_EQ(job["status"]["restarts"], 1);
   // 1: both; 2: the survivor alone; 3: the replacement joined.
   EXPECT_GE(job["status"]["rendezvous"]["generation"].get<int>(), 3);
+  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
+}
+
+TEST_F(OperatorEndToEndTest, WorkersReconnectToARestartedOperatorAndFinish) {
+  StartKubelet();
+  json manifest = JobManifest("reconnect", 2);
+  manifest["spec"]["trainer"]["steps"] = 8000;
+  manifest["spec"]["trainer"]["model"]["hidden"] = {512, 512};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "reconnect",
+      [](const json& j) {
+        return j.contains("status") && j["status"].contains("progress") &&
+               j["status"]["progress"].value("step", 0) >= 200;
+      },
+      120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  // The operator (and the rendezvous service it hosts) dies; a new one starts on the same
+  // address, as a Deployment's replacement behind the Service would.
+  const int metrics_port = op_->metrics_port();
+  const int rendezvous_port = op_->rendezvous_port();
+  op_->Kill(SIGKILL);
+  op_->Stop();
+  OperatorOptions options = Options();
+  options.extra_flags = {};
+  std::string error;
+  op_ = h_->StartOperatorOnPorts(options, metrics_port, rendezvous_port, &error);
+  ASSERT_NE(op_, nullptr) << error;
+  job = h_->WaitForJob(
+      ns_, "reconnect", [](const json& j) { return Phase(j) == "Succeeded"; }, 180000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["progress"]["step"], 8000);
+  // No worker pod was replaced: they kept their state through the outage.
+  EXPECT_EQ(job["status"].value("restarts", 0), 0);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
 }
 
