@@ -1,6 +1,8 @@
 # lockstep_kube_testenv: a real kube-apiserver + etcd on loopback for tests (kube_testenv.h), and
 # a kubelet double that runs or fakes the pods of one node against it (kubelet_simulator.h).
-# Include this file from a test folder's CMakeLists.txt; it defines the target once.
+# kube_testenv_server is the same API server as a program, for tests in other languages
+# (kube_testenv_server.cc). Include this file from a test folder's CMakeLists.txt; it defines the
+# targets once.
 if(NOT TARGET lockstep_kube_testenv)
   add_library(lockstep_kube_testenv STATIC
     ${PROJECT_SOURCE_DIR}/tests/support/kube/kube_testenv.cc
@@ -10,4 +12,7 @@ if(NOT TARGET lockstep_kube_testenv)
     LOCKSTEP_KUBE_APISERVER_SCRIPT="${PROJECT_SOURCE_DIR}/scripts/kube-apiserver.sh")
   target_link_libraries(lockstep_kube_testenv PUBLIC
     lockstep_base lockstep_process_runner nlohmann_json::nlohmann_json Threads::Threads)
+
+  add_executable(kube_testenv_server ${PROJECT_SOURCE_DIR}/tests/support/kube/kube_testenv_server.cc)
+  target_link_libraries(kube_testenv_server PRIVATE lockstep_kube_testenv lockstep_spec yaml-cpp)
 endif()
