@@ -10,6 +10,8 @@ packages=(
   # libraries (ARCHITECTURE.md, "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev
   prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev
+  # RDMA device discovery (worker/comm/rdma); optional at build time, named here all the same
+  libibverbs-dev
   # tests and benchmarks
   libgtest-dev libgmock-dev libbenchmark-dev
   # data sets of the examples and tests; reference implementations for comparisons

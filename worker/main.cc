@@ -35,6 +35,7 @@
 #include "common/spec/training_job.h"
 #include "kernels/kernels.h"
 #include "worker/agent/exec_agent.h"
+#include "worker/comm/rdma/nccl_rdma_setup.h"
 #include "worker/metrics.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/trainer.h"
@@ -168,6 +169,10 @@ int Train(const std::string& manifest_path) {
   const std::string job_name =
       EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
   SetLogContext("job=" + job_name + " rank=- gen=-");
+  // Logs the node's RDMA devices and, for roce/infiniband, adds NCCL_IB_HCA/NCCL_IB_GID_INDEX
+  // (docs/rdma.md). Here, before this process starts any thread of its own: setenv is not safe
+  // against a concurrent getenv, and NCCL reads its variables when the communicator is created.
+  rdma::SetUpNcclRdmaEnvironment(job->spec.network);
 
   trainer::TrainingWorkerOptions options;
   options.job_name = job_name;

@@ -31,6 +31,7 @@
 #include "worker/agent/exec_environment.h"
 #include "worker/agent/exec_metrics.h"
 #include "worker/agent/progress_file.h"
+#include "worker/comm/rdma/nccl_rdma_setup.h"
 
 extern char** environ;
 
@@ -581,6 +582,7 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
     options.budget.policy = job->spec.run_policy.restart_policy;
     options.budget.backoff_limit = job->spec.run_policy.backoff_limit;
     options.budget.retryable_exit_codes = job->spec.run_policy.retryable_exit_codes;
+    options.network = job->spec.network;
   }
   options.budget.initial_backoff_ms = std::max<int64_t>(0, ExecBackoffMs());
   options.budget.max_backoff_ms = std::max(options.budget.initial_backoff_ms, ExecMaxBackoffMs());
@@ -609,6 +611,11 @@ int RunExecAgent(const std::vector<std::string>& args) {
   if (Status status = InstallSignalHandlers(); !status.ok()) {
     return fail(kExitFailure, status.message());
   }
+  // The command inherits this environment (ExecAgent::Run snapshots it): NCCL in a PyTorch
+  // program gets NCCL_IB_HCA/NCCL_IB_GID_INDEX for roce/infiniband. Before the metrics endpoint
+  // and the rendezvous client start their threads (setenv vs. a concurrent getenv).
+  SetLogContext("job=" + options->job + " member=" + options->client.member_id + " rank=- gen=-");
+  rdma::SetUpNcclRdmaEnvironment(options->network);
   StatusOr<std::unique_ptr<ExecMetrics>> metrics =
       ExecMetrics::Create(options->job, options->metrics_port);
   if (!metrics.ok()) return fail(kExitFailure, metrics.status().message());

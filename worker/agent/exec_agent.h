@@ -17,7 +17,8 @@
 //
 // Inputs. Environment: LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD,
 // LOCKSTEP_HOST (default 127.0.0.1), LOCKSTEP_METRICS_PORT (default spec.metrics.port; 0: no
-// endpoint). The manifest (for spec.runPolicy and spec.command) from --manifest FILE or
+// endpoint). The manifest (for spec.runPolicy, spec.command and spec.network, which decides the
+// NCCL IB settings the command inherits: docs/rdma.md) from --manifest FILE or
 // LOCKSTEP_SPEC (JSON); without either, runPolicy's defaults apply. COMMAND after `--` wins over
 // spec.command.
 //
@@ -33,6 +34,7 @@
 #include <vector>
 
 #include "common/rendezvous/client.h"
+#include "common/spec/training_job.h"
 #include "common/status.h"
 #include "worker/agent/restart_protocol.h"
 
@@ -57,6 +59,9 @@ struct ExecAgentOptions {
   int64_t join_timeout_ms = 600000;  // one Join: every member must have started by then
   int64_t plan_timeout_ms = 60000;   // waiting for rank 0's plan
   int64_t store_timeout_ms = 10000;  // each store call
+  // spec.network (default without a manifest: tcp): decides the NCCL IB settings the command
+  // inherits (worker/comm/rdma/nccl_rdma_setup.h).
+  spec::NetworkSpec network;
 };
 
 // Parses the arguments after "exec" and the LOCKSTEP_ environment (read through getenv) into
