@@ -10,7 +10,8 @@ What it does:
   1. starts kube_testenv_server (kube-apiserver 1.20.2 + etcd on loopback, the TrainingJob CRD
      installed; a first run builds kube-apiserver, minutes) and, meanwhile, `lockstep run` on a
      manifest derived from examples/digits.yaml: 2 workers, enough steps to outlast the test,
-     checkpoints every 2000 steps (about one a second), metrics on free ports;
+     hidden [1024, 1024] so that steps take milliseconds, checkpoints every 200 steps (about
+     one a second), metrics on free ports;
   2. starts lockstep-operator against that API server (no leader election, metrics, rendezvous on
      free loopback ports, progress written every second) and waits for its /readyz;
   3. starts Prometheus (1 s scrape and rule evaluation) with SCRAPE_TARGETS and the rules;
@@ -323,10 +324,13 @@ def main():
         with open(os.path.join(options.source, "examples", "digits.yaml")) as f:
             manifest = yaml.safe_load(f)
         manifest["metadata"]["name"] = "digits-scrape"
-        manifest["spec"]["trainer"]["steps"] = 1000000  # stopped by the test
-        manifest["spec"]["trainer"]["logIntervalSteps"] = 10
+        # A model big enough that steps take milliseconds: a run of tiny steps ends (or floods its
+        # log) before the test is done, however many steps it is given. Stopped by the test.
+        manifest["spec"]["trainer"]["model"]["hidden"] = [1024, 1024]
+        manifest["spec"]["trainer"]["steps"] = 10000000
+        manifest["spec"]["trainer"]["logIntervalSteps"] = 50
         manifest["spec"]["checkpoint"] = {"uri": "file://" + os.path.join(work, "ckpt"),
-                                          "intervalSteps": 2000, "keep": 2}
+                                          "intervalSteps": 200, "keep": 2}
         manifest["spec"]["metrics"] = {"port": worker_base}
         manifest_path = os.path.join(work, "job.yaml")
         with open(manifest_path, "w") as f:
