@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "common/base64.h"
+
 namespace lockstep::op::trainingjob {
 namespace {
 
@@ -46,33 +48,6 @@ uint64_t Fnv1a64(const std::string& text) {
     hash *= 1099511628211ull;
   }
   return hash;
-}
-
-std::string Base64(const std::string& bytes) {
-  static constexpr char kAlphabet[] =
-      "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const uint32_t v = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
-                       static_cast<unsigned char>(bytes[i + 2]);
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += kAlphabet[(v >> 6) & 63];
-    out += kAlphabet[v & 63];
-  }
-  const size_t rest = bytes.size() - i;
-  if (rest > 0) {
-    uint32_t v = static_cast<unsigned char>(bytes[i]) << 16;
-    if (rest == 2) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += rest == 2 ? kAlphabet[(v >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
 }
 
 json JobLabels(const spec::TrainingJob& job) {
@@ -408,8 +383,8 @@ json OwnerReference(const spec::TrainingJob& job) {
 
 json DesiredSecret(const spec::TrainingJob& job, const std::string& token,
                    const std::string& ca_pem) {
-  json data = {{kTokenKey, Base64(token)}};
-  if (!ca_pem.empty()) data[kCaKey] = Base64(ca_pem);
+  json data = {{kTokenKey, Base64Encode(token)}};
+  if (!ca_pem.empty()) data[kCaKey] = Base64Encode(ca_pem);
   return {{"apiVersion", "v1"},
           {"kind", "Secret"},
           {"metadata", ChildMetadata(job, SecretName(job.metadata.name), JobLabels(job))},
