@@ -8,6 +8,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -129,21 +130,35 @@ class GrpcRendezvousClient : public RendezvousClient {
 
 StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t timeout_ms) {
   if (timeout_ms <= 0) return InvalidArgumentError("rendezvous join: timeout_ms must be > 0");
-  grpc::ClientContext context;
-  PrepareContext(&context, timeout_ms + kHeldCallMarginMs);
-  // A worker may start before the service listens: wait for it within the deadline rather than
-  // failing on the first refused connection.
-  context.set_wait_for_ready(true);
-  v1::JoinRequest request;
-  request.set_job(options_.job);
-  request.set_member_id(options_.member_id);
-  request.set_host(options_.host);
-  request.set_state_step(state_step);
-  request.set_timeout_ms(timeout_ms);
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
   v1::JoinResponse response;
-  const grpc::Status status = stub_->Join(&context, request, &response);
-  if (!status.ok()) {
+  int64_t backoff_ms = 100;
+  while (true) {
+    grpc::ClientContext context;
+    const int64_t left_ms = std::max<int64_t>(1, deadline.remaining_ms());
+    PrepareContext(&context, left_ms + kHeldCallMarginMs);
+    // A worker may start before the service listens: wait for it within the deadline rather
+    // than failing on the first refused connection.
+    context.set_wait_for_ready(true);
+    v1::JoinRequest request;
+    request.set_job(options_.job);
+    request.set_member_id(options_.member_id);
+    request.set_host(options_.host);
+    request.set_state_step(state_step);
+    request.set_timeout_ms(left_ms);
+    const grpc::Status status = stub_->Join(&context, request, &response);
+    if (status.ok()) break;
     Status error = FromGrpcStatus(status);
+    // NOT_FOUND: the service does not host the job (yet): a restarted operator registers its
+    // jobs only once its caches are synced, and a worker that reconnects first must wait for
+    // that within its deadline. (A service that is down is waited for by wait_for_ready; one
+    // shutting down answers UNAVAILABLE, which is returned.)
+    const bool transient = error.code() == StatusCode::kNotFound;
+    if (transient && deadline.remaining_ms() > backoff_ms) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      backoff_ms = std::min<int64_t>(backoff_ms * 2, 1000);
+      continue;
+    }
     if (error.code() == StatusCode::kDeadlineExceeded &&
         error.message().find("members present") == std::string::npos) {
       error = DeadlineExceededError("no answer from the rendezvous service at " + options_.address +

@@ -187,6 +187,7 @@ TEST_F(RendezvousTest, UnknownJobIsRefused) {
   auto client = NewClient("w-0", "default/other");
   auto result = client->Join(-1, 1000);
   ASSERT_FALSE(result.ok());
+  // Waited out within the deadline (a restarted operator may not host it yet), then refused.
   EXPECT_EQ(result.status().code(), StatusCode::kNotFound) << result.status();
 }
 
