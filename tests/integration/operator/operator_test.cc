@@ -527,8 +527,9 @@ TEST_F(OperatorEndToEndTest, KilledWorkerPodIsReplacedAndTheJobFinishesAtTheSame
   ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
   EXPECT_EQ(job["status"]["progress"]["step"], 8000);
   EXPECT_EQ(job["status"]["restarts"], 1);
-  // 1: both; 2: the survivor alone; 3: the replacement joined.
-  EXPECT_GE(job["status"]["rendezvous"]["generation"].get<int>(), 3);
+  // 1: both; then the survivor alone and the replacement joining (3), or, when the replacement
+  // arrives within the last-call window, both at once (2).
+  EXPECT_GE(job["status"]["rendezvous"]["generation"].get<int>(), 2);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
 }
 
