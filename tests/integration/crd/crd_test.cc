@@ -18,6 +18,7 @@
 #include "common/spec/problems.h"
 #include "common/spec/training_job.h"
 #include "common/spec/yaml_to_json.h"
+#include "tests/support/kube/kube_test_environment.h"
 #include "tests/support/kube/kube_testenv.h"
 
 namespace lockstep::testing {
@@ -64,18 +65,7 @@ bool YamlFileToJson(const std::string& text, json* out, std::string* why) {
   return true;
 }
 
-class KubeEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    std::cerr << "crd_test: starting kube-apiserver (a first run builds it: minutes)\n";
-    kube = KubeTestEnv::Start({}, &error);
-  }
-  void TearDown() override { kube.reset(); }
-  static std::unique_ptr<KubeTestEnv> kube;
-  static std::string error;
-};
-std::unique_ptr<KubeTestEnv> KubeEnvironment::kube;
-std::string KubeEnvironment::error;
+using KubeEnvironment = ::lockstep::testing::KubeTestEnvironment;
 
 class CrdTest : public ::testing::Test {
  protected:
@@ -525,6 +515,6 @@ TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new lockstep::testing::KubeEnvironment());
+  ::testing::AddGlobalTestEnvironment(new lockstep::testing::KubeTestEnvironment("crd_test"));
   return RUN_ALL_TESTS();
 }

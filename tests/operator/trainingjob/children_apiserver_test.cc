@@ -18,6 +18,7 @@
 #include "common/spec/training_job.h"
 #include "common/spec/yaml_to_json.h"
 #include "operator/trainingjob/children.h"
+#include "tests/support/kube/kube_test_environment.h"
 #include "tests/support/kube/kube_testenv.h"
 
 namespace lockstep::op::trainingjob {
@@ -37,18 +38,7 @@ json YamlFileToJson(const std::string& path) {
   return out;
 }
 
-class KubeEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    std::cerr << "children_apiserver_test: starting kube-apiserver (a first run builds it)\n";
-    kube = KubeTestEnv::Start({}, &error);
-  }
-  void TearDown() override { kube.reset(); }
-  static std::unique_ptr<KubeTestEnv> kube;
-  static std::string error;
-};
-std::unique_ptr<KubeTestEnv> KubeEnvironment::kube;
-std::string KubeEnvironment::error;
+using KubeEnvironment = ::lockstep::testing::KubeTestEnvironment;
 
 // Installs a CRD and waits until it is Established and its group is served.
 std::string InstallCrd(KubeTestEnv& kube, const std::string& path) {
@@ -305,6 +295,7 @@ TEST_F(ChildrenApiServerTest, ChildrenOfMaximalJobsAreAccepted) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new lockstep::op::trainingjob::KubeEnvironment());
+  ::testing::AddGlobalTestEnvironment(
+      new lockstep::testing::KubeTestEnvironment("children_apiserver_test"));
   return RUN_ALL_TESTS();
 }

@@ -14,6 +14,7 @@
 #include <set>
 
 #include "tests/cli/process_runner.h"
+#include "tests/support/kube/kube_test_environment.h"
 #include "tests/support/kube/kube_testenv.h"
 
 namespace lockstep::testing {
@@ -24,18 +25,7 @@ constexpr char kNamespace[] = "default";
 constexpr char kJobLabel[] = "lockstep.io/job-name";
 constexpr int64_t kTimeoutMs = 30000;
 
-class KubeEnvironment : public ::testing::Environment {
- public:
-  void SetUp() override {
-    std::cerr << "kubelet_simulator_test: starting kube-apiserver (a first run builds it)\n";
-    kube = KubeTestEnv::Start({}, &error);
-  }
-  void TearDown() override { kube.reset(); }
-  static std::unique_ptr<KubeTestEnv> kube;
-  static std::string error;
-};
-std::unique_ptr<KubeTestEnv> KubeEnvironment::kube;
-std::string KubeEnvironment::error;
+using KubeEnvironment = ::lockstep::testing::KubeTestEnvironment;
 
 bool Alive(pid_t pid) { return pid > 0 && kill(pid, 0) == 0; }
 
@@ -484,6 +474,7 @@ TEST_F(KubeletSimulatorTest, TwoNodesShareASelectorAndEachPodRunsOnOne) {
 
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
-  ::testing::AddGlobalTestEnvironment(new lockstep::testing::KubeEnvironment());
+  ::testing::AddGlobalTestEnvironment(
+      new lockstep::testing::KubeTestEnvironment("kubelet_simulator_test"));
   return RUN_ALL_TESTS();
 }
