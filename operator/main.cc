@@ -21,6 +21,7 @@
 #include <string>
 #include <thread>
 
+#include "common/deadline.h"
 #include "common/http/http_endpoint.h"
 #include "common/logging.h"
 #include "common/rendezvous/server.h"
@@ -283,6 +284,9 @@ class Operator {
 
   // Returns the process exit code.
   int Wait(const sigset_t& signals) {
+    // The gauges walk every job and its rendezvous snapshot: once a second is plenty for a
+    // scrape, where every 200 ms tick cost 5,000 snapshots a second at 1,000 jobs.
+    double gauges_updated_at = 0;
     while (true) {
       timespec tick{0, 200 * 1000 * 1000};
       int signal_number = sigtimedwait(&signals, nullptr, &tick);
@@ -296,7 +300,10 @@ class Operator {
         Stop();
         return 1;
       }
-      UpdateGauges();
+      if (MonotonicSeconds() - gauges_updated_at >= 1.0) {
+        UpdateGauges();
+        gauges_updated_at = MonotonicSeconds();
+      }
     }
   }
 
