@@ -66,6 +66,8 @@ struct Flags {
   int64_t heartbeat_timeout_ms = 10000;
 };
 
+constexpr char kPhaseIndex[] = "phase";  // jobs informer: status.phase ("Pending" when unset)
+
 constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --kubeconfig FILE                 kubeconfig to use (default: in-cluster service account)
   --watch-namespace NS              only this namespace's TrainingJobs (default: all)
@@ -328,6 +330,13 @@ class Operator {
     pod_options.transform = trainingjob::TrimPod;
     pods_ = std::make_unique<controller::Informer>(client_.get(), pod_options);
     pods_->AddIndex(trainingjob::kJobIndex, trainingjob::JobIndexOfPod);
+    // For the jobs-by-phase gauge, counted without unpacking every job once a second.
+    jobs_->AddIndex(kPhaseIndex, [](const json& job) {
+      std::string phase = "Pending";
+      auto status = job.find("status");
+      if (status != job.end() && status->is_object()) phase = status->value("phase", "Pending");
+      return std::vector<std::string>{phase};
+    });
 
     trainingjob::ReconcilerDeps deps;
     deps.client = client_.get();
@@ -416,15 +425,12 @@ class Operator {
     metrics_.SetLeader(leading_.load() && !lost_.load());
     if (!synced_.load()) return;
     std::map<std::string, int> by_phase;
+    for (const auto& [phase, count] : jobs_->CountByIndex(kPhaseIndex)) {
+      by_phase[phase] = static_cast<int>(count);
+    }
     int64_t members = 0;
-    for (const controller::ObjectPtr& job : jobs_->List()) {
-      std::string phase = "Pending";
-      if (job->contains("status") && (*job)["status"].is_object()) {
-        phase = (*job)["status"].value("phase", "Pending");
-      }
-      ++by_phase[phase];
-      StatusOr<rendezvous::JobSnapshot> snapshot =
-          rendezvous_->Snapshot(controller::ObjectKey(*job));
+    for (const std::string& key : jobs_->Keys()) {
+      StatusOr<rendezvous::JobSnapshot> snapshot = rendezvous_->Snapshot(key);
       if (snapshot.ok()) members += static_cast<int64_t>(snapshot->members.size());
     }
     metrics_.SetJobsByPhase(by_phase);

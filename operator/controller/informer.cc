@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <exception>
+#include <optional>
 #include <tuple>
 
 #include "common/deadline.h"
@@ -71,32 +72,78 @@ bool Informer::WaitForSync(int64_t timeout_ms) const {
 
 bool Informer::HasSynced() const { return synced_.load(); }
 
+Informer::Entry Informer::Pack(const json& object) const {
+  Entry entry;
+  entry.packed = std::make_shared<const std::vector<std::uint8_t>>(json::to_msgpack(object));
+  entry.resource_version = ResourceVersionOf(object);
+  entry.index_values.reserve(index_funcs_.size());
+  for (const auto& [name, index] : index_funcs_) entry.index_values.push_back(index(object));
+  return entry;
+}
+
+ObjectPtr Informer::Unpack(const Entry& entry) {
+  // Only this class packs, so the bytes are always well-formed MessagePack.
+  return std::make_shared<const json>(json::from_msgpack(*entry.packed));
+}
+
 ObjectPtr Informer::Get(const std::string& key) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  auto it = objects_.find(key);
-  return it == objects_.end() ? nullptr : it->second;
+  Entry entry;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = objects_.find(key);
+    if (it == objects_.end()) return nullptr;
+    entry.packed = it->second.packed;
+  }
+  return Unpack(entry);
 }
 
 std::vector<ObjectPtr> Informer::List() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<Entry> entries;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    entries.reserve(objects_.size());
+    for (const auto& [key, entry] : objects_) entries.push_back(Entry{entry.packed, "", {}});
+  }
   std::vector<ObjectPtr> objects;
-  objects.reserve(objects_.size());
-  for (const auto& entry : objects_) objects.push_back(entry.second);
+  objects.reserve(entries.size());
+  for (const Entry& entry : entries) objects.push_back(Unpack(entry));
   return objects;
 }
 
 std::vector<ObjectPtr> Informer::ByIndex(const std::string& index, const std::string& value) const {
-  std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<ObjectPtr> objects;
-  auto by_index = indices_.find(index);
-  if (by_index == indices_.end()) return objects;
-  auto keys = by_index->second.find(value);
-  if (keys == by_index->second.end()) return objects;
-  for (const std::string& key : keys->second) {
-    auto it = objects_.find(key);
-    if (it != objects_.end()) objects.push_back(it->second);
+  std::vector<Entry> entries;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto by_index = indices_.find(index);
+    if (by_index == indices_.end()) return {};
+    auto keys = by_index->second.find(value);
+    if (keys == by_index->second.end()) return {};
+    for (const std::string& key : keys->second) {
+      auto it = objects_.find(key);
+      if (it != objects_.end()) entries.push_back(Entry{it->second.packed, "", {}});
+    }
   }
+  std::vector<ObjectPtr> objects;
+  objects.reserve(entries.size());
+  for (const Entry& entry : entries) objects.push_back(Unpack(entry));
   return objects;
+}
+
+std::vector<std::string> Informer::Keys() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::string> keys;
+  keys.reserve(objects_.size());
+  for (const auto& entry : objects_) keys.push_back(entry.first);
+  return keys;
+}
+
+std::map<std::string, size_t> Informer::CountByIndex(const std::string& index) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::map<std::string, size_t> counts;
+  auto by_index = indices_.find(index);
+  if (by_index == indices_.end()) return counts;
+  for (const auto& [value, keys] : by_index->second) counts[value] = keys.size();
+  return counts;
 }
 
 size_t Informer::Size() const {
@@ -163,7 +210,7 @@ void Informer::Run() {
 }
 
 Status Informer::ListAndReplace() {
-  std::unordered_map<std::string, ObjectPtr> listed;
+  std::unordered_map<std::string, Entry> listed;
   kube::ListOptions list_options;
   list_options.label_selector = options_.label_selector;
   list_options.field_selector = options_.field_selector;
@@ -171,40 +218,45 @@ Status Informer::ListAndReplace() {
   list_options.on_page = [&](std::vector<json>& page) {
     for (json& item : page) {
       json object = options_.transform ? options_.transform(std::move(item)) : std::move(item);
-      std::string key = ObjectKey(object);
-      listed[key] = std::make_shared<const json>(std::move(object));
+      listed[ObjectKey(object)] = Pack(object);
     }
   };
   StatusOr<kube::ListResult> list = client_->List(options_.resource, options_.ns, list_options);
   if (!list.ok()) return list.status();
 
-  // The difference between the cache and the list is what the handlers have missed.
-  std::vector<std::tuple<std::string, ObjectPtr, ObjectPtr>> changes;
+  // The difference between the cache and the list is what the handlers have missed:
+  // (key, old, new), unpacked once the lock is released.
+  std::vector<std::tuple<std::string, Entry, Entry>> changes;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    for (auto& [key, object] : listed) {
+    for (auto& [key, entry] : listed) {
       auto cached = objects_.find(key);
       if (cached == objects_.end()) {
-        changes.emplace_back(key, nullptr, object);
-      } else if (ResourceVersionOf(*cached->second) != ResourceVersionOf(*object)) {
-        changes.emplace_back(key, cached->second, object);
+        changes.emplace_back(key, Entry{}, entry);
+      } else if (cached->second.resource_version != entry.resource_version) {
+        changes.emplace_back(key, cached->second, entry);
       }
     }
-    for (const auto& [key, object] : objects_) {
-      if (listed.count(key) == 0) changes.emplace_back(key, object, nullptr);
+    for (const auto& [key, entry] : objects_) {
+      if (listed.count(key) == 0) changes.emplace_back(key, entry, Entry{});
     }
-    for (const auto& [key, old_object, new_object] : changes) {
-      IndexLocked(key, old_object.get(), new_object.get());
+    for (const auto& [key, old_entry, new_entry] : changes) {
+      IndexLocked(key, old_entry.packed ? &old_entry : nullptr,
+                  new_entry.packed ? &new_entry : nullptr);
     }
     objects_ = std::move(listed);
     resource_version_ = list->resource_version;
   }
-  for (const auto& [key, old_object, new_object] : changes) {
-    for (const Handler& handler : handlers_) {
-      try {
-        handler(old_object.get(), new_object.get());
-      } catch (const std::exception& e) {
-        LOCKSTEP_LOG(ERROR) << "informer handler threw on " << key << ": " << e.what();
+  if (!handlers_.empty()) {
+    for (const auto& [key, old_entry, new_entry] : changes) {
+      const ObjectPtr old_object = old_entry.packed ? Unpack(old_entry) : nullptr;
+      const ObjectPtr new_object = new_entry.packed ? Unpack(new_entry) : nullptr;
+      for (const Handler& handler : handlers_) {
+        try {
+          handler(old_object.get(), new_object.get());
+        } catch (const std::exception& e) {
+          LOCKSTEP_LOG(ERROR) << "informer handler threw on " << key << ": " << e.what();
+        }
       }
     }
   }
@@ -233,13 +285,12 @@ Status Informer::WatchFromLast() {
       if (!version.empty()) resource_version_ = version;
       return !stop_.load();
     }
-    json object = options_.transform ? options_.transform(event.object) : event.object;
+    const json object = options_.transform ? options_.transform(event.object) : event.object;
     const std::string key = ObjectKey(object);
-    auto pointer = std::make_shared<const json>(std::move(object));
     if (event.type == kube::WatchEventType::kDeleted) {
-      Apply(key, pointer, nullptr);
+      Apply(key, nullptr, &object);
     } else {
-      Apply(key, nullptr, pointer);
+      Apply(key, &object, nullptr);
     }
     {
       std::lock_guard<std::mutex> lock(mutex_);
@@ -250,44 +301,52 @@ Status Informer::WatchFromLast() {
   return client_->Watch(options_.resource, options_.ns, watch_options, on_event, &stop_);
 }
 
-void Informer::Apply(const std::string& key, ObjectPtr old_object, ObjectPtr new_object) {
-  ObjectPtr previous;
+void Informer::Apply(const std::string& key, const json* object, const json* deleted) {
+  std::optional<Entry> previous;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto cached = objects_.find(key);
+    if (cached != objects_.end()) previous = cached->second;
     // A delete of an object the cache never held still tells handlers what went away.
-    previous = cached != objects_.end() ? cached->second : old_object;
-    if (cached == objects_.end() && new_object == nullptr && previous == nullptr) return;
-    IndexLocked(key, cached != objects_.end() ? cached->second.get() : nullptr, new_object.get());
-    if (new_object) {
-      objects_[key] = new_object;
+    if (!previous && object == nullptr && handlers_.empty()) return;
+    if (object != nullptr) {
+      Entry entry = Pack(*object);
+      IndexLocked(key, previous ? &*previous : nullptr, &entry);
+      objects_[key] = std::move(entry);
     } else if (cached != objects_.end()) {
+      IndexLocked(key, &*previous, nullptr);
       objects_.erase(cached);
     }
   }
+  if (handlers_.empty()) return;
+  // The old object as the cache held it (for a delete of an unknown object: as the server sent).
+  ObjectPtr old_object = previous ? Unpack(*previous) : nullptr;
+  const json* old_view = old_object ? old_object.get() : deleted;
   for (const Handler& handler : handlers_) {
     try {
-      handler(previous.get(), new_object.get());
+      handler(old_view, object);
     } catch (const std::exception& e) {
       LOCKSTEP_LOG(ERROR) << "informer handler threw on " << key << ": " << e.what();
     }
   }
 }
 
-void Informer::IndexLocked(const std::string& key, const json* old_object, const json* new_object) {
-  for (const auto& [name, index] : index_funcs_) {
-    auto& values = indices_[name];
-    if (old_object != nullptr) {
-      for (const std::string& value : index(*old_object)) {
+void Informer::IndexLocked(const std::string& key, const Entry* old_entry,
+                           const Entry* new_entry) {
+  size_t i = 0;
+  for (auto& [name, values] : indices_) {
+    if (old_entry != nullptr && i < old_entry->index_values.size()) {
+      for (const std::string& value : old_entry->index_values[i]) {
         auto it = values.find(value);
         if (it == values.end()) continue;
         it->second.erase(key);
         if (it->second.empty()) values.erase(it);
       }
     }
-    if (new_object != nullptr) {
-      for (const std::string& value : index(*new_object)) values[value].insert(key);
+    if (new_entry != nullptr && i < new_entry->index_values.size()) {
+      for (const std::string& value : new_entry->index_values[i]) values[value].insert(key);
     }
+    ++i;
   }
 }
 

@@ -16,8 +16,12 @@
 // reopened from the last resourceVersion; when the server answers 410 Gone (OUT_OF_RANGE) the
 // informer relists. Other errors are retried with back-off (capped at 30 s), never given up on.
 //
-// Keys are "namespace/name" ("name" for cluster-scoped objects). Cached objects are immutable
-// shared_ptr<const json>: readers hold them without copying and without a lock.
+// Keys are "namespace/name" ("name" for cluster-scoped objects). The cache holds each object as
+// MessagePack bytes, not as an nlohmann tree: a tree costs about 100 bytes per value (a std::map
+// node, its key and the value), its packed form 5 to 10 times less, which is most of what the
+// operator holds at 1,000 jobs (docs/benchmarks.md). Get/List/ByIndex unpack on every call (a
+// few microseconds for a trimmed pod, tens for a job) and return an object the caller owns;
+// Keys and CountByIndex unpack nothing.
 //
 // Thread safety: Get/List/ByIndex from any thread. Handlers run on the informer's own thread, in
 // event order, and must not block (enqueue a key and return). AddIndex/AddHandler before Start.
@@ -82,6 +86,9 @@ class Informer {
   ObjectPtr Get(const std::string& key) const;  // nullptr when absent
   std::vector<ObjectPtr> List() const;
   std::vector<ObjectPtr> ByIndex(const std::string& index, const std::string& value) const;
+  std::vector<std::string> Keys() const;
+  // Index value -> number of cached objects with that value.
+  std::map<std::string, size_t> CountByIndex(const std::string& index) const;
   size_t Size() const;
 
   std::string resource_version() const;
@@ -91,8 +98,20 @@ class Informer {
   void Run();
   Status ListAndReplace();
   Status WatchFromLast();
-  void Apply(const std::string& key, ObjectPtr old_object, ObjectPtr new_object);
-  void IndexLocked(const std::string& key, const json* old_object, const json* new_object);
+  // One cached object.
+  struct Entry {
+    std::shared_ptr<const std::vector<std::uint8_t>> packed;  // MessagePack
+    std::string resource_version;
+    // Its value in each index (in index_funcs_ order), so that removing it from the indices
+    // needs no unpacking.
+    std::vector<std::vector<std::string>> index_values;
+  };
+  Entry Pack(const json& object) const;
+  static ObjectPtr Unpack(const Entry& entry);
+  // Applies a watch event: `object` is the new object (nullptr: deleted, then `deleted` is the
+  // last state the server sent).
+  void Apply(const std::string& key, const json* object, const json* deleted);
+  void IndexLocked(const std::string& key, const Entry* old_entry, const Entry* new_entry);
 
   kube::KubeClient* client_;
   InformerOptions options_;
@@ -102,7 +121,7 @@ class Informer {
   mutable std::mutex mutex_;
   // Wakes WaitForSync when the first list lands and the back-off sleep when Stop is called.
   mutable std::condition_variable cv_;
-  std::unordered_map<std::string, ObjectPtr> objects_;
+  std::unordered_map<std::string, Entry> objects_;
   // index name -> value -> keys
   std::map<std::string, std::unordered_map<std::string, std::set<std::string>>> indices_;
   std::string resource_version_;

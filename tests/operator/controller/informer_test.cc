@@ -5,7 +5,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <condition_variable>
+#include <map>
 #include <mutex>
 #include <set>
 #include <thread>
@@ -96,6 +98,10 @@ TEST(InformerTest, SyncsThenReportsAddsUpdatesAndDeletes) {
   ObjectPtr a = informer.Get(ns + "/a");
   ASSERT_NE(a, nullptr);
   EXPECT_EQ((*a)["data"]["v"], "2");
+  // The cache keeps objects packed; what it gives back is what the server holds, value for value.
+  StatusOr<json> served = client->Get(kConfigMaps, ns, "a");
+  ASSERT_TRUE(served.ok());
+  EXPECT_EQ(*a, *served);
   EXPECT_EQ(informer.Get(ns + "/b"), nullptr);
   EXPECT_EQ(informer.List().size(), 3u);
   informer.Stop();
@@ -151,9 +157,18 @@ TEST(InformerTest, TransformAppliesBeforeCachingAndIndicesFollowChanges) {
   ObjectPtr x2 = informer.Get(ns + "/x2");
   ASSERT_NE(x2, nullptr);
   EXPECT_FALSE((*x2)["metadata"].contains("managedFields"));
+  std::vector<std::string> keys = informer.Keys();
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{ns + "/x1", ns + "/x2", ns + "/y1"}));
+  EXPECT_EQ(informer.CountByIndex("job"), (std::map<std::string, size_t>{{"x", 3}}));
+  // A delete leaves the index too.
+  ASSERT_TRUE(client->Delete(kConfigMaps, ns, "x1").ok());
+  ASSERT_TRUE(
+      KubeTestEnv::WaitFor([&] { return informer.ByIndex("job", "x").size() == 2; }, 10000));
+  EXPECT_EQ(informer.CountByIndex("job"), (std::map<std::string, size_t>{{"x", 2}}));
   std::lock_guard<std::mutex> lock(mutex);
   for (const std::string& trimmed : handler_trimmed) EXPECT_EQ(trimmed, "yes");
-  EXPECT_EQ(handler_trimmed.size(), 4u);  // 2 adds, 1 update, 1 add
+  EXPECT_EQ(handler_trimmed.size(), 4u);  // 2 adds, 1 update, 1 add (the delete has no new)
 }
 
 TEST(InformerTest, ReopensClosedWatchesWithoutDuplicateAdds) {
