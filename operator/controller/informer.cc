@@ -74,7 +74,9 @@ bool Informer::HasSynced() const { return synced_.load(); }
 
 Informer::Entry Informer::Pack(const json& object) const {
   Entry entry;
-  entry.packed = std::make_shared<const std::vector<std::uint8_t>>(json::to_msgpack(object));
+  std::vector<std::uint8_t> packed = json::to_msgpack(object);
+  packed.shrink_to_fit();  // the encoder grows its buffer by doubling
+  entry.packed = std::make_shared<const std::vector<std::uint8_t>>(std::move(packed));
   entry.resource_version = ResourceVersionOf(object);
   entry.index_values.reserve(index_funcs_.size());
   for (const auto& [name, index] : index_funcs_) entry.index_values.push_back(index(object));

@@ -1,6 +1,7 @@
 #include "operator/kube/kube_client.h"
 
 #include <cpprest/http_client.h>
+#include <pplx/threadpool.h>
 #include <cpprest/uri.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
@@ -680,6 +681,16 @@ Status RetryOnConflict(const std::function<Status()>& attempt, int attempts) {
     if (!IsConflict(status)) return status;
   }
   return status;
+}
+
+Status InitializeIoThreads(size_t threads) {
+  if (threads == 0) return InvalidArgumentError("I/O threads: must be at least 1");
+  try {
+    crossplat::threadpool::initialize_with_threads(threads);
+  } catch (const std::exception& e) {
+    return FailedPreconditionError(std::string("I/O threads: ") + e.what());
+  }
+  return OkStatus();
 }
 
 }  // namespace lockstep::op::kube

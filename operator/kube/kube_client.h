@@ -99,6 +99,13 @@ struct DeleteOptions {
   std::optional<int64_t> grace_period_seconds;
 };
 
+// Sizes cpprestsdk's process-wide I/O thread pool, which runs every client's sockets and
+// continuations (nothing in this client blocks on it). Its default is 40 threads, each with a
+// stack and, under load, a malloc arena of its own: about 1 MB of the operator's resident memory
+// per 3 threads for no throughput on a few cores (docs/benchmarks.md). Call before the first
+// client is created; FAILED_PRECONDITION once the pool exists.
+Status InitializeIoThreads(size_t threads);
+
 class KubeClient {
  public:
   static StatusOr<std::unique_ptr<KubeClient>> Create(const KubeConfig& config,
