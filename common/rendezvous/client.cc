@@ -149,11 +149,14 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
     const grpc::Status status = stub_->Join(&context, request, &response);
     if (status.ok()) break;
     Status error = FromGrpcStatus(status);
-    // NOT_FOUND: the service does not host the job (yet): a restarted operator registers its
-    // jobs only once its caches are synced, and a worker that reconnects first must wait for
-    // that within its deadline. (A service that is down is waited for by wait_for_ready; one
-    // shutting down answers UNAVAILABLE, which is returned.)
-    const bool transient = error.code() == StatusCode::kNotFound;
+    // Waited out within the deadline, as a service that is down is (wait_for_ready):
+    //  - NOT_FOUND: the service does not host the job (yet): a restarted operator registers its
+    //    jobs only once its caches are synced, and a worker that reconnects first must wait;
+    //  - UNAVAILABLE: the service is shutting down (an operator replica handing over to the
+    //    next leader, a rolling update) or the connection broke mid-call: its successor on the
+    //    same address answers the retry. Failing here instead would count as a worker failure.
+    const bool transient =
+        error.code() == StatusCode::kNotFound || error.code() == StatusCode::kUnavailable;
     if (transient && deadline.remaining_ms() > backoff_ms) {
       std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 1000);
