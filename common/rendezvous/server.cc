@@ -170,7 +170,11 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
 // One job's rendezvous state. Every public method locks mu_.
 class Job : public std::enable_shared_from_this<Job> {
  public:
-  Job(JobConfig config, TimerQueue* timers) : config_(std::move(config)), timers_(timers) {}
+  Job(JobConfig config, TimerQueue* timers)
+      : config_(std::move(config)),
+        timers_(timers),
+        first_generation_(std::max<int64_t>(config_.first_generation, 1)),
+        generation_(first_generation_ - 1) {}
 
   const JobConfig& config() const { return config_; }
 
@@ -232,12 +236,16 @@ class Job : public std::enable_shared_from_this<Job> {
   void CancelStoreWaiter(uint64_t waiter_id);
   std::string MissingKeys(const StoreWaiter& waiter) const;
 
+  // No generation of this registration has formed yet (nobody survives anything).
+  bool BeforeFirstGeneration() const { return generation_ < first_generation_; }
+
   const JobConfig config_;
   TimerQueue* const timers_;
+  const int64_t first_generation_;
 
   mutable std::mutex mu_;
   Status closed_status_;  // not OK once closed
-  int64_t generation_ = 0;
+  int64_t generation_;  // the current or latest; first_generation_ - 1 before the first
   bool active_ = false;
   std::vector<ActiveMember> members_;   // of generation_, by rank
   std::vector<std::string> survivors_;  // expected in the next generation, by previous rank
@@ -379,7 +387,7 @@ void Job::RemoveSurvivor(const std::string& member_id) {
 
 int32_t Job::ExpectedMembers() const {
   // Before the first generation nobody survives anything: expect the job's initial size.
-  if (generation_ == 0) {
+  if (BeforeFirstGeneration()) {
     return config_.initial_members > 0 ? config_.initial_members : config_.max_members;
   }
   int32_t expected = static_cast<int32_t>(survivors_.size());
@@ -392,7 +400,9 @@ int32_t Job::ExpectedMembers() const {
 }
 
 bool Job::AllExpectedJoined() const {
-  if (generation_ == 0) return static_cast<int32_t>(pending_.size()) >= ExpectedMembers();
+  if (BeforeFirstGeneration()) {
+    return static_cast<int32_t>(pending_.size()) >= ExpectedMembers();
+  }
   for (const auto& survivor : survivors_) {
     auto same_id = [&](const PendingJoin& join) { return join.member_id == survivor; };
     if (std::none_of(pending_.begin(), pending_.end(), same_id)) return false;
@@ -410,7 +420,9 @@ bool Job::AllExpectedJoined() const {
 void Job::TryFormGeneration(Actions& actions) {
   if (active_ || !closed_status_.ok()) return;
   if (static_cast<int32_t>(pending_.size()) < config_.min_members) return;
-  if (generation_ == 0 && config_.wait_for_initial_members && !AllExpectedJoined()) return;
+  if (BeforeFirstGeneration() && config_.wait_for_initial_members && !AllExpectedJoined()) {
+    return;
+  }
   if (!AllExpectedJoined()) {
     const Clock::time_point last_call_at =
         latest_arrival_ + std::chrono::milliseconds(config_.last_call_ms);
@@ -658,9 +670,11 @@ void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
       // member stops at once. (A beat racing the end of its generation lands here too, and must
       // carry the same cause as the end message it raced.)
       bool lost = true;
-      if (g >= 1 && g <= static_cast<int64_t>(history_.size()) && history_[g - 1].ended_at >= 0) {
-        reason = "generation " + std::to_string(g) + " ended: " + history_[g - 1].end_reason;
-        lost = history_[g - 1].ended_by_loss;
+      const int64_t index = g - first_generation_;  // history_ starts at first_generation_
+      if (index >= 0 && index < static_cast<int64_t>(history_.size()) &&
+          history_[index].ended_at >= 0) {
+        reason = "generation " + std::to_string(g) + " ended: " + history_[index].end_reason;
+        lost = history_[index].ended_by_loss;
       } else if (member == nullptr && g == generation_) {
         reason = "member " + request.member_id() + " is not in generation " + std::to_string(g);
       } else {
@@ -824,7 +838,7 @@ void Job::UpdateProgress(const v1::Progress& progress) {
 
 Status Job::CheckStoreGeneration(int64_t generation) const {
   if (!closed_status_.ok()) return closed_status_;
-  if (generation < 1 || generation > generation_) {
+  if (generation < first_generation_ || generation > generation_) {
     return FailedPreconditionError("generation " + std::to_string(generation) +
                                    " has not formed (current " + std::to_string(generation_) + ")");
   }

@@ -48,6 +48,10 @@ struct JobConfig {
   int64_t last_call_ms = 1000;
   int64_t heartbeat_interval_ms = 200;
   int64_t heartbeat_timeout_ms = 2000;
+  // The number of the first generation this registration forms (>= 1). A job registered again
+  // (a restarted operator, or new membership bounds) continues its numbering, so that generation
+  // numbers in status, metrics and logs never go back.
+  int64_t first_generation = 1;
 };
 
 struct GenerationRecord {
@@ -72,7 +76,7 @@ struct GenerationRecord {
 double LongestRecoverySeconds(const std::vector<GenerationRecord>& history);
 
 struct JobSnapshot {
-  int64_t generation = 0;  // current (0 before the first forms)
+  int64_t generation = 0;  // current (first_generation - 1 before the first forms)
   int32_t world_size = 0;
   bool generation_active = false;
   std::vector<MemberInfo> members;           // of the current generation, by rank

@@ -421,8 +421,20 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
                                      "/" + std::to_string(job.spec.elastic.max_replicas);
     auto it = hosted_.find(w.key);
     if (it == hosted_.end() || it->second != registration) {
-      if (it != hosted_.end()) (void)deps_.rendezvous->RemoveJob(w.key);
+      // Generations are numbered on from the newest any registration reached: the status (a
+      // previous operator's) or, registering again, this service's own.
+      int64_t last_generation = 0;
+      if (w.status.contains("rendezvous") && w.status["rendezvous"].is_object()) {
+        const json& generation = w.status["rendezvous"].value("generation", json(0));
+        if (generation.is_number_integer()) last_generation = generation.get<int64_t>();
+      }
+      if (it != hosted_.end()) {
+        StatusOr<rendezvous::JobSnapshot> hosted = deps_.rendezvous->Snapshot(w.key);
+        if (hosted.ok()) last_generation = std::max(last_generation, hosted->generation);
+        (void)deps_.rendezvous->RemoveJob(w.key);
+      }
       rendezvous::JobConfig config;
+      config.first_generation = std::max<int64_t>(last_generation, 0) + 1;
       config.job = w.key;
       config.token = Token(job);
       config.min_members = job.spec.elastic.min_replicas;

@@ -519,6 +519,38 @@ TEST_F(RendezvousTest, TwoJobsOnOneServerAreIsolated) {
   EXPECT_TRUE(Snap("team-b/y").generation_active);
 }
 
+// A job registered again (a restarted operator) continues the numbering it is given: the first
+// generation it forms is first_generation, its store and the members' heartbeats work under
+// that number, and the next generation follows it.
+TEST_F(RendezvousTest, RegistrationContinuesTheGenerationNumberingItIsGiven) {
+  JobConfig config = Config(1, 2);
+  config.first_generation = 7;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  EXPECT_EQ(Snap().generation, 6);
+  EXPECT_FALSE(Snap().generation_active);
+  auto a = NewClient("w-0");
+  auto first = a->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->generation, 7);
+  EXPECT_EQ(first->world_size, 1);
+  ASSERT_TRUE(a->GenerationStore(7)->Set("k", "v", 1000).ok());
+  EndWatcher ended;
+  ASSERT_TRUE(a->StartHeartbeat(*first, ended.Callback()).ok());
+  // A second member arrives: generation 7 ends and 8 forms with both.
+  auto b = NewClient("w-1");
+  auto joining = std::async(std::launch::async, [&] { return b->Join(-1, kJoinTimeoutMs); });
+  ASSERT_TRUE(ended.WaitEnded());
+  a->StopHeartbeat();
+  auto again = a->Join(0, kJoinTimeoutMs);
+  auto second = joining.get();
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(again->generation, 8);
+  EXPECT_EQ(second->generation, 8);
+  ASSERT_EQ(Snap().history.size(), 2u);
+  EXPECT_EQ(Snap().history[0].generation, 7);
+}
+
 // An operator replica handing over (rolling update, leader change): a join pending when the
 // service shuts down is answered by its successor on the same address, within the join's
 // deadline, instead of failing the worker.

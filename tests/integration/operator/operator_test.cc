@@ -548,6 +548,8 @@ TEST_F(OperatorEndToEndTest, WorkersReconnectToARestartedOperatorAndFinish) {
       },
       120000, &ok);
   ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  const int64_t generation_before = job["status"]["rendezvous"].value("generation", int64_t{0});
+  ASSERT_GE(generation_before, 1);
   // The operator (and the rendezvous service it hosts) dies; a new one starts on the same
   // address, as a Deployment's replacement behind the Service would.
   const int metrics_port = op_->metrics_port();
@@ -563,6 +565,8 @@ TEST_F(OperatorEndToEndTest, WorkersReconnectToARestartedOperatorAndFinish) {
       ns_, "reconnect", [](const json& j) { return Phase(j) == "Succeeded"; }, 180000, &ok);
   ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
   EXPECT_EQ(job["status"]["progress"]["step"], 8000);
+  // The new operator numbered the generation the workers formed after the last one.
+  EXPECT_GT(job["status"]["rendezvous"].value("generation", int64_t{0}), generation_before);
   // No worker pod was replaced: they kept their state through the outage.
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
