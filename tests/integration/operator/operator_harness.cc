@@ -219,7 +219,9 @@ bool OperatorHarness::Setup(std::string* error) {
                           "/tests/data/crds/scheduler-plugins-podgroups.yaml"}) {
     if (std::filesystem::exists(kSource + crd) && !InstallCrd(kSource + crd, error)) return false;
   }
-  return true;
+  // The real garbage collector, once it can discover TrainingJobs: what owner references do (a
+  // deleted job takes its children along) is checked, not assumed.
+  return kube_->StartGarbageCollector(error);
 }
 
 std::unique_ptr<OperatorProcess> OperatorHarness::StartOperator(const OperatorOptions& options,

@@ -278,6 +278,27 @@ TEST_F(OperatorTest, FinishedJobIsDeletedAfterItsTtl) {
   bool deleted =
       OperatorHarness::WaitFor([&] { return h_->GetJob(ns_, "ttl").is_null(); }, kWaitMs);
   EXPECT_TRUE(deleted);
+  // Its children go with it (owner references, the garbage collector).
+  WaitForPods("ttl", 0);
+}
+
+TEST_F(OperatorTest, DeletingAJobDeletesItsPodsServiceAndSecret) {
+  ASSERT_EQ(h_->Apply(ns_, JobManifest("gone", 2)).status, 201);
+  WaitForPods("gone", 2);
+  auto exists = [&](const std::string& path) {
+    return h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + path).status == 200;
+  };
+  ASSERT_TRUE(OperatorHarness::WaitFor(
+      [&] { return exists("/services/gone") && exists("/secrets/gone-rendezvous"); }, kWaitMs));
+  ASSERT_EQ(h_->kube()
+                .Request("DELETE", "/apis/lockstep.io/v1alpha1/namespaces/" + ns_ +
+                                       "/trainingjobs/gone")
+                .status,
+            200);
+  WaitForPods("gone", 0);
+  EXPECT_TRUE(OperatorHarness::WaitFor(
+      [&] { return !exists("/services/gone") && !exists("/secrets/gone-rendezvous"); }, kWaitMs))
+      << "the Service or the Secret outlived its TrainingJob";
 }
 
 TEST_F(OperatorTest, GangSchedulingCreatesAPodGroupWithMinMember) {

@@ -242,12 +242,33 @@ std::unique_ptr<KubeTestEnv> KubeTestEnv::Start(const KubeTestEnvOptions& option
                 "    user: lockstep-admin\n    namespace: default\n"
                 "current-context: lockstep-test\n");
   env->kubeconfig_ = dir + "/kubeconfig";
+
   return env;
+}
+
+bool KubeTestEnv::StartGarbageCollector(std::string* error) {
+  if (controller_manager_) return true;
+  const std::string manager_binary =
+      (std::filesystem::path(apiserver_binary_).parent_path() / "kube-controller-manager").string();
+  controller_manager_ = StartLogged(
+      {manager_binary, "--kubeconfig=" + kubeconfig_, "--controllers=garbagecollector",
+       "--leader-elect=false", "--port=0", "--secure-port=0", "--v=1"},
+      dir_ + "/kube-controller-manager.log");
+  // It serves nothing (both ports off), so there is no readiness to ask: the collector syncs on
+  // its own and tests wait for its effects with bounds. What is checked is that it stays up.
+  const bool exited = WaitFor([&] { return !IsRunning(controller_manager_->pid()); }, 2000);
+  if (exited) {
+    *error = "kube-controller-manager exited at start:\n" +
+             TailOfFile(dir_ + "/kube-controller-manager.log", 4000);
+    return false;
+  }
+  return true;
 }
 
 KubeTestEnv::~KubeTestEnv() { Stop(); }
 
 void KubeTestEnv::Stop() {
+  StopChild(controller_manager_);
   StopChild(apiserver_);
   StopChild(etcd_);
   const char* keep = std::getenv("LOCKSTEP_KEEP_KUBE_TESTENV");
@@ -259,7 +280,10 @@ void KubeTestEnv::Stop() {
 
 std::string KubeTestEnv::LogTails() const {
   return "--- etcd.log ---\n" + TailOfFile(dir_ + "/etcd.log", 2000) +
-         "\n--- kube-apiserver.log ---\n" + TailOfFile(dir_ + "/kube-apiserver.log", 4000);
+         "\n--- kube-apiserver.log ---\n" + TailOfFile(dir_ + "/kube-apiserver.log", 4000) +
+         (controller_manager_ ? "\n--- kube-controller-manager.log ---\n" +
+                                    TailOfFile(dir_ + "/kube-controller-manager.log", 2000)
+                              : std::string());
 }
 
 KubeTestEnv::Response KubeTestEnv::Request(const std::string& method, const std::string& path,

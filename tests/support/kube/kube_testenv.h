@@ -11,8 +11,10 @@
 // What runs: etcd on free client/peer ports; kube-apiserver on a free secure port with a
 // self-signed serving certificate (--cert-dir), a static admin token in system:masters, RBAC,
 // --endpoint-reconciler-type=none, and the ServiceAccount admission plugin disabled (no
-// kube-controller-manager runs, so no service account or token would ever be created). No
-// kubelet, no scheduler, no garbage collector: tests act as those where they need to.
+// kube-controller-manager's service account controllers run, so no service account or token
+// would ever be created). No kubelet, no scheduler: tests act as those where they need to.
+// StartGarbageCollector adds kube-controller-manager running its garbage collector alone, so
+// that owner references are acted on as in a cluster (deleting an owner deletes its dependents).
 // kubeconfig() is a file kubectl-like clients read (server, CA, token). Every wait is bounded;
 // failures come back as an error with the tail of the server logs.
 #pragma once
@@ -66,10 +68,16 @@ class KubeTestEnv {
                    const std::string& content_type = "application/json", int64_t timeout_ms = 30000,
                    const std::string& accept = "application/json") const;
 
+  // Starts kube-controller-manager --controllers=garbagecollector (built beside the server).
+  // Call it after installing CRDs whose objects own others: the collector learns resources by
+  // discovery, which it repeats only every 30 s. False (and `error`) when it does not run.
+  bool StartGarbageCollector(std::string* error);
+
   // Polls `condition` every 100 ms until true or timeout_ms; returns its last result.
   static bool WaitFor(const std::function<bool()>& condition, int64_t timeout_ms);
 
-  // Last bytes of the etcd and kube-apiserver logs, for failure messages.
+  // Last bytes of the etcd, kube-apiserver (and kube-controller-manager) logs, for failure
+  // messages.
   std::string LogTails() const;
 
  private:
@@ -77,7 +85,7 @@ class KubeTestEnv {
   void Stop();
 
   std::string dir_, server_, token_, ca_file_, kubeconfig_, apiserver_binary_;
-  std::unique_ptr<ChildProcess> etcd_, apiserver_;
+  std::unique_ptr<ChildProcess> etcd_, apiserver_, controller_manager_;
 };
 
 }  // namespace lockstep::testing
