@@ -83,37 +83,37 @@ Informer::Entry Informer::Pack(const json& object) const {
   return entry;
 }
 
-ObjectPtr Informer::Unpack(const Entry& entry) {
+ObjectPtr Informer::Unpack(const Packed& packed) {
   // Only this class packs, so the bytes are always well-formed MessagePack.
-  return std::make_shared<const json>(json::from_msgpack(*entry.packed));
+  return std::make_shared<const json>(json::from_msgpack(*packed));
 }
 
 ObjectPtr Informer::Get(const std::string& key) const {
-  Entry entry;
+  Packed packed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = objects_.find(key);
     if (it == objects_.end()) return nullptr;
-    entry.packed = it->second.packed;
+    packed = it->second.packed;
   }
-  return Unpack(entry);
+  return Unpack(packed);  // outside the lock: readers never hold up the watch
 }
 
 std::vector<ObjectPtr> Informer::List() const {
-  std::vector<Entry> entries;
+  std::vector<Packed> packed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    entries.reserve(objects_.size());
-    for (const auto& [key, entry] : objects_) entries.push_back(Entry{entry.packed, "", {}});
+    packed.reserve(objects_.size());
+    for (const auto& [key, entry] : objects_) packed.push_back(entry.packed);
   }
   std::vector<ObjectPtr> objects;
-  objects.reserve(entries.size());
-  for (const Entry& entry : entries) objects.push_back(Unpack(entry));
+  objects.reserve(packed.size());
+  for (const Packed& bytes : packed) objects.push_back(Unpack(bytes));
   return objects;
 }
 
 std::vector<ObjectPtr> Informer::ByIndex(const std::string& index, const std::string& value) const {
-  std::vector<Entry> entries;
+  std::vector<Packed> packed;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto by_index = indices_.find(index);
@@ -122,12 +122,12 @@ std::vector<ObjectPtr> Informer::ByIndex(const std::string& index, const std::st
     if (keys == by_index->second.end()) return {};
     for (const std::string& key : keys->second) {
       auto it = objects_.find(key);
-      if (it != objects_.end()) entries.push_back(Entry{it->second.packed, "", {}});
+      if (it != objects_.end()) packed.push_back(it->second.packed);
     }
   }
   std::vector<ObjectPtr> objects;
-  objects.reserve(entries.size());
-  for (const Entry& entry : entries) objects.push_back(Unpack(entry));
+  objects.reserve(packed.size());
+  for (const Packed& bytes : packed) objects.push_back(Unpack(bytes));
   return objects;
 }
 
@@ -251,8 +251,8 @@ Status Informer::ListAndReplace() {
   }
   if (!handlers_.empty()) {
     for (const auto& [key, old_entry, new_entry] : changes) {
-      const ObjectPtr old_object = old_entry.packed ? Unpack(old_entry) : nullptr;
-      const ObjectPtr new_object = new_entry.packed ? Unpack(new_entry) : nullptr;
+      const ObjectPtr old_object = old_entry.packed ? Unpack(old_entry.packed) : nullptr;
+      const ObjectPtr new_object = new_entry.packed ? Unpack(new_entry.packed) : nullptr;
       for (const Handler& handler : handlers_) {
         try {
           handler(old_object.get(), new_object.get());
@@ -322,7 +322,7 @@ void Informer::Apply(const std::string& key, const json* object, const json* del
   }
   if (handlers_.empty()) return;
   // The old object as the cache held it (for a delete of an unknown object: as the server sent).
-  ObjectPtr old_object = previous ? Unpack(*previous) : nullptr;
+  ObjectPtr old_object = previous ? Unpack(previous->packed) : nullptr;
   const json* old_view = old_object ? old_object.get() : deleted;
   for (const Handler& handler : handlers_) {
     try {

@@ -98,16 +98,18 @@ class Informer {
   void Run();
   Status ListAndReplace();
   Status WatchFromLast();
+  // An object's MessagePack bytes, shared by the cache and readers unpacking them.
+  using Packed = std::shared_ptr<const std::vector<std::uint8_t>>;
   // One cached object.
   struct Entry {
-    std::shared_ptr<const std::vector<std::uint8_t>> packed;  // MessagePack
+    Packed packed;
     std::string resource_version;
     // Its value in each index (in index_funcs_ order), so that removing it from the indices
     // needs no unpacking.
     std::vector<std::vector<std::string>> index_values;
   };
   Entry Pack(const json& object) const;
-  static ObjectPtr Unpack(const Entry& entry);
+  static ObjectPtr Unpack(const Packed& packed);
   // Applies a watch event: `object` is the new object (nullptr: deleted, then `deleted` is the
   // last state the server sent).
   void Apply(const std::string& key, const json* object, const json* deleted);
