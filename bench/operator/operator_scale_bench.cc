@@ -58,11 +58,13 @@
 #include "operator/trainingjob/children.h"
 #include "tests/cli/process_runner.h"
 #include "tests/support/kube/kube_testenv.h"
+#include "tests/support/kube/training_job_manifest.h"
 
 namespace lockstep::bench {
 namespace {
 
 using json = nlohmann::json;
+using testing::JobManifest;
 using testing::KubeTestEnv;
 namespace kube = op::kube;
 namespace res = op::kube::resources;
@@ -163,24 +165,6 @@ CpuSnapshot Delta(const CpuSnapshot& a, const CpuSnapshot& b) {
 }
 
 // --- manifests ---------------------------------------------------------------------------------
-
-// The operator integration tests' job (tests/integration/operator): built-in trainer, digits.
-json JobManifest(const std::string& name, int replicas) {
-  return {{"apiVersion", "lockstep.io/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}}},
-          {"spec",
-           {{"replicas", replicas},
-            {"trainer",
-             {{"model", {{"type", "mlp"}, {"hidden", {32}}}},
-              {"data",
-               {{"format", "csv"},
-                {"train",
-                 {"file:///usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"}}}},
-              {"batchSize", 32},
-              {"steps", 200}}},
-            {"metrics", {{"port", 0}}}}}};
-}
 
 std::string JobName(int i) {
   char buffer[32];

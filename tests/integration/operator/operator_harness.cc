@@ -80,23 +80,6 @@ json Condition(const json& job, const std::string& type) {
   return json::object();
 }
 
-json JobManifest(const std::string& name, int replicas) {
-  return {{"apiVersion", "lockstep.io/v1alpha1"},
-          {"kind", "TrainingJob"},
-          {"metadata", {{"name", name}}},
-          {"spec",
-           {{"replicas", replicas},
-            {"trainer",
-             {{"model", {{"type", "mlp"}, {"hidden", {32}}}},
-              {"data",
-               {{"format", "csv"},
-                {"train",
-                 {"file:///usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz"}}}},
-              {"batchSize", 32},
-              {"steps", 200}}},
-            {"metrics", {{"port", 0}}}}}};
-}
-
 // --- OperatorProcess -------------------------------------------------------------------------
 
 OperatorProcess::~OperatorProcess() {

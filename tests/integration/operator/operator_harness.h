@@ -19,6 +19,7 @@
 
 #include "tests/cli/process_runner.h"
 #include "tests/support/kube/kube_testenv.h"
+#include "tests/support/kube/training_job_manifest.h"  // JobManifest
 
 namespace lockstep::testing {
 
@@ -106,8 +107,6 @@ class OperatorHarness {
   int namespaces_ = 0;
 };
 
-// A TrainingJob for tests: the digits data set (real data, read only by real workers).
-json JobManifest(const std::string& name, int replicas);
 std::string Phase(const json& job);
 // The condition of `type` ({}: absent).
 json Condition(const json& job, const std::string& type);
