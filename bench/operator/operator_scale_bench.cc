@@ -21,14 +21,10 @@
 // the operator, kube-apiserver, etcd and this process come from /proc/<pid>/stat.
 //
 // No kubelet runs: pods stay Pending. Exit status 0 when every pod appeared, 1 otherwise.
-#include <arpa/inet.h>
 #include <dirent.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <atomic>
@@ -49,9 +45,7 @@
 #include <thread>
 #include <vector>
 
-#include "common/spec/problems.h"
 #include "common/spec/training_job.h"
-#include "common/spec/yaml_to_json.h"
 #include "operator/kube/kube_client.h"
 #include "operator/kube/kube_config.h"
 #include "operator/kube/resource.h"
@@ -170,39 +164,6 @@ std::string JobName(int i) {
   char buffer[32];
   std::snprintf(buffer, sizeof(buffer), "job-%05d", i);
   return buffer;
-}
-
-bool InstallCrd(KubeTestEnv& env, const std::string& path, std::string* error) {
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAllFromFile(path);
-  } catch (const YAML::Exception& e) {
-    *error = path + ": " + e.msg;
-    return false;
-  }
-  for (const YAML::Node& document : documents) {
-    spec::internal::Problems problems;
-    json crd = spec::internal::YamlToJson(document, &problems);
-    if (crd.is_null()) continue;
-    auto created =
-        env.Request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd);
-    if (created.status != 201 && created.status != 409) {
-      *error = path + ": CRD refused (" + std::to_string(created.status) + "): " + created.raw;
-      return false;
-    }
-    const std::string group = crd["spec"].value("group", "");
-    std::string version;
-    for (const json& v : crd["spec"]["versions"]) {
-      if (v.value("served", false)) version = v.value("name", "");
-    }
-    if (!KubeTestEnv::WaitFor(
-            [&] { return env.Request("GET", "/apis/" + group + "/" + version).status == 200; },
-            30000)) {
-      *error = "CRD of " + group + " not served within 30 s";
-      return false;
-    }
-  }
-  return true;
 }
 
 void CreateNamespace(KubeTestEnv& env, const std::string& name) {
@@ -446,22 +407,6 @@ std::string RequestMix(const std::map<std::string, double>& a,
   return s.str();
 }
 
-// Pick a free loopback port (as the operator tests do).
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
-
 int64_t CountObjects(kube::KubeClient* client, const kube::Resource& resource,
                      const std::string& ns, const std::string& selector = "") {
   kube::ListOptions options;
@@ -490,7 +435,7 @@ int Run(const Options& o) {
     std::cerr << "kube test env: " << error << "\n";
     return 2;
   }
-  if (!InstallCrd(*env, kSource + "/crds/trainingjob.yaml", &error)) {
+  if (!env->InstallCrds(kSource + "/crds/trainingjob.yaml", &error)) {
     std::cerr << error << "\n";
     return 2;
   }
@@ -517,8 +462,13 @@ int Run(const Options& o) {
     CreateNamespace(*env, ns);
   }
 
-  const int metrics_port = FreePort();
-  const int rendezvous_port = FreePort();
+  const std::vector<int> ports = testing::FreePorts(2);
+  if (ports.size() != 2) {
+    std::cerr << "no free loopback ports\n";
+    return 2;
+  }
+  const int metrics_port = ports[0];
+  const int rendezvous_port = ports[1];
   op::trainingjob::OperatorSettings settings;
   settings.rendezvous_address = "127.0.0.1:" + std::to_string(rendezvous_port);
   settings.default_worker_image = "lockstep-worker:bench";

@@ -1,12 +1,8 @@
 #include "tests/integration/operator/operator_harness.h"
 
-#include <arpa/inet.h>
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <cmath>
 #include <filesystem>
@@ -15,8 +11,6 @@
 #include <limits>
 #include <sstream>
 
-#include "common/spec/problems.h"
-#include "common/spec/yaml_to_json.h"
 
 namespace lockstep::testing {
 
@@ -29,43 +23,7 @@ std::string JobsPath(const std::string& ns) {
   return "/apis/lockstep.io/v1alpha1/namespaces/" + ns + "/trainingjobs";
 }
 
-bool YamlToJsonDocuments(const std::string& path, std::vector<json>* out, std::string* why) {
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAllFromFile(path);
-  } catch (const YAML::Exception& error) {
-    *why = path + ": " + error.msg;
-    return false;
-  }
-  for (const YAML::Node& document : documents) {
-    spec::internal::Problems problems;
-    json j = spec::internal::YamlToJson(document, &problems);
-    if (!problems.empty()) {
-      *why = path + ": " + problems.Join("yaml");
-      return false;
-    }
-    if (!j.is_null()) out->push_back(std::move(j));
-  }
-  return true;
-}
-
 }  // namespace
-
-int PickFreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  address.sin_port = 0;
-  socklen_t length = sizeof(address);
-  int port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) == 0) {
-    port = ntohs(address.sin_port);
-  }
-  close(fd);
-  return port;
-}
 
 std::string Phase(const json& job) {
   if (!job.is_object() || !job.contains("status") || !job["status"].is_object()) return "";
@@ -167,40 +125,15 @@ OperatorHarness* OperatorHarness::Get() {
   return harness;
 }
 
-bool OperatorHarness::InstallCrd(const std::string& path, std::string* error) {
-  std::vector<json> documents;
-  if (!YamlToJsonDocuments(path, &documents, error)) return false;
-  for (const json& crd : documents) {
-    auto created =
-        kube_->Request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd);
-    if (created.status != 201 && created.status != 409) {
-      *error = path + ": CRD refused (" + std::to_string(created.status) + "): " + created.raw;
-      return false;
-    }
-    const std::string name = crd["metadata"].value("name", "");
-    const std::string group = crd["spec"].value("group", "");
-    std::string version;
-    for (const json& v : crd["spec"]["versions"]) {
-      if (v.value("served", false)) version = v.value("name", "");
-    }
-    bool served = KubeTestEnv::WaitFor(
-        [&] { return kube_->Request("GET", "/apis/" + group + "/" + version).status == 200; },
-        30000);
-    if (!served) {
-      *error = "CRD " + name + " not served within 30 s";
-      return false;
-    }
-  }
-  return true;
-}
-
 bool OperatorHarness::Setup(std::string* error) {
   kube_ = KubeTestEnv::Start({}, error);
   if (!kube_) return false;
-  if (!InstallCrd(kSource + "/crds/trainingjob.yaml", error)) return false;
+  if (!kube_->InstallCrds(kSource + "/crds/trainingjob.yaml", error)) return false;
   for (const char* crd : {"/tests/data/crds/volcano-podgroups.yaml",
                           "/tests/data/crds/scheduler-plugins-podgroups.yaml"}) {
-    if (std::filesystem::exists(kSource + crd) && !InstallCrd(kSource + crd, error)) return false;
+    if (std::filesystem::exists(kSource + crd) && !kube_->InstallCrds(kSource + crd, error)) {
+      return false;
+    }
   }
   // The real garbage collector, once it can discover TrainingJobs: what owner references do (a
   // deleted job takes its children along) is checked, not assumed.
@@ -210,7 +143,12 @@ bool OperatorHarness::Setup(std::string* error) {
 std::unique_ptr<OperatorProcess> OperatorHarness::StartOperator(const OperatorOptions& options,
                                                                 std::string* error,
                                                                 bool wait_ready) {
-  return Launch(options, PickFreePort(), PickFreePort(), error, wait_ready);
+  const std::vector<int> ports = FreePorts(2);  // metrics, rendezvous
+  if (ports.size() != 2) {
+    *error = "no free loopback ports";
+    return nullptr;
+  }
+  return Launch(options, ports[0], ports[1], error, wait_ready);
 }
 
 std::unique_ptr<OperatorProcess> OperatorHarness::StartOperatorOnPorts(

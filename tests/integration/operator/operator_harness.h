@@ -102,7 +102,6 @@ class OperatorHarness {
   bool Setup(std::string* error);
   std::unique_ptr<OperatorProcess> Launch(const OperatorOptions& options, int metrics_port,
                                           int rendezvous_port, std::string* error, bool wait_ready);
-  bool InstallCrd(const std::string& path, std::string* error);
   std::unique_ptr<KubeTestEnv> kube_;
   int namespaces_ = 0;
 };
@@ -110,6 +109,5 @@ class OperatorHarness {
 std::string Phase(const json& job);
 // The condition of `type` ({}: absent).
 json Condition(const json& job, const std::string& type);
-int PickFreePort();
 
 }  // namespace lockstep::testing

@@ -16,6 +16,10 @@
 #include <thread>
 #include <vector>
 
+#include <yaml-cpp/yaml.h>
+
+#include "common/spec/problems.h"
+#include "common/spec/yaml_to_json.h"
 #include "tests/cli/process_runner.h"
 
 #ifndef LOCKSTEP_KUBE_APISERVER_SCRIPT
@@ -54,28 +58,6 @@ std::string Tool(const std::string& name) {
     if (access(candidate.c_str(), X_OK) == 0) return candidate;
   }
   return "/usr/bin/" + name;  // exec fails with 127 and the error names it
-}
-
-// `count` distinct free loopback ports: all bound at once (port 0), then released.
-std::vector<int> FreePorts(int count) {
-  std::vector<int> sockets, ports;
-  for (int i = 0; i < count; ++i) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in address{};
-    address.sin_family = AF_INET;
-    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    address.sin_port = 0;
-    socklen_t length = sizeof(address);
-    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
-        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-      if (fd >= 0) close(fd);
-      break;
-    }
-    sockets.push_back(fd);
-    ports.push_back(ntohs(address.sin_port));
-  }
-  for (int fd : sockets) close(fd);
-  return ports;
 }
 
 std::string RandomHex(int bytes) {
@@ -129,7 +111,91 @@ void StopChild(std::unique_ptr<ChildProcess>& child) {
   child.reset();
 }
 
+// Every document of a YAML file, as JSON (empty documents skipped).
+bool LoadDocuments(const std::string& path, std::vector<json>* out, std::string* why) {
+  std::vector<YAML::Node> documents;
+  try {
+    documents = YAML::LoadAllFromFile(path);
+  } catch (const YAML::Exception& error) {
+    *why = path + ": " + error.msg;
+    return false;
+  }
+  for (const YAML::Node& document : documents) {
+    spec::internal::Problems problems;
+    json j = spec::internal::YamlToJson(document, &problems);
+    if (!problems.empty()) {
+      *why = path + ": " + problems.Join("yaml");
+      return false;
+    }
+    if (!j.is_null()) out->push_back(std::move(j));
+  }
+  return true;
+}
+
 }  // namespace
+
+std::vector<int> FreePorts(int count) {
+  std::vector<int> sockets, ports;
+  for (int i = 0; i < count; ++i) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    address.sin_port = 0;
+    socklen_t length = sizeof(address);
+    if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      if (fd >= 0) close(fd);
+      break;
+    }
+    sockets.push_back(fd);
+    ports.push_back(ntohs(address.sin_port));
+  }
+  for (int fd : sockets) close(fd);
+  return ports;
+}
+
+bool KubeTestEnv::InstallCrds(const std::string& path, std::string* error) const {
+  std::vector<json> documents;
+  if (!LoadDocuments(path, &documents, error)) return false;
+  for (const json& crd : documents) {
+    if (!crd.is_object() || crd.value("kind", "") != "CustomResourceDefinition") {
+      *error = path + ": not a CustomResourceDefinition: " + crd.dump().substr(0, 200);
+      return false;
+    }
+    Response created =
+        Request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd);
+    if (created.status != 201 && created.status != 409) {
+      *error = path + ": CRD refused (" + std::to_string(created.status) + "): " + created.raw +
+               created.error;
+      return false;
+    }
+    const json& spec = crd["spec"];
+    const std::string group = spec.value("group", "");
+    const std::string plural = spec["names"].value("plural", "");
+    for (const json& version : spec.value("versions", json::array())) {
+      if (!version.value("served", false)) continue;
+      const std::string discovery = "/apis/" + group + "/" + version.value("name", "");
+      bool served = KubeTestEnv::WaitFor(
+          [&] {
+            Response r = Request("GET", discovery, nullptr, "application/json",
+                                                   5000);
+            if (r.status != 200 || !r.body.is_object()) return false;
+            for (const json& resource : r.body.value("resources", json::array())) {
+              if (resource.value("name", "") == plural) return true;
+            }
+            return false;
+          },
+          30000);
+      if (!served) {
+        *error = path + ": " + plural + "." + group + " not served at " + discovery +
+                 " within 30 s";
+        return false;
+      }
+    }
+  }
+  return true;
+}
 
 bool KubeTestEnv::WaitFor(const std::function<bool()>& condition, int64_t timeout_ms) {
   return PollUntil(condition, timeout_ms, 100);

@@ -11,8 +11,9 @@ if(NOT TARGET lockstep_kube_testenv)
   target_compile_definitions(lockstep_kube_testenv PRIVATE
     LOCKSTEP_KUBE_APISERVER_SCRIPT="${PROJECT_SOURCE_DIR}/scripts/kube-apiserver.sh")
   target_link_libraries(lockstep_kube_testenv PUBLIC
-    lockstep_base lockstep_process_runner nlohmann_json::nlohmann_json Threads::Threads)
+    lockstep_base lockstep_process_runner nlohmann_json::nlohmann_json Threads::Threads
+    PRIVATE lockstep_spec yaml-cpp)
 
   add_executable(kube_testenv_server ${PROJECT_SOURCE_DIR}/tests/support/kube/kube_testenv_server.cc)
-  target_link_libraries(kube_testenv_server PRIVATE lockstep_kube_testenv lockstep_spec yaml-cpp)
+  target_link_libraries(kube_testenv_server PRIVATE lockstep_kube_testenv)
 endif()

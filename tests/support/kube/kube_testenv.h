@@ -24,6 +24,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 namespace lockstep::testing {
 
@@ -35,6 +36,10 @@ struct KubeTestEnvOptions {
   // etcd healthy + kube-apiserver /readyz ok.
   int64_t start_timeout_ms = 120 * 1000;
 };
+
+// `count` distinct free loopback ports: all bound at once (port 0), then released. Fewer when the
+// system has none left.
+std::vector<int> FreePorts(int count);
 
 class KubeTestEnv {
  public:
@@ -67,6 +72,11 @@ class KubeTestEnv {
                    const nlohmann::json& body = nullptr,
                    const std::string& content_type = "application/json", int64_t timeout_ms = 30000,
                    const std::string& accept = "application/json") const;
+
+  // Creates every CustomResourceDefinition of the YAML file `path` (one that exists already is
+  // fine) and waits, bounded, until the server lists each served version's resource in
+  // discovery. False (and `error`, naming the file) otherwise.
+  bool InstallCrds(const std::string& path, std::string* error) const;
 
   // Starts kube-controller-manager --controllers=garbagecollector (built beside the server).
   // Call it after installing CRDs whose objects own others: the collector learns resources by

@@ -19,7 +19,6 @@
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <atomic>
 #include <cerrno>
@@ -33,8 +32,6 @@
 #include <thread>
 #include <vector>
 
-#include "common/spec/problems.h"
-#include "common/spec/yaml_to_json.h"
 #include "tests/support/kube/kube_testenv.h"
 
 namespace {
@@ -44,70 +41,6 @@ using lockstep::testing::KubeTestEnv;
 
 constexpr char kUsage[] =
     "usage: kube_testenv_server [--crd FILE]... [--build-timeout-s S] [--start-timeout-s S]\n";
-
-bool LoadDocuments(const std::string& path, std::vector<json>* out, std::string* why) {
-  std::vector<YAML::Node> documents;
-  try {
-    documents = YAML::LoadAllFromFile(path);
-  } catch (const YAML::Exception& error) {
-    *why = path + ": " + error.msg;
-    return false;
-  }
-  for (const YAML::Node& document : documents) {
-    lockstep::spec::internal::Problems problems;
-    json j = lockstep::spec::internal::YamlToJson(document, &problems);
-    if (!problems.empty()) {
-      *why = path + ": " + problems.Join("yaml");
-      return false;
-    }
-    if (!j.is_null()) out->push_back(std::move(j));
-  }
-  return true;
-}
-
-// Creates every CRD of `path` (an existing one is fine) and waits, bounded, until the API server
-// lists each served version's resource in discovery.
-bool InstallCrds(const KubeTestEnv& kube, const std::string& path, std::string* error) {
-  std::vector<json> documents;
-  if (!LoadDocuments(path, &documents, error)) return false;
-  for (const json& crd : documents) {
-    if (!crd.is_object() || crd.value("kind", "") != "CustomResourceDefinition") {
-      *error = path + ": not a CustomResourceDefinition: " + crd.dump().substr(0, 200);
-      return false;
-    }
-    KubeTestEnv::Response created =
-        kube.Request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions", crd);
-    if (created.status != 201 && created.status != 409) {
-      *error = path + ": CRD refused (" + std::to_string(created.status) + "): " + created.raw +
-               created.error;
-      return false;
-    }
-    const json& spec = crd["spec"];
-    const std::string group = spec.value("group", "");
-    const std::string plural = spec["names"].value("plural", "");
-    for (const json& version : spec.value("versions", json::array())) {
-      if (!version.value("served", false)) continue;
-      const std::string discovery = "/apis/" + group + "/" + version.value("name", "");
-      bool served = KubeTestEnv::WaitFor(
-          [&] {
-            KubeTestEnv::Response r = kube.Request("GET", discovery, nullptr, "application/json",
-                                                   5000);
-            if (r.status != 200 || !r.body.is_object()) return false;
-            for (const json& resource : r.body.value("resources", json::array())) {
-              if (resource.value("name", "") == plural) return true;
-            }
-            return false;
-          },
-          30000);
-      if (!served) {
-        *error = path + ": " + plural + "." + group + " not served at " + discovery +
-                 " within 30 s";
-        return false;
-      }
-    }
-  }
-  return true;
-}
 
 std::atomic<bool> stop_requested{false};
 
@@ -197,7 +130,7 @@ int main(int argc, char** argv) {
     if (env) {
       for (const std::string& crd : crds) {
         if (stop_requested.load()) break;
-        if (!InstallCrds(*env, crd, &why)) {
+        if (!env->InstallCrds(crd, &why)) {
           why += "\n" + env->LogTails();
           env.reset();
           break;
