@@ -234,14 +234,22 @@ std::string DefaultUser() {
 }
 
 // Runs `attempt` until it returns anything but UNAVAILABLE, backing off exponentially with
-// jitter, and never past `deadline`.
+// jitter, and never past `deadline`. Running out of time names the last retried error, whether
+// the deadline passed between attempts or during one.
 Status RetryUnavailable(const StorageOptions& options, Deadline deadline, const std::string& what,
                         const std::function<Status()>& attempt) {
   thread_local std::mt19937_64 random(std::random_device{}());
   int64_t backoff_ms = std::max<int64_t>(1, options.retry_initial_backoff_ms);
+  Status last_retried;
   for (int attempts = 1;; ++attempts) {
     Status status = attempt();
+    if (status.code() == StatusCode::kDeadlineExceeded && !last_retried.ok()) {
+      return DeadlineExceededError(std::string(status.message()) + " (attempt " +
+                                   std::to_string(attempts) + "); last error before it: " +
+                                   last_retried.ToString());
+    }
     if (status.code() != StatusCode::kUnavailable) return status;
+    last_retried = status;
     std::uniform_int_distribution<int64_t> jitter(backoff_ms / 2, backoff_ms);
     const int64_t pause_ms = jitter(random);
     if (deadline.remaining_ms() <= pause_ms) {
