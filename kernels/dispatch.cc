@@ -87,6 +87,21 @@ void SoftmaxCrossEntropy(const ExecutionContext& ctx, int64_t rows, int64_t clas
                                                       grad_scale, dlogits, loss_sum, correct));
 }
 
+void SoftmaxCrossEntropyAccumulate(const ExecutionContext& ctx, int64_t rows, int64_t classes,
+                                   const float* logits, const int32_t* labels, float grad_scale,
+                                   float* dlogits, double* loss_accumulator) {
+  LOCKSTEP_KERNELS_DISPATCH(
+      "SoftmaxCrossEntropyAccumulate",
+      [&] {
+        double loss_sum = 0;
+        cpu::SoftmaxCrossEntropy(rows, classes, logits, labels, grad_scale, dlogits, &loss_sum,
+                                 nullptr);
+        *loss_accumulator += loss_sum;
+      }(),
+      cuda::SoftmaxCrossEntropyAccumulate(ctx, rows, classes, logits, labels, grad_scale, dlogits,
+                                          loss_accumulator));
+}
+
 int64_t CountCorrect(const ExecutionContext& ctx, int64_t rows, int64_t classes,
                      const float* logits, const int32_t* labels) {
   LOCKSTEP_KERNELS_DISPATCH("CountCorrect", cpu::CountCorrect(rows, classes, logits, labels),
@@ -115,6 +130,15 @@ void AdamWUpdate(const ExecutionContext& ctx, int64_t n, float lr, float beta1, 
 
 void Scale(const ExecutionContext& ctx, int64_t n, float scale, float* x) {
   LOCKSTEP_KERNELS_DISPATCH("Scale", cpu::Scale(n, scale, x), cuda::Scale(ctx, n, scale, x));
+}
+
+void SetZero(const ExecutionContext& ctx, int64_t n, float* x) {
+  LOCKSTEP_KERNELS_DISPATCH("SetZero", cpu::SetZero(n, x), cuda::SetZero(ctx, n, x));
+}
+
+int64_t CountNonFinite(const ExecutionContext& ctx, int64_t n, const float* x) {
+  LOCKSTEP_KERNELS_DISPATCH("CountNonFinite", cpu::CountNonFinite(n, x),
+                            cuda::CountNonFinite(ctx, n, x));
 }
 
 void PackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale, const float* in,

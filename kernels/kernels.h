@@ -68,6 +68,14 @@ void SoftmaxCrossEntropy(const ExecutionContext& ctx, int64_t rows, int64_t clas
                          const float* logits, const int32_t* labels, float grad_scale,
                          float* dlogits, double* loss_sum, int64_t* correct);
 
+// The training step's form: the same gradients, and the loss sum (double) ADDED to
+// *loss_accumulator, which is memory of the context's device, without any host synchronisation;
+// the trainer reads the accumulator once per log interval. A label outside [0, classes) makes
+// the accumulated loss NaN on CUDA (the device cannot abort) and aborts on the CPU.
+void SoftmaxCrossEntropyAccumulate(const ExecutionContext& ctx, int64_t rows, int64_t classes,
+                                   const float* logits, const int32_t* labels, float grad_scale,
+                                   float* dlogits, double* loss_accumulator);
+
 // Counts rows whose argmax equals the label (evaluation).
 int64_t CountCorrect(const ExecutionContext& ctx, int64_t rows, int64_t classes,
                      const float* logits, const int32_t* labels);
@@ -88,6 +96,13 @@ void AdamWUpdate(const ExecutionContext& ctx, int64_t n, float lr, float beta1, 
 
 // x[i] *= scale.
 void Scale(const ExecutionContext& ctx, int64_t n, float scale, float* x);
+
+// x[i] = 0 (asynchronous on CUDA).
+void SetZero(const ExecutionContext& ctx, int64_t n, float* x);
+
+// How many of x[0..n) are infinite or NaN (the fp16 overflow check). The result is a host value:
+// on CUDA this waits for the context's stream.
+int64_t CountNonFinite(const ExecutionContext& ctx, int64_t n, const float* x);
 
 // Bucket packing for compressed all-reduce: out[i] = half(in[i] * scale) (round to nearest even)
 // and its inverse out[i] = float(in[i]) * scale. Half values are raw uint16_t bits.

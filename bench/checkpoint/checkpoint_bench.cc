@@ -95,24 +95,27 @@ double PlainWrite(const std::string& dir, const std::vector<uint8_t>& bytes) {
 class TrainingStep {
  public:
   TrainingStep(const trainer::MlpModel& model, int64_t num_features, int64_t batch)
-      : model_(model), batch_(batch), workspace_(model, batch) {
+      : model_(model), batch_(batch),
+        workspace_(*trainer::MlpWorkspace::Create(model, batch, kernels::CpuDevice())) {
     std::mt19937 random(7);
     std::uniform_real_distribution<float> pixel(0.0f, 1.0f);
     features_.resize(static_cast<size_t>(batch * num_features));
     for (float& value : features_) value = pixel(random);
     for (int64_t i = 0; i < batch; ++i) labels_.push_back(static_cast<int32_t>(random() % 10));
-    grads_.resize(static_cast<size_t>(model.layout().num_params));
+    if (!grads_.Allocate(kernels::CpuDevice(), model.layout().num_params).ok()) std::abort();
+    if (!loss_sum_.Allocate(kernels::CpuDevice(), 1).ok()) std::abort();
   }
 
   // Returns the seconds of the forward and backward.
   template <typename BeforeUpdate>
   double Run(trainer::TrainingState& state, BeforeUpdate before_update) {
     const double started = MonotonicSeconds();
-    model_.ForwardBackward(ctx_, state.params.data(), features_.data(), labels_.data(), batch_,
-                           1.0f / static_cast<float>(batch_), grads_.data(), workspace_, nullptr);
+    model_.ForwardBackward(ctx_, state.params.device_data(), features_.data(), labels_.data(),
+                           batch_, 1.0f / static_cast<float>(batch_), grads_.device_data(),
+                           workspace_, nullptr, loss_sum_.device_data());
     const double forward_backward = MonotonicSeconds() - started;
     before_update();
-    state.optimizer.Step(ctx_, 0.01f, state.params.data(), grads_.data());
+    state.optimizer.Step(ctx_, 0.01f, state.params.device_data(), grads_.device_data());
     return forward_backward;
   }
 
@@ -122,7 +125,8 @@ class TrainingStep {
   trainer::MlpWorkspace workspace_;
   std::vector<float> features_;
   std::vector<int32_t> labels_;
-  std::vector<float> grads_;
+  kernels::DeviceArray<float> grads_;
+  kernels::DeviceArray<double> loss_sum_;
   const kernels::ExecutionContext ctx_;
 };
 
@@ -157,10 +161,12 @@ int Main(int argc, char** argv) {
   spec.optimizer.type =
       optimizer == "adamw" ? spec::OptimizerType::kAdamW : spec::OptimizerType::kSgd;
   const trainer::ParameterLayout& layout = model->layout();
-  trainer::TrainingState state{
-      0, {}, 0, 65536.0f, 0, {}, trainer::Optimizer(spec.optimizer, layout.num_params), {}};
-  state.params.resize(static_cast<size_t>(layout.num_params));
-  model->InitializeParameters(1, state.params.data());
+  auto made = trainer::MakeTrainingState(layout.num_params, spec.optimizer, kernels::CpuDevice());
+  if (!made.ok()) return 1;
+  trainer::TrainingState state = std::move(made).value();
+  std::vector<float> initial(static_cast<size_t>(layout.num_params));
+  model->InitializeParameters(1, initial.data());
+  if (!state.params.CopyFromHost(initial.data(), layout.num_params).ok()) return 1;
   TrainingStep step(*model, 784, batch);
   step.Run(state, [] {});  // optimizer state that is not all zeros
 

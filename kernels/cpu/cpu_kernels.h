@@ -6,10 +6,18 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/kernels.h"
 
+namespace lockstep::kernels {
+class Device;
+}  // namespace lockstep::kernels
+
 namespace lockstep::kernels::cpu {
+
+// The CPU implementation of kernels/device.h.
+std::unique_ptr<Device> CreateCpuDevice();
 
 void Gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha,
           const float* a, const float* b, float beta, float* c);
@@ -30,6 +38,8 @@ void AdamWUpdate(int64_t n, float lr, float beta1, float beta2, float epsilon, f
                  int64_t step, float* param, const float* grad, float* exp_avg, float* exp_avg_sq);
 
 void Scale(int64_t n, float scale, float* x);
+void SetZero(int64_t n, float* x);
+int64_t CountNonFinite(int64_t n, const float* x);
 void PackHalf(HalfType type, int64_t n, float scale, const float* in, uint16_t* out);
 void UnpackHalf(HalfType type, int64_t n, float scale, const uint16_t* in, float* out);
 

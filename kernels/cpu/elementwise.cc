@@ -1,6 +1,7 @@
-// Elementwise kernels: Scale, and the half-precision bucket pack/unpack for compressed
+// Elementwise kernels: Scale, SetZero, CountNonFinite, and the half-precision bucket pack/unpack for compressed
 // all-reduce (conversions in kernels/cpu/half_convert.h).
 #include <cstdlib>
+#include <cstring>
 
 #include "common/logging.h"
 #include "kernels/cpu/cpu_kernels.h"
@@ -18,6 +19,21 @@ namespace {
 
 void Scale(int64_t n, float scale, float* __restrict x) {
   for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+}
+
+void SetZero(int64_t n, float* x) {
+  if (n > 0) std::memset(x, 0, static_cast<size_t>(n) * sizeof(float));
+}
+
+int64_t CountNonFinite(int64_t n, const float* __restrict x) {
+  // Finite means the exponent bits are not all ones: integer work that vectorises.
+  int64_t count = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, x + i, sizeof(bits));
+    count += (bits & 0x7f800000u) == 0x7f800000u ? 1 : 0;
+  }
+  return count;
 }
 
 void PackHalf(HalfType type, int64_t n, float scale, const float* __restrict in,

@@ -18,13 +18,21 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 
 namespace lockstep::kernels::cuda {
 
 // cudaGetDeviceCount() > 0, read once; false (never an abort) without a driver or device.
 bool DeviceAvailable();
+// OK, or why no device can be used (the driver's error, or no device visible).
+Status Usable();
+// cudaGetDeviceCount(), 0 on any error.
+int DeviceCount();
+// The CUDA implementation of kernels/device.h (kernels/cuda/cuda_device.cc).
+StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, bool allow_tf32);
 
 void Gemm(const ExecutionContext& ctx, bool transpose_a, bool transpose_b, int64_t m, int64_t n,
           int64_t k, float alpha, const float* a, const float* b, float beta, float* c);
@@ -44,7 +52,12 @@ void SgdMomentumUpdate(const ExecutionContext& ctx, int64_t n, float lr, float m
 void AdamWUpdate(const ExecutionContext& ctx, int64_t n, float lr, float beta1, float beta2,
                  float epsilon, float weight_decay, int64_t step, float* param, const float* grad,
                  float* exp_avg, float* exp_avg_sq);
+void SoftmaxCrossEntropyAccumulate(const ExecutionContext& ctx, int64_t rows, int64_t classes,
+                                   const float* logits, const int32_t* labels, float grad_scale,
+                                   float* dlogits, double* loss_accumulator);
 void Scale(const ExecutionContext& ctx, int64_t n, float scale, float* x);
+void SetZero(const ExecutionContext& ctx, int64_t n, float* x);
+int64_t CountNonFinite(const ExecutionContext& ctx, int64_t n, const float* x);
 void PackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale, const float* in,
               uint16_t* out);
 void UnpackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale,

@@ -1,4 +1,4 @@
-// The flat elementwise kernels on the GPU: Scale, half-precision pack/unpack, and the fused
+// The flat elementwise kernels on the GPU: Scale, SetZero, CountNonFinite, half-precision pack/unpack, and the fused
 // SGD-momentum and AdamW updates. Each is one pass over its arrays, reading every element once
 // and writing it once, with 16-byte accesses (float4; 8-byte ushort4 for halves) wherever the
 // arrays share their alignment (VectorPrologue), which is what reaches the memory bandwidth.
@@ -54,6 +54,23 @@ __device__ __forceinline__ float4 Load4(const float* p) {
   return *reinterpret_cast<const float4*>(p);
 }
 __device__ __forceinline__ void Store4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+
+// Counts the non-finite values: one integer atomic per block (integer sums are exact in any order).
+__global__ void __launch_bounds__(kThreads)
+    CountNonFiniteKernel(int64_t n, const float* __restrict__ x, unsigned long long* count) {
+  __shared__ unsigned int block_count;
+  if (threadIdx.x == 0) block_count = 0;
+  __syncthreads();
+  unsigned int mine = 0;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    mine += isfinite(x[i]) ? 0u : 1u;
+  }
+  if (mine != 0) atomicAdd(&block_count, mine);
+  __syncthreads();
+  if (threadIdx.x == 0 && block_count != 0) atomicAdd(count, block_count);
+}
 
 struct ScaleOp {
   float* x;
@@ -214,6 +231,27 @@ ArrayAddress Halves(const uint16_t* p) { return {p, sizeof(uint16_t)}; }
 
 void Scale(const ExecutionContext& ctx, int64_t n, float scale, float* x) {
   LaunchElementwise(ctx, n, ScaleOp{x, scale}, {Floats(x)});
+}
+
+void SetZero(const ExecutionContext& ctx, int64_t n, float* x) {
+  if (n <= 0) return;
+  LOCKSTEP_CUDA_CHECK(
+      cudaMemsetAsync(x, 0, static_cast<size_t>(n) * sizeof(float), StreamOf(ctx)));
+}
+
+int64_t CountNonFinite(const ExecutionContext& ctx, int64_t n, const float* x) {
+  if (n <= 0) return 0;
+  const cudaStream_t stream = StreamOf(ctx);
+  DeviceScratch scratch(AlignScratch(sizeof(unsigned long long)), stream);
+  unsigned long long* count = scratch.At<unsigned long long>(0);
+  LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(count, 0, sizeof(unsigned long long), stream));
+  CountNonFiniteKernel<<<GridSizeFor(n, kThreads), kThreads, 0, stream>>>(n, x, count);
+  LOCKSTEP_CUDA_CHECK_LAUNCH();
+  unsigned long long host_count = 0;
+  LOCKSTEP_CUDA_CHECK(
+      cudaMemcpyAsync(&host_count, count, sizeof(host_count), cudaMemcpyDeviceToHost, stream));
+  LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return static_cast<int64_t>(host_count);
 }
 
 void PackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale, const float* in,

@@ -5,7 +5,9 @@
 #include <atomic>
 #include <cstdint>
 #include <limits>
+#include <cstdlib>
 #include <mutex>
+#include <string>
 
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
@@ -59,19 +61,50 @@ cudaMemPool_t ScratchPool(int device) {
 
 }  // namespace
 
-bool DeviceAvailable() {
-  // Read once: the set of visible devices cannot change during the process. A missing driver or
-  // device is an answer (false), not an error.
-  static const bool available = [] {
+namespace {
+
+// cudaGetDeviceCount's answer, read once: the set of visible devices cannot change during the
+// process. A missing driver or device is an answer, not an error.
+struct DeviceCountAnswer {
+  cudaError_t error;
+  int count;
+};
+
+const DeviceCountAnswer& CountDevices() {
+  static const DeviceCountAnswer answer = [] {
     int count = 0;
     const cudaError_t error = cudaGetDeviceCount(&count);
-    if (error != cudaSuccess) {
-      (void)cudaGetLastError();  // not sticky, but leave no trace for later checks
-      return false;
-    }
-    return count > 0;
+    if (error != cudaSuccess) (void)cudaGetLastError();  // not sticky; leave no trace
+    return DeviceCountAnswer{error, error == cudaSuccess ? count : 0};
   }();
-  return available;
+  return answer;
+}
+
+}  // namespace
+
+bool DeviceAvailable() { return CountDevices().count > 0; }
+
+int DeviceCount() { return CountDevices().count; }
+
+Status Usable() {
+  const DeviceCountAnswer& answer = CountDevices();
+  if (answer.error == cudaErrorNoDevice || (answer.error == cudaSuccess && answer.count == 0)) {
+    const char* visible = std::getenv("CUDA_VISIBLE_DEVICES");
+    return UnavailableError(std::string("no CUDA device is visible") +
+                            (visible != nullptr ? std::string(" (CUDA_VISIBLE_DEVICES=") + visible +
+                                                      ")"
+                                                : std::string()));
+  }
+  if (answer.error == cudaErrorInsufficientDriver) {
+    return UnavailableError(std::string("the CUDA driver is missing or older than this build's "
+                                        "CUDA runtime (") +
+                            cudaGetErrorName(answer.error) + ")");
+  }
+  if (answer.error != cudaSuccess) {
+    return UnavailableError(std::string("CUDA cannot start: ") + cudaGetErrorName(answer.error) +
+                            ": " + cudaGetErrorString(answer.error));
+  }
+  return OkStatus();
 }
 
 int GridSizeFor(int64_t work_items, int threads_per_block) {

@@ -123,7 +123,8 @@ __global__ void __launch_bounds__(kRowThreads)
 template <RowMode kMode>
 __global__ void __launch_bounds__(kReduceThreads)
     ReduceRowsKernel(int64_t rows, const double* __restrict__ row_loss,
-                     const int32_t* __restrict__ row_correct, RowTotals* totals) {
+                     const int32_t* __restrict__ row_correct, RowTotals* totals,
+                     double* accumulate_loss) {
   __shared__ double loss[kReduceThreads];
   __shared__ long long correct[kReduceThreads];
   double thread_loss = 0.0;
@@ -145,15 +146,18 @@ __global__ void __launch_bounds__(kReduceThreads)
   if (threadIdx.x == 0) {
     totals->loss = loss[0];
     totals->correct = correct[0];
+    // One block, one thread: the accumulator is added to in stream order, never concurrently.
+    if (accumulate_loss != nullptr) *accumulate_loss += loss[0];
   }
 }
 
 // Runs the row and reduction kernels; when `read_back`, copies the totals to the host, waits,
-// and aborts on a bad label.
+// and aborts on a bad label. A non-null `accumulate_loss` (device memory) gets the loss sum added
+// without any host synchronisation.
 template <RowMode kMode>
 RowTotals RunRows(const ExecutionContext& ctx, const char* kernel, int64_t rows, int64_t classes,
                   const float* logits, const int32_t* labels, float grad_scale, float* dlogits,
-                  bool read_back) {
+                  bool read_back, double* accumulate_loss = nullptr) {
   const cudaStream_t stream = StreamOf(ctx);
   const size_t totals_bytes = AlignScratch(sizeof(RowTotals));
   const size_t loss_bytes =
@@ -172,10 +176,12 @@ RowTotals RunRows(const ExecutionContext& ctx, const char* kernel, int64_t rows,
                                   row_correct, totals);
   LOCKSTEP_CUDA_CHECK_LAUNCH();
   RowTotals host_totals{0.0, 0, std::numeric_limits<unsigned long long>::max()};
-  if (!read_back) return host_totals;
+  if (!read_back && accumulate_loss == nullptr) return host_totals;
 
-  ReduceRowsKernel<kMode><<<1, kReduceThreads, 0, stream>>>(rows, row_loss, row_correct, totals);
+  ReduceRowsKernel<kMode><<<1, kReduceThreads, 0, stream>>>(rows, row_loss, row_correct, totals,
+                                                            accumulate_loss);
   LOCKSTEP_CUDA_CHECK_LAUNCH();
+  if (!read_back) return host_totals;
   LOCKSTEP_CUDA_CHECK(
       cudaMemcpyAsync(&host_totals, totals, sizeof(RowTotals), cudaMemcpyDeviceToHost, stream));
   LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(stream));
@@ -206,6 +212,15 @@ void SoftmaxCrossEntropy(const ExecutionContext& ctx, int64_t rows, int64_t clas
       loss_sum != nullptr || correct != nullptr);
   if (loss_sum != nullptr) *loss_sum = totals.loss;
   if (correct != nullptr) *correct = totals.correct;
+}
+
+void SoftmaxCrossEntropyAccumulate(const ExecutionContext& ctx, int64_t rows, int64_t classes,
+                                   const float* logits, const int32_t* labels, float grad_scale,
+                                   float* dlogits, double* loss_accumulator) {
+  if (rows <= 0 || classes <= 0) return;
+  RunRows<RowMode::kLossAndGradient>(ctx, "SoftmaxCrossEntropyAccumulate", rows, classes, logits,
+                                     labels, grad_scale, dlogits, /*read_back=*/false,
+                                     loss_accumulator);
 }
 
 int64_t CountCorrect(const ExecutionContext& ctx, int64_t rows, int64_t classes,

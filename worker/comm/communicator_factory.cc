@@ -7,6 +7,10 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/shm/shm_communicator.h"
 
+#ifdef LOCKSTEP_COMM_WITH_NCCL
+#include "worker/comm/nccl/nccl_communicator.h"
+#endif
+
 namespace lockstep::comm {
 namespace {
 
@@ -24,6 +28,20 @@ StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& optio
                                                 const char* lockstep_comm) {
   const std::string forced = lockstep_comm == nullptr ? "" : lockstep_comm;
   const bool one_host = AllMembersOnThisHost(options);
+  if (forced != "" && forced != "auto" && forced != "gloo" && forced != "shm" &&
+      forced != "nccl") {
+    return InvalidArgumentError("LOCKSTEP_COMM=" + forced + ": expected auto, nccl, shm or gloo");
+  }
+  if (options.cuda) {
+    if (forced.empty() || forced == "auto" || forced == "nccl") return std::string("nccl");
+    return FailedPreconditionError("LOCKSTEP_COMM=" + forced +
+                                   ": the trainer runs on device cuda, whose tensors only nccl "
+                                   "reduces; unset LOCKSTEP_COMM or set it to nccl");
+  }
+  if (forced == "nccl") {
+    return FailedPreconditionError(
+        "LOCKSTEP_COMM=nccl: the trainer runs on device cpu; nccl reduces GPU memory only");
+  }
   if (forced.empty() || forced == "auto") return std::string(one_host ? "shm" : "gloo");
   if (forced == "gloo") return std::string("gloo");
   if (forced == "shm") {
@@ -34,7 +52,7 @@ StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& optio
     }
     return std::string("shm");
   }
-  return InvalidArgumentError("LOCKSTEP_COMM=" + forced + ": expected auto, shm or gloo");
+  return InvalidArgumentError("LOCKSTEP_COMM=" + forced + ": expected auto, nccl, shm or gloo");
 }
 
 StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOptions& options,
@@ -43,6 +61,19 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOpt
                             ChooseCommunicatorBackend(options, std::getenv("LOCKSTEP_COMM")));
   LOCKSTEP_LOG(INFO) << "communicator backend " << backend << " for " << options.size
                      << " member(s)" << (backend == "shm" ? " on one host" : "");
+  if (backend == "nccl") {
+#ifdef LOCKSTEP_COMM_WITH_NCCL
+    NcclCommunicatorOptions nccl;
+    nccl.rank = options.rank;
+    nccl.size = options.size;
+    nccl.device = options.cuda_device;
+    nccl.connect_timeout_ms = options.connect_timeout_ms;
+    nccl.input_stream = options.cuda_stream;
+    return CreateNcclCommunicator(nccl, store);
+#else
+    return FailedPreconditionError("communicator nccl: this build has no NCCL communicator");
+#endif
+  }
   if (backend == "shm") {
     ShmOptions shm;
     shm.rank = options.rank;

@@ -1,6 +1,9 @@
 // CreateCommunicator: picks the Communicator backend for a generation and builds it.
 //
 // Backends, in order of preference:
+//  - nccl (nccl/): the ranks train on GPUs (device: cuda). Their tensors are device memory, which
+//    only NCCL reduces in place, so it is the only choice there: LOCKSTEP_COMM=gloo or shm with
+//    device: cuda is refused (FAILED_PRECONDITION) rather than silently staged through the host.
 //  - shm (shm/): every member of the generation runs on this member's host (their rendezvous
 //    host strings are equal, as under `lockstep run`, where every worker is 127.0.0.1). One
 //    shared-memory segment instead of TCP over loopback: ~5-10x the all-reduce bandwidth.
@@ -34,12 +37,20 @@ struct CommunicatorOptions {
   // Names the shared-memory segment (for tracing a leaked one).
   std::string job_name;
   int64_t generation = 0;
-  // Deadline for the bootstrap (Gloo's full mesh, or every rank attaching to the segment).
+  // Deadline for the bootstrap (Gloo's full mesh, every rank attaching to the segment, or NCCL's
+  // unique id exchange and connection setup).
   int64_t connect_timeout_ms = 30000;
+  // The trainer's tensors are on a CUDA device: nccl is chosen, on device `cuda_device`, with its
+  // collectives ordered after the work queued on `cuda_stream` (a cudaStream_t; the device's
+  // side queue, kernels/device.h).
+  bool cuda = false;
+  int cuda_device = 0;
+  void* cuda_stream = nullptr;
 };
 
-// "shm" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr: unset).
-// INVALID_ARGUMENT for an unknown value; FAILED_PRECONDITION for "shm" across hosts.
+// "nccl", "shm" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr: unset).
+// INVALID_ARGUMENT for an unknown value; FAILED_PRECONDITION for "shm" across hosts, for a CPU
+// backend with cuda, and for nccl without it.
 StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& options,
                                                 const char* lockstep_comm);
 

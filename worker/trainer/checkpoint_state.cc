@@ -18,6 +18,7 @@ struct TensorView {
   const void* data;    // for Fill
   void* mutable_data;  // for Restore
   size_t bytes;
+  bool on_device;  // data is memory of the state's device, else host memory
 };
 
 std::string RngState(const spec::TrainerSpec& spec) {
@@ -38,16 +39,17 @@ std::vector<TensorView> Views(const TrainingState& state, TrainingState* mutable
                        {layer.out, layer.in},
                        data + layer.weight_offset,
                        mutable_data ? mutable_data + layer.weight_offset : nullptr,
-                       static_cast<size_t>(layer.in * layer.out) * sizeof(float)});
+                       static_cast<size_t>(layer.in * layer.out) * sizeof(float), true});
       views.push_back({base + ".bias",
                        "f32",
                        {layer.out},
                        data + layer.bias_offset,
                        mutable_data ? mutable_data + layer.bias_offset : nullptr,
-                       static_cast<size_t>(layer.out) * sizeof(float)});
+                       static_cast<size_t>(layer.out) * sizeof(float), true});
     }
   };
-  add_buffer("", state.params.data(), mutable_state ? mutable_state->params.data() : nullptr);
+  add_buffer("", state.params.device_data(),
+             mutable_state ? mutable_state->params.device_data() : nullptr);
   const auto buffers = state.optimizer.StateBuffers();
   const auto names = state.optimizer.StateBufferNames();
   std::vector<std::pair<float*, int64_t>> mutable_buffers;
@@ -61,26 +63,26 @@ std::vector<TensorView> Views(const TrainingState& state, TrainingState* mutable
                    {1},
                    &state.samples,
                    mutable_state ? &mutable_state->samples : nullptr,
-                   sizeof(int64_t)});
+                   sizeof(int64_t), false});
   views.push_back({"trainer/loss_scale",
                    "f32",
                    {1},
                    &state.loss_scale,
                    mutable_state ? &mutable_state->loss_scale : nullptr,
-                   sizeof(float)});
+                   sizeof(float), false});
   views.push_back({"trainer/loss_scale_good_steps",
                    "i64",
                    {1},
                    &state.loss_scale_good_steps,
                    mutable_state ? &mutable_state->loss_scale_good_steps : nullptr,
-                   sizeof(int64_t)});
+                   sizeof(int64_t), false});
   if (!state.sample_counts.empty()) {
     views.push_back({"accounting/sample_counts",
                      "i32",
                      {static_cast<int64_t>(state.sample_counts.size())},
                      state.sample_counts.data(),
                      mutable_state ? mutable_state->sample_counts.data() : nullptr,
-                     state.sample_counts.size() * sizeof(int32_t)});
+                     state.sample_counts.size() * sizeof(int32_t), false});
   }
   return views;
 }
@@ -88,7 +90,11 @@ std::vector<TensorView> Views(const TrainingState& state, TrainingState* mutable
 }  // namespace
 
 void FillCheckpointState(const TrainingState& state, const ParameterLayout& layout,
-                         const spec::TrainerSpec& spec, checkpoint::CheckpointState* out) {
+                         const spec::TrainerSpec& spec, checkpoint::CheckpointState* out,
+                         const kernels::DeviceEvent* ready) {
+  kernels::Device& device = *state.params.device();
+  const kernels::ExecutionContext& on = ready != nullptr ? device.side() : device.compute();
+  if (ready != nullptr) device.Wait(on, *ready);
   out->step = state.step;
   out->epoch = state.cursor.epoch;
   out->cursor = checkpoint::DataCursor{state.cursor.epoch, state.cursor.offset};
@@ -103,8 +109,13 @@ void FillCheckpointState(const TrainingState& state, const ParameterLayout& layo
     tensor.dtype = views[k].dtype;
     tensor.shape = views[k].shape;
     tensor.bytes.resize(views[k].bytes);
-    std::memcpy(tensor.bytes.data(), views[k].data, views[k].bytes);
+    if (views[k].on_device) {
+      device.CopyToHost(on, tensor.bytes.data(), views[k].data, views[k].bytes);
+    } else {
+      std::memcpy(tensor.bytes.data(), views[k].data, views[k].bytes);
+    }
   }
+  device.Synchronize(on);
 }
 
 Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
@@ -149,10 +160,17 @@ Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
           std::to_string(view.bytes) + " (a different model in the manifest?)");
     }
   }
+  kernels::Device& device = *state->params.device();
   for (const TensorView& view : views) {
     if (view.name == "accounting/sample_counts" && !restore_counts) continue;
-    std::memcpy(view.mutable_data, by_name[view.name]->bytes.data(), view.bytes);
+    if (view.on_device) {
+      device.CopyToDevice(device.compute(), view.mutable_data, by_name[view.name]->bytes.data(),
+                          view.bytes);
+    } else {
+      std::memcpy(view.mutable_data, by_name[view.name]->bytes.data(), view.bytes);
+    }
   }
+  device.Synchronize(device.compute());
   state->step = checkpoint.step;
   state->cursor = DataCursor{checkpoint.cursor.epoch, checkpoint.cursor.offset};
   state->optimizer.set_steps_taken(checkpoint.optimizer.step);

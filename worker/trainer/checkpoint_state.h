@@ -21,13 +21,19 @@
 namespace lockstep::trainer {
 
 // Writes `state` into `out`, reusing out's buffers when it already has this layout (a repeated
-// snapshot then costs one copy and no allocation).
+// snapshot then costs one copy and no allocation). The parameters and optimizer state are copied
+// from the device: after everything queued on its compute stream when `ready` is null, else on
+// its side stream once `ready` (an event recorded on the compute stream at the step boundary) is
+// reached, so a capture thread copies while the training thread queues the next step. Returns
+// once the copies are done.
 void FillCheckpointState(const TrainingState& state, const ParameterLayout& layout,
-                         const spec::TrainerSpec& spec, checkpoint::CheckpointState* out);
+                         const spec::TrainerSpec& spec, checkpoint::CheckpointState* out,
+                         const kernels::DeviceEvent* ready = nullptr);
 
 // Restores `state` from `checkpoint`. FAILED_PRECONDITION naming the tensor when the checkpoint
 // does not fit this model or optimizer (the manifest changed). Sample counts are restored when
-// both sides keep them, and reset otherwise.
+// both sides keep them, and reset otherwise. The tensors go to the state's device (a checkpoint
+// written on one device type resumes on the other: the bytes are the same float32).
 Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
                                   const ParameterLayout& layout, const spec::TrainerSpec& spec,
                                   TrainingState* state);

@@ -16,27 +16,25 @@ namespace {
 // overruns it.
 constexpr int64_t kWaitSlackMs = 5000;
 
-bool AllFinite(const float* values, int64_t count) {
-  for (int64_t i = 0; i < count; ++i) {
-    if (!std::isfinite(values[i])) return false;
-  }
-  return true;
-}
-
 }  // namespace
 
 GradientSynchronizer::GradientSynchronizer(comm::Communicator& communicator,
+                                           kernels::Device& device,
                                            std::vector<GradientBucket> buckets,
                                            const SynchronizerOptions& options)
-    : comm_(communicator), buckets_(std::move(buckets)), options_(options) {
-  if (options_.compression != spec::Compression::kNone) {
+    : comm_(communicator), device_(device), buckets_(std::move(buckets)), options_(options) {
+  if (options_.compression != spec::Compression::kNone && comm_.size() > 1) {
     int64_t total = 0, largest = 0;
     for (const GradientBucket& bucket : buckets_) {
       total = std::max(total, bucket.offset + bucket.count);
       largest = std::max(largest, bucket.count);
     }
-    half_.resize(static_cast<size_t>(total));
+    half_allocation_ = half_.Allocate(device_, total);
     unpacked_.resize(static_cast<size_t>(largest));
+  }
+  if (comm_.size() > 1) {
+    for (size_t i = 0; i < buckets_.size(); ++i) bucket_ready_.push_back(device_.CreateEvent());
+    reduced_ = device_.CreateEvent();
   }
   bucket_seconds_.resize(buckets_.size());
   bucket_wire_bytes_.resize(buckets_.size());
@@ -88,6 +86,8 @@ void GradientSynchronizer::OnLayerReady(int backward_layer) {
         ++done_buckets_;
         continue;
       }
+      // Backward has queued this bucket's last kernels: mark the point for the side stream.
+      device_.Record(*bucket_ready_[next_bucket_], device_.compute());
       queue_.push_back(next_bucket_++);
       enqueued = true;
     }
@@ -120,6 +120,11 @@ Status GradientSynchronizer::Wait(StepCommStats* stats) {
     // Wait for the thread to leave the collective so the caller may drop the communicator.
     done_cv_.wait(lock, [this] { return !busy_; });
     return step_status_;
+  }
+  if (comm_.size() > 1) {
+    // The optimizer's kernels, queued on the compute stream next, follow the unpacking.
+    device_.Record(*reduced_, device_.side());
+    device_.Wait(device_.compute(), *reduced_);
   }
   if (stats != nullptr) {
     stats->exposed_seconds = MonotonicSeconds() - started;
@@ -187,6 +192,7 @@ Status GradientSynchronizer::ReduceBucket(size_t index, double* seconds, int64_t
   const GradientBucket& bucket = buckets_[index];
   float* slice = grads_ + bucket.offset;
   const double started = MonotonicSeconds();
+  device_.Wait(device_.side(), *bucket_ready_[index]);
   Status status;
   if (options_.compression == spec::Compression::kNone) {
     *wire_bytes = bucket.count * static_cast<int64_t>(sizeof(float));
@@ -206,20 +212,28 @@ Status GradientSynchronizer::ReduceHalfBucket(const GradientBucket& bucket, floa
   const comm::DataType comm_type = fp16 ? comm::DataType::kFloat16 : comm::DataType::kBFloat16;
   // bf16 has float's exponent range: no scaling needed.
   const float scale = fp16 ? loss_scale_ : 1.0f;
-  uint16_t* packed = half_.data() + bucket.offset;
+  LOCKSTEP_RETURN_IF_ERROR(half_allocation_);
+  const kernels::ExecutionContext& side = device_.side();
+  uint16_t* packed = half_.device_data() + bucket.offset;
   const size_t count = static_cast<size_t>(bucket.count);
   *wire_bytes = bucket.count * static_cast<int64_t>(sizeof(uint16_t));
-  kernels::PackHalf(ctx_, half_type, bucket.count, scale, slice, packed);
+  kernels::PackHalf(side, half_type, bucket.count, scale, slice, packed);
 
   if (!use_allgather_.load()) {
     Status status =
         comm_.AllReduce(packed, count, comm_type, comm::ReduceOp::kSum, options_.timeout_ms);
     if (status.ok()) {
-      kernels::UnpackHalf(ctx_, half_type, bucket.count, 1.0f / scale, packed, slice);
-      if (fp16 && !AllFinite(slice, bucket.count)) overflow_ = true;
+      kernels::UnpackHalf(side, half_type, bucket.count, 1.0f / scale, packed, slice);
+      // A host answer: on a GPU this waits for the side stream (the unpacking), not for backward.
+      if (fp16 && kernels::CountNonFinite(side, bucket.count, slice) > 0) overflow_ = true;
       return OkStatus();
     }
     if (status.code() != StatusCode::kUnimplemented) return status;
+    if (device_.type() != kernels::DeviceType::kCpu) {
+      return FailedPreconditionError("communicator " + comm_.backend() + " cannot reduce " +
+                                     comm::DataTypeName(comm_type) +
+                                     ", and the all-gather fallback sums in host memory");
+    }
     LOCKSTEP_LOG(INFO) << "communicator " << comm_.backend() << " cannot reduce "
                        << comm::DataTypeName(comm_type)
                        << "; compressing by all-gather and a local float sum instead";
@@ -235,11 +249,11 @@ Status GradientSynchronizer::ReduceHalfBucket(const GradientBucket& bucket, floa
   // Sum in rank order on every rank: identical inputs, identical order, identical bits.
   std::fill(slice, slice + bucket.count, 0.0f);
   for (int r = 0; r < world; ++r) {
-    kernels::UnpackHalf(ctx_, half_type, bucket.count, 1.0f / scale,
+    kernels::UnpackHalf(side, half_type, bucket.count, 1.0f / scale,
                         gathered_.data() + static_cast<size_t>(r) * count, unpacked_.data());
     for (size_t i = 0; i < count; ++i) slice[i] += unpacked_[i];
   }
-  if (fp16 && !AllFinite(slice, bucket.count)) overflow_ = true;
+  if (fp16 && kernels::CountNonFinite(side, bucket.count, slice) > 0) overflow_ = true;
   return OkStatus();
 }
 

@@ -20,11 +20,23 @@
 // by the loss scale). When the communicator cannot reduce 16-bit types (it answers
 // UNIMPLEMENTED, before any traffic, identically on every rank), the engine switches for good to
 // all-gathering the packed halves and summing them in float locally, in rank order, so every rank
-// computes bit-identical sums. Bytes on the wire: a ring all-reduce of floats moves 8(W-1)/W bytes
+// computes bit-identical sums (host memory: CPU devices only; on a GPU the communicator is NCCL,
+// which reduces both 16-bit types). Bytes on the wire: a ring all-reduce of floats moves 8(W-1)/W bytes
 // per element per rank, a ring all-gather of halves 2(W-1): half the bytes at W = 2, equal at
 // W = 4, more beyond; native 16-bit reduction, where the backend has it, always halves them.
 //
 // A world of one issues no collective at all (and so does not compress either).
+//
+// Devices (kernels/device.h): the gradients are device memory. OnLayerReady, on the main thread,
+// records an event on the compute stream right after backward queued the bucket's last kernel;
+// the communication thread makes the device's side stream wait for that event before it packs the
+// bucket or hands it to the communicator (which orders its collective after the side stream:
+// CommunicatorOptions::cuda_stream). So a bucket goes on the wire as soon as ITS gradients exist
+// on the GPU, while later layers' backward kernels still run: the host queues all of backward
+// long before the GPU finishes it, so ordering on anything coarser would serialise. Wait, once
+// every bucket is reduced, makes the compute stream wait for the side stream (the unpacking), so
+// the optimizer update that follows reads reduced gradients. On the CPU device the events are
+// no-ops and both streams are the calling thread.
 //
 // Leaving a generation together: when a member joins, the rendezvous ends the generation while
 // every current member is alive and possibly inside a collective. Rather than aborting (which
@@ -46,12 +58,14 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
 
 #include "common/spec/training_job.h"
 #include "common/status.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 #include "worker/comm/communicator.h"
 #include "worker/trainer/buckets.h"
@@ -79,8 +93,10 @@ struct StepCommStats {
 
 class GradientSynchronizer {
  public:
-  GradientSynchronizer(comm::Communicator& communicator, std::vector<GradientBucket> buckets,
-                       const SynchronizerOptions& options);
+  // The device must outlive the synchronizer. Allocation failures of the 16-bit buffers surface as
+  // the first step's error.
+  GradientSynchronizer(comm::Communicator& communicator, kernels::Device& device,
+                       std::vector<GradientBucket> buckets, const SynchronizerOptions& options);
   // Stops the communication thread. Aborts the communicator first if a collective is in flight,
   // so destruction never waits on peers.
   ~GradientSynchronizer();
@@ -92,7 +108,8 @@ class GradientSynchronizer {
   // True once the engine fell back from native 16-bit all-reduce to all-gather.
   bool using_allgather_fallback() const { return use_allgather_.load(); }
 
-  // Starts a step whose gradients will be written to `grads` (the flat gradient buffer).
+  // Starts a step whose gradients will be written to `grads` (the flat gradient buffer, device
+  // memory).
   // loss_scale multiplies gradients before fp16 packing (ignored otherwise). leave_vote: this
   // rank asks every rank to leave the generation after this step.
   void BeginStep(float* grads, float loss_scale, bool leave_vote = false);
@@ -112,13 +129,19 @@ class GradientSynchronizer {
   Status ReduceHalfBucket(const GradientBucket& bucket, float* slice, int64_t* wire_bytes);
 
   comm::Communicator& comm_;
+  kernels::Device& device_;
   const std::vector<GradientBucket> buckets_;
   const SynchronizerOptions options_;
-  const kernels::ExecutionContext ctx_{};
   std::atomic<bool> use_allgather_{false};
 
+  // Per bucket: recorded on the compute stream once backward queued the bucket's gradients.
+  std::vector<std::unique_ptr<kernels::DeviceEvent>> bucket_ready_;
+  // Recorded on the side stream at the end of a step's communication.
+  std::unique_ptr<kernels::DeviceEvent> reduced_;
+
   // Buffers for the 16-bit path, owned by the communication thread.
-  std::vector<uint16_t> half_;      // one region per bucket, same offsets as the floats
+  Status half_allocation_;            // why half_ could not be allocated, or OK
+  kernels::DeviceArray<uint16_t> half_;  // device: one region per bucket, same offsets as floats
   std::vector<uint16_t> gathered_;  // [world, largest bucket] for the all-gather fallback
   std::vector<float> unpacked_;     // [largest bucket]
 

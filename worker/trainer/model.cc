@@ -11,21 +11,25 @@ namespace lockstep::trainer {
 
 using kernels::ActivationType;
 
-MlpWorkspace::MlpWorkspace(const MlpModel& model, int64_t max_rows) : max_rows_(max_rows) {
+StatusOr<MlpWorkspace> MlpWorkspace::Create(const MlpModel& model, int64_t max_rows,
+                                            kernels::Device& device) {
   const ParameterLayout& layout = model.layout();
+  MlpWorkspace workspace;
+  workspace.max_rows_ = max_rows;
   int64_t widest = 0;
-  outputs_.resize(layout.layers.size());
-  pre_activations_.resize(layout.layers.size());
+  workspace.outputs_.resize(layout.layers.size());
+  workspace.pre_activations_.resize(layout.layers.size());
   for (size_t l = 0; l < layout.layers.size(); ++l) {
     const LayerLayout& layer = layout.layers[l];
-    outputs_[l].resize(static_cast<size_t>(max_rows * layer.out));
+    LOCKSTEP_RETURN_IF_ERROR(workspace.outputs_[l].Allocate(device, max_rows * layer.out));
     if (layer.activation == ActivationType::kGelu) {
-      pre_activations_[l].resize(static_cast<size_t>(max_rows * layer.out));
+      LOCKSTEP_RETURN_IF_ERROR(workspace.pre_activations_[l].Allocate(device, max_rows * layer.out));
     }
     widest = std::max({widest, layer.in, layer.out});
   }
-  grad_a_.resize(static_cast<size_t>(max_rows * widest));
-  grad_b_.resize(static_cast<size_t>(max_rows * widest));
+  LOCKSTEP_RETURN_IF_ERROR(workspace.grad_a_.Allocate(device, max_rows * widest));
+  LOCKSTEP_RETURN_IF_ERROR(workspace.grad_b_.Allocate(device, max_rows * widest));
+  return workspace;
 }
 
 StatusOr<MlpModel> MlpModel::Create(int64_t input_features, const std::vector<int32_t>& hidden,
@@ -87,14 +91,14 @@ const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float
   const float* input = features;
   for (int l = 0; l < layout_.num_layers(); ++l) {
     const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
-    float* out = workspace.outputs_[static_cast<size_t>(l)].data();
+    float* out = workspace.outputs_[static_cast<size_t>(l)].device_data();
     if (rows > 0) {
       // out[rows, out] = input[rows, in] * W^T, W being [out, in].
       kernels::Gemm(ctx, false, true, rows, layer.out, layer.in, 1.0f, input,
                     params + layer.weight_offset, 0.0f, out);
       float* pre = workspace.pre_activations_[static_cast<size_t>(l)].empty()
                        ? nullptr
-                       : workspace.pre_activations_[static_cast<size_t>(l)].data();
+                       : workspace.pre_activations_[static_cast<size_t>(l)].device_data();
       kernels::BiasActivationForward(ctx, layer.activation, rows, layer.out,
                                      params + layer.bias_offset, out, pre);
     }
@@ -103,41 +107,40 @@ const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float
   return input;
 }
 
-double MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
-                                 const float* features, const int32_t* labels, int64_t rows,
-                                 float grad_scale, float* grads, MlpWorkspace& workspace,
-                                 const LayerReadyFn& on_layer_ready, int64_t* correct) const {
+void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
+                               const float* features, const int32_t* labels, int64_t rows,
+                               float grad_scale, float* grads, MlpWorkspace& workspace,
+                               const LayerReadyFn& on_layer_ready, double* loss_sum) const {
   const int num_layers = layout_.num_layers();
   if (rows == 0) {
     // A rank whose slice of a short final batch is empty still takes part in every all-reduce
     // with zero gradients, in the same bucket order as its peers.
-    std::fill(grads, grads + layout_.num_params, 0.0f);
+    kernels::SetZero(ctx, layout_.num_params, grads);
     for (int b = 0; b < num_layers; ++b) {
       if (on_layer_ready) on_layer_ready(b);
     }
-    return 0.0;
+    return;
   }
   const float* logits = Forward(ctx, params, features, rows, workspace);
 
   const LayerLayout& last = layout_.layers.back();
-  float* dy = workspace.grad_a_.data();
-  float* dx = workspace.grad_b_.data();
-  double loss_sum = 0.0;
-  kernels::SoftmaxCrossEntropy(ctx, rows, last.out, logits, labels, grad_scale, dy, &loss_sum,
-                               correct);
+  float* dy = workspace.grad_a_.device_data();
+  float* dx = workspace.grad_b_.device_data();
+  kernels::SoftmaxCrossEntropyAccumulate(ctx, rows, last.out, logits, labels, grad_scale, dy,
+                                         loss_sum);
 
   for (int l = num_layers - 1; l >= 0; --l) {
     const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
-    const float* y = workspace.outputs_[static_cast<size_t>(l)].data();
+    const float* y = workspace.outputs_[static_cast<size_t>(l)].device_data();
     const float* pre = workspace.pre_activations_[static_cast<size_t>(l)].empty()
                            ? nullptr
-                           : workspace.pre_activations_[static_cast<size_t>(l)].data();
+                           : workspace.pre_activations_[static_cast<size_t>(l)].device_data();
     // dy: d(loss)/d(output) becomes d(loss)/d(pre-activation); the bias gradient is its column
     // sum.
     kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
                                     grads + layer.bias_offset);
     const float* input =
-        (l == 0) ? features : workspace.outputs_[static_cast<size_t>(l) - 1].data();
+        (l == 0) ? features : workspace.outputs_[static_cast<size_t>(l) - 1].device_data();
     // dW[out, in] = dy^T[out, rows] * input[rows, in].
     kernels::Gemm(ctx, true, false, layer.out, layer.in, rows, 1.0f, dy, input, 0.0f,
                   grads + layer.weight_offset);
@@ -151,7 +154,6 @@ double MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const flo
       std::swap(dy, dx);
     }
   }
-  return loss_sum;
 }
 
 }  // namespace lockstep::trainer

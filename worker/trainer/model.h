@@ -8,13 +8,17 @@
 // one contiguous prefix of the buffer, and a gradient bucket (a run of whole layers) is a
 // contiguous slice that can be all-reduced in place while backward continues.
 //
+// Every pointer the model's compute functions take is memory of the device the ExecutionContext
+// names (kernels/device.h): the same code runs on the CPU and on a GPU.
+//
 //   LOCKSTEP_ASSIGN_OR_RETURN(MlpModel model, MlpModel::Create(784, {256}, 10, kRelu));
-//   std::vector<float> params(model.layout().num_params), grads(params.size());
-//   model.InitializeParameters(/*seed=*/1, params.data());
-//   MlpWorkspace ws(model, /*max_rows=*/64);
-//   double loss_sum = model.ForwardBackward(ctx, params.data(), x, labels, rows,
-//                                           /*grad_scale=*/1.0f / global_batch, grads.data(),
-//                                           ws, [&](int backward_layer) { ... });
+//   std::vector<float> params(model.layout().num_params);
+//   model.InitializeParameters(/*seed=*/1, params.data());           // host memory
+//   ... copy params to the device: DeviceArray<float> device_params ...
+//   LOCKSTEP_ASSIGN_OR_RETURN(MlpWorkspace ws, MlpWorkspace::Create(model, 64, device));
+//   model.ForwardBackward(device.compute(), device_params.device_data(), x, labels, rows,
+//                         /*grad_scale=*/1.0f / global_batch, grads, ws,
+//                         [&](int backward_layer) { ... }, loss_sum);  // all device memory
 //
 // Thread safety: a model is immutable after Create; a workspace is used by one thread at a time.
 #pragma once
@@ -24,6 +28,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 
 namespace lockstep::trainer {
@@ -51,18 +56,21 @@ struct ParameterLayout {
 
 class MlpModel;
 
-// Activations and scratch for up to max_rows samples per call.
+// Activations and scratch for up to max_rows samples per call, in one device's memory.
 class MlpWorkspace {
  public:
-  MlpWorkspace(const MlpModel& model, int64_t max_rows);
+  // RESOURCE_EXHAUSTED when the buffers do not fit on the device.
+  static StatusOr<MlpWorkspace> Create(const MlpModel& model, int64_t max_rows,
+                                       kernels::Device& device);
   int64_t max_rows() const { return max_rows_; }
 
  private:
   friend class MlpModel;
-  int64_t max_rows_;
-  std::vector<std::vector<float>> outputs_;          // per layer: [rows, out] post-activation
-  std::vector<std::vector<float>> pre_activations_;  // per layer; only for gelu
-  std::vector<float> grad_a_, grad_b_;               // ping-pong d(activation) buffers
+  MlpWorkspace() = default;
+  int64_t max_rows_ = 0;
+  std::vector<kernels::DeviceArray<float>> outputs_;  // per layer: [rows, out] post-activation
+  std::vector<kernels::DeviceArray<float>> pre_activations_;  // per layer; only for gelu
+  kernels::DeviceArray<float> grad_a_, grad_b_;               // ping-pong d(activation) buffers
 };
 
 class MlpModel {
@@ -86,14 +94,16 @@ class MlpModel {
 
   // Forward and backward over `rows` samples (0 <= rows <= workspace.max_rows()): loss =
   // grad_scale * sum of per-sample cross-entropy. Overwrites grads with d(loss)/d(params) and
-  // calls on_layer_ready (may be empty) for every layer in backward order, each call after that
-  // layer's gradient slice is final and before the remaining layers' backward runs. Returns the
-  // UNSCALED sum of per-sample losses; adds the number of correct predictions to *correct when
-  // not null. rows == 0 yields zero gradients (a rank with an empty slice of a short batch).
-  double ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
-                         const float* features, const int32_t* labels, int64_t rows,
-                         float grad_scale, float* grads, MlpWorkspace& workspace,
-                         const LayerReadyFn& on_layer_ready, int64_t* correct = nullptr) const;
+  // calls on_layer_ready (may be empty) for every layer in backward order, each call right after
+  // the kernels that finish that layer's gradient slice were QUEUED on ctx (on a GPU they may
+  // still be running: the caller orders its use of the slice after them, e.g. with an event) and
+  // before the remaining layers' backward is queued. ADDS the UNSCALED sum of per-sample losses
+  // to *loss_sum (device memory), with no host synchronisation. rows == 0 yields zero gradients
+  // (a rank with an empty slice of a short batch).
+  void ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
+                       const float* features, const int32_t* labels, int64_t rows,
+                       float grad_scale, float* grads, MlpWorkspace& workspace,
+                       const LayerReadyFn& on_layer_ready, double* loss_sum) const;
 
   // Forward only; returns a pointer to the logits [rows, classes] inside the workspace.
   const float* Forward(const kernels::ExecutionContext& ctx, const float* params,

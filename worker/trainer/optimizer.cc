@@ -12,11 +12,14 @@ double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int worl
 }
 
 Optimizer::Optimizer(const spec::OptimizerSpec& spec, int64_t num_params)
-    : spec_(spec), num_params_(num_params) {
-  state_a_.assign(static_cast<size_t>(num_params), 0.0f);
+    : spec_(spec), num_params_(num_params) {}
+
+Status Optimizer::Allocate(kernels::Device& device) {
+  LOCKSTEP_RETURN_IF_ERROR(state_a_.Allocate(device, num_params_));
   if (spec_.type == spec::OptimizerType::kAdamW) {
-    state_b_.assign(static_cast<size_t>(num_params), 0.0f);
+    LOCKSTEP_RETURN_IF_ERROR(state_b_.Allocate(device, num_params_));
   }
+  return OkStatus();
 }
 
 void Optimizer::Step(const kernels::ExecutionContext& ctx, float lr, float* params,
@@ -25,27 +28,27 @@ void Optimizer::Step(const kernels::ExecutionContext& ctx, float lr, float* para
     case spec::OptimizerType::kSgd:
       kernels::SgdMomentumUpdate(ctx, num_params_, lr, static_cast<float>(spec_.momentum),
                                  static_cast<float>(spec_.weight_decay),
-                                 /*first_step=*/steps_taken_ == 0, params, grads, state_a_.data());
+                                 /*first_step=*/steps_taken_ == 0, params, grads, state_a_.device_data());
       break;
     case spec::OptimizerType::kAdamW:
       kernels::AdamWUpdate(ctx, num_params_, lr, static_cast<float>(spec_.beta1),
                            static_cast<float>(spec_.beta2), static_cast<float>(spec_.epsilon),
                            static_cast<float>(spec_.weight_decay), steps_taken_ + 1, params, grads,
-                           state_a_.data(), state_b_.data());
+                           state_a_.device_data(), state_b_.device_data());
       break;
   }
   ++steps_taken_;
 }
 
 std::vector<std::pair<float*, int64_t>> Optimizer::StateBuffers() {
-  std::vector<std::pair<float*, int64_t>> buffers{{state_a_.data(), num_params_}};
-  if (!state_b_.empty()) buffers.emplace_back(state_b_.data(), num_params_);
+  std::vector<std::pair<float*, int64_t>> buffers{{state_a_.device_data(), num_params_}};
+  if (!state_b_.empty()) buffers.emplace_back(state_b_.device_data(), num_params_);
   return buffers;
 }
 
 std::vector<std::pair<const float*, int64_t>> Optimizer::StateBuffers() const {
-  std::vector<std::pair<const float*, int64_t>> buffers{{state_a_.data(), num_params_}};
-  if (!state_b_.empty()) buffers.emplace_back(state_b_.data(), num_params_);
+  std::vector<std::pair<const float*, int64_t>> buffers{{state_a_.device_data(), num_params_}};
+  if (!state_b_.empty()) buffers.emplace_back(state_b_.device_data(), num_params_);
   return buffers;
 }
 

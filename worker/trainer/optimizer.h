@@ -2,8 +2,9 @@
 // (SGD with momentum, or AdamW), and the learning-rate schedule.
 //
 //   Optimizer optimizer(job.spec.trainer->optimizer, layout.num_params);
+//   LOCKSTEP_RETURN_IF_ERROR(optimizer.Allocate(device));     // state on the device, zeroed
 //   float lr = LearningRate(job.spec.trainer->optimizer, step, world_size);
-//   optimizer.Step(ctx, lr, params.data(), grads.data());
+//   optimizer.Step(device.compute(), lr, params, grads);     // device pointers
 //
 // Thread safety: an Optimizer is used by one thread at a time.
 #pragma once
@@ -14,6 +15,8 @@
 #include <vector>
 
 #include "common/spec/training_job.h"
+#include "common/status.h"
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 
 namespace lockstep::trainer {
@@ -30,7 +33,11 @@ class Optimizer {
  public:
   Optimizer(const spec::OptimizerSpec& spec, int64_t num_params);
 
-  // Applies one update with learning rate `lr`.
+  // Allocates the zeroed state buffers on `device` (RESOURCE_EXHAUSTED when they do not fit).
+  // Call once, before anything else.
+  Status Allocate(kernels::Device& device);
+
+  // Applies one update with learning rate `lr`; params and grads are memory of ctx's device.
   void Step(const kernels::ExecutionContext& ctx, float lr, float* params, const float* grads);
 
   // Updates applied so far (AdamW's bias correction and SGD's "first step" depend on it).
@@ -38,7 +45,7 @@ class Optimizer {
   void set_steps_taken(int64_t steps) { steps_taken_ = steps; }
 
   // The state buffers (momentum; or AdamW's first and second moments), in a fixed order, for
-  // broadcasting and checkpointing.
+  // broadcasting and checkpointing: device memory.
   std::vector<std::pair<float*, int64_t>> StateBuffers();
   std::vector<std::pair<const float*, int64_t>> StateBuffers() const;
   // The name of each state buffer, in StateBuffers' order ("momentum"; "exp_avg", "exp_avg_sq").
@@ -50,8 +57,8 @@ class Optimizer {
   spec::OptimizerSpec spec_;
   int64_t num_params_;
   int64_t steps_taken_ = 0;
-  std::vector<float> state_a_;  // sgd: momentum buffer; adamw: exp_avg
-  std::vector<float> state_b_;  // adamw: exp_avg_sq; empty for sgd
+  kernels::DeviceArray<float> state_a_;  // sgd: momentum buffer; adamw: exp_avg
+  kernels::DeviceArray<float> state_b_;  // adamw: exp_avg_sq; empty for sgd
 };
 
 }  // namespace lockstep::trainer

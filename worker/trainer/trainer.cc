@@ -7,6 +7,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "worker/trainer/batch_stager.h"
 #include "worker/trainer/buckets.h"
 #include "worker/trainer/gradient_synchronizer.h"
 #include "worker/trainer/sample_accounting.h"
@@ -43,13 +44,6 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
     return InvalidArgumentError("spec.trainer: the built-in trainer needs a trainer section");
   }
   const spec::TrainerSpec& trainer = *job.spec.trainer;
-  if (trainer.device == spec::Device::kCuda) {
-    // The CUDA kernels exist (kernels/cuda) but the trainer does not drive them yet; training
-    // on the CPU instead would silently give the user something other than they asked for.
-    return InvalidArgumentError(
-        "spec.trainer.device: cuda is not supported by this version's built-in trainer yet "
-        "(it trains on the CPU); use device: cpu");
-  }
   if (trainer.batch_size < 1) {
     return InvalidArgumentError("spec.trainer.batchSize: must be >= 1 (got " +
                                 std::to_string(trainer.batch_size) + ")");
@@ -63,12 +57,39 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
       MlpModel model,
       MlpModel::Create(data.train.num_features, trainer.model.hidden, data.train.num_classes,
                        ToKernelActivation(trainer.model.activation)));
-  return std::unique_ptr<Trainer>(new Trainer(job, std::move(data), std::move(model), metrics));
+  // One GPU per worker process: the one it sees first (the launcher and the device plugin make
+  // exactly the worker's GPU visible).
+  const bool cuda = trainer.device == spec::Device::kCuda;
+  StatusOr<std::unique_ptr<kernels::Device>> device =
+      kernels::CreateDevice(cuda ? kernels::DeviceType::kCuda : kernels::DeviceType::kCpu);
+  if (!device.ok()) {
+    return FailedPreconditionError("spec.trainer.device: " + std::string(spec::ToString(trainer.device)) +
+                                   " cannot be used here: " + device.status().message());
+  }
+  LOCKSTEP_LOG(INFO) << "training on " << (*device)->name();
+  std::unique_ptr<Trainer> created(
+      new Trainer(job, std::move(data), std::move(model), std::move(device).value(), metrics));
+  LOCKSTEP_RETURN_IF_ERROR(created->AllocateState().WithContext("spec.trainer.device: " +
+                                                                created->device_->name()));
+  return created;
+}
+
+Status Trainer::AllocateState() {
+  const int64_t num_params = model_.layout().num_params;
+  LOCKSTEP_RETURN_IF_ERROR(state_.params.Allocate(*device_, num_params));
+  LOCKSTEP_RETURN_IF_ERROR(state_.optimizer.Allocate(*device_));
+  LOCKSTEP_RETURN_IF_ERROR(grads_.Allocate(*device_, num_params));
+  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.Allocate(*device_, 1));
+  // The initialisation is a host-side pure function of the seed: identical on every device.
+  std::vector<float> initial(static_cast<size_t>(num_params));
+  model_.InitializeParameters(spec_.seed, initial.data());
+  return state_.params.CopyFromHost(initial.data(), num_params);
 }
 
 Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
-                 WorkerMetrics* metrics)
+                 std::unique_ptr<kernels::Device> device, WorkerMetrics* metrics)
     : spec_(*job.spec.trainer),
+      device_(std::move(device)),
       data_(std::move(data)),
       model_(std::move(model)),
       metrics_(metrics),
@@ -80,11 +101,7 @@ Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
              0,
              {},
              Optimizer(spec_.optimizer, model_.layout().num_params),
-             {}} {
-  state_.params.resize(static_cast<size_t>(model_.layout().num_params));
-  grads_.resize(state_.params.size());
-  model_.InitializeParameters(spec_.seed, state_.params.data());
-}
+             {}} {}
 
 bool Trainer::Finished() const {
   if (spec_.steps > 0) return state_.step >= spec_.steps;
@@ -178,24 +195,27 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   const int64_t timeout_ms = collective_timeout_ms();
   const int64_t global_batch_size = spec_.batch_size * world;
   const int64_t log_interval = std::max<int64_t>(1, spec_.log_interval_steps);
-  const kernels::ExecutionContext ctx;
+  const kernels::ExecutionContext& ctx = device_->compute();
 
-  MlpWorkspace workspace(model_, spec_.batch_size);
-  std::vector<float> features(static_cast<size_t>(spec_.batch_size * data_.train.num_features));
-  std::vector<int32_t> labels(static_cast<size_t>(spec_.batch_size));
+  LOCKSTEP_ASSIGN_OR_RETURN(MlpWorkspace workspace,
+                            MlpWorkspace::Create(model_, spec_.batch_size, *device_));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      BatchStager stager,
+      BatchStager::Create(*device_, spec_.batch_size, data_.train.num_features));
   SynchronizerOptions sync_options;
   sync_options.compression = spec_.allreduce.compression;
   sync_options.timeout_ms = timeout_ms;
   GradientSynchronizer synchronizer(
-      communicator, AssignBuckets(model_.layout(), BucketCapBytes(spec_.allreduce.bucket_mib)),
-      sync_options);
+      communicator, *device_,
+      AssignBuckets(model_.layout(), BucketCapBytes(spec_.allreduce.bucket_mib)), sync_options);
+  const double zero = 0;
+  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
   LOCKSTEP_LOG(INFO) << "training from step " << state_.step << " at world size " << world
                      << ": global batch " << global_batch_size << ", " << model_.layout().num_params
                      << " parameters in " << synchronizer.buckets().size()
                      << " bucket(s), compression " << spec::ToString(spec_.allreduce.compression);
 
-  // Interval accumulators (reset at every log step).
-  double interval_loss_sum = 0;
+  // Interval accumulators (reset at every log step); the loss sum is on the device (loss_sum_).
   int64_t interval_samples = 0;
   double interval_started = MonotonicSeconds();
   double interval_step_seconds = 0;
@@ -210,14 +230,15 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     const auto [lo, hi] = GlobalSampler::RankSlice(batch, world, rank);
     const std::vector<int64_t>& order = sampler_.Permutation(batch.epoch);
     const int64_t rows = hi - lo;
-    GatherBatch(data_.train, order.data() + lo, rows, features.data(), labels.data());
+    const BatchStager::DeviceBatch device_batch = stager.Stage(data_.train, order.data() + lo, rows);
 
-    synchronizer.BeginStep(grads_.data(), state_.loss_scale,
+    synchronizer.BeginStep(grads_.device_data(), state_.loss_scale,
                            leave_requested != nullptr && leave_requested->load());
-    const double loss_sum = model_.ForwardBackward(
-        ctx, state_.params.data(), features.data(), labels.data(), rows,
-        1.0f / static_cast<float>(batch.size()), grads_.data(), workspace,
-        [&synchronizer](int backward_layer) { synchronizer.OnLayerReady(backward_layer); });
+    model_.ForwardBackward(
+        ctx, state_.params.device_data(), device_batch.features, device_batch.labels, rows,
+        1.0f / static_cast<float>(batch.size()), grads_.device_data(), workspace,
+        [&synchronizer](int backward_layer) { synchronizer.OnLayerReady(backward_layer); },
+        loss_sum_.device_data());
     Status synced = synchronizer.Wait(&comm_stats);
     if (!synced.ok()) return synced;
 
@@ -231,7 +252,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                             << ": step skipped, loss scale now " << state_.loss_scale;
     } else {
       const float lr = static_cast<float>(LearningRate(spec_.optimizer, state_.step, world));
-      state_.optimizer.Step(ctx, lr, state_.params.data(), grads_.data());
+      state_.optimizer.Step(ctx, lr, state_.params.device_data(), grads_.device_data());
       if (spec_.allreduce.compression == spec::Compression::kFp16 &&
           ++state_.loss_scale_good_steps >= kLossScaleGrowthInterval) {
         state_.loss_scale = std::min(kMaxLossScale, state_.loss_scale * 2.0f);
@@ -258,7 +279,6 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     totals_.samples += batch.size();
     totals_.step_seconds += step_seconds;
     totals_.exposed_seconds += comm_stats.exposed_seconds;
-    interval_loss_sum += loss_sum;
     interval_samples += batch.size();
     interval_step_seconds += step_seconds;
     interval_exposed_seconds += comm_stats.exposed_seconds;
@@ -273,8 +293,11 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
 
     if (state_.step % log_interval == 0 || Finished()) {
       // Every rank takes this branch at the same steps (the state is identical everywhere), so
-      // the small all-reduce of the interval's loss sum is issued in the same order by all.
-      double reduced_loss = interval_loss_sum;
+      // the small all-reduce of the interval's loss sum is issued in the same order by all. The
+      // read waits for the device: the one host synchronisation of the interval.
+      double reduced_loss = 0;
+      LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyToHost(&reduced_loss, 1));
+      LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
       LOCKSTEP_RETURN_IF_ERROR(communicator
                                    .AllReduce(&reduced_loss, 1, comm::DataType::kFloat64,
                                               comm::ReduceOp::kSum, timeout_ms)
@@ -304,7 +327,6 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                            << std::setprecision(3) << progress.scaling_efficiency;
       }
       if (on_progress) on_progress(progress);
-      interval_loss_sum = 0;
       interval_samples = 0;
       interval_step_seconds = 0;
       interval_exposed_seconds = 0;
@@ -332,23 +354,30 @@ StatusOr<EvalResult> Trainer::Evaluate(comm::Communicator& communicator,
     return FailedPreconditionError("evaluation: the manifest has no test split");
   }
   const Dataset& test = *data_.test;
-  const kernels::ExecutionContext ctx;
+  const kernels::ExecutionContext& ctx = device_->compute();
   // Contiguous block of the test split for this rank; the blocks tile the split.
   const int64_t lo = test.num_samples * generation.rank / generation.world_size;
   const int64_t hi = test.num_samples * (generation.rank + 1) / generation.world_size;
-  MlpWorkspace workspace(model_, std::min<int64_t>(kEvalChunkRows, std::max<int64_t>(1, hi - lo)));
-  std::vector<float> dlogits(static_cast<size_t>(workspace.max_rows() * model_.num_classes()));
+  const int64_t chunk_rows = std::min<int64_t>(kEvalChunkRows, std::max<int64_t>(1, hi - lo));
+  LOCKSTEP_ASSIGN_OR_RETURN(MlpWorkspace workspace,
+                            MlpWorkspace::Create(model_, chunk_rows, *device_));
+  kernels::DeviceArray<float> features, dlogits;
+  kernels::DeviceArray<int32_t> labels;
+  LOCKSTEP_RETURN_IF_ERROR(features.Allocate(*device_, chunk_rows * test.num_features));
+  LOCKSTEP_RETURN_IF_ERROR(labels.Allocate(*device_, chunk_rows));
+  LOCKSTEP_RETURN_IF_ERROR(dlogits.Allocate(*device_, chunk_rows * model_.num_classes()));
   double totals[3] = {0, 0, static_cast<double>(hi - lo)};  // loss sum, correct, samples
-  for (int64_t begin = lo; begin < hi; begin += workspace.max_rows()) {
-    const int64_t rows = std::min(workspace.max_rows(), hi - begin);
+  for (int64_t begin = lo; begin < hi; begin += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, hi - begin);
+    LOCKSTEP_RETURN_IF_ERROR(features.CopyFromHost(
+        test.features.data() + begin * test.num_features, rows * test.num_features));
+    LOCKSTEP_RETURN_IF_ERROR(labels.CopyFromHost(test.labels.data() + begin, rows));
     const float* logits =
-        model_.Forward(ctx, state_.params.data(), test.features.data() + begin * test.num_features,
-                       rows, workspace);
+        model_.Forward(ctx, state_.params.device_data(), features.device_data(), rows, workspace);
     double loss_sum = 0;
     int64_t correct = 0;
-    kernels::SoftmaxCrossEntropy(ctx, rows, model_.num_classes(), logits,
-                                 test.labels.data() + begin, 0.0f, dlogits.data(), &loss_sum,
-                                 &correct);
+    kernels::SoftmaxCrossEntropy(ctx, rows, model_.num_classes(), logits, labels.device_data(),
+                                 0.0f, dlogits.device_data(), &loss_sum, &correct);
     totals[0] += loss_sum;
     totals[1] += static_cast<double>(correct);
   }
@@ -364,15 +393,15 @@ StatusOr<EvalResult> Trainer::Evaluate(comm::Communicator& communicator,
 }
 
 Status Trainer::DumpParameters(const std::string& path) const {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<float> params, state_.params.ToHost());
   // Raw float32 in host order; every supported host is little-endian (x86-64, aarch64).
   std::FILE* file = std::fopen(path.c_str(), "wb");
   if (file == nullptr) {
     return UnavailableError("cannot write parameters to " + path + ": " + std::strerror(errno));
   }
-  const size_t written =
-      std::fwrite(state_.params.data(), sizeof(float), state_.params.size(), file);
+  const size_t written = std::fwrite(params.data(), sizeof(float), params.size(), file);
   const bool closed = std::fclose(file) == 0;
-  if (written != state_.params.size() || !closed) {
+  if (written != params.size() || !closed) {
     return UnavailableError("cannot write parameters to " + path + ": short write");
   }
   return OkStatus();

@@ -18,6 +18,12 @@
 // sum, correct, count), so every rank ends with the same result and the work scales with the
 // world size.
 //
+// Devices: spec.trainer.device picks the device (kernels/device.h) that holds the parameters,
+// gradients, optimizer state and activations; everything above runs unchanged on either. Per step
+// the host gathers the batch (BatchStager copies it over) and queues kernels; it reads nothing
+// back except at log intervals (the loss), with fp16 compression (the overflow check) and at
+// state agreements and checkpoints, so on a GPU the host runs ahead and the device stays busy.
+//
 // Thread safety: one thread drives a Trainer; `stop` may be set from any thread.
 #pragma once
 
@@ -29,6 +35,7 @@
 
 #include "common/spec/training_job.h"
 #include "common/status.h"
+#include "kernels/device.h"
 #include "worker/comm/communicator.h"
 #include "worker/metrics.h"
 #include "worker/trainer/dataset.h"
@@ -87,12 +94,16 @@ class Trainer {
   // generation; the next one tries again.
   using RestoreFn = std::function<StatusOr<int64_t>(TrainingState& state)>;
 
-  // InvalidArgument when the manifest has no trainer or the model does not fit the data.
-  // metrics may be null.
+  // InvalidArgument when the manifest has no trainer or the model does not fit the data;
+  // FailedPrecondition naming spec.trainer.device and the reason when device: cuda cannot be used
+  // here (no driver, no device, a build without CUDA); ResourceExhausted when the model does not
+  // fit the device. metrics may be null.
   static StatusOr<std::unique_ptr<Trainer>> Create(const spec::TrainingJob& job, DataSplits data,
                                                    WorkerMetrics* metrics);
 
   const spec::TrainerSpec& spec() const { return spec_; }
+  // The device the trainer computes on (the communicator must reduce its memory).
+  kernels::Device& device() const { return *device_; }
   const MlpModel& model() const { return model_; }
   const TrainingState& state() const { return state_; }
   // The step of the state held in memory, -1 before the first agreement (a fresh process holds
@@ -147,9 +158,12 @@ class Trainer {
   Status DumpParameters(const std::string& path) const;
 
  private:
-  Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model, WorkerMetrics* metrics);
+  Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
+          std::unique_ptr<kernels::Device> device, WorkerMetrics* metrics);
+  Status AllocateState();
 
   spec::TrainerSpec spec_;
+  std::unique_ptr<kernels::Device> device_;  // before everything allocated on it
   DataSplits data_;
   MlpModel model_;
   WorkerMetrics* metrics_;
@@ -159,7 +173,8 @@ class Trainer {
   int64_t resumed_from_step_ = -1;
   std::string accounting_path_;
   std::function<void()> before_state_change_;  // may be empty
-  std::vector<float> grads_;
+  kernels::DeviceArray<float> grads_;
+  kernels::DeviceArray<double> loss_sum_;  // the training loss summed since the last log step
   TrainingTotals totals_;
   TrainingProgress last_progress_;
 };

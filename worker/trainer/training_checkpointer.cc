@@ -153,9 +153,15 @@ void TrainingCheckpointer::Snapshot(const TrainingState& state) {
   if (options_.checkpoint.async) {
     // The copy runs on the checkpointer's capture thread while training reads on; the trainer
     // waits for it (WaitForCapture) before the next optimizer update changes `state`.
+    // The device state as of this step boundary: the capture thread's copies wait for this
+    // event, not for the next step's work that the training thread queues meanwhile.
+    kernels::Device& device = *state.params.device();
+    if (!state_ready_) state_ready_ = device.CreateEvent();
+    device.Record(*state_ready_, device.compute());
     current_->SnapshotInBackground(std::move(staging),
                                    [this, &state](checkpoint::CheckpointState* out) {
-                                     FillCheckpointState(state, layout_, spec_, out);
+                                     FillCheckpointState(state, layout_, spec_, out,
+                                                         state_ready_.get());
                                    });
     capture_pending_ = true;
     capture_handover_seconds_ = MonotonicSeconds() - started;

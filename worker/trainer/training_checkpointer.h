@@ -38,6 +38,7 @@
 #include "common/status.h"
 #include "worker/checkpoint/async_checkpointer.h"
 #include "worker/checkpoint/storage/storage.h"
+#include "kernels/device.h"
 #include "worker/comm/communicator.h"
 #include "worker/metrics.h"
 #include "worker/trainer/model.h"
@@ -124,6 +125,8 @@ class TrainingCheckpointer {
   // snapshot (later ones reuse the checkpointer's own spare): a snapshot costs one copy, no
   // allocation.
   checkpoint::CheckpointState carried_over_;
+  // Recorded on the device's compute stream at each background snapshot's step boundary.
+  std::unique_ptr<kernels::DeviceEvent> state_ready_;
   std::vector<std::thread> retiring_;
   std::atomic<int64_t> last_step_{-1};
 };

@@ -21,6 +21,14 @@ struct StateHeader {
 
 }  // namespace
 
+StatusOr<TrainingState> MakeTrainingState(int64_t num_params, const spec::OptimizerSpec& optimizer,
+                                          kernels::Device& device) {
+  TrainingState state{0, DataCursor{}, 0, 65536.0f, 0, {}, Optimizer(optimizer, num_params), {}};
+  LOCKSTEP_RETURN_IF_ERROR(state.params.Allocate(device, num_params));
+  LOCKSTEP_RETURN_IF_ERROR(state.optimizer.Allocate(device));
+  return state;
+}
+
 int SelectStateSource(const std::vector<int64_t>& steps) {
   int source = 0;
   for (size_t r = 1; r < steps.size(); ++r) {
@@ -48,13 +56,13 @@ Status BroadcastTrainingState(comm::Communicator& communicator, int source, Trai
                          state.samples,
                          state.optimizer.steps_taken(),
                          state.loss_scale_good_steps,
-                         static_cast<int64_t>(state.params.size()),
+                         state.params.size(),
                          static_cast<int64_t>(state.sample_counts.size()),
                          static_cast<double>(state.loss_scale)};
   }
   LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&header, sizeof(header), source, timeout_ms)
                                .WithContext("state agreement: broadcast of the header"));
-  if (header.num_params != static_cast<int64_t>(state.params.size())) {
+  if (header.num_params != state.params.size()) {
     // Every member sees the mismatch the same way only if all compare with the source; a member
     // that differs stops here, and the others' next broadcast fails: the job's manifests differ.
     return FailedPreconditionError("state agreement: rank " + std::to_string(source) + " holds " +
@@ -62,9 +70,12 @@ Status BroadcastTrainingState(comm::Communicator& communicator, int source, Trai
                                    std::to_string(state.params.size()) +
                                    " (different model in the manifests?)");
   }
+  // The collectives read and write the buffers outside the compute stream's order.
+  if (kernels::Device* device = state.params.device(); device != nullptr) {
+    device->Synchronize(device->compute());
+  }
   LOCKSTEP_RETURN_IF_ERROR(
-      communicator
-          .Broadcast(state.params.data(), state.params.size() * sizeof(float), source, timeout_ms)
+      communicator.Broadcast(state.params.device_data(), state.params.bytes(), source, timeout_ms)
           .WithContext("state agreement: broadcast of the parameters"));
   for (auto [buffer, count] : state.optimizer.StateBuffers()) {
     LOCKSTEP_RETURN_IF_ERROR(

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "common/status.h"
+#include "kernels/device.h"
 #include "worker/comm/communicator.h"
 #include "worker/trainer/optimizer.h"
 #include "worker/trainer/sampler.h"
@@ -35,13 +36,19 @@ struct TrainingState {
   // changed.
   float loss_scale = 65536.0f;
   int64_t loss_scale_good_steps = 0;
-  std::vector<float> params;
+  // On the trainer's device (kernels/device.h), like the optimizer's state.
+  kernels::DeviceArray<float> params;
   Optimizer optimizer;
   // Sample accounting (LOCKSTEP_SAMPLE_ACCOUNTING; empty when off): how many times each sample
   // id was trained in the current epoch (cursor.epoch). Part of the state so that it survives
   // membership changes (broadcast) and restarts (checkpointed).
   std::vector<int32_t> sample_counts;
 };
+
+// A state at step 0 for `num_params` parameters and `optimizer`'s buffers, all zero, on `device`.
+// RESOURCE_EXHAUSTED when it does not fit.
+StatusOr<TrainingState> MakeTrainingState(int64_t num_params, const spec::OptimizerSpec& optimizer,
+                                          kernels::Device& device);
 
 // The source of the agreement given every member's state step (-1: none): the largest step,
 // the lowest rank among ties; -1 when no member holds state.
@@ -52,7 +59,8 @@ StatusOr<std::vector<int64_t>> GatherStateSteps(comm::Communicator& communicator
                                                 int64_t timeout_ms);
 
 // Step 4 of the agreement: every member calls it with the same `source`; afterwards every
-// member holds the source's state. A receiver whose sample accounting is off takes the source's
+// member holds the source's state. The parameters and optimizer state go from device memory to
+// device memory (NCCL on a GPU) once the work queued on the device's compute stream is done. A receiver whose sample accounting is off takes the source's
 // counts anyway (so that it can report if it becomes rank 0); counts the source lacks are reset.
 Status BroadcastTrainingState(comm::Communicator& communicator, int source, TrainingState& state,
                               int64_t timeout_ms);

@@ -190,6 +190,12 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
   comm_options.job_name = options_.job_name;
   comm_options.generation = generation;
   comm_options.connect_timeout_ms = options_.connect_timeout_ms;
+  kernels::Device& device = trainer_->device();
+  if (device.type() == kernels::DeviceType::kCuda) {
+    comm_options.cuda = true;
+    comm_options.cuda_device = 0;  // Trainer::Create's device: the first one this process sees
+    comm_options.cuda_stream = device.side().cuda_stream;
+  }
   auto communicator = comm::CreateCommunicator(comm_options, *store);
   if (!communicator.ok()) return communicator.status().WithContext("communicator bootstrap");
   std::unique_ptr<comm::Communicator> comm = std::move(communicator).value();

@@ -28,12 +28,17 @@ spec::TrainerSpec AdamWSpec() {
 // A state in which every field holds a value a fresh state would not.
 TrainingState DistinctState(const spec::TrainerSpec& spec, const ParameterLayout& layout,
                             uint64_t seed) {
-  TrainingState state{
-      1234, DataCursor{3, 77}, 98765, 512.0f, 17, {}, Optimizer(spec.optimizer, layout.num_params),
-      {}};
+  TrainingState state = *MakeTrainingState(layout.num_params, spec.optimizer, kernels::CpuDevice());
+  state.step = 1234;
+  state.cursor = DataCursor{3, 77};
+  state.samples = 98765;
+  state.loss_scale = 512.0f;
+  state.loss_scale_good_steps = 17;
   SplitMix64 rng(seed);
-  state.params.resize(static_cast<size_t>(layout.num_params));
-  for (float& value : state.params) value = rng.UniformFloat(-1, 1);
+  std::vector<float> params(static_cast<size_t>(layout.num_params));
+  for (float& value : params) value = rng.UniformFloat(-1, 1);
+  EXPECT_TRUE(state.params.CopyFromHost(params.data(), layout.num_params).ok());
+  // The CPU device's memory is host memory: the test writes the optimizer state directly.
   for (auto [buffer, count] : state.optimizer.StateBuffers()) {
     for (int64_t i = 0; i < count; ++i) buffer[i] = rng.UniformFloat(-1, 1);
   }
@@ -75,7 +80,7 @@ TEST(CheckpointStateTest, SavedAndLoadedStateIsIdenticalToTheTrainersState) {
   EXPECT_EQ(restored.samples, saved.samples);
   EXPECT_EQ(restored.loss_scale, saved.loss_scale);
   EXPECT_EQ(restored.loss_scale_good_steps, saved.loss_scale_good_steps);
-  EXPECT_EQ(restored.params, saved.params);
+  EXPECT_EQ(*restored.params.ToHost(), *saved.params.ToHost());
   EXPECT_EQ(restored.optimizer.steps_taken(), saved.optimizer.steps_taken());
   const auto saved_buffers = saved.optimizer.StateBuffers();
   const auto restored_buffers = std::as_const(restored.optimizer).StateBuffers();
@@ -100,11 +105,11 @@ TEST(CheckpointStateTest, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
   checkpoint::CheckpointState written;
   FillCheckpointState(DistinctState(spec, small->layout(), 1), small->layout(), spec, &written);
   TrainingState other = DistinctState(spec, large->layout(), 2);
-  const std::vector<float> before = other.params;
+  const std::vector<float> before = *other.params.ToHost();
   Status status = RestoreFromCheckpointState(written, large->layout(), spec, &other);
   EXPECT_EQ(status.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(status.message().find("layers.1.weight"), std::string::npos) << status;
-  EXPECT_EQ(other.params, before);  // nothing changed
+  EXPECT_EQ(*other.params.ToHost(), before);  // nothing changed
 }
 
 }  // namespace

@@ -88,7 +88,7 @@ void RunStep(GradientSynchronizer& sync, std::vector<float>& grads) {
 
 TEST(GradientSynchronizerTest, ReducesEveryBucketInBucketOrder) {
   ReplicaCommunicator comm(3, true);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {});
   std::vector<float> grads(10);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.5f * i;
   RunStep(sync, grads);
@@ -102,7 +102,7 @@ TEST(GradientSynchronizerTest, ReducesEveryBucketInBucketOrder) {
 
 TEST(GradientSynchronizerTest, BucketWaitsForItsLastLayer) {
   ReplicaCommunicator comm(2, true);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {});
   std::vector<float> grads(10, 1.0f);
   sync.BeginStep(grads.data(), 1.0f);
   sync.OnLayerReady(0);
@@ -115,7 +115,7 @@ TEST(GradientSynchronizerTest, BucketWaitsForItsLastLayer) {
 
 TEST(GradientSynchronizerTest, Bf16CompressionHalvesTheBytesOnTheWire) {
   ReplicaCommunicator comm(2, true);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {spec::Compression::kBf16, 1000});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {spec::Compression::kBf16, 1000});
   std::vector<float> grads(10);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.1f * (i + 1);
   const std::vector<float> original = grads;
@@ -131,7 +131,7 @@ TEST(GradientSynchronizerTest, Bf16CompressionHalvesTheBytesOnTheWire) {
 
 TEST(GradientSynchronizerTest, HalfCompressionFallsBackToAllGatherWhenReductionIsUnsupported) {
   ReplicaCommunicator comm(3, /*reduces_halves=*/false);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {spec::Compression::kFp16, 1000});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {spec::Compression::kFp16, 1000});
   std::vector<float> grads(10);
   for (size_t i = 0; i < grads.size(); ++i) grads[i] = 0.01f * (i + 1);
   const std::vector<float> original = grads;
@@ -145,7 +145,7 @@ TEST(GradientSynchronizerTest, HalfCompressionFallsBackToAllGatherWhenReductionI
 
 TEST(GradientSynchronizerTest, Fp16OverflowIsReportedToSkipTheStep) {
   ReplicaCommunicator comm(2, /*reduces_halves=*/false);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {spec::Compression::kFp16, 1000});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {spec::Compression::kFp16, 1000});
   std::vector<float> grads(10, 1.0f);
   sync.BeginStep(grads.data(), /*loss_scale=*/1e6f);  // 1e6 does not fit fp16
   for (int layer = 0; layer < 4; ++layer) sync.OnLayerReady(layer);
@@ -156,7 +156,7 @@ TEST(GradientSynchronizerTest, Fp16OverflowIsReportedToSkipTheStep) {
 
 TEST(GradientSynchronizerTest, FailedCollectiveSurfacesFromWait) {
   ReplicaCommunicator comm(2, true);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {});
   std::vector<float> grads(10, 1.0f);
   comm.FailNext();
   RunStep(sync, grads);
@@ -167,7 +167,7 @@ TEST(GradientSynchronizerTest, FailedCollectiveSurfacesFromWait) {
 
 TEST(GradientSynchronizerTest, LeaveVoteIsAgreedAndIssuedBeforeTheFirstBucket) {
   ReplicaCommunicator comm(2, true);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {});
   std::vector<float> grads(10, 1.0f);
   StepCommStats stats;
 
@@ -187,7 +187,7 @@ TEST(GradientSynchronizerTest, LeaveVoteIsAgreedAndIssuedBeforeTheFirstBucket) {
 
 TEST(GradientSynchronizerTest, WorldOfOneAgreesWithItsOwnVoteWithoutCollectives) {
   ReplicaCommunicator comm(1, true);
-  GradientSynchronizer sync(comm, ThreeBuckets(), {});
+  GradientSynchronizer sync(comm, kernels::CpuDevice(), ThreeBuckets(), {});
   std::vector<float> grads(10, 1.0f);
   sync.BeginStep(grads.data(), 1.0f, /*leave_vote=*/true);
   for (int layer = 0; layer < 4; ++layer) sync.OnLayerReady(layer);

@@ -16,10 +16,12 @@ using kernels::ActivationType;
 double ScaledLoss(const MlpModel& model, const std::vector<float>& params,
                   const std::vector<float>& x, const std::vector<int32_t>& y, int64_t rows,
                   float grad_scale) {
-  MlpWorkspace workspace(model, rows);
+  MlpWorkspace workspace = *MlpWorkspace::Create(model, rows, kernels::CpuDevice());
   std::vector<float> grads(params.size());
-  return grad_scale * model.ForwardBackward({}, params.data(), x.data(), y.data(), rows, grad_scale,
-                                            grads.data(), workspace, nullptr);
+  double loss_sum = 0;
+  model.ForwardBackward({}, params.data(), x.data(), y.data(), rows, grad_scale, grads.data(),
+                        workspace, nullptr, &loss_sum);
+  return grad_scale * loss_sum;
 }
 
 class GradientCheckTest : public ::testing::TestWithParam<ActivationType> {};
@@ -36,10 +38,11 @@ TEST_P(GradientCheckTest, BackwardMatchesFiniteDifferences) {
   std::vector<int32_t> y{0, 2, 1, 2, 0};
   const float grad_scale = 1.0f / 8;  // as if 8 samples made the global batch
 
-  MlpWorkspace workspace(*model, rows);
+  MlpWorkspace workspace = *MlpWorkspace::Create(*model, rows, kernels::CpuDevice());
   std::vector<float> grads(params.size());
+  double loss_sum = 0;
   model->ForwardBackward({}, params.data(), x.data(), y.data(), rows, grad_scale, grads.data(),
-                         workspace, nullptr);
+                         workspace, nullptr, &loss_sum);
 
   const float eps = 2e-3f;
   for (size_t i = 0; i < params.size(); ++i) {
@@ -88,10 +91,11 @@ TEST(MlpModelTest, LayersBecomeReadyInBackwardOrderAsContiguousPrefixes) {
   model->InitializeParameters(1, params.data());
   std::vector<float> x(6, 0.5f), grads(params.size(), 0.0f);
   std::vector<int32_t> y{0, 1};
-  MlpWorkspace workspace(*model, 2);
+  MlpWorkspace workspace = *MlpWorkspace::Create(*model, 2, kernels::CpuDevice());
   std::vector<int> ready;
+  double loss_sum = 0;
   model->ForwardBackward({}, params.data(), x.data(), y.data(), 2, 0.5f, grads.data(), workspace,
-                         [&](int b) { ready.push_back(b); });
+                         [&](int b) { ready.push_back(b); }, &loss_sum);
   EXPECT_EQ(ready, (std::vector<int>{0, 1, 2}));
 }
 
@@ -119,10 +123,11 @@ TEST(MlpModelTest, EmptyBatchGivesZeroGradientsAndAllLayersReady) {
   std::vector<float> params(static_cast<size_t>(model->layout().num_params));
   model->InitializeParameters(1, params.data());
   std::vector<float> grads(params.size(), 5.0f);
-  MlpWorkspace workspace(*model, 1);
+  MlpWorkspace workspace = *MlpWorkspace::Create(*model, 1, kernels::CpuDevice());
   int ready = 0;
-  const double loss = model->ForwardBackward({}, params.data(), nullptr, nullptr, 0, 1.0f,
-                                             grads.data(), workspace, [&](int) { ++ready; });
+  double loss = 0;
+  model->ForwardBackward({}, params.data(), nullptr, nullptr, 0, 1.0f, grads.data(), workspace,
+                         [&](int) { ++ready; }, &loss);
   EXPECT_EQ(loss, 0.0);
   EXPECT_EQ(ready, 2);
   for (float g : grads) EXPECT_EQ(g, 0.0f);

@@ -14,6 +14,7 @@ TEST(OptimizerTest, SgdMomentumMatchesHandComputation) {
   spec.momentum = 0.9;
   spec.weight_decay = 0.1;
   Optimizer optimizer(spec, 2);
+  ASSERT_TRUE(optimizer.Allocate(kernels::CpuDevice()).ok());
   std::vector<float> params{1.0f, -2.0f};
   const std::vector<float> grads{0.5f, 0.25f};
   // Step 1: g = grad + wd * p = {0.6, 0.05}; buf = g; p -= 0.1 * buf.
@@ -35,6 +36,7 @@ TEST(OptimizerTest, AdamWMatchesHandComputation) {
   spec.type = spec::OptimizerType::kAdamW;
   spec.weight_decay = 0.01;
   Optimizer optimizer(spec, 1);
+  ASSERT_TRUE(optimizer.Allocate(kernels::CpuDevice()).ok());
   std::vector<float> params{2.0f};
   const std::vector<float> grads{0.5f};
   const double lr = 0.01, b1 = 0.9, b2 = 0.999, eps = 1e-8;

@@ -19,14 +19,15 @@ constexpr int64_t kTimeoutMs = 20000;
 // A member's state, recognisable by `tag` in every field.
 TrainingState MakeState(int64_t step, float tag) {
   spec::OptimizerSpec optimizer_spec;
-  TrainingState state{step,
-                      DataCursor{step / 10, step % 10},
-                      step * 64,
-                      1024.0f * tag,
-                      step,
-                      std::vector<float>(100, tag),
-                      Optimizer(optimizer_spec, 100),
-                      {}};
+  TrainingState state = *MakeTrainingState(100, optimizer_spec, kernels::CpuDevice());
+  state.step = step;
+  state.cursor = DataCursor{step / 10, step % 10};
+  state.samples = step * 64;
+  state.loss_scale = 1024.0f * tag;
+  state.loss_scale_good_steps = step;
+  const std::vector<float> params(100, tag);
+  EXPECT_TRUE(state.params.CopyFromHost(params.data(), 100).ok());
+  // The CPU device's memory is host memory: the test writes the optimizer state directly.
   for (auto [buffer, count] : state.optimizer.StateBuffers()) {
     for (int64_t i = 0; i < count; ++i) buffer[i] = -tag;
   }
@@ -73,7 +74,7 @@ TEST(AgreeOnTrainingStateTest, NewestStepWinsAndTiesGoToTheLowestRank) {
     EXPECT_EQ(state.cursor, (DataCursor{0, 9}));
     EXPECT_EQ(state.samples, 9 * 64);
     EXPECT_EQ(state.loss_scale, 2048.0f);
-    EXPECT_EQ(state.params, std::vector<float>(100, 2.0f));
+    EXPECT_EQ(*state.params.ToHost(), std::vector<float>(100, 2.0f));
     auto buffers = const_cast<TrainingState&>(state).optimizer.StateBuffers();
     EXPECT_EQ(buffers[0].first[99], -2.0f);
     EXPECT_EQ(state.optimizer.steps_taken(), 9);
@@ -88,7 +89,7 @@ TEST(AgreeOnTrainingStateTest, MemberWithoutStateReceivesItFromOneThatHasIt) {
   RunAgreement(states, {false, true}, sources);
   EXPECT_EQ(sources, (std::vector<int>{1, 1}));
   EXPECT_EQ(states[0].step, 42);
-  EXPECT_EQ(states[0].params, std::vector<float>(100, 5.0f));
+  EXPECT_EQ(*states[0].params.ToHost(), std::vector<float>(100, 5.0f));
 }
 
 }  // namespace

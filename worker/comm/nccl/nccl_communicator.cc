@@ -140,6 +140,8 @@ class NcclCommunicator final : public Communicator {
       aborted_ = true;
     }
     cudaFree(scratch_);
+    if (staging_device_ != nullptr) cudaFree(staging_device_);
+    if (staging_host_ != nullptr) cudaFreeHost(staging_host_);
     cudaEventDestroy(done_);
     cudaEventDestroy(input_ready_);
     cudaStreamDestroy(stream_);
@@ -154,8 +156,14 @@ class NcclCommunicator final : public Communicator {
     const std::optional<ncclDataType_t> nccl_type = NcclType(type);
     const std::optional<ncclRedOp_t> nccl_op = NcclOp(op);
     if (!nccl_type || !nccl_op) return InvalidArgumentError("nccl all-reduce: unsupported type");
-    return Run("all-reduce", timeout_ms, [&] {
-      return ncclAllReduce(data, data, count, *nccl_type, *nccl_op, comm_, stream_);
+    const size_t bytes = count * DataTypeSize(type);
+    if (IsDeviceMemory(data)) {
+      return Run("all-reduce", timeout_ms, [&] {
+        return ncclAllReduce(data, data, count, *nccl_type, *nccl_op, comm_, stream_);
+      });
+    }
+    return RunStaged("all-reduce", timeout_ms, data, bytes, data, bytes, [&](void* in, void* out) {
+      return ncclAllReduce(in, out, count, *nccl_type, *nccl_op, comm_, stream_);
     });
   }
 
@@ -164,15 +172,28 @@ class NcclCommunicator final : public Communicator {
       return InvalidArgumentError("nccl broadcast: root " + std::to_string(root) +
                                   " outside the world of " + std::to_string(options_.size));
     }
-    return Run("broadcast", timeout_ms, [&] {
-      return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
+    if (IsDeviceMemory(data)) {
+      return Run("broadcast", timeout_ms, [&] {
+        return ncclBroadcast(data, data, bytes, ncclUint8, root, comm_, stream_);
+      });
+    }
+    return RunStaged("broadcast", timeout_ms, data, bytes, data, bytes, [&](void* in, void* out) {
+      return ncclBroadcast(in, out, bytes, ncclUint8, root, comm_, stream_);
     });
   }
 
   Status AllGather(const void* in, size_t bytes_per_rank, void* out, int64_t timeout_ms) override {
-    return Run("all-gather", timeout_ms, [&] {
-      return ncclAllGather(in, out, bytes_per_rank, ncclUint8, comm_, stream_);
-    });
+    if (IsDeviceMemory(in) && IsDeviceMemory(out)) {
+      return Run("all-gather", timeout_ms, [&] {
+        return ncclAllGather(in, out, bytes_per_rank, ncclUint8, comm_, stream_);
+      });
+    }
+    const size_t out_bytes = bytes_per_rank * static_cast<size_t>(options_.size);
+    return RunStaged("all-gather", timeout_ms, in, bytes_per_rank, out, out_bytes,
+                     [&](void* staged_in, void* staged_out) {
+                       return ncclAllGather(staged_in, staged_out, bytes_per_rank, ncclUint8,
+                                            comm_, stream_);
+                     });
   }
 
   Status Barrier(int64_t timeout_ms) override {
@@ -192,9 +213,11 @@ class NcclCommunicator final : public Communicator {
   }
 
  private:
-  // Issues one NCCL operation and waits for it within timeout_ms.
-  template <typename Enqueue>
-  Status Run(const char* what, int64_t timeout_ms, Enqueue enqueue) {
+  // Issues one NCCL operation, then `after_issued` (more work on stream_ that must follow it),
+  // and waits for both within timeout_ms.
+  template <typename Enqueue, typename AfterIssued = cudaError_t (*)()>
+  Status Run(const char* what, int64_t timeout_ms, Enqueue enqueue,
+             AfterIssued after_issued = [] { return cudaSuccess; }) {
     const std::string name = std::string("nccl ") + what;
     if (Status failed = Failure(); !failed.ok()) return failed.WithContext(name);
     if (timeout_ms <= 0) return InvalidArgumentError(name + ": timeout_ms must be > 0");
@@ -226,7 +249,8 @@ class NcclCommunicator final : public Communicator {
       AbortComm(status);
       return Finish(status);
     }
-    error = cudaEventRecord(done_, stream_);
+    error = after_issued();
+    if (error == cudaSuccess) error = cudaEventRecord(done_, stream_);
     if (error != cudaSuccess) return Finish(UnavailableError(CudaError(error, name.c_str())));
     // Completion: polled with a short sleep that grows to 100 µs (a bucket all-reduce takes
     // tens of µs to ms; a spin would take a core from the input pipeline).
@@ -243,6 +267,65 @@ class NcclCommunicator final : public Communicator {
       std::this_thread::sleep_for(std::chrono::microseconds(pause_us));
       pause_us = std::min<int64_t>(pause_us * 2, 100);
     }
+  }
+
+  // Whether NCCL can use `pointer` directly: device (or managed) memory. Host memory, such as
+  // the trainer's small control values (a leave vote, a loss sum, a state header), is staged.
+  static bool IsDeviceMemory(const void* pointer) {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, pointer) != cudaSuccess) {
+      (void)cudaGetLastError();  // an unknown host pointer on old runtimes: not sticky
+      return false;
+    }
+    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
+  }
+
+  // Grows the staging buffers (device, and page-locked host for asynchronous copies) to `bytes`.
+  Status ReserveStaging(size_t bytes) {
+    if (bytes <= staging_bytes_) return OkStatus();
+    if (staging_device_ != nullptr) cudaFree(staging_device_);
+    if (staging_host_ != nullptr) cudaFreeHost(staging_host_);
+    staging_device_ = staging_host_ = nullptr;
+    staging_bytes_ = 0;
+    cudaError_t error = cudaMalloc(&staging_device_, bytes);
+    if (error == cudaSuccess) error = cudaMallocHost(&staging_host_, bytes);
+    if (error != cudaSuccess) {
+      (void)cudaGetLastError();
+      return ResourceExhaustedError(CudaError(error, "nccl: staging buffer"));
+    }
+    staging_bytes_ = bytes;
+    return OkStatus();
+  }
+
+  // A collective on host memory: `in` is copied to the device staging buffer (input at offset 0,
+  // output after it unless the operation is in place), the operation runs there, and the result
+  // is copied back into `out` once it completed. The copies go through page-locked memory on the
+  // communication stream, so the whole call is polled against its deadline like any other.
+  template <typename Enqueue>
+  Status RunStaged(const char* what, int64_t timeout_ms, const void* in, size_t in_bytes,
+                   void* out, size_t out_bytes, Enqueue enqueue) {
+    const bool in_place = in == out;
+    const size_t out_offset = in_place ? 0 : (in_bytes + 255) / 256 * 256;
+    LOCKSTEP_RETURN_IF_ERROR(ReserveStaging(std::max<size_t>(1, out_offset + out_bytes)));
+    char* device = static_cast<char*>(staging_device_);
+    char* host = static_cast<char*>(staging_host_);
+    std::memcpy(host, in, in_bytes);
+    Status status = Run(
+        what, timeout_ms,
+        [&] {
+          const cudaError_t error =
+              cudaMemcpyAsync(device, host, in_bytes, cudaMemcpyHostToDevice, stream_);
+          if (error != cudaSuccess) return ncclUnhandledCudaError;
+          return enqueue(device, device + out_offset);
+        },
+        // Only once the non-blocking communicator has issued the operation is it on the stream,
+        // so the copy back is queued then, behind it.
+        [&] {
+          return cudaMemcpyAsync(host + out_offset, device + out_offset, out_bytes,
+                                 cudaMemcpyDeviceToHost, stream_);
+        });
+    if (status.ok()) std::memcpy(out, host + out_offset, out_bytes);
+    return status;
   }
 
   Status Finish(Status status) {
@@ -325,6 +408,10 @@ class NcclCommunicator final : public Communicator {
   cudaEvent_t input_ready_;
   cudaEvent_t done_;
   void* scratch_;  // one float for Barrier
+  // Staging of host buffers (RunStaged); used by the one calling thread.
+  void* staging_device_ = nullptr;
+  void* staging_host_ = nullptr;
+  size_t staging_bytes_ = 0;
 
   std::mutex comm_mu_;   // held around every NCCL call on comm_ (see WithComm)
   bool aborted_ = false;  // under comm_mu_: comm_ was aborted or destroyed (the handle is gone)

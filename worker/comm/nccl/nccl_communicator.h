@@ -11,7 +11,9 @@
 // against a deadline instead of blocking inside NCCL.
 //
 // Collectives run on the communicator's own CUDA stream (non-blocking with respect to the legacy
-// default stream). Buffers are device memory of `device`. Each call:
+// default stream). Buffers are device memory of `device`, used in place; host memory is accepted
+// too and staged through a device buffer (the trainer's small control values: a leave vote, a
+// loss sum, a state header), so the one Communicator contract serves both. Each call:
 //  1. orders itself after the work already issued on options.input_stream (an event recorded
 //     there is waited on by the communication stream: the backward kernels that wrote a bucket
 //     finish before NCCL reads it);

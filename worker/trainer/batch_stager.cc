@@ -1,0 +1,45 @@
+#include "worker/trainer/batch_stager.h"
+
+#include <cstdlib>
+
+#include "common/logging.h"
+
+namespace lockstep::trainer {
+
+StatusOr<BatchStager> BatchStager::Create(kernels::Device& device, int64_t max_rows,
+                                          int64_t num_features) {
+  BatchStager stager;
+  stager.device_ = &device;
+  stager.max_rows_ = max_rows;
+  stager.num_features_ = num_features;
+  for (int slot = 0; slot < kSlots; ++slot) {
+    LOCKSTEP_RETURN_IF_ERROR(stager.host_features_[slot].Allocate(device, max_rows * num_features));
+    LOCKSTEP_RETURN_IF_ERROR(stager.host_labels_[slot].Allocate(device, max_rows));
+    stager.copied_[slot] = device.CreateEvent();
+  }
+  LOCKSTEP_RETURN_IF_ERROR(stager.features_.Allocate(device, max_rows * num_features));
+  LOCKSTEP_RETURN_IF_ERROR(stager.labels_.Allocate(device, max_rows));
+  return stager;
+}
+
+BatchStager::DeviceBatch BatchStager::Stage(const Dataset& dataset, const int64_t* ids,
+                                            int64_t rows) {
+  if (rows > max_rows_) {
+    LOCKSTEP_LOG(ERROR) << "BatchStager::Stage: " << rows << " rows, room for " << max_rows_;
+    std::abort();  // a programming error: the trainer sizes the stager for its largest slice
+  }
+  const int slot = next_slot_;
+  next_slot_ = (next_slot_ + 1) % kSlots;
+  // The copy that last read this slot (two steps ago) must be done before it is overwritten.
+  device_->WaitHost(*copied_[slot]);
+  GatherBatch(dataset, ids, rows, host_features_[slot].data(), host_labels_[slot].data());
+  const kernels::ExecutionContext& compute = device_->compute();
+  device_->CopyToDevice(compute, features_.device_data(), host_features_[slot].data(),
+                        static_cast<size_t>(rows * num_features_) * sizeof(float));
+  device_->CopyToDevice(compute, labels_.device_data(), host_labels_[slot].data(),
+                        static_cast<size_t>(rows) * sizeof(int32_t));
+  device_->Record(*copied_[slot], compute);
+  return DeviceBatch{features_.device_data(), labels_.device_data()};
+}
+
+}  // namespace lockstep::trainer
