@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "cli/exit_codes.h"
+#include "kernels/device.h"
 #include "cli/launcher.h"
 #include "cli/progress_display.h"
 #include "cli/summary.h"
@@ -179,6 +180,28 @@ std::string JobKey(const spec::TrainingJob& job) {
   return job.metadata.namespace_ + "/" + job.metadata.name;
 }
 
+bool UsesCuda(const spec::TrainingJob& job) {
+  return job.spec.trainer.has_value() && job.spec.trainer->device == spec::Device::kCuda;
+}
+
+// The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES entries: the launcher's own
+// CUDA_VISIBLE_DEVICES list when it is set (indices or UUIDs), else 0 .. count - 1.
+std::vector<std::string> VisibleGpus() {
+  std::vector<std::string> gpus;
+  const std::string visible = EnvString("CUDA_VISIBLE_DEVICES", "");
+  const int count = kernels::CudaDeviceCount();
+  if (!visible.empty()) {
+    std::stringstream entries(visible);
+    std::string entry;
+    while (std::getline(entries, entry, ',') && static_cast<int>(gpus.size()) < count) {
+      if (!entry.empty()) gpus.push_back(entry);
+    }
+    return gpus;
+  }
+  for (int i = 0; i < count; ++i) gpus.push_back(std::to_string(i));
+  return gpus;
+}
+
 // One command per local worker: member id <name>-worker-<i>, the environment of docs/cli.md.
 std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
                                                const std::string& worker_binary,
@@ -189,6 +212,7 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
   std::vector<WorkerCommand> commands;
   const int32_t workers = job.spec.replicas;
   const std::string threads = ThreadsPerWorker(workers);
+  const std::vector<std::string> gpus = UsesCuda(job) ? VisibleGpus() : std::vector<std::string>{};
   for (int32_t i = 0; i < workers; ++i) {
     WorkerCommand command;
     command.member_id = job.metadata.name + "-worker-" + std::to_string(i);
@@ -214,6 +238,11 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
         {"OPENBLAS_NUM_THREADS", EnvString("OPENBLAS_NUM_THREADS", threads)},
         {"OMP_NUM_THREADS", EnvString("OMP_NUM_THREADS", threads)},
     };
+    if (i < static_cast<int32_t>(gpus.size())) {
+      // Worker i sees only its GPU (as a device plugin gives a pod its own), and a replacement
+      // in the same slot gets the same one.
+      command.env.emplace_back("CUDA_VISIBLE_DEVICES", gpus[static_cast<size_t>(i)]);
+    }
     commands.push_back(std::move(command));
   }
   return commands;
@@ -457,6 +486,23 @@ StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
   return options;
 }
 
+Status CheckDevicePlacement(const spec::TrainingJob& job) {
+  if (!UsesCuda(job)) return OkStatus();
+  if (Status usable = kernels::CudaUsable(); !usable.ok()) {
+    return FailedPreconditionError("spec.trainer.device: cuda cannot be used on this machine: " +
+                                   usable.message());
+  }
+  const int gpus = static_cast<int>(VisibleGpus().size());
+  if (job.spec.replicas > gpus) {
+    return FailedPreconditionError(
+        "spec.trainer.device: cuda with " + std::to_string(job.spec.replicas) +
+        " workers, but this machine shows " + std::to_string(gpus) +
+        " GPU(s): each worker needs a GPU of its own (NCCL cannot put two ranks on one GPU); "
+        "use --replicas " + std::to_string(gpus) + " or fewer");
+  }
+  return OkStatus();
+}
+
 Status ApplyReplicasOverride(int32_t replicas, spec::TrainingJob* job) {
   spec::TrainingJobSpec& spec = job->spec;
   if (spec.elastic_set) {
@@ -541,6 +587,10 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
       err << "lockstep run: " << status.message() << "\n";
       return kExitBadInput;
     }
+  }
+  if (Status placed = CheckDevicePlacement(job); !placed.ok()) {
+    err << options->manifest_path << ": " << placed.message() << "\n";
+    return kExitBadInput;
   }
   const int32_t workers = job.spec.replicas;
   // The in-process rendezvous service logs every join and generation at info level; on a

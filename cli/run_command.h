@@ -43,6 +43,11 @@ StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args);
 // elastic range to exactly that many. InvalidArgument when it falls outside spec.elastic.
 Status ApplyReplicasOverride(int32_t replicas, spec::TrainingJob* job);
 
+// device: cuda needs a usable CUDA device on this machine and a GPU of its own for every worker
+// (worker i is given the i-th visible GPU through CUDA_VISIBLE_DEVICES). FAILED_PRECONDITION
+// naming spec.trainer.device and the reason otherwise; OK for every other manifest.
+Status CheckDevicePlacement(const spec::TrainingJob& job);
+
 // ./lockstep-logs/<name>-<YYYYmmdd-HHMMSS> when the working directory is writable, else
 // ${TMPDIR:-/tmp}/lockstep-logs/<name>-<YYYYmmdd-HHMMSS>; "-2", "-3", ... when taken. Creates it.
 StatusOr<std::string> CreateDefaultLogDir(const std::string& job_name);

@@ -1,5 +1,7 @@
 #include "cli/validate_command.h"
 
+#include "kernels/device.h"
+
 #include <sstream>
 
 #include "cli/exit_codes.h"
@@ -69,6 +71,12 @@ int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, 
     return kExitBadInput;
   }
   out << path << ": valid\n";
+  const spec::TrainingJob& job = *check.job;
+  if (job.spec.trainer.has_value() && job.spec.trainer->device == spec::Device::kCuda) {
+    // Not a problem of the manifest: where it runs decides (a cluster's GPU nodes).
+    out << path << ": note: spec.trainer.device is cuda: every worker needs a GPU of its own ("
+        << kernels::CudaDeviceCount() << " visible here)\n";
+  }
   return kExitOk;
 }
 

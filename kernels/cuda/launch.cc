@@ -96,8 +96,8 @@ Status Usable() {
                                                 : std::string()));
   }
   if (answer.error == cudaErrorInsufficientDriver) {
-    return UnavailableError(std::string("the CUDA driver is missing or older than this build's "
-                                        "CUDA runtime (") +
+    return UnavailableError(std::string("no CUDA driver is installed, or it is older than this "
+                                        "build's CUDA runtime (") +
                             cudaGetErrorName(answer.error) + ")");
   }
   if (answer.error != cudaSuccess) {

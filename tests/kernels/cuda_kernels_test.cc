@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/device.h"
 #include "kernels/kernels.h"
 #include "tests/kernels/test_util.h"
 
@@ -624,6 +625,94 @@ TEST_F(CudaKernelsTest, ScaleIsBitIdenticalToCpu) {
     Scale(CpuContext(), shape.n, -0.3f, x.data());
     ExpectBitEqual(dx->Download(), x, "x");
   }
+}
+
+TEST_F(CudaKernelsTest, SoftmaxCrossEntropyAccumulateAddsTheLossOnTheDeviceWithoutAHostRead) {
+  const int64_t rows = 777, classes = 37;
+  const std::vector<float> logits = RandomFloats(rows * classes, NextSeed(), -6.0f, 6.0f);
+  const std::vector<int32_t> labels = RandomLabels(rows, static_cast<int32_t>(classes), NextSeed());
+  std::vector<float> cpu_dlogits(rows * classes);
+  double cpu_loss = 0.0;
+  SoftmaxCrossEntropy(CpuContext(), rows, classes, logits.data(), labels.data(), 0.5f,
+                      cpu_dlogits.data(), &cpu_loss, nullptr);
+  auto dlogits_in = OnDevice(logits);
+  auto dlabels = OnDevice(labels);
+  DeviceArray<float> dlogits(rows * classes);
+  dlogits.Poison();
+  // The accumulator starts at a value of its own, and three calls add three losses.
+  auto accumulator = OnDevice(std::vector<double>{1.25});
+  for (int call = 0; call < 3; ++call) {
+    SoftmaxCrossEntropyAccumulate(ctx_, rows, classes, dlogits_in->get(), dlabels->get(), 0.5f,
+                                  dlogits.get(), accumulator->get());
+  }
+  EXPECT_TRUE(Near(accumulator->Download()[0], 1.25 + 3 * cpu_loss, 1e-6, 1e-9));
+  const std::vector<float> gpu_dlogits = dlogits.Download();
+  for (size_t i = 0; i < gpu_dlogits.size(); ++i) {
+    ASSERT_TRUE(Near(gpu_dlogits[i], cpu_dlogits[i], 0, 1e-6 * 0.5)) << i;
+  }
+}
+
+TEST_F(CudaKernelsTest, CountNonFiniteMatchesCpuAndSetZeroClearsEveryElement) {
+  for (const FlatShape& shape : kFlatShapes) {
+    SCOPED_TRACE(::testing::Message() << "n=" << shape.n << " offset=" << shape.offset_a);
+    std::vector<float> x = RandomFloats(shape.n, NextSeed(), -1e3f, 1e3f);
+    std::mt19937 pick(NextSeed());
+    const float specials[] = {INFINITY, -INFINITY, NAN, FromBits(0x7fc00001u)};
+    for (int64_t k = 0; k < shape.n / 97; ++k) x[pick() % shape.n] = specials[pick() % 4];
+    auto dx = OnDevice(x, shape.offset_a);
+    EXPECT_EQ(CountNonFinite(ctx_, shape.n, dx->get()),
+              CountNonFinite(CpuContext(), shape.n, x.data()));
+    dx->Poison();  // all NaN
+    EXPECT_EQ(CountNonFinite(ctx_, shape.n, dx->get()), shape.n);
+    SetZero(ctx_, shape.n, dx->get());
+    for (float value : dx->Download()) ASSERT_EQ(Bits(value), 0u);
+  }
+}
+
+// ---- The device layer ----
+
+TEST_F(CudaKernelsTest, DeviceCopiesOnBothStreamsAreOrderedByEvents) {
+  auto device = CreateDevice(DeviceType::kCuda);
+  ASSERT_TRUE(device.ok()) << device.status();
+  Device& gpu = **device;
+  const int64_t n = 1 << 22;  // 16 MiB: long enough for a missing order to show
+  const std::vector<float> values = RandomFloats(n, NextSeed(), -1.0f, 1.0f);
+  lockstep::kernels::DeviceArray<float> a, b;
+  ASSERT_TRUE(a.Allocate(gpu, n).ok());
+  ASSERT_TRUE(b.Allocate(gpu, n).ok());
+  EXPECT_EQ(*a.ToHost(), std::vector<float>(n, 0.0f)) << "allocation is zero-filled";
+  lockstep::kernels::HostArray<float> pinned;
+  ASSERT_TRUE(pinned.Allocate(gpu, n).ok());
+  std::memcpy(pinned.data(), values.data(), n * sizeof(float));
+  // compute: upload, then scale; side: waits for that, then copies a to b and back to the host.
+  gpu.CopyToDevice(gpu.compute(), a.device_data(), pinned.data(), n * sizeof(float));
+  Scale(gpu.compute(), n, 2.0f, a.device_data());
+  auto scaled = gpu.CreateEvent();
+  gpu.Record(*scaled, gpu.compute());
+  gpu.Wait(gpu.side(), *scaled);
+  gpu.CopyOnDevice(gpu.side(), b.device_data(), a.device_data(), n * sizeof(float));
+  std::vector<float> back(n, NAN);
+  gpu.CopyToHost(gpu.side(), back.data(), b.device_data(), n * sizeof(float));
+  gpu.Synchronize(gpu.side());
+  for (int64_t i = 0; i < n; ++i) ASSERT_EQ(back[i], 2.0f * values[i]) << i;
+  // A synchronous range copy and its bounds.
+  std::vector<float> middle(10);
+  ASSERT_TRUE(b.CopyToHost(middle.data(), 10, n / 2).ok());
+  EXPECT_EQ(middle[3], 2.0f * values[n / 2 + 3]);
+  EXPECT_EQ(b.CopyToHost(middle.data(), 10, n - 5).code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CudaKernelsTest, DeviceAllocationBeyondTheCardIsAnErrorNotACrash) {
+  auto device = CreateDevice(DeviceType::kCuda);
+  ASSERT_TRUE(device.ok()) << device.status();
+  lockstep::kernels::DeviceArray<float> huge;
+  const Status status = huge.Allocate(**device, int64_t{1} << 40);  // 4 TiB
+  EXPECT_EQ(status.code(), StatusCode::kResourceExhausted) << status;
+  EXPECT_NE(status.message().find("cuda:0"), std::string::npos) << status;
+  // The device is still usable afterwards.
+  lockstep::kernels::DeviceArray<float> small;
+  ASSERT_TRUE(small.Allocate(**device, 16).ok());
+  EXPECT_EQ(small.ToHost()->size(), 16u);
 }
 
 class CudaHalfTest : public CudaKernelsTest, public ::testing::WithParamInterface<HalfType> {};
