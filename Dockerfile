@@ -98,12 +98,12 @@ RUN apt-get update \
       libgloo0 libgrpc++1.51 libgrpc29 libhiredis0.14 libibverbs1 libnl-3-200 \
       libnl-route-3-200 libopenblas0-pthread libprometheus-cpp-core1.0 libprotobuf32 \
       libquadmath0 libre2-9 libssl3 libstdc++6 libyaml-cpp0.7 zlib1g \
-      cuda-cudart-${CUDA_PACKAGE_VERSION} libcublas-${CUDA_PACKAGE_VERSION} \
+      cuda-cudart-${CUDA_PACKAGE_VERSION} libcublas-${CUDA_PACKAGE_VERSION} libnccl2 \
  && rm -rf /var/lib/apt/lists/*
-# loaded at run time (dlopen), so not in ldd: NCCL (the NCCL communicator) and the RDMA
-# providers libibverbs loads for RoCE/InfiniBand NICs (mlx5, ...)
+# loaded at run time (dlopen), so not in ldd: the RDMA providers libibverbs loads for
+# RoCE/InfiniBand NICs (mlx5, ...)
 RUN apt-get update \
- && apt-get install -y --no-install-recommends libnccl2 ibverbs-providers \
+ && apt-get install -y --no-install-recommends ibverbs-providers \
  && rm -rf /var/lib/apt/lists/*
 # data: the Fashion-MNIST files examples/fashion-mnist.yaml reads
 RUN apt-get update \

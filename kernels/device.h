@@ -12,9 +12,10 @@
 //
 // Streams. A device has two queues of work, each named by an ExecutionContext:
 //  - compute(): every kernel of forward, backward and the optimizer, and the batch copies;
-//  - side(): work that must not wait behind compute: packing and unpacking gradient buckets around
-//    the collectives while backward runs on (the NCCL communicator orders itself after this
-//    queue), and the device-to-host copies of a checkpoint snapshot.
+//  - side(): work that must not wait behind compute: the copies of the next training batch (while
+//    the current step computes), packing and unpacking gradient buckets around the collectives
+//    while backward runs on (the NCCL communicator orders itself after this queue), and the
+//    device-to-host copies of a checkpoint snapshot.
 // Work on one queue runs in the order it was queued; across queues, an Event orders it. On the CPU
 // both contexts run synchronously on the calling thread, so events are no-ops and every copy has
 // completed when the call returns.

@@ -15,10 +15,11 @@ StatusOr<BatchStager> BatchStager::Create(kernels::Device& device, int64_t max_r
   for (int slot = 0; slot < kSlots; ++slot) {
     LOCKSTEP_RETURN_IF_ERROR(stager.host_features_[slot].Allocate(device, max_rows * num_features));
     LOCKSTEP_RETURN_IF_ERROR(stager.host_labels_[slot].Allocate(device, max_rows));
+    LOCKSTEP_RETURN_IF_ERROR(stager.features_[slot].Allocate(device, max_rows * num_features));
+    LOCKSTEP_RETURN_IF_ERROR(stager.labels_[slot].Allocate(device, max_rows));
     stager.copied_[slot] = device.CreateEvent();
+    stager.released_[slot] = device.CreateEvent();
   }
-  LOCKSTEP_RETURN_IF_ERROR(stager.features_.Allocate(device, max_rows * num_features));
-  LOCKSTEP_RETURN_IF_ERROR(stager.labels_.Allocate(device, max_rows));
   return stager;
 }
 
@@ -29,17 +30,24 @@ BatchStager::DeviceBatch BatchStager::Stage(const Dataset& dataset, const int64_
     std::abort();  // a programming error: the trainer sizes the stager for its largest slice
   }
   const int slot = next_slot_;
-  next_slot_ = (next_slot_ + 1) % kSlots;
-  // The copy that last read this slot (two steps ago) must be done before it is overwritten.
+  const int other = (slot + 1) % kSlots;
+  next_slot_ = other;
+  const kernels::ExecutionContext& compute = device_->compute();
+  const kernels::ExecutionContext& side = device_->side();
+  // Everything queued on the compute stream so far is the work of the steps up to the previous
+  // one, which read the other slot: once it is done, the other slot may be refilled.
+  device_->Record(*released_[other], compute);
+  // The copy that last read this host slot (two steps ago) must be done before it is overwritten.
   device_->WaitHost(*copied_[slot]);
   GatherBatch(dataset, ids, rows, host_features_[slot].data(), host_labels_[slot].data());
-  const kernels::ExecutionContext& compute = device_->compute();
-  device_->CopyToDevice(compute, features_.device_data(), host_features_[slot].data(),
+  device_->Wait(side, *released_[slot]);
+  device_->CopyToDevice(side, features_[slot].device_data(), host_features_[slot].data(),
                         static_cast<size_t>(rows * num_features_) * sizeof(float));
-  device_->CopyToDevice(compute, labels_.device_data(), host_labels_[slot].data(),
+  device_->CopyToDevice(side, labels_[slot].device_data(), host_labels_[slot].data(),
                         static_cast<size_t>(rows) * sizeof(int32_t));
-  device_->Record(*copied_[slot], compute);
-  return DeviceBatch{features_.device_data(), labels_.device_data()};
+  device_->Record(*copied_[slot], side);
+  device_->Wait(compute, *copied_[slot]);
+  return DeviceBatch{features_[slot].device_data(), labels_[slot].device_data()};
 }
 
 }  // namespace lockstep::trainer

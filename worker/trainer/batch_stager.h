@@ -4,12 +4,17 @@
 //   BatchStager::DeviceBatch batch = stager.Stage(dataset, ids, rows);  // device pointers
 //   model.ForwardBackward(device.compute(), params, batch.features, batch.labels, rows, ...);
 //
-// Two page-locked host slots, used in turn: the host gathers step t+1's samples into one slot
-// while the GPU still computes step t, and the copy into device memory is queued on the compute
-// stream (so it follows step t's kernels, which read the device batch, and precedes step t+1's).
-// Before a slot is refilled the host waits for the copy that read it two steps earlier: that is
-// also what keeps the host from running more than two steps ahead of the GPU. On the CPU device
-// the slots are plain memory and the copy is a memcpy of one batch (a few hundred KB).
+// Two slots, used in turn, each a page-locked host buffer and a device buffer: the host gathers
+// step t's samples into slot t % 2 while the GPU still computes step t-1, and the copy to the
+// device runs on the device's side stream, overlapping that computation (on an H100 an 8 MiB
+// batch takes ~0.3 ms over PCIe: 15% of a GEMM-bound 4096-wide MLP step when it was queued on the
+// compute stream instead). Three events keep it correct:
+//  - the copy into device slot k waits for `released[k]`, recorded on the compute stream when the
+//    next step was staged: the kernels of the step that last read slot k are done;
+//  - the compute stream waits for `copied[k]` before the step's kernels run;
+//  - the host waits for `copied[k]` of two steps earlier before it refills host slot k, which also
+//    keeps the host at most two steps ahead of the GPU.
+// On the CPU device the slots are plain memory, the copy is a memcpy and the events are no-ops.
 //
 // Thread safety: used by the training thread only.
 #pragma once
@@ -35,8 +40,9 @@ class BatchStager {
   static StatusOr<BatchStager> Create(kernels::Device& device, int64_t max_rows,
                                       int64_t num_features);
 
-  // Gathers samples ids[0..rows) (rows <= max_rows) and queues their copy to the device. The
-  // returned memory holds them for the kernels queued on the compute stream until the next Stage.
+  // Gathers samples ids[0..rows) (rows <= max_rows) and queues their copy to the device; work
+  // queued on the compute stream after this call sees them. The returned memory holds them until
+  // the second Stage after this one.
   DeviceBatch Stage(const Dataset& dataset, const int64_t* ids, int64_t rows);
 
  private:
@@ -49,8 +55,9 @@ class BatchStager {
   kernels::HostArray<float> host_features_[kSlots];
   kernels::HostArray<int32_t> host_labels_[kSlots];
   std::unique_ptr<kernels::DeviceEvent> copied_[kSlots];
-  kernels::DeviceArray<float> features_;
-  kernels::DeviceArray<int32_t> labels_;
+  std::unique_ptr<kernels::DeviceEvent> released_[kSlots];
+  kernels::DeviceArray<float> features_[kSlots];
+  kernels::DeviceArray<int32_t> labels_[kSlots];
   int next_slot_ = 0;
 };
 
