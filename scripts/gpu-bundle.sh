@@ -304,7 +304,8 @@ pack() {
   mkdir -p "$out_dir"
   local archive=$out_dir/$archive_name
   local partial=$archive.partial
-  # Sorted names, fixed owner and the commit's time: the same build packs to the same bytes.
+  # Sorted names, fixed owner and the commit's time: the listing and the files' metadata do not
+  # change from one packing to the next (BUNDLE-INFO's packed_at does).
   local mtime
   mtime=$(git -C "$root" log -1 --format=%ct 2>/dev/null || echo 0)
   tar -C "$stage" --sort=name --owner=0 --group=0 --numeric-owner --mtime="@$mtime" -cf - . |

@@ -317,6 +317,11 @@ printf '%s\n' "${machine_lines[@]}" | tee "$log_dir/machine.txt"
   if ! $selftest; then echo "--- nvidia-smi"; nvidia-smi 2>&1; fi
 } >>"$log_dir/machine.txt"
 
+# And a program actually started from the unpacked folder (a /tmp mounted noexec would stop
+# everything here, with this message).
+if ! started=$("$bin/lockstep" version 2>&1); then
+  record "loader: bin/lockstep starts" FAIL "$(head -c 300 <<<"$started")"
+fi
 if [[ -n $problems ]]; then
   record "loader: every program's libraries" FAIL \
     "$(wc -l <<<"$problems") unresolved: $(head -n 3 <<<"$problems" | paste -sd ';')"
@@ -384,6 +389,7 @@ gtest_step() {
   if ((status == 124)); then
     record "$name" FAIL "ran out of its $limit s: $verdict" $((SECONDS - t0))
   elif ((status != 0 || verdict_status == 1)); then
+    [[ -f $log_dir/$program.xml ]] || verdict+="; last line: $(tail -n 1 "$log_dir/$program.log")"
     record "$name" FAIL "exit $status: $verdict" $((SECONDS - t0))
   elif ((verdict_status == 3)); then
     record "$name" FAIL "GPU tests skipped although this machine has a GPU: $verdict" $((SECONDS - t0))
