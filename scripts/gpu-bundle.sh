@@ -59,14 +59,13 @@ readonly dataset_files=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
   t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
 readonly extra_files=(examples/fashion-mnist.yaml bench/train_step/torch_step.py)
 
-# Temporary folders, removed however the script ends.
+# Temporary folders, removed however the script ends. (Not created in a $(...) subshell: the
+# list must grow in this shell for the trap to see it.)
 temporary_dirs=()
 trap 'rm -rf "${temporary_dirs[@]}"' EXIT
-make_temporary_dir() {  # prints the new folder's path
-  local dir
-  dir=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-gpu-bundle.XXXXXX")
-  temporary_dirs+=("$dir")
-  echo "$dir"
+new_temporary_dir() {  # sets temporary_dir to a new folder
+  temporary_dir=$(mktemp -d "${TMPDIR:-/tmp}/lockstep-gpu-bundle.XXXXXX")
+  temporary_dirs+=("$temporary_dir")
 }
 
 log() { echo "gpu-bundle: $*"; }
@@ -120,8 +119,8 @@ newest_glibc_version_needed() {
 check_archive() {
   local archive=$1
   [[ -f $archive ]] || die "no archive at $archive"
-  local unpacked
-  unpacked=$(make_temporary_dir)
+  new_temporary_dir
+  local unpacked=$temporary_dir
   tar -C "$unpacked" -xJf "$archive" || die "cannot unpack $archive"
   [[ -f $unpacked/BUNDLE-INFO ]] || die "$archive has no BUNDLE-INFO: not made by this script"
 
@@ -220,8 +219,8 @@ pack() {
     [[ -f $root/$file ]] || die "$root/$file is missing"
   done
 
-  local stage
-  stage=$(make_temporary_dir)
+  new_temporary_dir
+  local stage=$temporary_dir
   mkdir -p "$stage/bin" "$stage/lib/gcc-fallback" "$stage/data/fashion-mnist"
 
   local programs=() program

@@ -11,8 +11,8 @@
 #
 # The GPU machine has an NVIDIA driver, CUDA 13 libraries (in PyTorch's pip packages, maybe a
 # toolkit in /usr/local/cuda) and PyTorch, but none of our Debian libraries: those come in the
-# archive, which is unpacked into /tmp/lockstep-gpu; CUDA, cuBLAS and NCCL are that machine's own
-# (they must match its driver). Steps, each under its own time limit and all within
+# archive, which is unpacked into /tmp/lockstep-gpu (left there for inspection; the next run
+# replaces it); CUDA, cuBLAS and NCCL are that machine's own (they must match its driver). Steps, each under its own time limit and all within
 # LOCKSTEP_GPU_CHECK_BUDGET_S (default 540 s; a step that would not fit is skipped, saying so):
 #   a. the gtest programs: cuda_kernels_test, comm_nccl_communicator_test, trainer_device_test
 #      (label gpu) and kernels_test (the CPU kernels, for comparison); a GPU test skipped "no
