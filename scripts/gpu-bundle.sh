@@ -38,9 +38,10 @@
 # does, with an empty environment and LD_LIBRARY_PATH naming only the bundle and this machine's
 # CUDA folder) where each program's libraries resolve: any library other than glibc's,
 # CUDA's/NCCL's and the GCC runtime that is not found, or is found outside the bundle's lib/,
-# fails the check, as does a missing symbol or symbol version. A second pass puts lib/gcc-fallback on the path and requires the GCC
-# runtime to come from there. Then each program is started once from the unpacked bundle
-# (`--help`, `--gtest_list_tests`) so that relocation and symbol versions are exercised too.
+# fails the check, as does a missing symbol or symbol version. A second pass puts
+# lib/gcc-fallback on the path and requires the GCC runtime to come from there. Then each program
+# is started once from the unpacked bundle (`--help`, `--gtest_list_tests`), so that relocation
+# and symbol binding happen for real.
 #
 # Exit status: 0 packed and checked; 1 a failure (named on stderr).
 set -euo pipefail
@@ -110,7 +111,8 @@ resolved_libraries() {
 newest_glibc_version_needed() {
   local file
   for file in "$@"; do
-    readelf -V -W "$file" 2>/dev/null | sed -n '/Version needs/,$p' | grep -oE 'GLIBC_2\.[0-9]+' || true
+    readelf -V -W "$file" 2>/dev/null | sed -n '/Version needs/,$p' |
+      grep -oE 'GLIBC_2\.[0-9]+' || true
   done | sed 's/^GLIBC_//' | sort -uV | tail -n 1
 }
 
@@ -150,7 +152,8 @@ check_archive() {
         fi
         if [[ $line == *"undefined symbol: "* ]]; then
           # Expected when a CUDA library is absent (its symbols are then missing too).
-          [[ -z $cuda_missing ]] && problems+=("$(basename "$program") ($pass): ${line#"${line%%[![:space:]]*}"}")
+          [[ -z $cuda_missing ]] &&
+            problems+=("$(basename "$program") ($pass): ${line#"${line%%[![:space:]]*}"}")
           continue
         fi
         [[ $line =~ ^[[:space:]]*([^[:space:]]+)\ =\>\ ([^[:space:]]+) ]] || continue
@@ -187,10 +190,12 @@ check_archive() {
     esac
     if ! output=$(env -i LD_LIBRARY_PATH="$unpacked/lib${cuda_dirs:+:$cuda_dirs}" \
       "$program" "${args[@]}" 2>&1 </dev/null); then
-      if [[ -z $cuda_dirs && $output =~ "error while loading shared libraries: lib"(cuda|nccl|cublas) ]]; then
+      if [[ -z $cuda_dirs &&
+        $output =~ "error while loading shared libraries: lib"(cuda|nccl|cublas) ]]; then
         log "note: $(basename "$program") not started: no CUDA libraries on this machine"
       else
-        problems+=("$(basename "$program") ${args[*]}: exit status non-zero: $(head -c 400 <<<"$output")")
+        problems+=("$(basename "$program") ${args[*]}: exit status non-zero:" \
+          "$(head -c 400 <<<"$output")")
       fi
     fi
   done
@@ -236,7 +241,10 @@ pack() {
   # Debug info is most of each program's size; the symbol table stays, so that stack traces
   # (absl's failure signal handler, gtest death tests) still name functions.
   local patchelf_note="RUNPATH \$ORIGIN/../lib (patchelf)"
-  command -v patchelf >/dev/null || patchelf_note="build RUNPATH kept: no patchelf (scripts/setup.sh installs it); gpu-check.sh sets LD_LIBRARY_PATH"
+  if ! command -v patchelf >/dev/null; then
+    patchelf_note="build RUNPATH kept: no patchelf (scripts/setup.sh installs it);"
+    patchelf_note+=" gpu-check.sh sets LD_LIBRARY_PATH"
+  fi
   for program in "${programs[@]}"; do
     strip --strip-debug -o "$stage/bin/$program" "$bin_dir/$program"
     if command -v patchelf >/dev/null; then
@@ -284,7 +292,9 @@ pack() {
 
   local commit dirty=""
   commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || echo unknown)
-  [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]] && dirty=" (with uncommitted changes)"
+  if [[ -n $(git -C "$root" status --porcelain --untracked-files=no 2>/dev/null) ]]; then
+    dirty=" (with uncommitted changes)"
+  fi
   local -a lib_files=()
   mapfile -t lib_files < <(find "$stage/bin" "$stage/lib" -maxdepth 1 -type f)
   {
@@ -292,8 +302,9 @@ pack() {
     echo "packed_at=$(date -u +%Y-%m-%dT%H:%M:%SZ)"
     echo "build_dir=$build_dir"
     echo "programs=${programs[*]}"
-    echo "libraries=$(cd "$stage/lib" && find . -maxdepth 1 -type f -printf '%f\n' | sort | tr '\n' ' ')"
-    echo "gcc_fallback=$(cd "$stage/lib/gcc-fallback" && find . -type f -printf '%f\n' | sort | tr '\n' ' ')"
+    echo "libraries=$(find "$stage/lib" -maxdepth 1 -type f -printf '%f\n' | sort | paste -sd ' ')"
+    echo "gcc_fallback=$(find "$stage/lib/gcc-fallback" -type f -printf '%f\n' | sort |
+      paste -sd ' ')"
     echo "cuda_libraries=$(printf '%s\n' "${!cuda_needed[@]}" | sort | tr '\n' ' ')"
     echo "build_cuda_dirs=$(printf '%s\n' "${!cuda_dirs[@]}" | sort | paste -sd:)"
     # Outside lib/gcc-fallback (libstdc++ needs more: see the header).

@@ -2,7 +2,7 @@
 # Lockstep's checks on a GPU machine, in one command and under 10 minutes (issues 17 and 18).
 #
 #   scripts/gpu-check.sh                    from the repository root, with the archive of
-#                                           scripts/gpu-bundle.sh at gpu-bundle/lockstep-gpu-bundle.tar.xz
+#                                           scripts/gpu-bundle.sh in gpu-bundle/
 #   scripts/gpu-check.sh --bundle ARCHIVE   another archive
 #   scripts/gpu-check.sh --cpu-selftest     on a machine without a GPU: only steps b and c, with
 #                                           device cpu, to check this script and the bundle
@@ -12,8 +12,9 @@
 # The GPU machine has an NVIDIA driver, CUDA 13 libraries (in PyTorch's pip packages, maybe a
 # toolkit in /usr/local/cuda) and PyTorch, but none of our Debian libraries: those come in the
 # archive, which is unpacked into /tmp/lockstep-gpu (left there for inspection; the next run
-# replaces it); CUDA, cuBLAS and NCCL are that machine's own (they must match its driver). Steps, each under its own time limit and all within
-# LOCKSTEP_GPU_CHECK_BUDGET_S (default 540 s; a step that would not fit is skipped, saying so):
+# replaces it); CUDA, cuBLAS and NCCL are that machine's own (they must match its driver).
+# Steps, each under its own time limit and all within LOCKSTEP_GPU_CHECK_BUDGET_S (default 540 s;
+# a step that would not fit is skipped, saying so):
 #   a. the gtest programs: cuda_kernels_test, comm_nccl_communicator_test, trainer_device_test
 #      (label gpu) and kernels_test (the CPU kernels, for comparison); a GPU test skipped "no
 #      CUDA device" / "no GPU" counts as a failure here, since there is one
@@ -96,7 +97,8 @@ gpu_missing_reason() {  # prints why this machine cannot run the GPU steps; noth
   local torch_says
   torch_says=$(python3 -c 'import torch; print(torch.cuda.is_available())' 2>/dev/null) || return 0
   if [[ $torch_says != True ]]; then
-    echo "torch.cuda.is_available() is false although nvidia-smi lists a GPU (driver/CUDA mismatch?)"
+    echo "torch.cuda.is_available() is false although nvidia-smi lists a GPU" \
+      "(driver/CUDA mismatch?)"
   fi
 }
 
@@ -129,14 +131,19 @@ step_limit() {
   echo $((want < left ? want : left))
 }
 
-# record NAME PASS|FAIL|SKIP DETAIL [SECONDS]
+# record NAME PASS|FAIL|SKIP DETAIL...: a row of the table (the DETAIL words joined by spaces).
+# Its seconds are those since the previous row: the steps run one after the other, each ending in
+# its row.
+row_started_s=$SECONDS
 record() {
+  local detail="${*:3}"
   step_names+=("$1")
   step_states+=("$2")
-  step_details+=("$3")
-  step_seconds+=("${4:-0}")
+  step_details+=("$detail")
+  step_seconds+=("$((SECONDS - row_started_s))")
+  row_started_s=$SECONDS
   [[ $2 == FAIL ]] && failures=$((failures + 1))
-  say "[$2] $1: $3"
+  say "[$2] $1: $detail"
   publish
 }
 
@@ -144,7 +151,7 @@ section_file() { echo "$log_dir/report-$1.txt"; }  # a report section, put in th
 
 render_summary() {
   local i
-  echo "==================== Lockstep GPU check ($(date -u +%Y-%m-%dT%H:%M:%SZ)) ===================="
+  echo "=============== Lockstep GPU check ($(date -u +%Y-%m-%dT%H:%M:%SZ)) ==============="
   printf '%s\n' "${machine_lines[@]}"
   echo
   printf '%-44s %-5s %6s  %s\n' "step" "state" "secs" "detail"
@@ -190,7 +197,8 @@ cap_large_logs() {
 run_logged() {
   local limit=$1 log=$2
   shift 2
-  printf '$ %s\n# time limit %s s; LD_LIBRARY_PATH=%s\n' "$*" "$limit" "${LD_LIBRARY_PATH:-}" >"$log"
+  printf '$ %s\n# time limit %s s; LD_LIBRARY_PATH=%s\n' "$*" "$limit" "${LD_LIBRARY_PATH:-}" \
+    >"$log"
   timeout --kill-after=10 "$limit" "$@" >>"$log" 2>&1
 }
 
@@ -280,7 +288,8 @@ gcc_runtime="this machine's"
 problems=$(loader_problems "$library_path")
 if [[ -n $problems ]]; then
   fallback_problems=$(loader_problems "$library_path:$work/lib/gcc-fallback")
-  if [[ $(wc -l <<<"$fallback_problems") -lt $(wc -l <<<"$problems") || -z $fallback_problems ]]; then
+  if [[ -z $fallback_problems || $(wc -l <<<"$fallback_problems") -lt $(wc -l <<<"$problems") ]]
+  then
     library_path+=:$work/lib/gcc-fallback
     gcc_runtime="the bundle's (this machine's is missing or too old)"
     problems=$fallback_problems
@@ -295,7 +304,8 @@ machine_lines+=("bundle: $bundle (commit $bundle_commit)")
 if ! $selftest; then
   machine_lines+=("gpu: $(nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap \
     --format=csv,noheader 2>&1 | head -n 4 | paste -sd ';')")
-  machine_lines+=("driver: $(nvidia-smi 2>/dev/null | grep -oE 'Driver Version: [0-9.]+ +CUDA Version: [0-9.]+' | head -n 1)")
+  machine_lines+=("driver: $(nvidia-smi 2>/dev/null |
+    grep -oE 'Driver Version: [0-9.]+ +CUDA Version: [0-9.]+' | head -n 1)")
 else
   machine_lines+=("mode: --cpu-selftest (no GPU steps; device cpu for b and c)")
 fi
@@ -306,7 +316,8 @@ torch_here=$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || 
 host_line="host: $(uname -r), $(nproc) cores, glibc ${glibc_here:-?} (the bundle needs"
 host_line+=" ${glibc_needed:-?}); python3 $python_here; torch $torch_here"
 machine_lines+=("$host_line")
-driver_library=$(ldconfig -p 2>/dev/null | awk '$1 == "libcuda.so.1" && /x86-64/ { print $NF; exit }')
+driver_library=$(ldconfig -p 2>/dev/null |
+  awk '$1 == "libcuda.so.1" && /x86-64/ { print $NF; exit }')
 machine_lines+=("CUDA libraries:" "${cuda_choice_lines[@]}")
 machine_lines+=("  libcuda.so.1 (driver): ${driver_library:-not in the loader cache}")
 machine_lines+=("GCC runtime: $gcc_runtime")
@@ -380,21 +391,21 @@ gtest_step() {
   fi
   local limit
   limit=$(step_limit "$want") || { record "$name" SKIP "no time left in the budget"; return; }
-  local t0=$SECONDS status verdict verdict_status
+  local status verdict verdict_status
   run_logged "$limit" "$log_dir/$program.log" "$bin/$program" --gtest_brief=1 \
     --gtest_output="xml:$log_dir/$program.xml" "$@"
   status=$?
   verdict=$(gtest_verdict "$log_dir/$program.xml" "$gpu_program")
   verdict_status=$?
   if ((status == 124)); then
-    record "$name" FAIL "ran out of its $limit s: $verdict" $((SECONDS - t0))
+    record "$name" FAIL "ran out of its $limit s: $verdict"
   elif ((status != 0 || verdict_status == 1)); then
     [[ -f $log_dir/$program.xml ]] || verdict+="; last line: $(tail -n 1 "$log_dir/$program.log")"
-    record "$name" FAIL "exit $status: $verdict" $((SECONDS - t0))
+    record "$name" FAIL "exit $status: $verdict"
   elif ((verdict_status == 3)); then
-    record "$name" FAIL "GPU tests skipped although this machine has a GPU: $verdict" $((SECONDS - t0))
+    record "$name" FAIL "GPU tests skipped although this machine has a GPU: $verdict"
   else
-    record "$name" PASS "$verdict" $((SECONDS - t0))
+    record "$name" PASS "$verdict"
   fi
 }
 
@@ -430,7 +441,8 @@ with socket.socket() as s:
     port = s.getsockname()[1]
 rewrite(r"^(\s+)metrics:.*$", rf"\g<1>metrics: {{port: {port}}}")
 if checkpoint:
-    rewrite(r"^(\s+)restartPolicy:\s*\w+.*$", r"\g<1>restartPolicy: OnFailure\n\g<1>backoffLimit: 3")
+    rewrite(r"^(\s+)restartPolicy:\s*\w+.*$",
+            r"\g<1>restartPolicy: OnFailure\n\g<1>backoffLimit: 3")
     text = text.rstrip("\n") + (f"\n  checkpoint: {{uri: file://{work}/ckpt, intervalSteps: 200, "
                                 "keep: 3, async: true}\n")
 open(out, "w").write(text)
@@ -443,7 +455,8 @@ failure_reason() {
   local dir=$1 line
   line=$(cat "$dir"/make-manifest.log "$dir"/validate.log "$dir"/run/worker-*.log 2>/dev/null |
     grep -m 1 -E 'error|Error|FATAL|Check failed|not found')
-  [[ -z $line ]] && line=$(grep -m 1 -E '^lockstep: .*(failed|error)' "$dir/lockstep-run.log" 2>/dev/null)
+  [[ -z $line ]] &&
+    line=$(grep -m 1 -E '^lockstep: .*(failed|error)' "$dir/lockstep-run.log" 2>/dev/null)
   [[ -z $line ]] && line=$(tail -n 1 "$dir/lockstep-run.log" 2>/dev/null)
   echo "${line:0:300}"
 }
@@ -472,17 +485,16 @@ train_run() {
 train_step() {  # b.
   local devices=(cpu cuda)
   $selftest && devices=(cpu)
-  local device t0 status
+  local device status
   for device in "${devices[@]}"; do
-    t0=$SECONDS
     train_run "$device" "$log_dir/train-$device" - 240
     status=$?
     case $status in
       0) record "b. lockstep run, device $device" PASS \
-        "accuracy $(summary_field "$log_dir/train-$device/summary.json" eval_accuracy)" $((SECONDS - t0)) ;;
+        "accuracy $(summary_field "$log_dir/train-$device/summary.json" eval_accuracy)" ;;
       97) record "b. lockstep run, device $device" SKIP "no time left in the budget" ;;
       *) record "b. lockstep run, device $device" FAIL "exit $status: $(failure_reason \
-        "$log_dir/train-$device")" $((SECONDS - t0)) ;;
+        "$log_dir/train-$device")" ;;
     esac
   done
   # Side by side; the verdict needs both (the self-test has only cpu).
@@ -497,9 +509,9 @@ def load(path):
     except (OSError, ValueError):
         return {}
 runs = {"cpu": load(cpu_path), "cuda": load(cuda_path)}
-rows = [("status", "status", "{}"), ("steps", "steps", "{}"), ("final loss", "final_loss", "{:.4f}"),
-        ("test accuracy", "eval_accuracy", "{:.4f}"), ("samples/s", "samples_per_second", "{:.0f}"),
-        ("wall s", "wall_seconds", "{:.1f}")]
+rows = [("status", "status", "{}"), ("steps", "steps", "{}"),
+        ("final loss", "final_loss", "{:.4f}"), ("test accuracy", "eval_accuracy", "{:.4f}"),
+        ("samples/s", "samples_per_second", "{:.0f}"), ("wall s", "wall_seconds", "{:.1f}")]
 lines = ["b. Fashion-MNIST, examples/fashion-mnist.yaml, 1 worker, batch 64:",
          f"  {'':16}{'cpu':>12}{'cuda':>12}"]
 for label, key, form in rows:
@@ -555,7 +567,7 @@ PY
 kill_step() {  # c.
   local device=cuda
   $selftest && device=cpu
-  local name="c. kill test, device $device" dir=$log_dir/kill-$device t0=$SECONDS
+  local name="c. kill test, device $device" dir=$log_dir/kill-$device
   local kill_test_steps
   kill_test_steps=$(kill_test_steps_for "$device")
   local limit
@@ -565,7 +577,7 @@ kill_step() {  # c.
   if ! make_manifest "$dir/manifest.yaml" "$device" "$kill_test_steps" checkpoint \
     >"$dir/make-manifest.log" 2>&1 || ! "$bin/lockstep" validate "$dir/manifest.yaml" \
     >"$dir/validate.log" 2>&1; then
-    record "$name" FAIL "manifest: $(cat "$dir/make-manifest.log" "$dir/validate.log" | tail -n 2 | paste -sd ' ')"
+    record "$name" FAIL "manifest: $(failure_reason "$dir")"
     return
   fi
   local deadline=$((SECONDS + limit))
@@ -602,7 +614,7 @@ kill_step() {  # c.
     kill -KILL "$run_pid" 2>/dev/null
     wait "$run_pid" 2>/dev/null
     background_pid=""
-    record "$name" FAIL "ran out of its $limit s" $((SECONDS - t0))
+    record "$name" FAIL "ran out of its $limit s"
     return
   fi
   wait "$run_pid"
@@ -612,7 +624,8 @@ kill_step() {  # c.
   steps=$(summary_field "$dir/summary.json" steps)
   resumed=$(summary_field "$dir/summary.json" resumed_from_step)
   restarts=$(summary_field "$dir/summary.json" restarts)
-  local figures="steps $steps/$kill_test_steps, resumed_from_step $resumed, restarts $restarts, exit $status"
+  local figures="steps $steps/$kill_test_steps, resumed_from_step $resumed, restarts $restarts,"
+  figures+=" exit $status"
   {
     echo "c. kill test ($device, $kill_test_steps steps, checkpoints every 200):"
     if [[ -n $killed ]]; then
@@ -620,15 +633,18 @@ kill_step() {  # c.
     else
       echo "  killed nothing (${note:-no checkpoint was committed while the run lasted}); $figures"
     fi
-    echo "  checkpoints left: $(find "$work/ckpt" -maxdepth 1 -name 'step-*' -printf '%f\n' 2>/dev/null | sort | paste -sd ' ')"
+    echo "  checkpoints left: $(find "$work/ckpt" -maxdepth 1 -name 'step-*' -printf '%f\n' \
+      2>/dev/null | sort | paste -sd ' ')"
   } >"$(section_file c-kill)"
   if [[ -z $killed ]]; then
-    record "$name" FAIL "nothing killed: ${note:-the run ended before a checkpoint was committed}; $figures; $(failure_reason "$dir")" $((SECONDS - t0))
+    record "$name" FAIL "nothing killed:" \
+      "${note:-the run ended before a checkpoint was committed}; $figures; $(failure_reason "$dir")"
   elif [[ $status == 0 && $steps == "$kill_test_steps" && $resumed =~ ^[0-9]+$ && $resumed -gt 0 &&
     $restarts =~ ^[0-9]+$ && $restarts -ge 1 ]]; then
-    record "$name" PASS "$figures" $((SECONDS - t0))
+    record "$name" PASS "$figures"
   else
-    record "$name" FAIL "$figures (want steps $kill_test_steps, resumed_from_step > 0, restarts >= 1, exit 0)" $((SECONDS - t0))
+    record "$name" FAIL \
+      "$figures (want steps $kill_test_steps, resumed_from_step > 0, restarts >= 1, exit 0)"
   fi
 }
 
@@ -636,8 +652,11 @@ kill_step() {  # c.
 # e and f: benchmarks.
 
 kernel_bench_step() {  # e.
-  local name="e. kernels_cuda_bench" t0=$SECONDS
-  [[ -x $bin/kernels_cuda_bench ]] || { record "$name" SKIP "not in the bundle (not built)"; return; }
+  local name="e. kernels_cuda_bench"
+  if [[ ! -x $bin/kernels_cuda_bench ]]; then
+    record "$name" SKIP "not in the bundle (not built)"
+    return
+  fi
   local limit
   limit=$(step_limit 150) || { record "$name" SKIP "no time left in the budget"; return; }
   run_logged "$limit" "$log_dir/kernels_cuda_bench.log" "$bin/kernels_cuda_bench"
@@ -647,16 +666,16 @@ kernel_bench_step() {  # e.
     grep -v '^[$#]' "$log_dir/kernels_cuda_bench.log" | sed 's/^/  /'
   } >"$(section_file e-kernels)"
   if ((status != 0)); then
-    record "$name" FAIL "exit $status (see its log)" $((SECONDS - t0))
+    record "$name" FAIL "exit $status (see its log)"
   elif grep -q 'no CUDA device' "$log_dir/kernels_cuda_bench.log"; then
-    record "$name" FAIL "it saw no CUDA device" $((SECONDS - t0))
+    record "$name" FAIL "it saw no CUDA device"
   else
-    record "$name" PASS "measured (table below)" $((SECONDS - t0))
+    record "$name" PASS "measured (table below)"
   fi
 }
 
 step_time_step() {  # f.
-  local t0=$SECONDS configs=("784,256,10:64" "4096,4096,4096,10:512") config limit status
+  local configs=("784,256,10:64" "4096,4096,4096,10:512") config limit status
   local log=$log_dir/train_step.txt
   : >"$log"
   if [[ -x $bin/train_step_bench ]]; then
@@ -665,22 +684,21 @@ step_time_step() {  # f.
         record "f. train_step_bench ${config}" SKIP "no time left in the budget"
         continue
       fi
-      run_logged "$limit" "$log_dir/train_step_bench-${config//[,:]/_}.log" "$bin/train_step_bench" \
-        --device cuda --layers "${config%%:*}" --batch "${config##*:}" --steps 300 --warmup 50
+      local bench_log=$log_dir/train_step_bench-${config//[,:]/_}.log
+      run_logged "$limit" "$bench_log" "$bin/train_step_bench" --device cuda \
+        --layers "${config%%:*}" --batch "${config##*:}" --steps 300 --warmup 50
       status=$?
-      grep -E '^lockstep-cuda ' "$log_dir/train_step_bench-${config//[,:]/_}.log" >>"$log"
+      grep -E '^lockstep-cuda ' "$bench_log" >>"$log"
       if ((status == 0)); then
-        record "f. train_step_bench $config" PASS "$(grep -oE 'step_ms=[0-9.]+' \
-          "$log_dir/train_step_bench-${config//[,:]/_}.log" | tail -n 1)" $((SECONDS - t0))
+        record "f. train_step_bench $config" PASS \
+          "$(grep -oE 'step_ms=[0-9.]+' "$bench_log" | tail -n 1)"
       else
-        record "f. train_step_bench $config" FAIL "exit $status (see its log)" $((SECONDS - t0))
+        record "f. train_step_bench $config" FAIL "exit $status (see its log)"
       fi
-      t0=$SECONDS
     done
   else
     record "f. train_step_bench" SKIP "not in the bundle (not built)"
   fi
-  t0=$SECONDS
   if ! python3 -c 'import torch' 2>/dev/null; then
     record "f. torch_step.py" SKIP "no PyTorch for python3 here"
   elif ! limit=$(step_limit 240 30); then
@@ -691,10 +709,10 @@ step_time_step() {  # f.
     status=$?
     grep -E '^torch-' "$log_dir/torch_step.log" >>"$log"
     if ((status == 0)); then
-      record "f. torch_step.py" PASS "$(grep -c 'step_ms=' "$log_dir/torch_step.log") figures; $(grep -c 'error=' \
-        "$log_dir/torch_step.log") errors" $((SECONDS - t0))
+      record "f. torch_step.py" PASS "$(grep -c 'step_ms=' "$log_dir/torch_step.log") figures;" \
+        "$(grep -c 'error=' "$log_dir/torch_step.log") errors"
     else
-      record "f. torch_step.py" FAIL "exit $status: $(tail -n 1 "$log_dir/torch_step.log")" $((SECONDS - t0))
+      record "f. torch_step.py" FAIL "exit $status: $(tail -n 1 "$log_dir/torch_step.log")"
     fi
   fi
   python3 - "$log" "$(section_file f-step-time)" <<'PY'
@@ -723,13 +741,14 @@ PY
 
 find_compute_sanitizer() {
   local candidate package_root
-  for candidate in "$(command -v compute-sanitizer 2>/dev/null)" /usr/local/cuda/bin/compute-sanitizer \
-    /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
+  for candidate in "$(command -v compute-sanitizer 2>/dev/null)" \
+    /usr/local/cuda/bin/compute-sanitizer /usr/local/cuda/compute-sanitizer/compute-sanitizer; do
     [[ -n $candidate && -x $candidate ]] && { echo "$candidate"; return 0; }
   done
   while read -r package_root; do  # pip's nvidia-cuda-sanitizer-api, when installed
     [[ -d $package_root ]] || continue
-    candidate=$(find "$package_root" -maxdepth 4 -type f -name compute-sanitizer -perm -u+x 2>/dev/null | head -n 1)
+    candidate=$(find "$package_root" -maxdepth 4 -type f -name compute-sanitizer -perm -u+x \
+      2>/dev/null | head -n 1)
     [[ -n $candidate ]] && { echo "$candidate"; return 0; }
   done < <(python3 -c 'import nvidia; print("\n".join(nvidia.__path__))' 2>/dev/null)
   return 1
@@ -739,23 +758,24 @@ find_compute_sanitizer() {
 # lines in FILES (the tool's own output and, for `lockstep run`, the worker logs, where a child
 # process's report may land).
 sanitizer_verdict() {
-  local name=$1 status=$2 limit=$3 t0=$4
-  shift 4
+  local name=$1 status=$2 limit=$3
+  shift 3
   local summaries errors
   summaries=$(cat "$@" 2>/dev/null | grep -oE 'ERROR SUMMARY: [0-9]+ error' || true)
   errors=$(awk '{ sum += $3 } END { print sum + 0 }' <<<"$summaries")
   local count
   count=$(grep -c . <<<"$summaries")
   if ((status == 124)); then
-    record "$name" FAIL "ran out of its $limit s (narrow it with --gtest_filter); $errors errors so far" $((SECONDS - t0))
+    record "$name" FAIL \
+      "ran out of its $limit s (narrow it with --gtest_filter); $errors errors so far"
   elif [[ -z $summaries ]]; then
-    record "$name" FAIL "exit $status and no ERROR SUMMARY line (unsupported here? see its log)" $((SECONDS - t0))
+    record "$name" FAIL "exit $status and no ERROR SUMMARY line (unsupported here? see its log)"
   elif ((errors > 0)); then
-    record "$name" FAIL "ERROR SUMMARY: $errors errors ($count processes)" $((SECONDS - t0))
+    record "$name" FAIL "ERROR SUMMARY: $errors errors ($count processes)"
   elif ((status != 0)); then
-    record "$name" FAIL "ERROR SUMMARY: 0 errors, but exit $status" $((SECONDS - t0))
+    record "$name" FAIL "ERROR SUMMARY: 0 errors, but exit $status"
   else
-    record "$name" PASS "ERROR SUMMARY: 0 errors ($count processes)" $((SECONDS - t0))
+    record "$name" PASS "ERROR SUMMARY: 0 errors ($count processes)"
   fi
 }
 
@@ -765,39 +785,46 @@ sanitizer_step() {  # d.
     record "d. compute-sanitizer" SKIP "not found (PATH, /usr/local/cuda/bin, pip nvidia packages)"
     return
   fi
-  say "compute-sanitizer: $sanitizer ($("$sanitizer" --version 2>&1 | grep -oE '[0-9]{4}\.[0-9.]+' | head -n 1))"
+  say "compute-sanitizer: $sanitizer" \
+    "($("$sanitizer" --version 2>&1 | grep -oE '[0-9]{4}\.[0-9.]+' | head -n 1))"
   # Death tests and the out-of-range label test make CUDA fail on purpose: the tool would rightly
   # report those errors.
   local filter='--gtest_filter=-*DeathTest*:*OutOfRangeLabel*'
-  local tool limit t0 status
+  local tool limit status
   for tool in memcheck racecheck; do
-    t0=$SECONDS
     if [[ ! -x $bin/cuda_kernels_test ]]; then
       record "d. $tool cuda_kernels_test" SKIP "cuda_kernels_test is not in the bundle"
       continue
     fi
-    limit=$(step_limit 120 30) || { record "d. $tool cuda_kernels_test" SKIP "no time left in the budget"; continue; }
-    run_logged "$limit" "$log_dir/sanitizer-$tool-cuda_kernels_test.log" "$sanitizer" --tool "$tool" \
-      "$bin/cuda_kernels_test" --gtest_brief=1 "$filter"
+    if ! limit=$(step_limit 120 30); then
+      record "d. $tool cuda_kernels_test" SKIP "no time left in the budget"
+      continue
+    fi
+    local sanitizer_log=$log_dir/sanitizer-$tool-cuda_kernels_test.log
+    run_logged "$limit" "$sanitizer_log" "$sanitizer" --tool "$tool" "$bin/cuda_kernels_test" \
+      --gtest_brief=1 "$filter"
     status=$?
-    sanitizer_verdict "d. $tool cuda_kernels_test" "$status" "$limit" "$t0" \
-      "$log_dir/sanitizer-$tool-cuda_kernels_test.log"
+    sanitizer_verdict "d. $tool cuda_kernels_test" "$status" "$limit" "$sanitizer_log"
   done
   # A short cuda training under `lockstep run`: the worker is lockstep's child, hence
   # --target-processes all.
-  t0=$SECONDS
   local dir=$log_dir/sanitizer-train
   mkdir -p "$dir"
-  if ! make_manifest "$dir/manifest.yaml" cuda "$sanitizer_steps" >"$dir/make-manifest.log" 2>&1; then
-    record "d. memcheck lockstep run (cuda)" FAIL "manifest: $(tail -n 1 "$dir/make-manifest.log")"
+  local name="d. memcheck lockstep run (cuda, $sanitizer_steps steps)"
+  if ! make_manifest "$dir/manifest.yaml" cuda "$sanitizer_steps" >"$dir/make-manifest.log" 2>&1
+  then
+    record "$name" FAIL "manifest: $(failure_reason "$dir")"
     return
   fi
-  limit=$(step_limit 150 45) || { record "d. memcheck lockstep run (cuda)" SKIP "no time left in the budget"; return; }
+  if ! limit=$(step_limit 150 45); then
+    record "$name" SKIP "no time left in the budget"
+    return
+  fi
   run_logged "$limit" "$dir/sanitizer.log" "$sanitizer" --tool memcheck --target-processes all \
-    "$bin/lockstep" run "$dir/manifest.yaml" --replicas 1 --summary "$dir/summary.json" --log-dir "$dir/run"
+    "$bin/lockstep" run "$dir/manifest.yaml" --replicas 1 --summary "$dir/summary.json" \
+    --log-dir "$dir/run"
   status=$?
-  sanitizer_verdict "d. memcheck lockstep run (cuda, $sanitizer_steps steps)" "$status" "$limit" "$t0" \
-    "$dir/sanitizer.log" "$dir"/run/worker-*.log
+  sanitizer_verdict "$name" "$status" "$limit" "$dir/sanitizer.log" "$dir"/run/worker-*.log
 }
 
 # ---------------------------------------------------------------------------------------------

@@ -115,7 +115,7 @@ def run(layers, batch, mode, args, device):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--config", action="append", type=parse_config,
-                        help="LAYERS:BATCH, repeatable (default: " + " and ".join(DEFAULT_CONFIGS) + ")")
+                        help=f"LAYERS:BATCH, repeatable (default: {' and '.join(DEFAULT_CONFIGS)})")
     parser.add_argument("--steps", type=int, default=300)
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--device", default="cuda")
