@@ -80,7 +80,7 @@ usage() {
 }
 
 # Library classes, by the name a program needs the library by.
-is_glibc() {  # the C library's own parts: every Linux machine has them, matched to its kernel
+is_glibc() {  # the C library's own parts: every Linux machine has them, matching its own loader
   case $1 in
     libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | ld-linux*.so.* | \
       libresolv.so.* | libutil.so.* | libanl.so.* | libmvec.so.* | linux-vdso.so.*) return 0 ;;
