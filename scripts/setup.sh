@@ -23,6 +23,7 @@ packages=(
   etcd-server golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync curl openssl
   # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart renderer
   prometheus python3-yaml
+  patchelf  # scripts/gpu-bundle.sh: RUNPATH $ORIGIN/../lib of the bundled programs
 )
 # Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs): Debian's
 # when no node is installed (an existing one, e.g. NodeSource's, which bundles npm, is kept).
