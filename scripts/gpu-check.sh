@@ -726,7 +726,7 @@ for line in open(log):
     value = fields.get("step_ms") or ("error" if "error" in fields else None)
     if name in columns and value:
         rows.setdefault(key, {})[name] = value
-lines = ["f. training step, ms (median; fp32, TF32 off; SGD momentum; random inputs on the GPU):",
+lines = ["f. training step, ms (fp32, TF32 off; SGD momentum; torch: median of per-step events, inputs already on the GPU; lockstep: wall time over 300 steps of its real loop, batches gathered on the host and copied each step):",
          f"  {'layers':20}{'batch':>6}" + "".join(f"{c:>15}" for c in columns)]
 for (layers, batch), cells in rows.items():
     lines.append(f"  {layers:20}{batch:>6}" + "".join(f"{cells.get(c, '-'):>15}" for c in columns))
@@ -761,7 +761,12 @@ sanitizer_verdict() {
   local name=$1 status=$2 limit=$3
   shift 3
   local summaries errors
-  summaries=$(cat "$@" 2>/dev/null | grep -oE 'ERROR SUMMARY: [0-9]+ error' || true)
+  # memcheck's "ERROR SUMMARY: N errors"; racecheck's "RACECHECK SUMMARY: H hazards displayed
+  # (N errors, W warnings)": N is the third number-bearing word either way after normalising.
+  summaries=$(cat "$@" 2>/dev/null |
+    grep -oE 'ERROR SUMMARY: [0-9]+ error|RACECHECK SUMMARY: [0-9]+ hazards displayed \([0-9]+ error' |
+    sed -E 's/RACECHECK SUMMARY: [0-9]+ hazards displayed \(([0-9]+) error/ERROR SUMMARY: \1 error/' ||
+    true)
   errors=$(awk '{ sum += $3 } END { print sum + 0 }' <<<"$summaries")
   local count
   count=$(grep -c . <<<"$summaries")
@@ -787,9 +792,9 @@ sanitizer_step() {  # d.
   fi
   say "compute-sanitizer: $sanitizer" \
     "($("$sanitizer" --version 2>&1 | grep -oE '[0-9]{4}\.[0-9.]+' | head -n 1))"
-  # Death tests and the out-of-range label test make CUDA fail on purpose: the tool would rightly
-  # report those errors.
-  local filter='--gtest_filter=-*DeathTest*:*OutOfRangeLabel*'
+  # Death tests, the out-of-range label test and the allocation beyond the card make CUDA fail on
+  # purpose: the tool would rightly report those errors.
+  local filter='--gtest_filter=-*DeathTest*:*OutOfRangeLabel*:*AllocationBeyondTheCard*'
   local tool limit status
   for tool in memcheck racecheck; do
     if [[ ! -x $bin/cuda_kernels_test ]]; then
@@ -820,8 +825,12 @@ sanitizer_step() {  # d.
     record "$name" SKIP "no time left in the budget"
     return
   fi
-  run_logged "$limit" "$dir/sanitizer.log" "$sanitizer" --tool memcheck --target-processes all \
-    "$bin/lockstep" run "$dir/manifest.yaml" --replicas 1 --summary "$dir/summary.json" \
+  # --report-api-errors no: NCCL's initialisation probes kernel images for other architectures
+  # and handles the cudaErrorNoKernelImageForDevice it gets (8 such reports, all inside
+  # libnccl's ncclInitKernelsForDevice, on an H100 with PyTorch's NCCL); memory access errors are
+  # still reported. cuda_kernels_test above keeps API errors reported: nothing there expects one.
+  run_logged "$limit" "$dir/sanitizer.log" "$sanitizer" --tool memcheck --report-api-errors no \
+    --target-processes all "$bin/lockstep" run "$dir/manifest.yaml" --replicas 1 --summary "$dir/summary.json" \
     --log-dir "$dir/run"
   status=$?
   sanitizer_verdict "$name" "$status" "$limit" "$dir/sanitizer.log" "$dir"/run/worker-*.log

@@ -18,6 +18,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 
 #include "common/logging.h"
@@ -137,32 +138,58 @@ int64_t ChunkRows(int64_t rows) {
   return (chunk + kRowLanes - 1) / kRowLanes * kRowLanes;
 }
 
-template <ActivationType kAct>
+// kVec columns per thread: 4 (16-byte accesses, a warp covers 128 columns) when the rows are a
+// multiple of 4 floats long and both arrays are 16-byte aligned, else 1. Measured on an H100:
+// 73-78% of a device-to-device copy with 1, the 4-byte loads leaving too few bytes in flight.
+template <ActivationType kAct, int kVec>
 __global__ void __launch_bounds__(kColumnTile* kRowLanes)
     BackwardPartialKernel(int64_t rows, int64_t cols, int64_t chunk_rows,
                           const float* __restrict__ saved, float* __restrict__ dy,
                           double* __restrict__ partials) {
-  __shared__ double lane_sums[kRowLanes][kColumnTile + 1];  // +1: no bank conflicts on the sum
-  const int64_t col = static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x;
+  // +1: no bank conflicts on the sum
+  __shared__ double lane_sums[kRowLanes][kColumnTile * kVec + 1];
+  const int64_t col = (static_cast<int64_t>(blockIdx.x) * kColumnTile + threadIdx.x) * kVec;
   const int64_t chunk = blockIdx.y;
   const int64_t row_end = min(rows, (chunk + 1) * chunk_rows);
-  double sum = 0.0;
+  double sum[kVec];
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) sum[j] = 0.0;
   if (col < cols) {
 #pragma unroll 4
     for (int64_t row = chunk * chunk_rows + threadIdx.y; row < row_end; row += kRowLanes) {
       const int64_t i = row * cols + col;
-      const float s = kAct == ActivationType::kIdentity ? 0.0f : saved[i];
-      const float dx = InputGradient<kAct>(dy[i], s);
-      dy[i] = dx;
-      sum += dx;
+      if constexpr (kVec == 4) {
+        const float4 s = kAct == ActivationType::kIdentity
+                             ? make_float4(0.0f, 0.0f, 0.0f, 0.0f)
+                             : *reinterpret_cast<const float4*>(saved + i);
+        float4 d = *reinterpret_cast<const float4*>(dy + i);
+        d.x = InputGradient<kAct>(d.x, s.x);
+        d.y = InputGradient<kAct>(d.y, s.y);
+        d.z = InputGradient<kAct>(d.z, s.z);
+        d.w = InputGradient<kAct>(d.w, s.w);
+        *reinterpret_cast<float4*>(dy + i) = d;
+        sum[0] += d.x;
+        sum[1] += d.y;
+        sum[2] += d.z;
+        sum[3] += d.w;
+      } else {
+        const float s = kAct == ActivationType::kIdentity ? 0.0f : saved[i];
+        const float dx = InputGradient<kAct>(dy[i], s);
+        dy[i] = dx;
+        sum[0] += dx;
+      }
     }
   }
-  lane_sums[threadIdx.y][threadIdx.x] = sum;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) lane_sums[threadIdx.y][threadIdx.x * kVec + j] = sum[j];
   __syncthreads();
   if (threadIdx.y == 0 && col < cols) {
-    double total = lane_sums[0][threadIdx.x];
-    for (int lane = 1; lane < kRowLanes; ++lane) total += lane_sums[lane][threadIdx.x];
-    partials[chunk * cols + col] = total;
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      double total = lane_sums[0][threadIdx.x * kVec + j];
+      for (int lane = 1; lane < kRowLanes; ++lane) total += lane_sums[lane][threadIdx.x * kVec + j];
+      partials[chunk * cols + col + j] = total;
+    }
   }
 }
 
@@ -183,10 +210,18 @@ void LaunchBackward(cudaStream_t stream, int64_t rows, int64_t cols, const float
   const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 0;
   DeviceScratch partials(static_cast<size_t>(chunks * cols) * sizeof(double), stream);
   if (chunks > 0) {
-    const dim3 grid(static_cast<unsigned>((cols + kColumnTile - 1) / kColumnTile),
+    const bool vectors = cols % 4 == 0 && reinterpret_cast<uintptr_t>(dy) % 16 == 0 &&
+                         (saved == nullptr || reinterpret_cast<uintptr_t>(saved) % 16 == 0);
+    const int64_t tile = vectors ? kColumnTile * 4 : kColumnTile;
+    const dim3 grid(static_cast<unsigned>((cols + tile - 1) / tile),
                     static_cast<unsigned>(chunks));
-    BackwardPartialKernel<kAct><<<grid, dim3(kColumnTile, kRowLanes), 0, stream>>>(
-        rows, cols, chunk_rows, saved, dy, partials.At<double>(0));
+    if (vectors) {
+      BackwardPartialKernel<kAct, 4><<<grid, dim3(kColumnTile, kRowLanes), 0, stream>>>(
+          rows, cols, chunk_rows, saved, dy, partials.At<double>(0));
+    } else {
+      BackwardPartialKernel<kAct, 1><<<grid, dim3(kColumnTile, kRowLanes), 0, stream>>>(
+          rows, cols, chunk_rows, saved, dy, partials.At<double>(0));
+    }
     LOCKSTEP_CUDA_CHECK_LAUNCH();
   }
   constexpr int kFinishThreads = 256;
