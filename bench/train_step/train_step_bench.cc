@@ -133,9 +133,25 @@ int Main(int argc, char** argv) {
     return 1;
   }
   const double step_ms = seconds * 1000.0 / static_cast<double>(steps);
-  std::printf("lockstep-%s layers=%s batch=%lld step_ms=%.4f samples_per_s=%.0f loss=%.4f\n",
-              device.c_str(), layers_text.c_str(), static_cast<long long>(batch), step_ms,
-              static_cast<double>(batch) * steps / seconds, (*trainer)->last_progress().loss);
+  // The host's share for comparison: one thread gathering the same batches (what the step does
+  // before the device sees the data; BatchStager splits large batches over several threads).
+  trainer::Dataset gather_source = RandomDataset(batch * 16, layers.front(), layers.back());
+  std::vector<float> gathered(static_cast<size_t>(batch * layers.front()));
+  std::vector<int32_t> gathered_labels(static_cast<size_t>(batch));
+  std::vector<int64_t> ids(static_cast<size_t>(batch));
+  trainer::SplitMix64 pick(3);
+  const double gather_started = MonotonicSeconds();
+  for (int64_t s = 0; s < steps; ++s) {
+    for (int64_t& id : ids) id = static_cast<int64_t>(pick.Next() % (batch * 16));
+    trainer::GatherBatch(gather_source, ids.data(), batch, gathered.data(),
+                         gathered_labels.data());
+  }
+  const double gather_ms = (MonotonicSeconds() - gather_started) * 1000.0 / steps;
+  std::printf(
+      "lockstep-%s layers=%s batch=%lld step_ms=%.4f samples_per_s=%.0f loss=%.4f "
+      "gather_ms_one_thread=%.4f\n",
+      device.c_str(), layers_text.c_str(), static_cast<long long>(batch), step_ms,
+      static_cast<double>(batch) * steps / seconds, (*trainer)->last_progress().loss, gather_ms);
   return 0;
 }
 

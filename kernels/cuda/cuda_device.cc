@@ -70,8 +70,11 @@ class CudaDeviceImpl final : public Device {
       return ResourceExhaustedError(name_ + ": cannot allocate " + std::to_string(bytes) +
                                     " bytes of device memory (" + cudaGetErrorName(error) + ")");
     }
-    // Zero-filled, like the CPU device, so no buffer ever starts from garbage.
-    LOCKSTEP_CUDA_CHECK(cudaMemset(memory, 0, bytes));
+    // Zero-filled, like the CPU device, so no buffer ever starts from garbage. On the compute
+    // stream and waited for: a plain cudaMemset runs on the legacy default stream, which the
+    // non-blocking streams do not wait for, so it could land after a later copy into the memory.
+    LOCKSTEP_CUDA_CHECK(cudaMemsetAsync(memory, 0, bytes, StreamOf(compute_)));
+    LOCKSTEP_CUDA_CHECK(cudaStreamSynchronize(StreamOf(compute_)));
     return memory;
   }
   void Free(void* memory) override {

@@ -77,11 +77,20 @@ class DeviceArray {
   T* get() const { return static_cast<T*>(base_) + offset_; }
   size_t size() const { return size_; }
 
+  // Both wait for the device before returning: the kernels under test run on a non-blocking
+  // stream, which does not wait for the legacy default stream these calls use, and a pageable
+  // cudaMemcpy (or any cudaMemset) may return before the device has written the memory. (Without
+  // the waits, an H100 run saw a poisoned element survive a kernel's write and a kernel read an
+  // input before its upload landed.)
   void Upload(const std::vector<T>& values) {
     TEST_CUDA(cudaMemcpy(get(), values.data(), values.size() * sizeof(T), cudaMemcpyHostToDevice));
+    TEST_CUDA(cudaDeviceSynchronize());
   }
   // All bytes 0xff: a NaN for float and for both half formats.
-  void Poison() { TEST_CUDA(cudaMemset(get(), 0xff, size_ * sizeof(T))); }
+  void Poison() {
+    TEST_CUDA(cudaMemset(get(), 0xff, size_ * sizeof(T)));
+    TEST_CUDA(cudaDeviceSynchronize());
+  }
   // Waits for all device work, then copies back.
   std::vector<T> Download() const {
     TEST_CUDA(cudaDeviceSynchronize());

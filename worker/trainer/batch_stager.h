@@ -16,6 +16,11 @@
 //    keeps the host at most two steps ahead of the GPU.
 // On the CPU device the slots are plain memory, the copy is a memcpy and the events are no-ops.
 //
+// Gathering is a memcpy per sample into the host slot. A batch of 1 MiB or more is gathered by
+// several threads (LOCKSTEP_GATHER_THREADS, read once; default: half the cores, at most 4): at
+// batch 512 of 4096 features (8 MiB) one thread's gather is about as long as an H100's whole
+// training step, and the host would become the bottleneck.
+//
 // Thread safety: used by the training thread only.
 #pragma once
 
@@ -48,6 +53,7 @@ class BatchStager {
  private:
   static constexpr int kSlots = 2;
   BatchStager() = default;
+  void Gather(const Dataset& dataset, const int64_t* ids, int64_t rows, int slot);
 
   kernels::Device* device_ = nullptr;
   int64_t max_rows_ = 0;
@@ -59,6 +65,7 @@ class BatchStager {
   kernels::DeviceArray<float> features_[kSlots];
   kernels::DeviceArray<int32_t> labels_[kSlots];
   int next_slot_ = 0;
+  int gather_threads_ = 1;
 };
 
 }  // namespace lockstep::trainer
