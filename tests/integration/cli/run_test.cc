@@ -272,6 +272,49 @@ TEST(RunCommandTest, MetricsPortZeroGivesEveryWorkerPortZero) {
   }
 }
 
+TEST(RunCommandTest, CudaWithoutAUsableGpuExits2NamingTheFieldAndTheReason) {
+  // This test is about machines without a GPU (CI's); on a GPU machine trainer_device_test and
+  // scripts/gpu-check.sh cover the other side.
+  const std::string dir = MakeTempDir("lockstep-run-cuda");
+  const std::string manifest = dir + "/cuda.yaml";
+  WriteFile(manifest,
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: on-gpu}\n"
+            "spec:\n  replicas: 1\n  trainer:\n"
+            "    data: {format: csv, train: [file://" +
+                std::string(kDigits) +
+                "]}\n"
+                "    steps: 10\n    device: cuda\n");
+  const std::string marker = dir + "/worker-started";
+  const std::string fake_worker = dir + "/fake-worker";
+  WriteFile(fake_worker, "#!/bin/sh\ntouch " + marker + "\n");
+  chmod(fake_worker.c_str(), 0755);
+  ProcessResult validated = RunProcess({LOCKSTEP_BINARY, "validate", manifest}, {}, 60000);
+  EXPECT_EQ(validated.exit_code, 0) << validated.out << validated.err;
+  EXPECT_NE(validated.out.find("valid"), std::string::npos) << validated.out;
+  EXPECT_NE(validated.out.find("needs a GPU"), std::string::npos) << validated.out;
+  ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
+                                    {{"LOCKSTEP_WORKER_BINARY", fake_worker}}, 60000);
+  if (validated.out.find("(0 visible here)") == std::string::npos) {
+    GTEST_SKIP() << "this machine has a GPU";
+  }
+  EXPECT_EQ(result.exit_code, 2) << result.out << result.err;
+  EXPECT_NE(result.err.find("spec.trainer.device: cuda cannot be used on this machine: "),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(FileExists(marker)) << "no worker may start";
+  EXPECT_FALSE(FileExists(dir + "/logs"));
+  // The worker refuses the same way where it is started directly (a pod without a GPU).
+  ProcessResult worker = RunProcess(
+      {LOCKSTEP_WORKER_BINARY, "train", "--manifest", manifest},
+      {{"LOCKSTEP_RENDEZVOUS", "127.0.0.1:1"}, {"LOCKSTEP_JOB", "default/on-gpu"},
+       {"LOCKSTEP_JOB_TOKEN", "t"}, {"LOCKSTEP_POD", "on-gpu-worker-0"}},
+      60000);
+  EXPECT_EQ(worker.exit_code, 2) << worker.out << worker.err;
+  EXPECT_NE((worker.out + worker.err).find("spec.trainer.device: cuda cannot be used here"),
+            std::string::npos)
+      << worker.out << worker.err;
+}
+
 TEST(RunCommandTest, WorkerReportingBadInputMakesTheRunExit2WithItsError) {
   const std::string dir = MakeTempDir("lockstep-run");
   const std::string fake =
