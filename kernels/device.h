@@ -26,9 +26,13 @@
 // values in and out through the copy functions. Host staging buffers that asynchronous copies read
 // or write are page-locked on CUDA (HostArray), so the copies are true DMA and do not block.
 //
-// Thread safety: a Device may be used from several threads (the training thread, the gradient
-// synchronizer's communication thread, the checkpoint capture thread); each thread must use one
-// context at a time as its own, or order its work with events. DeviceArray is not thread-safe.
+// Thread safety: a Device may be used from several threads at once (the training thread, the
+// gradient synchronizer's communication thread, the checkpoint capture thread). Queuing is
+// thread-safe, but work that several threads queue on one context runs in the order the calls
+// happened to be made, so each thread orders what it depends on with events, never with call
+// order; and Synchronize(on) waits for everybody's work on `on`, not only the caller's. (Today
+// the side context serves all three threads: the batch copy, the bucket packing and the
+// checkpoint copies each wait on their own events.) DeviceArray is not thread-safe.
 //
 // Errors: allocation returns RESOURCE_EXHAUSTED naming the bytes and the device. Like the kernels,
 // a failed copy or event call aborts naming the call (kernels/cuda/cuda_check.h): CUDA errors in

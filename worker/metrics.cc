@@ -111,6 +111,11 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
                                        .Name("lockstep_checkpoint_failures_total")
                                        .Help("Checkpoint persist attempts that failed")
                                        .Register(registry);
+  m.skipped_steps_family_ =
+      &BuildCounter()
+           .Name("lockstep_train_skipped_steps_total")
+           .Help("Steps skipped because fp16-compressed gradients overflowed (loss scale halved)")
+           .Register(registry);
 
   const std::map<std::string, std::string> job_labels{{"job", job}};
   m.world_size_ = &m.world_size_family_->Add(job_labels);
@@ -123,6 +128,7 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
   m.checkpoint_last_step_ = &m.checkpoint_last_step_family_->Add(job_labels);
   m.checkpoint_last_success_ = &m.checkpoint_last_success_family_->Add(job_labels);
   m.checkpoint_failures_ = &m.checkpoint_failures_family_->Add(job_labels);
+  m.skipped_steps_ = &m.skipped_steps_family_->Add(job_labels);
   {
     std::lock_guard<std::mutex> lock(m.mu_);
     m.BindRank(0);
@@ -217,6 +223,11 @@ void WorkerMetrics::SetCheckpointSuccess(int64_t step, double unix_seconds) {
 void WorkerMetrics::IncrementCheckpointFailures() {
   std::lock_guard<std::mutex> lock(mu_);
   checkpoint_failures_->Increment();
+}
+
+void WorkerMetrics::IncrementSkippedSteps() {
+  std::lock_guard<std::mutex> lock(mu_);
+  skipped_steps_->Increment();
 }
 
 std::string WorkerMetrics::Scrape() const {

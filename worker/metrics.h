@@ -65,6 +65,9 @@ class WorkerMetrics {
   // lockstep_checkpoint_failures_total: persist attempts that failed (each is retried or given
   // up; training goes on).
   void IncrementCheckpointFailures();
+  // lockstep_train_skipped_steps_total: steps whose fp16-compressed gradients overflowed and were
+  // skipped (every rank skips the same steps; the loss scale was halved).
+  void IncrementSkippedSteps();
 
   // The text exposition of the registry (what /metrics serves), for tests.
   std::string Scrape() const;
@@ -98,6 +101,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* checkpoint_last_step_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* checkpoint_last_success_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* checkpoint_failures_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* skipped_steps_family_ = nullptr;
   // Series of the current rank.
   prometheus::Counter* steps_total_ = nullptr;
   prometheus::Counter* samples_total_ = nullptr;
@@ -117,6 +121,7 @@ class WorkerMetrics {
   prometheus::Gauge* checkpoint_last_step_ = nullptr;
   prometheus::Gauge* checkpoint_last_success_ = nullptr;
   prometheus::Counter* checkpoint_failures_ = nullptr;
+  prometheus::Counter* skipped_steps_ = nullptr;
 };
 
 }  // namespace lockstep

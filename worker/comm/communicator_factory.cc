@@ -62,6 +62,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOpt
   LOCKSTEP_LOG(INFO) << "communicator backend " << backend << " for " << options.size
                      << " member(s)" << (backend == "shm" ? " on one host" : "");
   if (backend == "nccl") {
+    if (options.cuda_stream == nullptr) {
+      // The legacy default stream would not order the collectives after the trainer's kernels.
+      return InvalidArgumentError("communicator nccl: no CUDA stream to follow (cuda_stream)");
+    }
 #ifdef LOCKSTEP_COMM_WITH_NCCL
     NcclCommunicatorOptions nccl;
     nccl.rank = options.rank;

@@ -250,6 +250,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
       state_.loss_scale_good_steps = 0;
       LOCKSTEP_LOG(WARNING) << "fp16 gradient overflow at step " << state_.step
                             << ": step skipped, loss scale now " << state_.loss_scale;
+      if (metrics_ != nullptr) metrics_->IncrementSkippedSteps();
     } else {
       const float lr = static_cast<float>(LearningRate(spec_.optimizer, state_.step, world));
       state_.optimizer.Step(ctx, lr, state_.params.device_data(), grads_.device_data());

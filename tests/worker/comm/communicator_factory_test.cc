@@ -28,6 +28,7 @@ TEST(CommunicatorFactoryTest, BackendFollowsMembersHostsAndLockstepComm) {
     std::vector<std::string> hosts;
     const char* lockstep_comm;
     std::string expected;  // backend, or the error code's name
+    bool cuda = false;     // the trainer's tensors are on a GPU
   };
   const std::vector<Case> cases = {
       {{"10.0.0.1", "10.0.0.1"}, nullptr, "shm"},
@@ -40,17 +41,36 @@ TEST(CommunicatorFactoryTest, BackendFollowsMembersHostsAndLockstepComm) {
       {{"10.0.0.1", "10.0.0.1"}, "shm", "shm"},
       {{"10.0.0.1", "10.0.0.2"}, "shm", "FAILED_PRECONDITION"},
       {{"10.0.0.1", "10.0.0.1"}, "tcp", "INVALID_ARGUMENT"},
+      // device: cuda: NCCL wherever the members are; a CPU backend cannot reduce GPU memory.
+      {{"10.0.0.1", "10.0.0.1"}, nullptr, "nccl", true},
+      {{"10.0.0.1", "10.0.0.2"}, "auto", "nccl", true},
+      {{"10.0.0.1", "10.0.0.2"}, "nccl", "nccl", true},
+      {{"10.0.0.1", "10.0.0.1"}, "gloo", "FAILED_PRECONDITION", true},
+      {{"10.0.0.1", "10.0.0.1"}, "shm", "FAILED_PRECONDITION", true},
+      {{"10.0.0.1", "10.0.0.1"}, "tcp", "INVALID_ARGUMENT", true},
+      {{"10.0.0.1", "10.0.0.1"}, "nccl", "FAILED_PRECONDITION"},
   };
   for (const Case& c : cases) {
-    auto backend = ChooseCommunicatorBackend(Members(c.hosts), c.lockstep_comm);
+    CommunicatorOptions options = Members(c.hosts);
+    options.cuda = c.cuda;
+    auto backend = ChooseCommunicatorBackend(options, c.lockstep_comm);
     const std::string got =
         backend.ok()                                                 ? *backend
         : backend.status().code() == StatusCode::kFailedPrecondition ? "FAILED_PRECONDITION"
         : backend.status().code() == StatusCode::kInvalidArgument    ? "INVALID_ARGUMENT"
                                                                      : backend.status().ToString();
     EXPECT_EQ(got, c.expected) << "hosts " << c.hosts.size() << " LOCKSTEP_COMM="
-                               << (c.lockstep_comm ? c.lockstep_comm : "(unset)");
+                               << (c.lockstep_comm ? c.lockstep_comm : "(unset)")
+                               << (c.cuda ? " cuda" : " cpu");
   }
+}
+
+TEST(CommunicatorFactoryTest, CudaWithoutAStreamToFollowIsRefused) {
+  CommunicatorOptions options = Members({"10.0.0.1"});
+  options.cuda = true;  // and no cuda_stream
+  testing::MemoryKeyValueStore store;
+  auto communicator = CreateCommunicator(options, store);
+  EXPECT_EQ(communicator.status().code(), StatusCode::kInvalidArgument) << communicator.status();
 }
 
 TEST(CommunicatorFactoryTest, MembersOnOneHostGetSharedMemoryUnlessGlooIsForced) {

@@ -99,6 +99,41 @@ TEST(NcclCommunicatorTest, SingleRankCollectivesLeaveTheDataAsARankOfOneMust) {
   EXPECT_TRUE(comm->Barrier(10000).ok());
 }
 
+TEST(NcclCommunicatorTest, HostBuffersAreStagedAndComeBackWithTheResult) {
+  REQUIRE_GPU();
+  testing::MemoryKeyValueStore store;
+  std::unique_ptr<Communicator> comm = SingleRank(store);
+  ASSERT_NE(comm, nullptr);
+  // The trainer's control values live in host memory: a vote, a loss sum, a state header.
+  int64_t vote = 1;
+  ASSERT_TRUE(comm->AllReduce(&vote, 1, DataType::kInt64, ReduceOp::kMax, 10000).ok());
+  EXPECT_EQ(vote, 1);
+  double loss = 3.25;
+  ASSERT_TRUE(comm->AllReduce(&loss, 1, DataType::kFloat64, ReduceOp::kSum, 10000).ok());
+  EXPECT_EQ(loss, 3.25);
+  const std::vector<float> values = RandomFloats(100000, 11);  // larger than any earlier staging
+  std::vector<float> host = values;
+  ASSERT_TRUE(comm->Broadcast(host.data(), host.size() * sizeof(float), 0, 10000).ok());
+  EXPECT_EQ(host, values);
+  // All-gathers that mix host and device memory, both ways.
+  std::vector<float> gathered(values.size(), 0.0f);
+  DeviceBuffer<float> device_in(values);
+  ASSERT_TRUE(comm->AllGather(device_in.get(), device_in.Bytes(), gathered.data(), 10000).ok());
+  EXPECT_EQ(gathered, values);
+  DeviceBuffer<float> device_out(std::vector<float>(values.size(), 0.0f));
+  ASSERT_TRUE(comm->AllGather(values.data(), device_out.Bytes(), device_out.get(), 10000).ok());
+  EXPECT_EQ(device_out.Read(), values);
+  // After an abort, a host call fails at once and frees nothing the stream may still use.
+  comm->Abort("test");
+  EXPECT_EQ(comm->AllReduce(&loss, 1, DataType::kFloat64, ReduceOp::kSum, 10000).code(),
+            StatusCode::kAborted);
+  std::vector<double> larger(1 << 20, 1.0);
+  EXPECT_EQ(comm->AllReduce(larger.data(), larger.size(), DataType::kFloat64, ReduceOp::kSum,
+                            10000)
+                .code(),
+            StatusCode::kAborted);
+}
+
 TEST(NcclCommunicatorTest, CollectivesFollowTheWorkOfTheInputStream) {
   REQUIRE_GPU();
   cudaStream_t compute = nullptr;

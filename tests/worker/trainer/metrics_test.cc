@@ -31,6 +31,19 @@ TEST(WorkerMetricsTest, RegistersEveryContractMetricWithJobLabel) {
       << text;
 }
 
+TEST(WorkerMetricsTest, SkippedFp16StepsAreCounted) {
+  auto metrics = WorkerMetrics::Create("default/fashion", 0);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  EXPECT_NE((*metrics)->Scrape().find("lockstep_train_skipped_steps_total{job=\"default/fashion\"} 0"),
+            std::string::npos);
+  (*metrics)->IncrementSkippedSteps();
+  (*metrics)->IncrementSkippedSteps();
+  const std::string text = (*metrics)->Scrape();
+  EXPECT_NE(text.find("lockstep_train_skipped_steps_total{job=\"default/fashion\"} 2"),
+            std::string::npos)
+      << text;
+}
+
 TEST(WorkerMetricsTest, CountersCarryOverWhenTheRankChanges) {
   auto metrics = WorkerMetrics::Create("default/x", 0);
   ASSERT_TRUE(metrics.ok());

@@ -228,7 +228,8 @@ TEST(CudaGradientSynchronizerTest, Fp16OverflowOnTheDeviceSkipsTheStepAndAFittin
     ASSERT_NEAR(reduced[i], 2 * host[i], 2e-3 * std::fabs(host[i]) + 1e-7) << i;
   }
 
-  // 1e6 x 0.01 = 1e4 fits fp16 (max 65504), but 65536 x 1.0 after the sum does not.
+  // 40000 x 1.0 packs to a finite fp16 (max 65504), but the sum of the two replicas, 80000,
+  // does not: the unpacked gradient is infinite on the device.
   for (float& value : host) value = 1.0f;
   ASSERT_TRUE(grads.CopyFromHost(host.data(), 1024).ok());
   sync.BeginStep(grads.device_data(), /*loss_scale=*/40000.0f);

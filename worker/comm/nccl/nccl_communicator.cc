@@ -297,34 +297,45 @@ class NcclCommunicator final : public Communicator {
     return OkStatus();
   }
 
-  // A collective on host memory: `in` is copied to the device staging buffer (input at offset 0,
-  // output after it unless the operation is in place), the operation runs there, and the result
-  // is copied back into `out` once it completed. The copies go through page-locked memory on the
+  // A collective on host memory (either side; the other may be device memory): `in` is copied to
+  // the device staging buffer (input at offset 0, output after it unless the operation is in
+  // place), the operation runs there, and the result is copied into `out` once it completed. The copies go through page-locked memory on the
   // communication stream, so the whole call is polled against its deadline like any other.
   template <typename Enqueue>
   Status RunStaged(const char* what, int64_t timeout_ms, const void* in, size_t in_bytes,
                    void* out, size_t out_bytes, Enqueue enqueue) {
+    // An aborted communicator's stream may still hold work on the staging buffers: never free
+    // them (ReserveStaging) after a failure.
+    if (Status failed = Failure(); !failed.ok()) {
+      return failed.WithContext(std::string("nccl ") + what);
+    }
     const bool in_place = in == out;
+    const bool in_on_device = IsDeviceMemory(in);  // an all-gather may mix the two
+    const bool out_on_device = IsDeviceMemory(out);
     const size_t out_offset = in_place ? 0 : (in_bytes + 255) / 256 * 256;
     LOCKSTEP_RETURN_IF_ERROR(ReserveStaging(std::max<size_t>(1, out_offset + out_bytes)));
     char* device = static_cast<char*>(staging_device_);
     char* host = static_cast<char*>(staging_host_);
-    std::memcpy(host, in, in_bytes);
+    if (!in_on_device) std::memcpy(host, in, in_bytes);
     Status status = Run(
         what, timeout_ms,
         [&] {
           const cudaError_t error =
-              cudaMemcpyAsync(device, host, in_bytes, cudaMemcpyHostToDevice, stream_);
+              in_on_device
+                  ? cudaMemcpyAsync(device, in, in_bytes, cudaMemcpyDeviceToDevice, stream_)
+                  : cudaMemcpyAsync(device, host, in_bytes, cudaMemcpyHostToDevice, stream_);
           if (error != cudaSuccess) return ncclUnhandledCudaError;
           return enqueue(device, device + out_offset);
         },
         // Only once the non-blocking communicator has issued the operation is it on the stream,
         // so the copy back is queued then, behind it.
         [&] {
-          return cudaMemcpyAsync(host + out_offset, device + out_offset, out_bytes,
-                                 cudaMemcpyDeviceToHost, stream_);
+          return out_on_device ? cudaMemcpyAsync(out, device + out_offset, out_bytes,
+                                                 cudaMemcpyDeviceToDevice, stream_)
+                               : cudaMemcpyAsync(host + out_offset, device + out_offset,
+                                                 out_bytes, cudaMemcpyDeviceToHost, stream_);
         });
-    if (status.ok()) std::memcpy(out, host + out_offset, out_bytes);
+    if (status.ok() && !out_on_device) std::memcpy(out, host + out_offset, out_bytes);
     return status;
   }
 
@@ -493,7 +504,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
   if (error == cudaSuccess) error = cudaEventCreateWithFlags(&input_ready, cudaEventDisableTiming);
   if (error == cudaSuccess) error = cudaEventCreateWithFlags(&done, cudaEventDisableTiming);
   if (error == cudaSuccess) error = cudaMalloc(&scratch, sizeof(float));
-  if (error == cudaSuccess) error = cudaMemset(scratch, 0, sizeof(float));
+  if (error == cudaSuccess) error = cudaMemsetAsync(scratch, 0, sizeof(float), stream);
+  if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
   if (error != cudaSuccess) {
     if (scratch != nullptr) cudaFree(scratch);
     if (done != nullptr) cudaEventDestroy(done);
