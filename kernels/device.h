@@ -137,7 +137,8 @@ class DeviceArray {
     Release();
     device_ = &device;
     if (count <= 0) return OkStatus();
-    LOCKSTEP_ASSIGN_OR_RETURN(void* memory, device.Allocate(static_cast<size_t>(count) * sizeof(T)));
+    LOCKSTEP_ASSIGN_OR_RETURN(void* memory,
+                              device.Allocate(static_cast<size_t>(count) * sizeof(T)));
     data_ = static_cast<T*>(memory);
     size_ = count;
     return OkStatus();

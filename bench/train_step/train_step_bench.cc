@@ -59,11 +59,16 @@ int Main(int argc, char** argv) {
   int64_t batch = 64, steps = 300, warmup = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
-    if (flag == "--device") device = value;
-    else if (flag == "--layers") layers_text = value;
-    else if (flag == "--batch") batch = std::atoll(value.c_str());
-    else if (flag == "--steps") steps = std::atoll(value.c_str());
-    else if (flag == "--warmup") warmup = std::atoll(value.c_str());
+    if (flag == "--device")
+      device = value;
+    else if (flag == "--layers")
+      layers_text = value;
+    else if (flag == "--batch")
+      batch = std::atoll(value.c_str());
+    else if (flag == "--steps")
+      steps = std::atoll(value.c_str());
+    else if (flag == "--warmup")
+      warmup = std::atoll(value.c_str());
     else {
       std::fprintf(stderr, "train_step_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -143,8 +148,7 @@ int Main(int argc, char** argv) {
   const double gather_started = MonotonicSeconds();
   for (int64_t s = 0; s < steps; ++s) {
     for (int64_t& id : ids) id = static_cast<int64_t>(pick.Next() % (batch * 16));
-    trainer::GatherBatch(gather_source, ids.data(), batch, gathered.data(),
-                         gathered_labels.data());
+    trainer::GatherBatch(gather_source, ids.data(), batch, gathered.data(), gathered_labels.data());
   }
   const double gather_ms = (MonotonicSeconds() - gather_started) * 1000.0 / steps;
   std::printf(

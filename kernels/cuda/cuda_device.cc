@@ -29,9 +29,7 @@ class CudaEvent final : public DeviceEvent {
   cudaEvent_t event_;
 };
 
-cudaEvent_t EventOf(const DeviceEvent& event) {
-  return static_cast<const CudaEvent&>(event).get();
-}
+cudaEvent_t EventOf(const DeviceEvent& event) { return static_cast<const CudaEvent&>(event).get(); }
 
 class CudaDeviceImpl final : public Device {
  public:
@@ -100,15 +98,13 @@ class CudaDeviceImpl final : public Device {
     LOCKSTEP_CUDA_CHECK(cudaFreeHost(memory));
   }
 
-  void CopyToDevice(const ExecutionContext& on, void* dst, const void* src,
-                    size_t bytes) override {
+  void CopyToDevice(const ExecutionContext& on, void* dst, const void* src, size_t bytes) override {
     Copy(on, dst, src, bytes, cudaMemcpyHostToDevice);
   }
   void CopyToHost(const ExecutionContext& on, void* dst, const void* src, size_t bytes) override {
     Copy(on, dst, src, bytes, cudaMemcpyDeviceToHost);
   }
-  void CopyOnDevice(const ExecutionContext& on, void* dst, const void* src,
-                    size_t bytes) override {
+  void CopyOnDevice(const ExecutionContext& on, void* dst, const void* src, size_t bytes) override {
     Copy(on, dst, src, bytes, cudaMemcpyDeviceToDevice);
   }
 
@@ -166,11 +162,10 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, bool allow_tf32)
                                       "cudaGetDeviceProperties", __FILE__, __LINE__));
   if (properties.major < 8) {
     // The kernels are built for sm_90 and compute_80 PTX (kernels/CMakeLists.txt).
-    return FailedPreconditionError("cuda device " + std::to_string(ordinal) + " (" +
-                                   properties.name + ") has compute capability " +
-                                   std::to_string(properties.major) + "." +
-                                   std::to_string(properties.minor) +
-                                   "; Lockstep's kernels need 8.0 or newer");
+    return FailedPreconditionError(
+        "cuda device " + std::to_string(ordinal) + " (" + properties.name +
+        ") has compute capability " + std::to_string(properties.major) + "." +
+        std::to_string(properties.minor) + "; Lockstep's kernels need 8.0 or newer");
   }
   cudaStream_t compute = nullptr, side = nullptr;
   cublasHandle_t blas = nullptr;

@@ -31,11 +31,11 @@ namespace {
 
 constexpr int64_t kTimeoutMs = 60000;
 
-#define SKIP_WITHOUT_CUDA()                                                      \
-  do {                                                                           \
-    if (Status usable = kernels::CudaUsable(); !usable.ok()) {                   \
-      GTEST_SKIP() << "no usable CUDA device: " << usable.message();             \
-    }                                                                            \
+#define SKIP_WITHOUT_CUDA()                                          \
+  do {                                                               \
+    if (Status usable = kernels::CudaUsable(); !usable.ok()) {       \
+      GTEST_SKIP() << "no usable CUDA device: " << usable.message(); \
+    }                                                                \
   } while (0)
 
 // A classification problem with structure to learn: the label is the index of the largest of
@@ -88,8 +88,8 @@ DataSplits MakeSplits() {
 
 // A world of one on `trainer`'s device: NCCL on a GPU, shared memory on the CPU.
 std::unique_ptr<comm::Communicator> OneRankCommunicator(Trainer& trainer,
-                                                       rendezvous::KeyValueStore& store,
-                                                       int64_t generation) {
+                                                        rendezvous::KeyValueStore& store,
+                                                        int64_t generation) {
   comm::CommunicatorOptions options;
   options.member_hosts = {"127.0.0.1"};
   options.job_name = "device-test";
@@ -164,8 +164,7 @@ TEST_P(CudaTrainingTest, MatchesTheCpuRunWithinFloat32ToleranceOver200Steps) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Optimizers, CudaTrainingTest,
-                         ::testing::Values(spec::OptimizerType::kSgd,
-                                           spec::OptimizerType::kAdamW));
+                         ::testing::Values(spec::OptimizerType::kSgd, spec::OptimizerType::kAdamW));
 
 // Stands for two ranks holding the same gradients, on device memory: the SUM is twice the data.
 // Only the 16-bit reduction the synchronizer issues and the leave vote are needed.
@@ -291,20 +290,20 @@ TEST(CudaGenerationTest, AnAbortedNcclCommunicatorIsReplacedAndTrainingGoesOnFro
   ASSERT_EQ(first->backend(), "nccl");
   ASSERT_TRUE((*trainer)->AgreeOnState(*first, {1, 0, 1}).ok());
   std::atomic<bool> stop{false};
-  Status trained = (*trainer)->Train(*first, {1, 0, 1}, stop, nullptr,
-                                     [&](const TrainingState& state) {
-                                       if (state.step == 20) first->Abort("peer lost");
-                                       return OkStatus();
-                                     });
+  Status trained =
+      (*trainer)->Train(*first, {1, 0, 1}, stop, nullptr, [&](const TrainingState& state) {
+        if (state.step == 20) first->Abort("peer lost");
+        return OkStatus();
+      });
   // The abort shows at the next collective (the loss all-reduce of step 40's log interval).
   EXPECT_FALSE(trained.ok());
   EXPECT_EQ(trained.code(), StatusCode::kAborted) << trained;
   const int64_t kept_step = (*trainer)->state().step;
   EXPECT_GE(kept_step, 20);
   double scalar = 1;
-  EXPECT_EQ(first->AllReduce(&scalar, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum, 1000)
-                .code(),
-            StatusCode::kAborted);
+  EXPECT_EQ(
+      first->AllReduce(&scalar, 1, comm::DataType::kFloat64, comm::ReduceOp::kSum, 1000).code(),
+      StatusCode::kAborted);
   first.reset();
 
   // Generation 2: a fresh unique id in a fresh store; the state on the GPU is kept.
