@@ -449,6 +449,12 @@ class RestKubeClient : public KubeClient {
       int64_t wait_ms = -1;  // -1: do not retry
       if (!exchanged.ok()) {
         failure = exchanged.status();
+        if (failure.code() == StatusCode::kUnavailable && deadline.expired()) {
+          // The transport failed because the deadline cut it short (cpprestsdk ends a TLS
+          // handshake in flight with "Error in SSL handshake"): the deadline is the cause, and
+          // the transport's words say where it was.
+          return DeadlineExceededError(what + ": deadline passed (" + failure.message() + ")");
+        }
         if (failure.code() == StatusCode::kUnavailable && idempotent) wait_ms = backoff_ms;
       } else if (exchanged->status >= 200 && exchanged->status < 300) {
         if (exchanged->body.empty()) return json::object();
