@@ -113,14 +113,20 @@ Device& CpuDevice();
 StatusOr<std::unique_ptr<Device>> CreateDevice(DeviceType type, int ordinal = 0,
                                                bool allow_tf32 = false);
 
-// An owned array of T in a device's memory (see the file comment). Movable, not copyable.
-template <typename T>
-class DeviceArray {
+namespace internal {
+
+// Where an OwnedArray's memory comes from: Device::Allocate/Free or AllocateHost/FreeHost.
+enum class MemoryKind { kDevice, kHost };
+
+// The ownership both arrays below share: `count` zeroed elements from one device's allocator,
+// released on destruction or reallocation. Movable, not copyable.
+template <typename T, MemoryKind kKind>
+class OwnedArray {
  public:
-  DeviceArray() = default;
-  ~DeviceArray() { Release(); }
-  DeviceArray(DeviceArray&& other) noexcept { *this = std::move(other); }
-  DeviceArray& operator=(DeviceArray&& other) noexcept {
+  OwnedArray() = default;
+  ~OwnedArray() { Release(); }
+  OwnedArray(OwnedArray&& other) noexcept { *this = std::move(other); }
+  OwnedArray& operator=(OwnedArray&& other) noexcept {
     if (this != &other) {
       Release();
       device_ = std::exchange(other.device_, nullptr);
@@ -129,16 +135,18 @@ class DeviceArray {
     }
     return *this;
   }
-  DeviceArray(const DeviceArray&) = delete;
-  DeviceArray& operator=(const DeviceArray&) = delete;
+  OwnedArray(const OwnedArray&) = delete;
+  OwnedArray& operator=(const OwnedArray&) = delete;
 
   // (Re)allocates `count` zero elements on `device` (0: empty).
   Status Allocate(Device& device, int64_t count) {
     Release();
     device_ = &device;
     if (count <= 0) return OkStatus();
-    LOCKSTEP_ASSIGN_OR_RETURN(void* memory,
-                              device.Allocate(static_cast<size_t>(count) * sizeof(T)));
+    const size_t bytes = static_cast<size_t>(count) * sizeof(T);
+    LOCKSTEP_ASSIGN_OR_RETURN(void* memory, kKind == MemoryKind::kDevice
+                                                ? device.Allocate(bytes)
+                                                : device.AllocateHost(bytes));
     data_ = static_cast<T*>(memory);
     size_ = count;
     return OkStatus();
@@ -148,45 +156,18 @@ class DeviceArray {
   bool empty() const { return size_ == 0; }
   size_t bytes() const { return static_cast<size_t>(size_) * sizeof(T); }
   Device* device() const { return device_; }
-  // For kernels and collectives only: the memory is the device's.
-  T* device_data() { return data_; }
-  const T* device_data() const { return data_; }
 
-  // Synchronous copies through the compute queue (they follow the work queued there): elements
-  // [offset, offset + count) from or to host memory. INVALID_ARGUMENT when out of range.
-  Status CopyFromHost(const T* host, int64_t count, int64_t offset = 0) {
-    LOCKSTEP_RETURN_IF_ERROR(CheckRange(count, offset));
-    if (count == 0) return OkStatus();
-    device_->CopyToDevice(device_->compute(), data_ + offset, host,
-                          static_cast<size_t>(count) * sizeof(T));
-    device_->Synchronize(device_->compute());
-    return OkStatus();
-  }
-  Status CopyToHost(T* host, int64_t count, int64_t offset = 0) const {
-    LOCKSTEP_RETURN_IF_ERROR(CheckRange(count, offset));
-    if (count == 0) return OkStatus();
-    device_->CopyToHost(device_->compute(), host, data_ + offset,
-                        static_cast<size_t>(count) * sizeof(T));
-    device_->Synchronize(device_->compute());
-    return OkStatus();
-  }
-  StatusOr<std::vector<T>> ToHost() const {
-    std::vector<T> host(static_cast<size_t>(size_));
-    LOCKSTEP_RETURN_IF_ERROR(CopyToHost(host.data(), size_));
-    return host;
-  }
+ protected:
+  T* memory() const { return data_; }
 
  private:
-  Status CheckRange(int64_t count, int64_t offset) const {
-    if (count < 0 || offset < 0 || offset + count > size_) {
-      return InvalidArgumentError("device array of " + std::to_string(size_) +
-                                  " elements: copy of [" + std::to_string(offset) + ", " +
-                                  std::to_string(offset + count) + ") is out of range");
-    }
-    return OkStatus();
-  }
   void Release() {
-    if (data_ != nullptr) device_->Free(data_);
+    if (data_ == nullptr) return;
+    if (kKind == MemoryKind::kDevice) {
+      device_->Free(data_);
+    } else {
+      device_->FreeHost(data_);
+    }
     data_ = nullptr;
     size_ = 0;
   }
@@ -196,51 +177,66 @@ class DeviceArray {
   int64_t size_ = 0;
 };
 
+}  // namespace internal
+
+// An owned array of T in a device's memory (see the file comment). Movable, not copyable.
+template <typename T>
+class DeviceArray : public internal::OwnedArray<T, internal::MemoryKind::kDevice> {
+  using Base = internal::OwnedArray<T, internal::MemoryKind::kDevice>;
+
+ public:
+  // For kernels and collectives only: the memory is the device's.
+  T* device_data() { return Base::memory(); }
+  const T* device_data() const { return Base::memory(); }
+
+  // Synchronous copies through the compute queue (they follow the work queued there): elements
+  // [offset, offset + count) from or to host memory. INVALID_ARGUMENT when out of range.
+  Status CopyFromHost(const T* host, int64_t count, int64_t offset = 0) {
+    LOCKSTEP_RETURN_IF_ERROR(CheckRange(count, offset));
+    if (count == 0) return OkStatus();
+    Device& device = *Base::device();
+    device.CopyToDevice(device.compute(), Base::memory() + offset, host,
+                        static_cast<size_t>(count) * sizeof(T));
+    device.Synchronize(device.compute());
+    return OkStatus();
+  }
+  Status CopyToHost(T* host, int64_t count, int64_t offset = 0) const {
+    LOCKSTEP_RETURN_IF_ERROR(CheckRange(count, offset));
+    if (count == 0) return OkStatus();
+    Device& device = *Base::device();
+    device.CopyToHost(device.compute(), host, Base::memory() + offset,
+                      static_cast<size_t>(count) * sizeof(T));
+    device.Synchronize(device.compute());
+    return OkStatus();
+  }
+  StatusOr<std::vector<T>> ToHost() const {
+    std::vector<T> host(static_cast<size_t>(Base::size()));
+    LOCKSTEP_RETURN_IF_ERROR(CopyToHost(host.data(), Base::size()));
+    return host;
+  }
+
+ private:
+  Status CheckRange(int64_t count, int64_t offset) const {
+    if (count < 0 || offset < 0 || offset + count > Base::size()) {
+      return InvalidArgumentError("device array of " + std::to_string(Base::size()) +
+                                  " elements: copy of [" + std::to_string(offset) + ", " +
+                                  std::to_string(offset + count) + ") is out of range");
+    }
+    return OkStatus();
+  }
+};
+
 // An owned array of T in host memory that a device's asynchronous copies may use: indexable by
 // the host, page-locked on CUDA. Movable, not copyable.
 template <typename T>
-class HostArray {
+class HostArray : public internal::OwnedArray<T, internal::MemoryKind::kHost> {
+  using Base = internal::OwnedArray<T, internal::MemoryKind::kHost>;
+
  public:
-  HostArray() = default;
-  ~HostArray() { Release(); }
-  HostArray(HostArray&& other) noexcept { *this = std::move(other); }
-  HostArray& operator=(HostArray&& other) noexcept {
-    if (this != &other) {
-      Release();
-      device_ = std::exchange(other.device_, nullptr);
-      data_ = std::exchange(other.data_, nullptr);
-      size_ = std::exchange(other.size_, 0);
-    }
-    return *this;
-  }
-  HostArray(const HostArray&) = delete;
-  HostArray& operator=(const HostArray&) = delete;
-
-  Status Allocate(Device& device, int64_t count) {
-    Release();
-    device_ = &device;
-    if (count <= 0) return OkStatus();
-    LOCKSTEP_ASSIGN_OR_RETURN(void* memory,
-                              device.AllocateHost(static_cast<size_t>(count) * sizeof(T)));
-    data_ = static_cast<T*>(memory);
-    size_ = count;
-    return OkStatus();
-  }
-  int64_t size() const { return size_; }
-  T* data() { return data_; }
-  const T* data() const { return data_; }
-  T& operator[](int64_t i) { return data_[i]; }
-  const T& operator[](int64_t i) const { return data_[i]; }
-
- private:
-  void Release() {
-    if (data_ != nullptr) device_->FreeHost(data_);
-    data_ = nullptr;
-    size_ = 0;
-  }
-  Device* device_ = nullptr;
-  T* data_ = nullptr;
-  int64_t size_ = 0;
+  T* data() { return Base::memory(); }
+  const T* data() const { return Base::memory(); }
+  T& operator[](int64_t i) { return Base::memory()[i]; }
+  const T& operator[](int64_t i) const { return Base::memory()[i]; }
 };
 
 }  // namespace lockstep::kernels
