@@ -72,17 +72,25 @@ repack() {
   tar -C "$work/unpacked" --exclude=./data -cf - . | xz -0 -T0 >"$1"
 }
 
+# expect_check_refuses ARCHIVE LOG MESSAGE WHY: the check of ARCHIVE must fail, and its output
+# must contain MESSAGE (a grep pattern); WHY says what was broken.
+expect_check_refuses() {
+  local archive=$1 log=$2 message=$3 why=$4
+  if "$bundle_script" --check "$archive" >"$log" 2>&1; then
+    fail "the check passed although $why"
+  elif ! grep -q "$message" "$log"; then
+    cat "$log" >&2
+    fail "the check failed without saying \"$message\" ($why)"
+  fi
+}
+
 # 3a. A library taken out: the check must fail and name it.
 victim=libyaml-cpp.so.0.7
 if [[ -f $work/unpacked/lib/$victim ]]; then
   rm "$work/unpacked/lib/$victim"
   repack "$work/without-library.tar.xz"
-  if "$bundle_script" --check "$work/without-library.tar.xz" >"$work/check-missing.log" 2>&1; then
-    fail "the check passed although $victim was taken out of the archive"
-  elif ! grep -q "$victim resolves outside the bundle" "$work/check-missing.log"; then
-    cat "$work/check-missing.log" >&2
-    fail "the check failed without naming $victim as resolved outside the bundle"
-  fi
+  expect_check_refuses "$work/without-library.tar.xz" "$work/check-missing.log" \
+    "$victim resolves outside the bundle" "$victim was taken out of the archive"
 else
   fail "the archive has no lib/$victim (lockstep links yaml-cpp)"
 fi
@@ -95,12 +103,8 @@ if command -v patchelf >/dev/null; then
   cp "$work/unpacked/bin/lockstep" "$work/unpacked/bin/lockstep-needs-more"
   patchelf --add-needed libdoes-not-exist.so.1 "$work/unpacked/bin/lockstep-needs-more"
   repack "$work/unresolvable.tar.xz"
-  if "$bundle_script" --check "$work/unresolvable.tar.xz" >"$work/check-unresolvable.log" 2>&1; then
-    fail "the check passed although a program needs libdoes-not-exist.so.1"
-  elif ! grep -q "libdoes-not-exist.so.1 not found" "$work/check-unresolvable.log"; then
-    cat "$work/check-unresolvable.log" >&2
-    fail "the check failed without naming libdoes-not-exist.so.1 as not found"
-  fi
+  expect_check_refuses "$work/unresolvable.tar.xz" "$work/check-unresolvable.log" \
+    "libdoes-not-exist.so.1 not found" "a program needs libdoes-not-exist.so.1"
 else
   echo "note: no patchelf: the unresolvable-library case is not exercised"
 fi
