@@ -165,6 +165,17 @@ TEST(RunCommandTest, SigintStopsEveryWorkerAndExits130) {
   EXPECT_TRUE(FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name).empty());
 }
 
+// A stand-in worker (LOCKSTEP_WORKER_BINARY) that leaves a mark if it is ever started.
+struct StartMarkingWorker {
+  explicit StartMarkingWorker(const std::string& dir)
+      : binary(dir + "/fake-worker"), marker(dir + "/worker-started") {
+    WriteFile(binary, "#!/bin/sh\ntouch " + marker + "\n");
+    chmod(binary.c_str(), 0755);
+  }
+  std::string binary;
+  std::string marker;
+};
+
 TEST(RunCommandTest, BadManifestExits2BeforeStartingAnyWorker) {
   const std::string dir = MakeTempDir("lockstep-run");
   // Valid schema, missing data: the problem only a data check finds.
@@ -173,11 +184,9 @@ TEST(RunCommandTest, BadManifestExits2BeforeStartingAnyWorker) {
             "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: missing}\n"
             "spec:\n  replicas: 2\n  trainer:\n"
             "    data: {format: csv, train: [file:///nonexistent/train.csv]}\n    steps: 10\n");
-  // A stand-in worker that leaves a mark if it is ever started.
-  const std::string marker = dir + "/worker-started";
-  const std::string fake_worker = dir + "/fake-worker";
-  WriteFile(fake_worker, "#!/bin/sh\ntouch " + marker + "\n");
-  chmod(fake_worker.c_str(), 0755);
+  const StartMarkingWorker worker_stand_in(dir);
+  const std::string& marker = worker_stand_in.marker;
+  const std::string& fake_worker = worker_stand_in.binary;
   // Schema problem: no replicas.
   const std::string bad_schema = dir + "/no-replicas.yaml";
   WriteFile(bad_schema,
@@ -284,10 +293,9 @@ TEST(RunCommandTest, CudaWithoutAUsableGpuExits2NamingTheFieldAndTheReason) {
                 std::string(kDigits) +
                 "]}\n"
                 "    steps: 10\n    device: cuda\n");
-  const std::string marker = dir + "/worker-started";
-  const std::string fake_worker = dir + "/fake-worker";
-  WriteFile(fake_worker, "#!/bin/sh\ntouch " + marker + "\n");
-  chmod(fake_worker.c_str(), 0755);
+  const StartMarkingWorker worker_stand_in(dir);
+  const std::string& marker = worker_stand_in.marker;
+  const std::string& fake_worker = worker_stand_in.binary;
   ProcessResult validated = RunProcess({LOCKSTEP_BINARY, "validate", manifest}, {}, 60000);
   EXPECT_EQ(validated.exit_code, 0) << validated.out << validated.err;
   EXPECT_NE(validated.out.find("valid"), std::string::npos) << validated.out;
