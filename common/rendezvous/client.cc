@@ -170,14 +170,7 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
     }
     return error.WithContext("rendezvous join as " + options_.member_id);
   }
-  Assignment assignment;
-  assignment.generation = response.generation();
-  assignment.rank = response.rank();
-  assignment.world_size = response.world_size();
-  for (const auto& member : response.members()) assignment.members.push_back(FromProto(member));
-  assignment.heartbeat_interval_ms = response.heartbeat_interval_ms();
-  assignment.heartbeat_timeout_ms = response.heartbeat_timeout_ms();
-  return assignment;
+  return FromProto(response);
 }
 
 Status GrpcRendezvousClient::StartHeartbeat(

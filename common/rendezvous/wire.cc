@@ -64,4 +64,32 @@ MemberInfo FromProto(const v1::Member& member) {
   return out;
 }
 
+Assignment FromProto(const v1::JoinResponse& response) {
+  Assignment out;
+  out.generation = response.generation();
+  out.rank = response.rank();
+  out.world_size = response.world_size();
+  for (const auto& member : response.members()) out.members.push_back(FromProto(member));
+  out.heartbeat_interval_ms = response.heartbeat_interval_ms();
+  out.heartbeat_timeout_ms = response.heartbeat_timeout_ms();
+  return out;
+}
+
+v1::JoinResponse ToProto(const Assignment& assignment) {
+  v1::JoinResponse out;
+  out.set_generation(assignment.generation);
+  out.set_rank(assignment.rank);
+  out.set_world_size(assignment.world_size);
+  for (const auto& member : assignment.members) {
+    v1::Member* wire = out.add_members();
+    wire->set_member_id(member.member_id);
+    wire->set_host(member.host);
+    wire->set_rank(member.rank);
+    wire->set_state_step(member.state_step);
+  }
+  out.set_heartbeat_interval_ms(assignment.heartbeat_interval_ms);
+  out.set_heartbeat_timeout_ms(assignment.heartbeat_timeout_ms);
+  return out;
+}
+
 }  // namespace lockstep::rendezvous

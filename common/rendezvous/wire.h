@@ -27,5 +27,7 @@ bool TokensEqual(const std::string& expected, const std::string& presented);
 ProgressReport FromProto(const v1::Progress& progress);
 v1::Progress ToProto(const ProgressReport& progress);
 MemberInfo FromProto(const v1::Member& member);
+Assignment FromProto(const v1::JoinResponse& response);
+v1::JoinResponse ToProto(const Assignment& assignment);
 
 }  // namespace lockstep::rendezvous

@@ -1,0 +1,495 @@
+// Generations. The job keeps `survivors_`: the members of the last generation, in rank order,
+// minus those known to be gone (stream broke, heartbeats missed, RemoveMember, Leave). The next
+// generation expects every survivor plus whoever else joins; see TryFormGeneration().
+#include "common/rendezvous/job_state.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "common/logging.h"
+
+namespace lockstep::rendezvous {
+
+using std::chrono::milliseconds;
+
+JobState::JobState(JobConfig config)
+    : config_(std::move(config)),
+      first_generation_(std::max<int64_t>(config_.first_generation, 1)),
+      generation_(first_generation_ - 1) {}
+
+// ---------------------------------------------------------------------------------------------
+// Generations
+
+JobState::ActiveMember* JobState::FindMember(const std::string& member_id) {
+  for (auto& member : members_) {
+    if (member.info.member_id == member_id) return &member;
+  }
+  return nullptr;
+}
+
+bool JobState::IsSurvivor(const std::string& member_id) const {
+  return std::find(survivors_.begin(), survivors_.end(), member_id) != survivors_.end();
+}
+
+void JobState::RemoveSurvivor(const std::string& member_id) {
+  survivors_.erase(std::remove(survivors_.begin(), survivors_.end(), member_id), survivors_.end());
+}
+
+int32_t JobState::ExpectedMembers() const {
+  // Before the first generation nobody survives anything: expect the job's initial size.
+  if (BeforeFirstGeneration()) {
+    return config_.initial_members > 0 ? config_.initial_members : config_.max_members;
+  }
+  int32_t expected = static_cast<int32_t>(survivors_.size());
+  for (const auto& join : pending_) {
+    if (!IsSurvivor(join.member_id)) ++expected;
+  }
+  return expected;
+}
+
+bool JobState::AllExpectedJoined() const {
+  if (BeforeFirstGeneration()) {
+    return static_cast<int32_t>(pending_.size()) >= ExpectedMembers();
+  }
+  for (const auto& survivor : survivors_) {
+    auto same_id = [&](const PendingJoin& join) { return join.member_id == survivor; };
+    if (std::none_of(pending_.begin(), pending_.end(), same_id)) return false;
+  }
+  return true;
+}
+
+// Formation rule (the proto's protocol, step 1):
+//  - never while a generation is active: joiners that could not be admitted wait for the next;
+//  - at least min_members must have joined;
+//  - as soon as every expected member has joined, form;
+//  - otherwise form once last_call_ms has passed since the latest arrival, so that a burst of
+//    joiners lands in one generation rather than one each;
+//  - at most max_members are admitted (FormGeneration picks survivors first).
+void JobState::TryFormGeneration(TimePoint now, Actions& out) {
+  if (active_ || !closed_status_.ok()) return;
+  if (static_cast<int32_t>(pending_.size()) < config_.min_members) return;
+  if (BeforeFirstGeneration() && config_.wait_for_initial_members && !AllExpectedJoined()) {
+    return;
+  }
+  if (!AllExpectedJoined()) {
+    const TimePoint last_call_at = latest_arrival_ + milliseconds(config_.last_call_ms);
+    if (now < last_call_at) {
+      if (last_call_at > last_call_wake_) {
+        last_call_wake_ = last_call_at;
+        out.push_back(WakeAt{last_call_at});
+      }
+      return;
+    }
+  }
+  FormGeneration(now, out);
+}
+
+void JobState::FormGeneration(TimePoint now, Actions& out) {
+  // Ranks: survivors keep their relative order, newcomers follow in join order.
+  std::vector<size_t> order;
+  for (const auto& survivor : survivors_) {
+    for (size_t i = 0; i < pending_.size(); ++i) {
+      if (pending_[i].member_id == survivor) order.push_back(i);
+    }
+  }
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (!IsSurvivor(pending_[i].member_id)) order.push_back(i);
+  }
+  const size_t world = std::min(order.size(), static_cast<size_t>(config_.max_members));
+  order.resize(world);
+
+  ++generation_;
+  active_ = true;
+  members_.clear();
+  survivors_.clear();
+  Assignment assignment;
+  assignment.generation = generation_;
+  assignment.world_size = static_cast<int32_t>(world);
+  assignment.heartbeat_interval_ms = config_.heartbeat_interval_ms;
+  assignment.heartbeat_timeout_ms = config_.heartbeat_timeout_ms;
+  for (size_t rank = 0; rank < world; ++rank) {
+    const PendingJoin& join = pending_[order[rank]];
+    ActiveMember member;
+    member.info.member_id = join.member_id;
+    member.info.host = join.host;
+    member.info.rank = static_cast<int32_t>(rank);
+    member.info.state_step = join.state_step;
+    member.last_beat = now;  // the member has heartbeat_timeout_ms to open its stream
+    members_.push_back(member);
+    survivors_.push_back(join.member_id);
+    assignment.members.push_back(member.info);
+  }
+  std::vector<bool> admitted(pending_.size(), false);
+  for (size_t rank = 0; rank < world; ++rank) {
+    admitted[order[rank]] = true;
+    assignment.rank = static_cast<int32_t>(rank);
+    out.push_back(AnswerJoin{pending_[order[rank]].call, OkStatus(), assignment});
+  }
+  std::vector<PendingJoin> waiting;
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    if (!admitted[i]) waiting.push_back(std::move(pending_[i]));
+  }
+  pending_ = std::move(waiting);
+
+  GenerationRecord record;
+  record.generation = generation_;
+  record.world_size = static_cast<int32_t>(world);
+  record.formed_at = SecondsOf(now);
+  for (const auto& member : members_) {
+    record.formed_at_step = std::max(record.formed_at_step, member.info.state_step);
+  }
+  history_.push_back(record);
+
+  // A member of g-1 may still be reading g-1's keys while it learns that g-1 ended; anything
+  // older is unreachable.
+  stores_.DropBefore(generation_ - 1, out);
+
+  LOCKSTEP_LOG(INFO) << Describe() << ": formed generation " << generation_ << " (world " << world
+                     << ", " << pending_.size() << " waiting for the next)";
+  heartbeat_check_at_ = now + milliseconds(config_.heartbeat_timeout_ms + 1);
+  out.push_back(WakeAt{heartbeat_check_at_});
+}
+
+void JobState::EndGeneration(const std::string& reason, bool lost, TimePoint now, Actions& out) {
+  if (!active_) return;
+  active_ = false;
+  if (!history_.empty()) {
+    history_.back().ended_at = SecondsOf(now);
+    history_.back().end_reason = reason;
+    history_.back().ended_by_loss = lost;
+  }
+  for (auto& member : members_) {
+    if (member.stream == 0) continue;
+    out.push_back(EndStream{member.stream, generation_, reason, lost});
+    member.stream = 0;
+  }
+  LOCKSTEP_LOG(INFO) << Describe() << ": generation " << generation_ << " ended: " << reason;
+}
+
+void JobState::LoseMembers(const std::string& reason, TimePoint now, Actions& out) {
+  EndGeneration(reason, /*lost=*/true, now, out);
+  TryFormGeneration(now, out);
+}
+
+void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& out) {
+  if (!closed_status_.ok()) {
+    out.push_back(AnswerJoin{call, closed_status_, {}});
+    return;
+  }
+  if (join.member_id.empty() || join.timeout_ms <= 0) {
+    out.push_back(AnswerJoin{
+        call, InvalidArgumentError("join needs a member_id and a positive timeout_ms"), {}});
+    return;
+  }
+  if (!completed_ids_.empty() && FindMember(join.member_id) == nullptr &&
+      !IsSurvivor(join.member_id)) {
+    // Training is over (a member completed it): a newcomer, such as a replacement that started
+    // late, has nothing to join. Survivors may still re-form to finish.
+    out.push_back(AnswerJoin{
+        call, FailedPreconditionError("job " + config_.job + " has completed; nothing to join"),
+        {}});
+    return;
+  }
+  const std::string& member_id = join.member_id;
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->member_id != member_id) continue;
+    out.push_back(AnswerJoin{it->call, AbortedError("replaced by a newer join"), {}});
+    pending_.erase(it);
+    break;
+  }
+  if (active_) {
+    // A member of the active generation joining again has restarted (or given up on the
+    // generation): the others must re-form with it. A newcomer ends the generation so that it
+    // can be admitted, unless the generation is already at max_members: then admitting it is
+    // impossible and ending would only stall the others.
+    const bool is_member = FindMember(member_id) != nullptr;
+    if (is_member || static_cast<int32_t>(members_.size()) < config_.max_members) {
+      EndGeneration("member " + member_id + " joined", /*lost=*/false, now, out);
+    } else {
+      LOCKSTEP_LOG(INFO) << Describe() << ": " << member_id << " waits: generation "
+                         << generation_ << " is at max_members";
+    }
+  }
+  PendingJoin pending;
+  pending.call = call;
+  pending.member_id = member_id;
+  pending.host = join.host;
+  pending.state_step = join.state_step;
+  pending.timeout_ms = join.timeout_ms;
+  pending.deadline = now + milliseconds(join.timeout_ms);
+  latest_arrival_ = now;
+  out.push_back(WakeAt{pending.deadline});
+  pending_.push_back(std::move(pending));
+  TryFormGeneration(now, out);
+}
+
+void JobState::ExpireJoins(TimePoint now, Actions& out) {
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->deadline > now) {
+      ++it;
+      continue;
+    }
+    const int32_t needed = std::max(config_.min_members, ExpectedMembers());
+    const std::string message =
+        "no generation formed within " + std::to_string(it->timeout_ms) +
+        " ms: " + std::to_string(pending_.size()) + " of " + std::to_string(needed) +
+        " members present (min " + std::to_string(config_.min_members) + ", max " +
+        std::to_string(config_.max_members) + ")" +
+        (active_ ? "; generation " + std::to_string(generation_) + " is active and full" : "");
+    out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}});
+    it = pending_.erase(it);
+  }
+}
+
+void JobState::CancelJoin(CallId call) {
+  pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                [&](const PendingJoin& join) { return join.call == call; }),
+                 pending_.end());
+}
+
+void JobState::Tick(TimePoint now, Actions& out) {
+  if (!closed_status_.ok()) return;
+  if (active_ && now >= heartbeat_check_at_) CheckHeartbeats(now, out);
+  TryFormGeneration(now, out);  // a last call may be over
+  ExpireJoins(now, out);
+  stores_.Expire(now, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Heartbeats and departures
+
+void JobState::Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Actions& out) {
+  ActiveMember* member = FindMember(beat.member_id);
+  if (!closed_status_.ok()) {
+    out.push_back(CloseStream{stream, closed_status_});
+    return;
+  }
+  if (!active_ || beat.generation != generation_ || member == nullptr) {
+    // A beat for a generation that is over, or from someone outside it: tell it to rejoin.
+    // Unless the generation is known to have ended by a join, treat it as lost so that the
+    // member stops at once. (A beat racing the end of its generation lands here too, and must
+    // carry the same cause as the end message it raced.)
+    const int64_t g = beat.generation;
+    std::string reason;
+    bool lost = true;
+    const int64_t index = g - first_generation_;  // history_ starts at first_generation_
+    if (index >= 0 && index < static_cast<int64_t>(history_.size()) &&
+        history_[index].ended_at >= 0) {
+      reason = "generation " + std::to_string(g) + " ended: " + history_[index].end_reason;
+      lost = history_[index].ended_by_loss;
+    } else if (member == nullptr && g == generation_) {
+      reason = "member " + beat.member_id + " is not in generation " + std::to_string(g);
+    } else {
+      reason = "generation " + std::to_string(g) + " is not current (current " +
+               std::to_string(generation_) + ")";
+    }
+    out.push_back(EndStream{stream, g, reason, lost});
+    return;
+  }
+  if (member->stream != stream) {
+    // A second stream for the same member and generation replaces the first; closing the first
+    // does not end the generation because it is no longer the member's stream.
+    if (member->stream != 0) {
+      out.push_back(CloseStream{member->stream, AbortedError("replaced by a newer stream")});
+    }
+    member->stream = stream;
+  }
+  member->last_beat = now;
+  if (beat.progress.has_value()) {
+    UpdateProgress(*beat.progress);
+    // A survivor's first beats may repeat its progress from the previous generation; only a
+    // step past the newest state at formation shows that this generation trains.
+    GenerationRecord& record = history_.back();
+    if (record.training_at < 0 && beat.progress->step > record.formed_at_step) {
+      record.training_at = SecondsOf(now);
+    }
+  }
+}
+
+void JobState::StreamClosed(StreamId stream, const std::string& member_id, int64_t generation,
+                            const std::string& how, TimePoint now, Actions& out) {
+  ActiveMember* member = FindMember(member_id);
+  if (!active_ || generation != generation_ || member == nullptr || member->stream != stream) {
+    return;  // a stream of an ended generation, or one already replaced
+  }
+  member->stream = 0;
+  if (member->completed) return;  // Leave(completed) came first: finishing is not failing
+  RemoveSurvivor(member_id);
+  LoseMembers("member " + member_id + " left: " + how, now, out);
+}
+
+void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
+  const auto timeout = milliseconds(config_.heartbeat_timeout_ms);
+  std::vector<std::string> silent;
+  TimePoint oldest_beat = now;
+  for (const auto& member : members_) {
+    if (member.completed) continue;
+    if (now - member.last_beat > timeout) {
+      silent.push_back(member.info.member_id);
+    } else {
+      oldest_beat = std::min(oldest_beat, member.last_beat);
+    }
+  }
+  if (silent.empty()) {
+    // The next member that can time out is the one that beat longest ago.
+    heartbeat_check_at_ = oldest_beat + timeout + milliseconds(1);
+    out.push_back(WakeAt{heartbeat_check_at_});
+    return;
+  }
+  std::string names;
+  for (const auto& id : silent) {
+    RemoveSurvivor(id);
+    names += (names.empty() ? "" : ", ") + id;
+  }
+  LoseMembers("member " + names + " missed heartbeats for " +
+                  std::to_string(config_.heartbeat_timeout_ms) + " ms",
+              now, out);
+}
+
+Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
+  if (!closed_status_.ok()) return closed_status_;
+  const std::string& member_id = leave.member_id;
+  if (member_id.empty()) return InvalidArgumentError("leave without member_id");
+  if (leave.progress.has_value()) UpdateProgress(*leave.progress);
+  RemoveSurvivor(member_id);
+  ActiveMember* member = FindMember(member_id);
+  if (leave.completed) {
+    completed_ids_.insert(member_id);
+    if (member != nullptr) member->completed = true;
+    if (leave.progress.has_value()) RecordFinalProgress(*leave.progress);
+    LOCKSTEP_LOG(INFO) << Describe() << ": member " << member_id << " completed";
+  } else if (active_ && member != nullptr) {
+    LoseMembers("member " + member_id + " left", now, out);
+  }
+  return OkStatus();
+}
+
+void JobState::RecordFinalProgress(const ProgressReport& progress) {
+  // The first completed member's report is final (a job without a test split has no accuracy
+  // in it); a later report replaces it only to add an evaluation it lacked.
+  if (!has_final_progress_ || (final_progress_.eval_accuracy < 0 && progress.eval_accuracy >= 0)) {
+    const int64_t committed_step = final_progress_.last_checkpoint_step;
+    const std::string committed_uri = final_progress_.last_checkpoint_uri;
+    final_progress_ = progress;
+    if (has_final_progress_ && committed_step > final_progress_.last_checkpoint_step) {
+      final_progress_.last_checkpoint_step = committed_step;
+      final_progress_.last_checkpoint_uri = committed_uri;
+    }
+    has_final_progress_ = true;
+  } else if (progress.last_checkpoint_step > final_progress_.last_checkpoint_step) {
+    // Only rank 0 knows which checkpoint was committed; its report may come second.
+    final_progress_.last_checkpoint_step = progress.last_checkpoint_step;
+    final_progress_.last_checkpoint_uri = progress.last_checkpoint_uri;
+  }
+}
+
+void JobState::RemoveMember(const std::string& member_id, const std::string& reason,
+                            TimePoint now, Actions& out) {
+  // A pending Join of this id is left alone: it may come from the member's restarted process,
+  // and a dead process's Join is cancelled by its transport anyway.
+  RemoveSurvivor(member_id);
+  ActiveMember* member = FindMember(member_id);
+  if (active_ && member != nullptr && !member->completed) {
+    LoseMembers("member " + member_id + " removed: " + reason, now, out);
+  }
+}
+
+void JobState::UpdateProgress(const ProgressReport& progress) {
+  // Beats from different ranks interleave; the job's progress is the furthest any has reached.
+  if (has_progress_ && progress.step < progress_.step) return;
+  progress_ = progress;
+  has_progress_ = true;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Store
+
+Status JobState::CheckStoreGeneration(int64_t generation) const {
+  if (!closed_status_.ok()) return closed_status_;
+  if (generation < first_generation_ || generation > generation_) {
+    return FailedPreconditionError("generation " + std::to_string(generation) +
+                                   " has not formed (current " + std::to_string(generation_) + ")");
+  }
+  if (generation < generation_ - 1) {
+    return FailedPreconditionError("generation " + std::to_string(generation) +
+                                   " is over and its keys are dropped");
+  }
+  return OkStatus();
+}
+
+Status JobState::StoreSet(int64_t generation, const std::string& key, const std::string& value,
+                          Actions& out) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckStoreGeneration(generation).WithContext("store set"));
+  stores_.Set(generation, key, value, out);
+  return OkStatus();
+}
+
+StatusOr<int64_t> JobState::StoreAdd(int64_t generation, const std::string& key, int64_t delta,
+                                     Actions& out) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckStoreGeneration(generation).WithContext("store add"));
+  return stores_.Add(generation, key, delta, out);
+}
+
+void JobState::StoreGet(CallId call, int64_t generation, const std::vector<std::string>& keys,
+                        int64_t timeout_ms, TimePoint now, Actions& out) {
+  Status status = CheckStoreGeneration(generation).WithContext("store get");
+  if (!status.ok()) {
+    out.push_back(AnswerStoreGet{call, std::move(status), {}});
+    return;
+  }
+  stores_.Get(call, generation, keys, timeout_ms, now, out);
+}
+
+void JobState::CancelStoreGet(CallId call) { stores_.Cancel(call); }
+
+// ---------------------------------------------------------------------------------------------
+// Snapshot and close
+
+JobSnapshot JobState::Snapshot() const {
+  JobSnapshot snapshot;
+  snapshot.generation = generation_;
+  snapshot.world_size = static_cast<int32_t>(members_.size());
+  snapshot.generation_active = active_;
+  for (const auto& member : members_) snapshot.members.push_back(member.info);
+  for (const auto& join : pending_) snapshot.waiting_members.push_back(join.member_id);
+  snapshot.progress = progress_;
+  snapshot.history = history_;
+  snapshot.completed_members = static_cast<int32_t>(completed_ids_.size());
+  snapshot.final_progress = final_progress_;
+  return snapshot;
+}
+
+void JobState::Close(const Status& status, TimePoint now, Actions& out) {
+  if (!closed_status_.ok()) return;
+  closed_status_ = status;
+  for (auto& join : pending_) out.push_back(AnswerJoin{join.call, status, {}});
+  pending_.clear();
+  stores_.FailAll(status, out);
+  if (active_ && !history_.empty()) {
+    history_.back().ended_at = SecondsOf(now);
+    history_.back().end_reason = status.message();
+  }
+  active_ = false;
+  for (auto& member : members_) {
+    if (member.stream == 0) continue;
+    out.push_back(CloseStream{member.stream, status});
+    member.stream = 0;
+  }
+}
+
+double LongestRecoverySeconds(const std::vector<GenerationRecord>& history) {
+  double longest = 0;
+  for (size_t i = 0; i < history.size(); ++i) {
+    if (!history[i].ended_by_loss || history[i].ended_at < 0) continue;
+    // The next generation may end before it trains (the replacement joins at once): recovery
+    // lasts until some later generation trains.
+    for (size_t j = i + 1; j < history.size(); ++j) {
+      if (history[j].training_at < 0) continue;
+      longest = std::max(longest, history[j].training_at - history[i].ended_at);
+      break;
+    }
+  }
+  return longest;
+}
+
+}  // namespace lockstep::rendezvous

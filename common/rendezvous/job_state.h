@@ -1,0 +1,217 @@
+// JobState: one job's rendezvous as a pure state machine: who has joined, when a generation
+// forms and ends, who survives into the next, heartbeats, departures, progress, and the
+// generation stores. The protocol is proto/rendezvous.proto's; RendezvousServer (server.cc) is
+// the transport around it.
+//
+// Shape (etcd's raft package, controller-runtime's reconcile): events in, Actions out. Each method
+// takes the time as an argument and appends what must happen to `out` (answer a held call, end
+// or close a heartbeat stream, tick again at a time). It holds no lock, starts no thread, reads no
+// clock and finishes no call, so a test drives it with a table of events and a fake clock.
+//
+//   JobState job(config);
+//   Actions out;
+//   job.Join(/*call=*/1, {.member_id = "w-0", .host = "10.0.0.1", .timeout_ms = 5000}, now, out);
+//   ... run `out`: AnswerJoin{1, OK, assignment}, WakeAt{...} ...
+//   job.Tick(now + 2s, out);   // at (or after) every WakeAt
+//
+// Not thread-safe: the transport serialises calls (one mutex per job).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/rendezvous/actions.h"
+#include "common/rendezvous/client.h"
+#include "common/rendezvous/generation_stores.h"
+#include "common/status.h"
+
+namespace lockstep::rendezvous {
+
+struct JobConfig {
+  std::string job;    // namespace/name
+  std::string token;  // compared in constant time; never logged
+  int32_t min_members = 1;
+  int32_t max_members = 1;
+  // How many members the first generation expects (no generation before it has survivors):
+  // it forms at once when this many have joined, else last_call_ms after the latest arrival
+  // once min_members have. 0: max_members.
+  int32_t initial_members = 0;
+  // The first generation waits for all initial_members (no last call once min_members have
+  // joined). For a launcher that starts every member at once (`lockstep run`): a slow starter
+  // is waited for instead of forcing a re-formation when it arrives. Joins stay bounded by their
+  // own timeouts.
+  bool wait_for_initial_members = false;
+  // After min_members have joined and not all expected have, how long to wait for more.
+  int64_t last_call_ms = 1000;
+  int64_t heartbeat_interval_ms = 200;
+  int64_t heartbeat_timeout_ms = 2000;
+  // The number of the first generation this registration forms (>= 1). A job registered again
+  // (a restarted operator, or new membership bounds) continues its numbering, so that generation
+  // numbers in status, metrics and logs never go back.
+  int64_t first_generation = 1;
+};
+
+struct GenerationRecord {
+  int64_t generation = 0;
+  int32_t world_size = 0;
+  double formed_at = 0;  // MonotonicSeconds()
+  double ended_at = -1;  // -1 while current
+  std::string end_reason;
+  // The newest step any member held when the generation formed (-1: none had state).
+  int64_t formed_at_step = -1;
+  // When a member first reported progress beyond formed_at_step: training runs again.
+  // -1 until then (and for a generation that ended before it trained).
+  double training_at = -1;
+  // Ended because a member was lost (stream broke, missed heartbeats, RemoveMember, Leave
+  // without completing), as opposed to a member joining or the service closing.
+  bool ended_by_loss = false;
+};
+
+// The longest time from a generation ending because a member was lost to training again in a
+// later generation (the next one that trained), in seconds; 0 when no member was ever lost.
+// A loss after which the job never trained again does not count (the job failed or finished).
+double LongestRecoverySeconds(const std::vector<GenerationRecord>& history);
+
+struct JobSnapshot {
+  int64_t generation = 0;  // current (first_generation - 1 before the first forms)
+  int32_t world_size = 0;
+  bool generation_active = false;
+  std::vector<MemberInfo> members;           // of the current generation, by rank
+  std::vector<std::string> waiting_members;  // ids whose Join is held, in join order
+  ProgressReport progress;  // latest reported by any member of the current generation
+  std::vector<GenerationRecord> history;
+  int32_t completed_members = 0;  // members that called Leave(completed)
+  // From the first Leave(completed) that carried progress; a later one replaces it only to add
+  // an evaluation the first lacked. Its step is 0 until a member completed.
+  ProgressReport final_progress;
+};
+
+// A Join as the state machine sees it.
+struct JoinArgs {
+  std::string member_id;
+  std::string host;
+  int64_t state_step = -1;  // newest step the member holds, -1 for none
+  int64_t timeout_ms = 0;   // the join fails with DEADLINE_EXCEEDED this long after it arrives
+};
+
+// One heartbeat of `member_id` for `generation`, with its latest progress if any.
+struct BeatArgs {
+  std::string member_id;
+  int64_t generation = 0;
+  std::optional<ProgressReport> progress;
+};
+
+struct LeaveArgs {
+  std::string member_id;
+  bool completed = false;  // training finished for this member (not a failure)
+  std::optional<ProgressReport> progress;
+};
+
+class JobState {
+ public:
+  explicit JobState(JobConfig config);
+
+  const JobConfig& config() const { return config_; }
+
+  // Holds `call` until a generation admits the member (AnswerJoin OK), a newer join of the same
+  // member replaces it (ABORTED), its timeout passes (DEADLINE_EXCEEDED) or the job closes.
+  // A member of the active generation joining again, or a newcomer while the generation has
+  // room, ends the generation so that the next one includes it.
+  void Join(CallId call, const JoinArgs& join, TimePoint now, Actions& out);
+  // The client went away; the transport finishes the call itself.
+  void CancelJoin(CallId call);
+
+  // A beat on `stream`. A beat for a generation that is over, or from a non-member, is answered
+  // with EndStream so that the member rejoins. A second stream of the same member replaces the
+  // first (CloseStream ABORTED).
+  void Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Actions& out);
+  // `stream` (of member_id in generation) broke or was closed by the client: unless the member
+  // completed first, the member is lost and its generation ends.
+  void StreamClosed(StreamId stream, const std::string& member_id, int64_t generation,
+                    const std::string& how, TimePoint now, Actions& out);
+  // A member leaves: completed (training done; its generation goes on) or not (its generation
+  // ends as for a loss). The first completed member's progress is the job's final progress.
+  Status Leave(const LeaveArgs& leave, TimePoint now, Actions& out);
+  // The member is gone (its process exited, its pod was deleted): its generation ends at once.
+  void RemoveMember(const std::string& member_id, const std::string& reason, TimePoint now,
+                    Actions& out);
+
+  // The store of a generation: readable while it is current or the one before.
+  Status StoreSet(int64_t generation, const std::string& key, const std::string& value,
+                  Actions& out);
+  StatusOr<int64_t> StoreAdd(int64_t generation, const std::string& key, int64_t delta,
+                             Actions& out);
+  void StoreGet(CallId call, int64_t generation, const std::vector<std::string>& keys,
+                int64_t timeout_ms, TimePoint now, Actions& out);
+  void CancelStoreGet(CallId call);
+
+  // Everything due at `now`: missed heartbeats, the end of a last call, join and store deadlines.
+  void Tick(TimePoint now, Actions& out);
+
+  // Answers every held call and closes every stream with `status` (not OK); later events are
+  // refused with it. Idempotent.
+  void Close(const Status& status, TimePoint now, Actions& out);
+
+  JobSnapshot Snapshot() const;
+
+ private:
+  struct PendingJoin {
+    CallId call = 0;
+    std::string member_id;
+    std::string host;
+    int64_t state_step = -1;
+    int64_t timeout_ms = 0;
+    TimePoint deadline;
+  };
+  struct ActiveMember {
+    MemberInfo info;
+    TimePoint last_beat;
+    StreamId stream = 0;  // 0: no stream yet (or it closed)
+    bool completed = false;
+  };
+
+  std::string Describe() const { return "job " + config_.job; }
+  // No generation of this registration has formed yet (nobody survives anything).
+  bool BeforeFirstGeneration() const { return generation_ < first_generation_; }
+  ActiveMember* FindMember(const std::string& member_id);
+  bool IsSurvivor(const std::string& member_id) const;
+  void RemoveSurvivor(const std::string& member_id);
+  int32_t ExpectedMembers() const;
+  bool AllExpectedJoined() const;
+  void TryFormGeneration(TimePoint now, Actions& out);
+  void FormGeneration(TimePoint now, Actions& out);
+  // lost: a member is gone (for the recovery time); false when one joined.
+  void EndGeneration(const std::string& reason, bool lost, TimePoint now, Actions& out);
+  // Ends the generation for a lost member and forms the next from the survivors if it can.
+  void LoseMembers(const std::string& reason, TimePoint now, Actions& out);
+  void CheckHeartbeats(TimePoint now, Actions& out);
+  void ExpireJoins(TimePoint now, Actions& out);
+  void UpdateProgress(const ProgressReport& progress);
+  void RecordFinalProgress(const ProgressReport& progress);
+  Status CheckStoreGeneration(int64_t generation) const;
+
+  const JobConfig config_;
+  const int64_t first_generation_;
+
+  Status closed_status_;  // not OK once closed
+  int64_t generation_;    // the current or latest; first_generation_ - 1 before the first
+  bool active_ = false;
+  std::vector<ActiveMember> members_;   // of generation_, by rank
+  std::vector<std::string> survivors_;  // expected in the next generation, by previous rank
+  std::vector<PendingJoin> pending_;    // in join order
+  TimePoint latest_arrival_;
+  TimePoint last_call_wake_;        // latest last-call WakeAt asked for
+  TimePoint heartbeat_check_at_;    // while active_: when a member can next have gone silent
+  GenerationStores stores_;
+  ProgressReport progress_;
+  bool has_progress_ = false;
+  std::vector<GenerationRecord> history_;
+  std::set<std::string> completed_ids_;
+  ProgressReport final_progress_;
+  bool has_final_progress_ = false;
+};
+
+}  // namespace lockstep::rendezvous

@@ -1,0 +1,612 @@
+// JobState, the rendezvous state machine, driven by tables of events with a fake clock: no gRPC,
+// no threads, no sleeps. Each row is one event and every action it produced, in order, written
+// as text (see Render*). Rows that expect "" produced nothing.
+//
+// Events:  join W [step=N] [timeout=MS]     beat W gG [step=N] [via=STREAM]
+//          drop W gG [via=STREAM]  (the stream closed)    leave W    complete W [step=N] [acc=X]
+//          remove W    cancel W  (W's held join went away)    at MS  (the clock moves; Tick)
+//          set gG K V    add gG K N    get gG K1,K2 [timeout=MS]    close    snapshot
+// Actions: "W joins gG as R/N", "W join fails CODE", "W ends gG lost|joined", "W closed CODE",
+//          "get#I = V1,V2", "get#I fails CODE", "wake @MS", "add = N", "add fails CODE",
+//          and for `snapshot`: "gG active|idle [members] waiting [ids]".
+#include "common/rendezvous/job_state.h"
+
+#include <gtest/gtest.h>
+
+#include <map>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace lockstep::rendezvous {
+namespace {
+
+using std::chrono::milliseconds;
+
+struct Row {
+  std::string event;
+  std::string actions;
+};
+
+JobConfig Config(int32_t min_members, int32_t max_members) {
+  JobConfig config;
+  config.job = "default/fashion";
+  config.token = "t";
+  config.min_members = min_members;
+  config.max_members = max_members;
+  config.last_call_ms = 1000;
+  config.heartbeat_interval_ms = 100;
+  config.heartbeat_timeout_ms = 500;
+  return config;
+}
+
+// Feeds events to one JobState and renders what it asked for.
+class Driver {
+ public:
+  explicit Driver(JobConfig config) : state_(std::move(config)) {}
+
+  JobState& state() { return state_; }
+  TimePoint now() const { return now_; }
+  static TimePoint Start() { return TimePoint{} + std::chrono::hours(1); }
+
+  // Runs every row; a mismatch names the row.
+  void Run(const std::vector<Row>& rows) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      EXPECT_EQ(Apply(rows[i].event), rows[i].actions)
+          << "row " << i << ": " << rows[i].event;
+    }
+  }
+
+  std::string Apply(const std::string& event) {
+    std::istringstream in(event);
+    std::string verb, subject;
+    in >> verb;
+    std::vector<std::string> words;
+    std::map<std::string, std::string> options;
+    for (std::string word; in >> word;) {
+      const size_t eq = word.find('=');
+      if (eq == std::string::npos) {
+        words.push_back(word);
+      } else {
+        options[word.substr(0, eq)] = word.substr(eq + 1);
+      }
+    }
+    auto option = [&](const std::string& name, int64_t fallback) {
+      auto it = options.find(name);
+      return it == options.end() ? fallback : std::stoll(it->second);
+    };
+    auto generation = [&](size_t i) { return std::stoll(words.at(i).substr(1)); };
+    Actions out;
+    std::string result;
+    if (verb == "join") {
+      const CallId call = next_call_++;
+      callers_[call] = words.at(0);
+      held_[words.at(0)] = call;
+      JoinArgs join;
+      join.member_id = words.at(0);
+      join.host = "10.0.0." + std::to_string(call);
+      join.state_step = option("step", -1);
+      join.timeout_ms = option("timeout", 10000);
+      state_.Join(call, join, now_, out);
+    } else if (verb == "beat") {
+      BeatArgs beat;
+      beat.member_id = words.at(0);
+      beat.generation = generation(1);
+      if (options.count("step") != 0) {
+        ProgressReport progress;
+        progress.step = option("step", 0);
+        beat.progress = progress;
+      }
+      state_.Beat(Stream(options.count("via") ? options["via"] : words.at(0)), beat, now_, out);
+    } else if (verb == "drop") {
+      state_.StreamClosed(Stream(options.count("via") ? options["via"] : words.at(0)), words.at(0),
+                          generation(1), "stream broken", now_, out);
+    } else if (verb == "leave" || verb == "complete") {
+      LeaveArgs leave;
+      leave.member_id = words.empty() ? "" : words[0];
+      leave.completed = verb == "complete";
+      if (options.count("step") != 0) {
+        ProgressReport progress;
+        progress.step = option("step", 0);
+        progress.eval_accuracy = options.count("acc") ? std::stod(options["acc"]) : -1;
+        progress.last_checkpoint_step = option("ckpt", -1);
+        leave.progress = progress;
+      }
+      Status status = state_.Leave(leave, now_, out);
+      if (!status.ok()) result = std::string("leave fails ") + StatusCodeName(status.code());
+    } else if (verb == "remove") {
+      state_.RemoveMember(words.at(0), "pod deleted", now_, out);
+    } else if (verb == "cancel") {
+      state_.CancelJoin(held_.at(words.at(0)));
+    } else if (verb == "at") {
+      now_ = Start() + milliseconds(std::stoll(words.at(0)));
+      state_.Tick(now_, out);
+    } else if (verb == "set") {
+      Status status = state_.StoreSet(generation(0), words.at(1), words.at(2), out);
+      if (!status.ok()) result = std::string("set fails ") + StatusCodeName(status.code());
+    } else if (verb == "add") {
+      auto sum = state_.StoreAdd(generation(0), words.at(1), std::stoll(words.at(2)), out);
+      result = sum.ok() ? "add = " + std::to_string(*sum)
+                        : std::string("add fails ") + StatusCodeName(sum.status().code());
+    } else if (verb == "get") {
+      std::vector<std::string> keys;
+      std::istringstream list(words.at(1));
+      for (std::string key; std::getline(list, key, ',');) keys.push_back(key);
+      state_.StoreGet(next_call_++, generation(0), keys, option("timeout", 0), now_, out);
+    } else if (verb == "close") {
+      state_.Close(UnavailableError("rendezvous service is shutting down"), now_, out);
+    } else if (verb == "snapshot") {
+      result = RenderSnapshot(state_.Snapshot());
+    } else {
+      ADD_FAILURE() << "unknown event " << event;
+    }
+    for (const auto& action : out) Append(result, Render(action));
+    return result;
+  }
+
+  // The latest error message a join got (for the rows that check wording).
+  const std::string& last_join_error() const { return last_join_error_; }
+  const Assignment& last_assignment() const { return last_assignment_; }
+
+ private:
+  static void Append(std::string& to, const std::string& what) {
+    to += (to.empty() ? "" : "; ") + what;
+  }
+
+  StreamId Stream(const std::string& name) {
+    auto [it, added] = streams_.emplace(name, streams_.size() + 1);
+    if (added) stream_names_[it->second] = name;
+    return it->second;
+  }
+
+  std::string Render(const Action& action) {
+    if (const auto* answer = std::get_if<AnswerJoin>(&action)) {
+      const std::string& who = callers_.at(answer->call);
+      if (!answer->status.ok()) {
+        last_join_error_ = answer->status.message();
+        return who + " join fails " + StatusCodeName(answer->status.code());
+      }
+      last_assignment_ = answer->assignment;
+      const Assignment& a = answer->assignment;
+      return who + " joins g" + std::to_string(a.generation) + " as " + std::to_string(a.rank) +
+             "/" + std::to_string(a.world_size);
+    }
+    if (const auto* answer = std::get_if<AnswerStoreGet>(&action)) {
+      const std::string id = "get#" + std::to_string(answer->call);
+      if (!answer->status.ok()) return id + " fails " + StatusCodeName(answer->status.code());
+      std::string values;
+      for (const auto& value : answer->values) values += (values.empty() ? "" : ",") + value;
+      return id + " = " + values;
+    }
+    if (const auto* end = std::get_if<EndStream>(&action)) {
+      return stream_names_.at(end->stream) + " ends g" + std::to_string(end->generation) +
+             (end->member_lost ? " lost" : " joined");
+    }
+    if (const auto* close = std::get_if<CloseStream>(&action)) {
+      return stream_names_.at(close->stream) + " closed " + StatusCodeName(close->status.code());
+    }
+    const auto& wake = std::get<WakeAt>(action);
+    return "wake @" +
+           std::to_string(std::chrono::duration_cast<milliseconds>(wake.at - Start()).count());
+  }
+
+  static std::string RenderSnapshot(const JobSnapshot& s) {
+    std::string members, waiting;
+    for (const auto& m : s.members) members += (members.empty() ? "" : " ") + m.member_id;
+    for (const auto& w : s.waiting_members) waiting += (waiting.empty() ? "" : " ") + w;
+    return "g" + std::to_string(s.generation) + (s.generation_active ? " active" : " idle") +
+           " [" + members + "] waiting [" + waiting + "]";
+  }
+
+  JobState state_;
+  TimePoint now_ = Start();
+  CallId next_call_ = 1;
+  std::map<CallId, std::string> callers_;      // join call -> member
+  std::map<std::string, CallId> held_;         // member -> its latest join call
+  std::map<std::string, StreamId> streams_;    // name -> id
+  std::map<StreamId, std::string> stream_names_;
+  std::string last_join_error_;
+  Assignment last_assignment_;
+};
+
+// ----------------------------------------------------------------------------------------------
+// Forming generations
+
+TEST(JobStateTest, FirstGenerationFormsWhenEveryMemberJoinedWithRanksInJoinOrder) {
+  Driver job(Config(3, 3));
+  job.Run({
+      {"join w2", "wake @10000"},
+      {"join w0", "wake @10000"},
+      {"snapshot", "g0 idle [] waiting [w2 w0]"},
+      {"join w1",
+       "wake @10000; w2 joins g1 as 0/3; w0 joins g1 as 1/3; w1 joins g1 as 2/3; wake @501"},
+      {"snapshot", "g1 active [w2 w0 w1] waiting []"},
+  });
+  EXPECT_EQ(job.last_assignment().members.size(), 3u);
+  EXPECT_EQ(job.last_assignment().members[0].host, "10.0.0.1");
+  EXPECT_EQ(job.last_assignment().heartbeat_timeout_ms, 500);
+}
+
+TEST(JobStateTest, JoinWithoutMemberOrTimeoutIsRefused) {
+  Driver job(Config(1, 1));
+  job.Run({{"join w0 timeout=0", "w0 join fails INVALID_ARGUMENT"}});
+}
+
+TEST(JobStateTest, JoinFailsAtItsDeadlineNamingWhoIsPresent) {
+  Driver job(Config(2, 2));
+  job.Run({
+      {"join w0 timeout=300", "wake @300"},
+      {"at 299", ""},
+      {"at 300", "w0 join fails DEADLINE_EXCEEDED"},
+      {"snapshot", "g0 idle [] waiting []"},
+  });
+  EXPECT_EQ(job.last_join_error(),
+            "no generation formed within 300 ms: 1 of 2 members present (min 2, max 2)");
+}
+
+TEST(JobStateTest, ElasticJobFormsWithMinMembersOnceTheLastCallPasses) {
+  Driver job(Config(2, 4));
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; wake @1000"},
+      {"at 999", ""},
+      {"at 1000", "w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @1501"},
+  });
+}
+
+TEST(JobStateTest, AJoinDuringTheLastCallExtendsIt) {
+  Driver job(Config(2, 4));
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; wake @1000"},
+      {"at 600", ""},
+      {"join w2", "wake @10600; wake @1600"},
+      {"at 1000", ""},  // the first window closed, but an arrival came within it
+      {"at 1600", "w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @2101"},
+  });
+}
+
+TEST(JobStateTest, FirstGenerationWaitsForEveryInitialMemberWhenAsked) {
+  JobConfig config = Config(1, 3);
+  config.initial_members = 2;
+  config.wait_for_initial_members = true;
+  Driver job(config);
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"at 5000", ""},  // no last call: w1 is waited for
+      {"join w1", "wake @15000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @5501"},
+  });
+}
+
+TEST(JobStateTest, MaxMembersIsRespectedAndTheExtraJoinerTimesOutNamingTheFullGeneration) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"join w2 timeout=400", "wake @400"},  // the generation is full: it goes on
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"at 400", "w2 join fails DEADLINE_EXCEEDED"},
+  });
+  EXPECT_EQ(job.last_join_error(),
+            "no generation formed within 400 ms: 1 of 3 members present (min 1, max 2); "
+            "generation 1 is active and full");
+}
+
+TEST(JobStateTest, ANewerJoinOfTheSameMemberReplacesTheOlderCall) {
+  Driver job(Config(2, 2));
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w0", "w0 join fails ABORTED; wake @10000"},
+      {"snapshot", "g0 idle [] waiting [w0]"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+  });
+}
+
+TEST(JobStateTest, ACancelledJoinIsNotAdmitted) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"cancel w0", ""},
+      {"at 200", ""},
+      {"join w1", "wake @10200; wake @1200"},
+      {"at 1000", ""},
+      {"at 1200", "w1 joins g1 as 0/1; wake @1701"},
+  });
+}
+
+TEST(JobStateTest, RegistrationContinuesTheGenerationNumberingItIsGiven) {
+  JobConfig config = Config(1, 1);
+  config.first_generation = 7;
+  Driver job(config);
+  job.Run({
+      {"snapshot", "g6 idle [] waiting []"},
+      {"set g6 k v", "set fails FAILED_PRECONDITION"},
+      {"join w0", "wake @10000; w0 joins g7 as 0/1; wake @501"},
+      {"beat w0 g6", "w0 ends g6 lost"},  // a generation of the previous registration
+      {"remove w0", ""},  // it had no stream to end
+      {"join w0", "wake @10000; w0 joins g8 as 0/1; wake @501"},
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Ending generations and re-forming
+
+TEST(JobStateTest, ABrokenStreamEndsTheGenerationAndSurvivorsReformAtOnce) {
+  Driver job(Config(1, 3));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000"},
+      {"join w2", "wake @10000; w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"beat w2 g1", ""},
+      {"drop w1 g1", "w0 ends g1 lost; w2 ends g1 lost"},
+      {"join w2", "wake @10000"},
+      // Every survivor is back: no last call.
+      {"join w0", "wake @10000; w0 joins g2 as 0/2; w2 joins g2 as 1/2; wake @501"},
+  });
+}
+
+TEST(JobStateTest, MissedHeartbeatsEndTheGenerationOneTimeoutAfterTheLastBeat) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"at 300", ""},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},  // w1's last
+      {"at 501", "wake @801"},  // nobody silent for 500 ms: the next check is 500 ms after 300
+      {"at 700", ""},
+      {"beat w0 g1", ""},
+      {"at 800", ""},
+      {"at 801", "w0 ends g1 lost; w1 ends g1 lost"},  // w1's stream, if alive, learns it too
+      {"snapshot", "g1 idle [w0 w1] waiting []"},
+      {"join w0", "wake @10801; w0 joins g2 as 0/1; wake @1302"},  // w1 is no survivor
+  });
+}
+
+TEST(JobStateTest, RemoveMemberEndsTheGenerationAtOnce) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1", ""},
+      {"remove w1", "w0 ends g1 lost"},
+      {"remove w1", ""},  // already gone
+  });
+}
+
+TEST(JobStateTest, ALateJoinerEndsTheGenerationWithoutLossAndTheNextIncludesEveryone) {
+  Driver job(Config(1, 3));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000"},
+      {"at 1000", "w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @1501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"join w2", "w0 ends g1 joined; w1 ends g1 joined; wake @11000; wake @2000"},
+      {"join w1", "wake @11000"},
+      {"join w0", "wake @11000; w0 joins g2 as 0/3; w1 joins g2 as 1/3; w2 joins g2 as 2/3; wake @1501"},
+  });
+}
+
+TEST(JobStateTest, AMemberJoiningAgainEndsItsGenerationEvenWhenFull) {
+  Driver job(Config(2, 2));
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w1 g1", ""},
+      {"join w0", "w1 ends g1 joined; wake @10000"},
+      {"join w1", "wake @10000; w0 joins g2 as 0/2; w1 joins g2 as 1/2; wake @501"},
+  });
+}
+
+TEST(JobStateTest, LeavingWithoutCompletingEndsTheGeneration) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1", ""},
+      {"leave w1", "w0 ends g1 lost"},
+      {"leave", "leave fails INVALID_ARGUMENT"},
+  });
+}
+
+TEST(JobStateTest, CompletingDoesNotEndTheGenerationAndClosesItToNewcomers) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"complete w0 step=100", ""},
+      {"drop w0 g1", ""},  // finishing is not failing
+      {"at 300", ""},
+      {"beat w1 g1", ""},
+      {"at 501", "wake @801"},  // w0, completed, is not expected to beat
+      {"join w9", "w9 join fails FAILED_PRECONDITION"},
+      {"snapshot", "g1 active [w0 w1] waiting []"},
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Heartbeat streams
+
+TEST(JobStateTest, ABeatRacingTheEndOfItsGenerationCarriesTheSameCause) {
+  Driver job(Config(1, 3));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000"},
+      {"at 1000", "w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @1501"},
+      {"join w2", "wake @11000; wake @2000"},  // nobody has a stream yet: nothing to end
+      {"beat w0 g1", "w0 ends g1 joined"},  // ended by a join: not lost
+      {"join w0", "wake @11000"},
+      {"join w1", "wake @11000; w0 joins g2 as 0/3; w1 joins g2 as 1/3; w2 joins g2 as 2/3; wake @1501"},
+      {"remove w2", ""},  // no streams yet
+      {"beat w1 g2", "w1 ends g2 lost"},  // ended by a loss
+      {"beat w1 g5", "w1 ends g5 lost"},  // never formed
+  });
+}
+
+TEST(JobStateTest, ABeatFromOutsideTheGenerationIsToldToRejoin) {
+  Driver job(Config(1, 1));
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"beat w7 g1", "w7 ends g1 lost"},
+  });
+}
+
+TEST(JobStateTest, ASecondStreamReplacesTheFirstWhoseClosingThenEndsNothing) {
+  Driver job(Config(1, 1));
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w0 g1 via=w0-second", "w0 closed ABORTED"},
+      {"drop w0 g1", ""},
+      {"snapshot", "g1 active [w0] waiting []"},
+      {"drop w0 g1 via=w0-second", ""},  // the member's own stream: g1 ends (no other stream)
+      {"snapshot", "g1 idle [w0] waiting []"},
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Progress and history
+
+TEST(JobStateTest, HistoryRecordsLossesAndWhenTrainingResumes) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0 step=-1", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"at 100", ""},
+      {"beat w0 g1 step=5", ""},
+      {"beat w1 g1 step=5", ""},
+      {"at 200", ""},
+      {"remove w1", "w0 ends g1 lost; w1 ends g1 lost"},
+      {"at 250", ""},
+      {"join w0 step=5", "wake @10250; w0 joins g2 as 0/1; wake @751"},
+      {"at 300", ""},
+      {"beat w0 g2 step=5", ""},  // the state it held: not training yet
+      {"at 450", ""},
+      {"beat w0 g2 step=6", ""},
+  });
+  const JobSnapshot snapshot = job.state().Snapshot();
+  ASSERT_EQ(snapshot.history.size(), 2u);
+  const double start = SecondsOf(Driver::Start());
+  EXPECT_DOUBLE_EQ(snapshot.history[0].formed_at, start);
+  EXPECT_DOUBLE_EQ(snapshot.history[0].training_at, start + 0.1);
+  EXPECT_DOUBLE_EQ(snapshot.history[0].ended_at, start + 0.2);
+  EXPECT_TRUE(snapshot.history[0].ended_by_loss);
+  EXPECT_EQ(snapshot.history[1].formed_at_step, 5);
+  EXPECT_DOUBLE_EQ(snapshot.history[1].training_at, start + 0.45);
+  EXPECT_DOUBLE_EQ(LongestRecoverySeconds(snapshot.history), 0.25);
+  EXPECT_EQ(snapshot.progress.step, 6);
+}
+
+TEST(JobStateTest, TheJobsProgressIsTheFurthestAnyMemberReported) {
+  Driver job(Config(2, 2));
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1 step=9", ""},
+      {"beat w1 g1 step=8", ""},
+  });
+  EXPECT_EQ(job.state().Snapshot().progress.step, 9);
+}
+
+TEST(JobStateTest, TheFirstCompletedReportIsFinalUnlessALaterOneAddsAnEvaluation) {
+  Driver job(Config(3, 3));
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000"},
+      {"join w2", "wake @10000; w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @501"},
+      {"complete w1 step=100 ckpt=100", ""},
+      {"complete w2 step=100", ""},            // no evaluation either: the first stays
+      {"complete w0 step=100 acc=0.85", ""},   // adds the evaluation, keeps the checkpoint
+  });
+  const JobSnapshot snapshot = job.state().Snapshot();
+  EXPECT_EQ(snapshot.completed_members, 3);
+  EXPECT_DOUBLE_EQ(snapshot.final_progress.eval_accuracy, 0.85);
+  EXPECT_EQ(snapshot.final_progress.last_checkpoint_step, 100);
+}
+
+// ----------------------------------------------------------------------------------------------
+// The generation store
+
+TEST(JobStateTest, StoreKeysLiveInTheirGenerationAndTheOneAfter) {
+  Driver job(Config(1, 1));
+  job.Run({
+      {"set g1 k v", "set fails FAILED_PRECONDITION"},  // not formed
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"set g1 k v1", ""},
+      {"add g1 n 2", "add = 2"},
+      {"add g1 n 3", "add = 5"},
+      {"add g1 k 1", "add fails INVALID_ARGUMENT"},
+      {"get g1 k,n", "get#2 = v1,5"},
+      {"get g2 k", "get#3 fails FAILED_PRECONDITION"},
+      {"get g1 later timeout=200", "wake @200"},
+      {"remove w0", ""},
+      {"join w0", "wake @10000; w0 joins g2 as 0/1; wake @501"},
+      {"get g1 k", "get#6 = v1"},  // g1 is the generation before: still readable
+      {"remove w0", ""},
+      {"join w0",
+       "wake @10000; w0 joins g3 as 0/1; get#4 fails FAILED_PRECONDITION; wake @501"},
+      {"get g1 k", "get#8 fails FAILED_PRECONDITION"},
+  });
+}
+
+TEST(JobStateTest, AStoreGetWaitsForItsKeysUntilItsDeadline) {
+  Driver job(Config(1, 1));
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"get g1 a,b timeout=300", "wake @300"},
+      {"set g1 a 1", ""},
+      {"set g1 b 2", "get#2 = 1,2"},
+      {"get g1 c timeout=300", "wake @300"},
+      {"get g1 c", "get#4 fails DEADLINE_EXCEEDED"},  // timeout 0: at once
+      {"at 300", "get#3 fails DEADLINE_EXCEEDED"},
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Closing
+
+TEST(JobStateTest, ClosingAnswersEveryHeldCallAndRefusesWhatFollows) {
+  Driver job(Config(1, 3));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000"},
+      {"at 1000", "w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @1501"},
+      {"beat w0 g1", ""},
+      {"get g1 k timeout=500", "wake @1500"},
+      {"join w2 timeout=5000", "w0 ends g1 joined; wake @6000; wake @2000"},
+      {"join w0", "wake @11000"},
+      {"beat w1 g1", "w1 ends g1 joined"},
+      {"close", "w2 join fails UNAVAILABLE; w0 join fails UNAVAILABLE; get#3 fails UNAVAILABLE"},
+      {"join w1", "w1 join fails UNAVAILABLE"},
+      {"beat w1 g1", "w1 closed UNAVAILABLE"},
+      {"set g1 k v", "set fails UNAVAILABLE"},
+      {"leave w1", "leave fails UNAVAILABLE"},
+      {"at 6000", ""},
+  });
+}
+
+TEST(JobStateTest, ClosingClosesTheStreamsOfTheActiveGeneration) {
+  Driver job(Config(1, 1));
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"beat w0 g1", ""},
+      {"close", "w0 closed UNAVAILABLE"},
+      {"snapshot", "g1 idle [w0] waiting []"},
+  });
+  EXPECT_EQ(job.state().Snapshot().history.back().end_reason,
+            "rendezvous service is shutting down");
+}
+
+}  // namespace
+}  // namespace lockstep::rendezvous
