@@ -146,6 +146,8 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
     request.set_host(options_.host);
     request.set_state_step(state_step);
     request.set_timeout_ms(left_ms);
+    request.set_pod(options_.pod);
+    request.set_local_rank(options_.local_rank);
     const grpc::Status status = stub_->Join(&context, request, &response);
     if (status.ok()) break;
     Status error = FromGrpcStatus(status);

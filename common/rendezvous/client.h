@@ -28,8 +28,12 @@ struct ClientOptions {
   std::string address;             // host:port of the rendezvous service (LOCKSTEP_RENDEZVOUS)
   std::string job;                 // namespace/name (LOCKSTEP_JOB)
   std::string token;               // LOCKSTEP_JOB_TOKEN; sent as metadata, never logged
-  std::string member_id;           // LOCKSTEP_POD
+  std::string member_id;           // LOCKSTEP_POD, or LOCKSTEP_POD/LOCKSTEP_LOCAL_RANK
   std::string host = "127.0.0.1";  // address peers reach this member at
+  // The member's pod and its place in it (proto/rendezvous.proto, "Pods"); an empty pod: the
+  // member is its own pod.
+  std::string pod;
+  int32_t local_rank = 0;
   // TLS: PEM of the CA that signed the service's certificate; empty for plaintext (loopback).
   std::string tls_ca_pem;
   int64_t rpc_timeout_ms = 10000;  // deadline of each non-blocking RPC
@@ -40,6 +44,8 @@ struct MemberInfo {
   std::string host;
   int32_t rank = 0;
   int64_t state_step = -1;
+  std::string pod;  // == member_id when the member is its own pod
+  int32_t local_rank = 0;
 };
 
 struct Assignment {
@@ -49,6 +55,11 @@ struct Assignment {
   std::vector<MemberInfo> members;  // by rank
   int64_t heartbeat_interval_ms = 0;
   int64_t heartbeat_timeout_ms = 0;
+  // The member's pod in this generation: ranks pod_rank * local_world_size .. + local_world_size-1.
+  int32_t local_rank = 0;
+  int32_t local_world_size = 1;
+  int32_t pod_rank = 0;
+  int32_t pod_count = 0;
 };
 
 // Why a generation ended, as the heartbeat stream reports it.

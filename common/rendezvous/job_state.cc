@@ -27,47 +27,78 @@ JobState::ActiveMember* JobState::FindMember(const std::string& member_id) {
   return nullptr;
 }
 
-bool JobState::IsSurvivor(const std::string& member_id) const {
-  return std::find(survivors_.begin(), survivors_.end(), member_id) != survivors_.end();
+bool JobState::IsSurvivor(const std::string& pod) const {
+  return std::find(survivors_.begin(), survivors_.end(), pod) != survivors_.end();
 }
 
-void JobState::RemoveSurvivor(const std::string& member_id) {
-  survivors_.erase(std::remove(survivors_.begin(), survivors_.end(), member_id), survivors_.end());
+void JobState::RemoveSurvivor(const std::string& pod) {
+  survivors_.erase(std::remove(survivors_.begin(), survivors_.end(), pod), survivors_.end());
 }
 
-int32_t JobState::ExpectedMembers() const {
+std::string JobState::PodOfMember(const std::string& member_id) const {
+  for (const auto& member : members_) {
+    if (member.info.member_id == member_id) return member.info.pod;
+  }
+  for (const auto& join : pending_) {
+    if (join.member_id == member_id) return join.pod;
+  }
+  return member_id;
+}
+
+std::vector<std::string> JobState::PendingPods() const {
+  std::vector<std::string> pods;
+  for (const auto& join : pending_) {
+    if (std::find(pods.begin(), pods.end(), join.pod) == pods.end()) pods.push_back(join.pod);
+  }
+  return pods;
+}
+
+bool JobState::PodComplete(const std::string& pod) const {
+  // Join keeps at most one pending join per (pod, local rank), each rank in range.
+  const auto in_pod = [&](const PendingJoin& join) { return join.pod == pod; };
+  return std::count_if(pending_.begin(), pending_.end(), in_pod) == config_.ranks_per_pod;
+}
+
+int32_t JobState::CompletePods() const {
+  int32_t complete = 0;
+  for (const auto& pod : PendingPods()) complete += PodComplete(pod) ? 1 : 0;
+  return complete;
+}
+
+int32_t JobState::ExpectedPods() const {
   // Before the first generation nobody survives anything: expect the job's initial size.
   if (BeforeFirstGeneration()) {
     return config_.initial_members > 0 ? config_.initial_members : config_.max_members;
   }
   int32_t expected = static_cast<int32_t>(survivors_.size());
-  for (const auto& join : pending_) {
-    if (!IsSurvivor(join.member_id)) ++expected;
+  for (const auto& pod : PendingPods()) {
+    if (!IsSurvivor(pod)) ++expected;
   }
   return expected;
 }
 
 bool JobState::AllExpectedJoined() const {
-  if (BeforeFirstGeneration()) {
-    return static_cast<int32_t>(pending_.size()) >= ExpectedMembers();
-  }
+  if (BeforeFirstGeneration()) return CompletePods() >= ExpectedPods();
   for (const auto& survivor : survivors_) {
-    auto same_id = [&](const PendingJoin& join) { return join.member_id == survivor; };
-    if (std::none_of(pending_.begin(), pending_.end(), same_id)) return false;
+    if (!PodComplete(survivor)) return false;
+  }
+  // A pod some of whose ranks have joined is expected to complete (they start together).
+  for (const auto& pod : PendingPods()) {
+    if (!PodComplete(pod)) return false;
   }
   return true;
 }
 
 // Formation rule (the proto's protocol, step 1):
 //  - never while a generation is active: joiners that could not be admitted wait for the next;
-//  - at least min_members must have joined;
+//  - at least min_members pods must have joined whole (every local rank);
 //  - as soon as every expected member has joined, form;
 //  - otherwise form once last_call_ms has passed since the latest arrival, so that a burst of
 //    joiners lands in one generation rather than one each;
-//  - at most max_members are admitted (FormGeneration picks survivors first).
+//  - at most max_members pods are admitted (FormGeneration picks surviving pods first).
 void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   if (active_ || !closed_status_.ok()) return;
-  if (static_cast<int32_t>(pending_.size()) < config_.min_members) return;
+  if (CompletePods() < config_.min_members) return;
   if (BeforeFirstGeneration() && config_.wait_for_initial_members && !AllExpectedJoined()) {
     return;
   }
@@ -85,28 +116,38 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
 }
 
 void JobState::FormGeneration(TimePoint now, Actions& out) {
-  // Ranks: survivors keep their relative order, newcomers follow in join order.
-  std::vector<size_t> order;
+  // Pods: survivors keep their relative order, newcomers follow in order of first arrival; only
+  // whole pods are admitted. Ranks go pod by pod, local ranks in order.
+  std::vector<std::string> pods;
   for (const auto& survivor : survivors_) {
-    for (size_t i = 0; i < pending_.size(); ++i) {
-      if (pending_[i].member_id == survivor) order.push_back(i);
+    if (PodComplete(survivor)) pods.push_back(survivor);
+  }
+  for (const auto& pod : PendingPods()) {
+    if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
+  }
+  pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
+  const int32_t per_pod = config_.ranks_per_pod;
+  std::vector<size_t> order;  // indices into pending_, by rank
+  for (const auto& pod : pods) {
+    for (int32_t local_rank = 0; local_rank < per_pod; ++local_rank) {
+      for (size_t i = 0; i < pending_.size(); ++i) {
+        if (pending_[i].pod == pod && pending_[i].local_rank == local_rank) order.push_back(i);
+      }
     }
   }
-  for (size_t i = 0; i < pending_.size(); ++i) {
-    if (!IsSurvivor(pending_[i].member_id)) order.push_back(i);
-  }
-  const size_t world = std::min(order.size(), static_cast<size_t>(config_.max_members));
-  order.resize(world);
+  const size_t world = order.size();
 
   ++generation_;
   active_ = true;
   members_.clear();
-  survivors_.clear();
+  survivors_ = pods;
   Assignment assignment;
   assignment.generation = generation_;
   assignment.world_size = static_cast<int32_t>(world);
   assignment.heartbeat_interval_ms = config_.heartbeat_interval_ms;
   assignment.heartbeat_timeout_ms = config_.heartbeat_timeout_ms;
+  assignment.local_world_size = per_pod;
+  assignment.pod_count = static_cast<int32_t>(pods.size());
   for (size_t rank = 0; rank < world; ++rank) {
     const PendingJoin& join = pending_[order[rank]];
     ActiveMember member;
@@ -114,15 +155,18 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
     member.info.host = join.host;
     member.info.rank = static_cast<int32_t>(rank);
     member.info.state_step = join.state_step;
+    member.info.pod = join.pod;
+    member.info.local_rank = join.local_rank;
     member.last_beat = now;  // the member has heartbeat_timeout_ms to open its stream
     members_.push_back(member);
-    survivors_.push_back(join.member_id);
     assignment.members.push_back(member.info);
   }
   std::vector<bool> admitted(pending_.size(), false);
   for (size_t rank = 0; rank < world; ++rank) {
     admitted[order[rank]] = true;
     assignment.rank = static_cast<int32_t>(rank);
+    assignment.local_rank = pending_[order[rank]].local_rank;
+    assignment.pod_rank = static_cast<int32_t>(rank) / per_pod;
     out.push_back(AnswerJoin{pending_[order[rank]].call, OkStatus(), assignment});
   }
   std::vector<PendingJoin> waiting;
@@ -181,8 +225,19 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
         call, InvalidArgumentError("join needs a member_id and a positive timeout_ms"), {}});
     return;
   }
-  if (!completed_ids_.empty() && FindMember(join.member_id) == nullptr &&
-      !IsSurvivor(join.member_id)) {
+  if (join.local_rank < 0 || join.local_rank >= config_.ranks_per_pod) {
+    out.push_back(AnswerJoin{call,
+                             InvalidArgumentError("join: local_rank " +
+                                                  std::to_string(join.local_rank) +
+                                                  " is outside 0.." +
+                                                  std::to_string(config_.ranks_per_pod - 1) +
+                                                  " (ranks per pod " +
+                                                  std::to_string(config_.ranks_per_pod) + ")"),
+                             {}});
+    return;
+  }
+  const std::string pod = join.pod.empty() ? join.member_id : join.pod;
+  if (!completed_ids_.empty() && FindMember(join.member_id) == nullptr && !IsSurvivor(pod)) {
     // Training is over (a member completed it): a newcomer, such as a replacement that started
     // late, has nothing to join. Survivors may still re-form to finish.
     out.push_back(AnswerJoin{
@@ -191,11 +246,14 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
     return;
   }
   const std::string& member_id = join.member_id;
-  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
-    if (it->member_id != member_id) continue;
+  // One pending join per member, and per place in a pod.
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    if (it->member_id != member_id && (it->pod != pod || it->local_rank != join.local_rank)) {
+      ++it;
+      continue;
+    }
     out.push_back(AnswerJoin{it->call, AbortedError("replaced by a newer join"), {}});
-    pending_.erase(it);
-    break;
+    it = pending_.erase(it);
   }
   if (active_) {
     // A member of the active generation joining again has restarted (or given up on the
@@ -203,7 +261,9 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
     // can be admitted, unless the generation is already at max_members: then admitting it is
     // impossible and ending would only stall the others.
     const bool is_member = FindMember(member_id) != nullptr;
-    if (is_member || static_cast<int32_t>(members_.size()) < config_.max_members) {
+    const auto pods_in_generation =
+        static_cast<int32_t>(members_.size()) / config_.ranks_per_pod;
+    if (is_member || pods_in_generation < config_.max_members) {
       EndGeneration("member " + member_id + " joined", /*lost=*/false, now, out);
     } else {
       LOCKSTEP_LOG(INFO) << Describe() << ": " << member_id << " waits: generation "
@@ -213,6 +273,8 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
   PendingJoin pending;
   pending.call = call;
   pending.member_id = member_id;
+  pending.pod = pod;
+  pending.local_rank = join.local_rank;
   pending.host = join.host;
   pending.state_step = join.state_step;
   pending.timeout_ms = join.timeout_ms;
@@ -229,12 +291,19 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
       ++it;
       continue;
     }
-    const int32_t needed = std::max(config_.min_members, ExpectedMembers());
+    const int32_t needed = std::max(config_.min_members, ExpectedPods());
+    const std::string bounds = "min " + std::to_string(config_.min_members) + ", max " +
+                               std::to_string(config_.max_members);
+    const std::string present =
+        config_.ranks_per_pod == 1
+            ? std::to_string(pending_.size()) + " of " + std::to_string(needed) +
+                  " members present (" + bounds + ")"
+            : std::to_string(CompletePods()) + " of " + std::to_string(needed) +
+                  " pods complete (" + std::to_string(pending_.size()) +
+                  " members present, " + std::to_string(config_.ranks_per_pod) +
+                  " ranks per pod; " + bounds + " pods)";
     const std::string message =
-        "no generation formed within " + std::to_string(it->timeout_ms) +
-        " ms: " + std::to_string(pending_.size()) + " of " + std::to_string(needed) +
-        " members present (min " + std::to_string(config_.min_members) + ", max " +
-        std::to_string(config_.max_members) + ")" +
+        "no generation formed within " + std::to_string(it->timeout_ms) + " ms: " + present +
         (active_ ? "; generation " + std::to_string(generation_) + " is active and full" : "");
     out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}});
     it = pending_.erase(it);
@@ -314,7 +383,7 @@ void JobState::StreamClosed(StreamId stream, const std::string& member_id, int64
   }
   member->stream = 0;
   if (member->completed) return;  // Leave(completed) came first: finishing is not failing
-  RemoveSurvivor(member_id);
+  RemoveSurvivor(member->info.pod);
   LoseMembers("member " + member_id + " left: " + how, now, out);
 }
 
@@ -326,6 +395,7 @@ void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
     if (member.completed) continue;
     if (now - member.last_beat > timeout) {
       silent.push_back(member.info.member_id);
+      RemoveSurvivor(member.info.pod);
     } else {
       oldest_beat = std::min(oldest_beat, member.last_beat);
     }
@@ -337,10 +407,7 @@ void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
     return;
   }
   std::string names;
-  for (const auto& id : silent) {
-    RemoveSurvivor(id);
-    names += (names.empty() ? "" : ", ") + id;
-  }
+  for (const auto& id : silent) names += (names.empty() ? "" : ", ") + id;
   LoseMembers("member " + names + " missed heartbeats for " +
                   std::to_string(config_.heartbeat_timeout_ms) + " ms",
               now, out);
@@ -351,7 +418,7 @@ Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
   const std::string& member_id = leave.member_id;
   if (member_id.empty()) return InvalidArgumentError("leave without member_id");
   if (leave.progress.has_value()) UpdateProgress(*leave.progress);
-  RemoveSurvivor(member_id);
+  RemoveSurvivor(PodOfMember(member_id));
   ActiveMember* member = FindMember(member_id);
   if (leave.completed) {
     completed_ids_.insert(member_id);
@@ -383,15 +450,18 @@ void JobState::RecordFinalProgress(const ProgressReport& progress) {
   }
 }
 
-void JobState::RemoveMember(const std::string& member_id, const std::string& reason,
-                            TimePoint now, Actions& out) {
-  // A pending Join of this id is left alone: it may come from the member's restarted process,
-  // and a dead process's Join is cancelled by its transport anyway.
-  RemoveSurvivor(member_id);
-  ActiveMember* member = FindMember(member_id);
-  if (active_ && member != nullptr && !member->completed) {
-    LoseMembers("member " + member_id + " removed: " + reason, now, out);
+void JobState::RemoveMember(const std::string& id, const std::string& reason, TimePoint now,
+                            Actions& out) {
+  // `id` names a member or a whole pod. A pending Join of it is left alone: it may come from a
+  // restarted process, and a dead process's Join is cancelled by its transport anyway.
+  RemoveSurvivor(PodOfMember(id));
+  bool lost = false;
+  for (const auto& member : members_) {
+    if (member.info.member_id != id && member.info.pod != id) continue;
+    RemoveSurvivor(member.info.pod);
+    lost = lost || !member.completed;
   }
+  if (active_ && lost) LoseMembers("member " + id + " removed: " + reason, now, out);
 }
 
 void JobState::UpdateProgress(const ProgressReport& progress) {

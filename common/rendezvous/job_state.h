@@ -33,8 +33,11 @@ namespace lockstep::rendezvous {
 struct JobConfig {
   std::string job;    // namespace/name
   std::string token;  // compared in constant time; never logged
+  // min_members, max_members and initial_members count pods: with ranks_per_pod 1 a member is
+  // its own pod (proto/rendezvous.proto, "Pods").
   int32_t min_members = 1;
   int32_t max_members = 1;
+  int32_t ranks_per_pod = 1;
   // How many members the first generation expects (no generation before it has survivors):
   // it forms at once when this many have joined, else last_call_ms after the latest arrival
   // once min_members have. 0: max_members.
@@ -95,6 +98,8 @@ struct JoinArgs {
   std::string host;
   int64_t state_step = -1;  // newest step the member holds, -1 for none
   int64_t timeout_ms = 0;   // the join fails with DEADLINE_EXCEEDED this long after it arrives
+  std::string pod;          // empty: the member is its own pod
+  int32_t local_rank = 0;   // 0..ranks_per_pod-1
 };
 
 // One heartbeat of `member_id` for `generation`, with its latest progress if any.
@@ -135,8 +140,9 @@ class JobState {
   // A member leaves: completed (training done; its generation goes on) or not (its generation
   // ends as for a loss). The first completed member's progress is the job's final progress.
   Status Leave(const LeaveArgs& leave, TimePoint now, Actions& out);
-  // The member is gone (its process exited, its pod was deleted): its generation ends at once.
-  void RemoveMember(const std::string& member_id, const std::string& reason, TimePoint now,
+  // The member, or every member of the pod, `id` is gone (a process exited, a pod was deleted):
+  // its generation ends at once.
+  void RemoveMember(const std::string& id, const std::string& reason, TimePoint now,
                     Actions& out);
 
   // The store of a generation: readable while it is current or the one before.
@@ -161,6 +167,8 @@ class JobState {
   struct PendingJoin {
     CallId call = 0;
     std::string member_id;
+    std::string pod;
+    int32_t local_rank = 0;
     std::string host;
     int64_t state_step = -1;
     int64_t timeout_ms = 0;
@@ -177,9 +185,16 @@ class JobState {
   // No generation of this registration has formed yet (nobody survives anything).
   bool BeforeFirstGeneration() const { return generation_ < first_generation_; }
   ActiveMember* FindMember(const std::string& member_id);
-  bool IsSurvivor(const std::string& member_id) const;
-  void RemoveSurvivor(const std::string& member_id);
-  int32_t ExpectedMembers() const;
+  // Pods, by id: survivors_ holds pods; a lost member takes its pod out.
+  bool IsSurvivor(const std::string& pod) const;
+  // The pod of an active or pending member; the id itself when it is neither.
+  std::string PodOfMember(const std::string& member_id) const;
+  void RemoveSurvivor(const std::string& pod);
+  // Pods with a pending join, in order of their first, and whether all their ranks are pending.
+  std::vector<std::string> PendingPods() const;
+  bool PodComplete(const std::string& pod) const;
+  int32_t CompletePods() const;
+  int32_t ExpectedPods() const;
   bool AllExpectedJoined() const;
   void TryFormGeneration(TimePoint now, Actions& out);
   void FormGeneration(TimePoint now, Actions& out);
@@ -200,7 +215,7 @@ class JobState {
   int64_t generation_;    // the current or latest; first_generation_ - 1 before the first
   bool active_ = false;
   std::vector<ActiveMember> members_;   // of generation_, by rank
-  std::vector<std::string> survivors_;  // expected in the next generation, by previous rank
+  std::vector<std::string> survivors_;  // pods expected in the next generation, by previous rank
   std::vector<PendingJoin> pending_;    // in join order
   TimePoint latest_arrival_;
   TimePoint last_call_wake_;        // latest last-call WakeAt asked for

@@ -413,6 +413,8 @@ void Job::Join(const std::shared_ptr<HeldCall>& call, const v1::JoinRequest& req
     join.host = request.host();
     join.state_step = request.state_step();
     join.timeout_ms = request.timeout_ms();
+    join.pod = request.pod();
+    join.local_rank = request.local_rank();
     Actions actions;
     state_.Join(HoldCall(call, &JobState::CancelJoin), join, Clock::now(), actions);
     closures = Resolve(actions);
@@ -579,6 +581,10 @@ Status RendezvousServerImpl::AddJob(const JobConfig& config) {
                                       config.initial_members > config.max_members)) {
     return InvalidArgumentError("rendezvous job " + config.job +
                                 ": initial_members must lie in min_members..max_members");
+  }
+  if (config.ranks_per_pod < 1) {
+    return InvalidArgumentError("rendezvous job " + config.job + ": ranks_per_pod must be >= 1, got " +
+                                std::to_string(config.ranks_per_pod));
   }
   if (config.heartbeat_interval_ms <= 0 ||
       config.heartbeat_timeout_ms <= config.heartbeat_interval_ms || config.last_call_ms < 0) {

@@ -61,6 +61,8 @@ MemberInfo FromProto(const v1::Member& member) {
   out.host = member.host();
   out.rank = member.rank();
   out.state_step = member.state_step();
+  out.pod = member.pod();
+  out.local_rank = member.local_rank();
   return out;
 }
 
@@ -72,6 +74,10 @@ Assignment FromProto(const v1::JoinResponse& response) {
   for (const auto& member : response.members()) out.members.push_back(FromProto(member));
   out.heartbeat_interval_ms = response.heartbeat_interval_ms();
   out.heartbeat_timeout_ms = response.heartbeat_timeout_ms();
+  out.local_rank = response.local_rank();
+  out.local_world_size = response.local_world_size();
+  out.pod_rank = response.pod_rank();
+  out.pod_count = response.pod_count();
   return out;
 }
 
@@ -86,9 +92,15 @@ v1::JoinResponse ToProto(const Assignment& assignment) {
     wire->set_host(member.host);
     wire->set_rank(member.rank);
     wire->set_state_step(member.state_step);
+    wire->set_pod(member.pod);
+    wire->set_local_rank(member.local_rank);
   }
   out.set_heartbeat_interval_ms(assignment.heartbeat_interval_ms);
   out.set_heartbeat_timeout_ms(assignment.heartbeat_timeout_ms);
+  out.set_local_rank(assignment.local_rank);
+  out.set_local_world_size(assignment.local_world_size);
+  out.set_pod_rank(assignment.pod_rank);
+  out.set_pod_count(assignment.pod_count);
   return out;
 }
 

@@ -2,11 +2,11 @@
 // no threads, no sleeps. Each row is one event and every action it produced, in order, written
 // as text (see Render*). Rows that expect "" produced nothing.
 //
-// Events:  join W [step=N] [timeout=MS]     beat W gG [step=N] [via=STREAM]
+// Events:  join W [step=N] [timeout=MS] [pod=P local=R]     beat W gG [step=N] [via=STREAM]
 //          drop W gG [via=STREAM]  (the stream closed)    leave W    complete W [step=N] [acc=X]
 //          remove W    cancel W  (W's held join went away)    at MS  (the clock moves; Tick)
 //          set gG K V    add gG K N    get gG K1,K2 [timeout=MS]    close    snapshot
-// Actions: "W joins gG as R/N", "W join fails CODE", "W ends gG lost|joined", "W closed CODE",
+// Actions: "W joins gG as R/N" (+ " pod I/P" when pods hold several ranks), "W join fails CODE", "W ends gG lost|joined", "W closed CODE",
 //          "get#I = V1,V2", "get#I fails CODE", "wake @MS", "add = N", "add fails CODE",
 //          and for `snapshot`: "gG active|idle [members] waiting [ids]".
 #include "common/rendezvous/job_state.h"
@@ -88,6 +88,8 @@ class Driver {
       join.host = "10.0.0." + std::to_string(call);
       join.state_step = option("step", -1);
       join.timeout_ms = option("timeout", 10000);
+      join.pod = options.count("pod") ? options["pod"] : "";
+      join.local_rank = static_cast<int32_t>(option("local", 0));
       state_.Join(call, join, now_, out);
     } else if (verb == "beat") {
       BeatArgs beat;
@@ -169,8 +171,13 @@ class Driver {
       }
       last_assignment_ = answer->assignment;
       const Assignment& a = answer->assignment;
+      std::string pod;
+      if (a.local_world_size > 1) {
+        pod = " pod " + std::to_string(a.pod_rank) + "/" + std::to_string(a.pod_count);
+        EXPECT_EQ(a.rank, a.pod_rank * a.local_world_size + a.local_rank) << who;
+      }
       return who + " joins g" + std::to_string(a.generation) + " as " + std::to_string(a.rank) +
-             "/" + std::to_string(a.world_size);
+             "/" + std::to_string(a.world_size) + pod;
     }
     if (const auto* answer = std::get_if<AnswerStoreGet>(&action)) {
       const std::string id = "get#" + std::to_string(answer->call);
@@ -606,6 +613,100 @@ TEST(JobStateTest, ClosingClosesTheStreamsOfTheActiveGeneration) {
   });
   EXPECT_EQ(job.state().Snapshot().history.back().end_reason,
             "rendezvous service is shutting down");
+}
+
+// ----------------------------------------------------------------------------------------------
+// Pods of several ranks (ranks_per_pod 2): whole pods join, leave and count
+
+JobConfig PodConfig(int32_t min_pods, int32_t max_pods) {
+  JobConfig config = Config(min_pods, max_pods);
+  config.ranks_per_pod = 2;
+  return config;
+}
+
+// Pods a and b (min 1, max 2 pods), both complete, in generation 1: a0 a1 b0 b1 = ranks 0..3,
+// streams open.
+void FormTwoPods(Driver& job) {
+  job.Run({
+      {"join a0 pod=a local=0", "wake @10000"},
+      {"join b1 pod=b local=1", "wake @10000"},
+      {"join b0 pod=b local=0", "wake @10000; wake @1000"},  // one whole pod: the last call
+      {"join a1 pod=a local=1",
+       "wake @10000; a0 joins g1 as 0/4 pod 0/2; a1 joins g1 as 1/4 pod 0/2; "
+       "b0 joins g1 as 2/4 pod 1/2; b1 joins g1 as 3/4 pod 1/2; wake @501"},
+      {"beat a0 g1", ""},
+      {"beat a1 g1", ""},
+      {"beat b0 g1", ""},
+      {"beat b1 g1", ""},
+  });
+}
+
+TEST(JobStatePodsTest, WholePodsFormAGenerationWithContiguousRanksPodByPod) {
+  Driver job(PodConfig(1, 2));
+  FormTwoPods(job);
+  EXPECT_EQ(job.last_assignment().members[2].pod, "b");
+  EXPECT_EQ(job.last_assignment().members[2].local_rank, 0);
+}
+
+TEST(JobStatePodsTest, LosingOneRankTakesItsWholePodOut) {
+  Driver job(PodConfig(1, 2));
+  FormTwoPods(job);
+  job.Run({
+      {"drop a1 g1", "a0 ends g1 lost; b0 ends g1 lost; b1 ends g1 lost"},
+      {"join b0 pod=b local=0", "wake @10000"},
+      // Pod b is the only survivor: whole again, it re-forms at once without pod a.
+      {"join b1 pod=b local=1", "wake @10000; b0 joins g2 as 0/2 pod 0/1; b1 joins g2 as 1/2 pod 0/1; wake @501"},
+      {"snapshot", "g2 active [b0 b1] waiting []"},
+  });
+}
+
+TEST(JobStatePodsTest, RemovingAPodEndsTheGenerationForAllItsRanks) {
+  Driver job(PodConfig(1, 2));
+  FormTwoPods(job);
+  job.Run({
+      {"remove b", "a0 ends g1 lost; a1 ends g1 lost; b0 ends g1 lost; b1 ends g1 lost"},
+      {"join a1 pod=a local=1", "wake @10000"},
+      {"join a0 pod=a local=0", "wake @10000; a0 joins g2 as 0/2 pod 0/1; a1 joins g2 as 1/2 pod 0/1; wake @501"},
+  });
+}
+
+TEST(JobStatePodsTest, AnIncompletePodWaitsForTheNextGeneration) {
+  Driver job(PodConfig(1, 2));
+  job.Run({
+      {"join a0 pod=a local=0", "wake @10000"},
+      {"join a1 pod=a local=1", "wake @10000; wake @1000"},
+      {"join b0 pod=b local=0", "wake @10000"},
+      {"at 1000", "a0 joins g1 as 0/2 pod 0/1; a1 joins g1 as 1/2 pod 0/1; wake @1501"},
+      {"snapshot", "g1 active [a0 a1] waiting [b0]"},
+      {"beat a0 g1", ""},
+      // b's second rank arrives: a newcomer pod while there is room ends the generation.
+      {"join b1 pod=b local=1", "a0 ends g1 joined; wake @11000; wake @2000"},
+      {"join a0 pod=a local=0", "wake @11000"},
+      {"join a1 pod=a local=1",
+       "wake @11000; a0 joins g2 as 0/4 pod 0/2; a1 joins g2 as 1/4 pod 0/2; "
+       "b0 joins g2 as 2/4 pod 1/2; b1 joins g2 as 3/4 pod 1/2; wake @1501"},
+  });
+}
+
+TEST(JobStatePodsTest, ALocalRankOutsideThePodIsRefusedAndAPlaceIsHeldOnce) {
+  Driver job(PodConfig(1, 1));
+  job.Run({
+      {"join x pod=a local=2", "x join fails INVALID_ARGUMENT"},
+      {"join a0 pod=a local=0", "wake @10000"},
+      {"join a0-restarted pod=a local=0", "a0 join fails ABORTED; wake @10000"},
+      {"join a1 pod=a local=1", "wake @10000; a0-restarted joins g1 as 0/2 pod 0/1; a1 joins g1 as 1/2 pod 0/1; wake @501"},
+  });
+}
+
+TEST(JobStatePodsTest, AJoinTimesOutNamingCompletePods) {
+  Driver job(PodConfig(2, 2));
+  job.Run({
+      {"join a0 pod=a local=0 timeout=100", "wake @100"},
+      {"at 100", "a0 join fails DEADLINE_EXCEEDED"},
+  });
+  EXPECT_EQ(job.last_join_error(),
+            "no generation formed within 100 ms: 0 of 2 pods complete (1 members present, 2 ranks "
+            "per pod; min 2, max 2 pods)");
 }
 
 }  // namespace
