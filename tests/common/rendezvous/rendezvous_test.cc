@@ -169,6 +169,51 @@ TEST_F(RendezvousTest, MembersFormFirstGenerationWithRanksZeroToN) {
   EXPECT_LT(snapshot.history[0].ended_at, 0);
 }
 
+TEST_F(RendezvousTest, PodsOfTwoRanksGetContiguousRanksAndRemovingAPodRemovesBoth) {
+  JobConfig config = Config(1, 2);
+  config.ranks_per_pod = 2;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  std::vector<RendezvousClient*> raw;
+  std::vector<std::string> ids;
+  // Joined concurrently, listed in neither pod nor rank order.
+  for (const auto& [pod, local_rank] :
+       std::vector<std::pair<std::string, int32_t>>{{"p-b", 1}, {"p-a", 0}, {"p-b", 0}, {"p-a", 1}}) {
+    ClientOptions options;
+    options.address = Address();
+    options.job = kJob;
+    options.token = kToken;
+    options.member_id = pod + "/" + std::to_string(local_rank);
+    ids.push_back(options.member_id);
+    options.pod = pod;
+    options.local_rank = local_rank;
+    auto client = RendezvousClient::Connect(options);
+    ASSERT_TRUE(client.ok()) << client.status();
+    clients.push_back(std::move(*client));
+    raw.push_back(clients.back().get());
+  }
+  auto results = JoinAll(raw);
+  for (size_t i = 0; i < results.size(); ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    const Assignment& a = *results[i];
+    EXPECT_EQ(a.world_size, 4);
+    EXPECT_EQ(a.local_world_size, 2);
+    EXPECT_EQ(a.pod_count, 2);
+    EXPECT_EQ(a.rank, a.pod_rank * 2 + a.local_rank);
+    EXPECT_EQ(a.members[a.rank].member_id, ids[i]);
+    EXPECT_EQ(a.members[a.rank].local_rank, a.local_rank);
+  }
+  // Whichever pod arrived whole first is pod 0; its ranks are neighbours.
+  EXPECT_EQ(results[0]->members[0].pod, results[0]->members[1].pod);
+  EXPECT_EQ(results[0]->members[2].pod, results[0]->members[3].pod);
+  EXPECT_EQ(results[0]->members[2].local_rank, 0);
+  server_->RemoveMember(kJob, results[0]->members[0].pod, "pod deleted");
+  JobSnapshot snapshot = Snap();
+  EXPECT_FALSE(snapshot.generation_active);
+  ASSERT_EQ(snapshot.history.size(), 1u);
+  EXPECT_TRUE(snapshot.history[0].ended_by_loss);
+}
+
 TEST_F(RendezvousTest, WrongTokenIsRefused) {
   ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
   auto client = NewClient("w-0", kJob, "not-the-token");
