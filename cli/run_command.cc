@@ -20,7 +20,9 @@
 #include "kernels/device.h"
 #include "cli/launcher.h"
 #include "cli/progress_display.h"
+#include "cli/run_watch.h"
 #include "cli/summary.h"
+#include "cli/worker_commands.h"
 #include "cli/validate_command.h"
 #include "common/deadline.h"
 #include "common/env.h"
@@ -131,30 +133,6 @@ int TerminalColumns() {
   return 80;
 }
 
-// Threads for the linear-algebra library of each worker: the machine's cores shared among the
-// local workers, so N workers do not each start one thread per core and thrash. A value the
-// user set wins.
-std::string ThreadsPerWorker(int32_t workers) {
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  return std::to_string(std::max<unsigned>(1, cores / static_cast<unsigned>(workers)));
-}
-
-ProgressSample SampleFrom(const rendezvous::JobSnapshot& snapshot, int32_t running,
-                          int32_t restarts, double elapsed) {
-  ProgressSample sample;
-  sample.step = snapshot.progress.step;
-  sample.total_steps = snapshot.progress.total_steps;
-  sample.loss = snapshot.progress.loss;
-  sample.samples_per_second = snapshot.progress.samples_per_second;
-  sample.world_size = snapshot.world_size;
-  sample.generation = snapshot.generation;
-  sample.generation_active = snapshot.generation_active;
-  sample.workers_running = running;
-  sample.restarts = restarts;
-  sample.elapsed_seconds = elapsed;
-  return sample;
-}
-
 void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, RunSummary* summary) {
   const rendezvous::ProgressReport& last = snapshot.progress;
   const rendezvous::ProgressReport& final_progress = snapshot.final_progress;
@@ -178,251 +156,6 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, RunSummary
 
 std::string JobKey(const spec::TrainingJob& job) {
   return job.metadata.namespace_ + "/" + job.metadata.name;
-}
-
-bool UsesCuda(const spec::TrainingJob& job) {
-  return job.spec.trainer.has_value() && job.spec.trainer->device == spec::Device::kCuda;
-}
-
-// The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES entries: the launcher's own
-// CUDA_VISIBLE_DEVICES list when it is set (indices or UUIDs), else 0 .. count - 1.
-std::vector<std::string> VisibleGpus() {
-  std::vector<std::string> gpus;
-  const std::string visible = EnvString("CUDA_VISIBLE_DEVICES", "");
-  const int count = kernels::CudaDeviceCount();
-  if (!visible.empty()) {
-    std::stringstream entries(visible);
-    std::string entry;
-    while (std::getline(entries, entry, ',') && static_cast<int>(gpus.size()) < count) {
-      if (!entry.empty()) gpus.push_back(entry);
-    }
-    return gpus;
-  }
-  for (int i = 0; i < count; ++i) gpus.push_back(std::to_string(i));
-  return gpus;
-}
-
-// One command per local worker: member id <name>-worker-<i>, the environment of docs/cli.md.
-std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
-                                               const std::string& worker_binary,
-                                               const std::string& log_dir,
-                                               const std::string& manifest_path,
-                                               const std::string& rendezvous_address,
-                                               const std::string& token) {
-  std::vector<WorkerCommand> commands;
-  const int32_t workers = job.spec.replicas;
-  const std::string threads = ThreadsPerWorker(workers);
-  const std::vector<std::string> gpus = UsesCuda(job) ? VisibleGpus() : std::vector<std::string>{};
-  for (int32_t i = 0; i < workers; ++i) {
-    WorkerCommand command;
-    command.member_id = job.metadata.name + "-worker-" + std::to_string(i);
-    if (job.spec.command.empty()) {
-      command.argv = {worker_binary, "train", "--manifest", manifest_path};
-    } else {
-      // Exec mode: the agent runs spec.command under the rendezvous (docs/exec.md).
-      command.argv = {worker_binary, "exec", "--manifest", manifest_path, "--"};
-      command.argv.insert(command.argv.end(), job.spec.command.begin(), job.spec.command.end());
-    }
-    command.log_path = (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".log")).string();
-    const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i;
-    const std::string join_timeout_ms = EnvString(
-        "LOCKSTEP_JOIN_TIMEOUT_MS", std::to_string(RendezvousTimeoutMs() + kJoinTimeoutMarginMs));
-    command.env = {
-        {"LOCKSTEP_RENDEZVOUS", rendezvous_address},
-        {"LOCKSTEP_JOB", JobKey(job)},
-        {"LOCKSTEP_JOB_TOKEN", token},
-        {"LOCKSTEP_POD", command.member_id},
-        {"LOCKSTEP_HOST", "127.0.0.1"},
-        {"LOCKSTEP_METRICS_PORT", std::to_string(metrics_port)},
-        {"LOCKSTEP_JOIN_TIMEOUT_MS", join_timeout_ms},
-        {"OPENBLAS_NUM_THREADS", EnvString("OPENBLAS_NUM_THREADS", threads)},
-        {"OMP_NUM_THREADS", EnvString("OMP_NUM_THREADS", threads)},
-    };
-    if (i < static_cast<int32_t>(gpus.size())) {
-      // Worker i sees only its GPU (as a device plugin gives a pod its own), and a replacement
-      // in the same slot gets the same one.
-      command.env.emplace_back("CUDA_VISIBLE_DEVICES", gpus[static_cast<size_t>(i)]);
-    }
-    commands.push_back(std::move(command));
-  }
-  return commands;
-}
-
-// How watching a run ended: at most one of failure, failure_reason and interrupt_signal is set;
-// none means every worker finished.
-struct WatchOutcome {
-  std::optional<WorkerExit> failure;  // the worker whose failure ended the job
-  std::string failure_policy;         // why it was not restarted ("restartPolicy Never")
-  std::string failure_reason;         // a failure that is not a worker's exit
-  int interrupt_signal = 0;           // SIGINT or SIGTERM to the launcher
-  rendezvous::JobSnapshot snapshot;   // the latest seen
-};
-
-// Writes one event line (a restart, a world size change) without tearing the progress line.
-void PrintEvent(ProgressDisplay& display, std::ostream& out, const std::string& line) {
-  display.Clear();
-  out << "lockstep: " << line << "\n" << std::flush;
-}
-
-// Polls the supervisor (every kPollIntervalMs, which is also the TTY redraw period) and the
-// rendezvous snapshot until every worker has finished, the job fails, a signal arrives, or a
-// deadline passes. Reports failed workers to the rendezvous service as it sees them, so the
-// survivors re-form at once; the restart policy decides whether a replacement follows.
-//
-// A failure that is not restarted fails the job, except in an elastic job (minReplicas <
-// maxReplicas) whose policy declines the restart (Never, ExitCode): there the worker is
-// dropped and the job goes on while at least minReplicas are alive. Exit code 2 and an
-// exhausted backoffLimit always fail the job. Fewer than minReplicas alive (running, finished,
-// or about to be replaced) for longer than the rendezvous timeout fails it too.
-WatchOutcome WatchUntilDone(const spec::TrainingJob& job, Supervisor& supervisor,
-                            rendezvous::RendezvousServer& server, ProgressDisplay& display,
-                            std::ostream& out, double started_at) {
-  WatchOutcome outcome;
-  const std::string job_key = JobKey(job);
-  const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
-  const int32_t min_alive = job.spec.elastic.min_replicas;
-  const int64_t rendezvous_timeout_ms = RendezvousTimeoutMs();
-  std::vector<bool> finished(supervisor.size(), false);
-  std::vector<bool> dropped(supervisor.size(), false);
-  // Once a worker completed training (Leave(completed) or exit 0), replacements are no longer
-  // needed: pending restarts are cancelled, a replacement outside the final generation is
-  // stopped, and its exit (the rendezvous refuses it, or our SIGTERM) is not a failure.
-  // Workers of the first start are never stopped this way: they finish on their own.
-  bool completing = false;
-  std::vector<bool> replaced(supervisor.size(), false);
-  auto in_final_generation = [&](const std::string& member_id) {
-    for (const auto& member : outcome.snapshot.members) {
-      if (member.member_id == member_id) return true;
-    }
-    return false;
-  };
-  std::optional<Deadline> active_deadline;
-  if (job.spec.run_policy.active_deadline_seconds.has_value()) {
-    active_deadline = Deadline::AfterMs(*job.spec.run_policy.active_deadline_seconds * 1000);
-  }
-  std::optional<Deadline> drain_deadline;
-  double below_min_since = -1;  // MonotonicSeconds() since fewer than min_alive; -1: not
-  while (true) {
-    StatusOr<std::vector<SupervisorEvent>> events = supervisor.Poll(kPollIntervalMs);
-    if (!events.ok()) {
-      outcome.failure_reason = events.status().message();
-      return outcome;
-    }
-    for (const SupervisorEvent& event : *events) {
-      switch (event.kind) {
-        case SupervisorEvent::Kind::kSignal:
-          if (outcome.interrupt_signal == 0) outcome.interrupt_signal = event.signal;
-          break;
-        case SupervisorEvent::Kind::kWorkerExited: {
-          if (event.exit.success()) {
-            finished[event.exit.slot] = true;
-            completing = true;
-            if (!drain_deadline) drain_deadline = Deadline::AfterMs(RunCompletionDrainMs());
-            break;
-          }
-          if (completing && replaced[event.exit.slot] &&
-              !in_final_generation(event.exit.member_id)) {
-            dropped[event.exit.slot] = true;  // a late replacement: the job no longer needs it
-            break;
-          }
-          // The launcher is the failure detector on one machine: the generation ends now, not
-          // after a heartbeat timeout.
-          server.RemoveMember(job_key, event.exit.member_id,
-                              "process exited with " + event.exit.Describe());
-          if (event.restart_scheduled) {
-            PrintEvent(display, out,
-                       "worker " + event.exit.member_id + " failed (" + event.exit.Describe() +
-                           "); the others train on; replacement " +
-                           std::to_string(supervisor.restarts() + 1) + " of backoffLimit " +
-                           std::to_string(job.spec.run_policy.backoff_limit) + " starts in " +
-                           FormatDuration(event.restart_backoff_ms / 1000.0));
-            break;
-          }
-          const bool bad_input = !event.exit.signaled && event.exit.exit_code == kExitBadInput;
-          const bool limit_reached =
-              event.no_restart_reason.find("backoffLimit") != std::string::npos;
-          if (elastic && !bad_input && !limit_reached && event.exit.exit_code != 127) {
-            dropped[event.exit.slot] = true;
-            PrintEvent(display, out,
-                       "worker " + event.exit.member_id + " failed (" + event.exit.Describe() +
-                           ") and is not replaced (" + event.no_restart_reason +
-                           "); the job goes on while at least minReplicas " +
-                           std::to_string(min_alive) + " workers are alive");
-            break;
-          }
-          if (!outcome.failure) {
-            outcome.failure = event.exit;
-            outcome.failure_policy = event.no_restart_reason.empty()
-                                         ? "its replacement could not start"
-                                         : event.no_restart_reason;
-          }
-          break;
-        }
-        case SupervisorEvent::Kind::kWorkerRestarted:
-          replaced[event.exit.slot] = true;
-          PrintEvent(display, out,
-                     "started replacement for " + event.exit.member_id + " (pid " +
-                         std::to_string(event.exit.pid) + ", restart " +
-                         std::to_string(supervisor.restarts()) + ")");
-          break;
-      }
-    }
-    if (StatusOr<rendezvous::JobSnapshot> latest = server.Snapshot(job_key); latest.ok()) {
-      outcome.snapshot = *latest;
-    }
-    if (outcome.interrupt_signal != 0 || outcome.failure) return outcome;
-    if (outcome.snapshot.completed_members > 0) completing = true;
-    if (completing) {
-      supervisor.CancelPendingRestarts();
-      for (int slot = 0; slot < supervisor.size(); ++slot) {
-        if (finished[slot] || dropped[slot]) continue;
-        if (supervisor.pid(slot) == 0) {
-          // Failed, and its replacement (if one was pending) was just cancelled: the job is
-          // completing without it. Waiting for it would only run into the minReplicas timeout.
-          dropped[slot] = true;
-          continue;
-        }
-        if (!replaced[slot]) continue;
-        if (in_final_generation(supervisor.command(slot).member_id)) continue;
-        if (supervisor.SignalWorker(slot, SIGTERM).ok()) dropped[slot] = true;
-      }
-    }
-    int32_t finished_count = 0, settled = 0;
-    for (size_t i = 0; i < finished.size(); ++i) {
-      finished_count += finished[i] ? 1 : 0;
-      settled += finished[i] || dropped[i] ? 1 : 0;
-    }
-    if (settled == supervisor.size() && finished_count > 0) return outcome;
-    // Finished workers count as alive: a job that is completing is not short of members.
-    const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
-    const double now = MonotonicSeconds();
-    // A completing job is draining, not short of members: the drain deadline governs it.
-    if (alive >= min_alive || completing) {
-      below_min_since = -1;
-    } else if (below_min_since < 0) {
-      below_min_since = now;
-    } else if ((now - below_min_since) * 1000.0 >= static_cast<double>(rendezvous_timeout_ms)) {
-      outcome.failure_reason = "only " + std::to_string(alive) + " of minReplicas " +
-                               std::to_string(min_alive) + " workers alive for " +
-                               FormatDuration(rendezvous_timeout_ms / 1000.0) +
-                               " (LOCKSTEP_RENDEZVOUS_TIMEOUT_MS)";
-      return outcome;
-    }
-    if (active_deadline && active_deadline->expired()) {
-      outcome.failure_reason = "spec.runPolicy.activeDeadlineSeconds (" +
-                               std::to_string(*job.spec.run_policy.active_deadline_seconds) +
-                               ") exceeded";
-      return outcome;
-    }
-    if (drain_deadline && drain_deadline->expired()) {
-      outcome.failure_reason = "a worker finished but the others did not within " +
-                               std::to_string(RunCompletionDrainMs() / 1000) + " s";
-      return outcome;
-    }
-    display.Update(
-        SampleFrom(outcome.snapshot, supervisor.running(), supervisor.restarts(), now - started_at),
-        now);
-  }
 }
 
 void PrintWorkerFailure(const WorkerExit& exit, const std::string& policy,
@@ -659,9 +392,15 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   }
 
   // 3. The workers.
-  const std::vector<WorkerCommand> commands =
-      BuildWorkerCommands(job, *worker_binary, *log_dir, manifest_copy,
-                          "127.0.0.1:" + std::to_string((*server)->port()), *token);
+  WorkerCommandOptions command_options;
+  command_options.worker_binary = *worker_binary;
+  command_options.log_dir = *log_dir;
+  command_options.manifest_path = manifest_copy;
+  command_options.rendezvous_address = "127.0.0.1:" + std::to_string((*server)->port());
+  command_options.token = *token;
+  command_options.join_timeout_ms = EnvString(
+      "LOCKSTEP_JOIN_TIMEOUT_MS", std::to_string(RendezvousTimeoutMs() + kJoinTimeoutMarginMs));
+  const std::vector<WorkerCommand> commands = BuildWorkerCommands(job, command_options);
   SupervisorOptions supervisor_options;
   supervisor_options.grace_period_ms = RunGracePeriodMs();
   Supervisor supervisor(supervisor_options,
@@ -684,7 +423,12 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   display_options.columns = tty ? TerminalColumns() : 0;
   display_options.plain_interval_ms = std::max<int64_t>(1, RunProgressIntervalMs());
   ProgressDisplay display(out, display_options);
-  WatchOutcome outcome = WatchUntilDone(job, supervisor, **server, display, out, started_at);
+  WatchOptions watch_options;
+  watch_options.poll_interval_ms = kPollIntervalMs;
+  watch_options.rendezvous_timeout_ms = RendezvousTimeoutMs();
+  watch_options.drain_ms = RunCompletionDrainMs();
+  WatchOutcome outcome =
+      WatchUntilDone(job, watch_options, supervisor, **server, display, out, started_at);
   display.Clear();
 
   // Stop whatever still runs; bounded by the grace period plus the kill wait.

@@ -1,0 +1,189 @@
+#include "cli/run_watch.h"
+
+#include <csignal>
+#include <string>
+
+#include "cli/exit_codes.h"
+#include "cli/summary.h"
+#include "common/deadline.h"
+
+namespace lockstep::cli {
+
+namespace {
+
+ProgressSample SampleFrom(const rendezvous::JobSnapshot& snapshot, int32_t running,
+                          int32_t restarts, double elapsed) {
+  ProgressSample sample;
+  sample.step = snapshot.progress.step;
+  sample.total_steps = snapshot.progress.total_steps;
+  sample.loss = snapshot.progress.loss;
+  sample.samples_per_second = snapshot.progress.samples_per_second;
+  sample.world_size = snapshot.world_size;
+  sample.generation = snapshot.generation;
+  sample.generation_active = snapshot.generation_active;
+  sample.workers_running = running;
+  sample.restarts = restarts;
+  sample.elapsed_seconds = elapsed;
+  return sample;
+}
+
+}  // namespace
+
+// Writes one event line (a restart, a world size change) without tearing the progress line.
+void PrintEvent(ProgressDisplay& display, std::ostream& out, const std::string& line) {
+  display.Clear();
+  out << "lockstep: " << line << "\n" << std::flush;
+}
+
+WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& options,
+                            Supervisor& supervisor, rendezvous::RendezvousServer& server,
+                            ProgressDisplay& display, std::ostream& out, double started_at) {
+  WatchOutcome outcome;
+  const std::string job_key = job.metadata.namespace_ + "/" + job.metadata.name;
+  const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
+  const int32_t min_alive = job.spec.elastic.min_replicas;
+  const int64_t rendezvous_timeout_ms = options.rendezvous_timeout_ms;
+  std::vector<bool> finished(supervisor.size(), false);
+  std::vector<bool> dropped(supervisor.size(), false);
+  // Once a worker completed training (Leave(completed) or exit 0), replacements are no longer
+  // needed: pending restarts are cancelled, a replacement outside the final generation is
+  // stopped, and its exit (the rendezvous refuses it, or our SIGTERM) is not a failure.
+  // Workers of the first start are never stopped this way: they finish on their own.
+  bool completing = false;
+  std::vector<bool> replaced(supervisor.size(), false);
+  auto in_final_generation = [&](const std::string& member_id) {
+    for (const auto& member : outcome.snapshot.members) {
+      if (member.member_id == member_id) return true;
+    }
+    return false;
+  };
+  std::optional<Deadline> active_deadline;
+  if (job.spec.run_policy.active_deadline_seconds.has_value()) {
+    active_deadline = Deadline::AfterMs(*job.spec.run_policy.active_deadline_seconds * 1000);
+  }
+  std::optional<Deadline> drain_deadline;
+  double below_min_since = -1;  // MonotonicSeconds() since fewer than min_alive; -1: not
+  while (true) {
+    StatusOr<std::vector<SupervisorEvent>> events = supervisor.Poll(options.poll_interval_ms);
+    if (!events.ok()) {
+      outcome.failure_reason = events.status().message();
+      return outcome;
+    }
+    for (const SupervisorEvent& event : *events) {
+      switch (event.kind) {
+        case SupervisorEvent::Kind::kSignal:
+          if (outcome.interrupt_signal == 0) outcome.interrupt_signal = event.signal;
+          break;
+        case SupervisorEvent::Kind::kWorkerExited: {
+          if (event.exit.success()) {
+            finished[event.exit.slot] = true;
+            completing = true;
+            if (!drain_deadline) drain_deadline = Deadline::AfterMs(options.drain_ms);
+            break;
+          }
+          if (completing && replaced[event.exit.slot] &&
+              !in_final_generation(event.exit.member_id)) {
+            dropped[event.exit.slot] = true;  // a late replacement: the job no longer needs it
+            break;
+          }
+          // The launcher is the failure detector on one machine: the generation ends now, not
+          // after a heartbeat timeout.
+          server.RemoveMember(job_key, event.exit.member_id,
+                              "process exited with " + event.exit.Describe());
+          if (event.restart_scheduled) {
+            PrintEvent(display, out,
+                       "worker " + event.exit.member_id + " failed (" + event.exit.Describe() +
+                           "); the others train on; replacement " +
+                           std::to_string(supervisor.restarts() + 1) + " of backoffLimit " +
+                           std::to_string(job.spec.run_policy.backoff_limit) + " starts in " +
+                           FormatDuration(event.restart_backoff_ms / 1000.0));
+            break;
+          }
+          const bool bad_input = !event.exit.signaled && event.exit.exit_code == kExitBadInput;
+          const bool limit_reached =
+              event.no_restart_reason.find("backoffLimit") != std::string::npos;
+          if (elastic && !bad_input && !limit_reached && event.exit.exit_code != 127) {
+            dropped[event.exit.slot] = true;
+            PrintEvent(display, out,
+                       "worker " + event.exit.member_id + " failed (" + event.exit.Describe() +
+                           ") and is not replaced (" + event.no_restart_reason +
+                           "); the job goes on while at least minReplicas " +
+                           std::to_string(min_alive) + " workers are alive");
+            break;
+          }
+          if (!outcome.failure) {
+            outcome.failure = event.exit;
+            outcome.failure_policy = event.no_restart_reason.empty()
+                                         ? "its replacement could not start"
+                                         : event.no_restart_reason;
+          }
+          break;
+        }
+        case SupervisorEvent::Kind::kWorkerRestarted:
+          replaced[event.exit.slot] = true;
+          PrintEvent(display, out,
+                     "started replacement for " + event.exit.member_id + " (pid " +
+                         std::to_string(event.exit.pid) + ", restart " +
+                         std::to_string(supervisor.restarts()) + ")");
+          break;
+      }
+    }
+    if (StatusOr<rendezvous::JobSnapshot> latest = server.Snapshot(job_key); latest.ok()) {
+      outcome.snapshot = *latest;
+    }
+    if (outcome.interrupt_signal != 0 || outcome.failure) return outcome;
+    if (outcome.snapshot.completed_members > 0) completing = true;
+    if (completing) {
+      supervisor.CancelPendingRestarts();
+      for (int slot = 0; slot < supervisor.size(); ++slot) {
+        if (finished[slot] || dropped[slot]) continue;
+        if (supervisor.pid(slot) == 0) {
+          // Failed, and its replacement (if one was pending) was just cancelled: the job is
+          // completing without it. Waiting for it would only run into the minReplicas timeout.
+          dropped[slot] = true;
+          continue;
+        }
+        if (!replaced[slot]) continue;
+        if (in_final_generation(supervisor.command(slot).member_id)) continue;
+        if (supervisor.SignalWorker(slot, SIGTERM).ok()) dropped[slot] = true;
+      }
+    }
+    int32_t finished_count = 0, settled = 0;
+    for (size_t i = 0; i < finished.size(); ++i) {
+      finished_count += finished[i] ? 1 : 0;
+      settled += finished[i] || dropped[i] ? 1 : 0;
+    }
+    if (settled == supervisor.size() && finished_count > 0) return outcome;
+    // Finished workers count as alive: a job that is completing is not short of members.
+    const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
+    const double now = MonotonicSeconds();
+    // A completing job is draining, not short of members: the drain deadline governs it.
+    if (alive >= min_alive || completing) {
+      below_min_since = -1;
+    } else if (below_min_since < 0) {
+      below_min_since = now;
+    } else if ((now - below_min_since) * 1000.0 >= static_cast<double>(rendezvous_timeout_ms)) {
+      outcome.failure_reason = "only " + std::to_string(alive) + " of minReplicas " +
+                               std::to_string(min_alive) + " workers alive for " +
+                               FormatDuration(rendezvous_timeout_ms / 1000.0) +
+                               " (LOCKSTEP_RENDEZVOUS_TIMEOUT_MS)";
+      return outcome;
+    }
+    if (active_deadline && active_deadline->expired()) {
+      outcome.failure_reason = "spec.runPolicy.activeDeadlineSeconds (" +
+                               std::to_string(*job.spec.run_policy.active_deadline_seconds) +
+                               ") exceeded";
+      return outcome;
+    }
+    if (drain_deadline && drain_deadline->expired()) {
+      outcome.failure_reason = "a worker finished but the others did not within " +
+                               std::to_string(options.drain_ms / 1000) + " s";
+      return outcome;
+    }
+    display.Update(
+        SampleFrom(outcome.snapshot, supervisor.running(), supervisor.restarts(), now - started_at),
+        now);
+  }
+}
+
+}  // namespace lockstep::cli

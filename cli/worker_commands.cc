@@ -1,0 +1,88 @@
+#include "cli/worker_commands.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <sstream>
+#include <thread>
+
+#include "common/env.h"
+#include "kernels/device.h"
+
+namespace lockstep::cli {
+
+namespace fs = std::filesystem;
+
+// Threads for the linear-algebra library of each worker: the machine's cores shared among the
+// local workers, so N workers do not each start one thread per core and thrash. A value the
+// user set wins.
+std::string ThreadsPerWorker(int32_t workers) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return std::to_string(std::max<unsigned>(1, cores / static_cast<unsigned>(workers)));
+}
+
+bool UsesCuda(const spec::TrainingJob& job) {
+  return job.spec.trainer.has_value() && job.spec.trainer->device == spec::Device::kCuda;
+}
+
+std::vector<std::string> VisibleGpus() {
+  std::vector<std::string> gpus;
+  const std::string visible = EnvString("CUDA_VISIBLE_DEVICES", "");
+  const int count = kernels::CudaDeviceCount();
+  if (!visible.empty()) {
+    std::stringstream entries(visible);
+    std::string entry;
+    while (std::getline(entries, entry, ',') && static_cast<int>(gpus.size()) < count) {
+      if (!entry.empty()) gpus.push_back(entry);
+    }
+    return gpus;
+  }
+  for (int i = 0; i < count; ++i) gpus.push_back(std::to_string(i));
+  return gpus;
+}
+
+std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
+                                               const WorkerCommandOptions& options) {
+  const std::string& worker_binary = options.worker_binary;
+  const std::string& log_dir = options.log_dir;
+  const std::string& manifest_path = options.manifest_path;
+  const std::string& rendezvous_address = options.rendezvous_address;
+  const std::string& token = options.token;
+  const std::string& join_timeout_ms = options.join_timeout_ms;
+  std::vector<WorkerCommand> commands;
+  const int32_t workers = job.spec.replicas;
+  const std::string threads = ThreadsPerWorker(workers);
+  const std::vector<std::string> gpus = UsesCuda(job) ? VisibleGpus() : std::vector<std::string>{};
+  for (int32_t i = 0; i < workers; ++i) {
+    WorkerCommand command;
+    command.member_id = job.metadata.name + "-worker-" + std::to_string(i);
+    if (job.spec.command.empty()) {
+      command.argv = {worker_binary, "train", "--manifest", manifest_path};
+    } else {
+      // Exec mode: the agent runs spec.command under the rendezvous (docs/exec.md).
+      command.argv = {worker_binary, "exec", "--manifest", manifest_path, "--"};
+      command.argv.insert(command.argv.end(), job.spec.command.begin(), job.spec.command.end());
+    }
+    command.log_path = (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".log")).string();
+    const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i;
+    command.env = {
+        {"LOCKSTEP_RENDEZVOUS", rendezvous_address},
+        {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
+        {"LOCKSTEP_JOB_TOKEN", token},
+        {"LOCKSTEP_POD", command.member_id},
+        {"LOCKSTEP_HOST", "127.0.0.1"},
+        {"LOCKSTEP_METRICS_PORT", std::to_string(metrics_port)},
+        {"LOCKSTEP_JOIN_TIMEOUT_MS", join_timeout_ms},
+        {"OPENBLAS_NUM_THREADS", EnvString("OPENBLAS_NUM_THREADS", threads)},
+        {"OMP_NUM_THREADS", EnvString("OMP_NUM_THREADS", threads)},
+    };
+    if (i < static_cast<int32_t>(gpus.size())) {
+      // Worker i sees only its GPU (as a device plugin gives a pod its own), and a replacement
+      // in the same slot gets the same one.
+      command.env.emplace_back("CUDA_VISIBLE_DEVICES", gpus[static_cast<size_t>(i)]);
+    }
+    commands.push_back(std::move(command));
+  }
+  return commands;
+}
+
+}  // namespace lockstep::cli

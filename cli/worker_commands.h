@@ -1,0 +1,38 @@
+// The processes of a local run (`lockstep run`): one command per worker, with the environment a
+// pod of the operator's would give it (docs/cli.md), and the GPUs this machine can hand out.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "cli/launcher.h"
+#include "common/spec/training_job.h"
+
+namespace lockstep::cli {
+
+struct WorkerCommandOptions {
+  std::string worker_binary;       // lockstep-worker, absolute
+  std::string log_dir;             // worker i logs to log_dir/worker-<i>.log
+  std::string manifest_path;       // the effective manifest every worker reads
+  std::string rendezvous_address;  // host:port
+  std::string token;               // the job's token
+  std::string join_timeout_ms;     // LOCKSTEP_JOIN_TIMEOUT_MS of every worker
+};
+
+// Threads for the linear-algebra library of each of `workers` local workers.
+std::string ThreadsPerWorker(int32_t workers);
+
+bool UsesCuda(const spec::TrainingJob& job);
+
+// The GPUs this process may hand out, as CUDA_VISIBLE_DEVICES entries: the launcher's own
+// CUDA_VISIBLE_DEVICES list when it is set (indices or UUIDs), else 0 .. count - 1.
+std::vector<std::string> VisibleGpus();
+
+// One command per local worker: member id <name>-worker-<i>, argv (train, or exec for a
+// command:), its log, metrics port (spec.metrics.port + i) and environment; worker i of a cuda
+// job sees only the i-th visible GPU.
+std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
+                                               const WorkerCommandOptions& options);
+
+}  // namespace lockstep::cli
