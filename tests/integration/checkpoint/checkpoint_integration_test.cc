@@ -110,10 +110,11 @@ TEST_F(DigitsCheckpointTest,
   const std::string ckpt = (dir_ / "ckpt").string();
   const std::string checkpoint = "{uri: \"file://" + ckpt + "\", intervalSteps: 1, keep: 3}";
   {
-    LocalJob first(dir_.path(), {.job = "default/killall",
-                                 .manifest = DigitsManifest("killall", 2, kNeverReached, checkpoint),
-                                 .replicas = 2,
-                                 .tag = "-first"});
+    LocalJob first(dir_.path(),
+                   {.job = "default/killall",
+                    .manifest = DigitsManifest("killall", 2, kNeverReached, checkpoint),
+                    .replicas = 2,
+                    .tag = "-first"});
     ASSERT_TRUE(first.WaitForStep(150, 60000)) << first.worker(0).StdoutSoFar();
     first.KillAll();
   }
@@ -267,8 +268,7 @@ TEST(SampleAccountingIntegrationTest, EveryEpochIsCompleteAcrossAWorldSizeChange
   // (four epochs, so the kill lands well before the end even when training is fast).
   ASSERT_TRUE(job.WaitForStep(150, 90000)) << job.worker(0).StdoutSoFar();
   ASSERT_EQ(kill(job.worker(2).pid(), SIGKILL), 0);
-  EXPECT_EQ(job.worker(2).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(),
-            256 + SIGKILL);
+  EXPECT_EQ(job.worker(2).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(), 256 + SIGKILL);
   job.rendezvous().RemoveMember("worker-2", "killed by the test");
   EXPECT_EQ(job.worker(0).WaitUntil(Clock::now() + std::chrono::seconds(120)).code(), 0)
       << job.worker(0).StdoutSoFar();

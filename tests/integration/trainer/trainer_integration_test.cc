@@ -229,8 +229,7 @@ TEST(WorkerGenerationTest, SurvivorRejoinsAfterAPeerDiesAndFinishesTheJob) {
                {.job = "default/survivor", .manifest = manifest, .replicas = 2, .min_replicas = 1});
   ASSERT_TRUE(job.WaitForStep(100, 30000)) << job.worker(0).StdoutSoFar();
   ASSERT_EQ(kill(job.worker(1).pid(), SIGKILL), 0);
-  EXPECT_EQ(job.worker(1).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(),
-            256 + SIGKILL);
+  EXPECT_EQ(job.worker(1).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(), 256 + SIGKILL);
   // What `lockstep run` does when it sees a worker exit.
   job.rendezvous().RemoveMember("worker-1", "exited (killed by the test)");
   EXPECT_EQ(job.worker(0).WaitUntil(Clock::now() + std::chrono::seconds(60)).code(), 0)
@@ -255,11 +254,9 @@ TEST(WorkerInputTest, ManifestComesFromLockstepSpecWithoutManifestFlag) {
                                "data": {"format": "csv", "train": [")" +
       (dir.path() / "train.csv").string() + R"("], "test": [")" +
       (dir.path() / "test.csv").string() + R"("]}}}})";
-  JobRun run = RunLocalJob(dir,
-                           {.job = "default/specenv",
-                            .manifest = "unused",
-                            .env = {{"LOCKSTEP_SPEC", spec_json}}},
-                           std::chrono::seconds(30));
+  JobRun run = RunLocalJob(
+      dir, {.job = "default/specenv", .manifest = "unused", .env = {{"LOCKSTEP_SPEC", spec_json}}},
+      std::chrono::seconds(30));
   ASSERT_EQ(run.exit_codes, (std::vector<int>{0})) << run.logs;
   EXPECT_EQ(run.snapshot.final_progress.step, 30);
   EXPECT_GT(run.snapshot.final_progress.eval_accuracy, 0.5);

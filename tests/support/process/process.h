@@ -9,7 +9,7 @@
 // tests/support/job builds a job's processes (rendezvous, workers) on top of it.
 #pragma once
 
-#include "tests/support/process/child_process.h"   // IWYU pragma: export
-#include "tests/support/process/poll_until.h"      // IWYU pragma: export
-#include "tests/support/process/process_table.h"   // IWYU pragma: export
-#include "tests/support/process/scratch_files.h"   // IWYU pragma: export
+#include "tests/support/process/child_process.h"  // IWYU pragma: export
+#include "tests/support/process/poll_until.h"     // IWYU pragma: export
+#include "tests/support/process/process_table.h"  // IWYU pragma: export
+#include "tests/support/process/scratch_files.h"  // IWYU pragma: export
