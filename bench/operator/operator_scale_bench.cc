@@ -50,7 +50,7 @@
 #include "operator/kube/kube_config.h"
 #include "operator/kube/resource.h"
 #include "operator/trainingjob/children.h"
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 #include "tests/support/kube/kube_testenv.h"
 #include "tests/support/kube/training_job_manifest.h"
 

@@ -12,7 +12,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::cli {
 namespace {

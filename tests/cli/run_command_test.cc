@@ -7,7 +7,7 @@
 #include <set>
 #include <string>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::cli {
 namespace {

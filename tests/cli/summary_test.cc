@@ -7,7 +7,7 @@
 #include <sstream>
 #include <string>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::cli {
 namespace {

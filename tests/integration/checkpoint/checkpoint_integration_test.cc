@@ -13,15 +13,13 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/rendezvous/server.h"
-#include "tests/integration/trainer/worker_process.h"
+#include "tests/support/job/job.h"
 #include "tests/support/webhdfs/webhdfs_test_server.h"
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/storage/storage.h"
@@ -34,109 +32,11 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist";
 constexpr char kDigitsCsv[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
-constexpr char kToken[] = "checkpoint-test-token";
 
-// A test's scratch directory, kept when the test failed so that the worker logs can be read.
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name) {
-    std::string pattern = (fs::temp_directory_path() / ("lockstep-" + name + "-XXXXXX")).string();
-    EXPECT_NE(mkdtemp(pattern.data()), nullptr);
-    path_ = pattern;
-  }
-  ~ScratchDir() {
-    if (!::testing::Test::HasFailure()) {
-      std::error_code ignored;
-      fs::remove_all(path_, ignored);
-    }
-  }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-// One incarnation of a job: a rendezvous server in this process and `replicas` workers.
-class LocalJob {
- public:
-  LocalJob(const fs::path& dir, const std::string& manifest, int replicas, const std::string& job,
-           const std::map<std::string, std::string>& extra_env, int min_replicas = 0,
-           const std::string& tag = "")
-      : job_(job) {
-    auto server = rendezvous::RendezvousServer::Start({"127.0.0.1:0", "", ""});
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return;
-    server_ = std::move(server).value();
-    rendezvous::JobConfig config;
-    config.job = job;
-    config.token = kToken;
-    config.min_members = min_replicas > 0 ? min_replicas : replicas;
-    config.max_members = replicas;
-    EXPECT_TRUE(server_->AddJob(config).ok());
-    const std::string name = job.substr(job.find('/') + 1) + tag;
-    const fs::path manifest_path = dir / (name + ".yaml");
-    std::ofstream(manifest_path) << manifest;
-    for (int i = 0; i < replicas; ++i) {
-      std::map<std::string, std::string> env = extra_env;
-      env["LOCKSTEP_RENDEZVOUS"] = "127.0.0.1:" + std::to_string(server_->port());
-      env["LOCKSTEP_JOB"] = job;
-      env["LOCKSTEP_JOB_TOKEN"] = kToken;
-      env["LOCKSTEP_POD"] = "worker-" + std::to_string(i);
-      env["LOCKSTEP_HOST"] = "127.0.0.1";
-      env["LOCKSTEP_METRICS_PORT"] = "0";
-      env["LOCKSTEP_JOIN_TIMEOUT_MS"] = "60000";
-      workers_.push_back(std::make_unique<testing::WorkerProcess>(
-          std::vector<std::string>{LOCKSTEP_WORKER_BINARY, "train", "--manifest",
-                                   manifest_path.string()},
-          env, (dir / (name + "-worker-" + std::to_string(i) + ".log")).string()));
-      EXPECT_GT(workers_.back()->pid(), 0);
-    }
-  }
-  ~LocalJob() {
-    workers_.clear();
-    if (server_) server_->Shutdown(5000);
-  }
-
-  testing::WorkerProcess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
-  rendezvous::RendezvousServer& server() { return *server_; }
-
-  // Bounded polling of the server's view of the job's progress.
-  bool WaitForStep(int64_t step, Clock::time_point deadline) {
-    while (Clock::now() < deadline) {
-      auto snapshot = server_->Snapshot(job_);
-      if (snapshot.ok() && snapshot->progress.step >= step) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return false;
-  }
-
-  void KillAll() {
-    for (auto& worker : workers_) kill(worker->pid(), SIGKILL);
-    for (auto& worker : workers_) worker->Wait(Clock::now() + std::chrono::seconds(10));
-  }
-
-  std::vector<int> WaitAll(std::chrono::seconds timeout, std::string* logs) {
-    std::vector<int> codes;
-    const auto deadline = Clock::now() + timeout;
-    for (auto& worker : workers_) {
-      codes.push_back(worker->Wait(deadline));
-      *logs += worker->Log();
-    }
-    return codes;
-  }
-
-  rendezvous::JobSnapshot Snapshot() {
-    auto snapshot = server_->Snapshot(job_);
-    EXPECT_TRUE(snapshot.ok());
-    return snapshot.ok() ? *snapshot : rendezvous::JobSnapshot{};
-  }
-
- private:
-  std::string job_;
-  std::unique_ptr<rendezvous::RendezvousServer> server_;
-  std::vector<std::unique_ptr<testing::WorkerProcess>> workers_;
-};
+using testing::JobRun;
+using testing::LocalJob;
+using testing::RunLocalJob;
+using testing::ScratchDir;
 
 std::string ReadBytes(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -179,21 +79,13 @@ std::vector<checkpoint::CheckpointInfo> ListVerified(const std::string& root) {
   return list.ok() ? *list : std::vector<checkpoint::CheckpointInfo>{};
 }
 
-// A finished run's final parameters, dumped by rank 0.
-struct Finished {
-  std::vector<int> codes;
-  std::string logs;
-  rendezvous::JobSnapshot snapshot;
-};
-
-Finished RunToEnd(const fs::path& dir, const std::string& manifest, int replicas,
-                  const std::string& job, const std::map<std::string, std::string>& env,
-                  const std::string& tag) {
-  LocalJob local(dir, manifest, replicas, job, env, 0, tag);
-  Finished finished;
-  finished.codes = local.WaitAll(std::chrono::seconds(120), &finished.logs);
-  finished.snapshot = local.Snapshot();
-  return finished;
+// One incarnation of `job` run to its end; `tag` names its manifest and logs apart from the
+// other incarnations' in the same directory.
+JobRun RunToEnd(const fs::path& dir, const std::string& manifest, int replicas,
+                const std::string& job, const testing::Environment& env, const std::string& tag) {
+  return RunLocalJob(
+      dir, {.job = job, .manifest = manifest, .replicas = replicas, .env = env, .tag = tag},
+      std::chrono::seconds(120));
 }
 
 class DigitsCheckpointTest : public ::testing::Test {
@@ -218,10 +110,12 @@ TEST_F(DigitsCheckpointTest,
   const std::string ckpt = (dir_ / "ckpt").string();
   const std::string checkpoint = "{uri: \"file://" + ckpt + "\", intervalSteps: 1, keep: 3}";
   {
-    LocalJob first(dir_.path(), DigitsManifest("killall", 2, kNeverReached, checkpoint), 2,
-                   "default/killall", {}, 0, "-first");
-    ASSERT_TRUE(first.WaitForStep(150, Clock::now() + std::chrono::seconds(60)))
-        << first.worker(0).Log();
+    LocalJob first(dir_.path(),
+                   {.job = "default/killall",
+                    .manifest = DigitsManifest("killall", 2, kNeverReached, checkpoint),
+                    .replicas = 2,
+                    .tag = "-first"});
+    ASSERT_TRUE(first.WaitForStep(150, 60000)) << first.worker(0).StdoutSoFar();
     first.KillAll();
   }
   // Whatever the kill interrupted, no step-* directory that retention keeps is partial or
@@ -251,19 +145,19 @@ TEST_F(DigitsCheckpointTest,
 
   const int steps = static_cast<int>(newest) + 100;
   const fs::path reference_dump = dir_ / "reference.bin";
-  Finished reference = RunToEnd(
+  JobRun reference = RunToEnd(
       dir_.path(),
       DigitsManifest("killall", 2, steps,
                      "{uri: \"file://" + (dir_ / "ref-ckpt").string() + "\", intervalSteps: 1}"),
       2, "default/killall", {{"LOCKSTEP_DUMP_PARAMS", reference_dump.string()}}, "-ref");
-  ASSERT_EQ(reference.codes, (std::vector<int>{0, 0})) << reference.logs;
+  ASSERT_EQ(reference.exit_codes, (std::vector<int>{0, 0})) << reference.logs;
   EXPECT_EQ(reference.snapshot.final_progress.resumed_from_step, -1);
 
   const fs::path dump = dir_ / "resumed.bin";
-  Finished resumed =
+  JobRun resumed =
       RunToEnd(dir_.path(), DigitsManifest("killall", 2, steps, checkpoint), 2, "default/killall",
                {{"LOCKSTEP_DUMP_PARAMS", dump.string()}}, "-second");
-  ASSERT_EQ(resumed.codes, (std::vector<int>{0, 0})) << resumed.logs;
+  ASSERT_EQ(resumed.exit_codes, (std::vector<int>{0, 0})) << resumed.logs;
   EXPECT_EQ(resumed.snapshot.final_progress.step, steps);
   EXPECT_EQ(resumed.snapshot.final_progress.resumed_from_step, newest) << resumed.logs;
   EXPECT_EQ(resumed.snapshot.final_progress.last_checkpoint_step, steps);
@@ -285,9 +179,9 @@ TEST_F(DigitsCheckpointTest, DamagedNewestCheckpointIsSkippedForThePreviousOne) 
   const std::string ckpt = (dir_ / "ckpt").string();
   const std::string checkpoint =
       "{uri: \"file://" + ckpt + "\", intervalSteps: 20, keep: 3, async: false}";
-  Finished first = RunToEnd(dir_.path(), DigitsManifest("damaged", 2, 100, checkpoint), 2,
-                            "default/damaged", {}, "-first");
-  ASSERT_EQ(first.codes, (std::vector<int>{0, 0})) << first.logs;
+  JobRun first = RunToEnd(dir_.path(), DigitsManifest("damaged", 2, 100, checkpoint), 2,
+                          "default/damaged", {}, "-first");
+  ASSERT_EQ(first.exit_codes, (std::vector<int>{0, 0})) << first.logs;
   std::vector<checkpoint::CheckpointInfo> checkpoints = ListVerified(ckpt);
   ASSERT_EQ(checkpoints.size(), 3u);
   ASSERT_EQ(checkpoints.back().step, 100);
@@ -301,9 +195,9 @@ TEST_F(DigitsCheckpointTest, DamagedNewestCheckpointIsSkippedForThePreviousOne) 
   // The same job asked for 120 steps: it must continue from the previous valid checkpoint.
   const int64_t previous_step = checkpoints[checkpoints.size() - 2].step;
   EXPECT_EQ(previous_step, 80);
-  Finished resumed = RunToEnd(dir_.path(), DigitsManifest("damaged", 2, 120, checkpoint), 2,
-                              "default/damaged", {}, "-second");
-  ASSERT_EQ(resumed.codes, (std::vector<int>{0, 0})) << resumed.logs;
+  JobRun resumed = RunToEnd(dir_.path(), DigitsManifest("damaged", 2, 120, checkpoint), 2,
+                            "default/damaged", {}, "-second");
+  ASSERT_EQ(resumed.exit_codes, (std::vector<int>{0, 0})) << resumed.logs;
   EXPECT_EQ(resumed.snapshot.final_progress.resumed_from_step, previous_step) << resumed.logs;
   EXPECT_EQ(resumed.snapshot.final_progress.step, 120);
   EXPECT_NE(resumed.logs.find("skipped damaged checkpoint of step 100"), std::string::npos)
@@ -319,22 +213,24 @@ TEST_F(DigitsCheckpointTest, TrainingFinishesWhileStorageIsDownAndThePreviousChe
   const std::string checkpoint =
       "{uri: \"" + (*server)->uri() + "/ckpt/down\", intervalSteps: 50, keep: 3}";
   // Long enough that storage goes down mid-run even when training is fast.
-  LocalJob job(dir_.path(), DigitsManifest("down", 2, 6000, checkpoint), 2, "default/down",
-               {{"LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", "5000"},
-                {"LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", "100"},
-                {"LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", "3000"}});
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  bool committed = false;
-  while (!committed && Clock::now() < deadline) {
-    auto snapshot = job.server().Snapshot("default/down");
-    committed = snapshot.ok() && snapshot->progress.last_checkpoint_step >= 50;
-    if (!committed) std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  ASSERT_TRUE(committed) << job.worker(0).Log();
+  LocalJob job(dir_.path(), {.job = "default/down",
+                             .manifest = DigitsManifest("down", 2, 6000, checkpoint),
+                             .replicas = 2,
+                             .env = {{"LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", "5000"},
+                                     {"LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", "100"},
+                                     {"LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", "3000"}}});
+  const bool committed = testing::PollUntil(
+      [&] {
+        auto snapshot = job.rendezvous().server().Snapshot("default/down");
+        return snapshot.ok() && snapshot->progress.last_checkpoint_step >= 50;
+      },
+      60000, 5);
+  ASSERT_TRUE(committed) << job.worker(0).StdoutSoFar();
   ASSERT_TRUE((*server)->Admin("/deny?path=/ckpt").ok());
-  std::string logs;
-  ASSERT_EQ(job.WaitAll(std::chrono::seconds(120), &logs), (std::vector<int>{0, 0})) << logs;
-  rendezvous::JobSnapshot snapshot = job.Snapshot();
+  JobRun run = job.WaitAll(std::chrono::seconds(120));
+  const std::string& logs = run.logs;
+  ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << logs;
+  const rendezvous::JobSnapshot& snapshot = run.snapshot;
   EXPECT_EQ(snapshot.final_progress.step, 6000);
   EXPECT_LT(snapshot.final_progress.last_checkpoint_step, 6000);
   EXPECT_NE(logs.find("failed"), std::string::npos) << logs;
@@ -363,16 +259,21 @@ TEST(SampleAccountingIntegrationTest, EveryEpochIsCompleteAcrossAWorldSizeChange
            << "    batchSize: 64\n    epochs: 4\n"
            << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
            << "    seed: 2\n    logIntervalSteps: 5\n  metrics: {port: 0}\n";
-  LocalJob job(dir.path(), manifest.str(), 3, "default/acct",
-               {{"LOCKSTEP_SAMPLE_ACCOUNTING", accounting.string()}}, /*min_replicas=*/2);
+  LocalJob job(dir.path(), {.job = "default/acct",
+                            .manifest = manifest.str(),
+                            .replicas = 3,
+                            .min_replicas = 2,
+                            .env = {{"LOCKSTEP_SAMPLE_ACCOUNTING", accounting.string()}}});
   // 60000 samples at a global batch of 192: 313 steps per epoch; kill in the middle of epoch 0
   // (four epochs, so the kill lands well before the end even when training is fast).
-  ASSERT_TRUE(job.WaitForStep(150, Clock::now() + std::chrono::seconds(90))) << job.worker(0).Log();
+  ASSERT_TRUE(job.WaitForStep(150, 90000)) << job.worker(0).StdoutSoFar();
   ASSERT_EQ(kill(job.worker(2).pid(), SIGKILL), 0);
-  EXPECT_EQ(job.worker(2).Wait(Clock::now() + std::chrono::seconds(10)), 256 + SIGKILL);
-  job.server().RemoveMember("default/acct", "worker-2", "killed by the test");
-  EXPECT_EQ(job.worker(0).Wait(Clock::now() + std::chrono::seconds(120)), 0) << job.worker(0).Log();
-  EXPECT_EQ(job.worker(1).Wait(Clock::now() + std::chrono::seconds(30)), 0) << job.worker(1).Log();
+  EXPECT_EQ(job.worker(2).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(), 256 + SIGKILL);
+  job.rendezvous().RemoveMember("worker-2", "killed by the test");
+  EXPECT_EQ(job.worker(0).WaitUntil(Clock::now() + std::chrono::seconds(120)).code(), 0)
+      << job.worker(0).StdoutSoFar();
+  EXPECT_EQ(job.worker(1).WaitUntil(Clock::now() + std::chrono::seconds(30)).code(), 0)
+      << job.worker(1).StdoutSoFar();
 
   std::map<int64_t, nlohmann::json> last_by_epoch;
   std::ifstream in(accounting);

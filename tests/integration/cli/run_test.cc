@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/job/job.h"
 
 namespace lockstep::cli {
 namespace {
@@ -15,11 +15,12 @@ namespace {
 using lockstep::testing::ChildProcess;
 using lockstep::testing::FindProcessesWithEnv;
 using lockstep::testing::MakeTempDir;
-using lockstep::testing::ParentPid;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
 using lockstep::testing::RunProcess;
+using lockstep::testing::WorkerOfLauncher;
+using lockstep::testing::WorkersOfLauncher;
 using lockstep::testing::WriteFile;
 
 const std::string kSource = LOCKSTEP_SOURCE_DIR;
@@ -52,16 +53,6 @@ std::string LongDigitsManifest(const std::string& dir, const std::string& name) 
 bool FileExists(const std::string& path) {
   struct stat info {};
   return stat(path.c_str(), &info) == 0;
-}
-
-// The pids of the job's workers that are children of `launcher` (exec'd: their environment holds
-// LOCKSTEP_POD).
-std::vector<pid_t> WorkersOf(pid_t launcher, const std::string& job) {
-  std::vector<pid_t> workers;
-  for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job)) {
-    if (ParentPid(pid) == launcher) workers.push_back(pid);
-  }
-  return workers;
 }
 
 // Waits until the run has trained at least one step (its progress display says "step N/" with
@@ -130,13 +121,7 @@ TEST(RunCommandTest, KilledWorkerEndsTheRunPromptlyAndIsNamed) {
                     dir + "/logs", "--summary", dir + "/summary.json"},
                    {});
   ASSERT_TRUE(WaitForTraining(run, 120000)) << run.StdoutSoFar();
-  pid_t victim = 0;
-  for (pid_t pid : WorkersOf(run.pid(), name)) {
-    if (ReadFile("/proc/" + std::to_string(pid) + "/environ")
-            .find("LOCKSTEP_POD=" + name + "-worker-1") != std::string::npos) {
-      victim = pid;
-    }
-  }
+  const pid_t victim = WorkerOfLauncher(run.pid(), name, name + "-worker-1");
   ASSERT_NE(victim, 0) << "worker-1 not found among the launcher's children";
   ASSERT_EQ(kill(victim, SIGKILL), 0);
   ProcessResult result = run.Wait(30000);
@@ -144,7 +129,7 @@ TEST(RunCommandTest, KilledWorkerEndsTheRunPromptlyAndIsNamed) {
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
   EXPECT_NE(result.err.find(name + "-worker-1"), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("signal 9"), std::string::npos) << result.err;
-  EXPECT_TRUE(WorkersOf(run.pid(), name).empty());
+  EXPECT_TRUE(WorkersOfLauncher(run.pid(), name).empty());
   EXPECT_TRUE(FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name).empty());
   nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
   EXPECT_EQ(summary["failed_worker"], name + "-worker-1");
@@ -156,7 +141,7 @@ TEST(RunCommandTest, SigintStopsEveryWorkerAndExits130) {
   ChildProcess run(
       {LOCKSTEP_BINARY, "run", LongDigitsManifest(dir, name), "--log-dir", dir + "/logs"}, {});
   ASSERT_TRUE(WaitForTraining(run, 120000)) << run.StdoutSoFar();
-  ASSERT_EQ(WorkersOf(run.pid(), name).size(), 2u);
+  ASSERT_EQ(WorkersOfLauncher(run.pid(), name).size(), 2u);
   ASSERT_EQ(kill(run.pid(), SIGINT), 0);
   ProcessResult result = run.Wait(30000);
   ASSERT_FALSE(result.timed_out);

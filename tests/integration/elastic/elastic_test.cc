@@ -22,7 +22,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/job/job.h"
 
 namespace lockstep::cli {
 namespace {
@@ -30,11 +30,11 @@ namespace {
 using lockstep::testing::ChildProcess;
 using lockstep::testing::FindProcessesWithEnv;
 using lockstep::testing::MakeTempDir;
-using lockstep::testing::ParentPid;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
 using lockstep::testing::RunProcess;
+using lockstep::testing::WorkerOfLauncher;
 using lockstep::testing::WriteFile;
 
 constexpr char kDigits[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
@@ -96,18 +96,6 @@ int64_t LatestStep(const std::string& out) {
     if (end != out.c_str() + at + 5 && *end == '/') latest = std::max<int64_t>(latest, step);
   }
   return latest;
-}
-
-// The worker of member `member_id` started by `launcher`, or 0.
-pid_t WorkerPid(pid_t launcher, const std::string& job, const std::string& member_id) {
-  for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job)) {
-    if (ParentPid(pid) != launcher) continue;
-    if (ReadFile("/proc/" + std::to_string(pid) + "/environ")
-            .find(std::string("LOCKSTEP_POD=") + member_id + '\0') != std::string::npos) {
-      return pid;
-    }
-  }
-  return 0;
 }
 
 // Checks the worker's sample accounting (worker/trainer/sample_accounting.h): for every epoch,
@@ -194,7 +182,7 @@ TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly
         << context << "\n"
         << run.StdoutSoFar();
     const std::string member = job.name + "-worker-" + std::to_string(victim);
-    const pid_t pid = WorkerPid(run.pid(), job.name, member);
+    const pid_t pid = WorkerOfLauncher(run.pid(), job.name, member);
     ASSERT_NE(pid, 0) << context << ": " << member << " not found";
     ASSERT_EQ(kill(pid, SIGKILL), 0) << context;
     const int64_t killed_near = LatestStep(run.StdoutSoFar());
@@ -278,7 +266,7 @@ TEST(ElasticRunTest, ElasticJobTrainsOnWithAWorkerLessWhileAtLeastMinReplicasAre
                    kRunEnv);
   ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= 20; }, 60000, 10))
       << run.StdoutSoFar();
-  const pid_t pid = WorkerPid(run.pid(), job.name, job.name + "-worker-2");
+  const pid_t pid = WorkerOfLauncher(run.pid(), job.name, job.name + "-worker-2");
   ASSERT_NE(pid, 0);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   ProcessResult result = run.Wait(kRunTimeoutMs);
@@ -309,7 +297,7 @@ TEST(ElasticRunTest, ElasticJobFailsClearlyWhenFewerThanMinReplicasRemainPastThe
       << run.StdoutSoFar();
   for (int victim : {1, 2}) {
     const pid_t pid =
-        WorkerPid(run.pid(), job.name, job.name + "-worker-" + std::to_string(victim));
+        WorkerOfLauncher(run.pid(), job.name, job.name + "-worker-" + std::to_string(victim));
     ASSERT_NE(pid, 0) << "worker-" << victim;
     ASSERT_EQ(kill(pid, SIGKILL), 0);
   }

@@ -13,15 +13,14 @@
 #include <vector>
 
 #include "common/rendezvous/server.h"
-#include "tests/cli/process_runner.h"
+#include "tests/support/job/job.h"
 
 namespace lockstep::agent {
 namespace {
 
 using lockstep::testing::ChildProcess;
-using lockstep::testing::FindProcessesWithEnv;
+using lockstep::testing::ChildrenWithEnv;
 using lockstep::testing::MakeTempDir;
-using lockstep::testing::ParentPid;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
@@ -43,19 +42,9 @@ class ExecJob {
  public:
   ExecJob(const std::string& name, int32_t min_members, int32_t max_members,
           int32_t initial_members, int32_t backoff_limit)
-      : name_(name), backoff_limit_(backoff_limit) {
-    auto server = rendezvous::RendezvousServer::Start({});
-    EXPECT_TRUE(server.ok()) << server.status();
-    server_ = std::move(*server);
-    rendezvous::JobConfig config;
-    config.job = "default/" + name;
-    config.token = "test-token-" + name;
-    config.min_members = min_members;
-    config.max_members = max_members;
-    config.initial_members = initial_members;
-    EXPECT_TRUE(server_->AddJob(config).ok());
-  }
-  ~ExecJob() { server_->Shutdown(2000); }
+      : name_(name),
+        backoff_limit_(backoff_limit),
+        rendezvous_(Config(name, min_members, max_members, initial_members)) {}
 
   std::unique_ptr<ChildProcess> StartAgent(int index, const std::vector<std::string>& command) {
     const std::string member = name_ + "-worker-" + std::to_string(index);
@@ -69,35 +58,35 @@ class ExecJob {
                                  {"metrics", {{"port", 0}}}}}};
     std::vector<std::string> argv = {kAgent, "exec", "--"};
     argv.insert(argv.end(), command.begin(), command.end());
-    return std::make_unique<ChildProcess>(
-        argv, std::vector<std::pair<std::string, std::string>>{
-                  {"LOCKSTEP_RENDEZVOUS", "127.0.0.1:" + std::to_string(server_->port())},
-                  {"LOCKSTEP_JOB", "default/" + name_},
-                  {"LOCKSTEP_JOB_TOKEN", "test-token-" + name_},
-                  {"LOCKSTEP_POD", member},
-                  {"LOCKSTEP_HOST", "127.0.0.1"},
-                  {"LOCKSTEP_METRICS_PORT", "0"},
-                  {"LOCKSTEP_SPEC", manifest.dump()},
-                  {"LOCKSTEP_EXEC_GRACE_MS", "3000"},
-                  {"LOCKSTEP_EXEC_BACKOFF_MS", "200"},
-                  {"LOCKSTEP_JOIN_TIMEOUT_MS", "60000"},
-                  {"OMP_NUM_THREADS", "1"},
-              });
+    lockstep::testing::Environment env = rendezvous_.MemberEnv(member);
+    env.insert(env.end(), {{"LOCKSTEP_SPEC", manifest.dump()},
+                           {"LOCKSTEP_EXEC_GRACE_MS", "3000"},
+                           {"LOCKSTEP_EXEC_BACKOFF_MS", "200"},
+                           {"OMP_NUM_THREADS", "1"}});
+    return std::make_unique<ChildProcess>(argv, env);
   }
 
-  rendezvous::JobSnapshot Snapshot() const {
-    auto snapshot = server_->Snapshot("default/" + name_);
-    return snapshot.ok() ? *snapshot : rendezvous::JobSnapshot{};
-  }
+  rendezvous::JobSnapshot Snapshot() const { return rendezvous_.Snapshot(); }
   // Waits until some member reported training progress of at least `step`.
   bool WaitForStep(int64_t step, int64_t timeout_ms) const {
     return PollUntil([&] { return Snapshot().progress.step >= step; }, timeout_ms, 50);
   }
 
  private:
+  static rendezvous::JobConfig Config(const std::string& name, int32_t min_members,
+                                      int32_t max_members, int32_t initial_members) {
+    rendezvous::JobConfig config;
+    config.job = "default/" + name;
+    config.token = "test-token-" + name;
+    config.min_members = min_members;
+    config.max_members = max_members;
+    config.initial_members = initial_members;
+    return config;
+  }
+
   std::string name_;
   int32_t backoff_limit_;
-  std::unique_ptr<rendezvous::RendezvousServer> server_;
+  lockstep::testing::InProcessRendezvous rendezvous_;
 };
 
 std::vector<std::string> DdpCommand(const std::string& dir, int steps, double step_delay) {
@@ -118,10 +107,8 @@ std::vector<std::string> DdpCommand(const std::string& dir, int steps, double st
 
 // The python process the agent `agent` runs: its child whose environment names the member.
 pid_t CommandOf(pid_t agent, const std::string& member) {
-  for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_POD", member)) {
-    if (ParentPid(pid) == agent) return pid;
-  }
-  return -1;
+  const std::vector<pid_t> children = ChildrenWithEnv(agent, {{"LOCKSTEP_POD", member}});
+  return children.empty() ? -1 : children.front();
 }
 
 int64_t ResumedFromStep(const std::string& output) {

@@ -12,7 +12,7 @@
 #include <regex>
 #include <string>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep {
 namespace {

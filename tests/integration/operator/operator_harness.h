@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 #include "tests/support/kube/kube_testenv.h"
 #include "tests/support/kube/training_job_manifest.h"  // JobManifest
 

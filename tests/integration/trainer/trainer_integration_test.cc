@@ -10,16 +10,13 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <map>
-#include <memory>
 #include <optional>
 #include <sstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/rendezvous/server.h"
-#include "tests/integration/trainer/worker_process.h"
+#include "tests/support/job/job.h"
 
 namespace lockstep {
 namespace {
@@ -29,125 +26,11 @@ using Clock = std::chrono::steady_clock;
 
 constexpr char kFashionDir[] = "/usr/share/datasets/fashion-mnist";
 constexpr char kDigitsCsv[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
-constexpr char kToken[] = "integration-test-token";
 
-fs::path MakeTempDir(const std::string& name) {
-  std::string pattern = (fs::temp_directory_path() / ("lockstep-" + name + "-XXXXXX")).string();
-  const char* made = mkdtemp(pattern.data());
-  EXPECT_NE(made, nullptr);
-  return fs::path(pattern);
-}
-
-// A test's scratch directory (manifests, worker logs, dumps), removed at the end unless the test
-// failed, so that the logs of a failure stay for reading.
-class ScratchDir {
- public:
-  explicit ScratchDir(const std::string& name) : path_(MakeTempDir(name)) {}
-  ~ScratchDir() {
-    if (!::testing::Test::HasFailure()) {
-      std::error_code ignored;
-      fs::remove_all(path_, ignored);
-    }
-  }
-  const fs::path& path() const { return path_; }
-  fs::path operator/(const std::string& name) const { return path_ / name; }
-  operator const fs::path&() const { return path_; }  // NOLINT: used where a path is
-
- private:
-  fs::path path_;
-};
-
-struct RunResult {
-  std::vector<int> exit_codes;
-  std::string logs;
-  rendezvous::JobSnapshot snapshot;
-};
-
-// One job on this machine: a rendezvous server hosted in the test process and `replicas`
-// lockstep-worker processes on `manifest`.
-class LocalJob {
- public:
-  LocalJob(const fs::path& dir, const std::string& manifest, int replicas, const std::string& job,
-           const std::map<std::string, std::string>& extra_env, int min_replicas = 0)
-      : job_(job) {
-    auto server = rendezvous::RendezvousServer::Start({"127.0.0.1:0", "", ""});
-    EXPECT_TRUE(server.ok()) << server.status();
-    if (!server.ok()) return;
-    server_ = std::move(server).value();
-    rendezvous::JobConfig config;
-    config.job = job;
-    config.token = kToken;
-    config.min_members = min_replicas > 0 ? min_replicas : replicas;
-    config.max_members = replicas;
-    EXPECT_TRUE(server_->AddJob(config).ok());
-
-    const fs::path manifest_path = dir / (job.substr(job.find('/') + 1) + ".yaml");
-    std::ofstream(manifest_path) << manifest;
-    for (int i = 0; i < replicas; ++i) {
-      std::map<std::string, std::string> env = extra_env;
-      env["LOCKSTEP_RENDEZVOUS"] = "127.0.0.1:" + std::to_string(server_->port());
-      env["LOCKSTEP_JOB"] = job;
-      env["LOCKSTEP_JOB_TOKEN"] = kToken;
-      env["LOCKSTEP_POD"] = "worker-" + std::to_string(i);
-      env["LOCKSTEP_HOST"] = "127.0.0.1";
-      env["LOCKSTEP_METRICS_PORT"] = "0";
-      env["LOCKSTEP_JOIN_TIMEOUT_MS"] = "60000";
-      workers_.push_back(std::make_unique<testing::WorkerProcess>(
-          // With LOCKSTEP_SPEC in the environment the worker reads the manifest from there.
-          extra_env.count("LOCKSTEP_SPEC") > 0
-              ? std::vector<std::string>{LOCKSTEP_WORKER_BINARY, "train"}
-              : std::vector<std::string>{LOCKSTEP_WORKER_BINARY, "train", "--manifest",
-                                         manifest_path.string()},
-          env,
-          (dir / (job.substr(job.find('/') + 1) + "-worker-" + std::to_string(i) + ".log"))
-              .string()));
-      EXPECT_GT(workers_.back()->pid(), 0);
-    }
-  }
-
-  ~LocalJob() {
-    workers_.clear();  // kills what still runs
-    if (server_) server_->Shutdown(5000);
-  }
-
-  testing::WorkerProcess& worker(int i) { return *workers_[static_cast<size_t>(i)]; }
-  rendezvous::RendezvousServer& server() { return *server_; }
-
-  // Waits until the job's reported progress reaches `step`, or the deadline.
-  bool WaitForStep(int64_t step, Clock::time_point deadline) {
-    while (Clock::now() < deadline) {
-      auto snapshot = server_->Snapshot(job_);
-      if (snapshot.ok() && snapshot->progress.step >= step) return true;
-      // Bounded polling of the server's state; nothing here waits on a sleep for correctness.
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-
-  RunResult WaitAll(std::chrono::seconds timeout) {
-    RunResult result;
-    const auto deadline = Clock::now() + timeout;
-    for (auto& worker : workers_) {
-      result.exit_codes.push_back(worker->Wait(deadline));
-      result.logs += worker->Log();
-    }
-    auto snapshot = server_->Snapshot(job_);
-    if (snapshot.ok()) result.snapshot = *snapshot;
-    return result;
-  }
-
- private:
-  std::string job_;
-  std::unique_ptr<rendezvous::RendezvousServer> server_;
-  std::vector<std::unique_ptr<testing::WorkerProcess>> workers_;
-};
-
-RunResult RunJob(const fs::path& dir, const std::string& manifest, int replicas,
-                 const std::string& job, const std::map<std::string, std::string>& extra_env,
-                 std::chrono::seconds timeout) {
-  LocalJob local(dir, manifest, replicas, job, extra_env);
-  return local.WaitAll(timeout);
-}
+using testing::JobRun;
+using testing::LocalJob;
+using testing::RunLocalJob;
+using testing::ScratchDir;
 
 std::vector<float> ReadFloats(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);
@@ -185,7 +68,7 @@ class DataParallelEquivalenceTest : public ::testing::TestWithParam<int> {
 
   static void SetUpTestSuite() {
     if (!fs::exists(fs::path(kFashionDir) / "train-images-idx3-ubyte.gz")) return;
-    dir_ = MakeTempDir("equivalence");
+    dir_ = testing::MakeTempDir("lockstep-equivalence");
     reference_ = Train(1);
     if (!reference_.has_value()) any_failed_ = true;
   }
@@ -204,9 +87,12 @@ class DataParallelEquivalenceTest : public ::testing::TestWithParam<int> {
   static std::optional<std::vector<float>> Train(int replicas) {
     const fs::path dump = dir_ / ("params-" + std::to_string(replicas) + ".bin");
     const std::string name = "equiv-" + std::to_string(replicas);
-    RunResult run = RunJob(dir_, FashionManifest(name, replicas, kGlobalBatch / replicas), replicas,
-                           "default/" + name, {{"LOCKSTEP_DUMP_PARAMS", dump.string()}},
-                           std::chrono::seconds(60));
+    JobRun run = RunLocalJob(dir_,
+                             {.job = "default/" + name,
+                              .manifest = FashionManifest(name, replicas, kGlobalBatch / replicas),
+                              .replicas = replicas,
+                              .env = {{"LOCKSTEP_DUMP_PARAMS", dump.string()}}},
+                             std::chrono::seconds(60));
     for (int code : run.exit_codes) {
       EXPECT_EQ(code, 0) << run.logs;
       if (code != 0) return std::nullopt;
@@ -281,7 +167,8 @@ TEST(DigitsTrainingTest, TwoWorkersReachNinetyFivePercentHeldOutAccuracy) {
   const ScratchDir dir("digits");
   ASSERT_TRUE(WriteDigitsSplit(dir / "train.csv", dir / "test.csv", 6));  // 1498 + 299
   const std::string manifest = DigitsManifest("digits", 30, "none");
-  RunResult run = RunJob(dir, manifest, 2, "default/digits", {}, std::chrono::seconds(60));
+  JobRun run = RunLocalJob(dir, {.job = "default/digits", .manifest = manifest, .replicas = 2},
+                           std::chrono::seconds(60));
   ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << run.logs;
   EXPECT_EQ(run.snapshot.completed_members, 2);
   std::printf("digits: held-out accuracy %.4f after %lld steps\n",
@@ -298,8 +185,11 @@ TEST(DigitsTrainingTest, Fp16CompressedGradientsStillReachNinetyFivePercent) {
   if (!fs::exists(kDigitsCsv)) GTEST_SKIP() << "sklearn's digits are not installed";
   const ScratchDir dir("digits-fp16");
   ASSERT_TRUE(WriteDigitsSplit(dir / "train.csv", dir / "test.csv", 6));
-  RunResult run = RunJob(dir, DigitsManifest("digits-fp16", 30, "fp16"), 2, "default/digits-fp16",
-                         {}, std::chrono::seconds(60));
+  JobRun run = RunLocalJob(dir,
+                           {.job = "default/digits-fp16",
+                            .manifest = DigitsManifest("digits-fp16", 30, "fp16"),
+                            .replicas = 2},
+                           std::chrono::seconds(60));
   ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << run.logs;
   std::printf("digits fp16: held-out accuracy %.4f\n", run.snapshot.final_progress.eval_accuracy);
   EXPECT_GE(run.snapshot.final_progress.eval_accuracy, 0.95) << run.logs;
@@ -309,17 +199,19 @@ TEST(WorkerSignalTest, SigtermStopsPromptlyWithExitCode143WithoutCompleting) {
   if (!fs::exists(kDigitsCsv)) GTEST_SKIP() << "sklearn's digits are not installed";
   const ScratchDir dir("sigterm");
   ASSERT_TRUE(WriteDigitsSplit(dir / "train.csv", dir / "test.csv", 6));
-  LocalJob job(dir, DigitsManifest("sigterm", 100000, "none"), 2, "default/sigterm", {});
-  ASSERT_TRUE(job.WaitForStep(20, Clock::now() + std::chrono::seconds(30))) << job.worker(0).Log();
+  LocalJob job(dir, {.job = "default/sigterm",
+                     .manifest = DigitsManifest("sigterm", 100000, "none"),
+                     .replicas = 2});
+  ASSERT_TRUE(job.WaitForStep(20, 30000)) << job.worker(0).StdoutSoFar();
   ASSERT_EQ(kill(job.worker(0).pid(), SIGTERM), 0);
   const auto stopped_by = Clock::now() + std::chrono::seconds(10);
-  EXPECT_EQ(job.worker(0).Wait(stopped_by), 143) << job.worker(0).Log();
+  EXPECT_EQ(job.worker(0).WaitUntil(stopped_by).code(), 143) << job.worker(0).StdoutSoFar();
   // The survivor sees its generation end and tries to join the next one; SIGTERM stops it too,
   // within the grace period even though its Join cannot be interrupted.
   ASSERT_EQ(kill(job.worker(1).pid(), SIGTERM), 0);
-  EXPECT_EQ(job.worker(1).Wait(Clock::now() + std::chrono::seconds(10)), 143)
-      << job.worker(1).Log();
-  auto snapshot = job.server().Snapshot("default/sigterm");
+  EXPECT_EQ(job.worker(1).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(), 143)
+      << job.worker(1).StdoutSoFar();
+  auto snapshot = job.rendezvous().server().Snapshot("default/sigterm");
   ASSERT_TRUE(snapshot.ok());
   EXPECT_EQ(snapshot->completed_members, 0);
 }
@@ -333,14 +225,16 @@ TEST(WorkerGenerationTest, SurvivorRejoinsAfterAPeerDiesAndFinishesTheJob) {
   std::string manifest = DigitsManifest("survivor", 1, "none");
   // Long enough that the kill lands mid-run even on the shared-memory backend (~5k steps/s).
   manifest.replace(manifest.find("epochs: 1"), 9, "steps: 20000");
-  LocalJob job(dir, manifest, 2, "default/survivor", {}, /*min_replicas=*/1);
-  ASSERT_TRUE(job.WaitForStep(100, Clock::now() + std::chrono::seconds(30))) << job.worker(0).Log();
+  LocalJob job(dir,
+               {.job = "default/survivor", .manifest = manifest, .replicas = 2, .min_replicas = 1});
+  ASSERT_TRUE(job.WaitForStep(100, 30000)) << job.worker(0).StdoutSoFar();
   ASSERT_EQ(kill(job.worker(1).pid(), SIGKILL), 0);
-  EXPECT_EQ(job.worker(1).Wait(Clock::now() + std::chrono::seconds(10)), 256 + SIGKILL);
+  EXPECT_EQ(job.worker(1).WaitUntil(Clock::now() + std::chrono::seconds(10)).code(), 256 + SIGKILL);
   // What `lockstep run` does when it sees a worker exit.
-  job.server().RemoveMember("default/survivor", "worker-1", "exited (killed by the test)");
-  EXPECT_EQ(job.worker(0).Wait(Clock::now() + std::chrono::seconds(60)), 0) << job.worker(0).Log();
-  auto snapshot = job.server().Snapshot("default/survivor");
+  job.rendezvous().RemoveMember("worker-1", "exited (killed by the test)");
+  EXPECT_EQ(job.worker(0).WaitUntil(Clock::now() + std::chrono::seconds(60)).code(), 0)
+      << job.worker(0).StdoutSoFar();
+  auto snapshot = job.rendezvous().server().Snapshot("default/survivor");
   ASSERT_TRUE(snapshot.ok());
   EXPECT_GE(snapshot->history.size(), 2u);
   EXPECT_EQ(snapshot->final_progress.step, 20000);
@@ -360,8 +254,9 @@ TEST(WorkerInputTest, ManifestComesFromLockstepSpecWithoutManifestFlag) {
                                "data": {"format": "csv", "train": [")" +
       (dir.path() / "train.csv").string() + R"("], "test": [")" +
       (dir.path() / "test.csv").string() + R"("]}}}})";
-  RunResult run = RunJob(dir, "unused", 1, "default/specenv", {{"LOCKSTEP_SPEC", spec_json}},
-                         std::chrono::seconds(30));
+  JobRun run = RunLocalJob(
+      dir, {.job = "default/specenv", .manifest = "unused", .env = {{"LOCKSTEP_SPEC", spec_json}}},
+      std::chrono::seconds(30));
   ASSERT_EQ(run.exit_codes, (std::vector<int>{0})) << run.logs;
   EXPECT_EQ(run.snapshot.final_progress.step, 30);
   EXPECT_GT(run.snapshot.final_progress.eval_accuracy, 0.5);
@@ -373,7 +268,8 @@ TEST(WorkerInputTest, MissingDataFileExitsWithCodeTwoAndOneLineMessage) {
       "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: bad}\n"
       "spec:\n  replicas: 1\n  trainer:\n"
       "    data: {format: csv, train: [missing.csv]}\n    steps: 5\n  metrics: {port: 0}\n";
-  RunResult run = RunJob(dir, manifest, 1, "default/bad", {}, std::chrono::seconds(30));
+  JobRun run =
+      RunLocalJob(dir, {.job = "default/bad", .manifest = manifest}, std::chrono::seconds(30));
   ASSERT_EQ(run.exit_codes, (std::vector<int>{2})) << run.logs;
   EXPECT_NE(run.logs.find("lockstep-worker: error: "), std::string::npos) << run.logs;
   EXPECT_NE(run.logs.find("missing.csv"), std::string::npos) << run.logs;
@@ -389,7 +285,8 @@ TEST(WorkerInputTest, CudaDeviceIsRefusedNamingTheFieldRatherThanTrainedOnTheCpu
       "    data: {format: csv, train: "
       "[/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz]}\n"
       "    steps: 5\n    device: cuda\n  metrics: {port: 0}\n";
-  RunResult run = RunJob(dir, manifest, 1, "default/gpu", {}, std::chrono::seconds(30));
+  JobRun run =
+      RunLocalJob(dir, {.job = "default/gpu", .manifest = manifest}, std::chrono::seconds(30));
   ASSERT_EQ(run.exit_codes, (std::vector<int>{2})) << run.logs;
   EXPECT_NE(run.logs.find("lockstep-worker: error: spec.trainer.device: cuda"), std::string::npos)
       << run.logs;

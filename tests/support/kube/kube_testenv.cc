@@ -20,7 +20,7 @@
 
 #include "common/spec/problems.h"
 #include "common/spec/yaml_to_json.h"
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 #ifndef LOCKSTEP_KUBE_APISERVER_SCRIPT
 #error "LOCKSTEP_KUBE_APISERVER_SCRIPT must name scripts/kube-apiserver.sh"

@@ -11,7 +11,7 @@ if(NOT TARGET lockstep_kube_testenv)
   target_compile_definitions(lockstep_kube_testenv PRIVATE
     LOCKSTEP_KUBE_APISERVER_SCRIPT="${PROJECT_SOURCE_DIR}/scripts/kube-apiserver.sh")
   target_link_libraries(lockstep_kube_testenv PUBLIC
-    lockstep_base lockstep_process_runner nlohmann_json::nlohmann_json Threads::Threads
+    lockstep_base lockstep_test_process nlohmann_json::nlohmann_json Threads::Threads
     PRIVATE lockstep_spec yaml-cpp)
 
   add_executable(kube_testenv_server ${PROJECT_SOURCE_DIR}/tests/support/kube/kube_testenv_server.cc)

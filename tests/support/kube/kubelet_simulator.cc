@@ -22,7 +22,7 @@
 #include <sstream>
 
 #include "common/base64.h"
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::testing {
 namespace {

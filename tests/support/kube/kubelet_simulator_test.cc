@@ -13,7 +13,7 @@
 #include <iostream>
 #include <set>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 #include "tests/support/kube/kube_test_environment.h"
 #include "tests/support/kube/kube_testenv.h"
 

@@ -10,7 +10,7 @@
 #include <fstream>
 
 #include "common/deadline.h"
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::agent {
 namespace {

@@ -5,7 +5,7 @@
 
 #include <fstream>
 
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::agent {
 namespace {

@@ -1,7 +1,8 @@
 // The NCCL communicator on one GPU (NCCL refuses two ranks on one device; the multi-rank logic
-// above the Communicator interface is shared with Gloo and tested there). Every device test
-// skips without a GPU; the last test runs only where there is none and checks what such a
-// machine is told.
+// above the Communicator interface is shared with Gloo and tested there): the collectives every
+// backend passes (communicator_conformance.h) at a world of one, with device buffers, and what is
+// NCCL's own (streams, host staging, the unique id, devices). Every device test skips without a
+// GPU; the last test runs only where there is none and checks what such a machine is told.
 #include "worker/comm/nccl/nccl_communicator.h"
 
 #include <cuda_runtime_api.h>
@@ -10,9 +11,11 @@
 #include <cstdint>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "common/deadline.h"
+#include "tests/worker/comm/communicator_conformance.h"
 #include "tests/worker/comm/memory_store.h"
 
 namespace lockstep::comm {
@@ -47,6 +50,47 @@ class DeviceBuffer {
   size_t count_;
   void* data_ = nullptr;
 };
+
+// Device memory of device 0, for the shared suite's buffers.
+class DeviceSpace : public BufferSpace {
+ public:
+  void* Allocate(size_t bytes) override {
+    void* data = nullptr;
+    EXPECT_EQ(cudaMalloc(&data, bytes > 0 ? bytes : 1), cudaSuccess);
+    return data;
+  }
+  void Free(void* data) override { cudaFree(data); }
+  void CopyIn(void* to, const void* host, size_t bytes) override {
+    EXPECT_EQ(cudaMemcpy(to, host, bytes, cudaMemcpyHostToDevice), cudaSuccess);
+  }
+  void CopyOut(void* host, const void* from, size_t bytes) override {
+    EXPECT_EQ(cudaMemcpy(host, from, bytes, cudaMemcpyDeviceToHost), cudaSuccess);
+  }
+};
+
+const CommunicatorBackend& Nccl() {
+  static DeviceSpace device_space;
+  static const CommunicatorBackend backend{
+      .name = "nccl",
+      .create =
+          [](int rank, int world, rendezvous::KeyValueStore& store, int64_t connect_timeout_ms) {
+            return CreateNcclCommunicator({.rank = rank,
+                                           .size = world,
+                                           .device = 0,
+                                           .connect_timeout_ms = connect_timeout_ms},
+                                          store);
+          },
+      .unavailable_reason =
+          [] { return HaveGpu() ? std::string() : std::string("no CUDA device"); },
+      .space = &device_space,
+      .code_after_error = std::nullopt,  // the error suite is not instantiated: one rank only
+  };
+  return backend;
+}
+
+// One rank: NCCL refuses two ranks on one device. The deadline and refusal suite needs two.
+INSTANTIATE_TEST_SUITE_P(Nccl, CommunicatorConformanceTest,
+                         ::testing::ValuesIn(ConformanceCases(Nccl(), {1})), ConformanceCaseName);
 
 std::vector<float> RandomFloats(size_t n, uint32_t seed) {
   std::mt19937 random(seed);

@@ -1,4 +1,4 @@
-#include "tests/cli/process_runner.h"
+#include "tests/support/process/child_process.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -9,13 +9,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
-#include <filesystem>
-#include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <map>
-#include <sstream>
+
+#include "tests/support/process/poll_until.h"
+#include "tests/support/process/scratch_files.h"
 
 extern char** environ;
 
@@ -54,12 +55,18 @@ bool WaitForExit(pid_t pid, int64_t timeout_ms) {
 
 }  // namespace
 
-ChildProcess::ChildProcess(const std::vector<std::string>& argv,
-                           const std::vector<std::pair<std::string, std::string>>& env) {
-  const std::string dir = MakeTempDir("lockstep-child");
-  out_path_ = dir + "/stdout";
-  err_path_ = dir + "/stderr";
-  std::map<std::string, std::string> overrides(env.begin(), env.end());
+ChildProcess::ChildProcess(const std::vector<std::string>& argv, const Environment& env,
+                           const std::string& log_path) {
+  if (log_path.empty()) {
+    const std::string dir = MakeTempDir("lockstep-child");
+    out_path_ = dir + "/stdout";
+    err_path_ = dir + "/stderr";
+  } else {
+    out_path_ = log_path;
+    remove_output_ = false;
+  }
+  std::map<std::string, std::string> overrides;
+  for (const auto& [key, value] : env) overrides[key] = value;  // a later entry wins
   std::vector<std::string> env_storage;
   for (char** entry = environ; *entry != nullptr; ++entry) {
     std::string item(*entry);
@@ -73,7 +80,9 @@ ChildProcess::ChildProcess(const std::vector<std::string>& argv,
   for (std::string& item : env_storage) env_ptrs.push_back(item.data());
   env_ptrs.push_back(nullptr);
   const int out_fd = open(out_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  const int err_fd = open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  const int err_fd = err_path_.empty()
+                         ? fcntl(out_fd, F_DUPFD_CLOEXEC, 0)
+                         : open(err_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   const int null_fd = open("/dev/null", O_RDONLY | O_CLOEXEC);
   started_at_ = Now();
   pid_ = fork();
@@ -102,8 +111,15 @@ ChildProcess::~ChildProcess() {
 
 std::string ChildProcess::StdoutSoFar() const { return ReadFile(out_path_); }
 
+ProcessResult ChildProcess::WaitUntil(std::chrono::steady_clock::time_point deadline) {
+  const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+      deadline - std::chrono::steady_clock::now());
+  return Wait(left.count() > 0 ? left.count() : 0);
+}
+
 ProcessResult ChildProcess::Wait(int64_t timeout_ms) {
-  ProcessResult result;
+  if (waited_) return result_;
+  ProcessResult& result = result_;
   waited_ = true;
   if (pid_ <= 0) return result;
   if (!WaitForExit(pid_, timeout_ms)) {
@@ -120,86 +136,20 @@ ProcessResult ChildProcess::Wait(int64_t timeout_ms) {
   result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   result.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
   result.out = ReadFile(out_path_);
-  result.err = ReadFile(err_path_);
-  // The output is in the result now: leave nothing behind in /tmp (curl-based API requests in
-  // the Kubernetes tests start thousands of children).
-  std::error_code ignored;
-  std::filesystem::remove_all(std::filesystem::path(out_path_).parent_path(), ignored);
+  if (!err_path_.empty()) result.err = ReadFile(err_path_);
+  if (remove_output_) {
+    // The output is in the result now: leave nothing behind in /tmp (curl-based API requests in
+    // the Kubernetes tests start thousands of children).
+    std::error_code ignored;
+    std::filesystem::remove_all(std::filesystem::path(out_path_).parent_path(), ignored);
+  }
   return result;
 }
 
-ProcessResult RunProcess(const std::vector<std::string>& argv,
-                         const std::vector<std::pair<std::string, std::string>>& env,
+ProcessResult RunProcess(const std::vector<std::string>& argv, const Environment& env,
                          int64_t timeout_ms) {
   ChildProcess child(argv, env);
   return child.Wait(timeout_ms);
-}
-
-std::string MakeTempDir(const std::string& prefix) {
-  const char* tmp = std::getenv("TMPDIR");
-  std::string pattern =
-      std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/" + prefix + "-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr) {
-    ADD_FAILURE() << "mkdtemp " << pattern << ": " << std::strerror(errno);
-  }
-  return pattern;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream file(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << file.rdbuf();
-  return buffer.str();
-}
-
-void WriteFile(const std::string& path, const std::string& text) {
-  std::ofstream file(path, std::ios::trunc);
-  file << text;
-  if (!file) ADD_FAILURE() << "cannot write " << path;
-}
-
-std::vector<pid_t> FindProcessesWithEnv(const std::string& key, const std::string& value) {
-  std::vector<pid_t> pids;
-  const std::string wanted = key + "=" + value;
-  DIR* proc = opendir("/proc");
-  if (proc == nullptr) return pids;
-  while (dirent* entry = readdir(proc)) {
-    char* end = nullptr;
-    const long pid = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || pid <= 0) continue;
-    const std::string environ_text = ReadFile("/proc/" + std::string(entry->d_name) + "/environ");
-    std::istringstream items(environ_text);
-    std::string item;
-    while (std::getline(items, item, '\0')) {
-      if (item == wanted) {
-        pids.push_back(static_cast<pid_t>(pid));
-        break;
-      }
-    }
-  }
-  closedir(proc);
-  return pids;
-}
-
-pid_t ParentPid(pid_t pid) {
-  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so parse after the last ')'.
-  const size_t close_paren = stat.rfind(')');
-  if (close_paren == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(close_paren + 1));
-  char state = 0;
-  long ppid = -1;
-  rest >> state >> ppid;
-  return static_cast<pid_t>(ppid);
-}
-
-bool PollUntil(const std::function<bool()>& condition, int64_t timeout_ms, int64_t interval_ms) {
-  const double deadline = Now() + timeout_ms / 1000.0;
-  while (true) {
-    if (condition()) return true;
-    if (Now() >= deadline) return condition();
-    poll(nullptr, 0, static_cast<int>(interval_ms));
-  }
 }
 
 }  // namespace lockstep::testing

@@ -1,0 +1,12 @@
+// Test support for jobs of real processes (link lockstep_test_job), on top of
+// tests/support/process:
+//  - in_process_rendezvous.h: InProcessRendezvous, the rendezvous service hosted in the test for
+//    one job, and the environment that makes a process one of its members;
+//  - local_job.h: LocalJob, that service plus N lockstep-worker processes on a manifest;
+//  - launcher_workers.h: the workers a `lockstep run` launcher started.
+#pragma once
+
+#include "tests/support/job/in_process_rendezvous.h"  // IWYU pragma: export
+#include "tests/support/job/launcher_workers.h"       // IWYU pragma: export
+#include "tests/support/job/local_job.h"              // IWYU pragma: export
+#include "tests/support/process/process.h"            // IWYU pragma: export

@@ -1,0 +1,361 @@
+#include "tests/worker/comm/communicator_conformance.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <future>
+#include <mutex>
+#include <ostream>
+#include <thread>
+
+#include "tests/worker/comm/memory_store.h"
+#include "worker/comm/gloo/half_reduce.h"
+
+namespace lockstep::comm {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr int64_t kTimeoutMs = kConformanceTimeoutMs;
+
+int64_t MsSince(Clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
+}
+
+class HostBufferSpace : public BufferSpace {
+ public:
+  void* Allocate(size_t bytes) override { return ::operator new(bytes > 0 ? bytes : 1); }
+  void Free(void* data) override { ::operator delete(data); }
+  void CopyIn(void* to, const void* host, size_t bytes) override { std::memcpy(to, host, bytes); }
+  void CopyOut(void* host, const void* from, size_t bytes) override {
+    std::memcpy(host, from, bytes);
+  }
+};
+
+// A value that differs per rank and per element, small enough to be exact in every type.
+int64_t Value(int rank, size_t i) {
+  return static_cast<int64_t>((i % 61) + 1) * (rank + 1) - 3 * rank;
+}
+
+template <typename V>
+V Reduce(V a, V b, ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum:
+      return a + b;
+    case ReduceOp::kMax:
+      return std::max(a, b);
+    case ReduceOp::kMin:
+      return std::min(a, b);
+  }
+  return a;
+}
+
+int64_t Expected(int world, size_t i, ReduceOp op) {
+  int64_t result = Value(0, i);
+  for (int rank = 1; rank < world; ++rank) result = Reduce(result, Value(rank, i), op);
+  return result;
+}
+
+template <typename T>
+Status CheckAllReduce(int rank, int world, Communicator& comm, BufferSpace& space, size_t count,
+                      DataType type, ReduceOp op) {
+  std::vector<T> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = static_cast<T>(Value(rank, i));
+  SpaceBuffer<T> buffer(space, values);
+  LOCKSTEP_RETURN_IF_ERROR(comm.AllReduce(buffer.data(), count, type, op, kTimeoutMs));
+  const std::vector<T> data = buffer.Read();
+  for (size_t i = 0; i < count; ++i) {
+    if (data[i] != static_cast<T>(Expected(world, i, op))) {
+      return InternalError(std::string(DataTypeName(type)) + " count " + std::to_string(count) +
+                           " op " + std::to_string(static_cast<int>(op)) + ": element " +
+                           std::to_string(i) + " is " + std::to_string(data[i]) + ", expected " +
+                           std::to_string(Expected(world, i, op)));
+    }
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+BufferSpace& HostSpace() {
+  static HostBufferSpace space;
+  return space;
+}
+
+Status RunRanks(const CommunicatorBackend& backend, int world,
+                const std::function<Status(int, Communicator&)>& body,
+                rendezvous::KeyValueStore* shared_store) {
+  testing::MemoryKeyValueStore own_store;
+  rendezvous::KeyValueStore& store = shared_store != nullptr ? *shared_store : own_store;
+  std::mutex first_failure_mu;
+  Status first_failure;
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      auto communicator = backend.create(rank, world, store, kTimeoutMs);
+      Status status = communicator.ok() ? body(rank, **communicator) : communicator.status();
+      if (!status.ok()) {
+        std::lock_guard<std::mutex> lock(first_failure_mu);
+        if (first_failure.ok()) first_failure = status.WithContext("rank " + std::to_string(rank));
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  return first_failure;
+}
+
+// Sizes 1, odd, several chunks of a 64 KiB shm slot (100003 elements of 8 bytes are ~12 chunks
+// at 2 ranks), and 4 MiB of each type.
+Status CheckEveryAllReduce(int rank, int world, Communicator& comm, BufferSpace& space) {
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+    for (size_t count : {size_t{1}, size_t{7}, size_t{1001}, size_t{100003}}) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          CheckAllReduce<float>(rank, world, comm, space, count, DataType::kFloat32, op));
+      LOCKSTEP_RETURN_IF_ERROR(
+          CheckAllReduce<double>(rank, world, comm, space, count, DataType::kFloat64, op));
+      LOCKSTEP_RETURN_IF_ERROR(
+          CheckAllReduce<int64_t>(rank, world, comm, space, count, DataType::kInt64, op));
+    }
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckAllReduce<float>(rank, world, comm, space, (4u << 20) / 4, DataType::kFloat32, op));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckAllReduce<double>(rank, world, comm, space, (4u << 20) / 8, DataType::kFloat64, op));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckAllReduce<int64_t>(rank, world, comm, space, (4u << 20) / 8, DataType::kInt64, op));
+  }
+  return OkStatus();
+}
+
+void PrintTo(const ConformanceCase& param, std::ostream* os) {
+  *os << param.backend->name << " world " << param.world;
+}
+
+std::vector<ConformanceCase> ConformanceCases(const CommunicatorBackend& backend,
+                                              std::initializer_list<int> worlds) {
+  std::vector<ConformanceCase> cases;
+  for (int world : worlds) cases.push_back({&backend, world});
+  return cases;
+}
+
+std::string ConformanceCaseName(const ::testing::TestParamInfo<ConformanceCase>& info) {
+  return "World" + std::to_string(info.param.world);
+}
+
+std::string BackendName(const ::testing::TestParamInfo<const CommunicatorBackend*>& info) {
+  return info.param->name;
+}
+
+void CommunicatorConformanceTest::SetUp() {
+  const std::string reason = backend().unavailable_reason();
+  if (!reason.empty()) GTEST_SKIP() << reason;
+}
+
+void CommunicatorErrorTest::SetUp() {
+  const std::string reason = backend().unavailable_reason();
+  if (!reason.empty()) GTEST_SKIP() << reason;
+}
+
+// Only the backends that can run two ranks here instantiate it (not NCCL on one GPU).
+GTEST_ALLOW_UNINSTANTIATED_PARAMETERIZED_TEST(CommunicatorErrorTest);
+
+namespace {
+
+TEST_P(CommunicatorConformanceTest, AllReduceComputesExactSumMaxMinForEveryTypeAndSize) {
+  const int world = this->world();
+  const CommunicatorBackend& backend = this->backend();
+  Status status = RunRanks(backend, world, [&](int rank, Communicator& comm) -> Status {
+    EXPECT_EQ(comm.backend(), backend.name);
+    EXPECT_EQ(comm.size(), world);
+    EXPECT_EQ(comm.rank(), rank);
+    return CheckEveryAllReduce(rank, world, comm, *backend.space);
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorConformanceTest, AllReduceReusesTheSameBufferAcrossSteps) {
+  const int world = this->world();
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    SpaceBuffer<float> gradients(space, std::vector<float>(100003));
+    for (int step = 0; step < 5; ++step) {
+      const std::vector<float> values(100003, static_cast<float>(rank + step));
+      space.CopyIn(gradients.data(), values.data(), gradients.Bytes());
+      LOCKSTEP_RETURN_IF_ERROR(comm.AllReduce(gradients.data(), values.size(), DataType::kFloat32,
+                                              ReduceOp::kSum, kTimeoutMs));
+      const float expected = static_cast<float>(world * (world - 1) / 2 + world * step);
+      for (float g : gradients.Read()) {
+        if (g != expected)
+          return InternalError("step " + std::to_string(step) + ": got " + std::to_string(g));
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// Small integers, rank added and subtracted: every value and every partial sum along a ring is
+// exact in bf16's 8 bits of precision.
+TEST_P(CommunicatorConformanceTest, AllReduceOfHalfTypesReducesExactlyRepresentableValues) {
+  const int world = this->world();
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    for (DataType type : {DataType::kBFloat16, DataType::kFloat16}) {
+      auto to_half = type == DataType::kBFloat16 ? &FloatToBFloat16 : &FloatToFloat16;
+      auto to_float = type == DataType::kBFloat16 ? &BFloat16ToFloat : &Float16ToFloat;
+      for (int sign : {1, -1}) {
+        auto value = [sign](int r, size_t i) {
+          return static_cast<float>(static_cast<int64_t>(i % 13) + sign * r);
+        };
+        for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax, ReduceOp::kMin}) {
+          for (size_t count : {size_t{1}, size_t{9}, size_t{100003}, size_t{2u << 20}}) {
+            std::vector<uint16_t> values(count);
+            for (size_t i = 0; i < count; ++i) values[i] = to_half(value(rank, i));
+            SpaceBuffer<uint16_t> buffer(space, values);
+            LOCKSTEP_RETURN_IF_ERROR(comm.AllReduce(buffer.data(), count, type, op, kTimeoutMs));
+            const std::vector<uint16_t> data = buffer.Read();
+            for (size_t i = 0; i < count; ++i) {
+              float expected = value(0, i);
+              for (int r = 1; r < world; ++r) expected = Reduce(expected, value(r, i), op);
+              if (to_float(data[i]) != expected) {
+                return InternalError(std::string(DataTypeName(type)) + " op " +
+                                     std::to_string(static_cast<int>(op)) + " element " +
+                                     std::to_string(i) + ": got " +
+                                     std::to_string(to_float(data[i])) + ", expected " +
+                                     std::to_string(expected));
+              }
+            }
+          }
+        }
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorConformanceTest, BroadcastFromEveryRootReachesEveryRank) {
+  const int world = this->world();
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    for (int root = 0; root < world; ++root) {
+      // 1 byte, odd, several times a shm slot area, and 4 MiB.
+      for (size_t bytes : {size_t{1}, size_t{13}, size_t{1u << 20} + 5, size_t{4u << 20}}) {
+        std::vector<uint8_t> values(bytes);
+        for (size_t i = 0; i < bytes; ++i) values[i] = static_cast<uint8_t>(rank * 7 + i);
+        SpaceBuffer<uint8_t> buffer(space, values);
+        LOCKSTEP_RETURN_IF_ERROR(comm.Broadcast(buffer.data(), bytes, root, kTimeoutMs));
+        const std::vector<uint8_t> data = buffer.Read();
+        for (size_t i = 0; i < bytes; ++i) {
+          if (data[i] != static_cast<uint8_t>(root * 7 + i)) {
+            return InternalError("root " + std::to_string(root) + " bytes " +
+                                 std::to_string(bytes) + ": byte " + std::to_string(i) + " wrong");
+          }
+        }
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorConformanceTest, AllGatherPlacesEveryRanksBytesInItsSlot) {
+  const int world = this->world();
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    for (size_t bytes : {size_t{1}, size_t{17}, size_t{300001}, size_t{1u << 20}}) {
+      std::vector<uint8_t> values(bytes);
+      for (size_t i = 0; i < bytes; ++i) values[i] = static_cast<uint8_t>(rank * 31 + i);
+      SpaceBuffer<uint8_t> in(space, values);
+      SpaceBuffer<uint8_t> out(space, std::vector<uint8_t>(bytes * world, 0xFF));
+      LOCKSTEP_RETURN_IF_ERROR(comm.AllGather(in.data(), bytes, out.data(), kTimeoutMs));
+      const std::vector<uint8_t> gathered = out.Read();
+      for (int r = 0; r < world; ++r) {
+        for (size_t i = 0; i < bytes; ++i) {
+          if (gathered[r * bytes + i] != static_cast<uint8_t>(r * 31 + i)) {
+            return InternalError("bytes " + std::to_string(bytes) + ": slot of rank " +
+                                 std::to_string(r) + " byte " + std::to_string(i) + " wrong");
+          }
+        }
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorConformanceTest, BarrierReleasesNoRankBeforeAllArrive) {
+  const int world = this->world();
+  std::atomic<int> arrived{0};
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    for (int round = 1; round <= 50; ++round) {
+      arrived.fetch_add(1);
+      LOCKSTEP_RETURN_IF_ERROR(comm.Barrier(kTimeoutMs));
+      if (arrived.load() < round * world) {
+        return InternalError("left barrier round " + std::to_string(round) + " with only " +
+                             std::to_string(arrived.load()) + " arrivals");
+      }
+      // Second barrier so that no rank starts the next round's arrival before all checked.
+      LOCKSTEP_RETURN_IF_ERROR(comm.Barrier(kTimeoutMs));
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorErrorTest, CollectiveWithAbsentRankReturnsDeadlineExceededWithinTimeout) {
+  constexpr int64_t kShortTimeoutMs = 500;
+  const CommunicatorBackend& backend = this->backend();
+  std::promise<void> rank0_done;
+  auto rank0_done_future = rank0_done.get_future();
+  Status status = RunRanks(backend, 2, [&](int rank, Communicator& comm) -> Status {
+    if (rank == 1) {
+      // Joined but never takes part; stays alive until rank 0 has its answer.
+      if (rank0_done_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+        return InternalError("rank 0 never finished");
+      }
+      return OkStatus();
+    }
+    std::vector<float> values(1000, 1.0f);
+    SpaceBuffer<float> data(*backend.space, values);
+    const auto start = Clock::now();
+    Status result = comm.AllReduce(data.data(), values.size(), DataType::kFloat32, ReduceOp::kSum,
+                                   kShortTimeoutMs);
+    const int64_t elapsed_ms = MsSince(start);
+    EXPECT_EQ(result.code(), StatusCode::kDeadlineExceeded) << result;
+    EXPECT_GE(elapsed_ms, kShortTimeoutMs - backend.deadline_early_ms);
+    EXPECT_LT(elapsed_ms, kShortTimeoutMs + backend.deadline_late_ms);
+    // After an error the communicator refuses further work at once.
+    Status later = comm.Barrier(kShortTimeoutMs);
+    EXPECT_FALSE(later.ok());
+    if (backend.code_after_error) {
+      EXPECT_EQ(later.code(), *backend.code_after_error) << later;
+    }
+    rank0_done.set_value();
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorErrorTest, CreateWithoutPeersReturnsDeadlineExceeded) {
+  testing::MemoryKeyValueStore store;
+  const auto start = Clock::now();
+  auto comm = backend().create(0, 2, store, 300);
+  EXPECT_EQ(comm.status().code(), StatusCode::kDeadlineExceeded) << comm.status();
+  EXPECT_LT(MsSince(start), 300 + backend().connect_late_ms);
+}
+
+TEST_P(CommunicatorErrorTest, InvalidArgumentsAreRejected) {
+  testing::MemoryKeyValueStore store;
+  EXPECT_EQ(backend().create(2, 2, store, 300).status().code(), StatusCode::kInvalidArgument);
+  Status status = RunRanks(backend(), 1, [&](int, Communicator& comm) -> Status {
+    SpaceBuffer<float> x(*backend().space, {1.0f});
+    EXPECT_EQ(comm.Broadcast(x.data(), 4, 1, kTimeoutMs).code(), StatusCode::kInvalidArgument);
+    EXPECT_EQ(comm.AllReduce(x.data(), 1, DataType::kFloat32, ReduceOp::kSum, 0).code(),
+              StatusCode::kInvalidArgument);
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+}  // namespace
+}  // namespace lockstep::comm
