@@ -21,8 +21,10 @@ packages=(
   # the operator's tests: etcd, a kube-apiserver built from Debian's source by
   # scripts/kube-apiserver.sh (Go 1.19, reflect2 1.0.2, dpkg-source, rsync), curl and openssl
   etcd-server golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync curl openssl
-  # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart renderer
-  prometheus python3-yaml
+  # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart test, and
+  # the Go sources of the chart renderer helm_render (built with golang-1.19-go above): sprig v3
+  # (Helm's template functions) and sigs.k8s.io/yaml (Helm's YAML)
+  prometheus python3-yaml golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev
   patchelf  # scripts/gpu-bundle.sh: RUNPATH $ORIGIN/../lib of the bundled programs
 )
 # Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs): Debian's
