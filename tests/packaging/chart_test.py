@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Renders charts/lockstep with helm_render.py and checks what a user of the chart relies on.
+"""Renders charts/lockstep with helm_render (tests/packaging/helm_render: Go's text/template and
+sprig, as Helm renders) and checks what a user of the chart relies on.
 
-    chart_test.py --source REPO --out DIR
+    chart_test.py --source REPO --out DIR --helm-render PATH
 
 Renders three value sets (the defaults; tests/packaging/values-monitoring.yaml, the defaults with
 the Prometheus objects and the dashboard on; tests/packaging/values-all-options.yaml, every
@@ -22,12 +23,10 @@ import json
 import os
 import re
 import shutil
+import subprocess
 import sys
 
 import yaml
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-import helm_render  # noqa: E402
 
 LEADER_LABEL = "lockstep.io/rendezvous-leader"
 
@@ -76,6 +75,37 @@ def leaves(tree, prefix=""):
 def documented_options(readme_text):
     """Value paths in the README's table rows: | `path` | ..."""
     return set(re.findall(r"^\|\s*`([A-Za-z0-9_.]+)`\s*\|", readme_text, re.M))
+
+
+def deep_merge(base, override):
+    """Values files over values.yaml, as Helm merges them: maps key by key, anything else
+    replaced."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def render_chart(helm_render, chart, value_files, release, namespace):
+    """Returns (objects, notes) as helm_render --format json prints them, or raises RenderError
+    with the renderer's message."""
+    command = [helm_render, "--chart", chart, "--release", release, "--namespace", namespace,
+               "--format", "json"]
+    for path in value_files:
+        command += ["--values", path]
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            timeout=60, check=False)
+    if result.returncode != 0:
+        raise RenderError(result.stderr.strip() or "exit status %d" % result.returncode)
+    rendered = json.loads(result.stdout)
+    return rendered["objects"], rendered["notes"]
+
+
+class RenderError(Exception):
+    pass
 
 
 class Checker:
@@ -236,7 +266,13 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--source", required=True)
     parser.add_argument("--out", required=True)
+    parser.add_argument("--helm-render", required=True,
+                        help="the helm_render program (built by CMake: target helm_render)")
     options = parser.parse_args()
+    if not os.access(options.helm_render, os.X_OK):
+        print("FAIL %s is not built: `ninja helm_render` (needs Go and Debian's sprig, "
+              "scripts/setup.sh)" % options.helm_render)
+        return 1
     chart = os.path.join(options.source, "charts", "lockstep")
     here = os.path.dirname(os.path.abspath(__file__))
     check = Checker()
@@ -299,10 +335,10 @@ def main():
             values = defaults
             for path in files:
                 with open(path) as f:
-                    values = helm_render.deep_merge(values, yaml.safe_load(f))
+                    values = deep_merge(values, yaml.safe_load(f))
         try:
-            objects, notes = helm_render.render_chart(chart, files, release, namespace)
-        except helm_render.TemplateError as e:
+            objects, notes = render_chart(options.helm_render, chart, files, release, namespace)
+        except RenderError as e:
             check.expect(False, "[%s] render: %s" % (label, e))
             continue
         with open(os.path.join(options.out, label + ".json"), "w") as f:
