@@ -36,8 +36,6 @@ class GenerationStores {
   // Fails every waiter with `status` and forgets them.
   void FailAll(const Status& status, Actions& out);
 
-  size_t waiter_count() const { return waiters_.size(); }
-
  private:
   struct Waiter {
     CallId call = 0;

@@ -355,10 +355,12 @@ Job::Closures Job::Resolve(Actions& actions) {
     if (auto* answer = std::get_if<AnswerJoin>(&action)) {
       auto call = TakeCall(answer->call);
       if (call == nullptr) continue;
+      if (!answer->status.ok()) {
+        closures.push_back([call, status = ToGrpcStatus(answer->status)] { call->Complete(status); });
+        continue;
+      }
       auto response = std::make_shared<v1::JoinResponse>(ToProto(answer->assignment));
-      closures.push_back([call, status = ToGrpcStatus(answer->status), response] {
-        call->Complete(status, response.get());
-      });
+      closures.push_back([call, response] { call->Complete(grpc::Status::OK, response.get()); });
     } else if (auto* answer = std::get_if<AnswerStoreGet>(&action)) {
       auto call = TakeCall(answer->call);
       if (call == nullptr) continue;

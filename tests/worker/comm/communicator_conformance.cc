@@ -18,10 +18,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kTimeoutMs = kConformanceTimeoutMs;
 
-int64_t MsSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-}
-
 class HostBufferSpace : public BufferSpace {
  public:
   void* Allocate(size_t bytes) override { return ::operator new(bytes > 0 ? bytes : 1); }

@@ -18,6 +18,7 @@
 #include <gtest/gtest.h>
 
 #include <cstddef>
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <initializer_list>
@@ -34,6 +35,13 @@ namespace lockstep::comm {
 
 // The timeout of every collective and bootstrap the suite expects to succeed.
 inline constexpr int64_t kConformanceTimeoutMs = 20000;
+
+// Milliseconds of the steady clock since `start`: for the deadline checks of every backend's tests.
+inline int64_t MsSince(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() -
+                                                               start)
+      .count();
+}
 
 // Where a backend's collective buffers live: host memory for gloo and shm, device memory for
 // nccl. The suite fills and reads buffers only through this.

@@ -24,10 +24,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 constexpr int64_t kTimeoutMs = kConformanceTimeoutMs;
 
-int64_t MsSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-}
-
 const CommunicatorBackend& Gloo() {
   static const CommunicatorBackend backend{
       .name = "gloo",

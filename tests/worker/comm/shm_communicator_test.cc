@@ -36,10 +36,6 @@ constexpr int64_t kTimeoutMs = kConformanceTimeoutMs;
 // Small slots, so that modest buffers already take several chunks.
 constexpr size_t kSlotBytes = 64 << 10;
 
-int64_t MsSince(Clock::time_point start) {
-  return std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start).count();
-}
-
 ShmOptions TestOptions(int rank, int world) {
   ShmOptions options;
   options.rank = rank;
