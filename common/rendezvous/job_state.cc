@@ -4,6 +4,8 @@
 #include "common/rendezvous/job_state.h"
 
 #include <algorithm>
+#include <map>
+#include <unordered_set>
 #include <utility>
 
 #include "common/logging.h"
@@ -47,46 +49,50 @@ std::string JobState::PodOfMember(const std::string& member_id) const {
 
 std::vector<std::string> JobState::PendingPods() const {
   std::vector<std::string> pods;
+  std::unordered_set<std::string> seen;
   for (const auto& join : pending_) {
-    if (std::find(pods.begin(), pods.end(), join.pod) == pods.end()) pods.push_back(join.pod);
+    if (seen.insert(join.pod).second) pods.push_back(join.pod);
   }
   return pods;
 }
 
-bool JobState::PodComplete(const std::string& pod) const {
-  // Join keeps at most one pending join per (pod, local rank), each rank in range.
-  const auto in_pod = [&](const PendingJoin& join) { return join.pod == pod; };
-  return std::count_if(pending_.begin(), pending_.end(), in_pod) == config_.ranks_per_pod;
+JobState::PodTally JobState::TallyPendingRanks() const {
+  PodTally ranks;
+  for (const auto& join : pending_) ++ranks[join.pod];
+  return ranks;
 }
 
-int32_t JobState::CompletePods() const {
+bool JobState::PodComplete(const PodTally& ranks, const std::string& pod) const {
+  // Join keeps at most one pending join per (pod, local rank), each rank in range.
+  auto it = ranks.find(pod);
+  return it != ranks.end() && it->second == config_.ranks_per_pod;
+}
+
+int32_t JobState::CompletePods(const PodTally& ranks) const {
   int32_t complete = 0;
-  for (const auto& pod : PendingPods()) complete += PodComplete(pod) ? 1 : 0;
+  for (const auto& [pod, count] : ranks) complete += count == config_.ranks_per_pod ? 1 : 0;
   return complete;
 }
 
-int32_t JobState::ExpectedPods() const {
+int32_t JobState::ExpectedPods(const PodTally& ranks) const {
   // Before the first generation nobody survives anything: expect the job's initial size.
   if (BeforeFirstGeneration()) {
     return config_.initial_members > 0 ? config_.initial_members : config_.max_members;
   }
   int32_t expected = static_cast<int32_t>(survivors_.size());
-  for (const auto& pod : PendingPods()) {
+  for (const auto& [pod, count] : ranks) {
     if (!IsSurvivor(pod)) ++expected;
   }
   return expected;
 }
 
-bool JobState::AllExpectedJoined() const {
-  if (BeforeFirstGeneration()) return CompletePods() >= ExpectedPods();
+bool JobState::AllExpectedJoined(const PodTally& ranks) const {
+  if (BeforeFirstGeneration()) return CompletePods(ranks) >= ExpectedPods(ranks);
   for (const auto& survivor : survivors_) {
-    if (!PodComplete(survivor)) return false;
+    if (!PodComplete(ranks, survivor)) return false;
   }
   // A pod some of whose ranks have joined is expected to complete (they start together).
-  for (const auto& pod : PendingPods()) {
-    if (!PodComplete(pod)) return false;
-  }
-  return true;
+  return CompletePods(ranks) == static_cast<int32_t>(ranks.size());
 }
 
 // Formation rule (the proto's protocol, step 1):
@@ -98,11 +104,11 @@ bool JobState::AllExpectedJoined() const {
 //  - at most max_members pods are admitted (FormGeneration picks surviving pods first).
 void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   if (active_ || !closed_status_.ok()) return;
-  if (CompletePods() < config_.min_members) return;
-  if (BeforeFirstGeneration() && config_.wait_for_initial_members && !AllExpectedJoined()) {
-    return;
-  }
-  if (!AllExpectedJoined()) {
+  const PodTally ranks = TallyPendingRanks();
+  if (CompletePods(ranks) < config_.min_members) return;
+  const bool all_joined = AllExpectedJoined(ranks);
+  if (BeforeFirstGeneration() && config_.wait_for_initial_members && !all_joined) return;
+  if (!all_joined) {
     const TimePoint last_call_at = latest_arrival_ + milliseconds(config_.last_call_ms);
     if (now < last_call_at) {
       if (last_call_at > last_call_wake_) {
@@ -118,21 +124,24 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
 void JobState::FormGeneration(TimePoint now, Actions& out) {
   // Pods: survivors keep their relative order, newcomers follow in order of first arrival; only
   // whole pods are admitted. Ranks go pod by pod, local ranks in order.
+  const PodTally ranks = TallyPendingRanks();
   std::vector<std::string> pods;
   for (const auto& survivor : survivors_) {
-    if (PodComplete(survivor)) pods.push_back(survivor);
+    if (PodComplete(ranks, survivor)) pods.push_back(survivor);
   }
   for (const auto& pod : PendingPods()) {
-    if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
+    if (!IsSurvivor(pod) && PodComplete(ranks, pod)) pods.push_back(pod);
   }
   pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
   const int32_t per_pod = config_.ranks_per_pod;
+  std::map<std::pair<std::string, int32_t>, size_t> place;  // (pod, local rank) -> pending_ index
+  for (size_t i = 0; i < pending_.size(); ++i) {
+    place[{pending_[i].pod, pending_[i].local_rank}] = i;
+  }
   std::vector<size_t> order;  // indices into pending_, by rank
   for (const auto& pod : pods) {
     for (int32_t local_rank = 0; local_rank < per_pod; ++local_rank) {
-      for (size_t i = 0; i < pending_.size(); ++i) {
-        if (pending_[i].pod == pod && pending_[i].local_rank == local_rank) order.push_back(i);
-      }
+      order.push_back(place.at({pod, local_rank}));
     }
   }
   const size_t world = order.size();
@@ -291,14 +300,15 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
       ++it;
       continue;
     }
-    const int32_t needed = std::max(config_.min_members, ExpectedPods());
+    const PodTally ranks = TallyPendingRanks();
+    const int32_t needed = std::max(config_.min_members, ExpectedPods(ranks));
     const std::string bounds = "min " + std::to_string(config_.min_members) + ", max " +
                                std::to_string(config_.max_members);
     const std::string present =
         config_.ranks_per_pod == 1
             ? std::to_string(pending_.size()) + " of " + std::to_string(needed) +
                   " members present (" + bounds + ")"
-            : std::to_string(CompletePods()) + " of " + std::to_string(needed) +
+            : std::to_string(CompletePods(ranks)) + " of " + std::to_string(needed) +
                   " pods complete (" + std::to_string(pending_.size()) +
                   " members present, " + std::to_string(config_.ranks_per_pod) +
                   " ranks per pod; " + bounds + " pods)";

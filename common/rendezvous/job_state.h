@@ -21,6 +21,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/rendezvous/actions.h"
@@ -190,12 +191,15 @@ class JobState {
   // The pod of an active or pending member; the id itself when it is neither.
   std::string PodOfMember(const std::string& member_id) const;
   void RemoveSurvivor(const std::string& pod);
-  // Pods with a pending join, in order of their first, and whether all their ranks are pending.
+  // Pods with a pending join, in order of their first.
   std::vector<std::string> PendingPods() const;
-  bool PodComplete(const std::string& pod) const;
-  int32_t CompletePods() const;
-  int32_t ExpectedPods() const;
-  bool AllExpectedJoined() const;
+  // Pending joins per pod: counted once per decision, so that each is linear in the joins.
+  using PodTally = std::unordered_map<std::string, int32_t>;
+  PodTally TallyPendingRanks() const;
+  bool PodComplete(const PodTally& ranks, const std::string& pod) const;  // every rank pending
+  int32_t CompletePods(const PodTally& ranks) const;
+  int32_t ExpectedPods(const PodTally& ranks) const;
+  bool AllExpectedJoined(const PodTally& ranks) const;
   void TryFormGeneration(TimePoint now, Actions& out);
   void FormGeneration(TimePoint now, Actions& out);
   // lost: a member is gone (for the recovery time); false when one joined.
