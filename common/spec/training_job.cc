@@ -78,7 +78,8 @@ bool operator==(const RunPolicy& a, const RunPolicy& b) {
 }
 bool operator==(const MetricsSpec& a, const MetricsSpec& b) { return a.port == b.port; }
 bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b) {
-  return a.replicas == b.replicas && a.elastic == b.elastic && a.elastic_set == b.elastic_set &&
+  return a.replicas == b.replicas && a.ranks_per_worker == b.ranks_per_worker &&
+         a.elastic == b.elastic && a.elastic_set == b.elastic_set &&
          a.trainer == b.trainer && a.command == b.command && a.image == b.image &&
          a.resources == b.resources && a.template_ == b.template_ && a.checkpoint == b.checkpoint &&
          a.network == b.network && a.run_policy == b.run_policy && a.metrics == b.metrics;

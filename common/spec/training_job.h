@@ -153,8 +153,14 @@ struct MetricsSpec {
   int32_t port = 9400;  // 0: no endpoint; else 1..65535
 };
 
+// Most ranks one worker pod may run (`ranksPerWorker`): a node's GPUs or cores, with room.
+inline constexpr int32_t kMaxRanksPerWorker = 256;
+
 struct TrainingJobSpec {
-  int32_t replicas = 0;  // required, >= 1
+  int32_t replicas = 0;  // required, >= 1: worker pods
+  // `ranksPerWorker`: ranks (processes) per worker pod, rank = pod index * this + local rank
+  // (torchrun's --nproc-per-node). Resolved: "auto" is one per requested GPU, at least 1.
+  int32_t ranks_per_worker = 1;
   ElasticSpec elastic;   // resolved: min/max always set after parsing
   bool elastic_set = false;
   std::optional<TrainerSpec> trainer;  // exactly one of trainer and command

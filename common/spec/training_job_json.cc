@@ -106,6 +106,7 @@ nlohmann::json ToJson(const TrainingJob& job) {
     out_spec["elastic"] = {{"minReplicas", spec.elastic.min_replicas},
                            {"maxReplicas", spec.elastic.max_replicas}};
   }
+  if (spec.ranks_per_worker != 1) out_spec["ranksPerWorker"] = spec.ranks_per_worker;
   if (spec.trainer) out_spec["trainer"] = TrainerToJson(*spec.trainer);
   if (!spec.command.empty()) out_spec["command"] = spec.command;
   if (!spec.template_.is_null()) out_spec["template"] = spec.template_;

@@ -3,6 +3,7 @@
 // ParseTrainingJobJson both end here, so the two formats cannot drift apart.
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cstdint>
 #include <limits>
@@ -351,10 +352,37 @@ void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* jo
   }
 }
 
+// `ranksPerWorker`: an integer in 1..kMaxRanksPerWorker, or "auto" (one rank per requested GPU).
+// A cuda job's ranks each take one of the pod's GPUs, so it may not ask for more ranks than GPUs.
+void ReadRanksPerWorker(const ObjectReader& reader, TrainingJobSpec* spec) {
+  const json* value = reader.Find("ranksPerWorker");
+  if (value == nullptr) return;
+  if (value->is_string()) {
+    if (*value != "auto") {
+      reader.problems()->Add(reader.PathOf("ranksPerWorker"),
+                             "must be a positive integer or \"auto\" (got " + Describe(*value) +
+                                 ")");
+      return;
+    }
+    spec->ranks_per_worker = std::max(1, spec->resources.gpus);
+  } else if (!reader.ReadInt("ranksPerWorker", &spec->ranks_per_worker, 1, kMaxRanksPerWorker)) {
+    return;
+  }
+  if (spec->trainer && spec->trainer->device == Device::kCuda && spec->resources.gpus > 0 &&
+      spec->ranks_per_worker > spec->resources.gpus) {
+    reader.problems()->Add(reader.PathOf("ranksPerWorker"),
+                           "must be <= spec.resources.gpus (" +
+                               std::to_string(spec->resources.gpus) + ") for a cuda trainer: " +
+                               "each rank uses one of its pod's GPUs (got " +
+                               std::to_string(spec->ranks_per_worker) + ")");
+  }
+}
+
 void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ObjectReader reader =
-      top.Child("spec", {"replicas", "elastic", "trainer", "command", "image", "resources",
-                         "template", "checkpoint", "network", "runPolicy", "metrics"});
+      top.Child("spec", {"replicas", "ranksPerWorker", "elastic", "trainer", "command", "image",
+                         "resources", "template", "checkpoint", "network", "runPolicy",
+                         "metrics"});
   if (!reader.valid()) return;
   bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1);
   ReadElastic(reader, replicas_ok, spec);
@@ -377,6 +405,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   resources.ReadInt("gpus", &spec->resources.gpus, 0);
   ReadQuantity(resources, "cpu", &spec->resources.cpu);
   ReadQuantity(resources, "memory", &spec->resources.memory);
+  ReadRanksPerWorker(reader, spec);
   if (const json* pod_template = reader.Find("template")) {
     if (pod_template->is_object()) {
       spec->template_ = *pod_template;

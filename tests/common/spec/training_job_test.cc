@@ -86,6 +86,30 @@ TEST(TrainingJobSpec, MinimalManifestGetsTheDocumentedDefaults) {
   EXPECT_TRUE(job->spec.template_.is_null());
 }
 
+TEST(TrainingJobSpec, RanksPerWorkerDefaultsToOneAndAutoIsOnePerRequestedGpu) {
+  StatusOr<TrainingJob> plain = ParseTrainingJobYaml(kMinimal, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->spec.ranks_per_worker, 1);
+
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  ranksPerWorker: auto\n  resources: {gpus: 8}\n");
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.ranks_per_worker, 8);
+  // The worker gets the resolved number.
+  EXPECT_EQ(ToJson(*job)["spec"]["ranksPerWorker"], 8);
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*job), "job.json");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->spec, job->spec);
+
+  yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  ranksPerWorker: auto\n");
+  job = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.ranks_per_worker, 1);  // no GPUs requested: one rank
+}
+
 TEST(TrainingJobSpec, ElasticEndLeftOutDefaultsToReplicas) {
   std::string yaml = kMinimal;
   yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  elastic: {minReplicas: 2}\n");

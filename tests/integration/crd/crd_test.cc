@@ -460,6 +460,9 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"48-top-level-list.yaml", {Outcome::kRefused, ""}},
     {"49-ncclenv-number.yaml", {Outcome::kRefused, "spec.network.ncclEnv"}},
     {"56-name-starts-with-digit.yaml", {Outcome::kRefused, "metadata.name"}},
+    {"57-ranks-per-worker-not-auto.yaml", {Outcome::kRefused, "spec.ranksPerWorker"}},
+    // Compares two fields: left to the operator (and `lockstep validate`).
+    {"58-cuda-ranks-exceed-gpus.yaml", {Outcome::kAccepted, ""}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {
