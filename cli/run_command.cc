@@ -226,12 +226,16 @@ Status CheckDevicePlacement(const spec::TrainingJob& job) {
                                    usable.message());
   }
   const int gpus = static_cast<int>(VisibleGpus().size());
-  if (job.spec.replicas > gpus) {
+  const int ranks = job.spec.replicas * job.spec.ranks_per_worker;
+  if (ranks > gpus) {
+    const int most = gpus / job.spec.ranks_per_worker;
     return FailedPreconditionError(
-        "spec.trainer.device: cuda with " + std::to_string(job.spec.replicas) +
-        " workers, but this machine shows " + std::to_string(gpus) +
-        " GPU(s): each worker needs a GPU of its own (NCCL cannot put two ranks on one GPU); "
-        "use --replicas " + std::to_string(gpus) + " or fewer");
+        "spec.trainer.device: cuda with " + std::to_string(ranks) + " ranks (" +
+        std::to_string(job.spec.replicas) + " workers x ranksPerWorker " +
+        std::to_string(job.spec.ranks_per_worker) + "), but this machine shows " +
+        std::to_string(gpus) +
+        " GPU(s): each rank needs a GPU of its own (NCCL cannot put two ranks on one GPU); "
+        "use --replicas " + std::to_string(most) + " or fewer");
   }
   return OkStatus();
 }
@@ -384,6 +388,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   job_config.min_members = elastic ? job.spec.elastic.min_replicas : 1;
   job_config.max_members = job.spec.elastic.max_replicas;
   job_config.initial_members = workers;  // every local worker is started at once
+  job_config.ranks_per_pod = job.spec.ranks_per_worker;
   job_config.wait_for_initial_members = true;
   if (Status status = (*server)->AddJob(job_config); !status.ok()) {
     err << "lockstep run: rendezvous service: " << status.message() << "\n";
@@ -412,8 +417,14 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     (*server)->Shutdown(kServerShutdownMs);
     return kExitFailure;
   }
+  const int32_t ranks_per_worker = job.spec.ranks_per_worker;
   out << "lockstep: running " << job_key << " with " << workers << " worker"
-      << (workers == 1 ? "" : "s") << "; logs in " << *log_dir << "\n"
+      << (workers == 1 ? "" : "s")
+      << (ranks_per_worker == 1
+              ? std::string()
+              : " x " + std::to_string(ranks_per_worker) + " ranks = " +
+                    std::to_string(workers * ranks_per_worker) + " ranks")
+      << "; logs in " << *log_dir << "\n"
       << std::flush;
 
   // 4. Watch until done, failed or interrupted.

@@ -53,7 +53,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
   std::vector<bool> replaced(supervisor.size(), false);
   auto in_final_generation = [&](const std::string& member_id) {
     for (const auto& member : outcome.snapshot.members) {
-      if (member.member_id == member_id) return true;
+      if (member.member_id == member_id || member.pod == member_id) return true;
     }
     return false;
   };

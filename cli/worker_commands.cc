@@ -50,7 +50,8 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
   const std::string& join_timeout_ms = options.join_timeout_ms;
   std::vector<WorkerCommand> commands;
   const int32_t workers = job.spec.replicas;
-  const std::string threads = ThreadsPerWorker(workers);
+  const int32_t ranks = job.spec.ranks_per_worker;  // each pod's supervisor starts its ranks
+  const std::string threads = ThreadsPerWorker(workers * ranks);
   const std::vector<std::string> gpus = UsesCuda(job) ? VisibleGpus() : std::vector<std::string>{};
   for (int32_t i = 0; i < workers; ++i) {
     WorkerCommand command;
@@ -63,7 +64,8 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
       command.argv.insert(command.argv.end(), job.spec.command.begin(), job.spec.command.end());
     }
     command.log_path = (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".log")).string();
-    const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i;
+    // Rank r of pod i serves on port + i * ranks + r.
+    const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i * ranks;
     command.env = {
         {"LOCKSTEP_RENDEZVOUS", rendezvous_address},
         {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
@@ -75,10 +77,15 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
         {"OPENBLAS_NUM_THREADS", EnvString("OPENBLAS_NUM_THREADS", threads)},
         {"OMP_NUM_THREADS", EnvString("OMP_NUM_THREADS", threads)},
     };
-    if (i < static_cast<int32_t>(gpus.size())) {
-      // Worker i sees only its GPU (as a device plugin gives a pod its own), and a replacement
-      // in the same slot gets the same one.
-      command.env.emplace_back("CUDA_VISIBLE_DEVICES", gpus[static_cast<size_t>(i)]);
+    if ((i + 1) * ranks <= static_cast<int32_t>(gpus.size())) {
+      // Pod i sees only its GPUs, i * ranks .. (i + 1) * ranks - 1 (as a device plugin gives a
+      // pod its own), its rank r uses the r-th of them, and a replacement in the same slot gets
+      // the same ones.
+      std::string visible;
+      for (int32_t r = 0; r < ranks; ++r) {
+        visible += (r == 0 ? "" : ",") + gpus[static_cast<size_t>(i * ranks + r)];
+      }
+      command.env.emplace_back("CUDA_VISIBLE_DEVICES", visible);
     }
     commands.push_back(std::move(command));
   }

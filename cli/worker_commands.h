@@ -29,9 +29,10 @@ bool UsesCuda(const spec::TrainingJob& job);
 // CUDA_VISIBLE_DEVICES list when it is set (indices or UUIDs), else 0 .. count - 1.
 std::vector<std::string> VisibleGpus();
 
-// One command per local worker: member id <name>-worker-<i>, argv (train, or exec for a
-// command:), its log, metrics port (spec.metrics.port + i) and environment; worker i of a cuda
-// job sees only the i-th visible GPU.
+// One command per local worker pod: member id <name>-worker-<i>, argv (train, or exec for a
+// command:), its log, metrics port (spec.metrics.port + i * ranksPerWorker; its ranks add
+// their local rank) and environment; pod i of a cuda job sees only its ranksPerWorker visible
+// GPUs, from the (i * ranksPerWorker)-th on.
 std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
                                                const WorkerCommandOptions& options);
 

@@ -3,9 +3,13 @@
 //   lockstep-worker train [--manifest FILE]
 //
 // The manifest comes from --manifest, else from LOCKSTEP_SPEC (the JSON of spec::ToJson).
+// A manifest with spec.ranksPerWorker N > 1 makes this process the pod's supervisor: it runs N
+// copies of itself as the pod's ranks (worker/agent/pod_supervisor.h).
+//
 // Environment: LOCKSTEP_RENDEZVOUS (host:port), LOCKSTEP_JOB (namespace/name),
-// LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD (member id), LOCKSTEP_HOST (address peers reach; default
-// 127.0.0.1), LOCKSTEP_METRICS_PORT (overrides spec.metrics.port; 0: no endpoint),
+// LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD (member id: the pod), LOCKSTEP_LOCAL_RANK (set by the pod
+// supervisor), LOCKSTEP_HOST (address peers reach; default 127.0.0.1), LOCKSTEP_METRICS_PORT
+// (overrides spec.metrics.port, + the local rank; 0: no endpoint),
 // LOCKSTEP_DUMP_PARAMS (rank 0 writes the final parameters there as raw float32),
 // LOCKSTEP_SAMPLE_ACCOUNTING (rank 0 appends one JSON line per epoch there: the format is in
 // worker/trainer/sample_accounting.h).
@@ -35,6 +39,7 @@
 #include "common/spec/training_job.h"
 #include "kernels/kernels.h"
 #include "worker/agent/exec_agent.h"
+#include "worker/agent/pod_supervisor.h"
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 #include "worker/metrics.h"
 #include "worker/trainer/dataset.h"
@@ -186,7 +191,10 @@ int Train(const std::string& manifest_path) {
   options.checkpoint.max_attempts = static_cast<int>(CheckpointMaxAttempts());
   options.checkpoint.retry_initial_backoff_ms = CheckpointRetryBackoffMs();
   options.final_checkpoint_timeout_ms = FinalCheckpointTimeoutMs();
-  const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job->spec.metrics.port);
+  // Rank r of a pod of several serves its metrics on the pod's port + r, and uses GPU r.
+  const int64_t local_rank = EnvInt("LOCKSTEP_LOCAL_RANK", 0);
+  const int64_t base_port = EnvInt("LOCKSTEP_METRICS_PORT", job->spec.metrics.port);
+  const int64_t metrics_port = base_port == 0 ? 0 : base_port + local_rank;
 
   // One BLAS thread per worker: several workers share the machine's cores.
   kernels::SetCpuBlasThreads(1);
@@ -204,7 +212,8 @@ int Train(const std::string& manifest_path) {
         metrics.status().message());
   }
 
-  auto trainer = trainer::Trainer::Create(*job, std::move(splits).value(), metrics->get());
+  auto trainer = trainer::Trainer::Create(*job, std::move(splits).value(), metrics->get(),
+                                          static_cast<int>(local_rank));
   if (!trainer.ok()) return Fail(kExitBadInput, trainer.status().message());
 
   const std::string accounting_path = EnvString("LOCKSTEP_SAMPLE_ACCOUNTING", "");
@@ -222,6 +231,26 @@ int Train(const std::string& manifest_path) {
   return kExitOk;
 }
 
+// The manifest's --manifest argument (before any "--"), or "" for LOCKSTEP_SPEC.
+std::string ManifestArgument(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--manifest" && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind("--manifest=", 0) == 0) return args[i].substr(11);
+  }
+  return "";
+}
+
+// spec.ranksPerWorker when this process is a worker pod of several ranks, which it then
+// supervises (worker/agent/pod_supervisor.h); 1 when it is a rank (LOCKSTEP_LOCAL_RANK is set),
+// when the pod runs one rank, and when the manifest cannot be read (the rank reports why).
+int32_t RanksToSupervise(const std::vector<std::string>& args) {
+  if (!EnvString("LOCKSTEP_LOCAL_RANK", "").empty()) return 1;
+  const std::string path = ManifestArgument(args);
+  if (path.empty() && EnvString("LOCKSTEP_SPEC", "").empty()) return 1;
+  StatusOr<spec::TrainingJob> job = LoadManifest(path);
+  return job.ok() ? job->spec.ranks_per_worker : 1;
+}
+
 }  // namespace
 }  // namespace lockstep
 
@@ -231,6 +260,15 @@ int main(int argc, char** argv) {
     return argc < 2 ? 2 : 0;
   }
   const std::string command = argv[1];
+  if (command == "exec" || command == "train") {
+    const std::vector<std::string> args(argv + 1, argv + argc);
+    const int32_t ranks = lockstep::RanksToSupervise(args);
+    if (ranks > 1) {
+      std::vector<std::string> rank_argv = {"/proc/self/exe"};
+      rank_argv.insert(rank_argv.end(), args.begin(), args.end());
+      return lockstep::agent::RunPod(rank_argv, ranks, {});
+    }
+  }
   if (command == "exec") {
     return lockstep::agent::RunExecAgent(std::vector<std::string>(argv + 2, argv + argc));
   }

@@ -18,6 +18,21 @@ StatusOr<ClientOptions> ClientOptionsFromEnvironment(const std::string& job_name
   options.job = job_name;
   options.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
   options.member_id = EnvString("LOCKSTEP_POD", "");
+  const std::string local_rank = EnvString("LOCKSTEP_LOCAL_RANK", "");
+  if (!local_rank.empty()) {
+    // One of the pod's ranks (worker/agent/pod_supervisor.h): the pod is the member the
+    // launcher and the operator know; this rank is "<pod>/<local rank>" within it.
+    const int64_t ranks = EnvInt("LOCKSTEP_LOCAL_WORLD_SIZE", 1);
+    const int64_t rank = EnvInt("LOCKSTEP_LOCAL_RANK", -1);
+    if (rank < 0 || rank >= ranks || std::to_string(rank) != local_rank) {
+      return InvalidArgumentError("LOCKSTEP_LOCAL_RANK=" + local_rank +
+                                  ": expected 0.." + std::to_string(ranks - 1) +
+                                  " (LOCKSTEP_LOCAL_WORLD_SIZE=" + std::to_string(ranks) + ")");
+    }
+    options.pod = options.member_id;
+    options.local_rank = static_cast<int32_t>(rank);
+    options.member_id = options.pod + "/" + local_rank;
+  }
   options.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
   const std::string ca_file = EnvString("LOCKSTEP_RENDEZVOUS_CA_FILE", "");
   if (!ca_file.empty()) {

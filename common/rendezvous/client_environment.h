@@ -3,7 +3,11 @@
 //
 //   LOCKSTEP_RENDEZVOUS          host:port of the service (required)
 //   LOCKSTEP_JOB_TOKEN           the job's token (required; never logged)
-//   LOCKSTEP_POD                 this member's id (required)
+//   LOCKSTEP_POD                 this member's id (required): the pod's name
+//   LOCKSTEP_LOCAL_RANK          set by the pod supervisor when a pod runs several ranks: this
+//                                rank's place in the pod, 0..LOCKSTEP_LOCAL_WORLD_SIZE-1; the
+//                                member id is then "<LOCKSTEP_POD>/<local rank>" and the pod
+//                                joins as one unit (proto/rendezvous.proto, "Pods")
 //   LOCKSTEP_HOST                the address peers reach this member at (default 127.0.0.1)
 //   LOCKSTEP_RENDEZVOUS_CA_FILE  PEM of the CA that signed the service's certificate: TLS when
 //                                set (the operator mounts it from the job's Secret), plaintext

@@ -572,7 +572,9 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
       rendezvous::ClientOptionsFromEnvironment(options.job);
   if (!client.ok()) return client.status();
   options.client = *client;
-  const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job ? job->spec.metrics.port : 0);
+  // Rank r of a pod of several ranks serves on the pod's port + r.
+  const int64_t base_port = EnvInt("LOCKSTEP_METRICS_PORT", job ? job->spec.metrics.port : 0);
+  const int64_t metrics_port = base_port == 0 ? 0 : base_port + options.client.local_rank;
   if (metrics_port < 0 || metrics_port > 65535) {
     return InvalidArgumentError("LOCKSTEP_METRICS_PORT " + std::to_string(metrics_port) +
                                 " outside 0..65535");

@@ -21,9 +21,17 @@ LocalPlacement ComputeLocalPlacement(const std::vector<rendezvous::MemberInfo>& 
 std::vector<std::pair<std::string, std::string>> ExecVariables(
     const rendezvous::Assignment& assignment, const GenerationPlan& plan,
     const ExecEnvironmentExtras& extras) {
-  const LocalPlacement local = ComputeLocalPlacement(assignment.members, assignment.rank);
+  // A pod of several ranks is torchrun's multi-process node: the local world is the pod and
+  // the group is the pod. A pod of one rank is a node of its own, but several such pods may
+  // share a machine (`lockstep run`), so the local world is the members on this host.
+  const bool pod_of_ranks = assignment.local_world_size > 1;
+  const LocalPlacement local =
+      pod_of_ranks ? LocalPlacement{assignment.local_rank, assignment.local_world_size}
+                   : ComputeLocalPlacement(assignment.members, assignment.rank);
   const std::string rank = std::to_string(assignment.rank);
   const std::string world = std::to_string(assignment.world_size);
+  const std::string group = pod_of_ranks ? std::to_string(assignment.pod_rank) : rank;
+  const std::string groups = pod_of_ranks ? std::to_string(assignment.pod_count) : world;
   std::vector<std::pair<std::string, std::string>> variables = {
       {"MASTER_ADDR", plan.master_addr},
       {"MASTER_PORT", std::to_string(plan.master_port)},
@@ -31,8 +39,8 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
       {"WORLD_SIZE", world},
       {"LOCAL_RANK", std::to_string(local.local_rank)},
       {"LOCAL_WORLD_SIZE", std::to_string(local.local_world_size)},
-      {"GROUP_RANK", rank},
-      {"GROUP_WORLD_SIZE", world},
+      {"GROUP_RANK", group},
+      {"GROUP_WORLD_SIZE", groups},
       {"ROLE_NAME", "default"},
       {"ROLE_RANK", rank},
       {"ROLE_WORLD_SIZE", world},

@@ -4,11 +4,15 @@
 //
 //   std::vector<std::string> env = BuildExecEnvironment(environ_entries, assignment, plan, extra);
 //
-// Each agent runs one process (torchrun's --nproc-per-node=1 per member), so:
-//   RANK = GROUP_RANK = ROLE_RANK = the member's rank; WORLD_SIZE = ROLE_WORLD_SIZE = the world;
-//   LOCAL_RANK / LOCAL_WORLD_SIZE = the member's index among, and the number of, the members
-//   whose host equals its own (by rank order), e.g. for GPU selection when several members
-//   share a machine; MASTER_ADDR = rank 0's host, MASTER_PORT = the plan's port;
+// Each agent runs one process, one rank; a pod of spec.ranksPerWorker N runs N agents
+// (worker/agent/pod_supervisor.h), torchrun's --nproc-per-node=N. So:
+//   RANK = ROLE_RANK = the member's rank; WORLD_SIZE = ROLE_WORLD_SIZE = the world;
+//   N > 1: LOCAL_RANK / LOCAL_WORLD_SIZE = the rank's place in its pod and N, GROUP_RANK /
+//   GROUP_WORLD_SIZE = the pod's index and the number of pods;
+//   N = 1: GROUP_RANK = RANK, GROUP_WORLD_SIZE = WORLD_SIZE, and LOCAL_RANK / LOCAL_WORLD_SIZE =
+//   the member's index among, and the number of, the members whose host equals its own (by
+//   rank order), e.g. for GPU selection when several members share a machine;
+//   MASTER_ADDR = rank 0's host, MASTER_PORT = the plan's port;
 //   TORCHELASTIC_RESTART_COUNT = failure restarts so far, TORCHELASTIC_MAX_RESTARTS =
 //   backoffLimit, TORCHELASTIC_RUN_ID = the job (namespace/name).
 // The agent's own environment is passed through except LOCKSTEP_JOB_TOKEN: the program has no

@@ -39,7 +39,7 @@ constexpr int64_t kEvalChunkRows = 1024;
 }  // namespace
 
 StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job, DataSplits data,
-                                                   WorkerMetrics* metrics) {
+                                                   WorkerMetrics* metrics, int cuda_ordinal) {
   if (!job.spec.trainer.has_value()) {
     return InvalidArgumentError("spec.trainer: the built-in trainer needs a trainer section");
   }
@@ -57,11 +57,12 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
       MlpModel model,
       MlpModel::Create(data.train.num_features, trainer.model.hidden, data.train.num_classes,
                        ToKernelActivation(trainer.model.activation)));
-  // One GPU per worker process: the one it sees first (the launcher and the device plugin make
-  // exactly the worker's GPU visible).
+  // One GPU per rank: `cuda_ordinal` among those visible (the first, for a pod of one rank, to
+  // which the launcher or the device plugin gives exactly its GPU; local rank r of a pod of
+  // several sees all the pod's GPUs, so that NCCL can use peer-to-peer between them).
   const bool cuda = trainer.device == spec::Device::kCuda;
-  StatusOr<std::unique_ptr<kernels::Device>> device =
-      kernels::CreateDevice(cuda ? kernels::DeviceType::kCuda : kernels::DeviceType::kCpu);
+  StatusOr<std::unique_ptr<kernels::Device>> device = kernels::CreateDevice(
+      cuda ? kernels::DeviceType::kCuda : kernels::DeviceType::kCpu, cuda ? cuda_ordinal : 0);
   if (!device.ok()) {
     return FailedPreconditionError("spec.trainer.device: " + std::string(spec::ToString(trainer.device)) +
                                    " cannot be used here: " + device.status().message());
@@ -69,6 +70,7 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
   LOCKSTEP_LOG(INFO) << "training on " << (*device)->name();
   std::unique_ptr<Trainer> created(
       new Trainer(job, std::move(data), std::move(model), std::move(device).value(), metrics));
+  created->cuda_ordinal_ = cuda ? cuda_ordinal : 0;
   LOCKSTEP_RETURN_IF_ERROR(created->AllocateState().WithContext("spec.trainer.device: " +
                                                                 created->device_->name()));
   return created;

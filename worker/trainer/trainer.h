@@ -97,9 +97,12 @@ class Trainer {
   // InvalidArgument when the manifest has no trainer or the model does not fit the data;
   // FailedPrecondition naming spec.trainer.device and the reason when device: cuda cannot be used
   // here (no driver, no device, a build without CUDA); ResourceExhausted when the model does not
-  // fit the device. metrics may be null.
+  // fit the device. metrics may be null. A cuda trainer uses the visible GPU `cuda_ordinal`
+  // (rank r of a pod of several ranks uses the pod's GPU r).
   static StatusOr<std::unique_ptr<Trainer>> Create(const spec::TrainingJob& job, DataSplits data,
-                                                   WorkerMetrics* metrics);
+                                                   WorkerMetrics* metrics, int cuda_ordinal = 0);
+  // The visible GPU a cuda trainer uses.
+  int cuda_ordinal() const { return cuda_ordinal_; }
 
   const spec::TrainerSpec& spec() const { return spec_; }
   // The device the trainer computes on (the communicator must reduce its memory).
@@ -164,6 +167,7 @@ class Trainer {
 
   spec::TrainerSpec spec_;
   std::unique_ptr<kernels::Device> device_;  // before everything allocated on it
+  int cuda_ordinal_ = 0;
   DataSplits data_;
   MlpModel model_;
   WorkerMetrics* metrics_;

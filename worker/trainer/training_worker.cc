@@ -193,7 +193,7 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
   kernels::Device& device = trainer_->device();
   if (device.type() == kernels::DeviceType::kCuda) {
     comm_options.cuda = true;
-    comm_options.cuda_device = 0;  // Trainer::Create's device: the first one this process sees
+    comm_options.cuda_device = trainer_->cuda_ordinal();
     comm_options.cuda_stream = device.side().cuda_stream;
   }
   auto communicator = comm::CreateCommunicator(comm_options, *store);
