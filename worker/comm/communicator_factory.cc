@@ -1,10 +1,12 @@
 #include "worker/comm/communicator_factory.h"
 
 #include <cstdlib>
+#include <optional>
 #include <string>
 
 #include "common/logging.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/hierarchical/hierarchical_communicator.h"
 #include "worker/comm/shm/shm_communicator.h"
 
 #ifdef LOCKSTEP_COMM_WITH_NCCL
@@ -22,6 +24,14 @@ bool AllMembersOnThisHost(const CommunicatorOptions& options) {
   return true;
 }
 
+// Several hosts, each with the same number (> 1) of this generation's ranks: pods of
+// ranksPerWorker > 1, each on its own host.
+bool SeveralRanksOnEveryHost(const CommunicatorOptions& options) {
+  if (options.member_hosts.size() != static_cast<size_t>(options.size)) return false;
+  std::optional<HostLayout> layout = LayoutByHost(options.member_hosts);
+  return layout.has_value() && layout->host_count > 1 && layout->ranks_per_host > 1;
+}
+
 }  // namespace
 
 StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& options,
@@ -29,8 +39,9 @@ StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& optio
   const std::string forced = lockstep_comm == nullptr ? "" : lockstep_comm;
   const bool one_host = AllMembersOnThisHost(options);
   if (forced != "" && forced != "auto" && forced != "gloo" && forced != "shm" &&
-      forced != "nccl") {
-    return InvalidArgumentError("LOCKSTEP_COMM=" + forced + ": expected auto, nccl, shm or gloo");
+      forced != "shm+gloo" && forced != "nccl") {
+    return InvalidArgumentError("LOCKSTEP_COMM=" + forced +
+                                ": expected auto, nccl, shm, shm+gloo or gloo");
   }
   if (options.cuda) {
     if (forced.empty() || forced == "auto" || forced == "nccl") return std::string("nccl");
@@ -42,8 +53,19 @@ StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& optio
     return FailedPreconditionError(
         "LOCKSTEP_COMM=nccl: the trainer runs on device cpu; nccl reduces GPU memory only");
   }
-  if (forced.empty() || forced == "auto") return std::string(one_host ? "shm" : "gloo");
+  const bool hierarchy = SeveralRanksOnEveryHost(options);
+  if (forced.empty() || forced == "auto") {
+    return std::string(one_host ? "shm" : hierarchy ? "shm+gloo" : "gloo");
+  }
   if (forced == "gloo") return std::string("gloo");
+  if (forced == "shm+gloo") {
+    if (!hierarchy) {
+      return FailedPreconditionError(
+          "LOCKSTEP_COMM=shm+gloo, but the members of this generation are not several hosts "
+          "with the same number (more than one) of ranks each");
+    }
+    return std::string("shm+gloo");
+  }
   // forced == "shm": every other value was answered above.
   if (!one_host) {
     return FailedPreconditionError(
@@ -58,7 +80,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOpt
   LOCKSTEP_ASSIGN_OR_RETURN(std::string backend,
                             ChooseCommunicatorBackend(options, std::getenv("LOCKSTEP_COMM")));
   LOCKSTEP_LOG(INFO) << "communicator backend " << backend << " for " << options.size
-                     << " member(s)" << (backend == "shm" ? " on one host" : "");
+                     << " member(s)"
+                     << (backend == "shm"        ? " on one host"
+                         : backend == "shm+gloo" ? " on several hosts, several on each"
+                                                 : "");
   if (backend == "nccl") {
     if (options.cuda_stream == nullptr) {
       // The legacy default stream would not order the collectives after the trainer's kernels.
@@ -84,6 +109,16 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOpt
     shm.generation = options.generation;
     shm.connect_timeout_ms = options.connect_timeout_ms;
     return CreateShmCommunicator(shm, store);
+  }
+  if (backend == "shm+gloo") {
+    HierarchicalOptions hierarchical;
+    hierarchical.rank = options.rank;
+    hierarchical.member_hosts = options.member_hosts;
+    hierarchical.host = options.host;
+    hierarchical.job_name = options.job_name;
+    hierarchical.generation = options.generation;
+    hierarchical.connect_timeout_ms = options.connect_timeout_ms;
+    return CreateHierarchicalCommunicator(hierarchical, store);
   }
   GlooOptions gloo;
   gloo.rank = options.rank;

@@ -7,10 +7,13 @@
 //  - shm (shm/): every member of the generation runs on this member's host (their rendezvous
 //    host strings are equal, as under `lockstep run`, where every worker is 127.0.0.1). One
 //    shared-memory segment instead of TCP over loopback: ~5-10x the all-reduce bandwidth.
+//  - shm+gloo (hierarchical/): the members are on several hosts with the same number (> 1) of
+//    them on each (pods of ranksPerWorker > 1): shared memory inside each host, Gloo between
+//    hosts, so only 1/N of the bytes per rank cross the network.
 //  - gloo (gloo/): everything else, over TCP.
 // The environment variable LOCKSTEP_COMM overrides the choice: "auto" (or unset) as above,
-// "gloo" always Gloo, "shm" always shared memory (an error when the members are not on one
-// host). Every member must see the same value, or members pick different backends and the
+// "gloo" always Gloo (flat, over every rank), "shm" always shared memory (an error when the
+// members are not on one host), "shm+gloo" the hierarchy (an error where it does not apply). Every member must see the same value, or members pick different backends and the
 // bootstrap fails at its deadline; the launcher and the operator give every worker the same
 // environment. Set LOCKSTEP_COMM=gloo where members report the same host but do not share
 // /dev/shm or a pid namespace (e.g. separate containers with host networking).
@@ -48,7 +51,7 @@ struct CommunicatorOptions {
   void* cuda_stream = nullptr;
 };
 
-// "nccl", "shm" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr: unset).
+// "nccl", "shm", "shm+gloo" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr: unset).
 // INVALID_ARGUMENT for an unknown value; FAILED_PRECONDITION for "shm" across hosts, for a CPU
 // backend with cuda, and for nccl without it.
 StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& options,

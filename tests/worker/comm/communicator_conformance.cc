@@ -1,5 +1,7 @@
 #include "tests/worker/comm/communicator_conformance.h"
 
+#include <cctype>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -138,7 +140,12 @@ std::string ConformanceCaseName(const ::testing::TestParamInfo<ConformanceCase>&
 }
 
 std::string BackendName(const ::testing::TestParamInfo<const CommunicatorBackend*>& info) {
-  return info.param->name;
+  // A test name holds letters, digits and '_' only ("shm+gloo" -> "shm_gloo").
+  std::string name = info.param->name;
+  for (char& c : name) {
+    if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+  }
+  return name;
 }
 
 void CommunicatorConformanceTest::SetUp() {

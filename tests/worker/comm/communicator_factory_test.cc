@@ -49,6 +49,18 @@ TEST(CommunicatorFactoryTest, BackendFollowsMembersHostsAndLockstepComm) {
       {{"10.0.0.1", "10.0.0.1"}, "shm", "FAILED_PRECONDITION", true},
       {{"10.0.0.1", "10.0.0.1"}, "tcp", "INVALID_ARGUMENT", true},
       {{"10.0.0.1", "10.0.0.1"}, "nccl", "FAILED_PRECONDITION"},
+      // Pods of several ranks on several hosts: shared memory inside, Gloo between.
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, nullptr, "shm+gloo"},
+      {{"10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2"}, "auto", "shm+gloo"},
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, "gloo", "gloo"},
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, "shm+gloo", "shm+gloo"},
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, "shm", "FAILED_PRECONDITION"},
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, nullptr, "nccl", true},
+      // Unequal groups, or one rank per host: no hierarchy to use.
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2"}, nullptr, "gloo"},
+      {{"10.0.0.1", "10.0.0.1", "10.0.0.2"}, "shm+gloo", "FAILED_PRECONDITION"},
+      {{"10.0.0.1", "10.0.0.2"}, "shm+gloo", "FAILED_PRECONDITION"},
+      {{"10.0.0.1", "10.0.0.1"}, "shm+gloo", "FAILED_PRECONDITION"},
   };
   for (const Case& c : cases) {
     CommunicatorOptions options = Members(c.hosts);

@@ -1,0 +1,106 @@
+// Behaviour of the hierarchical communicator (shm inside a host, Gloo between hosts): the
+// collectives, deadlines and refusals every backend shares (communicator_conformance.h), with
+// the ranks of each world spread over hosts of two ranks each; and the layout it derives from
+// the members' hosts. Every rank is a thread of this process; "hosts" are loopback addresses
+// 127.0.0.1, 127.0.0.2, ... (Linux routes all of 127/8 to lo), so the Gloo pairs between hosts
+// really connect address to address. The same communicator between network namespaces is
+// tested by the pods test (tests/integration/pods).
+#include "worker/comm/hierarchical/hierarchical_communicator.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "tests/worker/comm/communicator_conformance.h"
+
+namespace lockstep::comm {
+namespace {
+
+// Two ranks per host where the world allows it (else one), hosts numbered by rank / 2.
+std::vector<std::string> LoopbackHosts(int world) {
+  const int per_host = world >= 4 && world % 2 == 0 ? 2 : 1;
+  std::vector<std::string> hosts;
+  for (int rank = 0; rank < world; ++rank) {
+    hosts.push_back("127.0.0." + std::to_string(1 + rank / per_host));
+  }
+  return hosts;
+}
+
+const CommunicatorBackend& Hierarchical() {
+  static const CommunicatorBackend backend{
+      .name = "shm+gloo",
+      .create =
+          [](int rank, int world, rendezvous::KeyValueStore& store, int64_t connect_timeout_ms) {
+            HierarchicalOptions options;
+            options.rank = rank;
+            options.member_hosts = LoopbackHosts(world);
+            options.host = options.member_hosts[rank];
+            options.job_name = "test/hierarchical";
+            options.connect_timeout_ms = connect_timeout_ms;
+            return CreateHierarchicalCommunicator(options, store);
+          },
+      // Gloo's TCP between hosts sets the precision.
+      .deadline_early_ms = 50,
+      .deadline_late_ms = 2000,
+      .connect_late_ms = 2000,
+      .code_after_error = std::nullopt,
+  };
+  return backend;
+}
+
+// 2 = 2 hosts x 1, 4 = 2 x 2, 6 = 3 x 2, 8 = 4 x 2.
+INSTANTIATE_TEST_SUITE_P(Hierarchical, CommunicatorConformanceTest,
+                         ::testing::ValuesIn(ConformanceCases(Hierarchical(), {2, 4, 6, 8})),
+                         ConformanceCaseName);
+INSTANTIATE_TEST_SUITE_P(Hierarchical, CommunicatorErrorTest, ::testing::Values(&Hierarchical()),
+                         BackendName);
+
+TEST(HostLayoutTest, HostsAreNumberedByFirstRankAndRanksByRankOrder) {
+  const std::optional<HostLayout> layout =
+      LayoutByHost({"10.0.0.2", "10.0.0.1", "10.0.0.2", "10.0.0.1"});
+  ASSERT_TRUE(layout.has_value());
+  EXPECT_EQ(layout->host_count, 2);
+  EXPECT_EQ(layout->ranks_per_host, 2);
+  EXPECT_EQ(layout->host_of, (std::vector<int>{0, 1, 0, 1}));
+  EXPECT_EQ(layout->local_of, (std::vector<int>{0, 0, 1, 1}));
+  EXPECT_EQ(layout->RankAt(0, 1), 2);
+  EXPECT_EQ(layout->RankAt(1, 0), 1);
+}
+
+TEST(HostLayoutTest, UnequalHostsHaveNoLayout) {
+  EXPECT_FALSE(LayoutByHost({"a", "a", "b"}).has_value());
+  EXPECT_FALSE(LayoutByHost({}).has_value());
+  EXPECT_TRUE(LayoutByHost({"a"}).has_value());
+}
+
+// Ranks interleaved over hosts (rank 0 and 2 on one host): every collective still answers by
+// global rank.
+TEST(HierarchicalCommunicatorTest, InterleavedRanksGatherAndBroadcastByGlobalRank) {
+  const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"};
+  CommunicatorBackend interleaved = Hierarchical();
+  interleaved.create = [hosts](int rank, int, rendezvous::KeyValueStore& store,
+                               int64_t connect_timeout_ms) {
+    HierarchicalOptions options;
+    options.rank = rank;
+    options.member_hosts = hosts;
+    options.host = hosts[rank];
+    options.job_name = "test/interleaved";
+    options.connect_timeout_ms = connect_timeout_ms;
+    return CreateHierarchicalCommunicator(options, store);
+  };
+  Status status = RunRanks(interleaved, 4, [](int rank, Communicator& comm) -> Status {
+    int64_t mine = 100 + rank;
+    std::vector<int64_t> all(4);
+    LOCKSTEP_RETURN_IF_ERROR(comm.AllGather(&mine, sizeof(mine), all.data(), kConformanceTimeoutMs));
+    if (all != std::vector<int64_t>{100, 101, 102, 103}) return InternalError("all-gather order");
+    int64_t value = rank == 3 ? 42 : -1;
+    LOCKSTEP_RETURN_IF_ERROR(comm.Broadcast(&value, sizeof(value), 3, kConformanceTimeoutMs));
+    if (value != 42) return InternalError("broadcast from rank 3 gave " + std::to_string(value));
+    return CheckEveryAllReduce(rank, 4, comm);
+  });
+  EXPECT_TRUE(status.ok()) << status.ToString();
+}
+
+}  // namespace
+}  // namespace lockstep::comm

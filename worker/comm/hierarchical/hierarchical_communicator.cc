@@ -1,0 +1,193 @@
+#include "worker/comm/hierarchical/hierarchical_communicator.h"
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <utility>
+
+#include "common/deadline.h"
+#include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/prefixed_store.h"
+#include "worker/comm/shm/shm_communicator.h"
+
+namespace lockstep::comm {
+namespace {
+
+class HierarchicalCommunicator : public Communicator {
+ public:
+  HierarchicalCommunicator(HostLayout layout, int rank, std::unique_ptr<Communicator> local,
+                           std::unique_ptr<Communicator> cross)
+      : layout_(std::move(layout)),
+        rank_(rank),
+        local_rank_(layout_.local_of[rank]),
+        local_(std::move(local)),
+        cross_(std::move(cross)) {}
+
+  int rank() const override { return rank_; }
+  int size() const override { return static_cast<int>(layout_.host_of.size()); }
+  std::string backend() const override { return "shm+gloo"; }
+
+  Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
+                   int64_t timeout_ms) override {
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    // An empty all-reduce moves nothing but answers UNIMPLEMENTED for a type or op the backend
+    // lacks: asked first, so that such a call leaves `data` untouched, as the contract says
+    // (the trainer then falls back to an all-gather of the same data).
+    LOCKSTEP_RETURN_IF_ERROR(cross_->AllReduce(data, 0, type, op, timeout_ms));
+    LOCKSTEP_RETURN_IF_ERROR(local_->AllReduce(data, 0, type, op, timeout_ms));
+    LOCKSTEP_RETURN_IF_ERROR(local_->AllReduce(data, count, type, op, timeout_ms));
+    if (layout_.host_count == 1) return OkStatus();
+    const int parts = layout_.ranks_per_host;
+    if (parts == 1) return cross_->AllReduce(data, count, type, op, deadline.remaining_ms());
+    // Part l: elements [l * per, (l + 1) * per) of count, the last one shorter or empty.
+    const size_t element = DataTypeSize(type);
+    const size_t per = (count + parts - 1) / parts;
+    const size_t begin = std::min(count, per * local_rank_);
+    const size_t end = std::min(count, begin + per);
+    char* bytes = static_cast<char*>(data);
+    if (end > begin) {
+      LOCKSTEP_RETURN_IF_ERROR(cross_->AllReduce(bytes + begin * element, end - begin, type, op,
+                                                 deadline.remaining_ms()));
+    }
+    // Every part padded to `per` elements for the all-gather (equal sizes per rank).
+    const size_t part_bytes = per * element;
+    const void* mine = bytes + begin * element;
+    if (end - begin < per) {
+      padded_.assign(part_bytes, 0);
+      std::memcpy(padded_.data(), mine, (end - begin) * element);
+      mine = padded_.data();
+    }
+    gathered_.resize(part_bytes * parts);
+    LOCKSTEP_RETURN_IF_ERROR(
+        local_->AllGather(mine, part_bytes, gathered_.data(), deadline.remaining_ms()));
+    std::memcpy(bytes, gathered_.data(), count * element);
+    return OkStatus();
+  }
+
+  Status Broadcast(void* data, size_t bytes, int root, int64_t timeout_ms) override {
+    if (root < 0 || root >= size()) {
+      return InvalidArgumentError("broadcast: root " + std::to_string(root) + " outside 0.." +
+                                  std::to_string(size() - 1));
+    }
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    const int root_local = layout_.local_of[root];
+    if (local_rank_ == root_local) {
+      LOCKSTEP_RETURN_IF_ERROR(cross_->Broadcast(data, bytes, layout_.host_of[root], timeout_ms));
+    }
+    return local_->Broadcast(data, bytes, root_local, deadline.remaining_ms());
+  }
+
+  Status AllGather(const void* in, size_t bytes_per_rank, void* out,
+                   int64_t timeout_ms) override {
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    const size_t host_block = bytes_per_rank * layout_.ranks_per_host;
+    std::vector<char> mine(host_block);
+    LOCKSTEP_RETURN_IF_ERROR(local_->AllGather(in, bytes_per_rank, mine.data(), timeout_ms));
+    std::vector<char> all(host_block * layout_.host_count);
+    LOCKSTEP_RETURN_IF_ERROR(
+        cross_->AllGather(mine.data(), host_block, all.data(), deadline.remaining_ms()));
+    // Blocks arrive by (host, local index); `out` is by rank.
+    char* gathered = static_cast<char*>(out);
+    for (int h = 0; h < layout_.host_count; ++h) {
+      for (int l = 0; l < layout_.ranks_per_host; ++l) {
+        std::memcpy(gathered + static_cast<size_t>(layout_.RankAt(h, l)) * bytes_per_rank,
+                    all.data() + static_cast<size_t>(h) * host_block +
+                        static_cast<size_t>(l) * bytes_per_rank,
+                    bytes_per_rank);
+      }
+    }
+    return OkStatus();
+  }
+
+  Status Barrier(int64_t timeout_ms) override {
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    LOCKSTEP_RETURN_IF_ERROR(local_->Barrier(timeout_ms));
+    LOCKSTEP_RETURN_IF_ERROR(cross_->Barrier(deadline.remaining_ms()));
+    return local_->Barrier(deadline.remaining_ms());
+  }
+
+  void Abort(const std::string& reason) override {
+    local_->Abort(reason);
+    cross_->Abort(reason);
+  }
+
+ private:
+  const HostLayout layout_;
+  const int rank_;
+  const int local_rank_;
+  std::unique_ptr<Communicator> local_;
+  std::unique_ptr<Communicator> cross_;
+  // AllReduce's staging, kept across calls (the trainer reduces the same buckets every step).
+  std::vector<char> padded_;
+  std::vector<char> gathered_;
+};
+
+}  // namespace
+
+std::optional<HostLayout> LayoutByHost(const std::vector<std::string>& member_hosts) {
+  if (member_hosts.empty()) return std::nullopt;
+  HostLayout layout;
+  std::map<std::string, int> index;
+  for (size_t rank = 0; rank < member_hosts.size(); ++rank) {
+    auto [it, added] = index.emplace(member_hosts[rank], layout.host_count);
+    if (added) {
+      ++layout.host_count;
+      layout.ranks_of_host.emplace_back();
+    }
+    layout.host_of.push_back(it->second);
+    layout.local_of.push_back(static_cast<int>(layout.ranks_of_host[it->second].size()));
+    layout.ranks_of_host[it->second].push_back(static_cast<int>(rank));
+  }
+  layout.ranks_per_host = static_cast<int>(layout.ranks_of_host[0].size());
+  for (const std::vector<int>& ranks : layout.ranks_of_host) {
+    if (static_cast<int>(ranks.size()) != layout.ranks_per_host) return std::nullopt;
+  }
+  return layout;
+}
+
+std::unique_ptr<Communicator> ComposeHierarchical(HostLayout layout, int rank,
+                                                  std::unique_ptr<Communicator> local,
+                                                  std::unique_ptr<Communicator> cross) {
+  return std::make_unique<HierarchicalCommunicator>(std::move(layout), rank, std::move(local),
+                                                    std::move(cross));
+}
+
+StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
+    const HierarchicalOptions& options, rendezvous::KeyValueStore& store) {
+  std::optional<HostLayout> layout = LayoutByHost(options.member_hosts);
+  if (!layout) {
+    return InvalidArgumentError(
+        "communicator shm+gloo: the members' hosts do not hold equal numbers of ranks");
+  }
+  if (options.rank < 0 || options.rank >= static_cast<int>(layout->host_of.size())) {
+    return InvalidArgumentError("communicator shm+gloo: rank " + std::to_string(options.rank) +
+                                " outside the " + std::to_string(layout->host_of.size()) +
+                                " members");
+  }
+  const Deadline deadline = Deadline::AfterMs(options.connect_timeout_ms);
+  const int host = layout->host_of[options.rank];
+  const int local_rank = layout->local_of[options.rank];
+
+  PrefixedStore host_store(store, "host/" + std::to_string(host) + "/");
+  ShmOptions shm;
+  shm.rank = local_rank;
+  shm.size = layout->ranks_per_host;
+  shm.job_name = options.job_name;
+  shm.generation = options.generation;
+  shm.connect_timeout_ms = options.connect_timeout_ms;
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> local,
+                            CreateShmCommunicator(shm, host_store));
+
+  PrefixedStore local_store(store, "local/" + std::to_string(local_rank) + "/");
+  GlooOptions gloo;
+  gloo.rank = host;
+  gloo.size = layout->host_count;
+  gloo.listen_host = options.host;
+  gloo.connect_timeout_ms = deadline.remaining_ms();
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> cross,
+                            CreateGlooCommunicator(gloo, local_store));
+  return ComposeHierarchical(*std::move(layout), options.rank, std::move(local),
+                             std::move(cross));
+}
+
+}  // namespace lockstep::comm
