@@ -35,7 +35,8 @@ const CommunicatorBackend& Hierarchical() {
             HierarchicalOptions options;
             options.rank = rank;
             options.member_hosts = LoopbackHosts(world);
-            options.host = options.member_hosts[rank];
+            // A rank outside the world (the refusal test) listens on the first host.
+            options.host = rank < world ? options.member_hosts[rank] : options.member_hosts[0];
             options.job_name = "test/hierarchical";
             options.connect_timeout_ms = connect_timeout_ms;
             return CreateHierarchicalCommunicator(options, store);
@@ -84,7 +85,7 @@ TEST(HierarchicalCommunicatorTest, InterleavedRanksGatherAndBroadcastByGlobalRan
     HierarchicalOptions options;
     options.rank = rank;
     options.member_hosts = hosts;
-    options.host = hosts[rank];
+    options.host = hosts[static_cast<size_t>(rank) % hosts.size()];
     options.job_name = "test/interleaved";
     options.connect_timeout_ms = connect_timeout_ms;
     return CreateHierarchicalCommunicator(options, store);
