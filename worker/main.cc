@@ -136,7 +136,9 @@ class SignalWatcher {
       }
       worker->RequestStop();
       std::unique_lock<std::mutex> lock(mu_);
-      if (!done_cv_.wait_for(lock, kStopGrace, [this] { return done_; })) {
+      // Waiting in a Join (e.g. a sibling of a failed rank of the same pod): nothing to finish.
+      const auto grace = worker->joining() ? std::chrono::seconds(0) : kStopGrace;
+      if (!done_cv_.wait_for(lock, grace, [this] { return done_; })) {
         lock.unlock();
         LOCKSTEP_LOG(WARNING) << "still blocked after the grace period; leaving and exiting";
         worker->LeaveNow();

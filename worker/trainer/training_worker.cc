@@ -90,7 +90,9 @@ Status TrainingWorker::Run() {
       LeaveNow();
       return CancelledError("stopped before joining a generation");
     }
+    joining_ = true;
     auto assignment = client_->Join(trainer_->state_step(), options_.join_timeout_ms);
+    joining_ = false;
     if (!assignment.ok()) {
       if (stop_.load()) {
         LeaveNow();

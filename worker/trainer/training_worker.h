@@ -64,6 +64,10 @@ class TrainingWorker {
   // Leaves the rendezvous with completed=false right now (for a signal handler whose Run is
   // stuck in a blocking call). Idempotent with Run's own Leave.
   void LeaveNow();
+  // True while Run waits in a rendezvous Join, which RequestStop cannot interrupt: a stopping
+  // worker then leaves at once instead of waiting for its grace period (it holds no step that
+  // leaving could lose).
+  bool joining() const { return joining_.load(); }
 
   const Trainer& trainer() const { return *trainer_; }
 
@@ -90,6 +94,7 @@ class TrainingWorker {
   bool left_by_vote_ = false;  // the last generation ended by the ranks' vote, not a failure
   std::string end_reason_;
 
+  std::atomic<bool> joining_{false};
   std::mutex leave_mu_;  // serialises Leave between Run and LeaveNow; held across the RPC
   bool left_ = false;
 };

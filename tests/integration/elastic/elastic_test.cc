@@ -28,6 +28,7 @@ namespace lockstep::cli {
 namespace {
 
 using lockstep::testing::ChildProcess;
+using lockstep::testing::ExpectExactSampleAccounting;
 using lockstep::testing::FindProcessesWithEnv;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
@@ -96,30 +97,6 @@ int64_t LatestStep(const std::string& out) {
     if (end != out.c_str() + at + 5 && *end == '/') latest = std::max<int64_t>(latest, step);
   }
   return latest;
-}
-
-// Checks the worker's sample accounting (worker/trainer/sample_accounting.h): for every epoch,
-// the line of the trajectory that finished (the last one of that epoch) is exact.
-void ExpectExactSampleAccounting(const std::string& path, const std::string& context) {
-  const std::string text = ReadFile(path);
-  ASSERT_FALSE(text.empty()) << context << ": no sample accounting in " << path;
-  std::map<int64_t, nlohmann::json> last_line_of_epoch;
-  std::istringstream lines(text);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.empty()) continue;
-    nlohmann::json entry = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    ASSERT_FALSE(entry.is_discarded()) << context << ": torn accounting line: " << line;
-    last_line_of_epoch[entry["epoch"].get<int64_t>()] = entry;
-  }
-  ASSERT_FALSE(last_line_of_epoch.empty()) << context;
-  for (const auto& [epoch, entry] : last_line_of_epoch) {
-    EXPECT_TRUE(entry["complete"].get<bool>()) << context << ": " << entry.dump();
-    EXPECT_EQ(entry["more_than_once"].get<int64_t>(), 0) << context << ": " << entry.dump();
-    if (!entry.value("partial", false)) {
-      EXPECT_EQ(entry["never"].get<int64_t>(), 0) << context << ": " << entry.dump();
-      EXPECT_EQ(entry["trained_once"], entry["samples"]) << context << ": " << entry.dump();
-    }
-  }
 }
 
 nlohmann::json ReadSummary(const std::string& path) {

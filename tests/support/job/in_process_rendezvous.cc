@@ -8,8 +8,10 @@
 
 namespace lockstep::testing {
 
-InProcessRendezvous::InProcessRendezvous(const rendezvous::JobConfig& config) : config_(config) {
-  auto server = rendezvous::RendezvousServer::Start({"127.0.0.1:0", "", ""});
+InProcessRendezvous::InProcessRendezvous(const rendezvous::JobConfig& config,
+                                         const std::string& listen_host)
+    : config_(config), listen_host_(listen_host) {
+  auto server = rendezvous::RendezvousServer::Start({listen_host_ + ":0", "", ""});
   EXPECT_TRUE(server.ok()) << server.status();
   if (!server.ok()) return;
   server_ = std::move(server).value();
@@ -22,7 +24,8 @@ InProcessRendezvous::~InProcessRendezvous() {
 }
 
 Environment InProcessRendezvous::MemberEnv(const std::string& pod) const {
-  return {{"LOCKSTEP_RENDEZVOUS", "127.0.0.1:" + std::to_string(server_ ? server_->port() : 0)},
+  return {{"LOCKSTEP_RENDEZVOUS",
+           listen_host_ + ":" + std::to_string(server_ ? server_->port() : 0)},
           {"LOCKSTEP_JOB", config_.job},
           {"LOCKSTEP_JOB_TOKEN", config_.token},
           {"LOCKSTEP_POD", pod},

@@ -21,9 +21,11 @@ inline constexpr char kTestJobToken[] = "integration-test-token";
 
 class InProcessRendezvous {
  public:
-  // Starts a server on a free loopback port and registers `config` (its token: the member's
-  // LOCKSTEP_JOB_TOKEN). Fails the test when either fails; the other calls then do nothing.
-  explicit InProcessRendezvous(const rendezvous::JobConfig& config);
+  // Starts a server on a free port of `listen_host` (loopback, or the bridge of test hosts:
+  // tests/support/netns) and registers `config` (its token: the member's LOCKSTEP_JOB_TOKEN).
+  // Fails the test when either fails; the other calls then do nothing.
+  explicit InProcessRendezvous(const rendezvous::JobConfig& config,
+                               const std::string& listen_host = "127.0.0.1");
   // Shuts the server down (within 5 s).
   ~InProcessRendezvous();
   InProcessRendezvous(const InProcessRendezvous&) = delete;
@@ -46,6 +48,7 @@ class InProcessRendezvous {
 
  private:
   rendezvous::JobConfig config_;
+  std::string listen_host_;
   std::unique_ptr<rendezvous::RendezvousServer> server_;
 };
 

@@ -3,10 +3,12 @@
 //  - in_process_rendezvous.h: InProcessRendezvous, the rendezvous service hosted in the test for
 //    one job, and the environment that makes a process one of its members;
 //  - local_job.h: LocalJob, that service plus N lockstep-worker processes on a manifest;
-//  - launcher_workers.h: the workers a `lockstep run` launcher started.
+//  - launcher_workers.h: the workers a `lockstep run` launcher started;
+//  - sample_accounting_check.h: that a job trained every sample of an epoch exactly once.
 #pragma once
 
 #include "tests/support/job/in_process_rendezvous.h"  // IWYU pragma: export
 #include "tests/support/job/launcher_workers.h"       // IWYU pragma: export
 #include "tests/support/job/local_job.h"              // IWYU pragma: export
+#include "tests/support/job/sample_accounting_check.h"  // IWYU pragma: export
 #include "tests/support/process/process.h"            // IWYU pragma: export

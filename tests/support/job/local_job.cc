@@ -15,6 +15,7 @@ rendezvous::JobConfig ConfigOf(const LocalJobSpec& spec) {
   config.token = kTestJobToken;
   config.min_members = spec.min_replicas > 0 ? spec.min_replicas : spec.replicas;
   config.max_members = spec.replicas;
+  config.ranks_per_pod = spec.ranks_per_pod;
   return config;
 }
 
@@ -26,7 +27,7 @@ bool SetsSpec(const Environment& env) {
 }  // namespace
 
 LocalJob::LocalJob(const std::filesystem::path& dir, const LocalJobSpec& spec)
-    : rendezvous_(ConfigOf(spec)) {
+    : rendezvous_(ConfigOf(spec), spec.hosts != nullptr ? spec.hosts->gateway() : "127.0.0.1") {
   if (!rendezvous_.ok()) return;
   const std::string name = spec.job.substr(spec.job.find('/') + 1) + spec.tag;
   const std::filesystem::path manifest_path = dir / (name + ".yaml");
@@ -36,9 +37,11 @@ LocalJob::LocalJob(const std::filesystem::path& dir, const LocalJobSpec& spec)
   if (!SetsSpec(spec.env)) argv.insert(argv.end(), {"--manifest", manifest_path.string()});
   for (int i = 0; i < spec.replicas; ++i) {
     Environment env = rendezvous_.MemberEnv("worker-" + std::to_string(i));
+    if (spec.hosts != nullptr) env.emplace_back("LOCKSTEP_HOST", spec.hosts->address(i));
     env.insert(env.end(), spec.env.begin(), spec.env.end());  // the spec's entries win
     workers_.push_back(std::make_unique<ChildProcess>(
-        argv, env, (dir / (name + "-worker-" + std::to_string(i) + ".log")).string()));
+        spec.hosts != nullptr ? spec.hosts->Wrap(i, argv) : argv, env,
+        (dir / (name + "-worker-" + std::to_string(i) + ".log")).string()));
     EXPECT_GT(workers_.back()->pid(), 0);
   }
 }

@@ -18,6 +18,7 @@
 
 #include "common/rendezvous/server.h"
 #include "tests/support/job/in_process_rendezvous.h"
+#include "tests/support/netns/netns_hosts.h"
 #include "tests/support/process/child_process.h"
 
 namespace lockstep::testing {
@@ -30,6 +31,12 @@ struct LocalJobSpec {
   int min_replicas = 0;  // the service's lower bound of members; 0: replicas
   Environment env;       // more environment of every worker (overriding MemberEnv)
   std::string tag;       // tells apart the files of several incarnations of one job in one dir
+  // spec.ranksPerWorker of the manifest: each worker is a pod of this many ranks, and the
+  // service counts pods (JobConfig::ranks_per_pod).
+  int ranks_per_pod = 1;
+  // Worker i runs on test host i (inside its network namespace, LOCKSTEP_HOST its address) and
+  // the service listens on the hosts' gateway; nullptr: every worker on loopback.
+  const NetnsHosts* hosts = nullptr;
 };
 
 // The outcome of a job whose workers all ended.
