@@ -1,10 +1,15 @@
 // All-reduce bus bandwidth of one rank process, for bench/allreduce/run.sh.
 //
-//   allreduce_bench --impl lockstep|shm|gloo --rank R --size N --dir /tmp/x
+//   allreduce_bench --impl lockstep|shm|hierarchical|gloo --rank R --size N --dir /tmp/x
 //                   [--algo ring|bcube] [--sizes-mib 1,16,64] [--iters 20] [--warmup 5]
+//                   [--hosts H0,H1,...]
 //
 // lockstep: Lockstep's Communicator (GlooCommunicator), bootstrapped through a file store.
 // shm:      Lockstep's Communicator (ShmCommunicator, shared memory), the same way.
+// hierarchical: Lockstep's shm+gloo Communicator (shared memory among the ranks of a host, Gloo
+//           between hosts), the same way; needs --hosts.
+// --hosts:  each rank's host address, by rank (bench/pods/run.sh runs ranks in network
+//           namespaces): rank R listens on H<R>; without it every rank uses 127.0.0.1.
 // gloo:     gloo::allreduce called directly with the algorithm given, on a context from
 //           gloo's own FileStore; the same buffers and options are reused every iteration.
 // Rank 0 prints one line per size: "<bytes> <seconds per op> <busbw GB/s>", where
@@ -28,6 +33,7 @@
 
 #include "bench/allreduce/file_kv_store.h"
 #include "worker/comm/gloo/gloo_communicator.h"
+#include "worker/comm/hierarchical/hierarchical_communicator.h"
 #include "worker/comm/shm/shm_communicator.h"
 
 namespace {
@@ -41,6 +47,7 @@ struct Args {
   int iters = 20;
   int warmup = 5;
   std::vector<double> sizes_mib = {1, 16, 64};
+  std::vector<std::string> hosts;  // by rank; empty: loopback
 };
 
 Args Parse(int argc, char** argv) {
@@ -62,7 +69,11 @@ Args Parse(int argc, char** argv) {
       args.iters = std::atoi(value.c_str());
     else if (flag == "--warmup")
       args.warmup = std::atoi(value.c_str());
-    else if (flag == "--sizes-mib") {
+    else if (flag == "--hosts") {
+      std::stringstream list(value);
+      std::string item;
+      while (std::getline(list, item, ',')) args.hosts.push_back(item);
+    } else if (flag == "--sizes-mib") {
       args.sizes_mib.clear();
       std::stringstream list(value);
       std::string item;
@@ -100,10 +111,18 @@ int RunLockstep(const Args& args) {
     options.size = args.size;
     options.job_name = "allreduce-bench";
     communicator = comm::CreateShmCommunicator(options, store);
+  } else if (args.impl == "hierarchical") {
+    comm::HierarchicalOptions options;
+    options.rank = args.rank;
+    options.member_hosts = args.hosts;
+    options.host = args.hosts.at(static_cast<size_t>(args.rank));
+    options.job_name = "allreduce-bench";
+    communicator = comm::CreateHierarchicalCommunicator(options, store);
   } else {
     comm::GlooOptions options;
     options.rank = args.rank;
     options.size = args.size;
+    if (!args.hosts.empty()) options.listen_host = args.hosts.at(static_cast<size_t>(args.rank));
     communicator = comm::CreateGlooCommunicator(options, store);
   }
   if (!communicator.ok()) {

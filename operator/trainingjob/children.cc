@@ -88,7 +88,9 @@ std::string Hostname(const std::string& pod_name) {
 int32_t MetricsPort(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings) {
   if (job.spec.metrics.port == 0) return 0;
   if (!job.spec.network.host_network) return job.spec.metrics.port;
-  return HostNetworkFirstPort(job, settings) + index % kHostNetworkPortBlockSize;
+  // A pod of N ranks takes N ports, its rank r port + r (the worker adds its local rank).
+  return HostNetworkFirstPort(job, settings) +
+         (index * job.spec.ranks_per_worker) % kHostNetworkPortBlockSize;
 }
 
 // NCCL settings per network mode; spec.network.ncclEnv overrides any of them and adds more.
@@ -491,11 +493,20 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   }
 
   if (metrics_port != 0) {
-    json port = {{"name", kMetricsPortName}, {"containerPort", metrics_port}, {"protocol", "TCP"}};
-    // Declared as hostPort too, so the scheduler never puts two pods that want the same node
-    // port on one node (see HostNetworkFirstPort on collisions).
-    if (network.host_network) port["hostPort"] = metrics_port;
-    container["ports"] = json::array({std::move(port)});
+    // One port per rank: local rank r serves on metrics_port + r ("metrics", "metrics-1", ...).
+    json ports = json::array();
+    for (int32_t r = 0; r < spec.ranks_per_worker; ++r) {
+      const int32_t number = metrics_port + r;
+      json port = {{"name", r == 0 ? std::string(kMetricsPortName)
+                                   : std::string(kMetricsPortName) + "-" + std::to_string(r)},
+                   {"containerPort", number},
+                   {"protocol", "TCP"}};
+      // Declared as hostPort too, so the scheduler never puts two pods that want the same node
+      // port on one node (see HostNetworkFirstPort on collisions).
+      if (network.host_network) port["hostPort"] = number;
+      ports.push_back(std::move(port));
+    }
+    container["ports"] = std::move(ports);
   }
 
   json volumes = json::array();

@@ -52,8 +52,9 @@ struct OperatorSettings {
   int32_t host_network_port_count = 4096;
 };
 
-// Ports per job in the hostNetwork range: worker i serves metrics on the block's port
-// (i mod kHostNetworkPortBlockSize), so up to that many workers of one job can share a node.
+// Ports per job in the hostNetwork range: rank r of worker i (ranksPerWorker N) serves metrics
+// on the block's port (i * N mod kHostNetworkPortBlockSize) + r, so up to that many ranks of one
+// job can share a node (a pod of 8 ranks takes the whole block: one such pod per node).
 inline constexpr int32_t kHostNetworkPortBlockSize = 8;
 // The first port of the job's hostNetwork block: a hash of metadata.uid (namespace/name when the
 // uid is empty) picks one of count / kHostNetworkPortBlockSize blocks (512 by default).

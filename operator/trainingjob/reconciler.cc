@@ -440,6 +440,7 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.min_members = job.spec.elastic.min_replicas;
       config.max_members = job.spec.elastic.max_replicas;
       config.initial_members = job.spec.replicas;
+      config.ranks_per_pod = job.spec.ranks_per_worker;  // members count pods
       config.last_call_ms = options_.rendezvous_last_call_ms;
       config.heartbeat_interval_ms = options_.rendezvous_heartbeat_interval_ms;
       config.heartbeat_timeout_ms = options_.rendezvous_heartbeat_timeout_ms;

@@ -4,6 +4,7 @@
 // the failure cases.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <unistd.h>
 #include <sys/stat.h>
 
 #include <memory>
@@ -220,6 +221,69 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
       ReadFile(dir + "/logs/worker-0.log") + ReadFile(dir + "/logs/worker-1.log");
   EXPECT_NE(logs.find("[rank 0] finished at step 40"), std::string::npos) << logs;
   EXPECT_NE(logs.find("[rank 1] finished at step 40"), std::string::npos) << logs;
+}
+
+// Two pods of two processes each (torchrun's --nproc-per-node=2 on two nodes): four ranks, the
+// pods' processes numbered pod by pod; a killed process restarts the whole group once.
+TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestartsTheGroupOnce) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const std::string dir = MakeTempDir("exec-pods");
+  const std::string name = "ddp-pods-" + std::to_string(getpid());
+  nlohmann::json command = DdpCommand(dir, 60, 0.05);
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: " + name + "}\n"
+            "spec:\n"
+            "  replicas: 2\n"
+            "  ranksPerWorker: 2\n"
+            "  command: " + command.dump() + "\n"
+            "  runPolicy: {backoffLimit: 2}\n"
+            "  metrics: {port: 0}\n");
+  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs",
+                    "--summary", dir + "/summary.json"},
+                   {{"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"},
+                    {"LOCKSTEP_EXEC_GRACE_MS", "3000"}});
+  // Local rank 1 of pod 1: the python child of that pod's second agent.
+  pid_t python = -1;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        // The progress lines of `lockstep run` ("step N/60"), from the script's progress file.
+        static const std::regex progress("step (\\d+)/60");
+        const std::string out = run.StdoutSoFar();
+        int64_t step = -1;
+        for (auto it = std::sregex_iterator(out.begin(), out.end(), progress);
+             it != std::sregex_iterator(); ++it) {
+          step = std::max<int64_t>(step, std::stoll((*it)[1]));
+        }
+        if (step < 20) return false;
+        const pid_t pod = lockstep::testing::WorkerOfLauncher(run.pid(), name, name + "-worker-1");
+        const std::vector<pid_t> agents = ChildrenWithEnv(pod, {{"LOCKSTEP_LOCAL_RANK", "1"}});
+        if (agents.size() != 1) return false;
+        const std::vector<pid_t> children = ChildrenWithEnv(agents[0], {{"LOCAL_RANK", "1"}});
+        if (children.size() != 1) return false;
+        python = children[0];
+        return true;
+      },
+      kTrainWaitMs, 50))
+      << run.StdoutSoFar();
+  ASSERT_EQ(kill(python, SIGKILL), 0);
+  const ProcessResult result = run.Wait(kTrainWaitMs);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["status"], "succeeded") << summary.dump();
+  EXPECT_EQ(summary["steps"], 60) << summary.dump();
+  EXPECT_EQ(summary["world_size"], 4) << summary.dump();
+  const std::string logs =
+      ReadFile(dir + "/logs/worker-0.log") + ReadFile(dir + "/logs/worker-1.log");
+  for (int rank = 0; rank < 4; ++rank) {
+    EXPECT_NE(logs.find("[rank " + std::to_string(rank) + "] finished at step 60 (world 4"),
+              std::string::npos)
+        << logs;
+  }
+  // One failure, one restart of the whole group (TORCHELASTIC_RESTART_COUNT 1), never 2.
+  EXPECT_NE(logs.find("(world 4, restart 1)"), std::string::npos) << logs;
+  EXPECT_EQ(logs.find("restart 2)"), std::string::npos) << logs;
 }
 
 struct BadCommandCase {

@@ -179,6 +179,34 @@ TEST(DesiredPodTest, MetricsPortIsNamedAndAnnotatedForPrometheus) {
   EXPECT_FALSE(none["metadata"]["annotations"].contains("prometheus.io/scrape"));
 }
 
+TEST(DesiredPodTest, PodOfSeveralRanksRequestsTheirGpusAndAMetricsPortPerRank) {
+  // ranksPerWorker auto with 4 GPUs: 4 ranks, each with a GPU and a metrics port.
+  json pod = DesiredPod(
+      JobWith("  resources: {gpus: 4}\n  ranksPerWorker: auto\n  metrics: {port: 9400}\n"), 1,
+      Settings());
+  EXPECT_EQ(Worker(pod)["resources"]["limits"]["nvidia.com/gpu"], "4");
+  EXPECT_EQ(Worker(pod)["ports"], json::parse(R"([
+      {"name":"metrics","containerPort":9400,"protocol":"TCP"},
+      {"name":"metrics-1","containerPort":9401,"protocol":"TCP"},
+      {"name":"metrics-2","containerPort":9402,"protocol":"TCP"},
+      {"name":"metrics-3","containerPort":9403,"protocol":"TCP"}])"));
+  // The pod's supervisor reads ranksPerWorker from the spec it is given, and numbers its ranks.
+  const json spec = json::parse(EnvText(pod, "LOCKSTEP_SPEC"));
+  EXPECT_EQ(spec["spec"]["ranksPerWorker"], 4) << spec.dump();
+  EXPECT_EQ(EnvText(pod, "LOCKSTEP_POD"), "<valueFrom>");  // the pod's name: the member
+
+  // hostNetwork: pod i's ranks take ports (i * 4 mod 8) + r of the job's block.
+  json host = DesiredPod(JobWith("  resources: {gpus: 4}\n  ranksPerWorker: auto\n"
+                                 "  network: {hostNetwork: true}\n  metrics: {port: 9400}\n"),
+                         1, Settings());
+  const int32_t first = Worker(host)["ports"][0]["hostPort"].get<int32_t>();
+  for (int r = 0; r < 4; ++r) {
+    EXPECT_EQ(Worker(host)["ports"][r]["hostPort"], first + r);
+    EXPECT_EQ(Worker(host)["ports"][r]["containerPort"], first + r);
+  }
+  EXPECT_EQ(EnvText(host, "LOCKSTEP_METRICS_PORT"), std::to_string(first));
+}
+
 TEST(DesiredPodTest, ResourcesRequestEqualsLimitAndGpusAreLimits) {
   struct Case {
     std::string resources;

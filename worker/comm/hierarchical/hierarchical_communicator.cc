@@ -49,8 +49,14 @@ class HierarchicalCommunicator : public Communicator {
       LOCKSTEP_RETURN_IF_ERROR(cross_->AllReduce(bytes + begin * element, end - begin, type, op,
                                                  deadline.remaining_ms()));
     }
-    // Every part padded to `per` elements for the all-gather (equal sizes per rank).
     const size_t part_bytes = per * element;
+    if (per * parts == count) {
+      // Equal parts: gathered in place (the shm all-gather reads this rank's part before it
+      // writes any other rank's, and writes this rank's back unchanged), saving a copy.
+      return local_->AllGather(bytes + begin * element, part_bytes, bytes,
+                               deadline.remaining_ms());
+    }
+    // Every part padded to `per` elements for the all-gather (equal sizes per rank).
     const void* mine = bytes + begin * element;
     if (end - begin < per) {
       padded_.assign(part_bytes, 0);

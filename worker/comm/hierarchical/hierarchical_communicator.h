@@ -66,9 +66,10 @@ struct HierarchicalOptions {
 StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
     const HierarchicalOptions& options, rendezvous::KeyValueStore& store);
 
-// The composition alone, over any two communicators: `local` among the ranks of this rank's
-// host (its rank there is layout.local_of[rank]) and `cross` among the ranks of the same local
-// index (its rank there is layout.host_of[rank]).
+// The composition alone, over two communicators: `local` among the ranks of this rank's host
+// (its rank there is layout.local_of[rank]) and `cross` among the ranks of the same local index
+// (its rank there is layout.host_of[rank]). `local` must allow an in-place AllGather (`in` at
+// out + rank * bytes_per_rank), as the shm communicator does.
 std::unique_ptr<Communicator> ComposeHierarchical(HostLayout layout, int rank,
                                                   std::unique_ptr<Communicator> local,
                                                   std::unique_ptr<Communicator> cross);
