@@ -29,6 +29,7 @@ namespace {
 
 using lockstep::testing::ChildProcess;
 using lockstep::testing::ExpectExactSampleAccounting;
+using lockstep::testing::LatestStep;
 using lockstep::testing::FindProcessesWithEnv;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
@@ -87,17 +88,6 @@ std::string WriteManifest(const std::string& dir, const JobOptions& job) {
 // Plain progress lines often enough to follow the step (stdout is a file, not a terminal).
 const std::vector<std::pair<std::string, std::string>> kRunEnv = {
     {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"}};
-
-// The highest "step N/" the launcher's progress lines have shown; -1 before any.
-int64_t LatestStep(const std::string& out) {
-  int64_t latest = -1;
-  for (size_t at = out.find("step "); at != std::string::npos; at = out.find("step ", at + 5)) {
-    char* end = nullptr;
-    const long long step = std::strtoll(out.c_str() + at + 5, &end, 10);
-    if (end != out.c_str() + at + 5 && *end == '/') latest = std::max<int64_t>(latest, step);
-  }
-  return latest;
-}
 
 nlohmann::json ReadSummary(const std::string& path) {
   const std::string text = ReadFile(path);

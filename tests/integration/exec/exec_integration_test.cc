@@ -248,15 +248,8 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
   pid_t python = -1;
   ASSERT_TRUE(PollUntil(
       [&] {
-        // The progress lines of `lockstep run` ("step N/60"), from the script's progress file.
-        static const std::regex progress("step (\\d+)/60");
-        const std::string out = run.StdoutSoFar();
-        int64_t step = -1;
-        for (auto it = std::sregex_iterator(out.begin(), out.end(), progress);
-             it != std::sregex_iterator(); ++it) {
-          step = std::max<int64_t>(step, std::stoll((*it)[1]));
-        }
-        if (step < 20) return false;
+        // `lockstep run`'s progress lines, from the script's progress file.
+        if (lockstep::testing::LatestStep(run.StdoutSoFar()) < 20) return false;
         const pid_t pod = lockstep::testing::WorkerOfLauncher(run.pid(), name, name + "-worker-1");
         const std::vector<pid_t> agents = ChildrenWithEnv(pod, {{"LOCKSTEP_LOCAL_RANK", "1"}});
         if (agents.size() != 1) return false;

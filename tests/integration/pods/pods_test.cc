@@ -31,25 +31,19 @@ using testing::ChildProcess;
 using testing::ChildrenWithEnv;
 using testing::ExpectExactSampleAccounting;
 using testing::JobRun;
+using testing::LatestStep;
 using testing::MakeTempDir;
 using testing::NetnsHosts;
 using testing::PollUntil;
 using testing::ProcessResult;
 using testing::ReadFile;
+using testing::ReadFloats;
 using testing::RunLocalJob;
 using testing::WorkerOfLauncher;
 using testing::WriteFile;
 
 constexpr char kDigits[] = "/usr/lib/python3/dist-packages/sklearn/datasets/data/digits.csv.gz";
 constexpr int64_t kRunTimeoutMs = 180000;
-
-std::vector<float> ReadFloats(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
 
 struct PodJob {
   std::string name;
@@ -169,17 +163,6 @@ TEST_F(PodEquivalenceTest, TwoPodsOfTwoRanksOnTwoHostsUseShmInsideAndGlooBetween
 nlohmann::json ReadSummary(const std::string& path) {
   nlohmann::json summary = nlohmann::json::parse(ReadFile(path), nullptr, false);
   return summary.is_discarded() ? nlohmann::json::object() : summary;
-}
-
-// The highest "step N/" the launcher's progress lines have shown; -1 before any.
-int64_t LatestStep(const std::string& out) {
-  int64_t latest = -1;
-  for (size_t at = out.find("step "); at != std::string::npos; at = out.find("step ", at + 5)) {
-    char* end = nullptr;
-    const long long step = std::strtoll(out.c_str() + at + 5, &end, 10);
-    if (end != out.c_str() + at + 5 && *end == '/') latest = std::max<int64_t>(latest, step);
-  }
-  return latest;
 }
 
 struct KillOutcome {

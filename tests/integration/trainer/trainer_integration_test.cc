@@ -31,14 +31,7 @@ using testing::JobRun;
 using testing::LocalJob;
 using testing::RunLocalJob;
 using testing::ScratchDir;
-
-std::vector<float> ReadFloats(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> values(bytes.size() / sizeof(float));
-  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
-  return values;
-}
+using testing::ReadFloats;
 
 std::string FashionManifest(const std::string& name, int replicas, int batch_size) {
   std::ostringstream m;

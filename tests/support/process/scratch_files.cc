@@ -28,6 +28,13 @@ std::string ReadFile(const std::string& path) {
   return buffer.str();
 }
 
+std::vector<float> ReadFloats(const std::string& path) {
+  const std::string bytes = ReadFile(path);
+  std::vector<float> values(bytes.size() / sizeof(float));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(float));
+  return values;
+}
+
 void WriteFile(const std::string& path, const std::string& text) {
   std::ofstream file(path, std::ios::trunc);
   file << text;

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace lockstep::testing {
 
@@ -12,6 +13,8 @@ namespace lockstep::testing {
 std::string MakeTempDir(const std::string& prefix);
 // The whole file; "" when it cannot be read.
 std::string ReadFile(const std::string& path);
+// The file as raw float32 values (a parameter dump: LOCKSTEP_DUMP_PARAMS); empty when unreadable.
+std::vector<float> ReadFloats(const std::string& path);
 // Replaces the file's content; fails the test when it cannot.
 void WriteFile(const std::string& path, const std::string& text);
 
