@@ -17,6 +17,8 @@
 #include "common/errno_check.h"
 #include "common/logging.h"
 
+extern char** environ;
+
 namespace lockstep::agent {
 namespace {
 
@@ -63,6 +65,14 @@ std::string ChildExit::Describe() const {
   }
   if (!start_error.empty()) text += " (" + start_error + ")";
   return text;
+}
+
+std::vector<std::string> CurrentEnvironment() {
+  std::vector<std::string> entries;
+  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
+    entries.emplace_back(*entry);
+  }
+  return entries;
 }
 
 StatusOr<std::string> ResolveProgram(const std::string& name, const std::string& path_env) {

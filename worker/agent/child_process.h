@@ -103,6 +103,9 @@ class ChildProcess {
   std::vector<std::shared_ptr<std::atomic<bool>>> relay_done_;
 };
 
+// This process's own environment as NAME=value entries: what a child's Options::env starts from.
+std::vector<std::string> CurrentEnvironment();
+
 // The program the agent will execute: `name` itself when it holds a '/', else the first entry of
 // `path_env` (colon separated) where it is an executable file; when none is executable, the
 // first where it exists (so exec reports EACCES), else NotFound naming the PATH searched.

@@ -31,9 +31,8 @@
 #include "worker/agent/exec_environment.h"
 #include "worker/agent/exec_metrics.h"
 #include "worker/agent/progress_file.h"
+#include "worker/agent/wake_pipe.h"
 #include "worker/comm/rdma/nccl_rdma_setup.h"
-
-extern char** environ;
 
 namespace lockstep::agent {
 
@@ -65,34 +64,6 @@ constexpr int64_t kPlanPollSliceMs = 500;
 // How long rank 0 waits for the first failure's details (written right after its counter).
 constexpr int64_t kFailureDetailsWaitMs = 2000;
 
-int g_wake_pipe[2] = {-1, -1};
-
-extern "C" void WakeOnSignal(int signal_number) {
-  const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(signal_number);
-  [[maybe_unused]] ssize_t ignored = write(g_wake_pipe[1], &byte, 1);
-  errno = saved_errno;
-}
-
-void Wake(unsigned char what) {
-  [[maybe_unused]] ssize_t ignored = write(g_wake_pipe[1], &what, 1);
-}
-
-Status InstallSignalHandlers() {
-  if (g_wake_pipe[0] < 0 && pipe2(g_wake_pipe, O_CLOEXEC | O_NONBLOCK) != 0) {
-    return ErrnoStatus("exec agent: pipe", errno);
-  }
-  struct sigaction action {};
-  action.sa_handler = WakeOnSignal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART | SA_NOCLDSTOP;
-  for (int s : {SIGTERM, SIGINT, SIGCHLD}) {
-    if (sigaction(s, &action, nullptr) != 0) return ErrnoStatus("exec agent: sigaction", errno);
-  }
-  signal(SIGPIPE, SIG_IGN);
-  return OkStatus();
-}
-
 // What woke the agent up since the last wait.
 struct Events {
   int signal = 0;  // SIGTERM or SIGINT to the agent (the first one)
@@ -104,45 +75,26 @@ struct Events {
 // Waits up to timeout_ms for anything on the wake pipe, then drains it.
 Events WaitForEvents(int64_t timeout_ms) {
   Events events;
-  struct pollfd readable {
-    g_wake_pipe[0], POLLIN, 0
-  };
-  int ready;
-  LOCKSTEP_SYSCALL_RETRY(ready,
-                         poll(&readable, 1, static_cast<int>(std::max<int64_t>(0, timeout_ms))));
-  if (ready <= 0) return events;
-  unsigned char bytes[64];
-  ssize_t got;
-  while ((got = read(g_wake_pipe[0], bytes, sizeof(bytes))) > 0) {
-    for (ssize_t i = 0; i < got; ++i) {
-      switch (bytes[i]) {
-        case SIGCHLD:
-          events.child = true;
-          break;
-        case SIGTERM:
-        case SIGINT:
-          if (events.signal == 0) events.signal = bytes[i];
-          break;
-        case kWakeGenerationEnded:
-          events.generation_ended = true;
-          break;
-        case kWakeJoinDone:
-          events.join_done = true;
-          break;
-        default:
-          break;
-      }
+  for (unsigned char what : WaitForWakes(timeout_ms)) {
+    switch (what) {
+      case SIGCHLD:
+        events.child = true;
+        break;
+      case SIGTERM:
+      case SIGINT:
+        if (events.signal == 0) events.signal = what;
+        break;
+      case kWakeGenerationEnded:
+        events.generation_ended = true;
+        break;
+      case kWakeJoinDone:
+        events.join_done = true;
+        break;
+      default:
+        break;
     }
   }
   return events;
-}
-
-std::vector<std::string> InheritedEnvironment() {
-  std::vector<std::string> entries;
-  for (char** entry = environ; entry != nullptr && *entry != nullptr; ++entry) {
-    entries.emplace_back(*entry);
-  }
-  return entries;
 }
 
 // A port free on this host now: bound to port 0 on all interfaces (where PyTorch's TCPStore will
@@ -403,7 +355,7 @@ int ExecAgent::Run() {
   LOCKSTEP_LOG(INFO) << "exec agent for " << options_.command[0] << " (backoffLimit "
                      << options_.budget.backoff_limit << ", restartPolicy "
                      << spec::ToString(options_.budget.policy) << ")";
-  const std::vector<std::string> inherited = InheritedEnvironment();
+  const std::vector<std::string> inherited = CurrentEnvironment();
   while (true) {
     StatusOr<rendezvous::Assignment> joined = JoinInterruptibly();
     if (!joined.ok()) {
@@ -610,7 +562,7 @@ int RunExecAgent(const std::vector<std::string>& args) {
     std::cerr << kExecUsage;
     return fail(kExitBadInput, options.status().message());
   }
-  if (Status status = InstallSignalHandlers(); !status.ok()) {
+  if (Status status = InstallWakePipe({SIGTERM, SIGINT, SIGCHLD}); !status.ok()) {
     return fail(kExitFailure, status.message());
   }
   // The command inherits this environment (ExecAgent::Run snapshots it): NCCL in a PyTorch
