@@ -1,37 +1,36 @@
 #include "tests/support/netns/netns_hosts.h"
 
-#include <sys/wait.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <cstdint>
 #include <iostream>
+
+#include "tests/support/process/child_process.h"
 
 namespace lockstep::testing {
 namespace {
 
-std::string Quote(const std::vector<std::string>& argv) {
-  std::string line;
-  for (const std::string& word : argv) {
-    line += (line.empty() ? "" : " ") + std::string("'");
-    for (char c : word) line += c == '\'' ? std::string("'\\''") : std::string(1, c);
-    line += "'";
+// Each iproute2 call is bounded: a hung `ip` fails the set-up instead of the suite.
+constexpr int64_t kToolTimeoutMs = 20000;
+
+// iproute2's programs by absolute path (the process runner does not search PATH).
+std::string Tool(const std::string& name) {
+  for (const char* dir : {"/usr/sbin/", "/sbin/", "/usr/bin/", "/bin/"}) {
+    const std::string path = dir + name;
+    if (access(path.c_str(), X_OK) == 0) return path;
   }
-  return line;
+  return "/usr/sbin/" + name;
 }
 
 }  // namespace
 
 bool NetnsHosts::Run(const std::vector<std::string>& argv, std::string* output) {
-  // popen: iproute2's own error message is what a reader of a failed set-up needs.
-  FILE* pipe = popen((Quote(argv) + " 2>&1").c_str(), "r");
-  if (pipe == nullptr) return false;
-  std::string text;
-  char buffer[512];
-  size_t got = 0;
-  while ((got = fread(buffer, 1, sizeof(buffer), pipe)) > 0) text.append(buffer, got);
-  const int status = pclose(pipe);
-  if (output != nullptr) *output = text;
-  return status != -1 && WIFEXITED(status) && WEXITSTATUS(status) == 0;
+  std::vector<std::string> command = argv;
+  command[0] = Tool(command[0]);
+  const ProcessResult result = RunProcess(command, {}, kToolTimeoutMs);
+  // iproute2's own error message is what a reader of a failed set-up needs.
+  if (output != nullptr) *output = result.out + result.err;
+  return result.code() == 0;
 }
 
 NetnsHosts::NetnsHosts(int count) {
@@ -100,15 +99,7 @@ void NetnsHosts::RemoveAll() {
 }
 
 std::vector<std::string> NetnsHosts::Wrap(int host, const std::vector<std::string>& argv) const {
-  // An absolute path: the test's process runner executes argv[0] without a PATH search.
-  std::string ip = "/usr/sbin/ip";
-  for (const char* candidate : {"/usr/sbin/ip", "/sbin/ip", "/usr/bin/ip", "/bin/ip"}) {
-    if (access(candidate, X_OK) == 0) {
-      ip = candidate;
-      break;
-    }
-  }
-  std::vector<std::string> wrapped = {ip, "netns", "exec", namespaces_[host]};
+  std::vector<std::string> wrapped = {Tool("ip"), "netns", "exec", namespaces_[host]};
   wrapped.insert(wrapped.end(), argv.begin(), argv.end());
   return wrapped;
 }
