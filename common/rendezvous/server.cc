@@ -356,7 +356,8 @@ Job::Closures Job::Resolve(Actions& actions) {
       auto call = TakeCall(answer->call);
       if (call == nullptr) continue;
       if (!answer->status.ok()) {
-        closures.push_back([call, status = ToGrpcStatus(answer->status)] { call->Complete(status); });
+        closures.push_back(
+            [call, status = ToGrpcStatus(answer->status)] { call->Complete(status); });
         continue;
       }
       auto response = std::make_shared<v1::JoinResponse>(ToProto(answer->assignment));

@@ -13,8 +13,9 @@
 //  - gloo (gloo/): everything else, over TCP.
 // The environment variable LOCKSTEP_COMM overrides the choice: "auto" (or unset) as above,
 // "gloo" always Gloo (flat, over every rank), "shm" always shared memory (an error when the
-// members are not on one host), "shm+gloo" the hierarchy (an error where it does not apply). Every member must see the same value, or members pick different backends and the
-// bootstrap fails at its deadline; the launcher and the operator give every worker the same
+// members are not on one host), "shm+gloo" the hierarchy (an error where it does not apply).
+// Every member must see the same value, or members pick different backends and the bootstrap
+// fails at its deadline; the launcher and the operator give every worker the same
 // environment. Set LOCKSTEP_COMM=gloo where members report the same host but do not share
 // /dev/shm or a pid namespace (e.g. separate containers with host networking).
 #pragma once
@@ -51,9 +52,10 @@ struct CommunicatorOptions {
   void* cuda_stream = nullptr;
 };
 
-// "nccl", "shm", "shm+gloo" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr: unset).
-// INVALID_ARGUMENT for an unknown value; FAILED_PRECONDITION for "shm" across hosts, for a CPU
-// backend with cuda, and for nccl without it.
+// "nccl", "shm", "shm+gloo" or "gloo" for these options and a LOCKSTEP_COMM value (nullptr:
+// unset). INVALID_ARGUMENT for an unknown value; FAILED_PRECONDITION for "shm" across hosts,
+// "shm+gloo" where the hosts hold no equal groups of several ranks, a CPU backend with cuda, and
+// nccl without it.
 StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& options,
                                                 const char* lockstep_comm);
 

@@ -9,6 +9,7 @@
 
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -27,14 +28,16 @@ std::vector<std::string> LoopbackHosts(int world) {
   return hosts;
 }
 
-const CommunicatorBackend& Hierarchical() {
-  static const CommunicatorBackend backend{
+// The backend with each world's ranks placed on hosts by `hosts_of(world)`.
+CommunicatorBackend OverHosts(std::function<std::vector<std::string>(int world)> hosts_of) {
+  return CommunicatorBackend{
       .name = "shm+gloo",
       .create =
-          [](int rank, int world, rendezvous::KeyValueStore& store, int64_t connect_timeout_ms) {
+          [hosts_of](int rank, int world, rendezvous::KeyValueStore& store,
+                     int64_t connect_timeout_ms) {
             HierarchicalOptions options;
             options.rank = rank;
-            options.member_hosts = LoopbackHosts(world);
+            options.member_hosts = hosts_of(world);
             // A rank outside the world (the refusal test) listens on the first host.
             options.host = rank < world ? options.member_hosts[rank] : options.member_hosts[0];
             options.job_name = "test/hierarchical";
@@ -47,6 +50,10 @@ const CommunicatorBackend& Hierarchical() {
       .connect_late_ms = 2000,
       .code_after_error = std::nullopt,
   };
+}
+
+const CommunicatorBackend& Hierarchical() {
+  static const CommunicatorBackend backend = OverHosts(LoopbackHosts);
   return backend;
 }
 
@@ -78,22 +85,14 @@ TEST(HostLayoutTest, UnequalHostsHaveNoLayout) {
 // Ranks interleaved over hosts (rank 0 and 2 on one host): every collective still answers by
 // global rank.
 TEST(HierarchicalCommunicatorTest, InterleavedRanksGatherAndBroadcastByGlobalRank) {
-  const std::vector<std::string> hosts = {"127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"};
-  CommunicatorBackend interleaved = Hierarchical();
-  interleaved.create = [hosts](int rank, int, rendezvous::KeyValueStore& store,
-                               int64_t connect_timeout_ms) {
-    HierarchicalOptions options;
-    options.rank = rank;
-    options.member_hosts = hosts;
-    options.host = hosts[static_cast<size_t>(rank) % hosts.size()];
-    options.job_name = "test/interleaved";
-    options.connect_timeout_ms = connect_timeout_ms;
-    return CreateHierarchicalCommunicator(options, store);
-  };
+  const CommunicatorBackend interleaved = OverHosts([](int) {
+    return std::vector<std::string>{"127.0.0.1", "127.0.0.2", "127.0.0.1", "127.0.0.2"};
+  });
   Status status = RunRanks(interleaved, 4, [](int rank, Communicator& comm) -> Status {
     int64_t mine = 100 + rank;
     std::vector<int64_t> all(4);
-    LOCKSTEP_RETURN_IF_ERROR(comm.AllGather(&mine, sizeof(mine), all.data(), kConformanceTimeoutMs));
+    LOCKSTEP_RETURN_IF_ERROR(
+        comm.AllGather(&mine, sizeof(mine), all.data(), kConformanceTimeoutMs));
     if (all != std::vector<int64_t>{100, 101, 102, 103}) return InternalError("all-gather order");
     int64_t value = rank == 3 ? 42 : -1;
     LOCKSTEP_RETURN_IF_ERROR(comm.Broadcast(&value, sizeof(value), 3, kConformanceTimeoutMs));
