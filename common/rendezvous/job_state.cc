@@ -118,13 +118,12 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
       return;
     }
   }
-  FormGeneration(now, out);
+  FormGeneration(ranks, now, out);
 }
 
-void JobState::FormGeneration(TimePoint now, Actions& out) {
+void JobState::FormGeneration(const PodTally& ranks, TimePoint now, Actions& out) {
   // Pods: survivors keep their relative order, newcomers follow in order of first arrival; only
   // whole pods are admitted. Ranks go pod by pod, local ranks in order.
-  const PodTally ranks = TallyPendingRanks();
   std::vector<std::string> pods;
   for (const auto& survivor : survivors_) {
     if (PodComplete(ranks, survivor)) pods.push_back(survivor);

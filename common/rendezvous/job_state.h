@@ -201,7 +201,8 @@ class JobState {
   int32_t ExpectedPods(const PodTally& ranks) const;
   bool AllExpectedJoined(const PodTally& ranks) const;
   void TryFormGeneration(TimePoint now, Actions& out);
-  void FormGeneration(TimePoint now, Actions& out);
+  // `ranks`: TryFormGeneration's tally of the pending joins, which forming does not change.
+  void FormGeneration(const PodTally& ranks, TimePoint now, Actions& out);
   // lost: a member is gone (for the recovery time); false when one joined.
   void EndGeneration(const std::string& reason, bool lost, TimePoint now, Actions& out);
   // Ends the generation for a lost member and forms the next from the survivors if it can.
