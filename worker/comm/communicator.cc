@@ -1,5 +1,7 @@
 #include "worker/comm/communicator.h"
 
+#include <algorithm>
+
 namespace lockstep::comm {
 
 size_t DataTypeSize(DataType type) {
@@ -30,6 +32,11 @@ const char* DataTypeName(DataType type) {
       return "float16";
   }
   return "unknown";
+}
+
+size_t PartBegin(size_t count, int parts, int part) {
+  const size_t per = (count + parts - 1) / parts;
+  return std::min(count, per * static_cast<size_t>(part));
 }
 
 }  // namespace lockstep::comm

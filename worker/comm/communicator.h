@@ -26,6 +26,10 @@ enum class ReduceOp { kSum, kMax, kMin };
 size_t DataTypeSize(DataType type);
 const char* DataTypeName(DataType type);
 
+// Where part `part` of `count` elements split into `parts` begins: parts of ceil(count / parts)
+// elements, in order, the last ones shorter or empty. ReduceScatter's partition.
+size_t PartBegin(size_t count, int parts, int part);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -37,6 +41,14 @@ class Communicator {
   // In place: data[0..count) becomes the reduction over ranks.
   virtual Status AllReduce(void* data, size_t count, DataType type, ReduceOp op,
                            int64_t timeout_ms) = 0;
+  // In place: data[PartBegin(count, size(), rank()) .. PartBegin(count, size(), rank() + 1))
+  // becomes the reduction over ranks of those elements; the rest of data is left unspecified
+  // (partial reductions). The default all-reduces the whole buffer; a backend overrides it where
+  // reducing only this rank's part moves fewer bytes.
+  virtual Status ReduceScatter(void* data, size_t count, DataType type, ReduceOp op,
+                               int64_t timeout_ms) {
+    return AllReduce(data, count, type, op, timeout_ms);
+  }
   // data[0..bytes) on every rank becomes root's.
   virtual Status Broadcast(void* data, size_t bytes, int root, int64_t timeout_ms) = 0;
   // out[r * bytes_per_rank ...] = in of rank r; out holds size() * bytes_per_rank bytes.

@@ -73,6 +73,27 @@ Status CheckAllReduce(int rank, int world, Communicator& comm, BufferSpace& spac
   return OkStatus();
 }
 
+// ReduceScatter leaves this rank's part (PartBegin's partition) reduced; the rest is unspecified.
+template <typename T>
+Status CheckReduceScatter(int rank, int world, Communicator& comm, BufferSpace& space,
+                          size_t count, DataType type, ReduceOp op) {
+  std::vector<T> values(count);
+  for (size_t i = 0; i < count; ++i) values[i] = static_cast<T>(Value(rank, i));
+  SpaceBuffer<T> buffer(space, values);
+  LOCKSTEP_RETURN_IF_ERROR(comm.ReduceScatter(buffer.data(), count, type, op, kTimeoutMs));
+  const std::vector<T> data = buffer.Read();
+  const size_t end = PartBegin(count, world, rank + 1);
+  for (size_t i = PartBegin(count, world, rank); i < end; ++i) {
+    if (data[i] != static_cast<T>(Expected(world, i, op))) {
+      return InternalError(std::string("reduce-scatter ") + DataTypeName(type) + " count " +
+                           std::to_string(count) + ": element " + std::to_string(i) + " is " +
+                           std::to_string(data[i]) + ", expected " +
+                           std::to_string(Expected(world, i, op)));
+    }
+  }
+  return OkStatus();
+}
+
 }  // namespace
 
 BufferSpace& HostSpace() {
@@ -171,6 +192,24 @@ TEST_P(CommunicatorConformanceTest, AllReduceComputesExactSumMaxMinForEveryTypeA
     EXPECT_EQ(comm.size(), world);
     EXPECT_EQ(comm.rank(), rank);
     return CheckEveryAllReduce(rank, world, comm, *backend.space);
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// Counts: fewer elements than ranks (empty parts), uneven parts, several shm rounds, 4 MiB.
+TEST_P(CommunicatorConformanceTest, ReduceScatterLeavesEachRankItsPartReduced) {
+  const int world = this->world();
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMax}) {
+      for (size_t count : {size_t{1}, size_t{5}, size_t{1001}, size_t{100003}, size_t{1} << 20}) {
+        LOCKSTEP_RETURN_IF_ERROR(
+            CheckReduceScatter<float>(rank, world, comm, space, count, DataType::kFloat32, op));
+        LOCKSTEP_RETURN_IF_ERROR(
+            CheckReduceScatter<int64_t>(rank, world, comm, space, count, DataType::kInt64, op));
+      }
+    }
+    return OkStatus();
   });
   EXPECT_TRUE(status.ok()) << status;
 }

@@ -5,16 +5,18 @@
 // PaddlePaddle's hierarchical all-reduce.
 //
 // AllReduce of B bytes on H hosts of L ranks each:
-//   1. all-reduce the whole buffer among the host's L ranks (shared memory: memory bandwidth);
-//   2. local rank l all-reduces the l-th of L equal parts (B / L bytes) with the l-th ranks of
-//      the other hosts (Gloo): L rings of B / L bytes run side by side across the network, so a
-//      host sends 2 (H - 1) / H x B bytes in all where a flat ring over H x L ranks sends
-//      2 (HL - 1) / HL x B per rank that crosses hosts;
+//   1. reduce-scatter the buffer among the host's L ranks (shared memory: memory bandwidth), so
+//      that local rank l holds the host's sum of the l-th of L equal parts (B / L bytes);
+//   2. local rank l all-reduces its part with the l-th ranks of the other hosts (Gloo): L rings
+//      of B / L bytes run side by side across the network, so a host sends 2 (H - 1) / H x B
+//      bytes in all where a flat ring over H x L ranks sends 2 (HL - 1) / HL x B per rank that
+//      crosses hosts;
 //   3. all-gather the parts among the host's ranks (shared memory).
-// Step 1 is a full all-reduce rather than a reduce-scatter because the shm communicator offers
-// the former; on one host it costs memory bandwidth, not network bandwidth.
-// Every rank ends with bit-identical results: step 1 and step 3 give every rank of a host the
-// same bytes, and step 2's Gloo ring gives every host the same part.
+// Up to 1 MiB, one ring crosses the hosts instead of L: all-reduce inside the host, local rank 0
+// all-reduces the whole buffer with the other hosts' rank 0, broadcast inside the host (the same
+// bytes cross the network in fewer rounds and streams; measured faster there, docs/benchmarks.md).
+// Every rank ends with bit-identical results: Gloo's rings give every host the same parts, and
+// the all-gather (or broadcast) gives every rank of a host the same bytes.
 //
 // Broadcast goes to the root's local index on every host first (Gloo), then inside each host
 // (shm). AllGather gathers inside the host, then exchanges whole hosts' blocks. Barrier is

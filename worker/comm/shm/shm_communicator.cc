@@ -51,6 +51,13 @@
 // when every peer has finished reading it. Each element is reduced by one rank in a fixed
 // order, so results are deterministic and bit-identical on every rank.
 //
+// Reduce-scatter of n elements into parts of p = ceil(n / W) (part s = elements [s·p, (s+1)·p)
+// clipped to n), in rounds of at most one region of each part: round k covers elements
+// [k·region, (k+1)·region) of every part; rank r copies that piece of every part s ≠ r into
+// region s of its slot; barrier; rank r reduces its own piece and region r of every other slot,
+// in rank order, into region r of its slot and its output; barrier (peers have read the regions
+// before the next round overwrites them). The all-reduce's copy-out (phase 5) is what it saves.
+//
 // Broadcast: root copies up to W × slot_bytes into the slot area; barrier; the others copy out;
 // barrier (so the root does not overwrite a chunk still being read).
 // All-gather: rank r copies up to slot_bytes of its input into slot r; barrier; everyone copies
@@ -78,6 +85,7 @@
 #include <mutex>
 #include <random>
 #include <sstream>
+#include <utility>
 #include <vector>
 
 #include "common/deadline.h"
@@ -327,6 +335,44 @@ class ShmCommunicator final : public Communicator {
     return OkStatus();
   }
 
+  Status ReduceScatter(void* data, size_t count, DataType type, ReduceOp op,
+                       int64_t timeout_ms) override {
+    LOCKSTEP_RETURN_IF_ERROR(CheckUsable("reduce-scatter", timeout_ms));
+    if (count == 0 || options_.size == 1) return OkStatus();
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    const int world = options_.size;
+    const int me = options_.rank;
+    const size_t element = DataTypeSize(type);
+    const size_t round_max = region_bytes_ / element;
+    const size_t per = PartBegin(count, world, 1);
+    char* bytes = static_cast<char*>(data);
+    // Elements [offset, offset + length) of part s, as an offset into data and a length.
+    auto piece = [&](int s, size_t offset) -> std::pair<size_t, size_t> {
+      const size_t begin = std::min(PartBegin(count, world, s) + offset, count);
+      const size_t end = std::min(PartBegin(count, world, s + 1), begin + round_max);
+      return {begin, end > begin ? end - begin : 0};
+    };
+    std::vector<const void*> sources(world);
+    for (size_t offset = 0; offset < per; offset += round_max) {
+      for (int s = 0; s < world; ++s) {
+        if (s == me) continue;
+        auto [begin, length] = piece(s, offset);
+        std::memcpy(Region(me, s), bytes + begin * element, length * element);
+      }
+      LOCKSTEP_RETURN_IF_ERROR(Fail(BarrierWait("reduce-scatter", deadline)));
+      auto [begin, length] = piece(me, offset);
+      if (length > 0) {
+        for (int s = 0; s < world; ++s) {
+          sources[s] = s == me ? bytes + begin * element : Region(s, me);
+        }
+        Reduce(type, op, sources.data(), world, Region(me, me), length, scratch_);
+        std::memcpy(bytes + begin * element, Region(me, me), length * element);
+      }
+      LOCKSTEP_RETURN_IF_ERROR(Fail(BarrierWait("reduce-scatter", deadline)));
+    }
+    return OkStatus();
+  }
+
   Status Broadcast(void* data, size_t bytes, int root, int64_t timeout_ms) override {
     if (root < 0 || root >= options_.size) {
       return InvalidArgumentError("shm broadcast: root " + std::to_string(root) +
@@ -363,7 +409,10 @@ class ShmCommunicator final : public Communicator {
       std::memcpy(Slot(options_.rank), mine + done, n);
       LOCKSTEP_RETURN_IF_ERROR(Fail(BarrierWait("all-gather", deadline)));
       for (int s = 0; s < options_.size; ++s) {
-        std::memcpy(gathered + s * bytes_per_rank + done, Slot(s), n);
+        char* to = gathered + s * bytes_per_rank + done;
+        // In place (in at out + rank * bytes_per_rank), this rank's bytes are already there.
+        if (s == options_.rank && to == mine + done) continue;
+        std::memcpy(to, Slot(s), n);
       }
       LOCKSTEP_RETURN_IF_ERROR(Fail(BarrierWait("all-gather", deadline)));
       done += n;
