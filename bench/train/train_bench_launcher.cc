@@ -1,9 +1,13 @@
-// train_bench_launcher WORKER_BINARY MANIFEST REPLICAS
+// train_bench_launcher WORKER_BINARY MANIFEST REPLICAS [--ranks-per-pod N] [--listen ADDRESS]
+//                     [--pod-netns NS0,NS1,... --pod-hosts ADDRESS0,ADDRESS1,...]
 //
-// Hosts a rendezvous service on 127.0.0.1, runs REPLICAS `lockstep-worker train` processes on
-// MANIFEST, waits for them (10 minutes at most) and prints one JSON line with the job's final
-// figures as rank 0 reported them at Leave: global samples/s over the timed steps, scaling
-// efficiency (compute / step time) and the exposed-communication share of the step time.
+// Hosts a rendezvous service on 127.0.0.1 (or ADDRESS), runs REPLICAS `lockstep-worker train`
+// processes (pods) on MANIFEST, waits for them (10 minutes at most) and prints one JSON line with
+// the job's final figures as rank 0 reported them at Leave: global samples/s over the timed
+// steps, scaling efficiency (compute / step time) and the exposed-communication share of the
+// step time. --ranks-per-pod must match the manifest's spec.ranksPerWorker. With --pod-netns,
+// pod i runs in network namespace NSi (`ip netns exec`) and announces address i of --pod-hosts
+// (LOCKSTEP_HOST), as pods on separate nodes would (bench/pods/run.sh).
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -13,6 +17,7 @@
 #include <cstdio>
 #include <iostream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,15 +26,52 @@
 
 extern char** environ;
 
+namespace {
+
+std::vector<std::string> SplitCommas(const std::string& text) {
+  std::vector<std::string> parts;
+  std::stringstream stream(text);
+  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
+  return parts;
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
-  if (argc != 4) {
-    std::cerr << "usage: train_bench_launcher WORKER_BINARY MANIFEST REPLICAS\n";
+  const char* usage =
+      "usage: train_bench_launcher WORKER_BINARY MANIFEST REPLICAS [--ranks-per-pod N] "
+      "[--listen ADDRESS] [--pod-netns NS,... --pod-hosts ADDRESS,...]\n";
+  if (argc < 4 || (argc - 4) % 2 != 0) {
+    std::cerr << usage;
     return 2;
   }
   const std::string worker = argv[1], manifest = argv[2];
   const int replicas = std::stoi(argv[3]);
+  int ranks_per_pod = 1;
+  std::string listen = "127.0.0.1";
+  std::vector<std::string> pod_netns, pod_hosts;
+  for (int i = 4; i < argc; i += 2) {
+    const std::string flag = argv[i], value = argv[i + 1];
+    if (flag == "--ranks-per-pod") {
+      ranks_per_pod = std::stoi(value);
+    } else if (flag == "--listen") {
+      listen = value;
+    } else if (flag == "--pod-netns") {
+      pod_netns = SplitCommas(value);
+    } else if (flag == "--pod-hosts") {
+      pod_hosts = SplitCommas(value);
+    } else {
+      std::cerr << "unknown flag " << flag << "\n" << usage;
+      return 2;
+    }
+  }
+  if (pod_netns.size() != pod_hosts.size() ||
+      (!pod_netns.empty() && static_cast<int>(pod_netns.size()) != replicas)) {
+    std::cerr << "--pod-netns and --pod-hosts need one entry per replica\n";
+    return 2;
+  }
   const std::string job = "bench/train", token = "bench-token";
-  auto server = lockstep::rendezvous::RendezvousServer::Start({"127.0.0.1:0", "", ""});
+  auto server = lockstep::rendezvous::RendezvousServer::Start({listen + ":0", "", ""});
   if (!server.ok()) {
     std::cerr << server.status() << "\n";
     return 1;
@@ -39,6 +81,7 @@ int main(int argc, char** argv) {
   config.token = token;
   config.min_members = replicas;
   config.max_members = replicas;
+  config.ranks_per_pod = ranks_per_pod;
   if (auto status = (*server)->AddJob(config); !status.ok()) {
     std::cerr << status << "\n";
     return 1;
@@ -48,7 +91,8 @@ int main(int argc, char** argv) {
   for (int i = 0; i < replicas; ++i) {
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
-    env.push_back("LOCKSTEP_RENDEZVOUS=127.0.0.1:" + std::to_string((*server)->port()));
+    env.push_back("LOCKSTEP_RENDEZVOUS=" + listen + ":" + std::to_string((*server)->port()));
+    if (!pod_hosts.empty()) env.push_back("LOCKSTEP_HOST=" + pod_hosts[i]);
     env.push_back("LOCKSTEP_JOB=" + job);
     env.push_back("LOCKSTEP_JOB_TOKEN=" + token);
     env.push_back("LOCKSTEP_POD=bench-" + std::to_string(i));
@@ -57,6 +101,9 @@ int main(int argc, char** argv) {
     for (std::string& e : env) envp.push_back(e.data());
     envp.push_back(nullptr);
     std::vector<std::string> args{worker, "train", "--manifest", manifest};
+    if (!pod_netns.empty()) {
+      args.insert(args.begin(), {"/usr/sbin/ip", "netns", "exec", pod_netns[i]});
+    }
     std::vector<char*> argp;
     for (std::string& a : args) argp.push_back(a.data());
     argp.push_back(nullptr);
@@ -88,7 +135,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   const auto& progress = snapshot->final_progress;
-  nlohmann::json out{{"world", replicas},
+  nlohmann::json out{{"world", replicas * ranks_per_pod},
                      {"steps", progress.step},
                      {"samples_per_second", progress.samples_per_second},
                      {"scaling_efficiency", progress.scaling_efficiency},
