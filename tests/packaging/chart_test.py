@@ -237,8 +237,17 @@ def check_render(check, objects, values, label, release_namespace):
         check.expect(monitor["spec"]["selector"]["matchLabels"] ==
                      {"app.kubernetes.io/managed-by": "lockstep-operator"}, ctx + "PodMonitor selects worker pods")
         endpoint = monitor["spec"]["podMetricsEndpoints"][0]
-        check.expect(endpoint["port"] == "metrics" and endpoint.get("honorLabels") is True,
-                     ctx + "PodMonitor scrapes port metrics and keeps the workers' job label")
+        check.expect(endpoint.get("honorLabels") is True, ctx + "PodMonitor keeps the workers' job label")
+        # One target per rank: every port the operator names metrics or metrics-<r>, no other.
+        keep = [r for r in endpoint.get("relabelings", []) if r.get("action") == "keep"]
+        check.expect("port" not in endpoint and len(keep) == 1 and
+                     keep[0]["sourceLabels"] == ["__meta_kubernetes_pod_container_port_name"],
+                     ctx + "PodMonitor keeps targets by container port name")
+        if keep:
+            pattern = re.compile(keep[0]["regex"])
+            check.expect(all(pattern.fullmatch(p) for p in ("metrics", "metrics-1", "metrics-255")) and
+                         not any(pattern.fullmatch(p) for p in ("rendezvous", "metrics-", "xmetrics")),
+                         ctx + "PodMonitor scrapes every rank's metrics port and no other")
         check.expect(monitor["spec"]["namespaceSelector"] == {"any": True}, ctx + "PodMonitor in every namespace")
     rules = find(objects, "PrometheusRule")
     check.expect(len(rules) == (1 if monitoring["prometheusRule"]["enabled"] else 0),
