@@ -29,8 +29,8 @@ namespace lockstep::checkpoint {
 
 struct NamedTensor {
   std::string name;            // unique within a checkpoint
-  std::string dtype;           // "f32", "f16", "bf16", "i64", "u8", ...: recorded, not interpreted
-  std::vector<int64_t> shape;  // recorded, not interpreted
+  std::string dtype;           // one of DTypeSize's: "f32", "f16", "bf16", "i64", "i32", "u8", ...
+  std::vector<int64_t> shape;  // bytes.size() == product of shape x DTypeSize(dtype)
   std::vector<uint8_t> bytes;  // the tensor's content, in the trainer's own layout
 };
 
@@ -56,8 +56,13 @@ struct CheckpointState {
   std::vector<NamedTensor> tensors;
 };
 
-inline constexpr int kCheckpointFormatVersion = 1;
+// 2: the manifest carries manifest_sha256 (manifest.h). Version 1 manifests (without it) are
+// still read.
+inline constexpr int kCheckpointFormatVersion = 2;
 inline constexpr char kManifestFileName[] = "manifest.json";
+
+// Bytes per element of a tensor dtype; 0 for a name that is not one.
+int64_t DTypeSize(const std::string& dtype);
 
 // "step-000000000500"
 std::string StepDirName(int64_t step);

@@ -18,7 +18,8 @@ Status Damage(const std::string& dir, const std::string& part, const std::string
 }  // namespace
 
 Status CheckStepDir(Storage& storage, const std::string& dir, VerifyLevel level,
-                    Manifest* manifest_out, CheckpointState* state, Deadline deadline) {
+                    Manifest* manifest_out, CheckpointState* state, Deadline deadline,
+                    const ManifestCheck& accept) {
   StatusOr<std::vector<uint8_t>> manifest_bytes =
       storage.Read(JoinPath(dir, kManifestFileName), 0, -1, deadline);
   if (manifest_bytes.status().code() == StatusCode::kNotFound) {
@@ -32,6 +33,11 @@ Status CheckStepDir(Storage& storage, const std::string& dir, VerifyLevel level,
   if (dir_step && *dir_step != manifest->step) {
     return Damage(dir, kManifestFileName,
                   "records step " + std::to_string(manifest->step) + ", not the directory's");
+  }
+  if (accept) {
+    if (Status accepted = accept(*manifest); !accepted.ok()) {
+      return Damage(dir, kManifestFileName, accepted.message());
+    }
   }
 
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<FileInfo> entries, storage.List(dir, deadline));
@@ -144,7 +150,7 @@ Status VerifyCheckpoint(Storage& storage, const std::string& root, std::optional
 }
 
 StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& root,
-                                           Deadline deadline) {
+                                           Deadline deadline, const ManifestCheck& accept) {
   StatusOr<std::vector<FileInfo>> entries = storage.List(root, deadline);
   if (entries.status().code() == StatusCode::kNotFound) {
     return NotFoundError("no checkpoint under " + root + " (it does not exist)");
@@ -161,7 +167,7 @@ StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& 
   for (int64_t step : steps) {
     const std::string dir = JoinPath(root, StepDirName(step));
     Status status = CheckStepDir(storage, dir, VerifyLevel::kChecksums, &loaded.manifest,
-                                 &loaded.state, deadline);
+                                 &loaded.state, deadline, accept);
     if (status.ok()) {
       loaded.dir = dir;
       return loaded;

@@ -1,7 +1,8 @@
 // Reading and checking checkpoints (format: checkpoint.h, manifest.h).
 //
-// A checkpoint is damaged when its manifest is missing or does not parse, or a shard is missing,
-// has the wrong size or the wrong SHA-256. Damage is reported as DATA_LOSS with a message naming
+// A checkpoint is damaged when its manifest is missing, does not parse or fails its own checks
+// (its checksum, its tensor table: manifest.h), or a shard is missing, has the wrong size or the
+// wrong SHA-256. Damage is reported as DATA_LOSS with a message naming
 // the part:
 //
 //   step-000000000300/shard-1-of-2.bin: sha256 mismatch (manifest 9f86..., file 2c26...)
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -66,14 +68,20 @@ struct LoadedCheckpoint {
   std::vector<SkippedCheckpoint> skipped;  // newer checkpoints found damaged, newest first
 };
 
-// Loads the newest checkpoint that verifies with checksums, logging (WARNING) and listing every
-// newer one it skipped as damaged. NOT_FOUND when none is valid (the message lists the damage).
-StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& root,
-                                           Deadline deadline);
+// What a loader requires of a checkpoint beyond its own consistency, e.g. that its tensors are
+// the model's (same names, dtypes and shapes): OK, or the mismatch in words. A checkpoint it
+// rejects is treated as damaged (skipped and named), before any shard is read.
+using ManifestCheck = std::function<Status(const Manifest&)>;
 
-// Checks the step directory `dir` at `level`. On success fills `manifest` and, when `state` is
-// given (requires kChecksums), the tensors and metadata read back.
+// Loads the newest checkpoint that verifies with checksums and passes `accept` (when given),
+// logging (WARNING) and listing every newer one it skipped as damaged or rejected. NOT_FOUND when
+// none is valid (the message lists the damage).
+StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& root,
+                                           Deadline deadline, const ManifestCheck& accept = {});
+
+// Checks the step directory `dir` at `level` (and with `accept`, when given). On success fills
+// `manifest` and, when `state` is given (requires kChecksums), the tensors and metadata read back.
 Status CheckStepDir(Storage& storage, const std::string& dir, VerifyLevel level, Manifest* manifest,
-                    CheckpointState* state, Deadline deadline);
+                    CheckpointState* state, Deadline deadline, const ManifestCheck& accept = {});
 
 }  // namespace lockstep::checkpoint

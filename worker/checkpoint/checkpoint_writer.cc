@@ -10,6 +10,22 @@
 #include "worker/checkpoint/manifest.h"
 
 namespace lockstep::checkpoint {
+namespace {
+
+// Whether two manifests list the same tensors (names, dtypes, shapes, sizes, in order).
+bool SameTensors(const Manifest& a, const Manifest& b) {
+  if (a.tensors.size() != b.tensors.size()) return false;
+  for (size_t i = 0; i < a.tensors.size(); ++i) {
+    const TensorEntry& x = a.tensors[i];
+    const TensorEntry& y = b.tensors[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.bytes != y.bytes) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
 
 CheckpointWriter::CheckpointWriter(Storage& storage, std::string root, int rank, int world_size,
                                    CheckpointWriterOptions options)
@@ -33,22 +49,37 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   const std::string final_dir = JoinPath(root_, StepDirName(state.step));
   const std::string temp_dir = JoinPath(root_, TempDirName(state.step, options_.attempt_id));
 
+  Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/false);
+  if (Status table = CheckTensorTable(manifest); !table.ok()) {
+    return InvalidArgumentError("checkpoint step " + std::to_string(state.step) + ": " +
+                                table.message());
+  }
+
   // A step committed earlier (a retry whose first attempt got through, or a resumed job passing
-  // the same step again) needs nothing more.
+  // the same step again) needs nothing more if it checks out and holds this state's tensors.
+  // Every rank decides from the same evidence, so either all of them skip or all write: rank 0
+  // never waits for a shard that a rank skipped (only rank 0 deletes a directory it replaces; a
+  // rank that looks after the delete finds nothing and writes too).
   StatusOr<FileInfo> existing = storage_.Stat(final_dir, deadline);
   if (existing.ok()) {
-    if (rank_ != 0) return OkStatus();
+    Manifest committed;
     Status verified =
-        CheckStepDir(storage_, final_dir, VerifyLevel::kSizes, nullptr, nullptr, deadline);
-    if (verified.ok()) return OkStatus();
-    if (verified.code() != StatusCode::kDataLoss) return verified;
-    LOCKSTEP_LOG(WARNING) << "replacing damaged checkpoint: " << verified.message();
-    LOCKSTEP_RETURN_IF_ERROR(DeleteStepDir(storage_, root_, state.step, deadline));
+        CheckStepDir(storage_, final_dir, VerifyLevel::kSizes, &committed, nullptr, deadline);
+    if (verified.ok() && SameTensors(committed, manifest)) return OkStatus();
+    if (!verified.ok() && verified.code() != StatusCode::kDataLoss &&
+        verified.code() != StatusCode::kNotFound) {
+      return verified;
+    }
+    if (rank_ == 0) {
+      LOCKSTEP_LOG(WARNING) << "replacing checkpoint of step " << state.step << ": "
+                            << (verified.ok() ? "it holds other tensors than this model's"
+                                              : verified.message());
+      LOCKSTEP_RETURN_IF_ERROR(DeleteStepDir(storage_, root_, state.step, deadline));
+    }
   } else if (existing.status().code() != StatusCode::kNotFound) {
     return existing.status();
   }
 
-  Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/false);
   const std::string manifest_path = JoinPath(temp_dir, kManifestFileName);
   // Nobody reads a .tmp- directory, so the manifest needs no temporary name of its own (the
   // directory's rename is what makes it visible), and its name is synced with the shards'.

@@ -4,13 +4,23 @@
 #include <cinttypes>
 #include <cstdio>
 #include <ctime>
+#include <map>
 #include <memory>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
 #include "worker/checkpoint/sha256.h"
 
 namespace lockstep::checkpoint {
+
+int64_t DTypeSize(const std::string& dtype) {
+  static const std::map<std::string, int64_t> kSizes = {
+      {"f64", 8}, {"f32", 4}, {"f16", 2}, {"bf16", 2}, {"i64", 8}, {"i32", 4},
+      {"i16", 2}, {"i8", 1},  {"u8", 1},  {"bool", 1}};
+  auto found = kSizes.find(dtype);
+  return found == kSizes.end() ? 0 : found->second;
+}
 
 std::string StepDirName(int64_t step) {
   char name[40];
@@ -142,6 +152,63 @@ std::vector<std::string_view> ShardPieces(const CheckpointState& state, const Sh
   return pieces;
 }
 
+namespace {
+
+constexpr char kManifestChecksumField[] = "manifest_sha256";
+
+// The SHA-256 of `json` (without the checksum field) in its compact form; nlohmann::json keeps
+// object keys sorted, so the text is the same whether built here or parsed from a file.
+std::string ManifestChecksum(const nlohmann::json& json) {
+  const std::string text = json.dump();
+  return Sha256Hex(reinterpret_cast<const uint8_t*>(text.data()), text.size());
+}
+
+std::string ShapeText(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+}  // namespace
+
+Status CheckTensorTable(const Manifest& manifest) {
+  std::set<std::string> names;
+  int64_t end = 0;
+  for (const TensorEntry& tensor : manifest.tensors) {
+    const std::string where = "tensor '" + tensor.name + "'";
+    if (tensor.name.empty()) return DataLossError("a tensor has an empty name");
+    if (!names.insert(tensor.name).second) return DataLossError(where + " appears twice");
+    const int64_t element = DTypeSize(tensor.dtype);
+    if (element == 0) return DataLossError(where + " has unknown dtype '" + tensor.dtype + "'");
+    // The product is bounded by the state's size as it grows, so it cannot overflow.
+    int64_t expected = element;
+    for (int64_t dim : tensor.shape) {
+      if (dim < 0) return DataLossError(where + " has shape " + ShapeText(tensor.shape));
+      if (dim != 0 && expected > manifest.total_bytes / dim) {
+        expected = -1;
+        break;
+      }
+      expected *= dim;
+    }
+    if (expected != tensor.bytes) {
+      return DataLossError(where + " holds " + std::to_string(tensor.bytes) + " bytes; its shape " +
+                           ShapeText(tensor.shape) + " of " + tensor.dtype + " needs " +
+                           (expected < 0 ? "more than the state" : std::to_string(expected)));
+    }
+    if (tensor.offset != end) {
+      return DataLossError(where + " begins at byte " + std::to_string(tensor.offset) +
+                           ", the previous one ends at " + std::to_string(end) +
+                           " (tensors must follow each other without overlap or gap)");
+    }
+    end += tensor.bytes;
+  }
+  if (end != manifest.total_bytes) {
+    return DataLossError("the tensors cover " + std::to_string(end) + " of the state's " +
+                         std::to_string(manifest.total_bytes) + " bytes");
+  }
+  return OkStatus();
+}
+
 std::string SerializeManifest(const Manifest& manifest) {
   nlohmann::json json;
   json["format_version"] = manifest.format_version;
@@ -169,6 +236,7 @@ std::string SerializeManifest(const Manifest& manifest) {
   }
   json["created_at"] = manifest.created_at;
   json["lockstep_version"] = manifest.lockstep_version;
+  if (manifest.format_version >= 2) json[kManifestChecksumField] = ManifestChecksum(json);
   return json.dump(1);
 }
 
@@ -202,10 +270,21 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
   Manifest manifest;
   try {
     Field(json, "format_version", &manifest.format_version, "");
-    if (manifest.format_version != kCheckpointFormatVersion) {
+    if (manifest.format_version < 1 || manifest.format_version > kCheckpointFormatVersion) {
       return DataLossError("format_version " + std::to_string(manifest.format_version) +
-                           " is not supported (this build reads " +
+                           " is not supported (this build reads 1 to " +
                            std::to_string(kCheckpointFormatVersion) + ")");
+    }
+    if (manifest.format_version >= 2) {
+      std::string recorded;
+      Field(json, kManifestChecksumField, &recorded, "");
+      json.erase(kManifestChecksumField);
+      const std::string computed = ManifestChecksum(json);
+      if (recorded != computed) {
+        return DataLossError(std::string(kManifestChecksumField) + " mismatch (recorded " +
+                             recorded.substr(0, 16) + "..., content " + computed.substr(0, 16) +
+                             "...): the manifest was changed after it was written");
+      }
     }
     Field(json, "step", &manifest.step, "");
     Field(json, "epoch", &manifest.epoch, "");
@@ -231,11 +310,12 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
       Field(entry, "offset", &tensor.offset, "tensors[].");
       Field(entry, "bytes", &tensor.bytes, "tensors[].");
       if (tensor.offset < 0 || tensor.bytes < 0 ||
-          tensor.offset + tensor.bytes > manifest.total_bytes) {
+          tensor.offset > manifest.total_bytes - tensor.bytes) {
         throw std::runtime_error("tensor '" + tensor.name + "' lies outside the state");
       }
       manifest.tensors.push_back(std::move(tensor));
     }
+    if (Status table = CheckTensorTable(manifest); !table.ok()) return table;
     if (!json.contains("shards") || !json["shards"].is_array()) {
       throw std::runtime_error("missing field 'shards'");
     }

@@ -1,16 +1,20 @@
 // manifest.json: the record that makes a checkpoint directory readable and checkable.
 //
-//   {"format_version": 1, "step": 500, "epoch": 1, "data_cursor": {"epoch": 1, "offset": 3200},
+//   {"format_version": 2, "step": 500, "epoch": 1, "data_cursor": {"epoch": 1, "offset": 3200},
 //    "world_size": 2, "rng_state": "...", "optimizer": {"type": "sgd", "step": 500},
 //    "total_bytes": 1048576,
 //    "tensors": [{"name": "w0", "dtype": "f32", "shape": [784, 256], "offset": 0,
 //                 "bytes": 802816}, ...],
 //    "shards": [{"file": "shard-0-of-2.bin", "offset": 0, "bytes": 524288,
 //                "sha256": "9f86d0..."}, ...],
-//    "created_at": "2026-11-21T21:50:03Z", "lockstep_version": "0.1.0"}
+//    "created_at": "2026-11-21T21:50:03Z", "lockstep_version": "0.1.0",
+//    "manifest_sha256": "c0ffee..."}
 //
-// Tensor and shard offsets are positions in the state stream (checkpoint.h); shards cover it
-// contiguously in rank order.
+// Tensor and shard offsets are positions in the state stream (checkpoint.h): tensors cover it
+// contiguously in order, and so do shards in rank order. manifest_sha256 is the SHA-256 of the
+// manifest's JSON without that field, compact (nlohmann::json::dump(), keys sorted), so any edit
+// of the manifest after it was written is detected (in the manner of PyTorch DCP's checked
+// metadata).
 #pragma once
 
 #include <cstdint>
@@ -68,8 +72,15 @@ std::vector<std::string_view> ShardPieces(const CheckpointState& state, const Sh
 std::string SerializeManifest(const Manifest& manifest);
 
 // DATA_LOSS naming the problem ("truncated JSON at byte 120", "missing field 'shards'",
-// "shards do not cover the state contiguously") for anything that is not a consistent manifest.
+// "manifest_sha256 mismatch", "tensor 'w1' begins at byte 40, the previous one ends at 64") for
+// anything that is not a consistent manifest: its checksum, and its tensor table against itself
+// (CheckTensorTable). The one check that `ckpt verify`, `ckpt ls` and the loader share.
 StatusOr<Manifest> ParseManifest(std::string_view text);
+
+// The tensor table's own consistency: names non-empty and unique, known dtypes, bytes = product
+// of shape x dtype size, tensors contiguous from byte 0 to total_bytes. DATA_LOSS naming the
+// first tensor that breaks it. The writer checks a state's table the same way before writing.
+Status CheckTensorTable(const Manifest& manifest);
 
 // "2026-11-21T21:50:03Z" for now.
 std::string UtcTimestampNow();

@@ -118,6 +118,37 @@ void FillCheckpointState(const TrainingState& state, const ParameterLayout& layo
   device.Synchronize(on);
 }
 
+Status CheckpointFitsModel(const checkpoint::Manifest& manifest, const TrainingState& state,
+                           const ParameterLayout& layout) {
+  if (manifest.optimizer.type != state.optimizer.TypeName()) {
+    return FailedPreconditionError("it holds " + manifest.optimizer.type +
+                                   " optimizer state; the manifest asks for " +
+                                   state.optimizer.TypeName());
+  }
+  std::map<std::string, const checkpoint::TensorEntry*> by_name;
+  for (const checkpoint::TensorEntry& tensor : manifest.tensors) by_name[tensor.name] = &tensor;
+  auto shape_text = [](const std::string& dtype, const std::vector<int64_t>& shape) {
+    std::string text = dtype + "[";
+    for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
+    return text + "]";
+  };
+  for (const TensorView& view : Views(state, nullptr, layout)) {
+    if (view.name == "accounting/sample_counts") continue;  // reset when it does not fit
+    auto found = by_name.find(view.name);
+    if (found == by_name.end()) {
+      return FailedPreconditionError("it has no tensor " + view.name +
+                                     " (written for a different model?)");
+    }
+    if (found->second->dtype != view.dtype || found->second->shape != view.shape) {
+      return FailedPreconditionError(
+          "tensor " + view.name + " is " + shape_text(found->second->dtype, found->second->shape) +
+          ", this model's " + shape_text(view.dtype, view.shape) +
+          " (written for a different model?)");
+    }
+  }
+  return OkStatus();
+}
+
 Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
                                   const ParameterLayout& layout, const spec::TrainerSpec& spec,
                                   TrainingState* state) {

@@ -15,6 +15,7 @@
 #include "common/spec/training_job.h"
 #include "common/status.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/manifest.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/training_state.h"
 
@@ -29,6 +30,13 @@ namespace lockstep::trainer {
 void FillCheckpointState(const TrainingState& state, const ParameterLayout& layout,
                          const spec::TrainerSpec& spec, checkpoint::CheckpointState* out,
                          const kernels::DeviceEvent* ready = nullptr);
+
+// Whether the checkpoint that `manifest` describes fits this model and optimizer: the same
+// optimizer type, and every tensor of `state` present with the same dtype and shape (the sample
+// counts excepted: they are reset when they do not fit). FAILED_PRECONDITION naming the first
+// difference. The loader skips a checkpoint that does not fit, as it skips a damaged one.
+Status CheckpointFitsModel(const checkpoint::Manifest& manifest, const TrainingState& state,
+                           const ParameterLayout& layout);
 
 // Restores `state` from `checkpoint`. FAILED_PRECONDITION naming the tensor when the checkpoint
 // does not fit this model or optimizer (the manifest changed). Sample counts are restored when

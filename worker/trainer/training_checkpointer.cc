@@ -48,8 +48,13 @@ std::string TrainingCheckpointer::last_checkpoint_uri() const {
 StatusOr<int64_t> TrainingCheckpointer::Restore(TrainingState& state) {
   WaitForCapture();  // `state` is about to change
   const double started = MonotonicSeconds();
+  // A checkpoint that does not fit this model is skipped like a damaged one, so an older one
+  // that fits (or a fresh start) is used rather than failing the job.
   StatusOr<checkpoint::LoadedCheckpoint> loaded = checkpoint::LoadNewestValid(
-      *storage_, uri_.path, Deadline::AfterMs(options_.restore_timeout_ms));
+      *storage_, uri_.path, Deadline::AfterMs(options_.restore_timeout_ms),
+      [this, &state](const checkpoint::Manifest& manifest) {
+        return CheckpointFitsModel(manifest, state, layout_);
+      });
   if (loaded.status().code() == StatusCode::kNotFound) {
     LOCKSTEP_LOG(INFO) << "no valid checkpoint under " << options_.checkpoint.uri << ": "
                        << loaded.status().message();
@@ -57,7 +62,7 @@ StatusOr<int64_t> TrainingCheckpointer::Restore(TrainingState& state) {
   }
   if (!loaded.ok()) return loaded.status().WithContext("reading " + options_.checkpoint.uri);
   for (const checkpoint::SkippedCheckpoint& skipped : loaded->skipped) {
-    LOCKSTEP_LOG(WARNING) << "skipped damaged checkpoint of step " << skipped.step << ": "
+    LOCKSTEP_LOG(WARNING) << "skipped checkpoint of step " << skipped.step << ": "
                           << skipped.problem;
   }
   LOCKSTEP_RETURN_IF_ERROR(RestoreFromCheckpointState(loaded->state, layout_, spec_, &state));

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
 #include <vector>
@@ -10,6 +11,7 @@
 #include "tests/support/webhdfs/webhdfs_test_server.h"
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/checkpoint_writer.h"
+#include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage/local/local_storage.h"
 
 namespace lockstep::checkpoint {
@@ -27,9 +29,9 @@ CheckpointState MakeState(int64_t step, size_t bytes_per_tensor = 1000) {
   for (int t = 0; t < 3; ++t) {
     NamedTensor tensor;
     tensor.name = (t == 2 ? "optimizer/w" : "w") + std::to_string(t);
-    tensor.dtype = "f32";
-    tensor.shape = {static_cast<int64_t>(bytes_per_tensor / 4)};
+    tensor.dtype = "u8";
     tensor.bytes.resize(bytes_per_tensor + t);  // sizes not multiples of the world size
+    tensor.shape = {static_cast<int64_t>(tensor.bytes.size())};
     for (size_t i = 0; i < tensor.bytes.size(); ++i) {
       tensor.bytes[i] = static_cast<uint8_t>((i * 31 + t * 7 + step) & 0xff);
     }
@@ -99,6 +101,14 @@ class CheckpointTest : public ::testing::Test {
     ASSERT_TRUE(
         storage_.Write(path, std::string(bytes.begin(), bytes.end()), overwrite, TestDeadline())
             .ok());
+  }
+  // Rewrites step `dir`'s manifest.json after `edit` changed its JSON (checksum left as it was).
+  void EditManifest(const std::string& dir, const std::function<void(nlohmann::json&)>& edit) {
+    const std::vector<uint8_t> bytes = ReadAll(dir + "/manifest.json");
+    nlohmann::json json = nlohmann::json::parse(bytes.begin(), bytes.end());
+    edit(json);
+    const std::string text = json.dump(1);
+    Overwrite(dir + "/manifest.json", std::vector<uint8_t>(text.begin(), text.end()));
   }
   std::vector<uint8_t> ReadAll(const std::string& path) {
     auto bytes = storage_.Read(path, 0, -1, TestDeadline());
@@ -216,6 +226,28 @@ TEST_F(CheckpointTest, EachKindOfDamageIsDetectedNamedAndSkipped) {
          t->Overwrite(dir + "/manifest.json", std::vector<uint8_t>(text.begin(), text.end()));
        },
        "manifest.json: missing field 'epoch'"},
+      {"point a tensor's offset at another tensor's bytes",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         t->EditManifest(dir, [](nlohmann::json& json) { json["tensors"][1]["offset"] = 0; });
+       },
+       "manifest.json: manifest_sha256 mismatch"},
+      {"give a tensor four times its bytes",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         t->EditManifest(dir, [](nlohmann::json& json) {
+           json["tensors"][0]["shape"][0] = json["tensors"][0]["shape"][0].get<int64_t>() / 4;
+         });
+       },
+       "manifest.json: manifest_sha256 mismatch"},
+      {"rename a tensor",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         t->EditManifest(dir, [](nlohmann::json& json) { json["tensors"][0]["name"] = "zz"; });
+       },
+       "manifest.json: manifest_sha256 mismatch"},
+      {"drop the manifest's checksum",
+       [](CheckpointTest* t, Storage& s, const std::string& dir) {
+         t->EditManifest(dir, [](nlohmann::json& json) { json.erase("manifest_sha256"); });
+       },
+       "manifest.json: missing field 'manifest_sha256'"},
       {"delete the manifest",
        [](CheckpointTest* t, Storage& s, const std::string& dir) {
          ASSERT_TRUE(s.Delete(dir + "/manifest.json", false, TestDeadline()).ok());
@@ -250,6 +282,124 @@ TEST_F(CheckpointTest, EachKindOfDamageIsDetectedNamedAndSkipped) {
     EXPECT_FALSE((*listed)[1].valid);
     ASSERT_TRUE(storage_.Delete(dir, true, TestDeadline()).ok());
   }
+}
+
+// A manifest whose checksum is right (a buggy or hostile writer) is still checked against
+// itself: every way the tensor table can contradict itself is named.
+TEST(ManifestTest, TensorTableThatContradictsItselfIsDamageNamingTheTensor) {
+  const CheckpointState state = MakeState(100);
+  struct Case {
+    const char* name;
+    std::function<void(Manifest&)> edit;
+    const char* expected_in_message;
+  };
+  const std::vector<Case> cases = {
+      {"overlapping tensors", [](Manifest& m) { m.tensors[1].offset = 0; },
+       "tensor 'w1' begins at byte 0, the previous one ends at 1000"},
+      {"bytes four times the shape", [](Manifest& m) { m.tensors[0].shape[0] /= 4; },
+       "tensor 'w0' holds 1000 bytes; its shape [250] of u8 needs 250"},
+      {"duplicate name", [](Manifest& m) { m.tensors[1].name = "w0"; },
+       "tensor 'w0' appears twice"},
+      {"unknown dtype", [](Manifest& m) { m.tensors[2].dtype = "q4"; },
+       "tensor 'optimizer/w2' has unknown dtype 'q4'"},
+      {"negative dimension", [](Manifest& m) { m.tensors[0].shape = {-1000, -1}; },
+       "tensor 'w0' has shape [-1000,-1]"},
+      {"a gap before the end", [](Manifest& m) { m.tensors.pop_back(); },
+       "the tensors cover 2001 of the state's 3003 bytes"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    Manifest manifest = BuildManifest(state, 2, /*hash_shards=*/true);
+    ASSERT_TRUE(ParseManifest(SerializeManifest(manifest)).ok());
+    c.edit(manifest);
+    StatusOr<Manifest> parsed = ParseManifest(SerializeManifest(manifest));
+    EXPECT_EQ(parsed.status().code(), StatusCode::kDataLoss) << parsed.status();
+    EXPECT_NE(parsed.status().message().find(c.expected_in_message), std::string::npos)
+        << parsed.status();
+    EXPECT_EQ(CheckTensorTable(manifest).code(), StatusCode::kDataLoss);
+  }
+}
+
+TEST_F(CheckpointTest, AVersionOneManifestWithoutChecksumIsStillRead) {
+  WriteStep(100);
+  EditManifest(JoinPath(root_, StepDirName(100)), [](nlohmann::json& json) {
+    json.erase("manifest_sha256");
+    json["format_version"] = 1;
+  });
+  EXPECT_TRUE(VerifyCheckpoint(storage_, root_, 100, TestDeadline()).ok());
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(loaded->state, MakeState(100));
+}
+
+TEST_F(CheckpointTest, ACheckpointTheLoaderRejectsIsSkippedForTheNewestItAccepts) {
+  WriteStep(100);
+  // Step 200 was written for another model: its first tensor is larger.
+  CheckpointState other = MakeState(200, 2000);
+  for (const Status& status : WriteFromAllRanks(storage_, root_, other, 2, 0)) {
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  auto fits = [](const Manifest& manifest) -> Status {
+    if (manifest.tensors[0].bytes != 1000) {
+      return FailedPreconditionError("tensor w0 is u8[" + std::to_string(manifest.tensors[0].bytes) +
+                                     "], this model's u8[1000]");
+    }
+    return OkStatus();
+  };
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline(), fits);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 100);
+  ASSERT_EQ(loaded->skipped.size(), 1u);
+  EXPECT_EQ(loaded->skipped[0].step, 200);
+  EXPECT_NE(loaded->skipped[0].problem.find(
+                "step-000000000200/manifest.json: tensor w0 is u8[2000], this model's u8[1000]"),
+            std::string::npos)
+      << loaded->skipped[0].problem;
+  ExpectSameState(loaded->state, MakeState(100));
+}
+
+// Every rank agrees on what committing a step that already exists damaged does (all write, rank
+// 0 replaces it), so the commit completes at once instead of rank 0 waiting out its deadline for
+// a shard that rank 1 skipped.
+TEST_F(CheckpointTest, CommittingAStepThatExistsDamagedReplacesItFromEveryRank) {
+  WriteStep(100);
+  WriteStep(200);
+  const std::string dir = JoinPath(root_, StepDirName(200));
+  ASSERT_TRUE(storage_.Delete(dir + "/shard-1-of-2.bin", false, TestDeadline()).ok());
+  ASSERT_EQ(VerifyCheckpoint(storage_, root_, 200, TestDeadline()).code(), StatusCode::kDataLoss);
+
+  for (const Status& status :
+       WriteFromAllRanks(storage_, root_, MakeState(200), 2, 0, "again")) {
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  EXPECT_TRUE(VerifyCheckpoint(storage_, root_, 200, TestDeadline()).ok());
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->state.step, 200);
+  EXPECT_TRUE(loaded->skipped.empty());
+}
+
+// A valid step directory written for other tensors (the model changed) is replaced, not kept.
+TEST_F(CheckpointTest, CommittingAStepThatExistsForOtherTensorsReplacesIt) {
+  for (const Status& status : WriteFromAllRanks(storage_, root_, MakeState(200, 2000), 2, 0)) {
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  for (const Status& status :
+       WriteFromAllRanks(storage_, root_, MakeState(200), 2, 0, "again")) {
+    EXPECT_TRUE(status.ok()) << status;
+  }
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  ExpectSameState(loaded->state, MakeState(200));
+}
+
+TEST_F(CheckpointTest, AStateWhoseTensorTableContradictsItselfIsNotWritten) {
+  CheckpointState state = MakeState(100);
+  state.tensors[0].shape = {7};
+  CheckpointWriter writer(storage_, root_, 0, 1);
+  Status status = writer.Write(state, TestDeadline());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument) << status;
+  EXPECT_NE(status.message().find("tensor 'w0' holds 1000 bytes"), std::string::npos) << status;
 }
 
 TEST_F(CheckpointTest, RetentionKeepsTheNewestK) {

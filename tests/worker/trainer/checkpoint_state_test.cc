@@ -112,5 +112,33 @@ TEST(CheckpointStateTest, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
   EXPECT_EQ(*other.params.ToHost(), before);  // nothing changed
 }
 
+TEST(CheckpointStateTest, ManifestOfAnotherModelOrOptimizerDoesNotFitNamingTheDifference) {
+  const spec::TrainerSpec spec = AdamWSpec();
+  auto small = MlpModel::Create(20, {16}, 4, kernels::ActivationType::kRelu);
+  auto large = MlpModel::Create(20, {32}, 4, kernels::ActivationType::kRelu);
+  ASSERT_TRUE(small.ok() && large.ok());
+  checkpoint::CheckpointState written;
+  FillCheckpointState(DistinctState(spec, small->layout(), 1), small->layout(), spec, &written);
+  const checkpoint::Manifest manifest = checkpoint::BuildManifest(written, 1, false);
+
+  EXPECT_TRUE(
+      CheckpointFitsModel(manifest, DistinctState(spec, small->layout(), 2), small->layout()).ok());
+
+  Status larger =
+      CheckpointFitsModel(manifest, DistinctState(spec, large->layout(), 2), large->layout());
+  EXPECT_EQ(larger.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(larger.message().find("tensor layers.1.weight is f32[4,16], this model's f32[4,32]"),
+            std::string::npos)
+      << larger;
+
+  spec::TrainerSpec sgd = spec;
+  sgd.optimizer.type = spec::OptimizerType::kSgd;
+  Status optimizer =
+      CheckpointFitsModel(manifest, DistinctState(sgd, small->layout(), 2), small->layout());
+  EXPECT_EQ(optimizer.code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(optimizer.message().find("holds adamw optimizer state"), std::string::npos)
+      << optimizer;
+}
+
 }  // namespace
 }  // namespace lockstep::trainer
