@@ -96,30 +96,9 @@ done
 
 ((TRAIN_STEPS > 0)) || exit 0
 
-cat >"$WORK/job.yaml" <<YAML
-apiVersion: lockstep.io/v1alpha1
-kind: TrainingJob
-metadata: {name: pods-bench}
-spec:
-  replicas: 2
-  ranksPerWorker: 2
-  trainer:
-    model: {type: mlp, hidden: [256], activation: relu}
-    data:
-      format: idx
-      train: [file:///usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz,
-              file:///usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz]
-      # The test split makes the workers evaluate; the rendezvous service keeps the final report
-      # only from a Leave that carries an accuracy.
-      test: [file:///usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz,
-             file:///usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz]
-    batchSize: 64
-    steps: $TRAIN_STEPS
-    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}
-    seed: 1
-    logIntervalSteps: 100000
-  metrics: {port: 0}
-YAML
+# shellcheck source=../train/mlp_job.sh
+source "$(dirname "$0")/../train/mlp_job.sh"
+write_mlp_job "$WORK/job.yaml" pods-bench 2 2 "$TRAIN_STEPS"
 
 # Prints the samples/s of one 2 x 2 training run with communicator $1.
 train() {

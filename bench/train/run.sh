@@ -26,29 +26,9 @@ for tool in "$BIN/lockstep-worker" "$BIN/train_bench_launcher"; do
 done
 "$PYTHON" -c 'import torch' 2>/dev/null || { echo "python3-torch is not installed" >&2; exit 1; }
 
-cat >"$WORK/job.yaml" <<YAML
-apiVersion: lockstep.io/v1alpha1
-kind: TrainingJob
-metadata: {name: train-bench}
-spec:
-  replicas: 1
-  trainer:
-    model: {type: mlp, hidden: [256], activation: relu}
-    data:
-      format: idx
-      train: [file:///usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz,
-              file:///usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz]
-      # The test split makes the workers evaluate, and the rendezvous service keeps the final
-      # report only from a Leave that carries an accuracy.
-      test: [file:///usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz,
-             file:///usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz]
-    batchSize: 64
-    steps: $STEPS
-    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}
-    seed: 1
-    logIntervalSteps: 100000
-  metrics: {port: 0}
-YAML
+# shellcheck source=mlp_job.sh
+source "$ROOT/bench/train/mlp_job.sh"
+write_mlp_job "$WORK/job.yaml" train-bench 1 1 "$STEPS"
 
 export LOCKSTEP_LOG_LEVEL=warning
 # keep_best FIELD BEST LINE: of two JSON lines, the one with the larger FIELD.
