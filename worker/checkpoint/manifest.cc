@@ -163,13 +163,13 @@ std::string ManifestChecksum(const nlohmann::json& json) {
   return Sha256Hex(reinterpret_cast<const uint8_t*>(text.data()), text.size());
 }
 
+}  // namespace
+
 std::string ShapeText(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
   return text + "]";
 }
-
-}  // namespace
 
 Status CheckTensorTable(const Manifest& manifest) {
   std::set<std::string> names;

@@ -82,6 +82,9 @@ StatusOr<Manifest> ParseManifest(std::string_view text);
 // first tensor that breaks it. The writer checks a state's table the same way before writing.
 Status CheckTensorTable(const Manifest& manifest);
 
+// "[784,256]": a tensor's shape as messages name it.
+std::string ShapeText(const std::vector<int64_t>& shape);
+
 // "2026-11-21T21:50:03Z" for now.
 std::string UtcTimestampNow();
 

@@ -127,11 +127,6 @@ Status CheckpointFitsModel(const checkpoint::Manifest& manifest, const TrainingS
   }
   std::map<std::string, const checkpoint::TensorEntry*> by_name;
   for (const checkpoint::TensorEntry& tensor : manifest.tensors) by_name[tensor.name] = &tensor;
-  auto shape_text = [](const std::string& dtype, const std::vector<int64_t>& shape) {
-    std::string text = dtype + "[";
-    for (size_t i = 0; i < shape.size(); ++i) text += (i ? "," : "") + std::to_string(shape[i]);
-    return text + "]";
-  };
   for (const TensorView& view : Views(state, nullptr, layout)) {
     if (view.name == "accounting/sample_counts") continue;  // reset when it does not fit
     auto found = by_name.find(view.name);
@@ -141,9 +136,9 @@ Status CheckpointFitsModel(const checkpoint::Manifest& manifest, const TrainingS
     }
     if (found->second->dtype != view.dtype || found->second->shape != view.shape) {
       return FailedPreconditionError(
-          "tensor " + view.name + " is " + shape_text(found->second->dtype, found->second->shape) +
-          ", this model's " + shape_text(view.dtype, view.shape) +
-          " (written for a different model?)");
+          "tensor " + view.name + " is " + found->second->dtype +
+          checkpoint::ShapeText(found->second->shape) + ", this model's " + view.dtype +
+          checkpoint::ShapeText(view.shape) + " (written for a different model?)");
     }
   }
   return OkStatus();
@@ -152,11 +147,14 @@ Status CheckpointFitsModel(const checkpoint::Manifest& manifest, const TrainingS
 Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
                                   const ParameterLayout& layout, const spec::TrainerSpec& spec,
                                   TrainingState* state) {
-  if (checkpoint.optimizer.type != state->optimizer.TypeName()) {
-    return FailedPreconditionError("checkpoint of step " + std::to_string(checkpoint.step) +
-                                   " holds " + checkpoint.optimizer.type +
-                                   " optimizer state; the manifest asks for " +
-                                   state->optimizer.TypeName());
+  // The loader's checks (its manifest's table, then the fit to this model), before anything
+  // changes: every tensor's bytes then match this model's view of it.
+  const checkpoint::Manifest table = checkpoint::BuildManifest(checkpoint, 1, false);
+  Status fits = checkpoint::CheckTensorTable(table);
+  if (fits.ok()) fits = CheckpointFitsModel(table, *state, layout);
+  if (!fits.ok()) {
+    return FailedPreconditionError("checkpoint of step " + std::to_string(checkpoint.step) + ": " +
+                                   fits.message());
   }
   if (checkpoint.rng_state != RngState(spec)) {
     LOCKSTEP_LOG(WARNING) << "checkpoint of step " << checkpoint.step << " was written with "
@@ -174,23 +172,7 @@ Status RestoreFromCheckpointState(const checkpoint::CheckpointState& checkpoint,
                           << " has no sample counts for this data set: accounting restarts";
     std::fill(state->sample_counts.begin(), state->sample_counts.end(), 0);
   }
-  // Check every tensor before changing anything.
   const std::vector<TensorView> views = Views(*state, state, layout);
-  for (const TensorView& view : views) {
-    if (view.name == "accounting/sample_counts" && !restore_counts) continue;
-    auto found = by_name.find(view.name);
-    if (found == by_name.end()) {
-      return FailedPreconditionError("checkpoint of step " + std::to_string(checkpoint.step) +
-                                     " has no tensor " + view.name +
-                                     " (a different model in the manifest?)");
-    }
-    if (found->second->bytes.size() != view.bytes) {
-      return FailedPreconditionError(
-          "checkpoint of step " + std::to_string(checkpoint.step) + ": tensor " + view.name +
-          " has " + std::to_string(found->second->bytes.size()) + " bytes, this model " +
-          std::to_string(view.bytes) + " (a different model in the manifest?)");
-    }
-  }
   kernels::Device& device = *state->params.device();
   for (const TensorView& view : views) {
     if (view.name == "accounting/sample_counts" && !restore_counts) continue;
