@@ -97,13 +97,20 @@ TEST(CheckpointStateTest, SavedAndLoadedStateIsIdenticalToTheTrainersState) {
   fs::remove_all(pattern);
 }
 
-TEST(CheckpointStateTest, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
+// Two MLPs that differ in their hidden width, and a checkpoint of the small one (AdamW).
+class AnotherModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(small.ok() && large.ok());
+    FillCheckpointState(DistinctState(spec, small->layout(), 1), small->layout(), spec, &written);
+  }
   const spec::TrainerSpec spec = AdamWSpec();
-  auto small = MlpModel::Create(20, {16}, 4, kernels::ActivationType::kRelu);
-  auto large = MlpModel::Create(20, {32}, 4, kernels::ActivationType::kRelu);
-  ASSERT_TRUE(small.ok() && large.ok());
+  StatusOr<MlpModel> small = MlpModel::Create(20, {16}, 4, kernels::ActivationType::kRelu);
+  StatusOr<MlpModel> large = MlpModel::Create(20, {32}, 4, kernels::ActivationType::kRelu);
   checkpoint::CheckpointState written;
-  FillCheckpointState(DistinctState(spec, small->layout(), 1), small->layout(), spec, &written);
+};
+
+TEST_F(AnotherModelTest, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
   TrainingState other = DistinctState(spec, large->layout(), 2);
   const std::vector<float> before = *other.params.ToHost();
   Status status = RestoreFromCheckpointState(written, large->layout(), spec, &other);
@@ -112,13 +119,7 @@ TEST(CheckpointStateTest, CheckpointOfAnotherModelIsRefusedNamingTheTensor) {
   EXPECT_EQ(*other.params.ToHost(), before);  // nothing changed
 }
 
-TEST(CheckpointStateTest, ManifestOfAnotherModelOrOptimizerDoesNotFitNamingTheDifference) {
-  const spec::TrainerSpec spec = AdamWSpec();
-  auto small = MlpModel::Create(20, {16}, 4, kernels::ActivationType::kRelu);
-  auto large = MlpModel::Create(20, {32}, 4, kernels::ActivationType::kRelu);
-  ASSERT_TRUE(small.ok() && large.ok());
-  checkpoint::CheckpointState written;
-  FillCheckpointState(DistinctState(spec, small->layout(), 1), small->layout(), spec, &written);
+TEST_F(AnotherModelTest, ManifestOfAnotherModelOrOptimizerDoesNotFitNamingTheDifference) {
   const checkpoint::Manifest manifest = checkpoint::BuildManifest(written, 1, false);
 
   EXPECT_TRUE(
