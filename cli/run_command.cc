@@ -58,13 +58,16 @@ constexpr int64_t kServerShutdownMs = 2000;
 constexpr int64_t kJoinTimeoutMarginMs = 5000;
 constexpr int64_t kMaxRestartBackoffMs = 10000;
 
+// Most processes (workers x ranks per worker) `lockstep run` starts on one machine.
+constexpr int64_t kMaxLocalRanks = 1024;
+
 StatusOr<int32_t> ParseReplicas(const std::string& text) {
   char* end = nullptr;
   errno = 0;
   const long value = std::strtol(text.c_str(), &end, 10);
-  if (text.empty() || *end != '\0' || errno != 0 || value < 1 || value > 1024) {
-    return InvalidArgumentError("--replicas: expected an integer in [1, 1024], got \"" + text +
-                                "\"");
+  if (text.empty() || *end != '\0' || errno != 0 || value < 1 || value > kMaxLocalRanks) {
+    return InvalidArgumentError("--replicas: expected an integer in [1, " +
+                                std::to_string(kMaxLocalRanks) + "], got \"" + text + "\"");
   }
   return static_cast<int32_t>(value);
 }
@@ -240,6 +243,28 @@ Status CheckDevicePlacement(const spec::TrainingJob& job) {
   return OkStatus();
 }
 
+// Every rank of a local run is a process on this machine: their count is bounded like
+// --replicas, and together they must fit in its memory.
+Status CheckLocalCapacity(const spec::TrainingJob& job,
+                          const std::optional<trainer::MemoryEstimate>& rank_memory) {
+  const int64_t ranks = int64_t{job.spec.replicas} * job.spec.ranks_per_worker;
+  if (ranks > kMaxLocalRanks) {
+    return InvalidArgumentError(
+        "spec.replicas: " + std::to_string(job.spec.replicas) + " workers x ranksPerWorker " +
+        std::to_string(job.spec.ranks_per_worker) + " = " + std::to_string(ranks) +
+        " processes, more than lockstep run starts on one machine (" +
+        std::to_string(kMaxLocalRanks) + "); use --replicas to run fewer");
+  }
+  const double machine = trainer::MachineMemoryBytes();
+  if (!rank_memory.has_value() || machine <= 0) return OkStatus();
+  const double total = rank_memory->total() * static_cast<double>(ranks);
+  if (total <= machine) return OkStatus();
+  return InvalidArgumentError(
+      "spec.replicas: " + std::to_string(ranks) + " ranks on this machine are estimated to need " +
+      trainer::FormatBytes(total) + " (each " + rank_memory->Describe() + "), more than its " +
+      trainer::FormatBytes(machine) + " of memory; use --replicas to run fewer");
+}
+
 Status ApplyReplicasOverride(int32_t replicas, spec::TrainingJob* job) {
   spec::TrainingJobSpec& spec = job->spec;
   if (spec.elastic_set) {
@@ -327,6 +352,10 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   }
   if (Status placed = CheckDevicePlacement(job); !placed.ok()) {
     err << options->manifest_path << ": " << placed.message() << "\n";
+    return kExitBadInput;
+  }
+  if (Status fits = CheckLocalCapacity(job, check.rank_memory); !fits.ok()) {
+    err << options->manifest_path << ": " << fits.message() << "\n";
     return kExitBadInput;
   }
   const int32_t workers = job.spec.replicas;

@@ -6,6 +6,7 @@
 
 #include "cli/exit_codes.h"
 #include "worker/trainer/dataset.h"
+#include "worker/trainer/memory_estimate.h"
 
 namespace lockstep::cli {
 namespace {
@@ -47,10 +48,38 @@ ManifestCheck CheckManifest(const std::string& path) {
   // Contents are checked only when every file is there: a missing file is already reported, and
   // loading would only repeat it.
   if (check.problems.empty() && job->spec.trainer.has_value()) {
-    Status data = trainer::CheckDatasets(*job);
-    if (!data.ok()) AddProblemLines(path, data.message(), &check.problems);
+    trainer::DataShape shape;
+    Status data = trainer::CheckDatasets(*job, &shape);
+    if (!data.ok()) {
+      AddProblemLines(path, data.message(), &check.problems);
+    } else {
+      check.rank_memory = trainer::EstimateRankMemory(*job->spec.trainer, shape);
+      std::string problem = CheckPodMemory(job->spec, *check.rank_memory);
+      if (!problem.empty()) check.problems.push_back(path + ": " + problem);
+    }
   }
   return check;
+}
+
+std::string CheckPodMemory(const spec::TrainingJobSpec& spec, const trainer::MemoryEstimate& rank) {
+  const int ranks = spec.ranks_per_worker;
+  const double pod = rank.total() * ranks;
+  const std::string needs = "a pod of " + std::to_string(ranks) +
+                            (ranks == 1 ? " rank" : " ranks") + " is estimated to need " +
+                            (ranks == 1 ? rank.Describe()
+                                        : trainer::FormatBytes(pod) + ", " +
+                                              std::to_string(ranks) + " x " + rank.Describe());
+  if (!spec.resources.memory.empty()) {
+    const double limit = spec::QuantityValue(spec.resources.memory);
+    if (pod <= limit) return "";
+    return "spec.resources.memory: " + spec.resources.memory + " is too little: " + needs;
+  }
+  const double machine = trainer::MachineMemoryBytes();
+  if (machine <= 0 || pod <= machine) return "";
+  return "spec.trainer: too large for this machine's " + trainer::FormatBytes(machine) +
+         " of memory: " + needs +
+         " (reduce spec.trainer.model.hidden or spec.trainer.batchSize, or set "
+         "spec.resources.memory to check against the pods' limit instead)";
 }
 
 int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {

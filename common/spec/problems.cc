@@ -38,6 +38,10 @@ constexpr size_t kMaxShownStringChars = 60;
 }  // namespace
 
 void Problems::Add(const std::string& path, const std::string& problem) {
+  if (lines_.size() >= kMaxLines) {
+    ++dropped_;
+    return;
+  }
   lines_.push_back(EscapeControlCharacters(path.empty() ? problem : path + ": " + problem));
 }
 
@@ -47,6 +51,11 @@ std::string Problems::Join(const std::string& source) const {
     if (!joined.empty()) joined += '\n';
     if (!source.empty()) joined += source + ": ";
     joined += line;
+  }
+  if (dropped_ > 0) {
+    joined += '\n';
+    if (!source.empty()) joined += source + ": ";
+    joined += "... and " + std::to_string(dropped_) + " more problem" + (dropped_ == 1 ? "" : "s");
   }
   return joined;
 }

@@ -2,11 +2,20 @@
 // counts. Parsing lives in training_job_parse.cc, serialization in training_job_json.cc.
 #include "common/spec/training_job.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <sstream>
+#include <string_view>
 #include <system_error>
 #include <tuple>
+#include <utility>
 
 #include "common/spec/enum_names.h"
 
@@ -91,22 +100,79 @@ bool operator==(const TrainingJob& a, const TrainingJob& b) {
 
 StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path) {
   namespace fs = std::filesystem;
-  std::error_code error;
-  fs::file_status status = fs::status(path, error);
-  if (!fs::exists(status)) return NotFoundError(path + ": no such file");
-  if (fs::is_directory(status)) return InvalidArgumentError(path + ": is a directory");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return PermissionDeniedError(path + ": cannot be read");
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) return UnknownError(path + ": read failed");
-
-  StatusOr<TrainingJob> job = ParseTrainingJobYaml(text.str(), path);
+  StatusOr<std::string> text = ReadManifestFile(path);
+  if (!text.ok()) return text.status();
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(*text, path);
   if (!job.ok()) return job;
+  std::error_code error;
   fs::path absolute = fs::absolute(path, error);
   if (error) return InternalError(path + ": cannot make the path absolute: " + error.message());
   job->base_dir = absolute.lexically_normal().parent_path().string();
   return job;
+}
+
+StatusOr<std::string> ReadManifestFile(const std::string& path) {
+  // O_NONBLOCK: opening a FIFO for reading must not wait for a writer; the type check below
+  // refuses it (and devices, sockets) before anything is read.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+  if (fd < 0) {
+    const int error = errno;
+    if (error == ENOENT || error == ENOTDIR) return NotFoundError(path + ": no such file");
+    if (error == EACCES) return PermissionDeniedError(path + ": cannot be read (permission denied)");
+    return InvalidArgumentError(path + ": cannot be opened: " + std::strerror(error));
+  }
+  struct stat info {};
+  Status status;
+  std::string text;
+  if (::fstat(fd, &info) != 0) {
+    status = UnknownError(path + ": cannot stat: " + std::strerror(errno));
+  } else if (S_ISDIR(info.st_mode)) {
+    status = InvalidArgumentError(path + ": is a directory");
+  } else if (!S_ISREG(info.st_mode)) {
+    status = InvalidArgumentError(path + ": not a regular file (a manifest is read from a file)");
+  } else {
+    // Read one byte past the limit, whatever the size said: a file may grow while it is read.
+    text.resize(kMaxManifestBytes + 1);
+    size_t used = 0;
+    while (used < text.size()) {
+      const ssize_t got = ::read(fd, text.data() + used, text.size() - used);
+      if (got < 0 && errno == EINTR) continue;
+      if (got < 0) {
+        status = UnknownError(path + ": read failed: " + std::strerror(errno));
+        break;
+      }
+      if (got == 0) break;
+      used += static_cast<size_t>(got);
+    }
+    text.resize(used);
+    if (status.ok() && used > kMaxManifestBytes) {
+      status = InvalidArgumentError(path + ": larger than " +
+                                    std::to_string(kMaxManifestBytes / 1024) +
+                                    " KiB, the most a manifest may be (the API server's limit "
+                                    "on one object)");
+    }
+  }
+  ::close(fd);
+  if (!status.ok()) return status;
+  return text;
+}
+
+double QuantityValue(const std::string& quantity) {
+  const char* begin = quantity.c_str();
+  char* end = nullptr;
+  // strtod reads the number and a decimal exponent ("1e3"); what is left is the suffix.
+  const double number = std::strtod(begin, &end);
+  if (end == begin) return std::nan("");
+  static const std::pair<std::string_view, double> kSuffixes[] = {
+      {"", 1},        {"Ki", 0x1p10}, {"Mi", 0x1p20}, {"Gi", 0x1p30}, {"Ti", 0x1p40},
+      {"Pi", 0x1p50}, {"Ei", 0x1p60}, {"n", 1e-9},    {"u", 1e-6},    {"m", 1e-3},
+      {"k", 1e3},     {"M", 1e6},     {"G", 1e9},     {"T", 1e12},    {"P", 1e15},
+      {"E", 1e18}};
+  const std::string_view suffix(end);
+  for (const auto& [name, factor] : kSuffixes) {
+    if (suffix == name) return number * factor;
+  }
+  return std::nan("");
 }
 
 std::string ResolveDataPath(const TrainingJob& job, const std::string& uri) {
@@ -125,7 +191,11 @@ std::string ResolveDataPath(const TrainingJob& job, const std::string& uri) {
 std::vector<std::string> CheckDataFiles(const TrainingJob& job) {
   namespace fs = std::filesystem;
   std::vector<std::string> problems;
-  if (!job.spec.trainer) return problems;
+  if (!job.spec.trainer) {
+    std::string problem = CheckCheckpointDirectory(job.spec.checkpoint.uri);
+    if (!problem.empty()) problems.push_back(problem);
+    return problems;
+  }
   auto check = [&](const std::vector<std::string>& uris, const std::string& field) {
     for (size_t i = 0; i < uris.size(); ++i) {
       std::string prefix = field + "[" + std::to_string(i) + "]: ";
@@ -143,7 +213,31 @@ std::vector<std::string> CheckDataFiles(const TrainingJob& job) {
   };
   check(job.spec.trainer->data.train, "spec.trainer.data.train");
   check(job.spec.trainer->data.test, "spec.trainer.data.test");
+  if (std::string problem = CheckCheckpointDirectory(job.spec.checkpoint.uri); !problem.empty()) {
+    problems.push_back(problem);
+  }
   return problems;
+}
+
+std::string CheckCheckpointDirectory(const std::string& uri) {
+  namespace fs = std::filesystem;
+  constexpr std::string_view kFileScheme = "file://";
+  if (uri.rfind(kFileScheme, 0) != 0) return "";  // hdfs:// or none: nothing local to check
+  const fs::path directory = fs::path(uri.substr(kFileScheme.size())).lexically_normal();
+  // The nearest part of the path that exists must be a directory, or no checkpoint can ever be
+  // created below it (the first commit would fail with ENOTDIR after a whole interval of work).
+  for (fs::path part = directory; !part.empty(); part = part.parent_path()) {
+    std::error_code error;
+    const fs::file_status status = fs::status(part, error);
+    if (!fs::exists(status)) {
+      if (part == part.root_path()) break;
+      continue;
+    }
+    if (fs::is_directory(status)) return "";
+    return "spec.checkpoint.uri: " + part.string() + " is not a directory, so " +
+           directory.string() + " cannot hold checkpoints";
+  }
+  return "";
 }
 
 int64_t TotalSteps(const TrainerSpec& trainer, int64_t train_samples, int32_t world_size) {

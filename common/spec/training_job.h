@@ -153,6 +153,11 @@ struct MetricsSpec {
   int32_t port = 9400;  // 0: no endpoint; else 1..65535
 };
 
+// Most worker pods one job may ask for (`replicas`, `elastic.maxReplicas`): ten times the largest
+// cluster Kubernetes is tested at (5,000 nodes); past it a typo, not a job. Every count that is
+// sized from replicas (pods, rendezvous slots, local processes) stays small at this bound.
+inline constexpr int32_t kMaxReplicas = 50000;
+
 // Most ranks one worker pod may run (`ranksPerWorker`): a node's GPUs or cores, with room.
 inline constexpr int32_t kMaxRanksPerWorker = 256;
 
@@ -205,16 +210,31 @@ inline bool operator!=(const TrainingJobSpec& a, const TrainingJobSpec& b) { ret
 inline bool operator!=(const TrainingJob& a, const TrainingJob& b) { return !(a == b); }
 
 // Parses and validates. On failure: InvalidArgument whose message holds every problem, one per
-// line, each prefixed by `source` ("examples/x.yaml: spec.replicas: must be >= 1 (got 0)").
+// line, each prefixed by `source` ("examples/x.yaml: spec.replicas: must be within 1..50000 (got 0)").
 StatusOr<TrainingJob> ParseTrainingJobYaml(const std::string& text, const std::string& source);
 StatusOr<TrainingJob> ParseTrainingJobJson(const nlohmann::json& document,
                                            const std::string& source);
+// A Kubernetes quantity's value ("64Gi" -> 68719476736, "500m" -> 0.5, "1e3" -> 1000); NaN when
+// `quantity` is not one (the parser has refused such a manifest already).
+double QuantityValue(const std::string& quantity);
+
+// Most bytes a manifest file may hold: etcd's default request limit (1.5 MiB), the largest
+// object a cluster stores, so a manifest that loads here could also be applied.
+inline constexpr size_t kMaxManifestBytes = 1536 * 1024;
+
 // Reads the file (NotFound naming it when missing) and parses it; sets base_dir.
 StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path);
+// A manifest file's bytes: a regular file only (a FIFO or a device is refused before anything is
+// read), at most kMaxManifestBytes (InvalidArgument naming the limit past that).
+StatusOr<std::string> ReadManifestFile(const std::string& path);
 
-// Problems the schema cannot see: data files that do not exist or cannot be read. One per line,
-// naming the field and the file: "spec.trainer.data.train[1]: file not found: /x/y.gz".
+// Problems the schema cannot see, on this machine's file system: data files that do not exist or
+// cannot be read, a file:// checkpoint directory below something that is not a directory. One
+// per line, naming the field and the file: "spec.trainer.data.train[1]: file not found: /x/y.gz".
 std::vector<std::string> CheckDataFiles(const TrainingJob& job);
+// "spec.checkpoint.uri: /a/b is not a directory, ..." when a file:// checkpoint directory can
+// never be created; "" when it exists, can be, or the URI is not file://.
+std::string CheckCheckpointDirectory(const std::string& uri);
 
 // A file:// URI or plain path resolved to an absolute path (relative to job.base_dir).
 std::string ResolveDataPath(const TrainingJob& job, const std::string& uri);

@@ -324,8 +324,8 @@ void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
 void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* job_spec) {
   ObjectReader reader = spec.Child("elastic", {"minReplicas", "maxReplicas"});
   job_spec->elastic_set = spec.Has("elastic") && reader.valid();
-  bool min_ok = reader.ReadInt("minReplicas", &job_spec->elastic.min_replicas, 1);
-  bool max_ok = reader.ReadInt("maxReplicas", &job_spec->elastic.max_replicas, 1);
+  bool min_ok = reader.ReadInt("minReplicas", &job_spec->elastic.min_replicas, 1, kMaxReplicas);
+  bool max_ok = reader.ReadInt("maxReplicas", &job_spec->elastic.max_replicas, 1, kMaxReplicas);
   bool min_given = reader.Has("minReplicas"), max_given = reader.Has("maxReplicas");
   // An end that is not given defaults to replicas; an end given wrongly is already reported.
   if (!min_given) job_spec->elastic.min_replicas = job_spec->replicas;
@@ -384,7 +384,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
                          "resources", "template", "checkpoint", "network", "runPolicy",
                          "metrics"});
   if (!reader.valid()) return;
-  bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1);
+  bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1, kMaxReplicas);
   ReadElastic(reader, replicas_ok, spec);
 
   bool has_trainer = reader.Has("trainer"), has_command = reader.Has("command");
@@ -397,8 +397,13 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
     spec->trainer.emplace();
     ReadTrainer(reader, &*spec->trainer);
   }
-  if (reader.ReadStringList("command", &spec->command) && has_command && spec->command.empty()) {
-    reader.problems()->Add(reader.PathOf("command"), "must not be empty");
+  if (reader.ReadStringList("command", &spec->command) && has_command) {
+    if (spec->command.empty()) {
+      reader.problems()->Add(reader.PathOf("command"), "must not be empty");
+    } else if (spec->command.front().empty()) {
+      reader.problems()->Add(internal::IndexPath(reader.PathOf("command"), 0),
+                             "must name the program to run (got \"\")");
+    }
   }
   reader.ReadString("image", &spec->image);
   ObjectReader resources = reader.Child("resources", {"gpus", "cpu", "memory"});

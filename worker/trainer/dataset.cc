@@ -12,6 +12,9 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
+#include <limits>
+#include <optional>
 #include <utility>
 
 namespace lockstep::trainer {
@@ -68,11 +71,29 @@ size_t InflatedSizeHint(int fd, off_t file_bytes) {
   return file_bytes > 0 ? static_cast<size_t>(file_bytes) : 0;
 }
 
-// Reads a whole file into memory, inflating it when it is gzip (detected by content, not by
-// name). A name ending in .gz whose content is not gzip is an error: it is almost always a
-// wrong or damaged file rather than a deliberately uncompressed one.
-StatusOr<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& field,
-                                                 const std::string& path) {
+uint32_t ReadBigEndian32(const uint8_t* p) {
+  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+}
+
+// How far to read a file whose header says how long it is (IDX): once `header_bytes` are in,
+// `promised` returns the whole file's length by that header, or nullopt when the header is not
+// this kind's (the parser then names why). Reading stops one byte past the promise, so a longer
+// file is still recognised as one, and a gzip bomb costs no more than its header claims.
+struct ReadBound {
+  size_t header_bytes = 0;
+  std::function<std::optional<uint64_t>(const uint8_t* header)> promised;
+};
+
+struct FileBytes {
+  std::vector<uint8_t> bytes;
+  bool cut = false;  // reading stopped at the bound: the file holds more than `bytes`
+};
+
+// Reads a file into memory (all of it, or as far as `bound` allows), inflating it when it is gzip
+// (detected by content, not by name). A name ending in .gz whose content is not gzip is an error:
+// it is almost always a wrong or damaged file rather than a deliberately uncompressed one.
+StatusOr<FileBytes> ReadMaybeGzipFile(const std::string& field, const std::string& path,
+                                      const ReadBound* bound = nullptr) {
   const std::string where = field + ": " + path + ": ";
   const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
   if (fd < 0) {
@@ -86,6 +107,7 @@ StatusOr<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& field,
     ::close(fd);
     return InvalidArgumentError(where + "is a directory, not a file");
   }
+  const size_t size_hint = InflatedSizeHint(fd, info.st_size);
   gzFile file = gzdopen(fd, "rb");  // takes ownership of fd
   if (file == nullptr) {
     ::close(fd);
@@ -93,13 +115,29 @@ StatusOr<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& field,
   }
   gzbuffer(file, 1u << 20);
 
-  std::vector<uint8_t> bytes;
-  bytes.reserve(InflatedSizeHint(fd, info.st_size) + 1);  // +1: the final read finds EOF in place
-  std::string error;
+  // `limit`: the most bytes to read; until the header is in, only the header.
+  constexpr size_t kUnbounded = std::numeric_limits<size_t>::max();
+  size_t limit = bound != nullptr ? bound->header_bytes : kUnbounded;
+  bool header_done = bound == nullptr;
+  FileBytes result;
+  std::vector<uint8_t>& bytes = result.bytes;
+  bytes.reserve(std::min(size_hint, kUnbounded - 1) + 1);  // +1: the final read finds EOF in place
   for (;;) {
     const size_t used = bytes.size();
+    if (used >= limit) {
+      if (header_done) {
+        result.cut = true;
+        break;
+      }
+      header_done = true;
+      const std::optional<uint64_t> promised = bound->promised(bytes.data());
+      if (!promised.has_value()) break;
+      limit = *promised >= kUnbounded ? kUnbounded : static_cast<size_t>(*promised) + 1;
+      continue;
+    }
     const size_t room = bytes.capacity() - used;
-    const size_t want = room > 0 ? std::min<size_t>(room, kReadChunkBytes) : kReadChunkBytes;
+    size_t want = room > 0 ? std::min<size_t>(room, kReadChunkBytes) : kReadChunkBytes;
+    want = std::min(want, limit - used);
     bytes.resize(used + want);
     const int got = gzread(file, bytes.data() + used, static_cast<unsigned>(want));
     if (got < 0) {
@@ -109,6 +147,9 @@ StatusOr<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& field,
     bytes.resize(used + static_cast<size_t>(got));
     if (got == 0) break;
   }
+  // A file cut at its bound holds one byte past its promise: the parser reports it as longer
+  // than its header says, and the rest need not be read.
+  std::string error;
   const bool transparent = gzdirect(file) != 0;
   int zlib_code = Z_OK;
   const char* zlib_message = gzerror(file, &zlib_code);
@@ -123,11 +164,21 @@ StatusOr<std::vector<uint8_t>> ReadMaybeGzipFile(const std::string& field,
   if (transparent && EndsWith(path, ".gz")) {
     return InvalidArgumentError(where + "not a gzip file (no gzip magic 1f 8b at its start)");
   }
-  return bytes;
+  return result;
 }
 
-uint32_t ReadBigEndian32(const uint8_t* p) {
-  return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
+// The whole length an IDX header promises: header + product of the dimensions (one byte each);
+// saturates rather than overflows for a hostile header.
+std::optional<uint64_t> IdxPromisedBytes(const uint8_t* header, uint32_t magic, int dimensions) {
+  constexpr uint64_t kHuge = std::numeric_limits<uint64_t>::max() / 2;
+  if (ReadBigEndian32(header) != magic) return std::nullopt;
+  unsigned __int128 total = 1;
+  for (int d = 0; d < dimensions; ++d) {
+    total *= ReadBigEndian32(header + 4 + 4 * d);
+    if (total > kHuge) return kHuge;
+  }
+  total += 4 + 4 * static_cast<uint64_t>(dimensions);
+  return static_cast<uint64_t>(std::min<unsigned __int128>(total, kHuge));
 }
 
 struct IdxImages {
@@ -137,7 +188,9 @@ struct IdxImages {
   std::vector<float> pixels;
 };
 
-StatusOr<IdxImages> ParseIdxImages(const std::string& where, const std::vector<uint8_t>& bytes) {
+// `file.cut`: reading stopped one byte past the header's promise, so "found" is a lower bound.
+StatusOr<IdxImages> ParseIdxImages(const std::string& where, const FileBytes& file) {
+  const std::vector<uint8_t>& bytes = file.bytes;
   // The magic comes first so that a file in the wrong slot is named as such even when it is
   // shorter than this kind's header.
   if (bytes.size() < 4) {
@@ -184,7 +237,7 @@ StatusOr<IdxImages> ParseIdxImages(const std::string& where, const std::vector<u
   if (found != expected) {
     return InvalidArgumentError(where + "IDX file longer than its header says: " + promise + " (" +
                                 std::to_string(expected) + " bytes), found " +
-                                std::to_string(found));
+                                (file.cut ? "more" : std::to_string(found)));
   }
   // A table makes each pixel exactly v / 255 (a multiply by 1/255 would be off by an ulp for
   // some values) at the cost of a lookup.
@@ -197,8 +250,8 @@ StatusOr<IdxImages> ParseIdxImages(const std::string& where, const std::vector<u
   return images;
 }
 
-StatusOr<std::vector<int32_t>> ParseIdxLabels(const std::string& where,
-                                              const std::vector<uint8_t>& bytes) {
+StatusOr<std::vector<int32_t>> ParseIdxLabels(const std::string& where, const FileBytes& file) {
+  const std::vector<uint8_t>& bytes = file.bytes;
   if (bytes.size() < 4) {
     return InvalidArgumentError(where + "truncated IDX file: " + std::to_string(bytes.size()) +
                                 " bytes, shorter than the 4-byte magic number");
@@ -225,7 +278,7 @@ StatusOr<std::vector<int32_t>> ParseIdxLabels(const std::string& where,
   }
   if (found > count) {
     return InvalidArgumentError(where + "IDX file longer than its header says: " + promise +
-                                ", found " + std::to_string(found));
+                                ", found " + (file.cut ? "more" : std::to_string(found)));
   }
   return std::vector<int32_t>(bytes.begin() + kIdxLabelsHeaderBytes, bytes.end());
 }
@@ -240,15 +293,21 @@ struct SplitSource {
 StatusOr<Dataset> LoadIdxSplit(const SplitSource& source) {
   const std::string images_where = source.field + "[0]: " + source.paths[0] + ": ";
   const std::string labels_where = source.field + "[1]: " + source.paths[1] + ": ";
-  StatusOr<std::vector<uint8_t>> image_bytes =
-      ReadMaybeGzipFile(source.field + "[0]", source.paths[0]);
+  const ReadBound images_bound{kIdxImagesHeaderBytes, [](const uint8_t* header) {
+                                  return IdxPromisedBytes(header, kIdxImagesMagic, 3);
+                                }};
+  StatusOr<FileBytes> image_bytes =
+      ReadMaybeGzipFile(source.field + "[0]", source.paths[0], &images_bound);
   if (!image_bytes.ok()) return image_bytes.status();
   StatusOr<IdxImages> images = ParseIdxImages(images_where, *image_bytes);
   if (!images.ok()) return images.status();
-  image_bytes = std::vector<uint8_t>();  // release the inflated bytes before the labels
+  image_bytes = FileBytes();  // release the inflated bytes before the labels
 
-  StatusOr<std::vector<uint8_t>> label_bytes =
-      ReadMaybeGzipFile(source.field + "[1]", source.paths[1]);
+  const ReadBound labels_bound{kIdxLabelsHeaderBytes, [](const uint8_t* header) {
+                                 return IdxPromisedBytes(header, kIdxLabelsMagic, 1);
+                               }};
+  StatusOr<FileBytes> label_bytes =
+      ReadMaybeGzipFile(source.field + "[1]", source.paths[1], &labels_bound);
   if (!label_bytes.ok()) return label_bytes.status();
   StatusOr<std::vector<int32_t>> labels = ParseIdxLabels(labels_where, *label_bytes);
   if (!labels.ok()) return labels.status();
@@ -348,9 +407,9 @@ StatusOr<Dataset> ParseCsv(const std::string& where, const std::vector<uint8_t>&
 
 StatusOr<Dataset> LoadCsvSplit(const SplitSource& source) {
   const std::string field = source.field + "[0]";
-  StatusOr<std::vector<uint8_t>> bytes = ReadMaybeGzipFile(field, source.paths[0]);
-  if (!bytes.ok()) return bytes.status();
-  StatusOr<Dataset> dataset = ParseCsv(field + ": " + source.paths[0] + ": ", *bytes);
+  StatusOr<FileBytes> file = ReadMaybeGzipFile(field, source.paths[0]);
+  if (!file.ok()) return file.status();
+  StatusOr<Dataset> dataset = ParseCsv(field + ": " + source.paths[0] + ": ", file->bytes);
   if (!dataset.ok()) return dataset.status();
   dataset->description = "csv " + source.name + ": " + std::to_string(dataset->num_samples) +
                          " x " + std::to_string(dataset->num_features) + " from " + source.paths[0];
@@ -459,7 +518,7 @@ StatusOr<DataSplits> LoadDatasets(const spec::TrainingJob& job) {
   return splits;
 }
 
-Status CheckDatasets(const spec::TrainingJob& job) {
+Status CheckDatasets(const spec::TrainingJob& job, DataShape* shape) {
   if (Status status = RequireTrainer(job); !status.ok()) return status;
   const spec::DataSpec& data = job.spec.trainer->data;
   SplitSource train_source;
@@ -481,8 +540,14 @@ Status CheckDatasets(const spec::TrainingJob& job) {
   if (first_error.ok()) {
     note(ReconcileSplits(job, *train, test ? &**test : nullptr, test_source));
   }
-  if (first_error.ok()) return OkStatus();
-  return Status(first_error.code(), messages);
+  if (!first_error.ok()) return Status(first_error.code(), messages);
+  if (shape != nullptr) {
+    shape->train_samples = train->num_samples;
+    shape->test_samples = test ? (*test)->num_samples : 0;
+    shape->features = train->num_features;
+    shape->classes = train->num_classes;
+  }
+  return OkStatus();
 }
 
 void GatherBatch(const Dataset& dataset, const int64_t* ids, int64_t count, float* features_out,

@@ -59,10 +59,19 @@ struct DataSplits {
 // a few hundred milliseconds. Returns the first problem found.
 StatusOr<DataSplits> LoadDatasets(const spec::TrainingJob& job);
 
+// The sizes of the loaded splits, for estimating what a rank will hold (trainer/memory_estimate.h).
+struct DataShape {
+  int64_t train_samples = 0;
+  int64_t test_samples = 0;  // 0 without a test split
+  int64_t features = 0;
+  int32_t classes = 0;
+};
+
 // What `lockstep validate` and `lockstep run` call before starting workers: loads both splits
 // (same cost as LoadDatasets) and returns OK, or InvalidArgument/NotFound whose message lists
 // every problem found, one per line (a train problem and a test problem are both reported).
-Status CheckDatasets(const spec::TrainingJob& job);
+// On OK, `shape` (when given) receives the splits' sizes.
+Status CheckDatasets(const spec::TrainingJob& job, DataShape* shape = nullptr);
 
 // Copies the samples `ids[0..count)` of `dataset` into `features_out` ([count, num_features],
 // row-major) and `labels_out` ([count]). Ids must be in [0, dataset.num_samples) (asserted in

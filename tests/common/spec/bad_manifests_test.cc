@@ -1,7 +1,7 @@
 // The corpus of broken manifests in tests/data/bad_manifests: each file names, in its leading
 // comments, the layer that must catch it and a substring of the message a user sees.
 //
-//   # expect: spec.replicas: must be >= 1 (got 0)
+//   # expect: spec.replicas: must be within 1..50000 (got 0)
 //   # layer: spec       (spec: the parser rejects it; files: CheckDataFiles does;
 //                        dataset: both pass, and the dataset loader's tests take it)
 #include <gmock/gmock.h>

@@ -5,6 +5,9 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -209,7 +212,7 @@ spec:
     optimizer: {type: adam}
 )");
   EXPECT_THAT(Lines(message),
-              ElementsAre("job.yaml: spec.replicas: must be >= 1 (got 0)",
+              ElementsAre("job.yaml: spec.replicas: must be within 1..50000 (got 0)",
                           "job.yaml: spec.trainer.batchSize: expected an integer, got "
                           "\"sixty-four\"",
                           "job.yaml: spec.trainer.optimizer.type: must be one of sgd, adamw "
@@ -296,6 +299,55 @@ spec:
   ASSERT_FALSE(problems.empty());
   EXPECT_EQ(problems[0],
             "spec.trainer.data.train[0]: not a regular file: " + (dir_ / "data").string());
+}
+
+TEST_F(DataPathTest, AFifoGivenAsTheManifestIsRefusedWithoutWaitingForAWriter) {
+  const std::string fifo = (dir_ / "job.yaml").string();
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  // Before the fix the open blocked for ever; nothing writes to this FIFO.
+  StatusOr<TrainingJob> job = LoadTrainingJobFile(fifo);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr(fifo + ": not a regular file"));
+}
+
+TEST(TrainingJobSpec, ADeviceGivenAsTheManifestIsRefusedBeforeAnythingIsRead) {
+  StatusOr<TrainingJob> job = LoadTrainingJobFile("/dev/zero");
+  ASSERT_FALSE(job.ok());
+  EXPECT_THAT(job.status().message(), HasSubstr("/dev/zero: not a regular file"));
+}
+
+TEST_F(DataPathTest, AManifestLargerThanTheApiServerTakesIsRefusedNamingTheLimit) {
+  // A valid manifest padded with a comment past the limit: refused for its size, not parsed.
+  Write(dir_ / "job.yaml", std::string(kMinimal) + "# " + std::string(kMaxManifestBytes, 'x'));
+  StatusOr<TrainingJob> job = LoadTrainingJobFile((dir_ / "job.yaml").string());
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(job.status().message(), HasSubstr("larger than 1536 KiB"));
+  // At the limit it is read and parsed.
+  Write(dir_ / "job.yaml", std::string(kMinimal) + "# " +
+                               std::string(kMaxManifestBytes - sizeof(kMinimal) - 2, 'x'));
+  EXPECT_TRUE(LoadTrainingJobFile((dir_ / "job.yaml").string()).ok());
+}
+
+TEST(TrainingJobSpec, AThousandBadValuesGiveABoundedListOfProblems) {
+  std::string yaml = std::string(kMinimal) + "  runPolicy:\n    retryableExitCodes: [";
+  for (int i = 0; i < 1000; ++i) yaml += (i ? ", " : "") + std::string("x");
+  yaml += "]\n";
+  std::vector<std::string> lines = Lines(ParseError(yaml));
+  ASSERT_EQ(lines.size(), 51u);
+  EXPECT_EQ(lines.back(), "job.yaml: ... and 950 more problems");
+}
+
+TEST(TrainingJobSpec, QuantityValueReadsKubernetesSuffixes) {
+  EXPECT_EQ(QuantityValue("64Gi"), 64.0 * 1024 * 1024 * 1024);
+  EXPECT_EQ(QuantityValue("512Mi"), 512.0 * 1024 * 1024);
+  EXPECT_EQ(QuantityValue("2G"), 2e9);
+  EXPECT_EQ(QuantityValue("1e3"), 1000);
+  EXPECT_EQ(QuantityValue("500m"), 0.5);
+  EXPECT_EQ(QuantityValue("1.5Ki"), 1536);
+  EXPECT_TRUE(std::isnan(QuantityValue("12 apples")));
+  EXPECT_TRUE(std::isnan(QuantityValue("")));
 }
 
 TEST(TrainingJobSpec, RealDatasetFilesPassTheFileCheck) {

@@ -194,6 +194,31 @@ TEST(RunCommandTest, BadManifestExits2BeforeStartingAnyWorker) {
   EXPECT_NE(missing.err.find("/nonexistent/train.csv"), std::string::npos) << missing.err;
 }
 
+TEST(RunCommandTest, MoreRanksThanOneMachineRunsExit2BeforeStartingAnyWorker) {
+  // Valid for a cluster (replicas is within spec's bound), too many processes for one machine:
+  // before the bound the launcher tried to start them all.
+  const std::string dir = MakeTempDir("lockstep-run-ranks");
+  const std::string manifest = dir + "/many.yaml";
+  WriteFile(manifest,
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: many}\n"
+            "spec:\n  replicas: 40000\n  trainer:\n"
+            "    data: {format: csv, train: [file://" +
+                std::string(kDigits) +
+                "]}\n"
+                "    steps: 10\n");
+  const StartMarkingWorker worker_stand_in(dir);
+  ProcessResult result =
+      RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
+                 {{"LOCKSTEP_WORKER_BINARY", worker_stand_in.binary}}, 60000);
+  EXPECT_EQ(result.exit_code, 2) << result.out << result.err;
+  EXPECT_NE(result.err.find("spec.replicas: 40000 workers x ranksPerWorker 1 = 40000 processes, "
+                            "more than lockstep run starts on one machine (1024)"),
+            std::string::npos)
+      << result.err;
+  EXPECT_FALSE(FileExists(worker_stand_in.marker));
+  EXPECT_FALSE(FileExists(dir + "/logs"));
+}
+
 // A stand-in worker (LOCKSTEP_WORKER_BINARY) that records its arguments and environment in
 // `dir`, then runs `tail` (shell code).
 std::string FakeWorker(const std::string& dir, const std::string& tail) {

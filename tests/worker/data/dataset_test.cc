@@ -1,6 +1,9 @@
 #include "worker/trainer/dataset.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -189,7 +192,7 @@ TEST_F(DatasetTest, IdxLongerThanItsHeaderIsRejected) {
   EXPECT_EQ(splits.status().message(),
             "spec.trainer.data.train[0]: " + images +
                 ": IDX file longer than its header says: header promises 4 images of 2x2 (16 "
-                "bytes), found 17");
+                "bytes), found more");
 }
 
 TEST_F(DatasetTest, NonGzipContentInGzFileIsRejected) {
@@ -326,6 +329,58 @@ TEST_F(DatasetTest, WrongNumberOfFilesForTheFormatIsRejected) {
   ASSERT_FALSE(splits.ok());
   EXPECT_EQ(splits.status().message(),
             "spec.trainer.data.train: format idx needs 2 files [images, labels], got 1");
+}
+
+// A gzip bomb: a valid header for ten 28x28 images, then `inflated_bytes` of zeros, which
+// deflate to about a thousandth of that. Written in chunks so the test itself stays small.
+std::string WriteIdxBomb(const fs::path& path, size_t inflated_bytes) {
+  gzFile file = gzopen(path.c_str(), "wb1");
+  EXPECT_NE(file, nullptr);
+  const std::vector<uint8_t> header = Idx(0x00000803, {10, 28, 28}, 0);
+  gzwrite(file, header.data(), static_cast<unsigned>(header.size()));
+  const std::vector<uint8_t> zeros(8u << 20, 0);
+  for (size_t written = 0; written < inflated_bytes; written += zeros.size()) {
+    gzwrite(file, zeros.data(), static_cast<unsigned>(zeros.size()));
+  }
+  gzclose(file);
+  return path.string();
+}
+
+TEST_F(DatasetTest, AGzipBombIsRefusedAfterInflatingNoMoreThanItsHeaderPromises) {
+  const size_t bomb_bytes = size_t{512} << 20;
+  const std::string images = WriteIdxBomb(dir_ / "images.gz", bomb_bytes);
+  ASSERT_LT(fs::file_size(images), bomb_bytes / 100);
+  const spec::TrainingJob job =
+      JobWith(spec::DataFormat::kIdx, {images, WriteLabels("labels.gz", 10)});
+
+  // Loaded in a child, whose peak resident memory the kernel reports at exit.
+  int pipe_fds[2];
+  ASSERT_EQ(pipe(pipe_fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    close(pipe_fds[0]);
+    const Status status = CheckDatasets(job);
+    const std::string message = status.message();
+    ssize_t ignored = write(pipe_fds[1], message.data(), message.size());
+    (void)ignored;
+    _exit(status.ok() ? 0 : 1);
+  }
+  close(pipe_fds[1]);
+  std::string message;
+  char buffer[4096];
+  for (ssize_t got; (got = read(pipe_fds[0], buffer, sizeof buffer)) > 0;) message.append(buffer, got);
+  close(pipe_fds[0]);
+  int wait_status = 0;
+  struct rusage usage {};
+  ASSERT_EQ(wait4(child, &wait_status, 0, &usage), child);
+  ASSERT_TRUE(WIFEXITED(wait_status));
+  EXPECT_EQ(WEXITSTATUS(wait_status), 1);
+  EXPECT_EQ(message, "spec.trainer.data.train[0]: " + images +
+                         ": IDX file longer than its header says: header promises 10 images of "
+                         "28x28 (7840 bytes), found more");
+  // ru_maxrss is in KiB. Inflating the whole bomb would take 512 MiB; the promise is 7840 bytes.
+  EXPECT_LT(usage.ru_maxrss, 128 * 1024) << "peak resident KiB while refusing a 512 MiB bomb";
 }
 
 TEST_F(DatasetTest, CheckDatasetsReportsEveryProblemOnePerLine) {

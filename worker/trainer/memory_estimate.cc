@@ -1,0 +1,90 @@
+#include "worker/trainer/memory_estimate.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <vector>
+
+namespace lockstep::trainer {
+namespace {
+
+constexpr double kFloatBytes = 4;
+// The batch stager keeps this many batches in flight (batch_stager.h's kSlots).
+constexpr double kStagedBatches = 2;
+
+}  // namespace
+
+std::string FormatBytes(double bytes) {
+  static const char* const kUnits[] = {"bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
+  int unit = 0;
+  while (bytes >= 1024 && unit < 6) {
+    bytes /= 1024;
+    ++unit;
+  }
+  char text[64];
+  if (unit == 0) {
+    std::snprintf(text, sizeof text, "%.0f bytes", bytes);
+  } else {
+    std::snprintf(text, sizeof text, bytes < 10 ? "%.1f %s" : "%.0f %s", bytes, kUnits[unit]);
+  }
+  return text;
+}
+
+std::string MemoryEstimate::Describe() const {
+  const std::string parameters_text =
+      parameters == std::numeric_limits<int64_t>::max() ? "more than 2^63"
+                                                        : std::to_string(parameters);
+  return FormatBytes(total()) + " (model " + FormatBytes(model_bytes) + " for " +
+         parameters_text + " parameters; batch " + FormatBytes(batch_bytes) + "; data " +
+         FormatBytes(data_bytes) + ")";
+}
+
+MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataShape& shape) {
+  MemoryEstimate estimate;
+  const double samples = static_cast<double>(shape.train_samples + shape.test_samples);
+  estimate.data_bytes = samples * (static_cast<double>(shape.features) + 1) * kFloatBytes;
+
+  std::vector<double> widths{static_cast<double>(shape.features)};
+  for (int32_t width : trainer.model.hidden) widths.push_back(width);
+  widths.push_back(std::max<int32_t>(shape.classes, 2));
+  double parameters = 0, activations = 0, widest = 0;
+  const double activation_copies = trainer.model.activation == spec::Activation::kGelu ? 2 : 1;
+  for (size_t l = 1; l < widths.size(); ++l) {
+    parameters += widths[l - 1] * widths[l] + widths[l];
+    activations += widths[l] * (l + 1 < widths.size() ? activation_copies : 1);
+    widest = std::max({widest, widths[l - 1], widths[l]});
+  }
+  estimate.parameters = parameters >= 9.2e18 ? std::numeric_limits<int64_t>::max()
+                                             : static_cast<int64_t>(parameters);
+  // Parameters, gradients, one host copy (initial values, checkpoint snapshots), optimizer state.
+  const double optimizer_slots = trainer.optimizer.type == spec::OptimizerType::kAdamW ? 2 : 1;
+  estimate.model_bytes = parameters * (3 + optimizer_slots) * kFloatBytes;
+
+  const double rows = static_cast<double>(trainer.batch_size);
+  const double staged = kStagedBatches * (static_cast<double>(shape.features) + 1);
+  estimate.batch_bytes = rows * (activations + 2 * widest + staged) * kFloatBytes;
+  return estimate;
+}
+
+double MachineMemoryBytes() {
+  const long pages = ::sysconf(_SC_PHYS_PAGES);
+  const long page_size = ::sysconf(_SC_PAGESIZE);
+  double bytes = pages > 0 && page_size > 0 ? static_cast<double>(pages) * page_size : 0;
+  // cgroup v2: "max" or a byte count.
+  std::ifstream limit("/sys/fs/cgroup/memory.max");
+  std::string text;
+  if (limit >> text && text != "max") {
+    char* end = nullptr;
+    const double cgroup = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() && *end == '\0' && cgroup > 0) {
+      bytes = bytes > 0 ? std::min(bytes, cgroup) : cgroup;
+    }
+  }
+  return bytes;
+}
+
+}  // namespace lockstep::trainer

@@ -1,0 +1,46 @@
+// What one rank of the built-in trainer holds in memory, estimated before anything starts, so
+// that `lockstep validate` and `lockstep run` refuse a model or batch that cannot be allocated
+// (instead of workers aborting with bad_alloc minutes later).
+//
+//   trainer::DataShape shape;
+//   LOCKSTEP_RETURN_IF_ERROR(trainer::CheckDatasets(job, &shape));
+//   trainer::MemoryEstimate rank = trainer::EstimateRankMemory(*job.spec.trainer, shape);
+//   if (rank.total() * job.spec.ranks_per_worker > limit) ... rank.Describe() ...
+//
+// The estimate counts the buffers the trainer allocates (trainer.cc, model.cc, optimizer.cc,
+// batch_stager.cc): the data sets (every rank loads both splits), the parameters with their
+// gradients, optimizer state and the host copy a checkpoint is taken from, and the per-batch
+// activations and staged inputs. It leaves out what does not scale with the manifest (code, the
+// communicator's fixed buffers), so it is a lower bound: what it refuses cannot run.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/spec/training_job.h"
+#include "worker/trainer/dataset.h"
+
+namespace lockstep::trainer {
+
+// Bytes, as doubles: a hostile manifest (hidden: [2147483647]) must not overflow the arithmetic.
+struct MemoryEstimate {
+  double data_bytes = 0;   // both splits' features and labels
+  double model_bytes = 0;  // parameters, gradients, optimizer state, host copy
+  double batch_bytes = 0;  // activations, backward scratch, staged input batches
+  int64_t parameters = 0;  // saturates at INT64_MAX
+
+  double total() const { return data_bytes + model_bytes + batch_bytes; }
+  // "2.1 GiB (model 1.6 GiB: 104,000,000 parameters; batch 0.3 GiB; data 0.2 GiB)".
+  std::string Describe() const;
+};
+
+MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataShape& shape);
+
+// Physical memory of this machine, or the cgroup's memory.max when that is lower (a container's
+// limit); 0 when neither can be read.
+double MachineMemoryBytes();
+
+// "1.5 GiB", "640 MiB": a byte count for messages.
+std::string FormatBytes(double bytes);
+
+}  // namespace lockstep::trainer
