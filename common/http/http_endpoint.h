@@ -12,11 +12,14 @@
 // 170 KiB of it, so the Exposer cannot start in our binaries ("null context when constructing
 // CivetServer"). prometheus-cpp still owns the registry and the text format; this only serves it.
 //
-// Scrapes are rare (every few seconds), so one thread serves connections one at a time, each
-// bounded by a 5 s read/write deadline; a slow client delays the next scrape, never the caller.
-// Only GET and HEAD; every response closes the connection.
+// One thread serves up to 32 connections at once with non-blocking sockets and poll(2). Each
+// connection has one 5 s deadline for its whole exchange (not per byte), a request is at most
+// 16 KiB, and when 32 are open the oldest is closed to admit a new one: a client that trickles
+// bytes or holds connections half-open cannot keep a scraper out, and costs bounded memory.
+// Handlers run on that thread. Only GET and HEAD; every response closes the connection.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <map>
 #include <memory>
@@ -45,15 +48,22 @@ class HttpEndpoint {
   // endpoint is destroyed. A busy port is UNAVAILABLE naming host:port.
   static StatusOr<std::unique_ptr<HttpEndpoint>> Start(const std::string& host, int port,
                                                        std::map<std::string, HttpHandler> handlers);
-  // Stops serving; returns within about 250 ms (plus an in-flight request's deadline).
+  // Stops serving and closes every connection; returns promptly.
   ~HttpEndpoint();
 
   int port() const { return port_; }
 
  private:
+  using Clock = std::chrono::steady_clock;
+  struct Connection;
+
   HttpEndpoint() = default;
   void Serve();
-  void HandleConnection(int connection_fd);
+  // Reads what has arrived and writes what it can; false when the connection is to be closed
+  // (answered, gone, or broken).
+  bool Progress(Connection& connection);
+  // The whole response text to a complete request.
+  std::string Respond(const std::string& request) const;
 
   int listen_fd_ = -1;
   int wake_fds_[2] = {-1, -1};  // a pipe: writing to it ends Serve

@@ -5,11 +5,13 @@
 #include <netinet/in.h>
 #include <prometheus/counter.h>
 #include <prometheus/registry.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <string>
+#include <vector>
 
 namespace lockstep::http {
 namespace {
@@ -37,6 +39,26 @@ std::string Exchange(int port, const std::string& request) {
 
 std::string Get(int port, const std::string& path) {
   return Exchange(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
+}
+
+// A connected socket to 127.0.0.1:port that sends nothing yet (-1 when unreachable).
+int Connect(int port) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_port = htons(static_cast<uint16_t>(port));
+  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server has closed `fd` (a read finds the end), without waiting.
+bool ClosedByServer(int fd) {
+  char byte;
+  return recv(fd, &byte, 1, MSG_DONTWAIT) == 0;
 }
 
 TEST(HttpEndpointTest, ServesRegisteredPathsAndRefusesOthers) {
@@ -85,6 +107,57 @@ TEST(HttpEndpointTest, BusyPortIsUnavailableNamingIt) {
   EXPECT_EQ(second.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(second.status().message().find("127.0.0.1:" + std::to_string(port)), std::string::npos)
       << second.status();
+}
+
+TEST(HttpEndpointTest, ClientsHoldingConnectionsOpenDoNotDelayAScrape) {
+  auto endpoint = HttpEndpoint::Start(
+      "127.0.0.1", 0, {{"/metrics", [] { return HttpResponse{200, "text/plain", "up 1\n"}; }}});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  // Twenty clients that connect and say nothing, one that has sent half a request line.
+  std::vector<int> idle;
+  for (int i = 0; i < 20; ++i) idle.push_back(Connect(port));
+  const int trickling = Connect(port);
+  ASSERT_EQ(write(trickling, "GET /met", 8), 8);
+
+  // Served one at a time, this scrape would wait for every one of them to time out.
+  EXPECT_NE(Get(port, "/metrics").find("up 1"), std::string::npos);
+  for (int fd : idle) EXPECT_FALSE(ClosedByServer(fd)) << "still within its deadline";
+  for (int fd : idle) close(fd);
+  close(trickling);
+}
+
+TEST(HttpEndpointTest, MoreOpenConnectionsThanItServesCloseTheOldestNotTheNewScrape) {
+  auto endpoint = HttpEndpoint::Start(
+      "127.0.0.1", 0, {{"/metrics", [] { return HttpResponse{200, "text/plain", "up 1\n"}; }}});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int port = (*endpoint)->port();
+  // More than the backlog of the old server (64) and than the connections it serves (32).
+  std::vector<int> idle;
+  for (int i = 0; i < 100; ++i) idle.push_back(Connect(port));
+  EXPECT_NE(Get(port, "/metrics").find("up 1"), std::string::npos);
+  EXPECT_TRUE(ClosedByServer(idle.front())) << "the oldest makes room";
+  for (int fd : idle) close(fd);
+}
+
+TEST(HttpEndpointTest, AClientTricklingBytesIsClosedAtItsDeadlineForTheWholeRequest) {
+  auto endpoint = HttpEndpoint::Start("127.0.0.1", 0, {});
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const int fd = Connect((*endpoint)->port());
+  ASSERT_GE(fd, 0);
+  // A byte every 100 ms never lets a per-byte timeout (the old 5 s) pass; the request's own
+  // deadline (5 s for the whole of it) does. Bounded: 200 bytes, 20 s.
+  bool closed = false;
+  for (int i = 0; i < 200 && !closed; ++i) {
+    closed = send(fd, "G", 1, MSG_NOSIGNAL) != 1 || ClosedByServer(fd);
+    if (!closed) {
+      pollfd wait_for_close{fd, POLLIN, 0};
+      poll(&wait_for_close, 1, 100);
+      closed = ClosedByServer(fd);
+    }
+  }
+  EXPECT_TRUE(closed) << "the trickling client kept its connection for 20 s";
+  close(fd);
 }
 
 TEST(HttpEndpointTest, StopsServingWhenDestroyed) {
