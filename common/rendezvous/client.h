@@ -91,8 +91,9 @@ class RendezvousClient {
   static StatusOr<std::unique_ptr<RendezvousClient>> Connect(const ClientOptions& options);
   virtual ~RendezvousClient() = default;
 
-  // Blocks until the next generation forms (or timeout_ms passes: DEADLINE_EXCEEDED; wrong token:
-  // UNAUTHENTICATED). state_step: the newest step held in memory, -1 for none.
+  // Blocks until the next generation forms (or timeout_ms passes: DEADLINE_EXCEEDED; an unknown
+  // job or a wrong token, waited out as a job not hosted yet: NOT_FOUND). state_step: the newest
+  // step held in memory, -1 for none.
   virtual StatusOr<Assignment> Join(int64_t state_step, int64_t timeout_ms) = 0;
 
   // Opens the heartbeat stream for a.generation and beats every a.heartbeat_interval_ms with the

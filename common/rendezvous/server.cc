@@ -222,8 +222,10 @@ class RendezvousServerImpl : public RendezvousServer, public v1::Rendezvous::Cal
   StatusOr<JobSnapshot> Snapshot(const std::string& job) const override;
   void Shutdown(int64_t deadline_ms) override;
 
-  // The job named `job` if `token` is its token: NOT_FOUND for an unknown job, UNAUTHENTICATED
-  // for a wrong token.
+  // The job named `job` if `token` is its token. An unknown job and a wrong token get the same
+  // answer (NOT_FOUND, the same message), so a caller without the token cannot tell which job
+  // names exist. NOT_FOUND because a worker must wait it out: a restarted operator hosts its jobs
+  // again only once its caches are synced.
   StatusOr<std::shared_ptr<Job>> Authorize(const std::string& token, const std::string& job) const;
 
   // v1::Rendezvous::CallbackService
@@ -561,6 +563,15 @@ Status RendezvousServerImpl::StartServing(const ServerOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
+  // Bounds on what one client can make the service hold. The largest request the protocol sends
+  // is a Gloo full-mesh address list (about 30 bytes per peer: 1.5 MB at 50,000 ranks, the
+  // replicas bound), so requests are capped there (server.h); the quota bounds the memory of
+  // every connection's buffers together, so many large requests at once are refused instead of
+  // growing the operator.
+  builder.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
+  grpc::ResourceQuota quota("lockstep-rendezvous");
+  quota.Resize(kRendezvousMemoryQuotaBytes);
+  builder.SetResourceQuota(quota);
   server_ = builder.BuildAndStart();
   if (server_ == nullptr || port_ == 0) {
     return UnavailableError("rendezvous server: cannot listen on " + options.listen_address);
@@ -658,11 +669,10 @@ StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::FindJob(const std::string& 
 
 StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::Authorize(const std::string& token,
                                                                const std::string& job) const {
-  LOCKSTEP_ASSIGN_OR_RETURN(auto found, FindJob(job));
-  if (!TokensEqual(found->config().token, token)) {
-    return UnauthenticatedError("invalid token for job " + job);
-  }
-  return found;
+  StatusOr<std::shared_ptr<Job>> found = FindJob(job);
+  if (found.ok() && TokensEqual((*found)->config().token, token)) return found;
+  if (!found.ok() && found.status().code() != StatusCode::kNotFound) return found.status();
+  return NotFoundError("no rendezvous job " + job + " with this token here");
 }
 
 grpc::ServerUnaryReactor* RendezvousServerImpl::Join(grpc::CallbackServerContext* context,

@@ -24,6 +24,12 @@
 
 namespace lockstep::rendezvous {
 
+// The largest request the service accepts; a larger one is refused (RESOURCE_EXHAUSTED) before
+// it is held. What the protocol needs: a Gloo full-mesh address list at the replicas bound.
+inline constexpr int kMaxRendezvousRequestBytes = 4 << 20;
+// What the service's connection buffers may hold together (a gRPC resource quota).
+inline constexpr int64_t kRendezvousMemoryQuotaBytes = int64_t{256} << 20;
+
 struct ServerOptions {
   std::string listen_address = "127.0.0.1:0";  // port 0: pick a free port
   // TLS: PEM certificate chain and key; both empty for plaintext.
