@@ -40,6 +40,10 @@ LOCKSTEP_PARAM_INT(RunGracePeriodMs, "LOCKSTEP_RUN_GRACE_PERIOD_MS", 5000);
 // gets this plus kJoinTimeoutMarginMs, so the launcher's message, which says what happened,
 // comes first. Longer: more patience for a slow replacement; shorter: a lost job fails sooner.
 LOCKSTEP_PARAM_INT(RendezvousTimeoutMs, "LOCKSTEP_RENDEZVOUS_TIMEOUT_MS", 30000);
+// How long a worker may send no heartbeat before its generation ends: the operator's default
+// (--rendezvous-heartbeat-timeout-ms). Only a hung worker waits for it: a dead one closes its
+// heartbeat stream, and the launcher reports its exit, both at once.
+LOCKSTEP_PARAM_INT(HeartbeatTimeoutMs, "LOCKSTEP_HEARTBEAT_TIMEOUT_MS", 10000);
 // First back-off before a failed worker's replacement starts; doubles per restart up to
 // kMaxRestartBackoffMs. The survivors train meanwhile, so it does not delay recovery; it keeps
 // a worker that crashes at once from spinning.
@@ -419,6 +423,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   job_config.initial_members = workers;  // every local worker is started at once
   job_config.ranks_per_pod = job.spec.ranks_per_worker;
   job_config.wait_for_initial_members = true;
+  job_config.heartbeat_timeout_ms = HeartbeatTimeoutMs();
   if (Status status = (*server)->AddJob(job_config); !status.ok()) {
     err << "lockstep run: rendezvous service: " << status.message() << "\n";
     (*server)->Shutdown(kServerShutdownMs);

@@ -398,6 +398,21 @@ void JobState::StreamClosed(StreamId stream, const std::string& member_id, int64
 
 void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
   const auto timeout = milliseconds(config_.heartbeat_timeout_ms);
+  // A check that runs more than a beat interval late means the service itself was not running
+  // (a machine-wide stall, a paused or starved process): beats sent meanwhile wait unread in its
+  // sockets, so silence is no evidence against the members. Each gets a whole timeout from now;
+  // a member that really died shows it by its stream closing, or stays silent for that timeout.
+  if (now - heartbeat_check_at_ > milliseconds(config_.heartbeat_interval_ms)) {
+    LOCKSTEP_LOG(WARNING) << Describe() << ": heartbeat check ran "
+                          << std::chrono::duration_cast<milliseconds>(now - heartbeat_check_at_)
+                                 .count()
+                          << " ms late (the service was stalled); members get a new "
+                          << config_.heartbeat_timeout_ms << " ms before they count as silent";
+    for (auto& member : members_) member.last_beat = std::max(member.last_beat, now);
+    heartbeat_check_at_ = now + timeout + milliseconds(1);
+    out.push_back(WakeAt{heartbeat_check_at_});
+    return;
+  }
   std::vector<std::string> silent;
   TimePoint oldest_beat = now;
   for (const auto& member : members_) {
