@@ -340,6 +340,12 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     return kExitBadInput;
   }
 
+  if (HeartbeatTimeoutMs() < 500 || HeartbeatTimeoutMs() > 600000) {
+    err << "lockstep run: LOCKSTEP_HEARTBEAT_TIMEOUT_MS: expected 500..600000 ms, got "
+        << HeartbeatTimeoutMs() << "\n";
+    return kExitBadInput;
+  }
+
   // 1. Nothing starts unless the manifest and its data are sound.
   ManifestCheck check = CheckManifest(options->manifest_path);
   if (!check.ok()) {

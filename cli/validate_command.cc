@@ -2,6 +2,7 @@
 
 #include "kernels/device.h"
 
+#include <cstdlib>
 #include <sstream>
 
 #include "cli/exit_codes.h"
@@ -25,6 +26,20 @@ void AddProblemLines(const std::string& path, const std::string& text,
       problems->push_back(path + ": " + line);
     }
   }
+}
+
+// The problems listed, plus those the parser only counted: its list ends in "... and N more
+// problems" past spec::internal::Problems::kMaxLines.
+size_t CountProblems(const std::vector<std::string>& lines) {
+  size_t count = lines.size();
+  if (lines.empty()) return count;
+  const std::string marker = "... and ";
+  const size_t at = lines.back().rfind(marker);
+  if (at == std::string::npos) return count;
+  const std::string rest = lines.back().substr(at + marker.size());
+  const size_t more = std::strtoull(rest.c_str(), nullptr, 10);
+  if (more == 0 || rest.find(" more problem") == std::string::npos) return count;
+  return count - 1 + more;
 }
 
 }  // namespace
@@ -95,8 +110,8 @@ int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, 
   ManifestCheck check = CheckManifest(path);
   if (!check.ok()) {
     for (const std::string& problem : check.problems) err << problem << "\n";
-    err << path << ": invalid (" << check.problems.size()
-        << (check.problems.size() == 1 ? " problem)" : " problems)") << "\n";
+    const size_t count = CountProblems(check.problems);
+    err << path << ": invalid (" << count << (count == 1 ? " problem)" : " problems)") << "\n";
     return kExitBadInput;
   }
   out << path << ": valid\n";

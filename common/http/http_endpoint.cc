@@ -30,6 +30,7 @@ constexpr size_t kMaxRequestBytes = 16 * 1024;
 // Connections served at once. Past it the oldest is closed to make room, so clients that hold
 // connections open cannot keep a scraper out, and memory stays bounded (16 KiB of request each).
 constexpr size_t kMaxConnections = 32;
+constexpr std::chrono::milliseconds kAcceptPause{100};
 
 const char* ReasonPhrase(int status) {
   switch (status) {
@@ -129,16 +130,21 @@ void HttpEndpoint::Serve() {
     ::close(connections[index].fd);
     connections.erase(connections.begin() + static_cast<std::ptrdiff_t>(index));
   };
+  // Out of file descriptors, accept fails while the listening socket stays readable: accepting
+  // pauses meanwhile instead of spinning.
+  Clock::time_point accept_paused_until = Clock::time_point::min();
   for (;;) {
-    std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_fds_[0], POLLIN, 0}};
-    Clock::time_point next_deadline = Clock::time_point::max();
+    const bool accepting = Clock::now() >= accept_paused_until;
+    std::vector<pollfd> fds = {{accepting ? listen_fd_ : -1, POLLIN, 0},
+                               {wake_fds_[0], POLLIN, 0}};
+    Clock::time_point next_deadline = accepting ? Clock::time_point::max() : accept_paused_until;
     for (const Connection& connection : connections) {
       fds.push_back({connection.fd,
                      static_cast<short>(connection.response.empty() ? POLLIN : POLLOUT), 0});
       next_deadline = std::min(next_deadline, connection.deadline);
     }
     int timeout_ms = -1;
-    if (!connections.empty()) {
+    if (next_deadline != Clock::time_point::max()) {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next_deadline -
                                                                               Clock::now());
       timeout_ms = static_cast<int>(std::max<int64_t>(0, left.count() + 1));
@@ -164,10 +170,23 @@ void HttpEndpoint::Serve() {
     if ((fds[0].revents & POLLIN) != 0) {
       for (;;) {
         const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-        if (fd < 0) break;  // EAGAIN: none left; or the client went away
-        // Full: the oldest connection has had the longest to finish; a scrape arriving now is
-        // served rather than queued behind clients that hold connections open.
-        if (connections.size() >= kMaxConnections) close_at(0);
+        if (fd < 0) {
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) {
+            accept_paused_until = Clock::now() + kAcceptPause;
+          }
+          break;  // EAGAIN: none left; or the client went away
+        }
+        if (connections.size() >= kMaxConnections) {
+          // Full: the oldest connection still sending its request makes room, so clients that
+          // hold connections open cannot keep a scraper out; one being answered is never cut.
+          const auto waiting = std::find_if(connections.begin(), connections.end(),
+                                            [](const Connection& c) { return c.response.empty(); });
+          if (waiting == connections.end()) {
+            ::close(fd);
+            continue;
+          }
+          close_at(static_cast<size_t>(waiting - connections.begin()));
+        }
         connections.push_back({fd, Clock::now() + kRequestDeadline, {}, {}, 0});
       }
     }

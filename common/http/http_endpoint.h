@@ -14,8 +14,9 @@
 //
 // One thread serves up to 32 connections at once with non-blocking sockets and poll(2). Each
 // connection has one 5 s deadline for its whole exchange (not per byte), a request is at most
-// 16 KiB, and when 32 are open the oldest is closed to admit a new one: a client that trickles
-// bytes or holds connections half-open cannot keep a scraper out, and costs bounded memory.
+// 16 KiB, and when 32 are open the oldest one still sending its request is closed to admit a new
+// one (a response being written is never cut): a client that trickles bytes or holds connections
+// half-open cannot keep a scraper out, and costs bounded memory.
 // Handlers run on that thread. Only GET and HEAD; every response closes the connection.
 #pragma once
 

@@ -366,6 +366,8 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Connect(
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The service sends back what its clients may send it (a store value, server.h's bound).
+  args.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
   auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
   if (channel == nullptr) {
     return UnavailableError("rendezvous client: cannot create a channel to " + options.address);

@@ -86,6 +86,13 @@ struct ProgressReport {
   int64_t resumed_from_step = -1;  // the checkpoint step this job resumed from, -1 if none
 };
 
+// The largest message the service accepts, and its clients too; a larger one is refused
+// (RESOURCE_EXHAUSTED) before it is held. What the protocol needs: Gloo's full-mesh bootstrap
+// stores one value per rank of about 136 bytes per peer (a sockaddr_storage and a sequence
+// number), so 8 MiB admits a flat Gloo world of about 60,000 ranks, past the 50,000-replica bound
+// of a one-rank-per-pod job. (gRPC's default, 4 MiB, stops at about 30,000.)
+inline constexpr int kMaxRendezvousRequestBytes = 8 << 20;
+
 class RendezvousClient {
  public:
   static StatusOr<std::unique_ptr<RendezvousClient>> Connect(const ClientOptions& options);

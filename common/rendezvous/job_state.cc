@@ -199,6 +199,7 @@ void JobState::FormGeneration(const PodTally& ranks, TimePoint now, Actions& out
   LOCKSTEP_LOG(INFO) << Describe() << ": formed generation " << generation_ << " (world " << world
                      << ", " << pending_.size() << " waiting for the next)";
   heartbeat_check_at_ = now + milliseconds(config_.heartbeat_timeout_ms + 1);
+  last_check_credited_ = false;
   out.push_back(WakeAt{heartbeat_check_at_});
 }
 
@@ -400,19 +401,27 @@ void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
   const auto timeout = milliseconds(config_.heartbeat_timeout_ms);
   // A check that runs more than a beat interval late means the service itself was not running
   // (a machine-wide stall, a paused or starved process): beats sent meanwhile wait unread in its
-  // sockets, so silence is no evidence against the members. Each gets a whole timeout from now;
-  // a member that really died shows it by its stream closing, or stays silent for that timeout.
-  if (now - heartbeat_check_at_ > milliseconds(config_.heartbeat_interval_ms)) {
+  // sockets, so that silence is no evidence against the members. The time the check is late is
+  // credited to every member; a member that really died shows it by its stream closing, or stays
+  // silent through the credited timeout. Only every other check may credit, so a service that is
+  // late at every check (a throttled pod) still finds a hung member within two timeouts.
+  const auto late = now - heartbeat_check_at_;
+  if (late > milliseconds(config_.heartbeat_interval_ms) && !last_check_credited_) {
     LOCKSTEP_LOG(WARNING) << Describe() << ": heartbeat check ran "
-                          << std::chrono::duration_cast<milliseconds>(now - heartbeat_check_at_)
-                                 .count()
-                          << " ms late (the service was stalled); members get a new "
-                          << config_.heartbeat_timeout_ms << " ms before they count as silent";
-    for (auto& member : members_) member.last_beat = std::max(member.last_beat, now);
-    heartbeat_check_at_ = now + timeout + milliseconds(1);
+                          << std::chrono::duration_cast<milliseconds>(late).count()
+                          << " ms late (the service was stalled); that time is not counted as "
+                             "the members' silence";
+    for (auto& member : members_) member.last_beat += late;
+    last_check_credited_ = true;
+    TimePoint oldest_beat = now;
+    for (const auto& member : members_) {
+      if (!member.completed) oldest_beat = std::min(oldest_beat, member.last_beat);
+    }
+    heartbeat_check_at_ = std::max(oldest_beat + timeout, now) + milliseconds(1);
     out.push_back(WakeAt{heartbeat_check_at_});
     return;
   }
+  last_check_credited_ = false;
   std::vector<std::string> silent;
   TimePoint oldest_beat = now;
   for (const auto& member : members_) {

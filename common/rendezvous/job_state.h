@@ -51,7 +51,7 @@ struct JobConfig {
   // After min_members have joined and not all expected have, how long to wait for more.
   int64_t last_call_ms = 1000;
   int64_t heartbeat_interval_ms = 200;
-  int64_t heartbeat_timeout_ms = 2000;
+  int64_t heartbeat_timeout_ms = 10000;
   // The number of the first generation this registration forms (>= 1). A job registered again
   // (a restarted operator, or new membership bounds) continues its numbering, so that generation
   // numbers in status, metrics and logs never go back.
@@ -225,6 +225,7 @@ class JobState {
   TimePoint latest_arrival_;
   TimePoint last_call_wake_;        // latest last-call WakeAt asked for
   TimePoint heartbeat_check_at_;    // while active_: when a member can next have gone silent
+  bool last_check_credited_ = false;  // the last check ran late and credited that time to all
   GenerationStores stores_;
   ProgressReport progress_;
   bool has_progress_ = false;

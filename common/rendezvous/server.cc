@@ -563,11 +563,10 @@ Status RendezvousServerImpl::StartServing(const ServerOptions& options) {
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 0);
-  // Bounds on what one client can make the service hold. The largest request the protocol sends
-  // is a Gloo full-mesh address list (about 30 bytes per peer: 1.5 MB at 50,000 ranks, the
-  // replicas bound), so requests are capped there (server.h); the quota bounds the memory of
-  // every connection's buffers together, so many large requests at once are refused instead of
-  // growing the operator.
+  // Bounds on what one client can make the service hold: a request is at most what the protocol
+  // needs (kMaxRendezvousRequestBytes, server.h), and the quota bounds the memory of every
+  // connection's buffers together, so many large requests at once are refused instead of growing
+  // the operator.
   builder.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
   grpc::ResourceQuota quota("lockstep-rendezvous");
   quota.Resize(kRendezvousMemoryQuotaBytes);

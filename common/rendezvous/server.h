@@ -24,9 +24,6 @@
 
 namespace lockstep::rendezvous {
 
-// The largest request the service accepts; a larger one is refused (RESOURCE_EXHAUSTED) before
-// it is held. What the protocol needs: a Gloo full-mesh address list at the replicas bound.
-inline constexpr int kMaxRendezvousRequestBytes = 4 << 20;
 // What the service's connection buffers may hold together (a gRPC resource quota).
 inline constexpr int64_t kRendezvousMemoryQuotaBytes = int64_t{256} << 20;
 

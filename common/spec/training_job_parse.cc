@@ -407,7 +407,8 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   }
   reader.ReadString("image", &spec->image);
   ObjectReader resources = reader.Child("resources", {"gpus", "cpu", "memory"});
-  resources.ReadInt("gpus", &spec->resources.gpus, 0);
+  // A pod of more GPUs than ranks it may run does not exist; "auto" makes one rank per GPU.
+  resources.ReadInt("gpus", &spec->resources.gpus, 0, kMaxRanksPerWorker);
   ReadQuantity(resources, "cpu", &spec->resources.cpu);
   ReadQuantity(resources, "memory", &spec->resources.memory);
   ReadRanksPerWorker(reader, spec);

@@ -17,6 +17,8 @@
 #include <optional>
 #include <utility>
 
+#include "worker/trainer/memory_estimate.h"
+
 namespace lockstep::trainer {
 namespace {
 
@@ -82,7 +84,16 @@ uint32_t ReadBigEndian32(const uint8_t* p) {
 struct ReadBound {
   size_t header_bytes = 0;
   std::function<std::optional<uint64_t>(const uint8_t* header)> promised;
+  // A promise past this is refused at the header, before anything more is inflated: each byte
+  // becomes a 4-byte float or int32 beside it, so more than memory / 5 cannot be decoded here.
+  uint64_t most_bytes = std::numeric_limits<uint64_t>::max();
 };
+
+// What a ReadBound allows an IDX file on this machine (see ReadBound::most_bytes).
+uint64_t DecodableIdxBytes() {
+  const double memory = MachineMemoryBytes();
+  return memory > 0 ? static_cast<uint64_t>(memory / 5) : std::numeric_limits<uint64_t>::max();
+}
 
 struct FileBytes {
   std::vector<uint8_t> bytes;
@@ -121,7 +132,9 @@ StatusOr<FileBytes> ReadMaybeGzipFile(const std::string& field, const std::strin
   bool header_done = bound == nullptr;
   FileBytes result;
   std::vector<uint8_t>& bytes = result.bytes;
-  bytes.reserve(std::min(size_hint, kUnbounded - 1) + 1);  // +1: the final read finds EOF in place
+  // +1: the final read finds EOF in place. A bounded read reserves no more than its header until
+  // the header says how much to expect (the gzip trailer's size is the file's own claim).
+  bytes.reserve((bound != nullptr ? bound->header_bytes : std::min(size_hint, kUnbounded - 1)) + 1);
   for (;;) {
     const size_t used = bytes.size();
     if (used >= limit) {
@@ -132,7 +145,15 @@ StatusOr<FileBytes> ReadMaybeGzipFile(const std::string& field, const std::strin
       header_done = true;
       const std::optional<uint64_t> promised = bound->promised(bytes.data());
       if (!promised.has_value()) break;
+      if (*promised > bound->most_bytes) {
+        gzclose_r(file);
+        return InvalidArgumentError(where + "IDX header promises " + std::to_string(*promised) +
+                                    " bytes, more than this machine's memory can decode (" +
+                                    std::to_string(bound->most_bytes) +
+                                    " bytes, a fifth of it: each byte becomes 4 more)");
+      }
       limit = *promised >= kUnbounded ? kUnbounded : static_cast<size_t>(*promised) + 1;
+      bytes.reserve(std::min(size_hint, limit));
       continue;
     }
     const size_t room = bytes.capacity() - used;
@@ -237,7 +258,7 @@ StatusOr<IdxImages> ParseIdxImages(const std::string& where, const FileBytes& fi
   if (found != expected) {
     return InvalidArgumentError(where + "IDX file longer than its header says: " + promise + " (" +
                                 std::to_string(expected) + " bytes), found " +
-                                (file.cut ? "more" : std::to_string(found)));
+                                (file.cut ? "at least " : "") + std::to_string(found));
   }
   // A table makes each pixel exactly v / 255 (a multiply by 1/255 would be off by an ulp for
   // some values) at the cost of a lookup.
@@ -278,7 +299,7 @@ StatusOr<std::vector<int32_t>> ParseIdxLabels(const std::string& where, const Fi
   }
   if (found > count) {
     return InvalidArgumentError(where + "IDX file longer than its header says: " + promise +
-                                ", found " + (file.cut ? "more" : std::to_string(found)));
+                                ", found " + (file.cut ? "at least " : "") + std::to_string(found));
   }
   return std::vector<int32_t>(bytes.begin() + kIdxLabelsHeaderBytes, bytes.end());
 }
@@ -293,9 +314,11 @@ struct SplitSource {
 StatusOr<Dataset> LoadIdxSplit(const SplitSource& source) {
   const std::string images_where = source.field + "[0]: " + source.paths[0] + ": ";
   const std::string labels_where = source.field + "[1]: " + source.paths[1] + ": ";
-  const ReadBound images_bound{kIdxImagesHeaderBytes, [](const uint8_t* header) {
-                                  return IdxPromisedBytes(header, kIdxImagesMagic, 3);
-                                }};
+  const ReadBound images_bound{kIdxImagesHeaderBytes,
+                               [](const uint8_t* header) {
+                                 return IdxPromisedBytes(header, kIdxImagesMagic, 3);
+                               },
+                               DecodableIdxBytes()};
   StatusOr<FileBytes> image_bytes =
       ReadMaybeGzipFile(source.field + "[0]", source.paths[0], &images_bound);
   if (!image_bytes.ok()) return image_bytes.status();
@@ -303,9 +326,11 @@ StatusOr<Dataset> LoadIdxSplit(const SplitSource& source) {
   if (!images.ok()) return images.status();
   image_bytes = FileBytes();  // release the inflated bytes before the labels
 
-  const ReadBound labels_bound{kIdxLabelsHeaderBytes, [](const uint8_t* header) {
+  const ReadBound labels_bound{kIdxLabelsHeaderBytes,
+                               [](const uint8_t* header) {
                                  return IdxPromisedBytes(header, kIdxLabelsMagic, 1);
-                               }};
+                               },
+                               DecodableIdxBytes()};
   StatusOr<FileBytes> label_bytes =
       ReadMaybeGzipFile(source.field + "[1]", source.paths[1], &labels_bound);
   if (!label_bytes.ok()) return label_bytes.status();

@@ -60,13 +60,15 @@ MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataSh
   }
   estimate.parameters = parameters >= 9.2e18 ? std::numeric_limits<int64_t>::max()
                                              : static_cast<int64_t>(parameters);
-  // Parameters, gradients, one host copy (initial values, checkpoint snapshots), optimizer state.
+  // Parameters, gradients, one host copy (initial values, checkpoint snapshots), optimizer state;
+  // on a GPU only the host copy is host memory.
+  const bool on_gpu = trainer.device == spec::Device::kCuda;
   const double optimizer_slots = trainer.optimizer.type == spec::OptimizerType::kAdamW ? 2 : 1;
-  estimate.model_bytes = parameters * (3 + optimizer_slots) * kFloatBytes;
+  estimate.model_bytes = parameters * (on_gpu ? 1 : 3 + optimizer_slots) * kFloatBytes;
 
   const double rows = static_cast<double>(trainer.batch_size);
   const double staged = kStagedBatches * (static_cast<double>(shape.features) + 1);
-  estimate.batch_bytes = rows * (activations + 2 * widest + staged) * kFloatBytes;
+  estimate.batch_bytes = rows * ((on_gpu ? 0 : activations + 2 * widest) + staged) * kFloatBytes;
   return estimate;
 }
 

@@ -11,7 +11,9 @@
 // batch_stager.cc): the data sets (every rank loads both splits), the parameters with their
 // gradients, optimizer state and the host copy a checkpoint is taken from, and the per-batch
 // activations and staged inputs. It leaves out what does not scale with the manifest (code, the
-// communicator's fixed buffers), so it is a lower bound: what it refuses cannot run.
+// communicator's fixed buffers), so it is a lower bound: what it refuses cannot run. It is of host
+// memory: for `device: cuda` the parameters, gradients, optimizer state and activations live on
+// the GPU and are left out (only the host copy and the staged batches count).
 #pragma once
 
 #include <cstdint>
@@ -30,13 +32,13 @@ struct MemoryEstimate {
   int64_t parameters = 0;  // saturates at INT64_MAX
 
   double total() const { return data_bytes + model_bytes + batch_bytes; }
-  // "2.1 GiB (model 1.6 GiB: 104,000,000 parameters; batch 0.3 GiB; data 0.2 GiB)".
+  // "214 MiB (model 3.1 MiB for 203530 parameters; batch 851 KiB; data 210 MiB)".
   std::string Describe() const;
 };
 
 MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataShape& shape);
 
-// Physical memory of this machine, or the cgroup's memory.max when that is lower (a container's
+// Physical memory of this machine, or the cgroup v2 memory.max when that is lower (a container's
 // limit); 0 when neither can be read.
 double MachineMemoryBytes();
 

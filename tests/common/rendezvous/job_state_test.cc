@@ -386,12 +386,24 @@ TEST(JobStateTest, ASilenceWhileTheServiceItselfWasStalledIsNoEvidenceAgainstThe
       {"beat w0 g1", ""},
       {"beat w1 g1", ""},
       // The check due at 501 runs at 3000: the whole machine stood still for 2.5 s, and the
-      // members' beats of that time are still unread. A new timeout from now, not a loss.
-      {"at 3000", "wake @3501"},
-      {"at 3300", ""},
+      // members' beats of that time are still unread. Those 2499 ms are not their silence.
+      {"at 3000", "wake @3001"},
       {"beat w0 g1", ""},
-      // w1 stayed silent for a whole timeout after the stall: that is evidence.
-      {"at 3501", "w0 ends g1 lost; w1 ends g1 lost"},
+      // w1's last beat counts as at 2499: silent 500 ms by 3000 + 1. That is evidence.
+      {"at 3001", "w0 ends g1 lost; w1 ends g1 lost"},
+  });
+}
+
+TEST(JobStateTest, AServiceLateAtEveryCheckStillFindsAHungMemberWithinTwoTimeouts) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"at 800", "wake @801"},  // 299 ms late: credited, w1 counts as beating at 299
+      {"beat w0 g1", ""},
+      {"at 1100", "w0 ends g1 lost; w1 ends g1 lost"},  // late again: no second credit
   });
 }
 

@@ -249,9 +249,13 @@ TEST_F(RendezvousTest, ARequestLargerThanTheProtocolNeedsIsRefusedAndTheStoreKee
   Status refused = store->Set("big", too_large, 5000);
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
   EXPECT_EQ(store->Get({"big"}, 0).status().code(), StatusCode::kDeadlineExceeded);
-  // What the protocol does need, a full-mesh address list at the replicas bound, still fits.
-  const std::string addresses(50000 * 30, 'a');
+  // What the protocol does need still fits, both ways: Gloo's full-mesh address list (136 bytes
+  // a peer) at the replicas bound, past gRPC's default 4 MiB.
+  const std::string addresses(50000 * 136, 'a');
   EXPECT_TRUE(store->Set("mesh", addresses, 5000).ok());
+  auto read_back = store->Get({"mesh"}, 5000);
+  ASSERT_TRUE(read_back.ok()) << read_back.status();
+  EXPECT_EQ((*read_back)[0].size(), addresses.size());
 }
 
 TEST_F(RendezvousTest, JoinPastDeadlineFailsCleanly) {

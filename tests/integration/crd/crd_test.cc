@@ -464,6 +464,9 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"57-ranks-per-worker-not-auto.yaml", {Outcome::kRefused, "spec.ranksPerWorker"}},
     // Compares two fields: left to the operator (and `lockstep validate`).
     {"58-cuda-ranks-exceed-gpus.yaml", {Outcome::kAccepted, ""}},
+    {"59-replicas-past-bound.yaml", {Outcome::kRefused, "spec.replicas"}},
+    // A rule on the first item only: a structural schema's `items` applies to every item.
+    {"60-command-empty-program.yaml", {Outcome::kAccepted, ""}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {

@@ -192,7 +192,7 @@ TEST_F(DatasetTest, IdxLongerThanItsHeaderIsRejected) {
   EXPECT_EQ(splits.status().message(),
             "spec.trainer.data.train[0]: " + images +
                 ": IDX file longer than its header says: header promises 4 images of 2x2 (16 "
-                "bytes), found more");
+                "bytes), found at least 17");
 }
 
 TEST_F(DatasetTest, NonGzipContentInGzFileIsRejected) {
@@ -378,9 +378,26 @@ TEST_F(DatasetTest, AGzipBombIsRefusedAfterInflatingNoMoreThanItsHeaderPromises)
   EXPECT_EQ(WEXITSTATUS(wait_status), 1);
   EXPECT_EQ(message, "spec.trainer.data.train[0]: " + images +
                          ": IDX file longer than its header says: header promises 10 images of "
-                         "28x28 (7840 bytes), found more");
+                         "28x28 (7840 bytes), found at least 7841");
   // ru_maxrss is in KiB. Inflating the whole bomb would take 512 MiB; the promise is 7840 bytes.
   EXPECT_LT(usage.ru_maxrss, 128 * 1024) << "peak resident KiB while refusing a 512 MiB bomb";
+}
+
+TEST_F(DatasetTest, AHeaderPromisingMoreThanMemoryCanDecodeIsRefusedAtTheHeader) {
+  // 4 billion images of 65535 x 65535: no machine decodes that, and nothing past the header is
+  // inflated to find out (the file is a header and a kilobyte of zeros).
+  const std::string images =
+      WriteGzip("x.gz", Idx(0x00000803, {0xFFFFFFFFu, 65535, 65535}, 1024));
+  StatusOr<DataSplits> splits =
+      LoadDatasets(JobWith(spec::DataFormat::kIdx, {images, WriteLabels("y.gz", 4)}));
+  ASSERT_FALSE(splits.ok());
+  EXPECT_NE(splits.status().message().find(
+                "spec.trainer.data.train[0]: " + images + ": IDX header promises "),
+            std::string::npos)
+      << splits.status();
+  EXPECT_NE(splits.status().message().find("more than this machine's memory can decode"),
+            std::string::npos)
+      << splits.status();
 }
 
 TEST_F(DatasetTest, CheckDatasetsReportsEveryProblemOnePerLine) {
