@@ -27,8 +27,9 @@ namespace {
 // byte: a client that trickles a byte at a time is closed when it passes, like any other.
 constexpr std::chrono::seconds kRequestDeadline{5};
 constexpr size_t kMaxRequestBytes = 16 * 1024;
-// Connections served at once. Past it the oldest is closed to make room, so clients that hold
-// connections open cannot keep a scraper out, and memory stays bounded (16 KiB of request each).
+// Connections served at once. Past it the oldest one still sending its request is closed to make
+// room, so clients that hold connections open cannot keep a scraper out, and memory stays bounded
+// (16 KiB of request each).
 constexpr size_t kMaxConnections = 32;
 constexpr std::chrono::milliseconds kAcceptPause{100};
 

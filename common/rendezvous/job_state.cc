@@ -397,6 +397,17 @@ void JobState::StreamClosed(StreamId stream, const std::string& member_id, int64
   LoseMembers("member " + member_id + " left: " + how, now, out);
 }
 
+void JobState::ScheduleHeartbeatCheck(TimePoint now, Actions& out) {
+  // The next member that can time out is the one that beat longest ago; never sooner than now.
+  TimePoint oldest_beat = now;
+  for (const auto& member : members_) {
+    if (!member.completed) oldest_beat = std::min(oldest_beat, member.last_beat);
+  }
+  heartbeat_check_at_ =
+      std::max(oldest_beat + milliseconds(config_.heartbeat_timeout_ms), now) + milliseconds(1);
+  out.push_back(WakeAt{heartbeat_check_at_});
+}
+
 void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
   const auto timeout = milliseconds(config_.heartbeat_timeout_ms);
   // A check that runs more than a beat interval late means the service itself was not running
@@ -413,30 +424,18 @@ void JobState::CheckHeartbeats(TimePoint now, Actions& out) {
                              "the members' silence";
     for (auto& member : members_) member.last_beat += late;
     last_check_credited_ = true;
-    TimePoint oldest_beat = now;
-    for (const auto& member : members_) {
-      if (!member.completed) oldest_beat = std::min(oldest_beat, member.last_beat);
-    }
-    heartbeat_check_at_ = std::max(oldest_beat + timeout, now) + milliseconds(1);
-    out.push_back(WakeAt{heartbeat_check_at_});
+    ScheduleHeartbeatCheck(now, out);
     return;
   }
   last_check_credited_ = false;
   std::vector<std::string> silent;
-  TimePoint oldest_beat = now;
   for (const auto& member : members_) {
-    if (member.completed) continue;
-    if (now - member.last_beat > timeout) {
-      silent.push_back(member.info.member_id);
-      RemoveSurvivor(member.info.pod);
-    } else {
-      oldest_beat = std::min(oldest_beat, member.last_beat);
-    }
+    if (member.completed || now - member.last_beat <= timeout) continue;
+    silent.push_back(member.info.member_id);
+    RemoveSurvivor(member.info.pod);
   }
   if (silent.empty()) {
-    // The next member that can time out is the one that beat longest ago.
-    heartbeat_check_at_ = oldest_beat + timeout + milliseconds(1);
-    out.push_back(WakeAt{heartbeat_check_at_});
+    ScheduleHeartbeatCheck(now, out);
     return;
   }
   std::string names;

@@ -208,6 +208,8 @@ class JobState {
   // Ends the generation for a lost member and forms the next from the survivors if it can.
   void LoseMembers(const std::string& reason, TimePoint now, Actions& out);
   void CheckHeartbeats(TimePoint now, Actions& out);
+  // Wakes the job when the member heard from longest ago could next have gone silent.
+  void ScheduleHeartbeatCheck(TimePoint now, Actions& out);
   void ExpireJoins(TimePoint now, Actions& out);
   void UpdateProgress(const ProgressReport& progress);
   void RecordFinalProgress(const ProgressReport& progress);

@@ -191,11 +191,6 @@ std::string ResolveDataPath(const TrainingJob& job, const std::string& uri) {
 std::vector<std::string> CheckDataFiles(const TrainingJob& job) {
   namespace fs = std::filesystem;
   std::vector<std::string> problems;
-  if (!job.spec.trainer) {
-    std::string problem = CheckCheckpointDirectory(job.spec.checkpoint.uri);
-    if (!problem.empty()) problems.push_back(problem);
-    return problems;
-  }
   auto check = [&](const std::vector<std::string>& uris, const std::string& field) {
     for (size_t i = 0; i < uris.size(); ++i) {
       std::string prefix = field + "[" + std::to_string(i) + "]: ";
@@ -211,8 +206,10 @@ std::vector<std::string> CheckDataFiles(const TrainingJob& job) {
       }
     }
   };
-  check(job.spec.trainer->data.train, "spec.trainer.data.train");
-  check(job.spec.trainer->data.test, "spec.trainer.data.test");
+  if (job.spec.trainer) {
+    check(job.spec.trainer->data.train, "spec.trainer.data.train");
+    check(job.spec.trainer->data.test, "spec.trainer.data.test");
+  }
   if (std::string problem = CheckCheckpointDirectory(job.spec.checkpoint.uri); !problem.empty()) {
     problems.push_back(problem);
   }

@@ -12,7 +12,6 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <optional>
 #include <utility>
@@ -77,22 +76,38 @@ uint32_t ReadBigEndian32(const uint8_t* p) {
   return (uint32_t{p[0]} << 24) | (uint32_t{p[1]} << 16) | (uint32_t{p[2]} << 8) | uint32_t{p[3]};
 }
 
-// How far to read a file whose header says how long it is (IDX): once `header_bytes` are in,
-// `promised` returns the whole file's length by that header, or nullopt when the header is not
-// this kind's (the parser then names why). Reading stops one byte past the promise, so a longer
-// file is still recognised as one, and a gzip bomb costs no more than its header claims.
+// How far to read an IDX file, whose header says how long it is: once the header (the magic and
+// `dimensions` sizes) is in, reading stops one byte past the length it promises, so a longer
+// file is still recognised as one, and a gzip bomb costs no more than its header claims. A header
+// that is not this kind's stops the read there (the parser then names why).
 struct ReadBound {
-  size_t header_bytes = 0;
-  std::function<std::optional<uint64_t>(const uint8_t* header)> promised;
+  uint32_t magic = 0;
+  int dimensions = 0;
   // A promise past this is refused at the header, before anything more is inflated: each byte
   // becomes a 4-byte float or int32 beside it, so more than memory / 5 cannot be decoded here.
   uint64_t most_bytes = std::numeric_limits<uint64_t>::max();
+
+  size_t header_bytes() const { return 4 + 4 * static_cast<size_t>(dimensions); }
 };
 
 // What a ReadBound allows an IDX file on this machine (see ReadBound::most_bytes).
 uint64_t DecodableIdxBytes() {
   const double memory = MachineMemoryBytes();
   return memory > 0 ? static_cast<uint64_t>(memory / 5) : std::numeric_limits<uint64_t>::max();
+}
+
+// The whole length an IDX header promises: header + product of the dimensions (one byte each);
+// nullopt when the magic is not `magic`; saturates rather than overflows for a hostile header.
+std::optional<uint64_t> IdxPromisedBytes(const uint8_t* header, uint32_t magic, int dimensions) {
+  constexpr uint64_t kHuge = std::numeric_limits<uint64_t>::max() / 2;
+  if (ReadBigEndian32(header) != magic) return std::nullopt;
+  unsigned __int128 total = 1;
+  for (int d = 0; d < dimensions; ++d) {
+    total *= ReadBigEndian32(header + 4 + 4 * d);
+    if (total > kHuge) return kHuge;
+  }
+  total += 4 + 4 * static_cast<uint64_t>(dimensions);
+  return static_cast<uint64_t>(std::min<unsigned __int128>(total, kHuge));
 }
 
 struct FileBytes {
@@ -128,22 +143,26 @@ StatusOr<FileBytes> ReadMaybeGzipFile(const std::string& field, const std::strin
 
   // `limit`: the most bytes to read; until the header is in, only the header.
   constexpr size_t kUnbounded = std::numeric_limits<size_t>::max();
-  size_t limit = bound != nullptr ? bound->header_bytes : kUnbounded;
+  size_t limit = bound != nullptr ? bound->header_bytes() : kUnbounded;
   bool header_done = bound == nullptr;
   FileBytes result;
   std::vector<uint8_t>& bytes = result.bytes;
   // +1: the final read finds EOF in place. A bounded read reserves no more than its header until
   // the header says how much to expect (the gzip trailer's size is the file's own claim).
-  bytes.reserve((bound != nullptr ? bound->header_bytes : std::min(size_hint, kUnbounded - 1)) + 1);
+  bytes.reserve((bound != nullptr ? bound->header_bytes() : std::min(size_hint, kUnbounded - 1)) +
+                1);
   for (;;) {
     const size_t used = bytes.size();
     if (used >= limit) {
       if (header_done) {
+        // One byte past the promise: the parser reports the file as longer than its header says,
+        // and the rest need not be read.
         result.cut = true;
         break;
       }
       header_done = true;
-      const std::optional<uint64_t> promised = bound->promised(bytes.data());
+      const std::optional<uint64_t> promised =
+          IdxPromisedBytes(bytes.data(), bound->magic, bound->dimensions);
       if (!promised.has_value()) break;
       if (*promised > bound->most_bytes) {
         gzclose_r(file);
@@ -168,8 +187,6 @@ StatusOr<FileBytes> ReadMaybeGzipFile(const std::string& field, const std::strin
     bytes.resize(used + static_cast<size_t>(got));
     if (got == 0) break;
   }
-  // A file cut at its bound holds one byte past its promise: the parser reports it as longer
-  // than its header says, and the rest need not be read.
   std::string error;
   const bool transparent = gzdirect(file) != 0;
   int zlib_code = Z_OK;
@@ -186,20 +203,6 @@ StatusOr<FileBytes> ReadMaybeGzipFile(const std::string& field, const std::strin
     return InvalidArgumentError(where + "not a gzip file (no gzip magic 1f 8b at its start)");
   }
   return result;
-}
-
-// The whole length an IDX header promises: header + product of the dimensions (one byte each);
-// saturates rather than overflows for a hostile header.
-std::optional<uint64_t> IdxPromisedBytes(const uint8_t* header, uint32_t magic, int dimensions) {
-  constexpr uint64_t kHuge = std::numeric_limits<uint64_t>::max() / 2;
-  if (ReadBigEndian32(header) != magic) return std::nullopt;
-  unsigned __int128 total = 1;
-  for (int d = 0; d < dimensions; ++d) {
-    total *= ReadBigEndian32(header + 4 + 4 * d);
-    if (total > kHuge) return kHuge;
-  }
-  total += 4 + 4 * static_cast<uint64_t>(dimensions);
-  return static_cast<uint64_t>(std::min<unsigned __int128>(total, kHuge));
 }
 
 struct IdxImages {
@@ -314,11 +317,8 @@ struct SplitSource {
 StatusOr<Dataset> LoadIdxSplit(const SplitSource& source) {
   const std::string images_where = source.field + "[0]: " + source.paths[0] + ": ";
   const std::string labels_where = source.field + "[1]: " + source.paths[1] + ": ";
-  const ReadBound images_bound{kIdxImagesHeaderBytes,
-                               [](const uint8_t* header) {
-                                 return IdxPromisedBytes(header, kIdxImagesMagic, 3);
-                               },
-                               DecodableIdxBytes()};
+  const uint64_t decodable = DecodableIdxBytes();
+  const ReadBound images_bound{kIdxImagesMagic, 3, decodable};
   StatusOr<FileBytes> image_bytes =
       ReadMaybeGzipFile(source.field + "[0]", source.paths[0], &images_bound);
   if (!image_bytes.ok()) return image_bytes.status();
@@ -326,11 +326,7 @@ StatusOr<Dataset> LoadIdxSplit(const SplitSource& source) {
   if (!images.ok()) return images.status();
   image_bytes = FileBytes();  // release the inflated bytes before the labels
 
-  const ReadBound labels_bound{kIdxLabelsHeaderBytes,
-                               [](const uint8_t* header) {
-                                 return IdxPromisedBytes(header, kIdxLabelsMagic, 1);
-                               },
-                               DecodableIdxBytes()};
+  const ReadBound labels_bound{kIdxLabelsMagic, 1, decodable};
   StatusOr<FileBytes> label_bytes =
       ReadMaybeGzipFile(source.field + "[1]", source.paths[1], &labels_bound);
   if (!label_bytes.ok()) return label_bytes.status();

@@ -55,6 +55,12 @@ int Connect(int port) {
   return fd;
 }
 
+// An endpoint on a free port whose /metrics says "up 1".
+StatusOr<std::unique_ptr<HttpEndpoint>> StartUpMetrics() {
+  return HttpEndpoint::Start(
+      "127.0.0.1", 0, {{"/metrics", [] { return HttpResponse{200, "text/plain", "up 1\n"}; }}});
+}
+
 // Whether the server has closed `fd` (a read finds the end), without waiting.
 bool ClosedByServer(int fd) {
   char byte;
@@ -110,8 +116,7 @@ TEST(HttpEndpointTest, BusyPortIsUnavailableNamingIt) {
 }
 
 TEST(HttpEndpointTest, ClientsHoldingConnectionsOpenDoNotDelayAScrape) {
-  auto endpoint = HttpEndpoint::Start(
-      "127.0.0.1", 0, {{"/metrics", [] { return HttpResponse{200, "text/plain", "up 1\n"}; }}});
+  auto endpoint = StartUpMetrics();
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int port = (*endpoint)->port();
   // Twenty clients that connect and say nothing, one that has sent half a request line.
@@ -128,8 +133,7 @@ TEST(HttpEndpointTest, ClientsHoldingConnectionsOpenDoNotDelayAScrape) {
 }
 
 TEST(HttpEndpointTest, MoreOpenConnectionsThanItServesCloseTheOldestNotTheNewScrape) {
-  auto endpoint = HttpEndpoint::Start(
-      "127.0.0.1", 0, {{"/metrics", [] { return HttpResponse{200, "text/plain", "up 1\n"}; }}});
+  auto endpoint = StartUpMetrics();
   ASSERT_TRUE(endpoint.ok()) << endpoint.status();
   const int port = (*endpoint)->port();
   // More than the backlog of the old server (64) and than the connections it serves (32).
