@@ -202,28 +202,6 @@ void MergeResources(json* ours, const json& theirs) {
   }
 }
 
-// securityContext: the template's fields are kept; the capabilities the operator adds
-// (IPC_LOCK) are added to the template's.
-void MergeSecurityContext(json* ours, const json& theirs) {
-  if (!theirs.is_object()) return;
-  json merged = theirs;
-  if (ours->is_object()) {
-    for (auto& [key, value] : ours->items()) {
-      if (key == "capabilities" && merged.contains("capabilities") &&
-          merged["capabilities"].is_object()) {
-        json& add = merged["capabilities"]["add"];
-        if (!add.is_array()) add = json::array();
-        for (const json& capability : value.value("add", json::array())) {
-          if (std::find(add.begin(), add.end(), capability) == add.end()) add.push_back(capability);
-        }
-      } else {
-        merged[key] = value;
-      }
-    }
-  }
-  *ours = std::move(merged);
-}
-
 void MergeWorkerContainer(json* ours, const json& theirs,
                           const std::set<std::string>& overridable) {
   if (!theirs.is_object()) return;
@@ -250,8 +228,6 @@ void MergeWorkerContainer(json* ours, const json& theirs,
       (*ours)["ports"] = std::move(kept);
     } else if (key == "resources") {
       MergeResources(&(*ours)["resources"], value);
-    } else if (key == "securityContext") {
-      MergeSecurityContext(&(*ours)["securityContext"], value);
     } else if (!ours->contains(key)) {
       (*ours)[key] = value;
     }
@@ -261,14 +237,15 @@ void MergeWorkerContainer(json* ours, const json& theirs,
 // Merges spec.template into the pod. The rules (a strategic merge keyed like Kubernetes' own):
 //  - metadata.labels/annotations: added; the operator's keys win.
 //  - spec.containers: by name. The "worker" container is merged field by field (see
-//    MergeWorkerContainer: image, command and args stay the operator's; env, volumeMounts, ports,
-//    resources and securityContext are merged; any other field of the template is kept); every
-//    other container (a sidecar) is added after the worker as written.
+//    MergeWorkerContainer: image, command and args stay the operator's; env, volumeMounts, ports
+//    and resources are merged; any other field of the template, securityContext included, is
+//    kept); every other container (a sidecar) is added after the worker as written.
 //  - spec.volumes: by name, the operator's win.
 //  - spec.hostNetwork: the operator's (spec.network.hostNetwork decides ports and DNS policy).
 //  - every other spec field: the template's unless the operator sets it (restartPolicy,
 //    hostname, subdomain, dnsPolicy with hostNetwork, schedulerName with gang scheduling,
 //    priorityClassName when set).
+// The security defaults come after the merge (HardenPod), only where the template is silent.
 void MergeTemplate(json* pod, const json& pod_template, const std::set<std::string>& overridable) {
   if (!pod_template.is_object()) return;
   if (pod_template.contains("metadata") && pod_template["metadata"].is_object()) {
@@ -296,6 +273,83 @@ void MergeTemplate(json* pod, const json& pod_template, const std::set<std::stri
     } else if (!spec.contains(key)) {
       spec[key] = value;
     }
+  }
+}
+
+// ----- security defaults ---------------------------------------------------------------------
+
+bool Contains(const json& list, const std::string& value) {
+  if (!list.is_array()) return false;
+  for (const json& item : list) {
+    if (item.is_string() && item.get<std::string>() == value) return true;
+  }
+  return false;
+}
+
+// The Pod Security "restricted" profile (kubernetes.io/docs/concepts/security/
+// pod-security-standards), applied to the worker where the template does not say otherwise, so a
+// template loosens exactly what it must: no service account token (the worker never calls the
+// API), seccomp RuntimeDefault, and a worker container that runs as a non-root user, cannot gain
+// privileges and holds no capability.
+//
+// RDMA jobs are the exception the profile cannot express: registering (pinning) NIC memory past
+// the memlock limit needs CAP_IPC_LOCK, and Kubernetes gives an added capability to the process
+// only when it runs as root (a non-root process gets it in its bounding set alone:
+// kubernetes/kubernetes#56374; no ambient capabilities). So an RDMA worker runs as root with
+// IPC_LOCK as its only capability, unless the template names a user.
+//
+// The worker container's defaults are set on it, not on the pod, so a sidecar the template adds
+// runs as its image says.
+void HardenPod(json* pod, bool rdma) {
+  json& spec = (*pod)["spec"];
+  json& worker = spec["containers"].front();
+  const json pod_context = spec.value("securityContext", json::object());
+  json& context = worker["securityContext"];
+  if (!context.is_object()) context = json::object();
+
+  const auto set_anywhere = [&](const char* field) {
+    return (pod_context.is_object() && pod_context.contains(field)) || context.contains(field);
+  };
+  const auto root_user = [](const json& c) {
+    return c.is_object() && c.contains("runAsUser") && c["runAsUser"] == 0;
+  };
+
+  if (!spec.contains("automountServiceAccountToken") && !spec.contains("serviceAccountName") &&
+      !spec.contains("serviceAccount")) {
+    spec["automountServiceAccountToken"] = false;
+  }
+  // The legacy annotation must agree with the field when both are set; a template that uses it
+  // chose its profile.
+  const json& annotations = (*pod)["metadata"]["annotations"];
+  const bool seccomp_annotated =
+      annotations.is_object() &&
+      (annotations.contains("seccomp.security.alpha.kubernetes.io/pod") ||
+       annotations.contains("container.seccomp.security.alpha.kubernetes.io/" +
+                            worker.value("name", std::string())));
+  if (!set_anywhere("seccompProfile") && !seccomp_annotated) {
+    spec["securityContext"]["seccompProfile"] = {{"type", "RuntimeDefault"}};
+  }
+
+  json& capabilities = context["capabilities"];
+  if (!capabilities.is_object()) capabilities = json::object();
+  if (!capabilities.contains("drop")) capabilities["drop"] = json::array({"ALL"});
+  if (rdma && !Contains(capabilities["add"], "IPC_LOCK")) {
+    if (!capabilities["add"].is_array()) capabilities["add"] = json::array();
+    capabilities["add"].push_back("IPC_LOCK");
+  }
+  // The API server refuses allowPrivilegeEscalation: false beside privileged or CAP_SYS_ADMIN.
+  const bool privileged = context.value("privileged", false) ||
+                          Contains(capabilities.value("add", json()), "SYS_ADMIN") ||
+                          Contains(capabilities.value("add", json()), "CAP_SYS_ADMIN");
+  if (!context.contains("allowPrivilegeEscalation") && !privileged) {
+    context["allowPrivilegeEscalation"] = false;
+  }
+
+  const bool user_named = set_anywhere("runAsUser") || set_anywhere("runAsNonRoot");
+  if (rdma) {
+    if (!user_named) context["runAsUser"] = 0;
+  } else if (!set_anywhere("runAsNonRoot") && !root_user(pod_context) && !root_user(context)) {
+    context["runAsNonRoot"] = true;
   }
 }
 
@@ -520,9 +574,8 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
         {{"name", kSecretVolume}, {"mountPath", kSecretMountPath}, {"readOnly", true}});
   }
   if (rdma) {
-    // RDMA registers (pins) memory: IPC_LOCK lifts the memlock limit. NCCL's shared-memory
-    // transport between GPUs of one pod needs more /dev/shm than a container's default 64 MiB.
-    container["securityContext"] = {{"capabilities", {{"add", json::array({"IPC_LOCK"})}}}};
+    // NCCL's shared-memory transport between GPUs of one pod needs more /dev/shm than a
+    // container's default 64 MiB. (IPC_LOCK: HardenPod.)
     volumes.push_back({{"name", kShmVolume}, {"emptyDir", {{"medium", "Memory"}}}});
     mounts.push_back({{"name", kShmVolume}, {"mountPath", "/dev/shm"}});
   }
@@ -555,6 +608,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"metadata", std::move(metadata)},
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
+  HardenPod(&pod, rdma);
   return pod;
 }
 

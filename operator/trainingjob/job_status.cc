@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <ctime>
+#include <set>
 
 #include "operator/trainingjob/children.h"
 
@@ -179,6 +180,32 @@ int32_t WorkerExitCode(const json& pod) {
     return (*terminated)["exitCode"].get<int32_t>();
   }
   return -1;
+}
+
+bool IsStuckWaitingReason(const std::string& reason) {
+  static const std::set<std::string> kStuck = {"CreateContainerConfigError",
+                                               "CreateContainerError", "ErrImagePull",
+                                               "ImagePullBackOff", "InvalidImageName"};
+  return kStuck.count(reason) > 0;
+}
+
+std::string WorkerStuckReason(const json& pod) {
+  if (!pod.is_object() || !pod.contains("status") || !pod["status"].is_object()) return "";
+  const json statuses = pod["status"].value("containerStatuses", json::array());
+  if (!statuses.is_array()) return "";
+  for (const json& container : statuses) {
+    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
+    const json state = container.value("state", json::object());
+    if (!state.is_object() || !state.contains("waiting") || !state["waiting"].is_object()) {
+      return "";
+    }
+    const json& waiting = state["waiting"];
+    const std::string reason = waiting.value("reason", "");
+    if (!IsStuckWaitingReason(reason)) return "";
+    const std::string message = waiting.value("message", "");
+    return message.empty() ? reason : reason + ": " + message;
+  }
+  return "";
 }
 
 }  // namespace lockstep::op::trainingjob

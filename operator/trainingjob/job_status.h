@@ -51,4 +51,12 @@ ExitDecision DecideExit(const spec::RunPolicy& policy, int32_t exit_code);
 // container exit, reason Evicted) is -1: it is replaced as retryable.
 int32_t WorkerExitCode(const json& pod);
 
+// Why a pod's "worker" container cannot start until someone changes something: the kubelet's
+// waiting reasons that do not pass by themselves (CreateContainerConfigError, e.g. "container
+// has runAsNonRoot and image will run as root"; CreateContainerError; ErrImagePull,
+// ImagePullBackOff, InvalidImageName), as "<reason>: <message>". Empty for a container that is
+// starting, running or done.
+std::string WorkerStuckReason(const json& pod);
+bool IsStuckWaitingReason(const std::string& reason);
+
 }  // namespace lockstep::op::trainingjob

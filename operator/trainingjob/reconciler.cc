@@ -145,11 +145,21 @@ json TrimPod(json pod) {
     }
     json containers = json::array();
     for (const json& c : s.value("containerStatuses", json::array())) {
-      if (c.contains("state") && c["state"].contains("terminated")) {
+      if (!c.contains("state") || !c["state"].is_object()) continue;
+      const json& state = c["state"];
+      if (state.contains("terminated")) {
+        containers.push_back(
+            {{"name", c.value("name", "")},
+             {"state", {{"terminated", {{"exitCode", state["terminated"].value("exitCode", -1)}}}}}});
+      } else if (state.contains("waiting") && state["waiting"].is_object() &&
+                 IsStuckWaitingReason(state["waiting"].value("reason", ""))) {
+        // A container that cannot start without a change (WorkerStuckReason).
         containers.push_back(
             {{"name", c.value("name", "")},
              {"state",
-              {{"terminated", {{"exitCode", c["state"]["terminated"].value("exitCode", -1)}}}}}});
+              {{"waiting",
+                {{"reason", state["waiting"].value("reason", "")},
+                 {"message", state["waiting"].value("message", "").substr(0, 1024)}}}}}});
       }
     }
     if (!containers.empty()) status["containerStatuses"] = std::move(containers);
@@ -661,6 +671,15 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
   const bool generation_active =
       !deps_.rendezvous ||
       (w.status.contains("rendezvous") && w.status["rendezvous"].value("worldSize", 0) > 0);
+  std::string stuck;  // the first worker that cannot start, and why
+  for (auto& [index, pod] : w.by_index) {
+    if (index >= desired || IsTerminating(*pod)) continue;
+    const std::string why = WorkerStuckReason(*pod);
+    if (!why.empty()) {
+      stuck = "pod " + (*pod)["metadata"].value("name", "") + ": " + why;
+      break;
+    }
+  }
   std::string phase;
   if (previous_desired != 0 && previous_desired != desired) {
     SetCondition(&w.status, kScaling, true, "ReplicasChanged",
@@ -699,6 +718,10 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
                                           : 0),
                    w.now);
     }
+  } else if (!stuck.empty()) {
+    // A worker that cannot start until someone acts (a root image under runAsNonRoot, an image
+    // that cannot be pulled): say so where `kubectl describe tj` shows it.
+    SetCondition(&w.status, kRunning, false, "WorkerCannotStart", stuck, w.now);
   } else if (HasCondition(w.status, kRunning) || w.status.contains("conditions")) {
     // Keep the Running condition's history: it turns False while restarting or scaling.
     bool had = false;

@@ -329,7 +329,11 @@ TEST_F(OperatorTest, RoceJobPodsGetTheRdmaDeviceMultusIpcLockAndShm) {
   const json& c = pod["spec"]["containers"][0];
   EXPECT_EQ(c["resources"]["limits"]["rdma/roce_shared"], "1");
   EXPECT_EQ(pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"], "roce-net");
-  EXPECT_EQ(c["securityContext"]["capabilities"]["add"][0], "IPC_LOCK");
+  // IPC_LOCK is the only capability, and it reaches only a root process.
+  EXPECT_EQ(c["securityContext"]["capabilities"],
+            json::parse(R"({"add": ["IPC_LOCK"], "drop": ["ALL"]})"));
+  EXPECT_EQ(c["securityContext"]["runAsUser"], 0);
+  EXPECT_EQ(pod["spec"]["automountServiceAccountToken"], false);
   bool shm = false;
   for (const json& m : c["volumeMounts"]) shm |= m["mountPath"] == "/dev/shm";
   EXPECT_TRUE(shm);
@@ -491,8 +495,10 @@ TEST_F(OperatorTest, ExposesItsMetricsAndHealth) {
 // operator's rendezvous service over TLS and train for real.
 class OperatorEndToEndTest : public OperatorTest {
  protected:
-  void StartKubelet() {
+  // image_user: the uid the simulated images run as (0: a root image).
+  void StartKubelet(int64_t image_user = KubeletSimulatorOptions().image_user) {
     KubeletSimulatorOptions options;
+    options.image_user = image_user;
     options.namespace_ = ns_;
     options.executables = {{"lockstep-worker", LOCKSTEP_WORKER_BINARY}};
     options.extra_env = {{"LOCKSTEP_METRICS_PORT", "0"}};
@@ -522,6 +528,34 @@ TEST_F(OperatorEndToEndTest, WorkersTrainOverTlsRendezvousAndTheJobSucceedsWithP
   EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
+}
+
+// Worker pods ask for a non-root user (Pod Security "restricted"). A job that brings a root image
+// is told why its worker cannot start, in the job's own status; its template may allow root.
+TEST_F(OperatorEndToEndTest, ARootImageIsRefusedByRunAsNonRootAndTheJobSaysWhy) {
+  StartKubelet(/*image_user=*/0);
+  json manifest = JobManifest("root-image", 1);
+  manifest["spec"]["trainer"]["steps"] = 50;
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob(
+      "root-image",
+      [](const json& j) { return Condition(j, "Running").value("reason", "") == "WorkerCannotStart"; },
+      "said why its worker cannot start");
+  EXPECT_EQ(Condition(job, "Running")["status"], "False");
+  const std::string message = Condition(job, "Running").value("message", "");
+  EXPECT_NE(message.find("pod root-image-worker-0: CreateContainerConfigError: container has "
+                         "runAsNonRoot and image will run as root"),
+            std::string::npos)
+      << message;
+
+  json allowed = JobManifest("root-allowed", 1);
+  allowed["spec"]["trainer"]["steps"] = 50;
+  allowed["spec"]["template"] = {{"spec", {{"securityContext", {{"runAsUser", 0}}}}}};
+  ASSERT_EQ(h_->Apply(ns_, allowed).status, 201);
+  bool ok = false;
+  job = h_->WaitForJob(
+      ns_, "root-allowed", [](const json& j) { return Phase(j) == "Succeeded"; }, 120000, &ok);
+  EXPECT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
 }
 
 TEST_F(OperatorEndToEndTest, KilledWorkerPodIsReplacedAndTheJobFinishesAtTheSameStepCount) {

@@ -20,11 +20,13 @@
 #include "operator/trainingjob/children.h"
 #include "tests/support/kube/kube_test_environment.h"
 #include "tests/support/kube/kube_testenv.h"
+#include "tests/support/kube/pod_security.h"
 
 namespace lockstep::op::trainingjob {
 namespace {
 
 using lockstep::testing::KubeTestEnv;
+using lockstep::testing::RestrictedProfileViolations;
 namespace fs = std::filesystem;
 
 const std::string kSource = LOCKSTEP_SOURCE_DIR;
@@ -120,8 +122,10 @@ class ChildrenApiServerTest : public ::testing::Test {
     }
   }
 
-  // POSTs `object` to `collection`, expects 201, reads it back and compares.
-  void CreateAndReadBack(const std::string& collection, const json& object) {
+  // POSTs `object` to `collection`, expects 201, reads it back and compares. The object as the
+  // server holds it goes to `stored` when given.
+  void CreateAndReadBack(const std::string& collection, const json& object,
+                         json* stored = nullptr) {
     const std::string what =
         object["kind"].get<std::string>() + " " + object["metadata"]["name"].get<std::string>();
     auto created = kube().Request("POST", collection, object);
@@ -130,6 +134,7 @@ class ChildrenApiServerTest : public ::testing::Test {
     auto got =
         kube().Request("GET", collection + "/" + object["metadata"]["name"].get<std::string>());
     ASSERT_EQ(got.status, 200) << got.raw;
+    if (stored) *stored = got.body;
     SCOPED_TRACE(what);
     ExpectSentFieldsKept(object["metadata"], got.body["metadata"], "metadata");
     for (const char* field : {"spec", "data", "type"}) {
@@ -137,9 +142,10 @@ class ChildrenApiServerTest : public ::testing::Test {
     }
   }
 
-  // Creates the TrainingJob (the server assigns its uid), then every child of it.
-  void CreateJobAndChildren(json manifest, const std::string& ns,
-                            const OperatorSettings& settings) {
+  // Creates the TrainingJob (the server assigns its uid), then every child of it. The pods as the
+  // server stored them go to `pods` when given.
+  void CreateJobAndChildren(json manifest, const std::string& ns, const OperatorSettings& settings,
+                            std::vector<json>* pods = nullptr) {
     manifest["metadata"]["namespace"] = ns;
     auto created = kube().Request(
         "POST", "/apis/lockstep.io/v1alpha1/namespaces/" + ns + "/trainingjobs", manifest);
@@ -154,7 +160,9 @@ class ChildrenApiServerTest : public ::testing::Test {
                                                        settings.rendezvous_ca_pem));
     CreateAndReadBack(core + "/services", DesiredService(*job));
     for (int32_t index = 0; index < job->spec.replicas; ++index) {
-      CreateAndReadBack(core + "/pods", DesiredPod(*job, index, settings));
+      json stored;
+      CreateAndReadBack(core + "/pods", DesiredPod(*job, index, settings), &stored);
+      if (pods) pods->push_back(std::move(stored));
     }
     if (std::optional<json> group = DesiredPodGroup(*job)) {
       const std::string api_version = (*group)["apiVersion"];
@@ -186,6 +194,61 @@ TEST_F(ChildrenApiServerTest, ChildrenOfEveryExampleAreAccepted) {
     CreateJobAndChildren(manifest, "examples", jobs % 2 ? TlsSettings() : plaintext);
   }
   EXPECT_GE(jobs, 3);
+}
+
+// The Pod Security "restricted" profile, checked on the pods as the API server stored them
+// (defaults filled in): every example's workers meet it and carry no service account token,
+// except what RDMA needs (IPC_LOCK, which reaches only a root process).
+TEST_F(ChildrenApiServerTest, WorkerPodsOfEveryExampleMeetTheRestrictedPodSecurityProfile) {
+  int jobs = 0;
+  for (const auto& entry : fs::directory_iterator(kSource + "/examples")) {
+    if (entry.path().extension() != ".yaml") continue;
+    json manifest = YamlFileToJson(entry.path());
+    if (!manifest.is_object() || manifest.value("kind", "") != "TrainingJob") continue;
+    ++jobs;
+    SCOPED_TRACE(entry.path().string());
+    manifest["metadata"]["name"] = manifest["metadata"]["name"].get<std::string>() + "-psa";
+    const std::string mode =
+        manifest["spec"].value("network", json::object()).value("mode", "tcp");
+    std::vector<json> pods;
+    CreateJobAndChildren(manifest, "examples", TlsSettings(), &pods);
+    ASSERT_FALSE(pods.empty());
+    for (const json& pod : pods) {
+      EXPECT_EQ(pod["spec"]["automountServiceAccountToken"], false);
+      std::vector<std::string> expected;
+      if (mode == "roce" || mode == "infiniband") {
+        const std::string at = "spec.containers[worker].securityContext.";
+        expected = {at + "capabilities.add may hold only NET_BIND_SERVICE, not IPC_LOCK",
+                    at + "runAsNonRoot must be true (here or in spec.securityContext)",
+                    at + "runAsUser must not be 0"};
+      }
+      EXPECT_EQ(RestrictedProfileViolations(pod), expected) << pod.dump(2);
+    }
+  }
+  EXPECT_GE(jobs, 3);
+}
+
+// What a template may loosen, it loosens, and the API server takes the result: a privileged
+// debugging worker (allowPrivilegeEscalation is then left unset: the server refuses false beside
+// privileged), a root image, its own service account.
+TEST_F(ChildrenApiServerTest, ATemplateThatLoosensThePodSecurityDefaultsIsAccepted) {
+  json manifest = YamlFileToJson(kSource + "/examples/fashion-mnist.yaml");
+  manifest["metadata"]["name"] = "loosened";
+  manifest["spec"]["template"] = json::parse(R"({"spec": {
+      "serviceAccountName": "trainer",
+      "securityContext": {"runAsUser": 0},
+      "containers": [{"name": "worker",
+                      "securityContext": {"privileged": true,
+                                          "capabilities": {"add": ["SYS_ADMIN"]}}}]}})");
+  std::vector<json> pods;
+  CreateJobAndChildren(manifest, "examples", TlsSettings(), &pods);
+  ASSERT_FALSE(pods.empty());
+  const json& context = pods[0]["spec"]["containers"][0]["securityContext"];
+  EXPECT_EQ(context["privileged"], true);
+  EXPECT_FALSE(context.contains("allowPrivilegeEscalation"));
+  EXPECT_FALSE(context.contains("runAsNonRoot"));
+  EXPECT_EQ(pods[0]["spec"]["securityContext"]["runAsUser"], 0);
+  EXPECT_FALSE(pods[0]["spec"].contains("automountServiceAccountToken"));
 }
 
 // RoCE + Multus + hostNetwork + Volcano + priority class + a template that touches every merge

@@ -9,8 +9,12 @@
 #include <string>
 #include <vector>
 
+#include "tests/support/kube/pod_security.h"
+
 namespace lockstep::op::trainingjob {
 namespace {
+
+using ::lockstep::testing::RestrictedProfileViolations;
 
 constexpr char kBaseManifest[] = R"(
 apiVersion: lockstep.io/v1alpha1
@@ -266,7 +270,7 @@ TEST(DesiredPodTest, RdmaModesGetDeviceMultusIpcLockShmAndNcclSettings) {
       EXPECT_EQ(annotations["k8s.v1.cni.cncf.io/networks"], c.multus);
     }
     if (!c.rdma) {
-      EXPECT_FALSE(worker.contains("securityContext"));
+      EXPECT_FALSE(worker["securityContext"]["capabilities"].contains("add"));
       EXPECT_FALSE(worker.contains("resources"));
       EXPECT_FALSE(pod["spec"].contains("volumes"));
       continue;
@@ -274,6 +278,7 @@ TEST(DesiredPodTest, RdmaModesGetDeviceMultusIpcLockShmAndNcclSettings) {
     const auto& device = job.spec.network.rdma_resource;
     EXPECT_EQ(worker["resources"]["limits"][device.name], std::to_string(device.count));
     EXPECT_EQ(worker["securityContext"]["capabilities"]["add"], json::array({"IPC_LOCK"}));
+    EXPECT_EQ(worker["securityContext"]["capabilities"]["drop"], json::array({"ALL"}));
     ASSERT_EQ(pod["spec"]["volumes"].size(), 1u);
     EXPECT_EQ(pod["spec"]["volumes"][0]["emptyDir"], json({{"medium", "Memory"}}));
     EXPECT_EQ(worker["volumeMounts"][0]["mountPath"], "/dev/shm");
@@ -480,6 +485,100 @@ TEST(DesiredPodTest, TemplateIsMergedKeepingUserFieldsAndTheOperatorsOwn) {
   EXPECT_EQ(worker["securityContext"]["capabilities"]["add"],
             json::array({"SYS_PTRACE", "IPC_LOCK"}));
   EXPECT_EQ(worker["securityContext"]["capabilities"]["drop"], json::array({"NET_RAW"}));
+  // The sidecar runs as written: the worker's defaults are the worker's.
+  EXPECT_FALSE(spec["containers"][1].contains("securityContext"));
+}
+
+// ----- Pod Security ---------------------------------------------------------------------------
+
+TEST(DesiredPodSecurityTest, AWorkerPodMeetsTheRestrictedProfileAndHasNoServiceAccountToken) {
+  OperatorSettings tls = Settings();
+  tls.rendezvous_ca_pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+  const spec::TrainingJob jobs[] = {
+      JobWith(""),
+      JobWith("  ranksPerWorker: 4\n  resources: {gpus: 4, cpu: \"8\"}\n"),
+      ParseJob("apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: ddp}\n"
+               "spec:\n  replicas: 2\n  command: [python3, train.py]\n"),
+  };
+  for (const spec::TrainingJob& job : jobs) {
+    for (const OperatorSettings& settings : {Settings(), tls}) {
+      json pod = DesiredPod(job, 0, settings);
+      SCOPED_TRACE(pod.dump());
+      EXPECT_EQ(RestrictedProfileViolations(pod), std::vector<std::string>());
+      EXPECT_EQ(pod["spec"]["automountServiceAccountToken"], false);
+      EXPECT_EQ(Worker(pod)["securityContext"]["runAsNonRoot"], true);
+    }
+  }
+}
+
+TEST(DesiredPodSecurityTest, AnRdmaWorkerRunsAsRootWithIpcLockAsItsOnlyCapability) {
+  json pod = DesiredPod(
+      JobWith("  network: {mode: roce, rdmaResource: {name: rdma/r}, multusNetworks: [n]}\n"), 0,
+      Settings());
+  // IPC_LOCK reaches only a root process (kubernetes/kubernetes#56374): the two things the
+  // profile refuses, and nothing else.
+  EXPECT_EQ(RestrictedProfileViolations(pod),
+            std::vector<std::string>(
+                {"spec.containers[worker].securityContext.capabilities.add may hold only "
+                 "NET_BIND_SERVICE, not IPC_LOCK",
+                 "spec.containers[worker].securityContext.runAsNonRoot must be true (here or in "
+                 "spec.securityContext)",
+                 "spec.containers[worker].securityContext.runAsUser must not be 0"}));
+  const json& context = Worker(pod)["securityContext"];
+  EXPECT_EQ(context["runAsUser"], 0);
+  EXPECT_EQ(context["capabilities"], json::parse(R"({"add":["IPC_LOCK"],"drop":["ALL"]})"));
+  EXPECT_EQ(context["allowPrivilegeEscalation"], false);
+}
+
+TEST(DesiredPodSecurityTest, ATemplateLoosensOnlyWhatItSays) {
+  // A root image: runAsUser 0 at the pod level turns off the non-root default, nothing else.
+  json root = DesiredPod(JobWith(R"(
+  template:
+    spec:
+      securityContext: {runAsUser: 0, fsGroup: 100}
+)"),
+                         0, Settings());
+  EXPECT_EQ(root["spec"]["securityContext"]["runAsUser"], 0);
+  EXPECT_EQ(root["spec"]["securityContext"]["fsGroup"], 100);
+  EXPECT_EQ(root["spec"]["securityContext"]["seccompProfile"]["type"], "RuntimeDefault");
+  const json& root_context = Worker(root)["securityContext"];
+  EXPECT_FALSE(root_context.contains("runAsNonRoot"));
+  EXPECT_EQ(root_context["allowPrivilegeEscalation"], false);
+  EXPECT_EQ(root_context["capabilities"]["drop"], json::array({"ALL"}));
+
+  // A debugging template: privileged (the API server refuses allowPrivilegeEscalation: false
+  // beside it), its own seccomp profile, a service account whose token it wants.
+  json debug = DesiredPod(JobWith(R"(
+  template:
+    spec:
+      serviceAccountName: trainer
+      containers:
+      - name: worker
+        securityContext:
+          privileged: true
+          seccompProfile: {type: Unconfined}
+          capabilities: {drop: []}
+)"),
+                          0, Settings());
+  EXPECT_FALSE(debug["spec"].contains("automountServiceAccountToken"));
+  EXPECT_FALSE(debug["spec"].contains("securityContext"));
+  const json& debug_context = Worker(debug)["securityContext"];
+  EXPECT_EQ(debug_context["privileged"], true);
+  EXPECT_FALSE(debug_context.contains("allowPrivilegeEscalation"));
+  EXPECT_EQ(debug_context["capabilities"]["drop"], json::array());
+  EXPECT_EQ(debug_context["seccompProfile"]["type"], "Unconfined");
+  EXPECT_EQ(debug_context["runAsNonRoot"], true);
+
+  // An RDMA job whose nodes raise the memlock limit may name a user: no root then.
+  json rdma = DesiredPod(JobWith(R"(
+  network: {mode: infiniband, rdmaResource: {name: rdma/ib}}
+  template:
+    spec:
+      securityContext: {runAsUser: 65532, runAsNonRoot: true}
+)"),
+                         0, Settings());
+  EXPECT_FALSE(Worker(rdma)["securityContext"].contains("runAsUser"));
+  EXPECT_EQ(rdma["spec"]["securityContext"]["runAsNonRoot"], true);
 }
 
 TEST(DesiredPodTest, TemplateWithoutWorkerContainerOnlyAddsSidecars) {

@@ -134,6 +134,27 @@ TEST(WorkerExitCodeTest, EvictedPodHasNoExitCode) {
   EXPECT_EQ(DecideExit(exit_code_policy, WorkerExitCode(evicted)), ExitDecision::kRestart);
 }
 
+TEST(WorkerStuckReasonTest, NamesAWorkerThatCannotStartWithoutAChange) {
+  // As the kubelet reports a root image under runAsNonRoot (kuberuntime's verifyRunAsNonRoot).
+  const std::string root = "container has runAsNonRoot and image will run as root (pod: "
+                           "\"mnist-worker-0_team-a(uid)\", container: worker)";
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState(
+                {{"waiting", {{"reason", "CreateContainerConfigError"}, {"message", root}}}},
+                "Pending")),
+            "CreateContainerConfigError: " + root);
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"waiting", {{"reason", "ImagePullBackOff"}}}},
+                                                 "Pending")),
+            "ImagePullBackOff");
+  // Starting, running or done: nothing to say.
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"waiting", {{"reason", "ContainerCreating"}}}},
+                                                 "Pending")),
+            "");
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"running", {{"startedAt", kT0}}}}, "Running")),
+            "");
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"terminated", {{"exitCode", 1}}}})), "");
+  EXPECT_EQ(WorkerStuckReason(json::parse(R"({"status":{"phase":"Pending"}})")), "");
+}
+
 TEST(Rfc3339Test, FormatsUtcSecondsAsKubernetesDoes) {
   EXPECT_EQ(Rfc3339(0), "1970-01-01T00:00:00Z");
   EXPECT_EQ(Rfc3339(1795341600), "2026-11-22T10:00:00Z");

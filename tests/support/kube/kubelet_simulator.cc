@@ -651,6 +651,29 @@ Status KubeletSimulator::PrepareContainer(Pod* pod, std::vector<std::string>* ar
     if (name == "PATH") container_path = value;
   }
 
+  // runAsNonRoot, as kuberuntime's verifyRunAsNonRoot judges it (after the env, still
+  // CreateContainerConfigError): the container's field wins over the pod's.
+  const json pod_context = spec.value("securityContext", json::object());
+  const json container_context = container.value("securityContext", json::object());
+  const auto effective = [&](const char* field) {
+    if (container_context.is_object() && container_context.contains(field)) {
+      return container_context[field];
+    }
+    return pod_context.is_object() ? pod_context.value(field, json()) : json();
+  };
+  if (effective("runAsNonRoot") == true) {
+    const std::string which = "(pod: \"" + pod->name + "_" + pod->namespace_ + "(" +
+                              StringAt(pod->object, "/metadata/uid"_json_pointer) +
+                              ")\", container: " + pod->container + ")";
+    const json run_as_user = effective("runAsUser");
+    if (run_as_user.is_number_integer() ? run_as_user == 0 : options_.image_user == 0) {
+      return FailedPreconditionError(
+          run_as_user.is_number_integer()
+              ? "container's runAsUser breaks non-root policy " + which
+              : "container has runAsNonRoot and image will run as root " + which);
+    }
+  }
+
   // command + args; command[0] mapped to a local executable.
   argv->clear();
   for (const char* field : {"command", "args"}) {

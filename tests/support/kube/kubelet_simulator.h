@@ -51,7 +51,8 @@
 //    (LogOf), kept until the simulator is destroyed. An env or volume that cannot be resolved
 //    (a missing Secret) leaves the pod Pending with the container waiting (reason
 //    CreateContainerConfigError or ContainerCreating, the message saying why), retried every
-//    second, as a kubelet does.
+//    second, as a kubelet does; so does runAsNonRoot with a root user (options.image_user, or
+//    runAsUser 0), with the kubelet's message.
 //  - Status, written through the status subresource (JSON patch, guarded by a test of
 //    metadata.uid so that it never lands on a new pod of the same name). Running: phase,
 //    hostIP, podIP, podIPs, startTime, conditions Initialized/Ready/ContainersReady/PodScheduled
@@ -118,6 +119,10 @@ struct KubeletSimulatorOptions {
   // command[0] -> the local executable that stands for it (e.g. "lockstep-worker" ->
   // build/bin/lockstep-worker). Looked up by the word, then by its basename.
   std::map<std::string, std::string> executables;
+  // The uid every image runs as when the pod names no runAsUser (the simulator runs no images):
+  // Lockstep's worker image's. 0 makes runAsNonRoot refuse to start the container, as a kubelet
+  // does for a root image.
+  int64_t image_user = 65532;
   // Added to every container's env after its own entries (these win).
   std::vector<std::pair<std::string, std::string>> extra_env;
   // How often the pods are listed and the processes checked. Smaller: faster reactions, more
