@@ -137,6 +137,11 @@ RestartPolicy::Decision RunPolicyRestarts::OnWorkerFailed(const WorkerExit& exit
     decision.refusal = "exit code 2 means bad input, which a restart cannot fix";
     return decision;
   }
+  if (workers_restart_their_commands_ && !exit.signaled) {
+    decision.refusal =
+        "its agent applied spec.runPolicy to the command itself (restarts exhausted or refused)";
+    return decision;
+  }
   switch (policy_.restart_policy) {
     case spec::RestartPolicy::kNever:
       decision.refusal = "restartPolicy Never";

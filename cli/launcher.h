@@ -111,19 +111,27 @@ class RestartOnFailure : public RestartPolicy {
 //    process was stopped from outside, not broken) and spec.runPolicy.retryableExitCodes;
 //  - Never: nothing is retried;
 //  - at most backoffLimit replacements for the whole job; the back-off doubles from
-//    initial_backoff_ms up to max_backoff_ms.
+//    initial_backoff_ms up to max_backoff_ms;
+//  - workers_restart_their_commands (exec agents): an agent restarts its command itself, drawing
+//    on the job's one backoffLimit, and exits only when that budget is spent or the policy
+//    refuses; replacing it would start the command again past the bound. So an agent that exited
+//    is never replaced; one killed by a signal (its process lost, as a pod is) is, by the rules
+//    above.
 class RunPolicyRestarts : public RestartPolicy {
  public:
-  RunPolicyRestarts(spec::RunPolicy policy, int64_t initial_backoff_ms, int64_t max_backoff_ms)
+  RunPolicyRestarts(spec::RunPolicy policy, int64_t initial_backoff_ms, int64_t max_backoff_ms,
+                    bool workers_restart_their_commands = false)
       : policy_(std::move(policy)),
         initial_backoff_ms_(initial_backoff_ms),
-        max_backoff_ms_(max_backoff_ms) {}
+        max_backoff_ms_(max_backoff_ms),
+        workers_restart_their_commands_(workers_restart_their_commands) {}
   Decision OnWorkerFailed(const WorkerExit& exit, int32_t restarts_so_far) override;
 
  private:
   spec::RunPolicy policy_;
   int64_t initial_backoff_ms_;
   int64_t max_backoff_ms_;
+  bool workers_restart_their_commands_;
 };
 
 struct SupervisorEvent {

@@ -418,13 +418,17 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   rendezvous::JobConfig job_config;
   job_config.job = job_key;
   job_config.token = *token;
-  // A fixed-size job's survivors train on at a smaller world size while a failed worker's
-  // replacement starts (the data order and the global-mean gradient do not depend on the world
-  // size), so the rendezvous admits any number up to replicas; whether the job may go on
-  // without the worker is the restart policy's decision (WatchUntilDone). An elastic job's
-  // range is the spec's.
+  // A fixed-size trainer job's survivors train on at a smaller world size while a failed
+  // worker's replacement starts (the data order and the global-mean gradient do not depend on
+  // the world size), so the rendezvous admits any number up to replicas; whether the job may go
+  // on without the worker is the restart policy's decision (WatchUntilDone). A fixed-size exec
+  // job forms only at its full size, as in a cluster: a program need not cope with another world
+  // size, and a generation formed without a member that is still stopping its command would end
+  // as soon as it came back. An elastic job's range is the spec's.
   const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
-  job_config.min_members = elastic ? job.spec.elastic.min_replicas : 1;
+  const bool exec = !job.spec.trainer.has_value();
+  job_config.min_members =
+      elastic ? job.spec.elastic.min_replicas : (exec ? job.spec.elastic.max_replicas : 1);
   job_config.max_members = job.spec.elastic.max_replicas;
   job_config.initial_members = workers;  // every local worker is started at once
   job_config.ranks_per_pod = job.spec.ranks_per_worker;
@@ -450,7 +454,8 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   supervisor_options.grace_period_ms = RunGracePeriodMs();
   Supervisor supervisor(supervisor_options,
                         std::make_unique<RunPolicyRestarts>(
-                            job.spec.run_policy, RunRestartBackoffMs(), kMaxRestartBackoffMs));
+                            job.spec.run_policy, RunRestartBackoffMs(), kMaxRestartBackoffMs,
+                            /*workers_restart_their_commands=*/!job.spec.trainer.has_value()));
   const double started_at = MonotonicSeconds();
   if (Status status = supervisor.Start(commands); !status.ok()) {
     err << "lockstep run: " << status.message() << "\n";

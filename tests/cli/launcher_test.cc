@@ -316,6 +316,19 @@ TEST(RunPolicyRestartsTest, NeverRetriesNothing) {
   EXPECT_EQ(refused.refusal, "restartPolicy Never");
 }
 
+TEST(RunPolicyRestartsTest, AnExecAgentThatExitedIsNotReplacedButOneThatWasKilledIs) {
+  RunPolicyRestarts policy(Policy(spec::RestartPolicy::kOnFailure, 3), 100, 1000,
+                           /*workers_restart_their_commands=*/true);
+  // It exits only when the job's budget is spent or the policy refused: a replacement would
+  // start the command again past backoffLimit + 1.
+  const RestartPolicy::Decision exited = policy.OnWorkerFailed(ExitWithCode(1), 0);
+  EXPECT_FALSE(exited.restart);
+  EXPECT_NE(exited.refusal.find("its agent applied spec.runPolicy"), std::string::npos);
+  EXPECT_FALSE(policy.OnWorkerFailed(ExitWithCode(137), 0).restart);  // the command's status
+  // The agent itself lost, as a pod is.
+  EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGKILL), 0).restart);
+}
+
 TEST(SupervisorTest, SigtermToTheLauncherIsReportedAsAnEvent) {
   const std::string dir = MakeTempDir("supervisor");
   ReadyPipe ready;

@@ -8,9 +8,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
 #include <thread>
 
 #include "common/deadline.h"
@@ -295,8 +300,22 @@ std::optional<ChildExit> ChildProcess::TryReap() {
   return exit_;
 }
 
+int64_t ChildProcess::MsSinceSigterm() const {
+  if (sigterm_at_ < 0) return -1;
+  return static_cast<int64_t>((MonotonicSeconds() - sigterm_at_) * 1000);
+}
+
 void ChildProcess::Signal(int signal) {
-  if (pid_ > 0 && running()) kill(-pid_, signal);
+  if (pid_ <= 0 || !running()) return;
+  if (signal == SIGTERM && sigterm_at_ < 0) sigterm_at_ = MonotonicSeconds();
+  // What left the group (setsid, setpgid) is still below the program. Listed before the group
+  // is signalled: what a handler starts after the signal is not signalled again.
+  std::vector<pid_t> outside_group;
+  for (pid_t descendant : DescendantsOf(pid_)) {
+    if (getpgid(descendant) != pid_) outside_group.push_back(descendant);
+  }
+  kill(-pid_, signal);
+  for (pid_t descendant : outside_group) kill(descendant, signal);
 }
 
 ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
@@ -309,8 +328,10 @@ ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
     }
     return exit_.has_value();
   };
-  Signal(SIGTERM);
-  if (!wait_for_exit(grace_ms)) {
+  // The grace runs from the first SIGTERM: a program saving in its SIGTERM handler is not
+  // interrupted by a second one.
+  if (sigterm_at_ < 0) Signal(SIGTERM);
+  if (!wait_for_exit(std::max<int64_t>(0, grace_ms - MsSinceSigterm()))) {
     LOCKSTEP_LOG(WARNING) << "command (pid " << pid_ << ") still running " << grace_ms
                           << " ms after SIGTERM; sending SIGKILL";
     Signal(SIGKILL);
@@ -326,6 +347,54 @@ ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
   }
   exit_->stopped_by_agent = true;
   return *exit_;
+}
+
+std::vector<pid_t> DescendantsOf(pid_t root) {
+  // Parent of every process, from /proc/<pid>/stat (field 4, after the command name in
+  // parentheses, which may itself hold ") ").
+  std::map<pid_t, std::vector<pid_t>> children;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream stat(entry.path() / "stat");
+    std::string line;
+    if (!std::getline(stat, line)) continue;  // exited meanwhile
+    const size_t close = line.rfind(')');
+    if (close == std::string::npos) continue;
+    char state = 0;
+    long parent = 0;
+    if (std::sscanf(line.c_str() + close + 1, " %c %ld", &state, &parent) != 2) continue;
+    children[static_cast<pid_t>(parent)].push_back(static_cast<pid_t>(std::stol(name)));
+  }
+  std::vector<pid_t> out;
+  std::vector<pid_t> frontier = {root};
+  while (!frontier.empty()) {
+    const pid_t parent = frontier.back();
+    frontier.pop_back();
+    for (pid_t child : children[parent]) {
+      out.push_back(child);
+      frontier.push_back(child);
+    }
+  }
+  return out;
+}
+
+int EndDescendants(int64_t timeout_ms) {
+  const pid_t self = getpid();
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  int ended = 0;
+  while (true) {
+    const std::vector<pid_t> left = DescendantsOf(self);
+    if (left.empty() || deadline.expired()) return ended;
+    for (pid_t pid : left) {
+      if (kill(pid, SIGKILL) == 0) ++ended;
+    }
+    // Reap what is ours now (a subreaper inherits the orphans); deeper ones come up to us as
+    // their parents die, on the next round.
+    for (pid_t pid : left) waitpid(pid, nullptr, WNOHANG);
+    std::this_thread::sleep_for(std::chrono::milliseconds(kReapPollMs));
+  }
 }
 
 }  // namespace lockstep::agent

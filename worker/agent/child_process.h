@@ -81,9 +81,13 @@ class ChildProcess {
   // its process group is SIGKILLed before the leader is reaped (the group id cannot be reused
   // while the leader is a zombie), so nothing the command started outlives it.
   std::optional<ChildExit> TryReap();
-  // Sends `signal` to the program's process group.
+  // Sends `signal` to the program's process group and to every descendant of the program that
+  // left the group (setsid).
   void Signal(int signal);
-  // SIGTERM to the group, up to grace_ms for it to exit, then SIGKILL and up to kill_wait_ms.
+  // Milliseconds since the first SIGTERM (Signal or Stop); -1 before it.
+  int64_t MsSinceSigterm() const;
+  // SIGTERM to the group (unless one was sent already: the grace runs from the first), up to
+  // grace_ms after it for the program to exit, then SIGKILL and up to kill_wait_ms.
   // Returns the exit (stopped_by_agent set unless it had exited before Stop). If the program
   // survives even SIGKILL for kill_wait_ms (uninterruptible sleep), the exit says signal 9 and
   // the zombie is left for the destructor.
@@ -96,6 +100,7 @@ class ChildProcess {
   void JoinRelays(int64_t timeout_ms);
 
   pid_t pid_ = -1;
+  double sigterm_at_ = -1;  // MonotonicSeconds() of the first SIGTERM
   std::optional<ChildExit> exit_;
   std::string output_prefix_;
   std::atomic<bool> stop_relays_{false};
@@ -105,6 +110,17 @@ class ChildProcess {
 
 // This process's own environment as NAME=value entries: what a child's Options::env starts from.
 std::vector<std::string> CurrentEnvironment();
+
+// Every process below `root` (children, their children, ...), read from /proc. A snapshot: a
+// process may start or end while it is read.
+std::vector<pid_t> DescendantsOf(pid_t root);
+
+// SIGKILLs and reaps every process below this one, in rounds until none is left or timeout_ms
+// passed; returns how many it signalled. For a child subreaper (PR_SET_CHILD_SUBREAPER) whose
+// program has ended: what the program left behind (a daemon started with setsid, a process in
+// another group) was reparented to it, and ends here. Call it only when no other child of this
+// process should live.
+int EndDescendants(int64_t timeout_ms);
 
 // The program the agent will execute: `name` itself when it holds a '/', else the first entry of
 // `path_env` (colon separated) where it is an executable file; when none is executable, the

@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -63,6 +64,11 @@ constexpr unsigned char kWakeJoinDone = 0xF1;
 constexpr int64_t kPlanPollSliceMs = 500;
 // How long rank 0 waits for the first failure's details (written right after its counter).
 constexpr int64_t kFailureDetailsWaitMs = 2000;
+// Bound on ending what a finished command left behind (EndDescendants).
+constexpr int64_t kEndDescendantsMs = 2000;
+// The generation-store key each agent writes once its previous command has stopped; every agent
+// waits for all of them before it starts its command.
+constexpr char kStoppedKeyPrefix[] = "stopped/";
 
 // What woke the agent up since the last wait.
 struct Events {
@@ -191,8 +197,21 @@ class ExecAgent {
   StatusOr<rendezvous::Assignment> JoinInterruptibly();
   StatusOr<GenerationPlan> MakePlan(const rendezvous::Assignment& a);
   StatusOr<GenerationPlan> AwaitPlan(const rendezvous::Assignment& a);
-  // Supervises the running command until one of the outcomes; fills exit_ (kFailed,
-  // kSignalled) or stops the command (kGenerationEnded).
+  // Waits for `keys` in generation a's store, in slices that watch for a signal and the
+  // generation's end (CANCELLED, ABORTED); DEADLINE_EXCEEDED naming `what` after timeout_ms.
+  StatusOr<std::vector<std::string>> AwaitKeys(const rendezvous::Assignment& a,
+                                               const std::vector<std::string>& keys,
+                                               int64_t timeout_ms, const std::string& what);
+  // Says this member's previous command has stopped, then waits until every member says so.
+  Status AwaitStoppedCommands(const rendezvous::Assignment& a);
+  // The previous generation's command, stopped while the agent joins the next one: reaps it, and
+  // SIGKILLs it once the grace is over (never blocks). FinishStop waits for it (bounded).
+  void DriveStop();
+  void FinishStop();
+  // The command ended: what it left behind goes too.
+  void EndLeftovers();
+  // Supervises the running command until one of the outcomes; fills last_exit_ (kSucceeded,
+  // kFailed, kSignalled) or sends the command SIGTERM (kGenerationEnded).
   Outcome Supervise(const rendezvous::Assignment& a, ChildProcess& child);
   void PumpProgress();
   bool GenerationEnded(int64_t generation) const { return ended_generation_.load() >= generation; }
@@ -211,6 +230,7 @@ class ExecAgent {
   int32_t known_restarts_ = 0;
   int32_t own_failures_ = 0;
   ChildExit last_exit_;
+  std::unique_ptr<ChildProcess> stopping_;
 };
 
 void ExecAgent::SetContext(const rendezvous::Assignment* a) {
@@ -223,6 +243,7 @@ void ExecAgent::SetContext(const rendezvous::Assignment* a) {
 }
 
 int ExecAgent::GiveUp(int status, const std::string& message) {
+  FinishStop();
   LOCKSTEP_LOG(ERROR) << message;
   std::cerr << "lockstep-worker exec: error: " << message << std::endl;
   LeaveAsFailed();
@@ -259,11 +280,17 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
       std::lock_guard<std::mutex> lock(state->mu);
       if (state->result.has_value()) break;
     }
-    const Events events = WaitForEvents(1000);
+    int64_t wait_ms = 1000;
+    if (stopping_) {
+      wait_ms = std::clamp<int64_t>(options_.grace_ms - stopping_->MsSinceSigterm() + 1, 1, wait_ms);
+    }
+    const Events events = WaitForEvents(wait_ms);
+    DriveStop();
     if (events.signal != 0 || pending_signal_ != 0) {
       const int signal_number = pending_signal_ != 0 ? pending_signal_ : events.signal;
       LOCKSTEP_LOG(WARNING) << "received signal " << signal_number
                             << " while joining; leaving and exiting";
+      FinishStop();
       LeaveAsFailed();
       std::cout.flush();
       std::cerr.flush();
@@ -296,23 +323,80 @@ StatusOr<GenerationPlan> ExecAgent::MakePlan(const rendezvous::Assignment& a) {
   return plan;
 }
 
-StatusOr<GenerationPlan> ExecAgent::AwaitPlan(const rendezvous::Assignment& a) {
+StatusOr<std::vector<std::string>> ExecAgent::AwaitKeys(const rendezvous::Assignment& a,
+                                                        const std::vector<std::string>& keys,
+                                                        int64_t timeout_ms,
+                                                        const std::string& what) {
   std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
-  const Deadline deadline = Deadline::AfterMs(options_.plan_timeout_ms);
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
   while (true) {
-    StatusOr<std::vector<std::string>> value = store->Get(
-        {kPlanKey}, std::min(kPlanPollSliceMs, std::max<int64_t>(1, deadline.remaining_ms())));
-    if (value.ok()) return DecodePlan((*value)[0]);
-    if (value.status().code() != StatusCode::kDeadlineExceeded) return value.status();
+    StatusOr<std::vector<std::string>> values = store->Get(
+        keys, std::min(kPlanPollSliceMs, std::max<int64_t>(1, deadline.remaining_ms())));
+    if (values.ok()) return values;
+    if (values.status().code() != StatusCode::kDeadlineExceeded) return values.status();
     const Events events = WaitForEvents(0);
     if (events.signal != 0 && pending_signal_ == 0) pending_signal_ = events.signal;
-    if (pending_signal_ != 0) return CancelledError("signal while waiting for the plan");
-    if (GenerationEnded(a.generation)) return AbortedError("generation ended before its plan");
+    if (pending_signal_ != 0) return CancelledError("signal while waiting for " + what);
+    if (GenerationEnded(a.generation)) return AbortedError("generation ended while waiting for " + what);
     if (deadline.expired()) {
-      return DeadlineExceededError("rank 0 published no plan for generation " +
-                                   std::to_string(a.generation) + " within " +
-                                   std::to_string(options_.plan_timeout_ms) + " ms");
+      return DeadlineExceededError(what + " in generation " + std::to_string(a.generation) +
+                                   " not there within " + std::to_string(timeout_ms) + " ms");
     }
+  }
+}
+
+StatusOr<GenerationPlan> ExecAgent::AwaitPlan(const rendezvous::Assignment& a) {
+  StatusOr<std::vector<std::string>> value =
+      AwaitKeys(a, {kPlanKey}, options_.plan_timeout_ms, "rank 0's plan");
+  if (!value.ok()) return value.status();
+  return DecodePlan((*value)[0]);
+}
+
+Status ExecAgent::AwaitStoppedCommands(const rendezvous::Assignment& a) {
+  FinishStop();
+  std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
+  LOCKSTEP_RETURN_IF_ERROR(store->Set(kStoppedKeyPrefix + options_.client.member_id, "1",
+                                      options_.store_timeout_ms));
+  std::vector<std::string> keys;
+  for (const rendezvous::MemberInfo& member : a.members) {
+    keys.push_back(kStoppedKeyPrefix + member.member_id);
+  }
+  // Each member stops its command within its grace and kill wait of the generation's end.
+  return AwaitKeys(a, keys,
+                   options_.grace_ms + options_.kill_wait_ms + options_.plan_timeout_ms,
+                   "every member's previous command to stop")
+      .status();
+}
+
+void ExecAgent::DriveStop() {
+  if (!stopping_) return;
+  if (std::optional<ChildExit> exit = stopping_->TryReap()) {
+    LOCKSTEP_LOG(INFO) << "previous command (pid " << stopping_->pid()
+                       << ") stopped: " << exit->Describe();
+    stopping_.reset();
+    EndLeftovers();
+    return;
+  }
+  if (stopping_->MsSinceSigterm() > options_.grace_ms) {
+    LOCKSTEP_LOG(WARNING) << "previous command (pid " << stopping_->pid() << ") still running "
+                          << options_.grace_ms << " ms after SIGTERM; sending SIGKILL";
+    stopping_->Signal(SIGKILL);
+  }
+}
+
+void ExecAgent::FinishStop() {
+  if (!stopping_) return;
+  const ChildExit exit = stopping_->Stop(options_.grace_ms, options_.kill_wait_ms);
+  LOCKSTEP_LOG(INFO) << "previous command (pid " << stopping_->pid()
+                     << ") stopped: " << exit.Describe();
+  stopping_.reset();
+  EndLeftovers();
+}
+
+void ExecAgent::EndLeftovers() {
+  if (const int ended = EndDescendants(kEndDescendantsMs); ended > 0) {
+    LOCKSTEP_LOG(WARNING) << "ended " << ended
+                          << " process(es) the command left behind (setsid or daemon)";
   }
 }
 
@@ -341,10 +425,12 @@ ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildPr
       return exit->success() ? Outcome::kSucceeded : Outcome::kFailed;
     }
     if (GenerationEnded(a.generation)) {
+      // SIGTERM, and join the next generation at once while the command stops (Run: the stop
+      // goes on in JoinInterruptibly), so that the others see this member coming back rather
+      // than forming without it. Nobody starts the next command before this one has stopped
+      // (AwaitStoppedCommands).
       LOCKSTEP_LOG(INFO) << "generation ended; stopping the command (pid " << child.pid() << ")";
-      last_exit_ = child.Stop(options_.grace_ms, options_.kill_wait_ms);
-      // A command that died on its own before the stop is a failure of this generation too.
-      if (!last_exit_.stopped_by_agent && !last_exit_.success()) return Outcome::kFailed;
+      child.Signal(SIGTERM);
       return Outcome::kGenerationEnded;
     }
   }
@@ -359,6 +445,7 @@ int ExecAgent::Run() {
   while (true) {
     StatusOr<rendezvous::Assignment> joined = JoinInterruptibly();
     if (!joined.ok()) {
+      FinishStop();
       client_->StopHeartbeat();
       LOCKSTEP_LOG(ERROR) << joined.status();
       std::cerr << "lockstep-worker exec: error: " << joined.status().message() << std::endl;
@@ -403,6 +490,11 @@ int ExecAgent::Run() {
                         std::to_string(options_.budget.backoff_limit) +
                         "); last: " + last_exit_.Describe());
     }
+    if (Status stopped = AwaitStoppedCommands(a); !stopped.ok()) {
+      if (pending_signal_ != 0) return GiveUp(128 + pending_signal_, "interrupted by a signal");
+      if (GenerationEnded(g)) continue;
+      return GiveUp(kExitFailure, "generation " + std::to_string(g) + ": " + stopped.ToString());
+    }
     if (plan->backoff_ms > 0) {
       LOCKSTEP_LOG(INFO) << "backing off " << plan->backoff_ms << " ms before restart "
                          << plan->restart_count;
@@ -430,7 +522,14 @@ int ExecAgent::Run() {
                        << ", MASTER_ADDR " << plan->master_addr << ", MASTER_PORT "
                        << plan->master_port << ", restart " << plan->restart_count << ")";
 
-    switch (Supervise(a, **child)) {
+    const Outcome outcome = Supervise(a, **child);
+    if (outcome == Outcome::kGenerationEnded) {
+      stopping_ = std::move(*child);
+    } else {
+      child->reset();
+      EndLeftovers();
+    }
+    switch (outcome) {
       case Outcome::kSucceeded: {
         LOCKSTEP_LOG(INFO) << "command exited 0";
         Status left = client_->Leave(/*completed=*/true, tracker_.report());
@@ -564,6 +663,11 @@ int RunExecAgent(const std::vector<std::string>& args) {
   }
   if (Status status = InstallWakePipe({SIGTERM, SIGINT, SIGCHLD}); !status.ok()) {
     return fail(kExitFailure, status.message());
+  }
+  // What the command leaves behind (a setsid daemon, a process in its own group) is reparented
+  // to the agent instead of init, so that it ends with the command (EndDescendants).
+  if (prctl(PR_SET_CHILD_SUBREAPER, 1) != 0) {
+    return fail(kExitFailure, ErrnoStatus("prctl(PR_SET_CHILD_SUBREAPER)", errno).message());
   }
   // The command inherits this environment (ExecAgent::Run snapshots it): NCCL in a PyTorch
   // program gets NCCL_IB_HCA/NCCL_IB_GID_INDEX for roce/infiniband. Before the metrics endpoint

@@ -7,9 +7,13 @@
 #include <unistd.h>
 #include <sys/stat.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -345,6 +349,152 @@ TEST(ExecIntegration, SigtermToAgentReachesCommandAndAgentExitsWithItsStatus) {
   ASSERT_EQ(kill(agent2->pid(), SIGTERM), 0);
   const ProcessResult result2 = agent2->Wait(20000);
   EXPECT_EQ(result2.exit_code, 128 + SIGTERM) << result2.err;
+}
+
+// Lines "<word> <pod> <world size> <restart count> <nanoseconds>" appended by the commands below.
+struct CommandEvent {
+  std::string what, pod;
+  int world_size = 0, restart = 0;
+  int64_t at_ns = 0;
+};
+std::vector<CommandEvent> ReadEvents(const std::string& path) {
+  std::vector<CommandEvent> events;
+  std::istringstream lines(ReadFile(path));
+  CommandEvent e;
+  while (lines >> e.what >> e.pod >> e.world_size >> e.restart >> e.at_ns) events.push_back(e);
+  return events;
+}
+std::string EventLine(const std::string& what, const std::string& file) {
+  return "echo " + what + " $LOCKSTEP_POD $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $(date +%s%N) >> " +
+         file;
+}
+
+// A PyTorch script that saves in its SIGTERM handler takes a moment to stop. One rank fails; the
+// other's command needs 2 s to stop. The survivor must not run the next generation alone (a
+// fixed-size program cannot), and nobody starts the next command before every previous one has
+// stopped: before, the failed rank formed a world-1 generation, the late one's return ended it,
+// and so on for ever.
+TEST(ExecIntegration, ACommandThatStopsSlowlyIsWaitedForBeforeAnyoneStartsAgain) {
+  const std::string dir = MakeTempDir("exec-slow-stop");
+  const std::string events = dir + "/events";
+  const std::string script =
+      EventLine("start", events) + "\n" +
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
+      "  if [ \"$RANK\" = 1 ]; then sleep 0.3; " + EventLine("stop", events) + "; exit 1; fi\n"
+      "  trap 'sleep 2; " + EventLine("termstop", events) + "; exit 143' TERM\n"
+      "  sleep 60 & wait\n"
+      "fi\n" +
+      EventLine("stop", events) + "\n";
+  // The range `lockstep run` gave a fixed-size job of two: any generation of 1 or 2 could form.
+  ExecJob job("slow-stop", 1, 2, 2, 3);
+  auto a = job.StartAgent(0, {"/bin/sh", "-c", script});
+  auto b = job.StartAgent(1, {"/bin/sh", "-c", script});
+  const ProcessResult ra = a->Wait(60000), rb = b->Wait(60000);
+  ASSERT_FALSE(ra.timed_out || rb.timed_out) << ReadFile(events);
+  EXPECT_EQ(ra.exit_code, 0) << ra.err;
+  EXPECT_EQ(rb.exit_code, 0) << rb.err;
+  const std::vector<CommandEvent> all = ReadEvents(events);
+  int64_t last_first_stop = 0;
+  for (const CommandEvent& e : all) {
+    if (e.what != "start" && e.restart == 0) last_first_stop = std::max(last_first_stop, e.at_ns);
+  }
+  // The survivor's command was stopped, and took its 2 s (its handler was not cut short).
+  EXPECT_EQ(std::count_if(all.begin(), all.end(),
+                          [](const CommandEvent& e) { return e.what == "termstop"; }),
+            1)
+      << ReadFile(events);
+  int starts = 0;
+  for (const CommandEvent& e : all) {
+    if (e.what != "start") continue;
+    ++starts;
+    EXPECT_EQ(e.world_size, 2) << ReadFile(events);
+    if (e.restart > 0) EXPECT_GE(e.at_ns, last_first_stop) << ReadFile(events);
+  }
+  EXPECT_EQ(starts, 4) << ReadFile(events);
+  // The first generation, and the one after the failure: nothing formed in between.
+  EXPECT_EQ(job.Snapshot().history.size(), 2u) << ReadFile(events);
+}
+
+// backoffLimit + 1 starts of each member's command, whatever fails at once.
+TEST(ExecIntegration, SimultaneousFailuresUseOneRestartAndTheBoundHolds) {
+  const std::string dir = MakeTempDir("exec-simultaneous");
+  const std::string events = dir + "/events";
+  constexpr int kBackoffLimit = 3;
+  ExecJob job("simultaneous", 1, 2, 2, kBackoffLimit);
+  const std::vector<std::string> command = {"/bin/sh", "-c",
+                                            EventLine("start", events) + "; exit 1"};
+  auto a = job.StartAgent(0, command);
+  auto b = job.StartAgent(1, command);
+  const ProcessResult ra = a->Wait(60000), rb = b->Wait(60000);
+  ASSERT_FALSE(ra.timed_out || rb.timed_out) << ReadFile(events);
+  EXPECT_EQ(ra.exit_code, 1) << ra.err;
+  EXPECT_EQ(rb.exit_code, 1) << rb.err;
+  EXPECT_NE(ra.err.find("restarts exhausted: 3 of 3"), std::string::npos) << ra.err;
+  std::map<std::string, int> starts;
+  for (const CommandEvent& e : ReadEvents(events)) {
+    if (e.what == "start") ++starts[e.pod];
+  }
+  ASSERT_EQ(starts.size(), 2u) << ReadFile(events);
+  // At most: a generation that ends before a member's command starts (the other failed first)
+  // uses a restart without a start there.
+  for (const auto& [pod, count] : starts) {
+    EXPECT_LE(count, kBackoffLimit + 1) << pod << "\n" << ReadFile(events);
+  }
+  // One generation per restart, and the last whose plan says give up.
+  EXPECT_EQ(job.Snapshot().history.size(), static_cast<size_t>(kBackoffLimit + 2));
+}
+
+// The same under `lockstep run`, which also replaces failed workers: an agent that gave up
+// after spending the budget is not replaced (which started the command again, 12 times for a
+// budget of 8 starts), and a fixed-size job never forms a generation smaller than its size.
+TEST(ExecIntegration, LockstepRunStartsAFailingCommandBackoffLimitPlusOneTimesPerWorker) {
+  const std::string dir = MakeTempDir("exec-run-bound");
+  const std::string events = dir + "/events";
+  nlohmann::json command = {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"};
+  WriteFile(dir + "/job.yaml", "apiVersion: lockstep.io/v1alpha1\n"
+                               "kind: TrainingJob\n"
+                               "metadata: {name: run-bound}\n"
+                               "spec:\n"
+                               "  replicas: 2\n"
+                               "  command: " + command.dump() + "\n"
+                               "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n"
+                               "  metrics: {port: 0}\n");
+  const ProcessResult result = lockstep::testing::RunProcess(
+      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs"},
+      {{"LOCKSTEP_EXEC_BACKOFF_MS", "50"}}, 60000);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
+  std::map<std::string, int> starts;
+  for (const CommandEvent& e : ReadEvents(events)) {
+    if (e.what != "start") continue;
+    ++starts[e.pod];
+    EXPECT_EQ(e.world_size, 2) << ReadFile(events);
+  }
+  ASSERT_EQ(starts.size(), 2u) << ReadFile(events);
+  // At most: a generation that ends before a member's command starts (the other failed first)
+  // uses a restart without a start there.
+  for (const auto& [pod, count] : starts) EXPECT_LE(count, 4) << pod << "\n" << ReadFile(events);
+}
+
+// A daemon the command starts in a session of its own (setsid) is not in the command's process
+// group, so stopping the group misses it; the agent is its subreaper and ends it with the command.
+TEST(ExecIntegration, ADaemonTheCommandStartedInItsOwnSessionEndsWithIt) {
+  const std::string dir = MakeTempDir("exec-setsid");
+  const std::string pid_file = dir + "/daemon.pid";
+  ExecJob job("setsid", 1, 1, 1, 0);
+  auto agent = job.StartAgent(
+      0, {"/bin/sh", "-c",
+          "setsid /bin/sh -c 'echo $$ > " + pid_file + ".tmp; mv " + pid_file + ".tmp " +
+              pid_file + "; exec sleep 300' &\n"
+              "while [ ! -s " + pid_file + " ]; do sleep 0.02; done; exit 0"});
+  const ProcessResult result = agent->Wait(30000);
+  ASSERT_FALSE(result.timed_out) << result.err;
+  EXPECT_EQ(result.exit_code, 0) << result.err;
+  const pid_t daemon = static_cast<pid_t>(std::stol(ReadFile(pid_file)));
+  ASSERT_GT(daemon, 1);
+  const bool gone = PollUntil([&] { return kill(daemon, 0) != 0 && errno == ESRCH; }, 10000, 20);
+  if (!gone) kill(daemon, SIGKILL);
+  EXPECT_TRUE(gone) << "the setsid daemon (pid " << daemon << ") outlived the job";
 }
 
 }  // namespace
