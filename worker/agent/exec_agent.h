@@ -12,8 +12,10 @@
 // RANK, WORLD_SIZE, LOCAL_RANK, ... (exec_environment.h), its output relayed with a `[rank N] `
 // prefix; reports the program's progress file (progress_file.h) on its heartbeats and metrics;
 // and, when the command fails anywhere or the membership changes, stops it (SIGTERM to its
-// process group, SIGKILL after LOCKSTEP_EXEC_GRACE_MS) and starts it again in the next
-// generation. docs/exec.md is the user's page.
+// process group, SIGKILL after LOCKSTEP_EXEC_GRACE_MS) while it joins the next generation, and
+// starts it again there once every member's previous command has stopped. The agent is a child
+// subreaper: what the command leaves behind (a setsid daemon) is ended with it.
+// docs/exec.md is the user's page.
 //
 // Inputs. Environment: LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN, LOCKSTEP_POD,
 // LOCKSTEP_HOST (default 127.0.0.1), LOCKSTEP_METRICS_PORT (default spec.metrics.port; 0: no

@@ -17,10 +17,16 @@
 //    a member of the active generation joining again ends g for everyone at once (the proto's
 //    rule), and because the stream is still open the agent stays one of g's survivors, so g+1
 //    waits for it instead of forming without it and being ended again by its late Join.
-// 3. Everyone else learns on its heartbeat stream (GENERATION_ENDED), stops its command
-//    (SIGTERM to the group, SIGKILL after the grace period) and Joins. A command that died on its
-//    own before its agent heard of the end (a peer's crash breaks the collective) records a
-//    failure too; the count is per generation, so this does not count twice.
+// 3. Everyone else learns on its heartbeat stream (GENERATION_ENDED), sends its command SIGTERM
+//    and Joins at once, while the command stops (SIGKILL after the grace period): a command that
+//    takes seconds to stop does not keep its agent from g+1, which would otherwise form without
+//    it and be ended by its late Join, for ever. A command that died on its own before its agent
+//    heard of the end (a peer's crash breaks the collective) records a failure too; the count is
+//    per generation, so this does not count twice.
+// 3b. Before starting its command in g+1, each agent waits until its previous command has
+//    stopped, writes "stopped/<member>" to g+1's store, and waits (bounded: grace + kill wait +
+//    plan timeout, given up when g+1 ends) until every member of g+1 has: no command of g+1
+//    starts while one of g still runs (ports, GPU memory, files).
 // 4. Forming g+1, rank 0 reads g's keys: the service keeps g's store readable while g+1 is
 //    current, for exactly this hand-over. Every agent that recorded a failure did so before its
 //    Join, and g+1 forms only once all of g's survivors have joined, so by then every failure of
