@@ -45,8 +45,9 @@ LOCKSTEP_PARAM_INT(RendezvousTimeoutMs, "LOCKSTEP_RENDEZVOUS_TIMEOUT_MS", 30000)
 // heartbeat stream, and the launcher reports its exit, both at once.
 LOCKSTEP_PARAM_INT(HeartbeatTimeoutMs, "LOCKSTEP_HEARTBEAT_TIMEOUT_MS", 10000);
 // First back-off before a failed worker's replacement starts; doubles per restart up to
-// kMaxRestartBackoffMs. The survivors train meanwhile, so it does not delay recovery; it keeps
-// a worker that crashes at once from spinning.
+// kMaxRestartBackoffMs. The survivors of a trainer job train meanwhile, so it does not delay
+// their recovery (a fixed-size exec job waits for the replacement); it keeps a worker that
+// crashes at once from spinning.
 LOCKSTEP_PARAM_INT(RunRestartBackoffMs, "LOCKSTEP_RUN_RESTART_BACKOFF_MS", 200);
 // Period of the plain progress lines when stdout is not a terminal. Shorter: finer logs (tests
 // and benchmarks follow the step through them); longer: quieter CI logs.

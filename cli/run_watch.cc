@@ -100,8 +100,11 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
             break;
           }
           const bool bad_input = !event.exit.signaled && event.exit.exit_code == kExitBadInput;
+          // The job's budget is spent: by the launcher's count, or by the exec agents' own (an
+          // agent exits only then, or when the policy refuses).
           const bool limit_reached =
-              event.no_restart_reason.find("backoffLimit") != std::string::npos;
+              event.no_restart_reason.find("backoffLimit") != std::string::npos ||
+              event.no_restart_reason.find("its agent applied spec.runPolicy") != std::string::npos;
           if (elastic && !bad_input && !limit_reached && event.exit.exit_code != 127) {
             dropped[event.exit.slot] = true;
             PrintEvent(display, out,

@@ -338,14 +338,19 @@ void HardenPod(json* pod, bool rdma) {
     capabilities["add"].push_back("IPC_LOCK");
   }
   // The API server refuses allowPrivilegeEscalation: false beside privileged or CAP_SYS_ADMIN.
-  const bool privileged = context.value("privileged", false) ||
+  const bool privileged = (context.contains("privileged") && context["privileged"] == true) ||
                           Contains(capabilities.value("add", json()), "SYS_ADMIN") ||
                           Contains(capabilities.value("add", json()), "CAP_SYS_ADMIN");
   if (!context.contains("allowPrivilegeEscalation") && !privileged) {
     context["allowPrivilegeEscalation"] = false;
   }
 
-  const bool user_named = set_anywhere("runAsUser") || set_anywhere("runAsNonRoot");
+  // An RDMA worker stays root unless the template names a user or asks for a non-root one.
+  const auto non_root_asked = [](const json& c) {
+    return c.is_object() && c.contains("runAsNonRoot") && c["runAsNonRoot"] == true;
+  };
+  const bool user_named =
+      set_anywhere("runAsUser") || non_root_asked(pod_context) || non_root_asked(context);
   if (rdma) {
     if (!user_named) context["runAsUser"] = 0;
   } else if (!set_anywhere("runAsNonRoot") && !root_user(pod_context) && !root_user(context)) {

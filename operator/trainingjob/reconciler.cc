@@ -109,6 +109,17 @@ std::vector<std::string> JobIndexOfPod(const json& pod) {
   return {key};
 }
 
+namespace {
+// At most `bytes` bytes of `text`, cut at a character boundary (a status write refuses invalid
+// UTF-8).
+std::string TrimUtf8(const std::string& text, size_t bytes) {
+  if (text.size() <= bytes) return text;
+  size_t end = bytes;
+  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
+  return text.substr(0, end);
+}
+}  // namespace
+
 json TrimPod(json pod) {
   // Only what the reconciler and the handlers read: at 4,000 pods every field kept costs
   // hundreds of KB (an nlohmann node is ~100 bytes with its key).
@@ -159,7 +170,7 @@ json TrimPod(json pod) {
              {"state",
               {{"waiting",
                 {{"reason", state["waiting"].value("reason", "")},
-                 {"message", state["waiting"].value("message", "").substr(0, 1024)}}}}}});
+                 {"message", TrimUtf8(state["waiting"].value("message", ""), 1024)}}}}}});
       }
     }
     if (!containers.empty()) status["containerStatuses"] = std::move(containers);

@@ -106,6 +106,7 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
   if (options.argv.empty()) return InvalidArgumentError("exec: empty command");
   std::unique_ptr<ChildProcess> child(new ChildProcess());
   child->output_prefix_ = options.output_prefix;
+  child->signal_descendants_ = options.signal_descendants;
 
   std::string path_env = "/usr/local/bin:/usr/bin:/bin";
   for (const std::string& entry : options.env) {
@@ -311,8 +312,10 @@ void ChildProcess::Signal(int signal) {
   // What left the group (setsid, setpgid) is still below the program. Listed before the group
   // is signalled: what a handler starts after the signal is not signalled again.
   std::vector<pid_t> outside_group;
-  for (pid_t descendant : DescendantsOf(pid_)) {
-    if (getpgid(descendant) != pid_) outside_group.push_back(descendant);
+  if (signal_descendants_ || signal == SIGKILL) {
+    for (pid_t descendant : DescendantsOf(pid_)) {
+      if (getpgid(descendant) != pid_) outside_group.push_back(descendant);
+    }
   }
   kill(-pid_, signal);
   for (pid_t descendant : outside_group) kill(descendant, signal);

@@ -62,6 +62,10 @@ class ChildProcess {
     std::string output_prefix;  // prepended to every relayed line
     // How long Start waits for the exec to succeed or fail (the exec pipe closes on success).
     int64_t exec_timeout_ms = 5000;
+    // Signal also reaches the program's descendants that left its group (setsid). Off for a
+    // program that stops its own descendants on SIGTERM (a rank's exec agent under the pod
+    // supervisor): they would get the signal twice.
+    bool signal_descendants = true;
   };
 
   // Forks and execs. Returns an error only when the agent itself cannot (fork, pipes); a program
@@ -101,6 +105,7 @@ class ChildProcess {
 
   pid_t pid_ = -1;
   double sigterm_at_ = -1;  // MonotonicSeconds() of the first SIGTERM
+  bool signal_descendants_ = true;
   std::optional<ChildExit> exit_;
   std::string output_prefix_;
   std::atomic<bool> stop_relays_{false};

@@ -231,6 +231,7 @@ class ExecAgent {
   int32_t own_failures_ = 0;
   ChildExit last_exit_;
   std::unique_ptr<ChildProcess> stopping_;
+  bool stopping_killed_ = false;  // SIGKILL sent to stopping_
 };
 
 void ExecAgent::SetContext(const rendezvous::Assignment* a) {
@@ -281,7 +282,7 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
       if (state->result.has_value()) break;
     }
     int64_t wait_ms = 1000;
-    if (stopping_) {
+    if (stopping_ && !stopping_killed_) {
       wait_ms = std::clamp<int64_t>(options_.grace_ms - stopping_->MsSinceSigterm() + 1, 1, wait_ms);
     }
     const Events events = WaitForEvents(wait_ms);
@@ -309,7 +310,8 @@ StatusOr<GenerationPlan> ExecAgent::MakePlan(const rendezvous::Assignment& a) {
         client_->GenerationStore(a.generation - 1);
     const PreviousGeneration before = ReadPreviousGeneration(*previous, kFailureDetailsWaitMs);
     const int32_t restarts_before = std::max(known_restarts_, before.restart_count.value_or(0));
-    plan = DecideNextGeneration(options_.budget, restarts_before, before.failure);
+    plan = before.gave_up ? *before.gave_up
+                          : DecideNextGeneration(options_.budget, restarts_before, before.failure);
     if (before.failure && !plan.give_up) {
       LOCKSTEP_LOG(WARNING) << "restart " << plan.restart_count << " of "
                             << options_.budget.backoff_limit << " after " << plan.message;
@@ -377,10 +379,11 @@ void ExecAgent::DriveStop() {
     EndLeftovers();
     return;
   }
-  if (stopping_->MsSinceSigterm() > options_.grace_ms) {
+  if (!stopping_killed_ && stopping_->MsSinceSigterm() > options_.grace_ms) {
     LOCKSTEP_LOG(WARNING) << "previous command (pid " << stopping_->pid() << ") still running "
                           << options_.grace_ms << " ms after SIGTERM; sending SIGKILL";
     stopping_->Signal(SIGKILL);
+    stopping_killed_ = true;
   }
 }
 
@@ -429,6 +432,12 @@ ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildPr
       // goes on in JoinInterruptibly), so that the others see this member coming back rather
       // than forming without it. Nobody starts the next command before this one has stopped
       // (AwaitStoppedCommands).
+      // An exit that came meanwhile is the command's own, not a stop.
+      if (std::optional<ChildExit> exit = child.TryReap()) {
+        last_exit_ = *exit;
+        PumpProgress();
+        return exit->success() ? Outcome::kSucceeded : Outcome::kFailed;
+      }
       LOCKSTEP_LOG(INFO) << "generation ended; stopping the command (pid " << child.pid() << ")";
       child.Signal(SIGTERM);
       return Outcome::kGenerationEnded;
@@ -525,6 +534,7 @@ int ExecAgent::Run() {
     const Outcome outcome = Supervise(a, **child);
     if (outcome == Outcome::kGenerationEnded) {
       stopping_ = std::move(*child);
+      stopping_killed_ = false;
     } else {
       child->reset();
       EndLeftovers();

@@ -83,6 +83,9 @@ int RunPod(const std::vector<std::string>& argv, int32_t ranks, const PodOptions
     ChildProcess::Options child;
     child.argv = argv;
     child.env = RankEnvironment(inherited, r, ranks);
+    // A rank stops what it started itself (an exec agent its command): SIGTERM goes to the rank
+    // alone, never twice to the command.
+    child.signal_descendants = false;
     StatusOr<std::unique_ptr<ChildProcess>> started = ChildProcess::Start(child);
     if (!started.ok()) {
       LOCKSTEP_LOG(ERROR) << "pod: cannot start local rank " << r << ": "

@@ -124,6 +124,7 @@ PreviousGeneration ReadPreviousGeneration(rendezvous::KeyValueStore& previous, i
   if (auto plan = previous.Get({kPlanKey}, 0); plan.ok()) {
     if (auto decoded = DecodePlan((*plan)[0]); decoded.ok()) {
       result.restart_count = decoded->restart_count;
+      if (decoded->give_up) result.gave_up = *decoded;
     }
   }
   auto failures = previous.Get({kFailuresKey}, 0);

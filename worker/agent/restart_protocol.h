@@ -116,6 +116,10 @@ Status RecordFailure(rendezvous::KeyValueStore& ending_generation, const Failure
 struct PreviousGeneration {
   std::optional<int32_t> restart_count;  // from its plan, when it had one
   std::optional<FailureRecord> failure;  // its first failure, when any failed
+  // Its plan, when that plan gave up: the job is over, and a later generation (replacement pods
+  // the operator starts for agents that exited) gives up the same way without starting the
+  // command, so the job's starts stay within backoffLimit + 1.
+  std::optional<GenerationPlan> gave_up;
 };
 // Never waits for a key that may never come: the plan and the failure counter are read without
 // waiting; the first failure's details, which the first failing agent writes right after its

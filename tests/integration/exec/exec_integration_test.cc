@@ -51,7 +51,8 @@ class ExecJob {
         backoff_limit_(backoff_limit),
         rendezvous_(Config(name, min_members, max_members, initial_members)) {}
 
-  std::unique_ptr<ChildProcess> StartAgent(int index, const std::vector<std::string>& command) {
+  std::unique_ptr<ChildProcess> StartAgent(int index, const std::vector<std::string>& command,
+                                          const std::string& grace_ms = "3000") {
     const std::string member = name_ + "-worker-" + std::to_string(index);
     nlohmann::json manifest = {{"apiVersion", "lockstep.io/v1alpha1"},
                                {"kind", "TrainingJob"},
@@ -65,7 +66,7 @@ class ExecJob {
     argv.insert(argv.end(), command.begin(), command.end());
     lockstep::testing::Environment env = rendezvous_.MemberEnv(member);
     env.insert(env.end(), {{"LOCKSTEP_SPEC", manifest.dump()},
-                           {"LOCKSTEP_EXEC_GRACE_MS", "3000"},
+                           {"LOCKSTEP_EXEC_GRACE_MS", grace_ms},
                            {"LOCKSTEP_EXEC_BACKOFF_MS", "200"},
                            {"OMP_NUM_THREADS", "1"}});
     return std::make_unique<ChildProcess>(argv, env);
@@ -380,15 +381,20 @@ TEST(ExecIntegration, ACommandThatStopsSlowlyIsWaitedForBeforeAnyoneStartsAgain)
   const std::string script =
       EventLine("start", events) + "\n" +
       "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
-      "  if [ \"$RANK\" = 1 ]; then sleep 0.3; " + EventLine("stop", events) + "; exit 1; fi\n"
+      "  if [ \"$RANK\" = 1 ]; then\n"
+      "    while [ ! -e " + dir + "/trapped ]; do sleep 0.02; done\n"
+      "    " + EventLine("stop", events) + "; exit 1\n"
+      "  fi\n"
       "  trap 'sleep 2; " + EventLine("termstop", events) + "; exit 143' TERM\n"
+      "  touch " + dir + "/trapped\n"
       "  sleep 60 & wait\n"
       "fi\n" +
       EventLine("stop", events) + "\n";
   // The range `lockstep run` gave a fixed-size job of two: any generation of 1 or 2 could form.
   ExecJob job("slow-stop", 1, 2, 2, 3);
-  auto a = job.StartAgent(0, {"/bin/sh", "-c", script});
-  auto b = job.StartAgent(1, {"/bin/sh", "-c", script});
+  // A grace far above the handler's 2 s: the handler is waited for, never cut by SIGKILL.
+  auto a = job.StartAgent(0, {"/bin/sh", "-c", script}, "20000");
+  auto b = job.StartAgent(1, {"/bin/sh", "-c", script}, "20000");
   const ProcessResult ra = a->Wait(60000), rb = b->Wait(60000);
   ASSERT_FALSE(ra.timed_out || rb.timed_out) << ReadFile(events);
   EXPECT_EQ(ra.exit_code, 0) << ra.err;
@@ -408,7 +414,9 @@ TEST(ExecIntegration, ACommandThatStopsSlowlyIsWaitedForBeforeAnyoneStartsAgain)
     if (e.what != "start") continue;
     ++starts;
     EXPECT_EQ(e.world_size, 2) << ReadFile(events);
-    if (e.restart > 0) EXPECT_GE(e.at_ns, last_first_stop) << ReadFile(events);
+    if (e.restart > 0) {
+      EXPECT_GE(e.at_ns, last_first_stop) << ReadFile(events);
+    }
   }
   EXPECT_EQ(starts, 4) << ReadFile(events);
   // The first generation, and the one after the failure: nothing formed in between.

@@ -135,5 +135,24 @@ TEST(RestartProtocol, GenerationWithoutFailuresReadsAsMembershipChange) {
   EXPECT_FALSE(previous.failure.has_value());
 }
 
+// Agents that gave up exit; in a cluster the operator may start replacement pods. Their
+// generation reads the give-up and gives up the same way, without a start.
+TEST(RestartProtocol, AGenerationThatGaveUpIsReadAsGivenUpByTheNext) {
+  auto store = rendezvous::NewInMemoryStore();
+  GenerationPlan gave_up;
+  gave_up.generation = 5;
+  gave_up.restart_count = 3;
+  gave_up.give_up = true;
+  gave_up.exit_status = 3;
+  gave_up.message = "restarts exhausted: 3 of 3 (spec.runPolicy.backoffLimit) used";
+  ASSERT_TRUE(store->Set(kPlanKey, EncodePlan(gave_up), 1000).ok());
+  const PreviousGeneration previous = ReadPreviousGeneration(*store, 10);
+  ASSERT_TRUE(previous.gave_up.has_value());
+  EXPECT_TRUE(previous.gave_up->give_up);
+  EXPECT_EQ(previous.gave_up->exit_status, 3);
+  EXPECT_EQ(previous.gave_up->message, gave_up.message);
+  EXPECT_FALSE(previous.failure.has_value()) << "no command ran in it";
+}
+
 }  // namespace
 }  // namespace lockstep::agent
