@@ -11,16 +11,15 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
-#include <cstdio>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <thread>
 
 #include "common/deadline.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
+#include "common/process_stat.h"
 
 extern char** environ;
 
@@ -353,22 +352,16 @@ ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
 }
 
 std::vector<pid_t> DescendantsOf(pid_t root) {
-  // Parent of every process, from /proc/<pid>/stat (field 4, after the command name in
-  // parentheses, which may itself hold ") ").
+  // The parent of every process.
   std::map<pid_t, std::vector<pid_t>> children;
   std::error_code error;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
     const std::string name = entry.path().filename().string();
     if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream stat(entry.path() / "stat");
-    std::string line;
-    if (!std::getline(stat, line)) continue;  // exited meanwhile
-    const size_t close = line.rfind(')');
-    if (close == std::string::npos) continue;
-    char state = 0;
-    long parent = 0;
-    if (std::sscanf(line.c_str() + close + 1, " %c %ld", &state, &parent) != 2) continue;
-    children[static_cast<pid_t>(parent)].push_back(static_cast<pid_t>(std::stol(name)));
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (std::optional<ProcessStat> stat = ReadProcessStat(pid)) {  // else exited meanwhile
+      children[stat->parent].push_back(pid);
+    }
   }
   std::vector<pid_t> out;
   std::vector<pid_t> frontier = {root};

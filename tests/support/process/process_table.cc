@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/process_stat.h"
 #include "tests/support/process/scratch_files.h"
 
 namespace lockstep::testing {
@@ -52,15 +53,8 @@ std::vector<pid_t> ChildrenWithEnv(pid_t parent,
 }
 
 pid_t ParentPid(pid_t pid) {
-  const std::string stat = ReadFile("/proc/" + std::to_string(pid) + "/stat");
-  // "pid (comm) state ppid ...": comm may hold spaces and parentheses, so parse after the last ')'.
-  const size_t close_paren = stat.rfind(')');
-  if (close_paren == std::string::npos) return -1;
-  std::istringstream rest(stat.substr(close_paren + 1));
-  char state = 0;
-  long ppid = -1;
-  rest >> state >> ppid;
-  return static_cast<pid_t>(ppid);
+  const std::optional<ProcessStat> stat = ReadProcessStat(pid);
+  return stat ? stat->parent : -1;
 }
 
 }  // namespace lockstep::testing

@@ -80,7 +80,6 @@
 #include <climits>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <mutex>
 #include <random>
@@ -91,6 +90,7 @@
 #include "common/deadline.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
+#include "common/process_stat.h"
 #include "worker/comm/gloo/half_reduce.h"
 
 namespace lockstep::comm {
@@ -166,14 +166,8 @@ int SpinIterations() {
 // True when `pid` no longer runs: gone (ESRCH) or a zombie its parent has not reaped yet.
 bool ProcessIsGone(pid_t pid) {
   if (kill(pid, 0) != 0) return errno == ESRCH;
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return false;
-  // "pid (comm) S ...": the state follows the last ')' (comm may hold spaces or parentheses).
-  const size_t close = line.rfind(')');
-  if (close == std::string::npos || close + 2 >= line.size()) return false;
-  const char state = line[close + 2];
-  return state == 'Z' || state == 'X';
+  const std::optional<ProcessStat> stat = ReadProcessStat(pid);
+  return stat && (stat->state == 'Z' || stat->state == 'X');
 }
 
 std::string SanitizedForName(const std::string& text) {
