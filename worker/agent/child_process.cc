@@ -308,6 +308,7 @@ int64_t ChildProcess::MsSinceSigterm() const {
 void ChildProcess::Signal(int signal) {
   if (pid_ <= 0 || !running()) return;
   if (signal == SIGTERM && sigterm_at_ < 0) sigterm_at_ = MonotonicSeconds();
+  if (signal == SIGKILL) sigkill_sent_ = true;
   // What left the group (setsid, setpgid) is still below the program. Listed before the group
   // is signalled: what a handler starts after the signal is not signalled again.
   std::vector<pid_t> outside_group;

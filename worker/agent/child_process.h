@@ -90,6 +90,8 @@ class ChildProcess {
   void Signal(int signal);
   // Milliseconds since the first SIGTERM (Signal or Stop); -1 before it.
   int64_t MsSinceSigterm() const;
+  // Signal(SIGKILL) was called (Stop's escalation included).
+  bool sigkill_sent() const { return sigkill_sent_; }
   // SIGTERM to the group (unless one was sent already: the grace runs from the first), up to
   // grace_ms after it for the program to exit, then SIGKILL and up to kill_wait_ms.
   // Returns the exit (stopped_by_agent set unless it had exited before Stop). If the program
@@ -105,6 +107,7 @@ class ChildProcess {
 
   pid_t pid_ = -1;
   double sigterm_at_ = -1;  // MonotonicSeconds() of the first SIGTERM
+  bool sigkill_sent_ = false;
   bool signal_descendants_ = true;
   std::optional<ChildExit> exit_;
   std::string output_prefix_;

@@ -208,6 +208,7 @@ class ExecAgent {
   // SIGKILLs it once the grace is over (never blocks). FinishStop waits for it (bounded).
   void DriveStop();
   void FinishStop();
+  void PreviousCommandStopped(const ChildExit& exit);
   // The command ended: what it left behind goes too.
   void EndLeftovers();
   // Supervises the running command until one of the outcomes; fills last_exit_ (kSucceeded,
@@ -231,7 +232,6 @@ class ExecAgent {
   int32_t own_failures_ = 0;
   ChildExit last_exit_;
   std::unique_ptr<ChildProcess> stopping_;
-  bool stopping_killed_ = false;  // SIGKILL sent to stopping_
 };
 
 void ExecAgent::SetContext(const rendezvous::Assignment* a) {
@@ -282,7 +282,7 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
       if (state->result.has_value()) break;
     }
     int64_t wait_ms = 1000;
-    if (stopping_ && !stopping_killed_) {
+    if (stopping_ && !stopping_->sigkill_sent()) {
       wait_ms = std::clamp<int64_t>(options_.grace_ms - stopping_->MsSinceSigterm() + 1, 1, wait_ms);
     }
     const Events events = WaitForEvents(wait_ms);
@@ -373,23 +373,19 @@ Status ExecAgent::AwaitStoppedCommands(const rendezvous::Assignment& a) {
 void ExecAgent::DriveStop() {
   if (!stopping_) return;
   if (std::optional<ChildExit> exit = stopping_->TryReap()) {
-    LOCKSTEP_LOG(INFO) << "previous command (pid " << stopping_->pid()
-                       << ") stopped: " << exit->Describe();
-    stopping_.reset();
-    EndLeftovers();
-    return;
-  }
-  if (!stopping_killed_ && stopping_->MsSinceSigterm() > options_.grace_ms) {
+    PreviousCommandStopped(*exit);
+  } else if (!stopping_->sigkill_sent() && stopping_->MsSinceSigterm() > options_.grace_ms) {
     LOCKSTEP_LOG(WARNING) << "previous command (pid " << stopping_->pid() << ") still running "
                           << options_.grace_ms << " ms after SIGTERM; sending SIGKILL";
     stopping_->Signal(SIGKILL);
-    stopping_killed_ = true;
   }
 }
 
 void ExecAgent::FinishStop() {
-  if (!stopping_) return;
-  const ChildExit exit = stopping_->Stop(options_.grace_ms, options_.kill_wait_ms);
+  if (stopping_) PreviousCommandStopped(stopping_->Stop(options_.grace_ms, options_.kill_wait_ms));
+}
+
+void ExecAgent::PreviousCommandStopped(const ChildExit& exit) {
   LOCKSTEP_LOG(INFO) << "previous command (pid " << stopping_->pid()
                      << ") stopped: " << exit.Describe();
   stopping_.reset();
@@ -422,22 +418,19 @@ ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildPr
       last_exit_ = child.Stop(options_.grace_ms, options_.kill_wait_ms);
       return Outcome::kSignalled;
     }
+    // Read before reaping: an exit that came by the time the end is seen is the command's own,
+    // not a stop.
+    const bool ended = GenerationEnded(a.generation);
     if (std::optional<ChildExit> exit = child.TryReap()) {
       last_exit_ = *exit;
       PumpProgress();
       return exit->success() ? Outcome::kSucceeded : Outcome::kFailed;
     }
-    if (GenerationEnded(a.generation)) {
+    if (ended) {
       // SIGTERM, and join the next generation at once while the command stops (Run: the stop
       // goes on in JoinInterruptibly), so that the others see this member coming back rather
       // than forming without it. Nobody starts the next command before this one has stopped
       // (AwaitStoppedCommands).
-      // An exit that came meanwhile is the command's own, not a stop.
-      if (std::optional<ChildExit> exit = child.TryReap()) {
-        last_exit_ = *exit;
-        PumpProgress();
-        return exit->success() ? Outcome::kSucceeded : Outcome::kFailed;
-      }
       LOCKSTEP_LOG(INFO) << "generation ended; stopping the command (pid " << child.pid() << ")";
       child.Signal(SIGTERM);
       return Outcome::kGenerationEnded;
@@ -534,7 +527,6 @@ int ExecAgent::Run() {
     const Outcome outcome = Supervise(a, **child);
     if (outcome == Outcome::kGenerationEnded) {
       stopping_ = std::move(*child);
-      stopping_killed_ = false;
     } else {
       child->reset();
       EndLeftovers();
