@@ -307,11 +307,12 @@ void HardenPod(json* pod, bool rdma) {
   json& context = worker["securityContext"];
   if (!context.is_object()) context = json::object();
 
-  const auto set_anywhere = [&](const char* field) {
-    return (pod_context.is_object() && pod_context.contains(field)) || context.contains(field);
-  };
-  const auto root_user = [](const json& c) {
-    return c.is_object() && c.contains("runAsUser") && c["runAsUser"] == 0;
+  // Whether the pod's or the worker's securityContext sets `field` (to `value`, when given).
+  const auto set_anywhere = [&](const char* field, const json& value = json()) {
+    const auto sets = [&](const json& c) {
+      return c.is_object() && c.contains(field) && (value.is_null() || c[field] == value);
+    };
+    return sets(pod_context) || sets(context);
   };
 
   if (!spec.contains("automountServiceAccountToken") && !spec.contains("serviceAccountName") &&
@@ -345,15 +346,12 @@ void HardenPod(json* pod, bool rdma) {
     context["allowPrivilegeEscalation"] = false;
   }
 
-  // An RDMA worker stays root unless the template names a user or asks for a non-root one.
-  const auto non_root_asked = [](const json& c) {
-    return c.is_object() && c.contains("runAsNonRoot") && c["runAsNonRoot"] == true;
-  };
-  const bool user_named =
-      set_anywhere("runAsUser") || non_root_asked(pod_context) || non_root_asked(context);
   if (rdma) {
-    if (!user_named) context["runAsUser"] = 0;
-  } else if (!set_anywhere("runAsNonRoot") && !root_user(pod_context) && !root_user(context)) {
+    // Root, unless the template names a user or asks for a non-root one.
+    if (!set_anywhere("runAsUser") && !set_anywhere("runAsNonRoot", true)) {
+      context["runAsUser"] = 0;
+    }
+  } else if (!set_anywhere("runAsNonRoot") && !set_anywhere("runAsUser", 0)) {
     context["runAsNonRoot"] = true;
   }
 }
