@@ -16,31 +16,6 @@
 namespace lockstep::http {
 namespace {
 
-// Sends `request` to 127.0.0.1:port and returns the whole response ("" when unreachable).
-std::string Exchange(int port, const std::string& request) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  timeval deadline{5, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &deadline, sizeof(deadline));
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  inet_pton(AF_INET, "127.0.0.1", &address.sin_addr);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    close(fd);
-    return "";
-  }
-  EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
-  std::string response;
-  char buffer[4096];
-  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
-  close(fd);
-  return response;
-}
-
-std::string Get(int port, const std::string& path) {
-  return Exchange(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
-}
-
 // A connected socket to 127.0.0.1:port that sends nothing yet (-1 when unreachable).
 int Connect(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -53,6 +28,24 @@ int Connect(int port) {
     return -1;
   }
   return fd;
+}
+
+// Sends `request` to 127.0.0.1:port and returns the whole response ("" when unreachable).
+std::string Exchange(int port, const std::string& request) {
+  const int fd = Connect(port);
+  if (fd < 0) return "";
+  timeval deadline{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &deadline, sizeof(deadline));
+  EXPECT_EQ(write(fd, request.data(), request.size()), static_cast<ssize_t>(request.size()));
+  std::string response;
+  char buffer[4096];
+  for (ssize_t n; (n = read(fd, buffer, sizeof(buffer))) > 0;) response.append(buffer, n);
+  close(fd);
+  return response;
+}
+
+std::string Get(int port, const std::string& path) {
+  return Exchange(port, "GET " + path + " HTTP/1.1\r\nHost: x\r\n\r\n");
 }
 
 // An endpoint on a free port whose /metrics says "up 1".

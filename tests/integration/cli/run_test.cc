@@ -50,6 +50,18 @@ std::string LongDigitsManifest(const std::string& dir, const std::string& name) 
   return path;
 }
 
+// A 10-step CSV job of `replicas` workers written to `path` (returned). `metadata` is the flow
+// mapping after "metadata: "; `extra` holds indented YAML lines appended to the spec ("    device:
+// cuda\n" for the trainer, "  metrics: {port: 0}\n" for the spec itself).
+std::string ShortManifest(const std::string& path, const std::string& metadata, int replicas,
+                          const std::string& extra = "", const std::string& data = kDigits) {
+  WriteFile(path, "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: " + metadata +
+                      "\nspec:\n  replicas: " + std::to_string(replicas) +
+                      "\n  trainer:\n    data: {format: csv, train: [file://" + data +
+                      "]}\n    steps: 10\n" + extra);
+  return path;
+}
+
 bool FileExists(const std::string& path) {
   struct stat info {};
   return stat(path.c_str(), &info) == 0;
@@ -164,23 +176,13 @@ struct StartMarkingWorker {
 TEST(RunCommandTest, BadManifestExits2BeforeStartingAnyWorker) {
   const std::string dir = MakeTempDir("lockstep-run");
   // Valid schema, missing data: the problem only a data check finds.
-  const std::string manifest = dir + "/missing-data.yaml";
-  WriteFile(manifest,
-            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: missing}\n"
-            "spec:\n  replicas: 2\n  trainer:\n"
-            "    data: {format: csv, train: [file:///nonexistent/train.csv]}\n    steps: 10\n");
+  const std::string manifest = ShortManifest(dir + "/missing-data.yaml", "{name: missing}", 2, "",
+                                             "/nonexistent/train.csv");
   const StartMarkingWorker worker_stand_in(dir);
   const std::string& marker = worker_stand_in.marker;
   const std::string& fake_worker = worker_stand_in.binary;
   // Schema problem: no replicas.
-  const std::string bad_schema = dir + "/no-replicas.yaml";
-  WriteFile(bad_schema,
-            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: bad}\n"
-            "spec:\n  replicas: 0\n  trainer:\n"
-            "    data: {format: csv, train: [file://" +
-                std::string(kDigits) +
-                "]}\n"
-                "    steps: 10\n");
+  const std::string bad_schema = ShortManifest(dir + "/no-replicas.yaml", "{name: bad}", 0);
   for (const std::string& path : {manifest, bad_schema}) {
     SCOPED_TRACE(path);
     ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", path, "--log-dir", dir + "/logs"},
@@ -198,14 +200,7 @@ TEST(RunCommandTest, MoreRanksThanOneMachineRunsExit2BeforeStartingAnyWorker) {
   // Valid for a cluster (replicas is within spec's bound), too many processes for one machine:
   // before the bound the launcher tried to start them all.
   const std::string dir = MakeTempDir("lockstep-run-ranks");
-  const std::string manifest = dir + "/many.yaml";
-  WriteFile(manifest,
-            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: many}\n"
-            "spec:\n  replicas: 40000\n  trainer:\n"
-            "    data: {format: csv, train: [file://" +
-                std::string(kDigits) +
-                "]}\n"
-                "    steps: 10\n");
+  const std::string manifest = ShortManifest(dir + "/many.yaml", "{name: many}", 40000);
   const StartMarkingWorker worker_stand_in(dir);
   ProcessResult result =
       RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
@@ -232,18 +227,8 @@ std::string FakeWorker(const std::string& dir, const std::string& tail) {
 }
 
 std::string TinyManifest(const std::string& dir, int metrics_port) {
-  const std::string path = dir + "/tiny.yaml";
-  WriteFile(path,
-            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
-            "metadata: {name: tiny, namespace: team}\n"
-            "spec:\n  replicas: 3\n  trainer:\n"
-            "    data: {format: csv, train: [file://" +
-                std::string(kDigits) +
-                "]}\n"
-                "    steps: 10\n"
-                "  metrics: {port: " +
-                std::to_string(metrics_port) + "}\n");
-  return path;
+  return ShortManifest(dir + "/tiny.yaml", "{name: tiny, namespace: team}", 3,
+                       "  metrics: {port: " + std::to_string(metrics_port) + "}\n");
 }
 
 TEST(RunCommandTest, WorkersGetTheDocumentedEnvironmentAndTheTokenStaysSecret) {
@@ -295,14 +280,8 @@ TEST(RunCommandTest, CudaWithoutAUsableGpuExits2NamingTheFieldAndTheReason) {
   // This test is about machines without a GPU (CI's); on a GPU machine trainer_device_test and
   // scripts/gpu-check.sh cover the other side.
   const std::string dir = MakeTempDir("lockstep-run-cuda");
-  const std::string manifest = dir + "/cuda.yaml";
-  WriteFile(manifest,
-            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: on-gpu}\n"
-            "spec:\n  replicas: 1\n  trainer:\n"
-            "    data: {format: csv, train: [file://" +
-                std::string(kDigits) +
-                "]}\n"
-                "    steps: 10\n    device: cuda\n");
+  const std::string manifest =
+      ShortManifest(dir + "/cuda.yaml", "{name: on-gpu}", 1, "    device: cuda\n");
   const StartMarkingWorker worker_stand_in(dir);
   const std::string& marker = worker_stand_in.marker;
   const std::string& fake_worker = worker_stand_in.binary;
