@@ -110,6 +110,9 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends dataset-fashion-mnist \
  && rm -rf /var/lib/apt/lists/*
 COPY --from=build /src/build/bin/lockstep-worker /src/build/bin/lockstep /usr/bin/
+# The pure-Python helpers (`from lockstep import progress`): the exec agent puts this folder, the
+# one beside its binary's bin/, on the command's PYTHONPATH.
+COPY python/lockstep /usr/lib/lockstep/python/lockstep
 RUN echo /usr/local/cuda-${CUDA_VERSION}/targets/x86_64-linux/lib > /etc/ld.so.conf.d/cuda.conf \
  && ldconfig \
  && groupadd --gid 65532 lockstep && useradd --uid 65532 --gid 65532 --create-home \

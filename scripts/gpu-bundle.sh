@@ -256,6 +256,9 @@ pack() {
     fi
   done
   log "programs: ${programs[*]} ($patchelf_note)"
+  # The exec agent's Python helpers, where it looks for them: lib/lockstep/python beside bin/.
+  mkdir -p "$stage/lib/lockstep/python"
+  cp -r "$root/python/lockstep" "$stage/lib/lockstep/python/"
 
   # Every library of every program, by the name it is needed by; each copied once.
   local -A bundled=() cuda_needed=() cuda_dirs=()

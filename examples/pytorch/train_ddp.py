@@ -9,8 +9,10 @@ through init_method="env://". It
     the files are missing, on a fixed synthetic data set;
   * saves its own checkpoint (torch.save, written to a temporary file and renamed, so a kill
     never leaves half a file) every --checkpoint-every steps and resumes from it after a restart;
-  * appends progress lines {"step", "samples", "loss", "total_steps"} to LOCKSTEP_PROGRESS_FILE
-    (or --progress-file), which the Lockstep agent reports to `lockstep run` and Prometheus.
+  * reports its progress with Lockstep's helper (`from lockstep import progress`, on the
+    PYTHONPATH the agent gives it): steps, samples, loss, total steps and compute time, which the
+    agent passes to `lockstep run`, the job's status and Prometheus. Outside Lockstep (torchrun)
+    the helper is not importable and nothing is reported.
 
 Debian's torch 1.13 can hang in gloo's destructors at interpreter exit, so the script ends with
 os._exit after destroy_process_group.
@@ -20,6 +22,7 @@ import time
 STARTED_AT = time.time()  # before the heavy imports: benchmarks separate start-up from relaunch
 
 import argparse
+import contextlib
 import datetime
 import gzip
 import json
@@ -31,6 +34,11 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 from torch.nn.parallel import DistributedDataParallel
+
+try:
+    from lockstep import progress
+except ImportError:  # not under a Lockstep agent: nobody reads progress
+    progress = None
 
 FASHION_DIR = "/usr/share/datasets/fashion-mnist"
 
@@ -106,7 +114,7 @@ def main():
     if start_step and "optimizer" in state:
         optimizer.load_state_dict(state["optimizer"])
     loss_fn = nn.CrossEntropyLoss()
-    progress = open(args.progress_file, "a") if args.progress_file else None
+    reporter = progress.Reporter(args.progress_file) if progress and args.progress_file else None
     # Small appends to an O_APPEND file are atomic, so every rank may share one timeline.
     timeline = open(args.timeline, "a") if args.timeline else None
     if args.checkpoint and rank == 0:
@@ -119,10 +127,13 @@ def main():
         g = torch.Generator().manual_seed(step)
         ids = torch.randint(0, n, (global_batch,), generator=g)
         ids = ids[rank * args.batch_size:(rank + 1) * args.batch_size]
-        optimizer.zero_grad()
-        loss = loss_fn(ddp(x[ids]), y[ids])
-        loss.backward()
-        optimizer.step()
+        # Compute time for the scaling efficiency: the step's work, not the pacing sleep below
+        # (DDP's backward also waits for the gradient all-reduce it does not hide).
+        with reporter.computing() if reporter else contextlib.nullcontext():
+            optimizer.zero_grad()
+            loss = loss_fn(ddp(x[ids]), y[ids])
+            loss.backward()
+            optimizer.step()
         done = step + 1
         if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or
                                               done == args.steps):
@@ -130,11 +141,9 @@ def main():
             torch.save({"step": done, "model": model.state_dict(),
                         "optimizer": optimizer.state_dict()}, tmp)
             os.replace(tmp, args.checkpoint)
-        if progress:
-            progress.write(json.dumps({"step": done, "samples": done * global_batch,
-                                       "loss": round(loss.item(), 5), "total_steps": args.steps,
-                                       "time": time.time()}) + "\n")
-            progress.flush()
+        if reporter:
+            reporter.report(step=done, samples=done * global_batch, loss=loss,
+                            total_steps=args.steps)
         if timeline:
             timeline.write(json.dumps({"event": "step", "rank": rank, "step": done, "time": time.time(),
                                        "restart": restart, "world": world}) + "\n")
