@@ -84,6 +84,9 @@ struct ProgressReport {
   std::string last_checkpoint_uri;
   double comm_exposed_fraction = 0;
   int64_t resumed_from_step = -1;  // the checkpoint step this job resumed from, -1 if none
+  // Exec mode: restarts after failures so far, as the agents count them (restart_protocol.h).
+  int32_t restarts = 0;
+  bool has_loss = true;  // false: an exec program that reported no loss (`loss` means nothing)
 };
 
 // The largest message the service accepts, and its clients too; a larger one is refused

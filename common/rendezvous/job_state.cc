@@ -498,9 +498,14 @@ void JobState::RemoveMember(const std::string& id, const std::string& reason, Ti
 
 void JobState::UpdateProgress(const ProgressReport& progress) {
   // Beats from different ranks interleave; the job's progress is the furthest any has reached.
-  if (has_progress_ && progress.step < progress_.step) return;
-  progress_ = progress;
-  has_progress_ = true;
+  // Restarts only grow, whatever step their report carries (a restarted program reports an
+  // older step until it passes the furthest one).
+  const int32_t restarts = std::max(progress_.restarts, progress.restarts);
+  if (!has_progress_ || progress.step >= progress_.step) {
+    progress_ = progress;
+    has_progress_ = true;
+  }
+  progress_.restarts = restarts;
 }
 
 // ---------------------------------------------------------------------------------------------

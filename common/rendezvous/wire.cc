@@ -36,6 +36,8 @@ ProgressReport FromProto(const v1::Progress& progress) {
   out.last_checkpoint_uri = progress.last_checkpoint_uri();
   out.comm_exposed_fraction = progress.comm_exposed_fraction();
   out.resumed_from_step = progress.resumed_from_step();
+  out.restarts = progress.restarts();
+  out.has_loss = !progress.no_loss();
   return out;
 }
 
@@ -52,6 +54,8 @@ v1::Progress ToProto(const ProgressReport& progress) {
   out.set_last_checkpoint_uri(progress.last_checkpoint_uri);
   out.set_comm_exposed_fraction(progress.comm_exposed_fraction);
   out.set_resumed_from_step(progress.resumed_from_step);
+  out.set_restarts(progress.restarts);
+  out.set_no_loss(!progress.has_loss);
   return out;
 }
 

@@ -1,12 +1,9 @@
 #include "worker/agent/exec_agent.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
-#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,7 +11,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <memory>
 #include <mutex>
@@ -102,83 +98,6 @@ Events WaitForEvents(int64_t timeout_ms) {
   }
   return events;
 }
-
-// A port free on this host now: bound to port 0 on all interfaces (where PyTorch's TCPStore will
-// listen), read back, released. Another process could take it before the program binds it; the
-// window is the program's start-up, the same as torchrun's, and a new generation picks again.
-StatusOr<int32_t> PickFreePort() {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return ErrnoStatus("master port: socket", errno);
-  struct sockaddr_in address {};
-  address.sin_family = AF_INET;
-  address.sin_addr.s_addr = htonl(INADDR_ANY);
-  address.sin_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoStatus("master port: bind", error);
-  }
-  socklen_t length = sizeof(address);
-  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
-    const int error = errno;
-    close(fd);
-    return ErrnoStatus("master port: getsockname", error);
-  }
-  close(fd);
-  return static_cast<int32_t>(ntohs(address.sin_port));
-}
-
-// The private directory that holds the progress file; removed when the agent ends.
-class PrivateDirectory {
- public:
-  static StatusOr<PrivateDirectory> Create() {
-    std::string pattern = EnvString("TMPDIR", "/tmp") + "/lockstep-exec-XXXXXX";
-    if (mkdtemp(pattern.data()) == nullptr) return ErrnoStatus("mkdtemp " + pattern, errno);
-    return PrivateDirectory(pattern);
-  }
-  PrivateDirectory(PrivateDirectory&& other) noexcept : path_(std::move(other.path_)) {
-    other.path_.clear();
-  }
-  ~PrivateDirectory() {
-    if (path_.empty()) return;
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  explicit PrivateDirectory(std::string path) : path_(std::move(path)) {}
-  std::string path_;
-};
-
-// Converts progress lines into heartbeat progress, with samples per second from the recent rate.
-class ProgressTracker {
- public:
-  rendezvous::ProgressReport Update(const ProgressLine& line) {
-    const double now = MonotonicSeconds();
-    report_.step = line.step;
-    if (line.total_steps >= 0) report_.total_steps = line.total_steps;
-    if (line.has_loss) report_.loss = line.loss;
-    if (line.samples >= 0) {
-      if (last_samples_ >= 0 && line.samples > last_samples_ && now > last_time_) {
-        report_.samples_per_second =
-            static_cast<double>(line.samples - last_samples_) / (now - last_time_);
-      }
-      last_samples_ = line.samples;
-      last_time_ = now;
-      report_.samples = line.samples;
-    }
-    return report_;
-  }
-  // A new generation restarts the program: its first samples count is not comparable.
-  void ResetRate() { last_samples_ = -1; }
-  const rendezvous::ProgressReport& report() const { return report_; }
-
- private:
-  rendezvous::ProgressReport report_;
-  int64_t last_samples_ = -1;
-  double last_time_ = 0;
-};
 
 class ExecAgent {
  public:
@@ -402,8 +321,9 @@ void ExecAgent::EndLeftovers() {
 void ExecAgent::PumpProgress() {
   std::optional<ProgressLine> line = progress_.ReadNew();
   if (!line) return;
-  client_->SetProgress(tracker_.Update(*line));
-  metrics_->ObserveProgress(*line);
+  const rendezvous::ProgressReport& report = tracker_.Update(*line, MonotonicSeconds());
+  client_->SetProgress(report);
+  metrics_->ObserveProgress(*line, report);
 }
 
 ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildProcess& child) {
@@ -481,6 +401,10 @@ int ExecAgent::Run() {
     if (plan->restart_count > known_restarts_) {
       metrics_->AddRestarts(plan->restart_count - known_restarts_);
       known_restarts_ = plan->restart_count;
+      // Reported at once, with or without progress from the program: `lockstep run`'s summary
+      // and the job's status count the restarts the budget counts.
+      tracker_.SetRestarts(known_restarts_);
+      client_->SetProgress(tracker_.report());
     }
     if (plan->give_up) return GiveUp(plan->exit_status, plan->message);
     // Safety net under the shared count: a command that failed here more often than the budget
@@ -513,11 +437,12 @@ int ExecAgent::Run() {
     extras.run_id = options_.job;
     extras.max_restarts = options_.budget.backoff_limit;
     extras.progress_file = progress_.path();
+    extras.python_path = options_.python_path;
     ChildProcess::Options child_options;
     child_options.argv = options_.command;
     child_options.env = BuildExecEnvironment(inherited, a, *plan, extras);
     child_options.output_prefix = "[rank " + std::to_string(a.rank) + "] ";
-    tracker_.ResetRate();
+    tracker_.StartProcess();
     StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(child_options);
     if (!child.ok()) return GiveUp(kExitFailure, child.status().ToString());
     LOCKSTEP_LOG(INFO) << "started " << options_.command[0] << " (pid " << (*child)->pid()
@@ -639,6 +564,7 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
     options.budget.retryable_exit_codes = job->spec.run_policy.retryable_exit_codes;
     options.network = job->spec.network;
   }
+  options.python_path = FindPythonHelpers("/proc/self/exe");
   options.budget.initial_backoff_ms = std::max<int64_t>(0, ExecBackoffMs());
   options.budget.max_backoff_ms = std::max(options.budget.initial_backoff_ms, ExecMaxBackoffMs());
   options.grace_ms = std::max<int64_t>(0, ExecGraceMs());

@@ -64,6 +64,9 @@ struct ExecAgentOptions {
   // spec.network (default without a manifest: tcp): decides the NCCL IB settings the command
   // inherits (worker/comm/rdma/nccl_rdma_setup.h).
   spec::NetworkSpec network;
+  // Appended to the command's PYTHONPATH: the pure-Python helpers installed with the worker
+  // (FindPythonHelpers); empty: none found.
+  std::string python_path;
 };
 
 // Parses the arguments after "exec" and the LOCKSTEP_ environment (read through getenv) into

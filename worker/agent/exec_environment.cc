@@ -1,8 +1,67 @@
 #include "worker/agent/exec_environment.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <filesystem>
 #include <map>
 
+#include "common/env.h"
+#include "common/errno_check.h"
+
 namespace lockstep::agent {
+
+std::string FindPythonHelpers(const std::string& worker_binary) {
+  namespace fs = std::filesystem;
+  std::error_code error;
+  const fs::path binary = fs::canonical(worker_binary, error);
+  if (error) return "";
+  const fs::path helpers = binary.parent_path().parent_path() / "lib" / "lockstep" / "python";
+  return fs::is_directory(helpers / "lockstep", error) ? helpers.string() : "";
+}
+
+StatusOr<int32_t> PickFreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return ErrnoStatus("master port: socket", errno);
+  struct sockaddr_in address {};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_ANY);
+  address.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus("master port: bind", error);
+  }
+  socklen_t length = sizeof(address);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+    const int error = errno;
+    close(fd);
+    return ErrnoStatus("master port: getsockname", error);
+  }
+  close(fd);
+  return static_cast<int32_t>(ntohs(address.sin_port));
+}
+
+StatusOr<PrivateDirectory> PrivateDirectory::Create() {
+  std::string pattern = EnvString("TMPDIR", "/tmp") + "/lockstep-exec-XXXXXX";
+  if (mkdtemp(pattern.data()) == nullptr) return ErrnoStatus("mkdtemp " + pattern, errno);
+  return PrivateDirectory(pattern);
+}
+
+PrivateDirectory::PrivateDirectory(PrivateDirectory&& other) noexcept
+    : path_(std::move(other.path_)) {
+  other.path_.clear();
+}
+
+PrivateDirectory::~PrivateDirectory() {
+  if (path_.empty()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
 
 LocalPlacement ComputeLocalPlacement(const std::vector<rendezvous::MemberInfo>& members,
                                      int32_t rank) {
@@ -65,13 +124,23 @@ std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& in
   for (auto& [name, value] : ExecVariables(assignment, plan, extras)) overrides[name] = value;
   std::vector<std::string> env;
   bool python_unbuffered = false;
+  std::string python_path;
   for (const std::string& entry : inherited) {
     const std::string name = entry.substr(0, entry.find('='));
     if (name == "LOCKSTEP_JOB_TOKEN" || overrides.count(name) != 0) continue;
     if (name == "PYTHONUNBUFFERED") python_unbuffered = true;
+    if (name == "PYTHONPATH") {
+      python_path = entry.substr(name.size() + 1);
+      continue;
+    }
     env.push_back(entry);
   }
   if (!python_unbuffered) env.push_back("PYTHONUNBUFFERED=1");
+  // The helpers come after the user's own entries: a module of the program's wins.
+  if (!extras.python_path.empty()) {
+    python_path += (python_path.empty() ? "" : ":") + extras.python_path;
+  }
+  if (!python_path.empty()) env.push_back("PYTHONPATH=" + python_path);
   for (auto& [name, value] : ExecVariables(assignment, plan, extras)) {
     env.push_back(name + "=" + value);
   }

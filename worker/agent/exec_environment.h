@@ -17,7 +17,8 @@
 //   backoffLimit, TORCHELASTIC_RUN_ID = the job (namespace/name).
 // The agent's own environment is passed through except LOCKSTEP_JOB_TOKEN: the program has no
 // use for the job's secret, so it is not handed to user code. PYTHONUNBUFFERED=1 is added unless
-// set, so a Python program's lines reach the relay as they are printed.
+// set, so a Python program's lines reach the relay as they are printed, and the helpers' directory
+// is appended to PYTHONPATH, so `import lockstep.progress` works in any interpreter.
 #pragma once
 
 #include <cstdint>
@@ -26,6 +27,7 @@
 #include <vector>
 
 #include "common/rendezvous/client.h"
+#include "common/status.h"
 #include "worker/agent/restart_protocol.h"
 
 namespace lockstep::agent {
@@ -34,6 +36,35 @@ struct ExecEnvironmentExtras {
   std::string run_id;  // TORCHELASTIC_RUN_ID: the job
   int32_t max_restarts = 0;
   std::string progress_file;  // LOCKSTEP_PROGRESS_FILE
+  // Appended to PYTHONPATH: where Lockstep's pure-Python helpers are (`import lockstep.progress`);
+  // empty: PYTHONPATH is left as inherited.
+  std::string python_path;
+};
+
+// The directory of the Python helpers installed with `worker_binary`: <prefix>/lib/lockstep/python
+// beside <prefix>/bin/lockstep-worker (the image, and the build tree, which copies them there);
+// empty when it is not there.
+std::string FindPythonHelpers(const std::string& worker_binary);
+
+// A port free on this host now (MASTER_PORT): bound to port 0 on all interfaces (where PyTorch's
+// TCPStore will listen), read back, released. Another process could take it before the program
+// binds it; the window is the program's start-up, the same as torchrun's, and a new generation
+// picks again.
+StatusOr<int32_t> PickFreePort();
+
+// A private directory (mkdtemp under $TMPDIR) for the progress file; removed with everything in it
+// when this object is destroyed.
+class PrivateDirectory {
+ public:
+  static StatusOr<PrivateDirectory> Create();
+  PrivateDirectory(PrivateDirectory&& other) noexcept;
+  PrivateDirectory& operator=(PrivateDirectory&&) = delete;
+  ~PrivateDirectory();
+  const std::string& path() const { return path_; }
+
+ private:
+  explicit PrivateDirectory(std::string path) : path_(std::move(path)) {}
+  std::string path_;
 };
 
 struct LocalPlacement {

@@ -34,6 +34,11 @@ StatusOr<std::unique_ptr<ExecMetrics>> ExecMetrics::Create(const std::string& jo
                         .Name("lockstep_train_loss")
                         .Help("Latest training loss the program reported")
                         .Register(registry);
+  m.efficiency_family_ =
+      &prometheus::BuildGauge()
+           .Name("lockstep_scaling_efficiency")
+           .Help("Compute time / wall time of this rank, from the program's compute_seconds")
+           .Register(registry);
   const std::map<std::string, std::string> job_labels{{"job", job}};
   m.world_size_ = &prometheus::BuildGauge()
                        .Name("lockstep_world_size")
@@ -67,11 +72,23 @@ ExecMetrics::~ExecMetrics() = default;
 
 void ExecMetrics::BindRank(int32_t rank) {
   if (rank == rank_) return;
-  const std::map<std::string, std::string> labels{{"job", job_}, {"rank", std::to_string(rank)}};
-  metrics::MoveSeries(steps_family_, &steps_, labels);
-  metrics::MoveSeries(samples_family_, &samples_, labels);
-  metrics::MoveSeries(loss_family_, &loss_, labels);
   rank_ = rank;
+  const prometheus::Labels labels = RankLabels();
+  // Only series the program has reported move; the others appear with its first report.
+  if (steps_ != nullptr) metrics::MoveSeries(steps_family_, &steps_, labels);
+  if (samples_ != nullptr) metrics::MoveSeries(samples_family_, &samples_, labels);
+  if (loss_ != nullptr) metrics::MoveSeries(loss_family_, &loss_, labels);
+  if (efficiency_ != nullptr) metrics::MoveSeries(efficiency_family_, &efficiency_, labels);
+}
+
+prometheus::Labels ExecMetrics::RankLabels() const {
+  return {{"job", job_}, {"rank", std::to_string(rank_)}};
+}
+
+template <typename Metric>
+Metric& ExecMetrics::Series(prometheus::Family<Metric>* family, Metric** series) {
+  if (*series == nullptr) *series = &family->Add(RankLabels());
+  return **series;
 }
 
 void ExecMetrics::SetGeneration(int64_t generation, int32_t rank, int32_t world_size) {
@@ -86,17 +103,25 @@ void ExecMetrics::AddRestarts(int32_t restarts) {
   if (restarts > 0) restarts_->Increment(restarts);
 }
 
-void ExecMetrics::ObserveProgress(const ProgressLine& line) {
+void ExecMetrics::ObserveProgress(const ProgressLine& line,
+                                  const rendezvous::ProgressReport& report) {
   std::lock_guard<std::mutex> lock(mu_);
+  prometheus::Counter& steps = Series(steps_family_, &steps_);
   if (line.step > furthest_step_) {
-    steps_->Increment(static_cast<double>(line.step - furthest_step_));
+    steps.Increment(static_cast<double>(line.step - furthest_step_));
     furthest_step_ = line.step;
   }
-  if (line.samples > furthest_samples_) {
-    samples_->Increment(static_cast<double>(line.samples - furthest_samples_));
-    furthest_samples_ = line.samples;
+  if (line.samples >= 0) {
+    prometheus::Counter& samples = Series(samples_family_, &samples_);
+    if (line.samples > furthest_samples_) {
+      samples.Increment(static_cast<double>(line.samples - furthest_samples_));
+      furthest_samples_ = line.samples;
+    }
   }
-  if (line.has_loss) loss_->Set(line.loss);
+  if (line.has_loss) Series(loss_family_, &loss_).Set(line.loss);
+  if (line.compute_seconds >= 0 && report.scaling_efficiency > 0) {
+    Series(efficiency_family_, &efficiency_).Set(report.scaling_efficiency);
+  }
 }
 
 std::string ExecMetrics::Scrape() const {

@@ -16,7 +16,10 @@
 #include <mutex>
 #include <string>
 
+#include <prometheus/labels.h>
+
 #include "common/http/http_endpoint.h"
+#include "common/rendezvous/client.h"
 #include "common/status.h"
 #include "worker/agent/progress_file.h"
 
@@ -40,13 +43,20 @@ class ExecMetrics {
   void AddRestarts(int32_t restarts);
   // Steps and samples count forward only: after a restart resumes from an older checkpoint the
   // counters wait until the program passes the furthest step seen (rate() never sees a reset).
-  void ObserveProgress(const ProgressLine& line);
+  // A series appears with the first line that reports its field (samples, loss, and
+  // compute_seconds for lockstep_scaling_efficiency, taken from `report`): a program that
+  // reports no loss exports no loss, rather than a 0 that reads like one.
+  void ObserveProgress(const ProgressLine& line, const rendezvous::ProgressReport& report);
   // The text exposition of the registry, for tests.
   std::string Scrape() const;
 
  private:
   ExecMetrics() = default;
   void BindRank(int32_t rank);
+  prometheus::Labels RankLabels() const;
+  // The series of `family` for the current rank, added on first use.
+  template <typename Metric>
+  Metric& Series(prometheus::Family<Metric>* family, Metric** series);
 
   std::string job_;
   std::shared_ptr<prometheus::Registry> registry_;
@@ -58,9 +68,11 @@ class ExecMetrics {
   prometheus::Family<prometheus::Counter>* steps_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* samples_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* loss_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* efficiency_family_ = nullptr;
   prometheus::Counter* steps_ = nullptr;
   prometheus::Counter* samples_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
+  prometheus::Gauge* efficiency_ = nullptr;
   prometheus::Gauge* world_size_ = nullptr;
   prometheus::Gauge* generation_ = nullptr;
   prometheus::Counter* restarts_ = nullptr;

@@ -1,5 +1,6 @@
 #include "worker/agent/progress_file.h"
 
+#include <algorithm>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -8,6 +9,10 @@ namespace {
 
 // At most this much is read per call, so a program that floods the file cannot stall a beat.
 constexpr int64_t kMaxReadBytes = 4 << 20;
+// A line longer than this is not progress: it is dropped (and counted) instead of held.
+constexpr size_t kMaxLineBytes = 64 << 10;
+// Shorter intervals between two lines give no rate: their counts are too close to divide.
+constexpr double kMinRateIntervalSeconds = 1e-3;
 
 }  // namespace
 
@@ -28,6 +33,12 @@ std::optional<ProgressLine> ParseProgressLine(const std::string& line) {
   if (auto it = doc.find("total_steps"); it != doc.end() && it->is_number()) {
     progress.total_steps = it->get<int64_t>();
   }
+  if (auto it = doc.find("compute_seconds"); it != doc.end() && it->is_number()) {
+    progress.compute_seconds = std::max(0.0, it->get<double>());
+  }
+  if (auto it = doc.find("time"); it != doc.end() && it->is_number()) {
+    progress.time = it->get<double>();
+  }
   return progress;
 }
 
@@ -39,6 +50,7 @@ std::optional<ProgressLine> ProgressFileReader::ReadNew() {
   if (size < offset_) {  // truncated and rewritten
     offset_ = 0;
     partial_.clear();
+    skipping_ = false;
   }
   if (size == offset_) return std::nullopt;
   const int64_t length = std::min(size - offset_, kMaxReadBytes);
@@ -54,6 +66,10 @@ std::optional<ProgressLine> ProgressFileReader::ReadNew() {
   for (size_t newline; (newline = partial_.find('\n', start)) != std::string::npos;) {
     const std::string line = partial_.substr(start, newline - start);
     start = newline + 1;
+    if (skipping_) {  // the end of an overlong line, already counted
+      skipping_ = false;
+      continue;
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (auto parsed = ParseProgressLine(line)) {
       newest = parsed;
@@ -62,7 +78,43 @@ std::optional<ProgressLine> ProgressFileReader::ReadNew() {
     }
   }
   partial_.erase(0, start);
+  if (partial_.size() > kMaxLineBytes) {
+    if (!skipping_) ++invalid_lines_;
+    partial_.clear();
+    skipping_ = true;
+  }
   return newest;
+}
+
+rendezvous::ProgressReport ProgressTracker::Update(const ProgressLine& line, double now) {
+  report_.step = line.step;
+  if (line.total_steps >= 0) report_.total_steps = line.total_steps;
+  if (line.has_loss) {
+    report_.loss = line.loss;
+    report_.has_loss = true;
+  }
+  Sample current;
+  current.samples = line.samples;
+  current.compute_seconds = line.compute_seconds;
+  current.line_time = line.time >= 0;
+  current.time = current.line_time ? line.time : now;
+  if (line.samples >= 0) report_.samples = line.samples;
+  const bool comparable = last_.time >= 0 && last_.line_time == current.line_time;
+  const double interval = current.time - last_.time;
+  if (comparable && interval >= kMinRateIntervalSeconds) {
+    if (current.samples >= 0 && last_.samples >= 0 && current.samples >= last_.samples) {
+      report_.samples_per_second =
+          static_cast<double>(current.samples - last_.samples) / interval;
+    }
+    if (current.compute_seconds >= 0 && last_.compute_seconds >= 0 &&
+        current.compute_seconds >= last_.compute_seconds) {
+      report_.scaling_efficiency =
+          std::clamp((current.compute_seconds - last_.compute_seconds) / interval, 0.0, 1.0);
+      report_.comm_exposed_fraction = 1.0 - report_.scaling_efficiency;
+    }
+  }
+  if (!comparable || interval >= kMinRateIntervalSeconds) last_ = current;
+  return report_;
 }
 
 }  // namespace lockstep::agent

@@ -2,8 +2,10 @@
 //
 // The agent sets LOCKSTEP_PROGRESS_FILE to a path in a private temporary directory; the program
 // appends one JSON object per line, e.g.
-//   {"step": 120, "samples": 7680, "loss": 0.41, "total_steps": 600}
-// (every field optional but "step"; unknown fields are ignored). The agent reads the lines added
+//   {"step": 120, "samples": 7680, "loss": 0.41, "total_steps": 600, "compute_seconds": 31.5,
+//    "time": 1795000000.25}
+// (every field optional but "step"; unknown fields are ignored; python/lockstep/progress.py
+// writes them). The agent reads the lines added
 // since its last read every heartbeat interval and reports the newest through the rendezvous
 // heartbeat (so `lockstep run`'s display and the operator's status.progress show it) and to its
 // metrics. A file rather than a socket: appending a line is one call in any language, needs no
@@ -16,6 +18,8 @@
 #include <optional>
 #include <string>
 
+#include "common/rendezvous/client.h"
+
 namespace lockstep::agent {
 
 struct ProgressLine {
@@ -24,6 +28,10 @@ struct ProgressLine {
   double loss = 0;
   bool has_loss = false;
   int64_t total_steps = -1;  // -1: not given
+  // This process's time computing so far (forward, backward, optimizer; not waiting on
+  // communication), by its own account; -1: not given.
+  double compute_seconds = -1;
+  double time = -1;  // Unix time the line was written, in seconds; -1: not given
 };
 
 // Parses one line; nullopt when it is not a JSON object with an integer "step".
@@ -36,7 +44,8 @@ class ProgressFileReader {
   const std::string& path() const { return path_; }
   // Reads the complete lines appended since the last call and returns the newest valid one
   // (nullopt when none). A partial last line waits for its newline. A file that shrank (the
-  // program truncated it) is read again from its start. Invalid lines are counted and skipped.
+  // program truncated it) is read again from its start. Invalid lines are counted and skipped;
+  // so is a line longer than 64 KiB, without holding it.
   std::optional<ProgressLine> ReadNew();
   int64_t invalid_lines() const { return invalid_lines_; }
 
@@ -44,7 +53,35 @@ class ProgressFileReader {
   std::string path_;
   int64_t offset_ = 0;
   std::string partial_;
+  bool skipping_ = false;  // inside a line longer than the bound: dropped up to its newline
   int64_t invalid_lines_ = 0;
+};
+
+// Turns a command's progress lines into the report its agent sends on the rendezvous heartbeat:
+// samples per second and scaling efficiency (compute seconds per second) over the interval
+// between two lines, timed by the lines' "time" when both carry one, else by when they were read.
+//
+//   tracker.StartProcess();                             // a new process of the command
+//   client->SetProgress(tracker.Update(line, MonotonicSeconds()));
+class ProgressTracker {
+ public:
+  ProgressTracker() { report_.has_loss = false; }
+
+  rendezvous::ProgressReport Update(const ProgressLine& line, double now);
+  // A new process of the command: its first counts are not comparable with the last process's.
+  void StartProcess() { last_ = {}; }
+  void SetRestarts(int32_t restarts) { report_.restarts = restarts; }
+  const rendezvous::ProgressReport& report() const { return report_; }
+
+ private:
+  struct Sample {
+    int64_t samples = -1;
+    double compute_seconds = -1;
+    double time = -1;
+    bool line_time = false;  // `time` is the line's own, not when it was read
+  };
+  rendezvous::ProgressReport report_;
+  Sample last_;
 };
 
 }  // namespace lockstep::agent

@@ -43,7 +43,7 @@ GenerationPlan Plan() {
 }
 
 TEST(ExecEnvironment, SetsWhatTorchEnvInitNeeds) {
-  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl"};
+  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl", "/opt/lockstep/python"};
   auto env =
       AsMap(BuildExecEnvironment({"PATH=/usr/bin", "RANK=99"},
                                  Assign(2, {"10.0.0.1", "10.0.0.2", "10.0.0.2"}), Plan(), extras));
@@ -61,6 +61,17 @@ TEST(ExecEnvironment, SetsWhatTorchEnvInitNeeds) {
   EXPECT_EQ(env["LOCKSTEP_GENERATION"], "3");
   EXPECT_EQ(env["PATH"], "/usr/bin");
   EXPECT_EQ(env["PYTHONUNBUFFERED"], "1");
+  EXPECT_EQ(env["PYTHONPATH"], "/opt/lockstep/python") << "import lockstep.progress works";
+}
+
+TEST(ExecEnvironment, TheHelpersComeAfterTheUsersOwnPythonPath) {
+  ExecEnvironmentExtras extras;
+  extras.python_path = "/opt/lockstep/python";
+  auto env = AsMap(BuildExecEnvironment({"PYTHONPATH=/work/src:/work/lib"}, Assign(0, {"h"}),
+                                        Plan(), extras));
+  EXPECT_EQ(env["PYTHONPATH"], "/work/src:/work/lib:/opt/lockstep/python");
+  env = AsMap(BuildExecEnvironment({"PYTHONPATH=/work/src"}, Assign(0, {"h"}), Plan(), {}));
+  EXPECT_EQ(env["PYTHONPATH"], "/work/src") << "no helpers found: left as inherited";
 }
 
 TEST(ExecEnvironment, LocalRankCountsMembersOnTheSameHost) {

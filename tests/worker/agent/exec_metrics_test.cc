@@ -19,9 +19,12 @@ TEST(ExecMetrics, ReportsProgressGenerationAndRestartsWithJobAndRank) {
   line.samples = 2560;
   line.loss = 0.25;
   line.has_loss = true;
-  (*metrics)->ObserveProgress(line);
+  rendezvous::ProgressReport report;
+  (*metrics)->ObserveProgress(line, report);
   line.step = 30;  // resumed from an older checkpoint: the counter does not go back
-  (*metrics)->ObserveProgress(line);
+  line.compute_seconds = 12;
+  report.scaling_efficiency = 0.75;
+  (*metrics)->ObserveProgress(line, report);
   const std::string text = (*metrics)->Scrape();
   EXPECT_NE(text.find("lockstep_train_steps_total{job=\"default/ddp\",rank=\"1\"} 40"),
             std::string::npos)
@@ -30,9 +33,36 @@ TEST(ExecMetrics, ReportsProgressGenerationAndRestartsWithJobAndRank) {
             std::string::npos);
   EXPECT_NE(text.find("lockstep_train_loss{job=\"default/ddp\",rank=\"1\"} 0.25"),
             std::string::npos);
+  EXPECT_NE(text.find("lockstep_scaling_efficiency{job=\"default/ddp\",rank=\"1\"} 0.75"),
+            std::string::npos);
   EXPECT_NE(text.find("lockstep_world_size{job=\"default/ddp\"} 2"), std::string::npos);
   EXPECT_NE(text.find("lockstep_rendezvous_generation{job=\"default/ddp\"} 2"), std::string::npos);
   EXPECT_NE(text.find("lockstep_restarts_total{job=\"default/ddp\"} 1"), std::string::npos);
+}
+
+TEST(ExecMetrics, AProgramThatReportsNothingExportsNoTrainingSeries) {
+  auto metrics = ExecMetrics::Create("default/quiet", 0);
+  ASSERT_TRUE(metrics.ok()) << metrics.status();
+  (*metrics)->SetGeneration(1, 0, 2);
+  std::string text = (*metrics)->Scrape();
+  EXPECT_NE(text.find("lockstep_world_size{job=\"default/quiet\"} 2"), std::string::npos) << text;
+  for (const char* series : {"lockstep_train_steps_total{", "lockstep_train_samples_total{",
+                             "lockstep_train_loss{", "lockstep_scaling_efficiency{"}) {
+    EXPECT_EQ(text.find(series), std::string::npos) << series << " before any report:\n" << text;
+  }
+  // Steps only: no loss, samples or efficiency series appear beside them.
+  ProgressLine line;
+  line.step = 5;
+  (*metrics)->ObserveProgress(line, rendezvous::ProgressReport{});
+  (*metrics)->SetGeneration(2, 1, 2);  // the series that exist move to the new rank
+  text = (*metrics)->Scrape();
+  EXPECT_NE(text.find("lockstep_train_steps_total{job=\"default/quiet\",rank=\"1\"} 5"),
+            std::string::npos)
+      << text;
+  for (const char* series :
+       {"lockstep_train_samples_total{", "lockstep_train_loss{", "lockstep_scaling_efficiency{"}) {
+    EXPECT_EQ(text.find(series), std::string::npos) << series << ":\n" << text;
+  }
 }
 
 TEST(ExecMetrics, BusyPortIsAnErrorNamingIt) {
