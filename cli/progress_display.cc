@@ -31,18 +31,24 @@ std::string ProgressDisplay::FormatLine(const ProgressSample& sample, double ste
     return buffer;
   }
   std::string line;
-  if (sample.total_steps > 0) {
+  if (!sample.steps_reported) {
+    line = "running " + FormatDuration(sample.elapsed_seconds) + " (no progress reported)";
+  } else if (sample.total_steps > 0) {
     std::snprintf(
         buffer, sizeof(buffer), "step %lld/%lld  %5.1f%%", static_cast<long long>(sample.step),
         static_cast<long long>(sample.total_steps),
         100.0 * static_cast<double>(sample.step) / static_cast<double>(sample.total_steps));
+    line = buffer;
   } else {
     std::snprintf(buffer, sizeof(buffer), "step %lld", static_cast<long long>(sample.step));
+    line = buffer;
   }
-  line += buffer;
-  if (sample.step > 0) {
-    std::snprintf(buffer, sizeof(buffer), "  loss %.4f  %.0f samples/s", sample.loss,
-                  sample.samples_per_second);
+  if (sample.step > 0 && sample.has_loss) {
+    std::snprintf(buffer, sizeof(buffer), "  loss %.4f", sample.loss);
+    line += buffer;
+  }
+  if (sample.step > 0 && sample.samples_per_second > 0) {
+    std::snprintf(buffer, sizeof(buffer), "  %.0f samples/s", sample.samples_per_second);
     line += buffer;
   }
   if (sample.total_steps > 0 && steps_per_second > 0) {

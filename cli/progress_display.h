@@ -26,7 +26,10 @@ struct ProgressSample {
   int64_t generation = 0;         // 0: no generation formed yet
   bool generation_active = true;  // false: re-forming after a member left or joined
   int32_t workers_running = 0;
-  int32_t restarts = 0;        // replacement workers started so far
+  int32_t restarts = 0;        // replacement workers started so far (exec: command restarts)
+  // False for an exec job whose program has reported no step (yet): no step count is shown.
+  bool steps_reported = true;
+  bool has_loss = true;  // false: the program reports no loss
   double elapsed_seconds = 0;  // since the workers were started
 };
 

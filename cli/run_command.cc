@@ -141,11 +141,13 @@ int TerminalColumns() {
   return 80;
 }
 
-void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, RunSummary* summary) {
+void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, bool exec,
+                             RunSummary* summary) {
   const rendezvous::ProgressReport& last = snapshot.progress;
   const rendezvous::ProgressReport& final_progress = snapshot.final_progress;
   const bool have_final = snapshot.completed_members > 0 && final_progress.step > 0;
   const rendezvous::ProgressReport& best = have_final ? final_progress : last;
+  summary->mode = exec ? "exec" : "trainer";
   summary->steps = std::max(last.step, final_progress.step);
   summary->total_steps = std::max(last.total_steps, final_progress.total_steps);
   summary->final_loss = best.loss;
@@ -159,6 +161,20 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, RunSummary
   summary->world_size = snapshot.world_size;
   if (summary->world_size == 0 && !snapshot.history.empty()) {
     summary->world_size = snapshot.history.back().world_size;
+  }
+  if (exec) {
+    // What the program did not report stays unknown, never a 0 that reads like a measurement;
+    // the agents count the restarts (the launcher replaces none of them).
+    summary->restarts = std::max(last.restarts, final_progress.restarts);
+    if (*summary->steps == 0) summary->steps.reset();
+    if (!best.has_loss && !last.has_loss) {
+      summary->final_loss.reset();
+    } else if (!best.has_loss) {
+      summary->final_loss = last.loss;
+    }
+    if (*summary->samples_per_second <= 0) summary->samples_per_second.reset();
+    summary->eval_accuracy.reset();
+    summary->resumed_from_step.reset();
   }
 }
 
@@ -183,12 +199,14 @@ void PrintWorkerFailure(const WorkerExit& exit, const std::string& policy,
 }  // namespace
 
 const char kRunUsage[] =
-    "usage: lockstep run FILE [--replicas N] [--summary FILE] [--log-dir DIR]\n"
+    "usage: lockstep run FILE [--replicas N] [--summary FILE] [--log-dir DIR] [--console WHO]\n"
     "  Runs a TrainingJob on this machine: N lockstep-worker processes and an in-process\n"
     "  rendezvous service.\n"
     "  --replicas N     number of workers (default: spec.replicas)\n"
     "  --summary FILE   write the result as JSON to FILE\n"
-    "  --log-dir DIR    worker logs (default: ./lockstep-logs/<name>-<time>/)\n";
+    "  --log-dir DIR    worker logs (default: ./lockstep-logs/<name>-<time>/)\n"
+    "  --console WHO    an exec job's program output on the console, each line prefixed\n"
+    "                   with its rank: all (default), rank0 or none; the logs keep it all\n";
 
 StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
   RunOptions options;
@@ -212,6 +230,9 @@ StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
     } else if (flag == "--summary") {
       LOCKSTEP_ASSIGN_OR_RETURN(options.summary_path, take_value());
       if (options.summary_path.empty()) return InvalidArgumentError("--summary: empty path");
+    } else if (flag == "--console") {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, take_value());
+      LOCKSTEP_ASSIGN_OR_RETURN(options.console, ParseConsoleRanks(text));
     } else if (flag == "--log-dir") {
       LOCKSTEP_ASSIGN_OR_RETURN(options.log_dir, take_value());
       if (options.log_dir.empty()) return InvalidArgumentError("--log-dir: empty path");
@@ -484,8 +505,14 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   watch_options.poll_interval_ms = kPollIntervalMs;
   watch_options.rendezvous_timeout_ms = RendezvousTimeoutMs();
   watch_options.drain_ms = RunCompletionDrainMs();
-  WatchOutcome outcome =
-      WatchUntilDone(job, watch_options, supervisor, **server, display, out, started_at);
+  std::optional<ConsoleRelay> console;
+  if (exec) {
+    std::vector<std::string> log_paths;
+    for (const WorkerCommand& command : commands) log_paths.push_back(command.log_path);
+    console.emplace(log_paths, options->console);
+  }
+  WatchOutcome outcome = WatchUntilDone(job, watch_options, supervisor, **server, display,
+                                        console ? &*console : nullptr, out, started_at);
   display.Clear();
 
   // Stop whatever still runs; bounded by the grace period plus the kill wait.
@@ -498,6 +525,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     }
     supervisor.StopAll();
   }
+  if (console) PrintProgramLines(*console, display, out);  // the last lines, after the exits
   const double wall_seconds = MonotonicSeconds() - started_at;
   rendezvous::JobSnapshot snapshot = outcome.snapshot;
   if (StatusOr<rendezvous::JobSnapshot> latest = (*server)->Snapshot(job_key); latest.ok()) {
@@ -511,7 +539,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   summary.log_dir = *log_dir;
   summary.wall_seconds = wall_seconds;
   summary.restarts = supervisor.restarts();
-  FillSummaryFromSnapshot(snapshot, &summary);
+  FillSummaryFromSnapshot(snapshot, exec, &summary);
   int exit_code = kExitOk;
   const std::optional<WorkerExit>& failure = outcome.failure;
   if (outcome.interrupt_signal != 0) {

@@ -1,5 +1,5 @@
-// `lockstep run FILE [--replicas N] [--summary FILE] [--log-dir DIR]`: runs a TrainingJob on this
-// machine, with no cluster.
+// `lockstep run FILE [--replicas N] [--summary FILE] [--log-dir DIR] [--console WHO]`: runs a
+// TrainingJob on this machine, with no cluster.
 //
 // What it does, in order (docs/cli.md is the user's version):
 //  1. Checks the manifest and its data exactly as `lockstep validate` does; any problem: exit 2
@@ -9,7 +9,8 @@
 //  3. Writes the effective manifest (replicas override applied, data paths made absolute) to
 //     DIR/manifest.json and starts N `lockstep-worker train --manifest DIR/manifest.json`
 //     processes, the binary next to this one, each logging to DIR/worker-<i>.log.
-//  4. Shows live progress from rank 0's heartbeats until every worker has exited, a worker fails
+//  4. Shows live progress from rank 0's heartbeats (and an exec job's program lines, rank by
+//     rank as --console says) until every worker has exited, a worker fails
 //     (exit 1, or 2 when the worker reported bad input), or SIGINT/SIGTERM arrives (130/143); in
 //     the last two cases every other worker is stopped (SIGTERM, then SIGKILL after a grace
 //     period) before `lockstep` exits.
@@ -22,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/console_relay.h"
 #include "common/spec/training_job.h"
 #include "common/status.h"
 
@@ -32,6 +34,7 @@ struct RunOptions {
   std::optional<int32_t> replicas;  // overrides spec.replicas
   std::string summary_path;         // empty: no summary file
   std::string log_dir;              // empty: DefaultLogDir
+  ConsoleRanks console = ConsoleRanks::kAll;  // whose program lines an exec job shows
 };
 
 extern const char kRunUsage[];

@@ -11,9 +11,11 @@ namespace lockstep::cli {
 
 namespace {
 
-ProgressSample SampleFrom(const rendezvous::JobSnapshot& snapshot, int32_t running,
+ProgressSample SampleFrom(const rendezvous::JobSnapshot& snapshot, bool exec, int32_t running,
                           int32_t restarts, double elapsed) {
   ProgressSample sample;
+  sample.steps_reported = !exec || snapshot.progress.step > 0;
+  sample.has_loss = snapshot.progress.has_loss;
   sample.step = snapshot.progress.step;
   sample.total_steps = snapshot.progress.total_steps;
   sample.loss = snapshot.progress.loss;
@@ -35,10 +37,21 @@ void PrintEvent(ProgressDisplay& display, std::ostream& out, const std::string& 
   out << "lockstep: " << line << "\n" << std::flush;
 }
 
+void PrintProgramLines(ConsoleRelay& console, ProgressDisplay& display, std::ostream& out) {
+  const std::vector<std::string> lines = console.Poll();
+  if (lines.empty()) return;
+  display.Clear();
+  for (const std::string& line : lines) out << line << "\n";
+  out << std::flush;
+}
+
 WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& options,
                             Supervisor& supervisor, rendezvous::RendezvousServer& server,
-                            ProgressDisplay& display, std::ostream& out, double started_at) {
+                            ProgressDisplay& display, ConsoleRelay* console, std::ostream& out,
+                            double started_at) {
   WatchOutcome outcome;
+  const bool exec = !job.spec.trainer.has_value();
+  int32_t agent_restarts = 0;  // exec: the restarts the agents counted, as printed so far
   const std::string job_key = job.metadata.namespace_ + "/" + job.metadata.name;
   const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
   const int32_t min_alive = job.spec.elastic.min_replicas;
@@ -134,6 +147,14 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
     if (StatusOr<rendezvous::JobSnapshot> latest = server.Snapshot(job_key); latest.ok()) {
       outcome.snapshot = *latest;
     }
+    if (console != nullptr) PrintProgramLines(*console, display, out);
+    if (exec && outcome.snapshot.progress.restarts > agent_restarts) {
+      agent_restarts = outcome.snapshot.progress.restarts;
+      PrintEvent(display, out,
+                 "restart " + std::to_string(agent_restarts) + " of backoffLimit " +
+                     std::to_string(job.spec.run_policy.backoff_limit) +
+                     ": every worker restarts its command (the worker logs say why)");
+    }
     if (outcome.interrupt_signal != 0 || outcome.failure) return outcome;
     if (outcome.snapshot.completed_members > 0) completing = true;
     if (completing) {
@@ -183,9 +204,9 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
                                std::to_string(options.drain_ms / 1000) + " s";
       return outcome;
     }
-    display.Update(
-        SampleFrom(outcome.snapshot, supervisor.running(), supervisor.restarts(), now - started_at),
-        now);
+    display.Update(SampleFrom(outcome.snapshot, exec, supervisor.running(),
+                              exec ? agent_restarts : supervisor.restarts(), now - started_at),
+                   now);
   }
 }
 

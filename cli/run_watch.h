@@ -8,6 +8,7 @@
 #include <ostream>
 #include <string>
 
+#include "cli/console_relay.h"
 #include "cli/launcher.h"
 #include "cli/progress_display.h"
 #include "common/rendezvous/server.h"
@@ -46,8 +47,15 @@ void PrintEvent(ProgressDisplay& display, std::ostream& out, const std::string& 
 // dropped and the job goes on while at least minReplicas are alive. Exit code 2 and an
 // exhausted backoffLimit always fail the job. Fewer than minReplicas alive (running, finished,
 // or about to be replaced) for longer than the rendezvous timeout fails it too.
+//
+// An exec job's program lines come from `console` (null: none shown) every poll, printed between
+// progress redraws; a restart the agents count is printed as an event when the snapshot shows it.
 WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& options,
                             Supervisor& supervisor, rendezvous::RendezvousServer& server,
-                            ProgressDisplay& display, std::ostream& out, double started_at);
+                            ProgressDisplay& display, ConsoleRelay* console, std::ostream& out,
+                            double started_at);
+
+// Prints what `console` has relayed since its last poll, without tearing the progress line.
+void PrintProgramLines(ConsoleRelay& console, ProgressDisplay& display, std::ostream& out);
 
 }  // namespace lockstep::cli

@@ -13,19 +13,30 @@
 
 namespace lockstep::cli {
 
+namespace {
+
+template <typename T>
+nlohmann::json OrNull(const std::optional<T>& value) {
+  return value.has_value() ? nlohmann::json(*value) : nlohmann::json(nullptr);
+}
+
+}  // namespace
+
 nlohmann::json ToJson(const RunSummary& summary) {
   nlohmann::json json = {
       {"job", summary.job},
       {"status", summary.status},
-      {"steps", summary.steps},
-      {"total_steps", summary.total_steps},
+      {"mode", summary.mode},
+      {"steps", OrNull(summary.steps)},
+      {"total_steps", summary.total_steps > 0 ? nlohmann::json(summary.total_steps)
+                                              : nlohmann::json(nullptr)},
       {"world_size", summary.world_size},
-      {"final_loss", summary.final_loss},
-      {"eval_accuracy", summary.eval_accuracy},
-      {"samples_per_second", summary.samples_per_second},
+      {"final_loss", OrNull(summary.final_loss)},
+      {"eval_accuracy", OrNull(summary.eval_accuracy)},
+      {"samples_per_second", OrNull(summary.samples_per_second)},
       {"restarts", summary.restarts},
       {"generations", summary.generations},
-      {"resumed_from_step", summary.resumed_from_step},
+      {"resumed_from_step", OrNull(summary.resumed_from_step)},
       {"recovery_seconds", summary.recovery_seconds},
       {"wall_seconds", summary.wall_seconds},
       {"log_dir", summary.log_dir},
@@ -96,25 +107,40 @@ void PrintResultBlock(const RunSummary& summary, std::ostream& out) {
     block << "  " << std::left << std::setw(16) << label << value << "\n";
   };
   block << summary.job << " " << summary.status << "\n";
-  std::string steps = std::to_string(summary.steps);
-  if (summary.total_steps > 0) steps += " / " + std::to_string(summary.total_steps);
-  row("steps", steps);
-  std::ostringstream accuracy;
-  if (summary.eval_accuracy >= 0) {
-    accuracy << std::fixed << std::setprecision(2) << summary.eval_accuracy * 100 << "%";
-  } else {
-    accuracy << "not evaluated";
+  if (summary.steps.has_value()) {
+    std::string steps = std::to_string(*summary.steps);
+    if (summary.total_steps > 0) steps += " / " + std::to_string(summary.total_steps);
+    row("steps", steps);
   }
-  row("test accuracy", accuracy.str());
-  std::ostringstream loss, rate;
-  loss << std::setprecision(4) << summary.final_loss;
-  row("final loss", loss.str());
-  rate << std::fixed << std::setprecision(0) << summary.samples_per_second;
-  row("samples/s", rate.str());
+  if (summary.eval_accuracy.has_value()) {
+    std::ostringstream accuracy;
+    if (*summary.eval_accuracy >= 0) {
+      accuracy << std::fixed << std::setprecision(2) << *summary.eval_accuracy * 100 << "%";
+    } else {
+      accuracy << "not evaluated";
+    }
+    row("test accuracy", accuracy.str());
+  }
+  if (summary.final_loss.has_value()) {
+    std::ostringstream loss;
+    loss << std::setprecision(4) << *summary.final_loss;
+    row("final loss", loss.str());
+  }
+  if (summary.samples_per_second.has_value()) {
+    std::ostringstream rate;
+    rate << std::fixed << std::setprecision(0) << *summary.samples_per_second;
+    row("samples/s", rate.str());
+  }
+  if (summary.mode == "exec" && !summary.steps.has_value()) {
+    row("progress", "not reported by the program (docs/exec.md, \"Progress\")");
+  }
   row("wall time", FormatDuration(summary.wall_seconds));
   row("world size", std::to_string(summary.world_size) + " (generations " +
                         std::to_string(summary.generations) + ", restarts " +
                         std::to_string(summary.restarts) + ")");
+  if (summary.recovery_seconds > 0) {
+    row("recovery", FormatDuration(summary.recovery_seconds) + " (longest, loss to training again)");
+  }
   row("logs", summary.log_dir);
   out << block.str() << std::flush;
 }

@@ -5,12 +5,13 @@
 //
 // The JSON object's keys are a contract (ARCHITECTURE.md, "lockstep run"): steps, world_size,
 // final_loss, eval_accuracy, samples_per_second, restarts, generations, resumed_from_step,
-// recovery_seconds, wall_seconds, job; plus status, log_dir and, after a failure, failed_worker
-// and failed_worker_exit.
+// recovery_seconds, wall_seconds, job; plus status, mode, total_steps, log_dir and, after a
+// failure, failed_worker and failed_worker_exit.
 #pragma once
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <ostream>
 #include <string>
 
@@ -18,18 +19,25 @@
 
 namespace lockstep::cli {
 
+// A field the run cannot know is empty (nullopt), written as null and left out of the result
+// block: an exec job's program reports steps, loss and samples only if it chooses to
+// (docs/exec.md, "Progress"), and never evaluates through Lockstep. The built-in trainer fills
+// every field.
 struct RunSummary {
   std::string job;                // namespace/name
   std::string status = "failed";  // "succeeded" | "failed" | "interrupted"
-  int64_t steps = 0;              // last step trained
-  int64_t total_steps = 0;
-  int32_t world_size = 0;  // of the last generation
-  double final_loss = 0;
-  double eval_accuracy = -1;       // test accuracy in [0, 1]; -1 when not evaluated
-  double samples_per_second = 0;   // global, as the workers measured it
-  int32_t restarts = 0;            // replacement worker processes started
-  int64_t generations = 0;         // rendezvous generations formed
-  int64_t resumed_from_step = -1;  // step of the checkpoint the run resumed from; -1: none
+  std::string mode = "trainer";   // "trainer" | "exec" (spec.command)
+  std::optional<int64_t> steps = 0;  // last step trained
+  int64_t total_steps = 0;           // 0: not known
+  int32_t world_size = 0;            // of the last generation
+  std::optional<double> final_loss = 0;
+  std::optional<double> eval_accuracy = -1;     // test accuracy in [0, 1]; -1: not evaluated
+  std::optional<double> samples_per_second = 0;  // global, as the workers measured it
+  // Trainer: replacement worker processes started. Exec: restarts of the command after
+  // failures, as the agents count them against backoffLimit.
+  int32_t restarts = 0;
+  int64_t generations = 0;                    // rendezvous generations formed
+  std::optional<int64_t> resumed_from_step = -1;  // the checkpoint the run resumed from; -1: none
   double recovery_seconds = 0;     // longest time from losing a member to training again
   double wall_seconds = 0;         // from starting the workers to the last one exiting
   std::string log_dir;

@@ -42,6 +42,22 @@ TEST(ProgressDisplayTest, LineShowsRestartsAndReforming) {
   EXPECT_NE(line.find("re-forming"), std::string::npos) << line;
 }
 
+TEST(ProgressDisplayTest, AnExecProgramsLineShowsOnlyWhatItReported) {
+  ProgressSample sample = Training(0);
+  sample.steps_reported = false;
+  sample.elapsed_seconds = 65;
+  std::string line = ProgressDisplay::FormatLine(sample, -1);
+  EXPECT_EQ(line.rfind("running 1m 05s (no progress reported)", 0), 0u) << line;
+  EXPECT_EQ(line.find("step"), std::string::npos) << line;
+  sample = Training(250);
+  sample.has_loss = false;
+  sample.samples_per_second = 0;
+  line = ProgressDisplay::FormatLine(sample, -1);
+  EXPECT_NE(line.find("step 250/1000"), std::string::npos) << line;
+  EXPECT_EQ(line.find("loss"), std::string::npos) << line;
+  EXPECT_EQ(line.find("samples/s"), std::string::npos) << line;
+}
+
 TEST(ProgressDisplayTest, WorldSizeChangesAreWrittenAsTheyHappen) {
   std::ostringstream out;
   ProgressDisplayOptions options;

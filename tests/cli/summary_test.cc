@@ -69,6 +69,34 @@ TEST(SummaryTest, WriteIntoMissingDirectoryNamesThePath) {
   EXPECT_NE(status.message().find("/nonexistent-dir/run.json"), std::string::npos) << status;
 }
 
+TEST(SummaryTest, AnExecJobsUnreportedFieldsAreNullAndLeftOutOfTheBlock) {
+  RunSummary summary = ExampleSummary();
+  summary.mode = "exec";
+  summary.steps.reset();
+  summary.total_steps = 0;
+  summary.final_loss.reset();
+  summary.eval_accuracy.reset();
+  summary.samples_per_second.reset();
+  summary.resumed_from_step.reset();
+  summary.restarts = 1;
+  const nlohmann::json json = ToJson(summary);
+  for (const char* key : {"steps", "total_steps", "final_loss", "eval_accuracy",
+                          "samples_per_second", "resumed_from_step"}) {
+    ASSERT_TRUE(json.contains(key)) << key << ": the contract's keys stay";
+    EXPECT_TRUE(json[key].is_null()) << key << " is " << json[key];
+  }
+  EXPECT_EQ(json["restarts"], 1);
+  EXPECT_EQ(json["mode"], "exec");
+  std::ostringstream out;
+  PrintResultBlock(summary, out);
+  const std::string text = out.str();
+  for (const char* label : {"steps ", "test accuracy", "final loss", "samples/s"}) {
+    EXPECT_EQ(text.find(label), std::string::npos) << label << " in\n" << text;
+  }
+  EXPECT_NE(text.find("not reported by the program"), std::string::npos) << text;
+  EXPECT_NE(text.find("restarts 1"), std::string::npos) << text;
+}
+
 TEST(SummaryTest, ResultBlockShowsStepsAccuracyRateAndWallTime) {
   std::ostringstream out;
   PrintResultBlock(ExampleSummary(), out);

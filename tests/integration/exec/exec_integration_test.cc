@@ -200,7 +200,9 @@ TEST(ExecIntegration, ScalingFromOneToTwoAgentsReformsTheGroupWithoutUsingAResta
 TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
   if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
   const std::string dir = MakeTempDir("exec-run");
-  nlohmann::json command = DdpCommand(dir, 40, 0);
+  // Paced to about 2 s of training, so that the agents read the progress file more than once and
+  // know a rate.
+  nlohmann::json command = DdpCommand(dir, 40, 0.05);
   WriteFile(dir + "/job.yaml",
             "apiVersion: lockstep.io/v1alpha1\n"
             "kind: TrainingJob\n"
@@ -219,13 +221,93 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
   EXPECT_EQ(summary["status"], "succeeded");
+  EXPECT_EQ(summary["mode"], "exec");
   EXPECT_EQ(summary["steps"], 40);
+  EXPECT_EQ(summary["total_steps"], 40);
   EXPECT_EQ(summary["world_size"], 2);
+  EXPECT_EQ(summary["restarts"], 0);
+  // What the script reported through the helper (examples/pytorch/train_ddp.py).
+  ASSERT_TRUE(summary["final_loss"].is_number()) << summary.dump();
+  EXPECT_GT(summary["final_loss"].get<double>(), 0);
+  ASSERT_TRUE(summary["samples_per_second"].is_number()) << summary.dump();
+  EXPECT_GT(summary["samples_per_second"].get<double>(), 0);
+  EXPECT_TRUE(summary["eval_accuracy"].is_null()) << "Lockstep never evaluated the program";
   // Ranks follow the rendezvous's join order, not the launch order: either log may hold rank 0.
   const std::string logs =
       ReadFile(dir + "/logs/worker-0.log") + ReadFile(dir + "/logs/worker-1.log");
-  EXPECT_NE(logs.find("[rank 0] finished at step 40"), std::string::npos) << logs;
-  EXPECT_NE(logs.find("[rank 1] finished at step 40"), std::string::npos) << logs;
+  for (const std::string& text : {logs, result.out}) {
+    EXPECT_NE(text.find("[rank 0] finished at step 40"), std::string::npos) << text;
+    EXPECT_NE(text.find("[rank 1] finished at step 40"), std::string::npos) << text;
+  }
+}
+
+// A program that reports nothing: the console still carries its lines (here rank 0's only), and
+// the summary claims no steps, loss or rate for it.
+TEST(ExecIntegration, LockstepRunShowsTheProgramsLinesAndClaimsNoProgressItDidNotReport) {
+  const std::string dir = MakeTempDir("exec-quiet");
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: quiet}\n"
+            "spec:\n"
+            "  replicas: 2\n"
+            "  command: [\"/bin/sh\", \"-c\", \"echo hello from $RANK of $WORLD_SIZE\"]\n"
+            "  metrics: {port: 0}\n");
+  const ProcessResult result = lockstep::testing::RunProcess(
+      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs", "--summary",
+       dir + "/summary.json", "--console", "rank0"},
+      {}, kTrainWaitMs);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("[rank 0] hello from 0 of 2"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("[rank 1]"), std::string::npos) << "--console rank0:\n" << result.out;
+  EXPECT_NE(result.out.find("not reported by the program"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("final loss"), std::string::npos) << result.out;
+  const std::string logs =
+      ReadFile(dir + "/logs/worker-0.log") + ReadFile(dir + "/logs/worker-1.log");
+  EXPECT_NE(logs.find("[rank 1] hello from 1 of 2"), std::string::npos) << "the logs keep all";
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["status"], "succeeded");
+  for (const char* key : {"steps", "final_loss", "samples_per_second", "eval_accuracy"}) {
+    EXPECT_TRUE(summary[key].is_null()) << key << ": " << summary.dump();
+  }
+  EXPECT_EQ(summary["restarts"], 0);
+  EXPECT_EQ(summary["world_size"], 2);
+}
+
+// The pure-Python helper, found on the PYTHONPATH the agent sets, without torch: what it reports
+// reaches the summary.
+TEST(ExecIntegration, ProgressReportedThroughThePythonHelperReachesTheSummary) {
+  const std::string dir = MakeTempDir("exec-helper");
+  const std::string program =
+      "import time\n"
+      "from lockstep import progress\n"
+      "for step in range(1, 21):\n"
+      "    with progress.computing():\n"
+      "        time.sleep(0.05)\n"
+      "    progress.report(step=step, samples=64 * step, loss=1.0 / step, total_steps=20)\n"
+      "print('reported', flush=True)\n";
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: helper}\n"
+            "spec:\n"
+            "  replicas: 1\n"
+            "  command: " + nlohmann::json({kPython, "-c", program}).dump() + "\n"
+            "  metrics: {port: 0}\n");
+  const ProcessResult result = lockstep::testing::RunProcess(
+      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs", "--summary",
+       dir + "/summary.json"},
+      {}, kTrainWaitMs);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err
+                                 << ReadFile(dir + "/logs/worker-0.log");
+  EXPECT_NE(result.out.find("[rank 0] reported"), std::string::npos) << result.out;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["steps"], 20) << summary.dump();
+  EXPECT_EQ(summary["total_steps"], 20) << summary.dump();
+  ASSERT_TRUE(summary["final_loss"].is_number()) << summary.dump();
+  EXPECT_DOUBLE_EQ(summary["final_loss"].get<double>(), 0.05);
+  ASSERT_TRUE(summary["samples_per_second"].is_number()) << summary.dump();
+  EXPECT_GT(summary["samples_per_second"].get<double>(), 0);
 }
 
 // Two pods of two processes each (torchrun's --nproc-per-node=2 on two nodes): four ranks, the
@@ -279,9 +361,13 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
               std::string::npos)
         << logs;
   }
-  // One failure, one restart of the whole group (TORCHELASTIC_RESTART_COUNT 1), never 2.
+  // One failure, one restart of the whole group (TORCHELASTIC_RESTART_COUNT 1), never 2; the
+  // summary and the console count the same restart.
   EXPECT_NE(logs.find("(world 4, restart 1)"), std::string::npos) << logs;
   EXPECT_EQ(logs.find("restart 2)"), std::string::npos) << logs;
+  EXPECT_EQ(summary["restarts"], 1) << summary.dump();
+  EXPECT_NE(result.out.find("lockstep: restart 1 of backoffLimit 2"), std::string::npos)
+      << result.out;
 }
 
 struct BadCommandCase {
