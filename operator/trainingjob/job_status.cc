@@ -208,4 +208,11 @@ std::string WorkerStuckReason(const json& pod) {
   return "";
 }
 
+double EstimatedSecondsRemaining(int64_t step, int64_t total_steps, int64_t samples,
+                                 double samples_per_second) {
+  if (step <= 0 || total_steps <= step || samples <= 0 || !(samples_per_second > 0)) return -1;
+  const double samples_per_step = static_cast<double>(samples) / static_cast<double>(step);
+  return static_cast<double>(total_steps - step) * samples_per_step / samples_per_second;
+}
+
 }  // namespace lockstep::op::trainingjob

@@ -59,4 +59,10 @@ int32_t WorkerExitCode(const json& pod);
 std::string WorkerStuckReason(const json& pod);
 bool IsStuckWaitingReason(const std::string& reason);
 
+// Seconds until `total_steps` at the reported pace: the samples a step takes so far
+// (samples / step, which holds for the built-in trainer and for an exec program that reports
+// global samples) over samples per second. -1 when any of them is unknown (0) or the run is done.
+double EstimatedSecondsRemaining(int64_t step, int64_t total_steps, int64_t samples,
+                                 double samples_per_second);
+
 }  // namespace lockstep::op::trainingjob

@@ -101,6 +101,20 @@ json StatusMergePatch(const json& from, const json& to) {
   return patch;
 }
 
+// status.progress from the workers' report: only what they know; a field they cannot know
+// (an exec program that reports no loss or rate) is absent rather than a 0 that reads like one.
+json ProgressStatus(const rendezvous::ProgressReport& p) {
+  json progress = {{"step", p.step}};
+  if (p.total_steps > 0) progress["totalSteps"] = p.total_steps;
+  if (p.samples_per_second > 0) progress["samplesPerSecond"] = p.samples_per_second;
+  if (p.scaling_efficiency > 0) progress["scalingEfficiency"] = p.scaling_efficiency;
+  if (p.has_loss) progress["loss"] = p.loss;
+  const double left =
+      EstimatedSecondsRemaining(p.step, p.total_steps, p.samples, p.samples_per_second);
+  if (left >= 0) progress["estimatedSecondsRemaining"] = std::round(left);
+  return progress;
+}
+
 }  // namespace
 
 std::vector<std::string> JobIndexOfPod(const json& pod) {
@@ -652,13 +666,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
       }
       const rendezvous::ProgressReport& p =
           s.final_progress.step > 0 ? s.final_progress : s.progress;
-      if (p.step > 0) {
-        w.status["progress"] = {{"step", p.step},
-                                {"totalSteps", p.total_steps},
-                                {"samplesPerSecond", p.samples_per_second},
-                                {"scalingEfficiency", p.scaling_efficiency},
-                                {"loss", p.loss}};
-      }
+      if (p.step > 0) w.status["progress"] = ProgressStatus(p);
       if (p.last_checkpoint_step >= 0 && !p.last_checkpoint_uri.empty()) {
         const json old = w.old_status.value("lastCheckpoint", json::object());
         const bool same =

@@ -16,6 +16,7 @@
 #include "common/spec/yaml_to_json.h"
 #include "tests/integration/operator/operator_harness.h"
 #include "tests/support/kube/kubelet_simulator.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::testing {
 namespace {
@@ -528,6 +529,38 @@ TEST_F(OperatorEndToEndTest, WorkersTrainOverTlsRendezvousAndTheJobSucceedsWithP
   EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
+}
+
+// An exec job's program reports progress with the Python helper (on the PYTHONPATH its agent
+// gives it); the job's status shows it while the program runs, as for the built-in trainer.
+TEST_F(OperatorEndToEndTest, AnExecJobsReportedProgressShowsInTheStatusWhileItRuns) {
+  StartKubelet();
+  const std::string release = lockstep::testing::MakeTempDir("exec-status") + "/release";
+  const std::string program =
+      "import os, time\n"
+      "from lockstep import progress\n"
+      "progress.report(step=7, samples=448, loss=0.5, total_steps=10)\n"
+      "deadline = time.time() + 120\n"
+      "while not os.path.exists('" + release + "') and time.time() < deadline:\n"
+      "    time.sleep(0.05)\n"
+      "progress.report(step=10, samples=640, loss=0.25, total_steps=10)\n";
+  json manifest = JobManifest("exec-progress", 1);
+  manifest["spec"].erase("trainer");
+  manifest["spec"]["command"] = {"/usr/bin/python3", "-c", program};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob(
+      "exec-progress",
+      [](const json& j) { return j["status"].value("progress", json::object()).value("step", 0) == 7; },
+      "showed the reported step 7");
+  EXPECT_EQ(Phase(job), "Running") << job["status"].dump(2);
+  EXPECT_EQ(job["status"]["progress"]["totalSteps"], 10);
+  EXPECT_DOUBLE_EQ(job["status"]["progress"]["loss"].get<double>(), 0.5);
+  EXPECT_FALSE(job["status"]["progress"].contains("samplesPerSecond"))
+      << "one report gives no rate, so none is shown: " << job["status"].dump(2);
+  lockstep::testing::WriteFile(release, "");
+  job = WaitForJob("exec-progress", [](const json& j) { return Phase(j) == "Succeeded"; },
+                   "succeeded");
+  EXPECT_EQ(job["status"]["progress"]["step"], 10) << job["status"].dump(2);
 }
 
 // Worker pods ask for a non-root user (Pod Security "restricted"). A job that brings a root image

@@ -183,5 +183,15 @@ TEST(Rfc3339Test, RejectsWhatIsNotRfc3339) {
   }
 }
 
+TEST(JobStatusTest, TimeLeftComesFromTheReportedPaceAndIsUnknownUntilItCanBe) {
+  // 64 samples a step, 320 samples/s: 5 steps/s; 90 steps left take 18 s.
+  EXPECT_DOUBLE_EQ(EstimatedSecondsRemaining(10, 100, 640, 320.0), 18.0);
+  EXPECT_EQ(EstimatedSecondsRemaining(10, 0, 640, 320.0), -1) << "no total_steps";
+  EXPECT_EQ(EstimatedSecondsRemaining(10, 100, 0, 320.0), -1) << "no samples";
+  EXPECT_EQ(EstimatedSecondsRemaining(10, 100, 640, 0.0), -1) << "no rate yet";
+  EXPECT_EQ(EstimatedSecondsRemaining(100, 100, 6400, 320.0), -1) << "done";
+  EXPECT_EQ(EstimatedSecondsRemaining(0, 100, 0, 0.0), -1);
+}
+
 }  // namespace
 }  // namespace lockstep::op::trainingjob
