@@ -177,7 +177,15 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
       finished_count += finished[i] ? 1 : 0;
       settled += finished[i] || dropped[i] ? 1 : 0;
     }
-    if (settled == supervisor.size() && finished_count > 0) return outcome;
+    if (settled == supervisor.size() && finished_count > 0) {
+      // A generation that formed since the last poll is still reported ("world size 3 -> 2"):
+      // a job may finish within one poll of a change.
+      display.Update(SampleFrom(outcome.snapshot, exec, supervisor.running(),
+                                exec ? agent_restarts : supervisor.restarts(),
+                                MonotonicSeconds() - started_at),
+                     MonotonicSeconds());
+      return outcome;
+    }
     // Finished workers count as alive: a job that is completing is not short of members.
     const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
     const double now = MonotonicSeconds();
