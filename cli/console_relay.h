@@ -5,8 +5,10 @@
 //   ConsoleRelay relay({"/logs/worker-0.log", "/logs/worker-1.log"}, ConsoleRanks::kAll);
 //   for (const std::string& line : relay.Poll()) PrintLine(line);   // every poll interval
 //
-// Lines of other origin (the agent's own log) are not relayed. Bounded: at most 1 MiB is read
-// from each log per Poll, and a line is cut into 64 KiB pieces rather than held whole.
+// Lines of other origin (the agent's own log) are not relayed, nor what the logs held before the
+// relay was made (an earlier run's, in a reused --log-dir): make it before the workers start.
+// Bounded: at most 1 MiB is read from each log and 8 MiB in all per Poll (call again until it
+// returns nothing to drain), and a line is cut into pieces of about 64 KiB rather than held whole.
 // Thread safety: one thread.
 #pragma once
 
@@ -29,6 +31,8 @@ class ConsoleRelay {
 
   // The program's lines appended since the last call, log by log, each without its newline.
   std::vector<std::string> Poll();
+  // Whether the last Poll read anything (relayed or not): a drain polls until it did not.
+  bool read_last_poll() const { return read_last_poll_; }
 
  private:
   struct Log {
@@ -43,6 +47,7 @@ class ConsoleRelay {
 
   std::vector<Log> logs_;
   ConsoleRanks ranks_;
+  bool read_last_poll_ = false;
 };
 
 }  // namespace lockstep::cli

@@ -167,7 +167,7 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, bool exec,
     // the agents count the restarts (the launcher replaces none of them).
     summary->restarts = std::max(last.restarts, final_progress.restarts);
     if (*summary->steps == 0) summary->steps.reset();
-    if (!best.has_loss && !last.has_loss) {
+    if (!summary->steps.has_value() || (!best.has_loss && !last.has_loss)) {
       summary->final_loss.reset();
     } else if (!best.has_loss) {
       summary->final_loss = last.loss;
@@ -478,6 +478,13 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
                         std::make_unique<RunPolicyRestarts>(
                             job.spec.run_policy, RunRestartBackoffMs(), kMaxRestartBackoffMs,
                             /*workers_restart_their_commands=*/!job.spec.trainer.has_value()));
+  // Before the workers start: the console shows this run's lines, not a reused log's old ones.
+  std::optional<ConsoleRelay> console;
+  if (exec) {
+    std::vector<std::string> log_paths;
+    for (const WorkerCommand& command : commands) log_paths.push_back(command.log_path);
+    console.emplace(log_paths, options->console);
+  }
   const double started_at = MonotonicSeconds();
   if (Status status = supervisor.Start(commands); !status.ok()) {
     err << "lockstep run: " << status.message() << "\n";
@@ -505,12 +512,6 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   watch_options.poll_interval_ms = kPollIntervalMs;
   watch_options.rendezvous_timeout_ms = RendezvousTimeoutMs();
   watch_options.drain_ms = RunCompletionDrainMs();
-  std::optional<ConsoleRelay> console;
-  if (exec) {
-    std::vector<std::string> log_paths;
-    for (const WorkerCommand& command : commands) log_paths.push_back(command.log_path);
-    console.emplace(log_paths, options->console);
-  }
   WatchOutcome outcome = WatchUntilDone(job, watch_options, supervisor, **server, display,
                                         console ? &*console : nullptr, out, started_at);
   display.Clear();
@@ -525,7 +526,12 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     }
     supervisor.StopAll();
   }
-  if (console) PrintProgramLines(*console, display, out);  // the last lines, after the exits
+  // The last lines, after the exits: the workers write no more, so this drains.
+  if (console) {
+    do {
+      PrintProgramLines(*console, display, out);
+    } while (console->read_last_poll());
+  }
   const double wall_seconds = MonotonicSeconds() - started_at;
   rendezvous::JobSnapshot snapshot = outcome.snapshot;
   if (StatusOr<rendezvous::JobSnapshot> latest = (*server)->Snapshot(job_key); latest.ok()) {

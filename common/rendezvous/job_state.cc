@@ -501,9 +501,25 @@ void JobState::UpdateProgress(const ProgressReport& progress) {
   // Restarts only grow, whatever step their report carries (a restarted program reports an
   // older step until it passes the furthest one).
   const int32_t restarts = std::max(progress_.restarts, progress.restarts);
-  if (!has_progress_ || progress.step >= progress_.step) {
+  if (!has_progress_ || progress.step > progress_.step) {
     progress_ = progress;
     has_progress_ = true;
+  } else if (progress.step == progress_.step) {
+    // Another rank at the same step: take what it knows, keep what only the last one knew (an
+    // exec program may report its loss or rate from rank 0 only).
+    const ProgressReport before = progress_;
+    progress_ = progress;
+    if (!progress.has_loss && before.has_loss) {
+      progress_.loss = before.loss;
+      progress_.has_loss = true;
+    }
+    if (progress.total_steps == 0) progress_.total_steps = before.total_steps;
+    if (progress.samples == 0) progress_.samples = before.samples;
+    if (progress.samples_per_second == 0) progress_.samples_per_second = before.samples_per_second;
+    if (progress.scaling_efficiency == 0) {
+      progress_.scaling_efficiency = before.scaling_efficiency;
+      progress_.comm_exposed_fraction = before.comm_exposed_fraction;
+    }
   }
   progress_.restarts = restarts;
 }

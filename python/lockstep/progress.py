@@ -28,6 +28,7 @@ import os
 import threading
 import time
 import warnings
+import weakref
 
 __all__ = ["Reporter", "report", "computing", "enabled", "ENVIRONMENT_VARIABLE"]
 
@@ -62,6 +63,10 @@ class Reporter:
         self._lock = threading.Lock()
         self._compute_seconds = 0.0
         self._computed = False
+        if hasattr(os, "register_at_fork"):
+            reporter = weakref.ref(self)  # the hook must not keep the reporter alive
+            os.register_at_fork(
+                after_in_child=lambda: reporter() and reporter()._after_fork_in_child())
 
     @property
     def enabled(self):
@@ -77,6 +82,8 @@ class Reporter:
         added to what computing() measured.
         """
         line = {"step": _count("step", step)}
+        if not self.enabled:
+            return False  # before float(loss), which would wait for the device
         if samples is not None:
             line["samples"] = _count("samples", samples)
         if total_steps is not None:
@@ -90,7 +97,11 @@ class Reporter:
             if math.isfinite(value):
                 line["loss"] = value
         if compute_seconds is not None:
-            seconds = float(compute_seconds)
+            try:
+                seconds = float(compute_seconds)
+            except (TypeError, ValueError):
+                raise TypeError(f"compute_seconds must be a number, got {compute_seconds!r}") \
+                    from None
             if not math.isfinite(seconds) or seconds < 0:
                 raise ValueError(f"compute_seconds must be a finite number >= 0, got {seconds}")
         with self._lock:
@@ -133,13 +144,29 @@ class Reporter:
             return True
         except OSError as error:
             self._failed = True
-            warnings.warn(f"lockstep.progress: cannot write {self._path}: {error}; "
-                          "progress is no longer reported", RuntimeWarning, stacklevel=3)
+            try:
+                warnings.warn(f"lockstep.progress: cannot write {self._path}: {error}; "
+                              "progress is no longer reported", RuntimeWarning, stacklevel=3)
+            except Exception:  # warnings turned into errors (-W error): still never stop training
+                pass
             return False
+
+    def _after_fork_in_child(self):
+        # A fork while another thread held the lock would leave the child's copy held forever.
+        self._lock = threading.Lock()
 
 
 _default = None
 _default_lock = threading.Lock()
+
+
+def _reset_default_lock():
+    global _default_lock
+    _default_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_default_lock)
 
 
 def _reporter():

@@ -32,13 +32,23 @@ TEST(ConsoleRelay, RelaysTheProgramsLinesOfEveryRankAsTheLogsGrow) {
   EXPECT_TRUE(relay.Poll().empty()) << "each line once";
 }
 
+TEST(ConsoleRelay, AReusedLogDirectorysEarlierRunIsNotReplayed) {
+  const std::string dir = MakeTempDir("relay");
+  const std::string log = dir + "/worker-0.log";
+  Append(log, "[rank 0] the last run's line\n");
+  ConsoleRelay relay({log}, ConsoleRanks::kAll);
+  Append(log, "[rank 0] this run's line\n");
+  EXPECT_EQ(relay.Poll(), (std::vector<std::string>{"[rank 0] this run's line"}));
+}
+
 TEST(ConsoleRelay, RankZeroOnlyAndNone) {
   const std::string dir = MakeTempDir("relay");
   const std::string log = dir + "/worker-0.log";
+  ConsoleRelay rank_zero({log}, ConsoleRanks::kRankZero);
+  ConsoleRelay none({log}, ConsoleRanks::kNone);
   Append(log, "[rank 0] mine\n[rank 10] not mine\n[rank 1] nor this\n");
-  EXPECT_EQ(ConsoleRelay({log}, ConsoleRanks::kRankZero).Poll(),
-            (std::vector<std::string>{"[rank 0] mine"}));
-  EXPECT_TRUE(ConsoleRelay({log}, ConsoleRanks::kNone).Poll().empty());
+  EXPECT_EQ(rank_zero.Poll(), (std::vector<std::string>{"[rank 0] mine"}));
+  EXPECT_TRUE(none.Poll().empty());
 }
 
 TEST(ConsoleRelay, AnEndlessLineIsRelayedInPiecesNotHeldWhole) {
@@ -48,7 +58,7 @@ TEST(ConsoleRelay, AnEndlessLineIsRelayedInPiecesNotHeldWhole) {
   Append(log, "[rank 0] " + std::string(100 << 10, 'x'));
   std::vector<std::string> lines = relay.Poll();
   ASSERT_EQ(lines.size(), 1u);
-  EXPECT_EQ(lines[0].size(), 64u << 10);
+  EXPECT_EQ(lines[0].size(), (64u << 10) + 32);
   Append(log, "tail\n[rank 1] " + std::string(70 << 10, 'y') + "\n[rank 0] next\n");
   lines = relay.Poll();
   ASSERT_EQ(lines.size(), 2u) << "the rest of rank 0's line, not rank 1's, then rank 0's next";

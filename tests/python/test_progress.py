@@ -5,6 +5,7 @@ tested in tests/worker/agent/progress_file_test.cc and end to end in the exec in
 """
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -88,6 +89,7 @@ class ReporterTest(unittest.TestCase):
             (dict(step=1, total_steps=-3), ValueError, "total_steps"),
             (dict(step=1, loss="low"), TypeError, "loss"),
             (dict(step=1, compute_seconds=-2), ValueError, "compute_seconds"),
+            (dict(step=1, compute_seconds="x"), TypeError, "compute_seconds"),
         ]
         for kwargs, error, name in cases:
             with self.subTest(kwargs=kwargs):
@@ -121,6 +123,17 @@ class ReporterTest(unittest.TestCase):
         self.assertFalse(reporter.enabled)
 
 
+    def test_a_child_forked_while_a_report_is_written_can_report(self):
+        reporter = progress.Reporter(self.path)
+        with reporter._lock:  # another thread is inside report() at the fork
+            pid = os.fork()
+            if pid == 0:
+                signal.alarm(10)  # a deadlocked child dies instead of hanging the test
+                os._exit(0 if reporter.report(step=1) else 1)
+        _, status = os.waitpid(pid, 0)
+        self.assertEqual(os.waitstatus_to_exitcode(status), 0)
+
+
 class ModuleTest(unittest.TestCase):
     def run_python(self, code, env_path):
         env = {k: v for k, v in os.environ.items() if k != progress.ENVIRONMENT_VARIABLE}
@@ -146,7 +159,10 @@ class ModuleTest(unittest.TestCase):
         result = self.run_python(
             "from lockstep import progress\n"
             "assert not progress.enabled()\n"
-            "assert progress.report(step=1, loss=0.5) is False\n", None)
+            "assert progress.report(step=1, loss=0.5) is False\n"
+            "class Device:\n"
+            "    def __float__(self): raise AssertionError('waited for the device')\n"
+            "assert progress.report(step=2, loss=Device()) is False\n", None)
         self.assertEqual(result.returncode, 0, result.stderr)
 
 

@@ -130,7 +130,7 @@ std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& in
     if (name == "LOCKSTEP_JOB_TOKEN" || overrides.count(name) != 0) continue;
     if (name == "PYTHONUNBUFFERED") python_unbuffered = true;
     if (name == "PYTHONPATH") {
-      python_path = entry.substr(name.size() + 1);
+      if (name.size() < entry.size()) python_path = entry.substr(name.size() + 1);
       continue;
     }
     env.push_back(entry);

@@ -34,6 +34,10 @@ StatusOr<std::unique_ptr<ExecMetrics>> ExecMetrics::Create(const std::string& jo
                         .Name("lockstep_train_loss")
                         .Help("Latest training loss the program reported")
                         .Register(registry);
+  m.rate_family_ = &prometheus::BuildGauge()
+                        .Name("lockstep_train_samples_per_second")
+                        .Help("Training samples per second (global), from the program's reports")
+                        .Register(registry);
   m.efficiency_family_ =
       &prometheus::BuildGauge()
            .Name("lockstep_scaling_efficiency")
@@ -79,6 +83,7 @@ void ExecMetrics::BindRank(int32_t rank) {
   if (samples_ != nullptr) metrics::MoveSeries(samples_family_, &samples_, labels);
   if (loss_ != nullptr) metrics::MoveSeries(loss_family_, &loss_, labels);
   if (efficiency_ != nullptr) metrics::MoveSeries(efficiency_family_, &efficiency_, labels);
+  if (rate_ != nullptr) metrics::MoveSeries(rate_family_, &rate_, labels);
 }
 
 prometheus::Labels ExecMetrics::RankLabels() const {
@@ -119,6 +124,9 @@ void ExecMetrics::ObserveProgress(const ProgressLine& line,
     }
   }
   if (line.has_loss) Series(loss_family_, &loss_).Set(line.loss);
+  if (line.samples >= 0 && report.samples_per_second > 0) {
+    Series(rate_family_, &rate_).Set(report.samples_per_second);
+  }
   if (line.compute_seconds >= 0 && report.scaling_efficiency > 0) {
     Series(efficiency_family_, &efficiency_).Set(report.scaling_efficiency);
   }

@@ -69,10 +69,12 @@ class ExecMetrics {
   prometheus::Family<prometheus::Counter>* samples_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* loss_family_ = nullptr;
   prometheus::Family<prometheus::Gauge>* efficiency_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* rate_family_ = nullptr;
   prometheus::Counter* steps_ = nullptr;
   prometheus::Counter* samples_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
   prometheus::Gauge* efficiency_ = nullptr;
+  prometheus::Gauge* rate_ = nullptr;
   prometheus::Gauge* world_size_ = nullptr;
   prometheus::Gauge* generation_ = nullptr;
   prometheus::Counter* restarts_ = nullptr;

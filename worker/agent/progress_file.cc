@@ -70,6 +70,10 @@ std::optional<ProgressLine> ProgressFileReader::ReadNew() {
       skipping_ = false;
       continue;
     }
+    if (line.size() > kMaxLineBytes) {
+      ++invalid_lines_;
+      continue;
+    }
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (auto parsed = ParseProgressLine(line)) {
       newest = parsed;
@@ -86,6 +90,19 @@ std::optional<ProgressLine> ProgressFileReader::ReadNew() {
   return newest;
 }
 
+namespace {
+
+// The rate of a cumulative count between its last reading and this one; -1 when there is none
+// (no earlier reading on the same clock, too short an interval, or a count that went back).
+double RateSince(const ProgressTracker::Reading& last, double value, double time, bool line_time) {
+  if (last.time < 0 || last.line_time != line_time) return -1;
+  const double interval = time - last.time;
+  if (interval < kMinRateIntervalSeconds || value < last.value) return -1;
+  return (value - last.value) / interval;
+}
+
+}  // namespace
+
 rendezvous::ProgressReport ProgressTracker::Update(const ProgressLine& line, double now) {
   report_.step = line.step;
   if (line.total_steps >= 0) report_.total_steps = line.total_steps;
@@ -93,27 +110,29 @@ rendezvous::ProgressReport ProgressTracker::Update(const ProgressLine& line, dou
     report_.loss = line.loss;
     report_.has_loss = true;
   }
-  Sample current;
-  current.samples = line.samples;
-  current.compute_seconds = line.compute_seconds;
-  current.line_time = line.time >= 0;
-  current.time = current.line_time ? line.time : now;
-  if (line.samples >= 0) report_.samples = line.samples;
-  const bool comparable = last_.time >= 0 && last_.line_time == current.line_time;
-  const double interval = current.time - last_.time;
-  if (comparable && interval >= kMinRateIntervalSeconds) {
-    if (current.samples >= 0 && last_.samples >= 0 && current.samples >= last_.samples) {
-      report_.samples_per_second =
-          static_cast<double>(current.samples - last_.samples) / interval;
+  const bool line_time = line.time >= 0;
+  const double time = line_time ? line.time : now;
+  // Each count keeps its own last reading, so lines that leave one out do not break its rate.
+  auto observe = [&](Reading& last, double value, auto&& set_rate) {
+    const double rate = RateSince(last, value, time, line_time);
+    if (rate >= 0) set_rate(rate);
+    // An interval too short to divide keeps the older reading; anything else starts from here.
+    if (rate >= 0 || last.time < 0 || last.line_time != line_time || value < last.value ||
+        time < last.time) {
+      last = {value, time, line_time};
     }
-    if (current.compute_seconds >= 0 && last_.compute_seconds >= 0 &&
-        current.compute_seconds >= last_.compute_seconds) {
-      report_.scaling_efficiency =
-          std::clamp((current.compute_seconds - last_.compute_seconds) / interval, 0.0, 1.0);
-      report_.comm_exposed_fraction = 1.0 - report_.scaling_efficiency;
-    }
+  };
+  if (line.samples >= 0) {
+    report_.samples = line.samples;
+    observe(last_samples_, static_cast<double>(line.samples),
+            [&](double rate) { report_.samples_per_second = rate; });
   }
-  if (!comparable || interval >= kMinRateIntervalSeconds) last_ = current;
+  if (line.compute_seconds >= 0) {
+    observe(last_compute_, line.compute_seconds, [&](double rate) {
+      report_.scaling_efficiency = std::min(rate, 1.0);
+      report_.comm_exposed_fraction = 1.0 - report_.scaling_efficiency;
+    });
+  }
   return report_;
 }
 

@@ -45,7 +45,7 @@ class ProgressFileReader {
   // Reads the complete lines appended since the last call and returns the newest valid one
   // (nullopt when none). A partial last line waits for its newline. A file that shrank (the
   // program truncated it) is read again from its start. Invalid lines are counted and skipped;
-  // so is a line longer than 64 KiB, without holding it.
+  // so is a line longer than 64 KiB, and one still growing past that is not held.
   std::optional<ProgressLine> ReadNew();
   int64_t invalid_lines() const { return invalid_lines_; }
 
@@ -69,19 +69,24 @@ class ProgressTracker {
 
   rendezvous::ProgressReport Update(const ProgressLine& line, double now);
   // A new process of the command: its first counts are not comparable with the last process's.
-  void StartProcess() { last_ = {}; }
+  void StartProcess() {
+    last_samples_ = {};
+    last_compute_ = {};
+  }
   void SetRestarts(int32_t restarts) { report_.restarts = restarts; }
   const rendezvous::ProgressReport& report() const { return report_; }
 
- private:
-  struct Sample {
-    int64_t samples = -1;
-    double compute_seconds = -1;
-    double time = -1;
+  // The last reading of one cumulative count (samples, compute seconds).
+  struct Reading {
+    double value = 0;
+    double time = -1;        // -1: none yet
     bool line_time = false;  // `time` is the line's own, not when it was read
   };
+
+ private:
   rendezvous::ProgressReport report_;
-  Sample last_;
+  Reading last_samples_;
+  Reading last_compute_;
 };
 
 }  // namespace lockstep::agent

@@ -24,6 +24,7 @@ TEST(ExecMetrics, ReportsProgressGenerationAndRestartsWithJobAndRank) {
   line.step = 30;  // resumed from an older checkpoint: the counter does not go back
   line.compute_seconds = 12;
   report.scaling_efficiency = 0.75;
+  report.samples_per_second = 640;
   (*metrics)->ObserveProgress(line, report);
   const std::string text = (*metrics)->Scrape();
   EXPECT_NE(text.find("lockstep_train_steps_total{job=\"default/ddp\",rank=\"1\"} 40"),
@@ -35,6 +36,9 @@ TEST(ExecMetrics, ReportsProgressGenerationAndRestartsWithJobAndRank) {
             std::string::npos);
   EXPECT_NE(text.find("lockstep_scaling_efficiency{job=\"default/ddp\",rank=\"1\"} 0.75"),
             std::string::npos);
+  EXPECT_NE(
+      text.find("lockstep_train_samples_per_second{job=\"default/ddp\",rank=\"1\"} 640"),
+      std::string::npos);
   EXPECT_NE(text.find("lockstep_world_size{job=\"default/ddp\"} 2"), std::string::npos);
   EXPECT_NE(text.find("lockstep_rendezvous_generation{job=\"default/ddp\"} 2"), std::string::npos);
   EXPECT_NE(text.find("lockstep_restarts_total{job=\"default/ddp\"} 1"), std::string::npos);
@@ -46,8 +50,9 @@ TEST(ExecMetrics, AProgramThatReportsNothingExportsNoTrainingSeries) {
   (*metrics)->SetGeneration(1, 0, 2);
   std::string text = (*metrics)->Scrape();
   EXPECT_NE(text.find("lockstep_world_size{job=\"default/quiet\"} 2"), std::string::npos) << text;
-  for (const char* series : {"lockstep_train_steps_total{", "lockstep_train_samples_total{",
-                             "lockstep_train_loss{", "lockstep_scaling_efficiency{"}) {
+  for (const char* series :
+       {"lockstep_train_steps_total{", "lockstep_train_samples_total{", "lockstep_train_loss{",
+        "lockstep_scaling_efficiency{", "lockstep_train_samples_per_second{"}) {
     EXPECT_EQ(text.find(series), std::string::npos) << series << " before any report:\n" << text;
   }
   // Steps only: no loss, samples or efficiency series appear beside them.

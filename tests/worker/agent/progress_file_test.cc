@@ -96,6 +96,14 @@ TEST(ProgressTracker, RatesComeFromTheLinesOwnTimes) {
   EXPECT_DOUBLE_EQ(report.comm_exposed_fraction, 0.25);
 }
 
+TEST(ProgressTracker, EachCountKeepsItsOwnLastReading) {
+  ProgressTracker tracker;
+  tracker.Update(Line(10, 640, -1, 1000.0), 0);
+  tracker.Update(Line(11, -1, -1, 1001.0), 0);  // a line without samples
+  const rendezvous::ProgressReport report = tracker.Update(Line(12, 768, -1, 1002.0), 0);
+  EXPECT_DOUBLE_EQ(report.samples_per_second, 64.0) << "from the line two back, which had them";
+}
+
 TEST(ProgressTracker, WithoutTimesTheReadingTimesCountAndANewProcessStartsAfresh) {
   ProgressTracker tracker;
   tracker.Update(Line(10, 640, -1, -1), 5.0);
