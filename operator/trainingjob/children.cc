@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/base64.h"
+#include "common/termination_message.h"
 
 namespace lockstep::op::trainingjob {
 namespace {
@@ -523,6 +524,8 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   if (spec.trainer.has_value()) {
     command.push_back("train");
   } else {
+    // Where the agents say they gave up, so that the job fails at once (ReconcilePods).
+    env.push_back(EnvValue(kTerminationLogEnv, kTerminationLogPath));
     command.push_back("exec");
     command.push_back("--");
     for (const std::string& word : spec.command) command.push_back(word);

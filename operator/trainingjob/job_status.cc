@@ -1,5 +1,7 @@
 #include "operator/trainingjob/job_status.h"
 
+#include "common/termination_message.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -204,6 +206,26 @@ std::string WorkerStuckReason(const json& pod) {
     if (!IsStuckWaitingReason(reason)) return "";
     const std::string message = waiting.value("message", "");
     return message.empty() ? reason : reason + ": " + message;
+  }
+  return "";
+}
+
+std::string WorkerGaveUpMessage(const json& pod) {
+  if (!pod.is_object() || !pod.contains("status") || !pod["status"].is_object()) return "";
+  const json statuses = pod["status"].value("containerStatuses", json::array());
+  if (!statuses.is_array()) return "";
+  for (const json& container : statuses) {
+    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
+    const json state = container.value("state", json::object());
+    if (!state.is_object() || !state.contains("terminated") || !state["terminated"].is_object()) {
+      return "";
+    }
+    const json message = state["terminated"].value("message", json());
+    if (!message.is_string()) return "";
+    const std::string text = message.get<std::string>();
+    const std::string prefix = kGaveUpPrefix;
+    if (text.compare(0, prefix.size(), prefix) != 0 || text.size() == prefix.size()) return "";
+    return text.substr(prefix.size());
   }
   return "";
 }

@@ -59,6 +59,10 @@ int32_t WorkerExitCode(const json& pod);
 std::string WorkerStuckReason(const json& pod);
 bool IsStuckWaitingReason(const std::string& reason);
 
+// Why the worker's exec agents gave up, from its terminated container's termination message
+// ("lockstep: gave up: <why>", common/termination_message.h); empty when it says nothing so.
+std::string WorkerGaveUpMessage(const json& pod);
+
 // Seconds until `total_steps` at the reported pace: the samples a step takes so far
 // (samples / step, which holds for the built-in trainer and for an exec program that reports
 // global samples) over samples per second. -1 when any of them is unknown (0) or the run is done.

@@ -8,6 +8,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "common/termination_message.h"
 #include "operator/tls/certificates.h"
 #include "operator/trainingjob/job_status.h"
 
@@ -89,13 +90,19 @@ json ManifestOf(const json& object) {
   return manifest;
 }
 
-// A merge patch (RFC 7386) that turns `from` into `to` at the top level of status: keys that
-// disappear become null.
+// A merge patch (RFC 7386) that turns `from` into `to`: keys that disappear become null, in
+// nested objects too (a merge patch merges them key by key, so a field status.progress no longer
+// has would otherwise stay forever).
 json StatusMergePatch(const json& from, const json& to) {
   json patch = to;
-  if (from.is_object()) {
+  if (from.is_object() && to.is_object()) {
     for (auto it = from.begin(); it != from.end(); ++it) {
-      if (!to.contains(it.key())) patch[it.key()] = nullptr;
+      const auto next = to.find(it.key());
+      if (next == to.end()) {
+        patch[it.key()] = nullptr;
+      } else if (it->is_object() && next->is_object()) {
+        patch[it.key()] = StatusMergePatch(*it, *next);
+      }
     }
   }
   return patch;
@@ -172,10 +179,15 @@ json TrimPod(json pod) {
     for (const json& c : s.value("containerStatuses", json::array())) {
       if (!c.contains("state") || !c["state"].is_object()) continue;
       const json& state = c["state"];
-      if (state.contains("terminated")) {
+      if (state.contains("terminated") && state["terminated"].is_object()) {
+        json terminated = {{"exitCode", state["terminated"].value("exitCode", -1)}};
+        // Kept only when the agents gave up (WorkerGaveUpMessage): that fails the job.
+        const json message = state["terminated"].value("message", json());
+        if (message.is_string() && message.get<std::string>().rfind(kGaveUpPrefix, 0) == 0) {
+          terminated["message"] = TrimUtf8(message.get<std::string>(), 1024);
+        }
         containers.push_back(
-            {{"name", c.value("name", "")},
-             {"state", {{"terminated", {{"exitCode", state["terminated"].value("exitCode", -1)}}}}}});
+            {{"name", c.value("name", "")}, {"state", {{"terminated", std::move(terminated)}}}});
       } else if (state.contains("waiting") && state["waiting"].is_object() &&
                  IsStuckWaitingReason(state["waiting"].value("reason", ""))) {
         // A container that cannot start without a change (WorkerStuckReason).
@@ -546,6 +558,11 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
         (exit_code >= 0
              ? " with exit code " + std::to_string(exit_code)
              : " (" + (*pod)["status"].value("reason", std::string("no exit code")) + ")");
+    // The exec agents gave up: they hold the job's restart budget and already applied the run
+    // policy; a replacement pod would read the same give-up and exit again.
+    if (const std::string gave_up = WorkerGaveUpMessage(*pod); !gave_up.empty()) {
+      return Finish(w, false, "WorkersGaveUp", what + ": " + gave_up);
+    }
     const ExitDecision decision = DecideExit(policy, exit_code);
     if (decision == ExitDecision::kFailJob) {
       return Finish(w, false, "PodFailed",

@@ -24,6 +24,7 @@
 #include "common/errno_check.h"
 #include "common/logging.h"
 #include "common/spec/training_job.h"
+#include "common/termination_message.h"
 #include "worker/agent/child_process.h"
 #include "worker/agent/exec_environment.h"
 #include "worker/agent/exec_metrics.h"
@@ -65,6 +66,32 @@ constexpr int64_t kEndDescendantsMs = 2000;
 // The generation-store key each agent writes once its previous command has stopped; every agent
 // waits for all of them before it starts its command.
 constexpr char kStoppedKeyPrefix[] = "stopped/";
+
+// Writes `message`, cut to what the kubelet reads (at a UTF-8 boundary), to the termination
+// message file at `path` (the kubelet created it; it is not created here).
+Status WriteTerminationMessage(const std::string& path, std::string message) {
+  if (message.size() > kMaxTerminationMessageBytes) {
+    size_t end = kMaxTerminationMessageBytes;
+    while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
+    message.resize(end);
+  }
+  int fd;
+  LOCKSTEP_SYSCALL_RETRY(fd, open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC));
+  if (fd < 0) return ErrnoStatus("open " + path, errno);
+  size_t written = 0;
+  while (written < message.size()) {
+    ssize_t n;
+    LOCKSTEP_SYSCALL_RETRY(n, write(fd, message.data() + written, message.size() - written));
+    if (n < 0) {
+      const int error = errno;
+      close(fd);
+      return ErrnoStatus("write " + path, error);
+    }
+    written += static_cast<size_t>(n);
+  }
+  close(fd);
+  return OkStatus();
+}
 
 // What woke the agent up since the last wait.
 struct Events {
@@ -139,6 +166,9 @@ class ExecAgent {
   void LeaveAsFailed();
   void SetContext(const rendezvous::Assignment* a);
   int GiveUp(int status, const std::string& message);
+  // The job's budget is spent or its policy refuses a retry: also tells the operator so
+  // (common/termination_message.h), which then fails the job instead of replacing the pod.
+  int GiveUpForGood(int status, const std::string& message);
 
   ExecAgentOptions options_;
   std::unique_ptr<rendezvous::RendezvousClient> client_;
@@ -160,6 +190,15 @@ void ExecAgent::SetContext(const rendezvous::Assignment* a) {
     SetLogContext("job=" + options_.job + " member=" + options_.client.member_id +
                   " rank=" + std::to_string(a->rank) + " gen=" + std::to_string(a->generation));
   }
+}
+
+int ExecAgent::GiveUpForGood(int status, const std::string& message) {
+  if (const std::string path = EnvString(kTerminationLogEnv, ""); !path.empty()) {
+    if (Status written = WriteTerminationMessage(path, kGaveUpPrefix + message); !written.ok()) {
+      LOCKSTEP_LOG(WARNING) << "termination message: " << written;
+    }
+  }
+  return GiveUp(status, message);
 }
 
 int ExecAgent::GiveUp(int status, const std::string& message) {
@@ -401,16 +440,17 @@ int ExecAgent::Run() {
     if (plan->restart_count > known_restarts_) {
       metrics_->AddRestarts(plan->restart_count - known_restarts_);
       known_restarts_ = plan->restart_count;
-      // Reported at once, with or without progress from the program: `lockstep run`'s summary
-      // and the job's status count the restarts the budget counts.
+      // Reported at once, with or without progress from the program: `lockstep run`'s display
+      // and summary count the restarts the budget counts.
       tracker_.SetRestarts(known_restarts_);
       client_->SetProgress(tracker_.report());
     }
-    if (plan->give_up) return GiveUp(plan->exit_status, plan->message);
+    if (plan->give_up) return GiveUpForGood(plan->exit_status, plan->message);
     // Safety net under the shared count: a command that failed here more often than the budget
     // allows stops even if failure records went missing (an unreachable store).
     if (own_failures_ > options_.budget.backoff_limit) {
-      return GiveUp(last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
+      return GiveUpForGood(
+          last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
                     "the command failed " + std::to_string(own_failures_) +
                         " times on this member (backoffLimit " +
                         std::to_string(options_.budget.backoff_limit) +

@@ -550,7 +550,11 @@ TEST_F(OperatorEndToEndTest, AnExecJobsReportedProgressShowsInTheStatusWhileItRu
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
   json job = WaitForJob(
       "exec-progress",
-      [](const json& j) { return j["status"].value("progress", json::object()).value("step", 0) == 7; },
+      [](const json& j) {
+        const json status = j.value("status", json::object());
+        return status.is_object() &&
+               status.value("progress", json::object()).value("step", int64_t{0}) == 7;
+      },
       "showed the reported step 7");
   EXPECT_EQ(Phase(job), "Running") << job["status"].dump(2);
   EXPECT_EQ(job["status"]["progress"]["totalSteps"], 10);
@@ -561,6 +565,25 @@ TEST_F(OperatorEndToEndTest, AnExecJobsReportedProgressShowsInTheStatusWhileItRu
   job = WaitForJob("exec-progress", [](const json& j) { return Phase(j) == "Succeeded"; },
                    "succeeded");
   EXPECT_EQ(job["status"]["progress"]["step"], 10) << job["status"].dump(2);
+}
+
+// The exec agents hold the job's restart budget: when they give up, their termination message
+// says so and the operator fails the job at once, with their reason, instead of spending its own
+// replacements on pods whose agents would only give up again.
+TEST_F(OperatorEndToEndTest, AnExecJobWhoseAgentsGaveUpFailsAtOnceWithTheirReason) {
+  StartKubelet();
+  json manifest = JobManifest("exec-gives-up", 2);
+  manifest["spec"].erase("trainer");
+  manifest["spec"]["command"] = {"/bin/sh", "-c", "exit 3"};
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 1}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob("exec-gives-up", [](const json& j) { return Phase(j) == "Failed"; },
+                        "Failed");
+  EXPECT_EQ(Condition(job, "Failed")["reason"], "WorkersGaveUp") << job["status"].dump(2);
+  const std::string message = Condition(job, "Failed").value("message", "");
+  EXPECT_NE(message.find("with exit code 3: restarts exhausted: 1 of 1"), std::string::npos)
+      << message;
+  EXPECT_EQ(job["status"].value("restarts", 0), 0) << "no pod was replaced";
 }
 
 // Worker pods ask for a non-root user (Pod Security "restricted"). A job that brings a root image

@@ -7,6 +7,8 @@
 
 #include <string>
 
+#include "operator/trainingjob/children.h"
+
 namespace lockstep::op::trainingjob {
 namespace {
 
@@ -191,6 +193,26 @@ TEST(JobStatusTest, TimeLeftComesFromTheReportedPaceAndIsUnknownUntilItCanBe) {
   EXPECT_EQ(EstimatedSecondsRemaining(10, 100, 640, 0.0), -1) << "no rate yet";
   EXPECT_EQ(EstimatedSecondsRemaining(100, 100, 6400, 320.0), -1) << "done";
   EXPECT_EQ(EstimatedSecondsRemaining(0, 100, 0, 0.0), -1);
+}
+
+TEST(JobStatusTest, AGiveUpIsReadFromTheWorkersTerminationMessageOnly) {
+  auto pod = [](const std::string& container, const json& terminated) {
+    return json{{"status",
+                 {{"phase", "Failed"},
+                  {"containerStatuses",
+                   json::array({{{"name", container}, {"state", {{"terminated", terminated}}}}})}}}};
+  };
+  EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer,
+                                    {{"exitCode", 1},
+                                     {"message", "lockstep: gave up: restarts exhausted: 3 of 3"}})),
+            "restarts exhausted: 3 of 3");
+  EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer, {{"exitCode", 1}, {"message", "oom"}})), "")
+      << "a program's own message is not a give-up";
+  EXPECT_EQ(WorkerGaveUpMessage(pod("sidecar", {{"exitCode", 1},
+                                                {"message", "lockstep: gave up: x"}})),
+            "");
+  EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer, {{"exitCode", 1}, {"message", 7}})), "");
+  EXPECT_EQ(WorkerGaveUpMessage(json::object()), "");
 }
 
 }  // namespace

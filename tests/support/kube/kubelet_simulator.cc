@@ -153,6 +153,17 @@ void WriteFileWithMode(const fs::path& path, const std::string& bytes, int mode)
   chmod(path.c_str(), static_cast<mode_t>(mode));
 }
 
+// What a container left at its terminationMessagePath: at most 4096 bytes, as the kubelet reads
+// (pkg/kubelet/kuberuntime: maxMsgSize); empty when there is no such file.
+std::string ReadTerminationMessage(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::string message(4096, '\0');
+  in.read(message.data(), static_cast<std::streamsize>(message.size()));
+  message.resize(static_cast<size_t>(in.gcount()));
+  return message;
+}
+
 // The LIST of the pods a simulator looks after.
 std::string ListPath(const KubeletSimulatorOptions& options) {
   return (options.namespace_.empty() ? std::string("/api/v1/pods")
@@ -189,6 +200,10 @@ struct KubeletSimulator::Pod {
   bool evicted = false;
   std::string eviction_message;
   std::string waiting_reason, waiting_message;  // why the container cannot start (yet)
+  // The container's terminationMessagePath, as a file of this pod; what the container wrote there
+  // (at most 4096 bytes) becomes state.terminated.message when it exits.
+  std::string termination_log;
+  std::string termination_message;
   std::string start_time, started_at, finished_at, ready_since;
   bool last_ready = false;
   bool status_dirty = false;  // a status write is due
@@ -406,6 +421,7 @@ void KubeletSimulator::OnExit(Pod* pod, int exit_code) {
   pod->state = Pod::State::kTerminated;
   pod->exit_code = exit_code;
   pod->finished_at = Rfc3339Now();
+  pod->termination_message = ReadTerminationMessage(pod->termination_log);
   pod->status_dirty = true;
 }
 
@@ -579,6 +595,13 @@ Status KubeletSimulator::PrepareContainer(Pod* pod, std::vector<std::string>* ar
     if (!sub_path.empty()) local += "/" + sub_path;
     mounts.emplace_back(mount_path, local);
   }
+  // The kubelet creates the file at terminationMessagePath (default /dev/termination-log) for
+  // each container and reads it when the container ends:
+  // https://kubernetes.io/docs/tasks/debug/debug-application/determine-reason-pod-failure/
+  pod->termination_log = pod->dir + "/termination-log";
+  WriteFileWithMode(pod->termination_log, "", 0666);
+  mounts.emplace_back(container.value("terminationMessagePath", "/dev/termination-log"),
+                      pod->termination_log);
   std::sort(mounts.begin(), mounts.end(),
             [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
 
@@ -792,6 +815,9 @@ Status KubeletSimulator::WriteStatus(Pod* pod) {
                              {"startedAt", pod->started_at.empty() ? now : pod->started_at},
                              {"finishedAt", pod->finished_at.empty() ? now : pod->finished_at},
                              {"containerID", container_id}};
+      if (!pod->termination_message.empty()) {
+        state["terminated"]["message"] = pod->termination_message;
+      }
     } else {
       json waiting = {{"reason", pod->waiting_reason.empty() ? std::string("ContainerCreating")
                                                              : pod->waiting_reason}};
