@@ -207,6 +207,23 @@ class Job : public std::enable_shared_from_this<Job> {
   std::map<StreamId, std::weak_ptr<HeartbeatStream>> streams_;  // that the state may name
 };
 
+// Refuses a call whose token is no hosted job's from its metadata, before its request is read.
+// gRPC's HTTP/2 transport reads a whole message before max_receive_message_length applies
+// (grpc/grpc#43012), so without this a stranger's oversized request would be held in full (up to
+// the resource quota) before the handler could refuse it. The answer is Authorize's (NOT_FOUND:
+// a worker waits it out while a restarted operator registers its jobs again). gRPC takes an
+// AuthMetadataProcessor on secure credentials only: TLS, as the operator serves.
+class TokenGate : public grpc::AuthMetadataProcessor {
+ public:
+  explicit TokenGate(const RendezvousServerImpl* server) : server_(server) {}
+  bool IsBlocking() const override { return false; }  // a map walk under a short lock
+  grpc::Status Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                       OutputMetadata* consumed, OutputMetadata* response) override;
+
+ private:
+  const RendezvousServerImpl* server_;
+};
+
 class RendezvousServerImpl : public RendezvousServer, public v1::Rendezvous::CallbackService {
  public:
   RendezvousServerImpl() = default;
@@ -227,6 +244,8 @@ class RendezvousServerImpl : public RendezvousServer, public v1::Rendezvous::Cal
   // names exist. NOT_FOUND because a worker must wait it out: a restarted operator hosts its jobs
   // again only once its caches are synced.
   StatusOr<std::shared_ptr<Job>> Authorize(const std::string& token, const std::string& job) const;
+  // Whether `token` is some hosted job's (compared in constant time with every job's).
+  bool HostsToken(const std::string& token) const;
 
   // v1::Rendezvous::CallbackService
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
@@ -552,6 +571,7 @@ Status RendezvousServerImpl::StartServing(const ServerOptions& options) {
     grpc::SslServerCredentialsOptions ssl;
     ssl.pem_key_cert_pairs.push_back({options.tls_key_pem, options.tls_cert_pem});
     credentials = grpc::SslServerCredentials(ssl);
+    credentials->SetAuthMetadataProcessor(std::make_shared<TokenGate>(this));
   } else {
     credentials = grpc::InsecureServerCredentials();
   }
@@ -664,6 +684,22 @@ StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::FindJob(const std::string& 
   auto it = jobs_.find(job);
   if (it == jobs_.end()) return NotFoundError("unknown rendezvous job " + job);
   return it->second;
+}
+
+bool RendezvousServerImpl::HostsToken(const std::string& token) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  bool hosted = false;
+  for (const auto& [name, job] : jobs_) hosted |= TokensEqual(job->config().token, token);
+  return hosted;
+}
+
+grpc::Status TokenGate::Process(const InputMetadata& metadata, grpc::AuthContext* context,
+                                OutputMetadata* consumed, OutputMetadata* response) {
+  auto it = metadata.find(kTokenMetadataKey);
+  if (it != metadata.end() && server_->HostsToken(std::string(it->second.data(), it->second.size()))) {
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::NOT_FOUND, "no rendezvous job with this token here");
 }
 
 StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::Authorize(const std::string& token,
