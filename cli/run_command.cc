@@ -62,6 +62,11 @@ constexpr int64_t kPollIntervalMs = 250;  // also the TTY redraw period
 constexpr int64_t kServerShutdownMs = 2000;
 constexpr int64_t kJoinTimeoutMarginMs = 5000;
 constexpr int64_t kMaxRestartBackoffMs = 10000;
+// What an exec agent takes to stop its command (worker/agent/exec_agent.h: grace_ms default,
+// kill_wait_ms), and a margin for its own exit.
+constexpr int64_t kAgentGraceMs = 10000;
+constexpr int64_t kAgentKillWaitMs = 5000;
+constexpr int64_t kAgentExitMarginMs = 1000;
 
 // Most processes (workers x ranks per worker) `lockstep run` starts on one machine.
 constexpr int64_t kMaxLocalRanks = 1024;
@@ -474,6 +479,16 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   const std::vector<WorkerCommand> commands = BuildWorkerCommands(job, command_options);
   SupervisorOptions supervisor_options;
   supervisor_options.grace_period_ms = RunGracePeriodMs();
+  if (exec) {
+    // An exec agent that is told to stop stops its command first (SIGTERM, SIGKILL after
+    // LOCKSTEP_EXEC_GRACE_MS, then up to kAgentKillWaitMs for the exit), and only the agent can
+    // end the command's group and its setsid descendants: killing the agent sooner would leave
+    // them running.
+    supervisor_options.grace_period_ms =
+        std::max(supervisor_options.grace_period_ms,
+                 std::max<int64_t>(0, EnvInt("LOCKSTEP_EXEC_GRACE_MS", kAgentGraceMs)) +
+                     kAgentKillWaitMs + kAgentExitMarginMs);
+  }
   Supervisor supervisor(supervisor_options,
                         std::make_unique<RunPolicyRestarts>(
                             job.spec.run_policy, RunRestartBackoffMs(), kMaxRestartBackoffMs,

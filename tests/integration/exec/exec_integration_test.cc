@@ -370,6 +370,44 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
       << result.out;
 }
 
+// SIGTERM to `lockstep run` of an exec job: each agent stops its command (SIGTERM, SIGKILL after
+// the agents' grace), also one that ignores SIGTERM, and nothing outlives the run, although the
+// launcher's own grace is shorter than the agents' (it waits for them instead of killing them
+// first and orphaning their commands).
+TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnoringSigterm) {
+  const std::string dir = MakeTempDir("exec-interrupt");
+  const std::string marker = "exec-interrupt-" + std::to_string(getpid());
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: interrupted}\n"
+            "spec:\n"
+            "  replicas: 2\n"
+            "  command: [\"/bin/sh\", \"-c\", "
+            "\"trap '' TERM; echo ready; while :; do sleep 0.1; done\"]\n"
+            "  metrics: {port: 0}\n");
+  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs"},
+                   {{"LOCKSTEP_TEST_MARKER", marker},
+                    {"LOCKSTEP_EXEC_GRACE_MS", "1500"},
+                    {"LOCKSTEP_RUN_GRACE_PERIOD_MS", "300"}});
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::string out = run.StdoutSoFar();
+        return out.find("[rank 0] ready") != std::string::npos &&
+               out.find("[rank 1] ready") != std::string::npos;
+      },
+      kTrainWaitMs, 50))
+      << run.StdoutSoFar();
+  ASSERT_EQ(kill(run.pid(), SIGTERM), 0);
+  const ProcessResult result = run.Wait(kTrainWaitMs);
+  EXPECT_EQ(result.exit_code, 143) << result.out << result.err;
+  EXPECT_TRUE(lockstep::testing::FindProcessesWithEnv("LOCKSTEP_TEST_MARKER", marker).empty())
+      << "a command outlived lockstep run";
+  for (pid_t pid : lockstep::testing::FindProcessesWithEnv("LOCKSTEP_TEST_MARKER", marker)) {
+    kill(pid, SIGKILL);
+  }
+}
+
 struct BadCommandCase {
   std::string name;
   std::string job;  // a DNS label, unique per case
