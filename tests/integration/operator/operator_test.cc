@@ -70,11 +70,17 @@ class OperatorTest : public ::testing::Test {
       ASSERT_TRUE(h_->SetPodRunning(ns_, p["metadata"]["name"]));
     }
   }
+  // Whether an event with `reason` about `object` appears within kWaitMs: the operator's event
+  // recorder writes asynchronously, after the status write a test has waited for.
   bool HasEvent(const std::string& object, const std::string& reason) {
-    for (const json& e : h_->Events(ns_, object)) {
-      if (e.value("reason", "") == reason) return true;
-    }
-    return false;
+    return OperatorHarness::WaitFor(
+        [&] {
+          for (const json& e : h_->Events(ns_, object)) {
+            if (e.value("reason", "") == reason) return true;
+          }
+          return false;
+        },
+        kWaitMs);
   }
 
   OperatorHarness* h_ = nullptr;
