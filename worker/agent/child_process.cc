@@ -377,6 +377,22 @@ std::vector<pid_t> DescendantsOf(pid_t root) {
   return out;
 }
 
+int ReapExitedOrphans(const std::vector<pid_t>& keep) {
+  const pid_t self = getpid();
+  int reaped = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (std::find(keep.begin(), keep.end(), pid) != keep.end()) continue;
+    const std::optional<ProcessStat> stat = ReadProcessStat(pid);
+    if (!stat || stat->parent != self || stat->state != 'Z') continue;
+    if (waitpid(pid, nullptr, WNOHANG) == pid) ++reaped;
+  }
+  return reaped;
+}
+
 int EndDescendants(int64_t timeout_ms) {
   const pid_t self = getpid();
   const Deadline deadline = Deadline::AfterMs(timeout_ms);

@@ -130,6 +130,12 @@ std::vector<pid_t> DescendantsOf(pid_t root);
 // process should live.
 int EndDescendants(int64_t timeout_ms);
 
+// Reaps this process's children that have exited (zombies), except those in `keep` (the
+// commands it waits for itself): for a child subreaper, the orphans of the command's descendants
+// (a daemon that ends, a grandchild whose parent went first), which would otherwise stay zombies
+// until the command ends. Returns how many it reaped. Call it on SIGCHLD.
+int ReapExitedOrphans(const std::vector<pid_t>& keep);
+
 // The program the agent will execute: `name` itself when it holds a '/', else the first entry of
 // `path_env` (colon separated) where it is an executable file; when none is executable, the
 // first where it exists (so exec reports EACCES), else NotFound naming the PATH searched.

@@ -161,6 +161,8 @@ class ExecAgent {
   // kFailed, kSignalled) or sends the command SIGTERM (kGenerationEnded).
   Outcome Supervise(const rendezvous::Assignment& a, ChildProcess& child);
   void PumpProgress();
+  // Reaps what the command's descendants left to the agent (a subreaper) and has exited.
+  void ReapOrphans(const ChildProcess& command);
   bool GenerationEnded(int64_t generation) const { return ended_generation_.load() >= generation; }
   // Leaves (completed=false) so the others re-form at once, and stops heartbeating.
   void LeaveAsFailed();
@@ -357,6 +359,14 @@ void ExecAgent::EndLeftovers() {
   }
 }
 
+void ExecAgent::ReapOrphans(const ChildProcess& command) {
+  std::vector<pid_t> keep = {command.pid()};
+  if (stopping_) keep.push_back(stopping_->pid());
+  if (const int reaped = ReapExitedOrphans(keep); reaped > 0) {
+    LOCKSTEP_LOG(INFO) << "reaped " << reaped << " exited orphan(s) of the command";
+  }
+}
+
 void ExecAgent::PumpProgress() {
   std::optional<ProgressLine> line = progress_.ReadNew();
   if (!line) return;
@@ -380,6 +390,7 @@ ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildPr
     // Read before reaping: an exit that came by the time the end is seen is the command's own,
     // not a stop.
     const bool ended = GenerationEnded(a.generation);
+    if (events.child) ReapOrphans(child);
     if (std::optional<ChildExit> exit = child.TryReap()) {
       last_exit_ = *exit;
       PumpProgress();

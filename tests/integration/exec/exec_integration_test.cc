@@ -9,14 +9,17 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "common/process_stat.h"
 #include "common/rendezvous/server.h"
 #include "tests/support/job/job.h"
 
@@ -627,6 +630,37 @@ TEST(ExecIntegration, ADaemonTheCommandStartedInItsOwnSessionEndsWithIt) {
   const bool gone = PollUntil([&] { return kill(daemon, 0) != 0 && errno == ESRCH; }, 10000, 20);
   if (!gone) kill(daemon, SIGKILL);
   EXPECT_TRUE(gone) << "the setsid daemon (pid " << daemon << ") outlived the job";
+}
+
+// Zombie children of `parent`, read from /proc.
+int ZombieChildren(pid_t parent) {
+  int zombies = 0;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const std::optional<ProcessStat> stat = ReadProcessStat(static_cast<pid_t>(std::stol(name)));
+    if (stat && stat->parent == parent && stat->state == 'Z') ++zombies;
+  }
+  return zombies;
+}
+
+// Orphans of a long-running command (a grandchild whose parent went first) come to the agent,
+// a subreaper; those that exit are reaped while the command runs, not left as zombies until it
+// ends.
+TEST(ExecIntegration, OrphansThatExitWhileTheCommandRunsAreReaped) {
+  ExecJob job("orphans", 1, 1, 1, 0);
+  auto agent = job.StartAgent(
+      0, {"/bin/sh", "-c",
+          "for i in 1 2 3 4 5; do (sleep 0.2 &); done; sleep 1; echo orphans-gone; "
+          "while :; do sleep 1; done"});
+  ASSERT_TRUE(PollUntil(
+      [&] { return agent->StdoutSoFar().find("orphans-gone") != std::string::npos; }, 30000, 20))
+      << agent->StdoutSoFar();
+  EXPECT_TRUE(PollUntil([&] { return ZombieChildren(agent->pid()) == 0; }, 5000, 20))
+      << ZombieChildren(agent->pid()) << " zombie children of the agent";
+  kill(agent->pid(), SIGTERM);
+  EXPECT_FALSE(agent->Wait(30000).timed_out);
 }
 
 }  // namespace
