@@ -10,11 +10,13 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <utility>
 
 #include "common/deadline.h"
 #include "common/errno_check.h"
+#include "common/termination_message.h"
 
 extern char** environ;
 
@@ -137,9 +139,14 @@ RestartPolicy::Decision RunPolicyRestarts::OnWorkerFailed(const WorkerExit& exit
     decision.refusal = "exit code 2 means bad input, which a restart cannot fix";
     return decision;
   }
-  if (workers_restart_their_commands_ && !exit.signaled) {
+  // The agents hold an exec job's budget and apply its policy to the command; a worker whose
+  // agents gave up says so (its termination message) and is not replaced. One that ended
+  // otherwise (an agent killed, a crash) is a lost pod: the policy below decides, as the
+  // operator's does.
+  if (workers_restart_their_commands_ &&
+      exit.termination_message.rfind(kGaveUpPrefix, 0) == 0) {
     decision.refusal =
-        "its agent applied spec.runPolicy to the command itself (restarts exhausted or refused)";
+        "its agents gave up: " + exit.termination_message.substr(std::strlen(kGaveUpPrefix));
     return decision;
   }
   switch (policy_.restart_policy) {
@@ -219,9 +226,32 @@ Status Supervisor::Start(const std::vector<WorkerCommand>& commands) {
   return OkStatus();
 }
 
+namespace {
+
+// What a worker left in its termination log: at most kMaxTerminationMessageBytes, as the kubelet
+// reads; empty when there is no such file.
+std::string ReadTerminationLog(const std::string& path) {
+  if (path.empty()) return "";
+  std::ifstream in(path, std::ios::binary);
+  std::string message(kMaxTerminationMessageBytes, '\0');
+  in.read(message.data(), static_cast<std::streamsize>(message.size()));
+  message.resize(static_cast<size_t>(in.gcount()));
+  return message;
+}
+
+}  // namespace
+
 StatusOr<pid_t> Supervisor::Spawn(const WorkerCommand& command) {
   if (command.argv.empty()) return InvalidArgumentError("empty command");
   ExecImage image = BuildExecImage(command);
+  if (!command.termination_log.empty()) {
+    // What an earlier incarnation left there is not this one's word.
+    int fd;
+    LOCKSTEP_SYSCALL_RETRY(fd, open(command.termination_log.c_str(),
+                                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+    if (fd < 0) return ErrnoStatus("open " + command.termination_log, errno);
+    close(fd);
+  }
 
   int log_fd;
   LOCKSTEP_SYSCALL_RETRY(
@@ -324,6 +354,7 @@ void Supervisor::Reap(std::vector<SupervisorEvent>* events) {
     event.exit.signaled = WIFSIGNALED(status);
     event.exit.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
     event.exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+    event.exit.termination_message = ReadTerminationLog(slot.command.termination_log);
     slot.pid = 0;
     if (!event.exit.success() && !stopping_) {
       RestartPolicy::Decision decision = policy_->OnWorkerFailed(event.exit, restarts_);

@@ -48,6 +48,10 @@ struct WorkerCommand {
   // Added to (and overriding) the launcher's own environment.
   std::vector<std::pair<std::string, std::string>> env;
   std::string log_path;  // stdout and stderr of the worker
+  // Exec mode: the file its agents write when they give up (LOCKSTEP_TERMINATION_LOG,
+  // common/termination_message.h), emptied before each start and read at its exit, as the
+  // kubelet does with a container's terminationMessagePath. Empty: none.
+  std::string termination_log;
 };
 
 // How a worker process ended.
@@ -58,6 +62,7 @@ struct WorkerExit {
   bool signaled = false;  // true: killed by `signal`; false: exited with `exit_code`
   int exit_code = 0;
   int signal = 0;
+  std::string termination_message;  // what it left in its termination_log (at most 4096 bytes)
 
   bool success() const { return !signaled && exit_code == 0; }
   // "exit code 2" | "signal 9 (Killed)"

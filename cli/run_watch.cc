@@ -117,7 +117,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           // agent exits only then, or when the policy refuses).
           const bool limit_reached =
               event.no_restart_reason.find("backoffLimit") != std::string::npos ||
-              event.no_restart_reason.find("its agent applied spec.runPolicy") != std::string::npos;
+              event.no_restart_reason.find("its agents gave up") != std::string::npos;
           if (elastic && !bad_input && !limit_reached && event.exit.exit_code != 127) {
             dropped[event.exit.slot] = true;
             PrintEvent(display, out,

@@ -6,6 +6,7 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/termination_message.h"
 #include "kernels/device.h"
 
 namespace lockstep::cli {
@@ -64,6 +65,10 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
       command.argv.insert(command.argv.end(), job.spec.command.begin(), job.spec.command.end());
     }
     command.log_path = (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".log")).string();
+    if (!job.spec.command.empty()) {
+      command.termination_log =
+          (fs::path(log_dir) / ("worker-" + std::to_string(i) + ".termination")).string();
+    }
     // Rank r of pod i serves on port + i * ranks + r.
     const int32_t metrics_port = job.spec.metrics.port == 0 ? 0 : job.spec.metrics.port + i * ranks;
     command.env = {
@@ -77,6 +82,9 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
         {"OPENBLAS_NUM_THREADS", EnvString("OPENBLAS_NUM_THREADS", threads)},
         {"OMP_NUM_THREADS", EnvString("OMP_NUM_THREADS", threads)},
     };
+    if (!command.termination_log.empty()) {
+      command.env.emplace_back(kTerminationLogEnv, command.termination_log);
+    }
     if ((i + 1) * ranks <= static_cast<int32_t>(gpus.size())) {
       // Pod i sees only its GPUs, i * ranks .. (i + 1) * ranks - 1 (as a device plugin gives a
       // pod its own), its rank r uses the r-th of them, and a replacement in the same slot gets

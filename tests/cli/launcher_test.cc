@@ -316,17 +316,21 @@ TEST(RunPolicyRestartsTest, NeverRetriesNothing) {
   EXPECT_EQ(refused.refusal, "restartPolicy Never");
 }
 
-TEST(RunPolicyRestartsTest, AnExecAgentThatExitedIsNotReplacedButOneThatWasKilledIs) {
+TEST(RunPolicyRestartsTest, ExecAgentsThatGaveUpAreNotReplacedButALostWorkerIs) {
   RunPolicyRestarts policy(Policy(spec::RestartPolicy::kOnFailure, 3), 100, 1000,
                            /*workers_restart_their_commands=*/true);
-  // It exits only when the job's budget is spent or the policy refused: a replacement would
-  // start the command again past backoffLimit + 1.
-  const RestartPolicy::Decision exited = policy.OnWorkerFailed(ExitWithCode(1), 0);
+  // They give up only when the job's budget is spent or the policy refused, and say so: a
+  // replacement would start the command again past backoffLimit + 1.
+  WorkerExit gave_up = ExitWithCode(1);
+  gave_up.termination_message = "lockstep: gave up: restarts exhausted: 3 of 3";
+  const RestartPolicy::Decision exited = policy.OnWorkerFailed(gave_up, 0);
   EXPECT_FALSE(exited.restart);
-  EXPECT_NE(exited.refusal.find("its agent applied spec.runPolicy"), std::string::npos);
-  EXPECT_FALSE(policy.OnWorkerFailed(ExitWithCode(137), 0).restart);  // the command's status
-  // The agent itself lost, as a pod is.
+  EXPECT_EQ(exited.refusal, "its agents gave up: restarts exhausted: 3 of 3");
+  // A worker lost otherwise, as a pod is: an agent killed, or a pod of several ranks that exits
+  // 137 because one of its agents was.
   EXPECT_TRUE(policy.OnWorkerFailed(KilledBy(SIGKILL), 0).restart);
+  EXPECT_TRUE(policy.OnWorkerFailed(ExitWithCode(137), 0).restart);
+  EXPECT_FALSE(policy.OnWorkerFailed(ExitWithCode(137), 3).restart) << "within backoffLimit";
 }
 
 TEST(SupervisorTest, SigtermToTheLauncherIsReportedAsAnEvent) {

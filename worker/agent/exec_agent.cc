@@ -68,7 +68,7 @@ constexpr int64_t kEndDescendantsMs = 2000;
 constexpr char kStoppedKeyPrefix[] = "stopped/";
 
 // Writes `message`, cut to what the kubelet reads (at a UTF-8 boundary), to the termination
-// message file at `path` (the kubelet created it; it is not created here).
+// message file at `path` (the kubelet's, or `lockstep run`'s).
 Status WriteTerminationMessage(const std::string& path, std::string message) {
   if (message.size() > kMaxTerminationMessageBytes) {
     size_t end = kMaxTerminationMessageBytes;
@@ -76,7 +76,7 @@ Status WriteTerminationMessage(const std::string& path, std::string message) {
     message.resize(end);
   }
   int fd;
-  LOCKSTEP_SYSCALL_RETRY(fd, open(path.c_str(), O_WRONLY | O_TRUNC | O_CLOEXEC));
+  LOCKSTEP_SYSCALL_RETRY(fd, open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
   if (fd < 0) return ErrnoStatus("open " + path, errno);
   size_t written = 0;
   while (written < message.size()) {

@@ -411,6 +411,58 @@ TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnorin
   }
 }
 
+// A pod of two ranks loses one of its agents (not the command: the agent itself, as an OOM kill
+// would): the pod's supervisor stops its other rank and exits 137, and `lockstep run` replaces the
+// pod as a lost pod, as the operator would; only agents that gave up are not replaced.
+TEST(ExecIntegration, APodWhoseAgentWasKilledIsReplacedAndTheJobFinishes) {
+  const std::string dir = MakeTempDir("exec-lost-agent");
+  const std::string name = "lost-agent-" + std::to_string(getpid());
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: " + name + "}\n"
+            "spec:\n"
+            "  replicas: 2\n"
+            "  ranksPerWorker: 2\n"
+            "  command: [\"/bin/sh\", \"-c\", "
+            "\"echo up $LOCKSTEP_GENERATION; while [ ! -e " + dir + "/done ]; do sleep 0.05; done\"]\n"
+            "  runPolicy: {backoffLimit: 2}\n"
+            "  metrics: {port: 0}\n");
+  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs",
+                    "--summary", dir + "/summary.json"},
+                   {{"LOCKSTEP_EXEC_GRACE_MS", "2000"}});
+  pid_t agent = -1;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        if (run.StdoutSoFar().find("[rank 3] up") == std::string::npos) return false;
+        const pid_t pod = lockstep::testing::WorkerOfLauncher(run.pid(), name, name + "-worker-1");
+        const std::vector<pid_t> agents = ChildrenWithEnv(pod, {{"LOCKSTEP_LOCAL_RANK", "1"}});
+        if (agents.size() != 1) return false;
+        agent = agents[0];
+        return true;
+      },
+      kTrainWaitMs, 50))
+      << run.StdoutSoFar();
+  ASSERT_EQ(kill(agent, SIGKILL), 0);
+  // Every rank runs its command again in a later generation, with the replacement pod.
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::string out = run.StdoutSoFar();
+        const size_t replaced = out.find("started replacement for " + name + "-worker-1");
+        if (replaced == std::string::npos) return false;
+        for (int rank = 0; rank < 4; ++rank) {
+          const std::string line = "[rank " + std::to_string(rank) + "] up";
+          if (out.find(line, replaced) == std::string::npos) return false;
+        }
+        return true;
+      },
+      kTrainWaitMs, 50))
+      << run.StdoutSoFar();
+  WriteFile(dir + "/done", "");
+  const ProcessResult result = run.Wait(kTrainWaitMs);
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+}
+
 struct BadCommandCase {
   std::string name;
   std::string job;  // a DNS label, unique per case
