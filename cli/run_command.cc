@@ -63,10 +63,11 @@ constexpr int64_t kServerShutdownMs = 2000;
 constexpr int64_t kJoinTimeoutMarginMs = 5000;
 constexpr int64_t kMaxRestartBackoffMs = 10000;
 // What an exec agent takes to stop its command (worker/agent/exec_agent.h: grace_ms default,
-// kill_wait_ms), and a margin for its own exit.
+// kill_wait_ms), and a margin for its own exit (ending what the command left, draining its
+// output: up to 2 s each).
 constexpr int64_t kAgentGraceMs = 10000;
 constexpr int64_t kAgentKillWaitMs = 5000;
-constexpr int64_t kAgentExitMarginMs = 1000;
+constexpr int64_t kAgentExitMarginMs = 4000;
 
 // Most processes (workers x ranks per worker) `lockstep run` starts on one machine.
 constexpr int64_t kMaxLocalRanks = 1024;

@@ -301,6 +301,24 @@ bool Contains(const json& list, const std::string& value) {
 //
 // The worker container's defaults are set on it, not on the pod, so a sidecar the template adds
 // runs as its image says.
+// Where an exec job's agents say they gave up, so that the job fails at once (ReconcilePods):
+// the file the kubelet reads, the worker container's terminationMessagePath, which a template may
+// set.
+void PointTerminationLog(json* pod) {
+  json& worker = (*pod)["spec"]["containers"].front();
+  const json path = worker.value("terminationMessagePath", json(kTerminationLogPath));
+  const std::string file = path.is_string() ? path.get<std::string>() : kTerminationLogPath;
+  json& env = worker["env"];
+  if (!env.is_array()) env = json::array();
+  for (json& variable : env) {
+    if (variable.is_object() && variable.value("name", "") == kTerminationLogEnv) {
+      variable = EnvValue(kTerminationLogEnv, file);
+      return;
+    }
+  }
+  env.push_back(EnvValue(kTerminationLogEnv, file));
+}
+
 void HardenPod(json* pod, bool rdma) {
   json& spec = (*pod)["spec"];
   json& worker = spec["containers"].front();
@@ -524,8 +542,6 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   if (spec.trainer.has_value()) {
     command.push_back("train");
   } else {
-    // Where the agents say they gave up, so that the job fails at once (ReconcilePods).
-    env.push_back(EnvValue(kTerminationLogEnv, kTerminationLogPath));
     command.push_back("exec");
     command.push_back("--");
     for (const std::string& word : spec.command) command.push_back(word);
@@ -615,6 +631,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
   HardenPod(&pod, rdma);
+  if (!spec.trainer.has_value()) PointTerminationLog(&pod);
   return pod;
 }
 

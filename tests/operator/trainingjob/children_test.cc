@@ -126,6 +126,29 @@ spec:
             json::array({"lockstep-worker", "exec", "--", "python3", "train.py", "--epochs", "3"}));
 }
 
+// Exec agents that give up say so in the file the kubelet reads: the default
+// terminationMessagePath, or the one the template sets.
+TEST(DesiredPodTest, AnExecWorkerWritesItsGiveUpWhereTheKubeletReads) {
+  const std::string manifest = R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: ddp}
+spec:
+  replicas: 1
+  command: ["python3", "train.py"]
+)";
+  EXPECT_EQ(EnvText(DesiredPod(ParseJob(manifest), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
+            "/dev/termination-log");
+  const json moved = DesiredPod(
+      ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
+                          "terminationMessagePath: /var/run/why}]}}\n"),
+      0, Settings());
+  EXPECT_EQ(EnvText(moved, "LOCKSTEP_TERMINATION_LOG"), "/var/run/why");
+  EXPECT_EQ(CountEnv(moved, "LOCKSTEP_TERMINATION_LOG"), 1);
+  EXPECT_EQ(CountEnv(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"), 0)
+      << "the built-in trainer has no agents that give up";
+}
+
 TEST(DesiredPodTest, PodIsOwnedLabelledAndNeverRestartedByTheKubelet) {
   json pod = DesiredPod(JobWith(""), 1, Settings());
   EXPECT_EQ(pod["apiVersion"], "v1");
