@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <utility>
 
@@ -226,31 +225,12 @@ Status Supervisor::Start(const std::vector<WorkerCommand>& commands) {
   return OkStatus();
 }
 
-namespace {
-
-// What a worker left in its termination log: at most kMaxTerminationMessageBytes, as the kubelet
-// reads; empty when there is no such file.
-std::string ReadTerminationLog(const std::string& path) {
-  if (path.empty()) return "";
-  std::ifstream in(path, std::ios::binary);
-  std::string message(kMaxTerminationMessageBytes, '\0');
-  in.read(message.data(), static_cast<std::streamsize>(message.size()));
-  message.resize(static_cast<size_t>(in.gcount()));
-  return message;
-}
-
-}  // namespace
-
 StatusOr<pid_t> Supervisor::Spawn(const WorkerCommand& command) {
   if (command.argv.empty()) return InvalidArgumentError("empty command");
   ExecImage image = BuildExecImage(command);
   if (!command.termination_log.empty()) {
     // What an earlier incarnation left there is not this one's word.
-    int fd;
-    LOCKSTEP_SYSCALL_RETRY(fd, open(command.termination_log.c_str(),
-                                    O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-    if (fd < 0) return ErrnoStatus("open " + command.termination_log, errno);
-    close(fd);
+    LOCKSTEP_RETURN_IF_ERROR(WriteTerminationMessage(command.termination_log, ""));
   }
 
   int log_fd;
@@ -354,7 +334,7 @@ void Supervisor::Reap(std::vector<SupervisorEvent>* events) {
     event.exit.signaled = WIFSIGNALED(status);
     event.exit.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
     event.exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-    event.exit.termination_message = ReadTerminationLog(slot.command.termination_log);
+    event.exit.termination_message = ReadTerminationMessage(slot.command.termination_log);
     slot.pid = 0;
     if (!event.exit.success() && !stopping_) {
       RestartPolicy::Decision decision = policy_->OnWorkerFailed(event.exit, restarts_);

@@ -9,6 +9,9 @@
 #pragma once
 
 #include <cstddef>
+#include <string>
+
+#include "common/status.h"
 
 namespace lockstep {
 
@@ -20,5 +23,13 @@ inline constexpr char kTerminationLogPath[] = "/dev/termination-log";
 inline constexpr char kGaveUpPrefix[] = "lockstep: gave up: ";
 // The kubelet reads at most this much of the file.
 inline constexpr size_t kMaxTerminationMessageBytes = 4096;
+
+// Writes `message`, cut to what the kubelet reads (at a UTF-8 boundary), to the termination
+// message file at `path`, replacing what was there; "" empties it. Errors name the path.
+Status WriteTerminationMessage(const std::string& path, const std::string& message);
+
+// What the file at `path` holds, at most kMaxTerminationMessageBytes, as the kubelet reads;
+// "" when `path` is empty or there is no such file.
+std::string ReadTerminationMessage(const std::string& path);
 
 }  // namespace lockstep

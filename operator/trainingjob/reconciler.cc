@@ -9,6 +9,7 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "common/termination_message.h"
+#include "common/utf8.h"
 #include "operator/tls/certificates.h"
 #include "operator/trainingjob/job_status.h"
 
@@ -130,16 +131,6 @@ std::vector<std::string> JobIndexOfPod(const json& pod) {
   return {key};
 }
 
-namespace {
-// At most `bytes` bytes of `text`, cut at a character boundary (a status write refuses invalid
-// UTF-8).
-std::string TrimUtf8(const std::string& text, size_t bytes) {
-  if (text.size() <= bytes) return text;
-  size_t end = bytes;
-  while (end > 0 && (static_cast<unsigned char>(text[end]) & 0xC0) == 0x80) --end;
-  return text.substr(0, end);
-}
-}  // namespace
 
 json TrimPod(json pod) {
   // Only what the reconciler and the handlers read: at 4,000 pods every field kept costs
@@ -184,7 +175,7 @@ json TrimPod(json pod) {
         // Kept only when the agents gave up (WorkerGaveUpMessage): that fails the job.
         const json message = state["terminated"].value("message", json());
         if (message.is_string() && message.get<std::string>().rfind(kGaveUpPrefix, 0) == 0) {
-          terminated["message"] = TrimUtf8(message.get<std::string>(), 1024);
+          terminated["message"] = Utf8Prefix(message.get<std::string>(), 1024);
         }
         containers.push_back(
             {{"name", c.value("name", "")}, {"state", {{"terminated", std::move(terminated)}}}});
@@ -196,7 +187,7 @@ json TrimPod(json pod) {
              {"state",
               {{"waiting",
                 {{"reason", state["waiting"].value("reason", "")},
-                 {"message", TrimUtf8(state["waiting"].value("message", ""), 1024)}}}}}});
+                 {"message", Utf8Prefix(state["waiting"].value("message", ""), 1024)}}}}}});
       }
     }
     if (!containers.empty()) status["containerStatuses"] = std::move(containers);

@@ -67,32 +67,6 @@ constexpr int64_t kEndDescendantsMs = 2000;
 // waits for all of them before it starts its command.
 constexpr char kStoppedKeyPrefix[] = "stopped/";
 
-// Writes `message`, cut to what the kubelet reads (at a UTF-8 boundary), to the termination
-// message file at `path` (the kubelet's, or `lockstep run`'s).
-Status WriteTerminationMessage(const std::string& path, std::string message) {
-  if (message.size() > kMaxTerminationMessageBytes) {
-    size_t end = kMaxTerminationMessageBytes;
-    while (end > 0 && (static_cast<unsigned char>(message[end]) & 0xC0) == 0x80) --end;
-    message.resize(end);
-  }
-  int fd;
-  LOCKSTEP_SYSCALL_RETRY(fd, open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
-  if (fd < 0) return ErrnoStatus("open " + path, errno);
-  size_t written = 0;
-  while (written < message.size()) {
-    ssize_t n;
-    LOCKSTEP_SYSCALL_RETRY(n, write(fd, message.data() + written, message.size() - written));
-    if (n < 0) {
-      const int error = errno;
-      close(fd);
-      return ErrnoStatus("write " + path, error);
-    }
-    written += static_cast<size_t>(n);
-  }
-  close(fd);
-  return OkStatus();
-}
-
 // What woke the agent up since the last wait.
 struct Events {
   int signal = 0;  // SIGTERM or SIGINT to the agent (the first one)

@@ -22,6 +22,7 @@
 #include <sstream>
 
 #include "common/base64.h"
+#include "common/termination_message.h"
 #include "tests/support/process/process.h"
 
 namespace lockstep::testing {
@@ -151,17 +152,6 @@ void WriteFileWithMode(const fs::path& path, const std::string& bytes, int mode)
   out << bytes;
   out.close();
   chmod(path.c_str(), static_cast<mode_t>(mode));
-}
-
-// What a container left at its terminationMessagePath: at most 4096 bytes, as the kubelet reads
-// (pkg/kubelet/kuberuntime: maxMsgSize); empty when there is no such file.
-std::string ReadTerminationMessage(const std::string& path) {
-  if (path.empty()) return "";
-  std::ifstream in(path, std::ios::binary);
-  std::string message(4096, '\0');
-  in.read(message.data(), static_cast<std::streamsize>(message.size()));
-  message.resize(static_cast<size_t>(in.gcount()));
-  return message;
 }
 
 // The LIST of the pods a simulator looks after.
