@@ -1,13 +1,12 @@
 #include "operator/trainingjob/job_status.h"
 
-#include "common/termination_message.h"
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <ctime>
 #include <set>
 
+#include "common/termination_message.h"
 #include "operator/trainingjob/children.h"
 
 namespace lockstep::op::trainingjob {
@@ -32,6 +31,24 @@ int DaysInMonth(int year, int month) {
   static constexpr int kDays[] = {31, 28, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31};
   const bool leap = (year % 4 == 0 && year % 100 != 0) || year % 400 == 0;
   return month == 2 && leap ? 29 : kDays[month - 1];
+}
+
+// The worker container's state of `kind` ("waiting", "terminated") in the pod's status; null when
+// the status reports no worker container or the worker is in another state.
+const json* WorkerState(const json& pod, const char* kind) {
+  if (!pod.is_object()) return nullptr;
+  const auto status = pod.find("status");
+  if (status == pod.end() || !status->is_object()) return nullptr;
+  const auto statuses = status->find("containerStatuses");
+  if (statuses == status->end() || !statuses->is_array()) return nullptr;
+  for (const json& container : *statuses) {
+    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
+    const auto state = container.find("state");
+    if (state == container.end() || !state->is_object()) return nullptr;
+    const auto found = state->find(kind);
+    return found != state->end() && found->is_object() ? &*found : nullptr;
+  }
+  return nullptr;
 }
 
 }  // namespace
@@ -167,21 +184,11 @@ int32_t WorkerExitCode(const json& pod) {
   // An eviction kills the containers, and what they report then (0 after a graceful SIGTERM,
   // 137) says nothing about the program: the pod is replaced, as retryable.
   if (status.value("reason", "") == "Evicted") return -1;
-  if (!status.contains("containerStatuses") || !status["containerStatuses"].is_array()) return -1;
-  for (const json& container : status["containerStatuses"]) {
-    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
-    const json* terminated = nullptr;
-    if (container.contains("state") && container["state"].is_object() &&
-        container["state"].contains("terminated")) {
-      terminated = &container["state"]["terminated"];
-    }
-    if (terminated == nullptr || !terminated->is_object() || !terminated->contains("exitCode") ||
-        !(*terminated)["exitCode"].is_number_integer()) {
-      return -1;
-    }
-    return (*terminated)["exitCode"].get<int32_t>();
-  }
-  return -1;
+  const json* terminated = WorkerState(pod, "terminated");
+  if (terminated == nullptr) return -1;
+  const auto exit_code = terminated->find("exitCode");
+  if (exit_code == terminated->end() || !exit_code->is_number_integer()) return -1;
+  return exit_code->get<int32_t>();
 }
 
 bool IsStuckWaitingReason(const std::string& reason) {
@@ -192,42 +199,23 @@ bool IsStuckWaitingReason(const std::string& reason) {
 }
 
 std::string WorkerStuckReason(const json& pod) {
-  if (!pod.is_object() || !pod.contains("status") || !pod["status"].is_object()) return "";
-  const json statuses = pod["status"].value("containerStatuses", json::array());
-  if (!statuses.is_array()) return "";
-  for (const json& container : statuses) {
-    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
-    const json state = container.value("state", json::object());
-    if (!state.is_object() || !state.contains("waiting") || !state["waiting"].is_object()) {
-      return "";
-    }
-    const json& waiting = state["waiting"];
-    const std::string reason = waiting.value("reason", "");
-    if (!IsStuckWaitingReason(reason)) return "";
-    const std::string message = waiting.value("message", "");
-    return message.empty() ? reason : reason + ": " + message;
-  }
-  return "";
+  const json* waiting = WorkerState(pod, "waiting");
+  if (waiting == nullptr) return "";
+  const std::string reason = waiting->value("reason", "");
+  if (!IsStuckWaitingReason(reason)) return "";
+  const std::string message = waiting->value("message", "");
+  return message.empty() ? reason : reason + ": " + message;
 }
 
 std::string WorkerGaveUpMessage(const json& pod) {
-  if (!pod.is_object() || !pod.contains("status") || !pod["status"].is_object()) return "";
-  const json statuses = pod["status"].value("containerStatuses", json::array());
-  if (!statuses.is_array()) return "";
-  for (const json& container : statuses) {
-    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
-    const json state = container.value("state", json::object());
-    if (!state.is_object() || !state.contains("terminated") || !state["terminated"].is_object()) {
-      return "";
-    }
-    const json message = state["terminated"].value("message", json());
-    if (!message.is_string()) return "";
-    const std::string text = message.get<std::string>();
-    const std::string prefix = kGaveUpPrefix;
-    if (text.compare(0, prefix.size(), prefix) != 0 || text.size() == prefix.size()) return "";
-    return text.substr(prefix.size());
-  }
-  return "";
+  const json* terminated = WorkerState(pod, "terminated");
+  if (terminated == nullptr) return "";
+  const json message = terminated->value("message", json());
+  if (!message.is_string()) return "";
+  const std::string text = message.get<std::string>();
+  const std::string prefix = kGaveUpPrefix;
+  if (text.compare(0, prefix.size(), prefix) != 0 || text.size() == prefix.size()) return "";
+  return text.substr(prefix.size());
 }
 
 double EstimatedSecondsRemaining(int64_t step, int64_t total_steps, int64_t samples,
