@@ -177,18 +177,20 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
       finished_count += finished[i] ? 1 : 0;
       settled += finished[i] || dropped[i] ? 1 : 0;
     }
+    const double now = MonotonicSeconds();
+    const auto draw = [&] {
+      display.Update(SampleFrom(outcome.snapshot, exec, supervisor.running(),
+                                exec ? agent_restarts : supervisor.restarts(), now - started_at),
+                     now);
+    };
     if (settled == supervisor.size() && finished_count > 0) {
       // A generation that formed since the last poll is still reported ("world size 3 -> 2"):
       // a job may finish within one poll of a change.
-      display.Update(SampleFrom(outcome.snapshot, exec, supervisor.running(),
-                                exec ? agent_restarts : supervisor.restarts(),
-                                MonotonicSeconds() - started_at),
-                     MonotonicSeconds());
+      draw();
       return outcome;
     }
     // Finished workers count as alive: a job that is completing is not short of members.
     const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
-    const double now = MonotonicSeconds();
     // A completing job is draining, not short of members: the drain deadline governs it.
     if (alive >= min_alive || completing) {
       below_min_since = -1;
@@ -212,9 +214,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
                                std::to_string(options.drain_ms / 1000) + " s";
       return outcome;
     }
-    display.Update(SampleFrom(outcome.snapshot, exec, supervisor.running(),
-                              exec ? agent_restarts : supervisor.restarts(), now - started_at),
-                   now);
+    draw();
   }
 }
 

@@ -1,6 +1,7 @@
 #include "common/process_stat.h"
 
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -19,6 +20,18 @@ std::optional<ProcessStat> ReadProcessStat(pid_t pid) {
   }
   stat.parent = static_cast<pid_t>(parent);
   return stat;
+}
+
+std::vector<ProcessEntry> ProcessTable() {
+  std::vector<ProcessEntry> table;
+  std::error_code error;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
+    const std::string name = entry.path().filename().string();
+    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(name));
+    if (std::optional<ProcessStat> stat = ReadProcessStat(pid)) table.push_back({pid, *stat});
+  }
+  return table;
 }
 
 }  // namespace lockstep

@@ -9,6 +9,7 @@
 #include <sys/types.h>
 
 #include <optional>
+#include <vector>
 
 namespace lockstep {
 
@@ -19,5 +20,14 @@ struct ProcessStat {
 
 // nullopt when the process does not exist (or exited while it was read).
 std::optional<ProcessStat> ReadProcessStat(pid_t pid);
+
+struct ProcessEntry {
+  pid_t pid = 0;
+  ProcessStat stat;
+};
+
+// Every process visible in /proc, with its stat: a snapshot (a process that exits while the
+// table is read is left out, one that starts may be).
+std::vector<ProcessEntry> ProcessTable();
 
 }  // namespace lockstep

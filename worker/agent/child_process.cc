@@ -12,7 +12,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <filesystem>
 #include <map>
 #include <thread>
 
@@ -353,16 +352,10 @@ ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
 }
 
 std::vector<pid_t> DescendantsOf(pid_t root) {
-  // The parent of every process.
+  // The children of every process.
   std::map<pid_t, std::vector<pid_t>> children;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (std::optional<ProcessStat> stat = ReadProcessStat(pid)) {  // else exited meanwhile
-      children[stat->parent].push_back(pid);
-    }
+  for (const ProcessEntry& process : ProcessTable()) {
+    children[process.stat.parent].push_back(process.pid);
   }
   std::vector<pid_t> out;
   std::vector<pid_t> frontier = {root};
@@ -380,15 +373,10 @@ std::vector<pid_t> DescendantsOf(pid_t root) {
 int ReapExitedOrphans(const std::vector<pid_t>& keep) {
   const pid_t self = getpid();
   int reaped = 0;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const pid_t pid = static_cast<pid_t>(std::stol(name));
-    if (std::find(keep.begin(), keep.end(), pid) != keep.end()) continue;
-    const std::optional<ProcessStat> stat = ReadProcessStat(pid);
-    if (!stat || stat->parent != self || stat->state != 'Z') continue;
-    if (waitpid(pid, nullptr, WNOHANG) == pid) ++reaped;
+  for (const ProcessEntry& process : ProcessTable()) {
+    if (process.stat.parent != self || process.stat.state != 'Z') continue;
+    if (std::find(keep.begin(), keep.end(), process.pid) != keep.end()) continue;
+    if (waitpid(process.pid, nullptr, WNOHANG) == process.pid) ++reaped;
   }
   return reaped;
 }

@@ -41,5 +41,15 @@ TEST(ProcessStatTest, ANameWithParenthesesAndSpacesDoesNotShiftTheFields) {
   EXPECT_FALSE(ReadProcessStat(child).has_value());
 }
 
+TEST(ProcessStatTest, TheProcessTableHoldsThisProcessWithItsParent) {
+  bool found = false;
+  for (const ProcessEntry& process : ProcessTable()) {
+    if (process.pid != getpid()) continue;
+    found = true;
+    EXPECT_EQ(process.stat.parent, getppid());
+  }
+  EXPECT_TRUE(found);
+}
+
 }  // namespace
 }  // namespace lockstep

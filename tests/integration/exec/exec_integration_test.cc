@@ -9,11 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <filesystem>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <regex>
 #include <sstream>
 #include <string>
@@ -114,6 +112,22 @@ std::vector<std::string> DdpCommand(const std::string& dir, int steps, double st
           std::to_string(step_delay)};
 }
 
+// The manifest of an exec job for `lockstep run`: `replicas` workers running `command`, no
+// metrics endpoint, and `spec_lines` (each "  field: value\n") in its spec. Written to
+// dir/job.yaml; returns that path.
+std::string WriteExecManifest(const std::string& dir, const std::string& name, int replicas,
+                              const nlohmann::json& command, const std::string& spec_lines = "") {
+  const std::string path = dir + "/job.yaml";
+  WriteFile(path, "apiVersion: lockstep.io/v1alpha1\n"
+                  "kind: TrainingJob\n"
+                  "metadata: {name: " + name + "}\n"
+                  "spec:\n"
+                  "  replicas: " + std::to_string(replicas) + "\n" + spec_lines +
+                  "  command: " + command.dump() + "\n"
+                  "  metrics: {port: 0}\n");
+  return path;
+}
+
 // The python process the agent `agent` runs: its child whose environment names the member.
 pid_t CommandOf(pid_t agent, const std::string& member) {
   const std::vector<pid_t> children = ChildrenWithEnv(agent, {{"LOCKSTEP_POD", member}});
@@ -205,20 +219,10 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
   const std::string dir = MakeTempDir("exec-run");
   // Paced to about 2 s of training, so that the agents read the progress file more than once and
   // know a rate.
-  nlohmann::json command = DdpCommand(dir, 40, 0.05);
-  WriteFile(dir + "/job.yaml",
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: ddp-run}\n"
-            "spec:\n"
-            "  replicas: 2\n"
-            "  command: " +
-                command.dump() +
-                "\n"
-                "  runPolicy: {backoffLimit: 2}\n"
-                "  metrics: {port: 0}\n");
+  const std::string manifest = WriteExecManifest(dir, "ddp-run", 2, DdpCommand(dir, 40, 0.05),
+                                                 "  runPolicy: {backoffLimit: 2}\n");
   const ProcessResult result =
-      lockstep::testing::RunProcess({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir",
+      lockstep::testing::RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir",
                                      dir + "/logs", "--summary", dir + "/summary.json"},
                                     {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
@@ -248,16 +252,10 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
 // the summary claims no steps, loss or rate for it.
 TEST(ExecIntegration, LockstepRunShowsTheProgramsLinesAndClaimsNoProgressItDidNotReport) {
   const std::string dir = MakeTempDir("exec-quiet");
-  WriteFile(dir + "/job.yaml",
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: quiet}\n"
-            "spec:\n"
-            "  replicas: 2\n"
-            "  command: [\"/bin/sh\", \"-c\", \"echo hello from $RANK of $WORLD_SIZE\"]\n"
-            "  metrics: {port: 0}\n");
+  const std::string manifest = WriteExecManifest(
+      dir, "quiet", 2, {"/bin/sh", "-c", "echo hello from $RANK of $WORLD_SIZE"});
   const ProcessResult result = lockstep::testing::RunProcess(
-      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs", "--summary",
+      {LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs", "--summary",
        dir + "/summary.json", "--console", "rank0"},
       {}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
@@ -289,16 +287,9 @@ TEST(ExecIntegration, ProgressReportedThroughThePythonHelperReachesTheSummary) {
       "        time.sleep(0.05)\n"
       "    progress.report(step=step, samples=64 * step, loss=1.0 / step, total_steps=20)\n"
       "print('reported', flush=True)\n";
-  WriteFile(dir + "/job.yaml",
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: helper}\n"
-            "spec:\n"
-            "  replicas: 1\n"
-            "  command: " + nlohmann::json({kPython, "-c", program}).dump() + "\n"
-            "  metrics: {port: 0}\n");
+  const std::string manifest = WriteExecManifest(dir, "helper", 1, {kPython, "-c", program});
   const ProcessResult result = lockstep::testing::RunProcess(
-      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs", "--summary",
+      {LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs", "--summary",
        dir + "/summary.json"},
       {}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err
@@ -319,18 +310,10 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
   if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
   const std::string dir = MakeTempDir("exec-pods");
   const std::string name = "ddp-pods-" + std::to_string(getpid());
-  nlohmann::json command = DdpCommand(dir, 60, 0.05);
-  WriteFile(dir + "/job.yaml",
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: " + name + "}\n"
-            "spec:\n"
-            "  replicas: 2\n"
-            "  ranksPerWorker: 2\n"
-            "  command: " + command.dump() + "\n"
-            "  runPolicy: {backoffLimit: 2}\n"
-            "  metrics: {port: 0}\n");
-  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs",
+  const std::string manifest =
+      WriteExecManifest(dir, name, 2, DdpCommand(dir, 60, 0.05),
+                        "  ranksPerWorker: 2\n  runPolicy: {backoffLimit: 2}\n");
+  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs",
                     "--summary", dir + "/summary.json"},
                    {{"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"},
                     {"LOCKSTEP_EXEC_GRACE_MS", "3000"}});
@@ -380,16 +363,10 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
 TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnoringSigterm) {
   const std::string dir = MakeTempDir("exec-interrupt");
   const std::string marker = "exec-interrupt-" + std::to_string(getpid());
-  WriteFile(dir + "/job.yaml",
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: interrupted}\n"
-            "spec:\n"
-            "  replicas: 2\n"
-            "  command: [\"/bin/sh\", \"-c\", "
-            "\"trap '' TERM; echo ready; while :; do sleep 0.1; done\"]\n"
-            "  metrics: {port: 0}\n");
-  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs"},
+  const std::string manifest = WriteExecManifest(
+      dir, "interrupted", 2,
+      {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
+  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
                    {{"LOCKSTEP_TEST_MARKER", marker},
                     {"LOCKSTEP_EXEC_GRACE_MS", "1500"},
                     {"LOCKSTEP_RUN_GRACE_PERIOD_MS", "300"}});
@@ -417,18 +394,12 @@ TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnorin
 TEST(ExecIntegration, APodWhoseAgentWasKilledIsReplacedAndTheJobFinishes) {
   const std::string dir = MakeTempDir("exec-lost-agent");
   const std::string name = "lost-agent-" + std::to_string(getpid());
-  WriteFile(dir + "/job.yaml",
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: " + name + "}\n"
-            "spec:\n"
-            "  replicas: 2\n"
-            "  ranksPerWorker: 2\n"
-            "  command: [\"/bin/sh\", \"-c\", "
-            "\"echo up $LOCKSTEP_GENERATION; while [ ! -e " + dir + "/done ]; do sleep 0.05; done\"]\n"
-            "  runPolicy: {backoffLimit: 2}\n"
-            "  metrics: {port: 0}\n");
-  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs",
+  const std::string manifest = WriteExecManifest(
+      dir, name, 2,
+      {"/bin/sh", "-c",
+       "echo up $LOCKSTEP_GENERATION; while [ ! -e " + dir + "/done ]; do sleep 0.05; done"},
+      "  ranksPerWorker: 2\n  runPolicy: {backoffLimit: 2}\n");
+  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs",
                     "--summary", dir + "/summary.json"},
                    {{"LOCKSTEP_EXEC_GRACE_MS", "2000"}});
   pid_t agent = -1;
@@ -637,17 +608,11 @@ TEST(ExecIntegration, SimultaneousFailuresUseOneRestartAndTheBoundHolds) {
 TEST(ExecIntegration, LockstepRunStartsAFailingCommandBackoffLimitPlusOneTimesPerWorker) {
   const std::string dir = MakeTempDir("exec-run-bound");
   const std::string events = dir + "/events";
-  nlohmann::json command = {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"};
-  WriteFile(dir + "/job.yaml", "apiVersion: lockstep.io/v1alpha1\n"
-                               "kind: TrainingJob\n"
-                               "metadata: {name: run-bound}\n"
-                               "spec:\n"
-                               "  replicas: 2\n"
-                               "  command: " + command.dump() + "\n"
-                               "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n"
-                               "  metrics: {port: 0}\n");
+  const std::string manifest =
+      WriteExecManifest(dir, "run-bound", 2, {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"},
+                        "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n");
   const ProcessResult result = lockstep::testing::RunProcess(
-      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs"},
+      {LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
       {{"LOCKSTEP_EXEC_BACKOFF_MS", "50"}}, 60000);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
@@ -687,12 +652,8 @@ TEST(ExecIntegration, ADaemonTheCommandStartedInItsOwnSessionEndsWithIt) {
 // Zombie children of `parent`, read from /proc.
 int ZombieChildren(pid_t parent) {
   int zombies = 0;
-  std::error_code error;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", error)) {
-    const std::string name = entry.path().filename().string();
-    if (name.empty() || name.find_first_not_of("0123456789") != std::string::npos) continue;
-    const std::optional<ProcessStat> stat = ReadProcessStat(static_cast<pid_t>(std::stol(name)));
-    if (stat && stat->parent == parent && stat->state == 'Z') ++zombies;
+  for (const ProcessEntry& process : ProcessTable()) {
+    if (process.stat.parent == parent && process.stat.state == 'Z') ++zombies;
   }
   return zombies;
 }
