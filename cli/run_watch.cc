@@ -153,7 +153,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
       PrintEvent(display, out,
                  "restart " + std::to_string(agent_restarts) + " of backoffLimit " +
                      std::to_string(job.spec.run_policy.backoff_limit) +
-                     ": every worker restarts its command (the worker logs say why)");
+                     ": a command failed and is restarted (in place where it uses lockstep.elastic; the worker logs say how)");
     }
     if (outcome.interrupt_signal != 0 || outcome.failure) return outcome;
     if (outcome.snapshot.completed_members > 0) completing = true;

@@ -9,6 +9,9 @@ through init_method="env://". It
     the files are missing, on a fixed synthetic data set;
   * saves its own checkpoint (torch.save, written to a temporary file and renamed, so a kill
     never leaves half a file) every --checkpoint-every steps and resumes from it after a restart;
+  * with --in-place, recovers from a peer's failure without exiting, through Lockstep's elastic
+    helper (`from lockstep import elastic`): the survivors keep their processes and their state
+    in memory, and the replaced rank receives the state from a survivor (docs/exec.md);
   * reports its progress with Lockstep's helper (`from lockstep import progress`, on the
     PYTHONPATH the agent gives it): steps, samples, loss, total steps and compute time, which the
     agent passes to `lockstep run`, the job's status and Prometheus. Outside Lockstep (torchrun)
@@ -59,6 +62,10 @@ def parse_args():
                    help="append {rank, step, time, restart} per step to this file (benchmarks)")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="seconds to sleep per step (paces a demo or a test; 0 in real use)")
+    p.add_argument("--in-place", action="store_true",
+                   help="recover from a peer's failure in place (lockstep.elastic)")
+    p.add_argument("--save-parameters", default="",
+                   help="rank 0 writes the final parameters here (torch.save; tests)")
     return p.parse_args()
 
 
@@ -84,14 +91,108 @@ def load_data(args):
     return x, y
 
 
-def main():
-    args = parse_args()
+def record_start(args):
     if args.timeline:
         with open(args.timeline, "a") as f:
             f.write(json.dumps({"event": "start", "rank": int(os.environ.get("RANK", "0")),
                                 "time": STARTED_AT,
                                 "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
                     + "\n")
+
+
+def train_step(args, ddp, optimizer, loss_fn, x, y, step, rank, world, reporter):
+    """One optimizer step; the batch depends only on the step, so a resumed or recovered run
+    sees the data it would have seen. Returns the loss."""
+    n = x.shape[0]
+    g = torch.Generator().manual_seed(step)
+    ids = torch.randint(0, n, (args.batch_size * world,), generator=g)
+    ids = ids[rank * args.batch_size:(rank + 1) * args.batch_size]
+    # Compute time for the scaling efficiency: the step's work, not the pacing sleep
+    # (DDP's backward also waits for the gradient all-reduce it does not hide).
+    with reporter.computing() if reporter else contextlib.nullcontext():
+        optimizer.zero_grad()
+        loss = loss_fn(ddp(x[ids]), y[ids])
+        loss.backward()
+        optimizer.step()
+    return loss
+
+
+def after_step(args, model, optimizer, loss, done, rank, world, restart, reporter, timeline):
+    """What follows a step: checkpoint, progress, timeline, pacing (nothing collective)."""
+    if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or
+                                          done == args.steps):
+        tmp = f"{args.checkpoint}.tmp"
+        torch.save({"step": done, "model": model.state_dict(),
+                    "optimizer": optimizer.state_dict()}, tmp)
+        os.replace(tmp, args.checkpoint)
+    if reporter:
+        reporter.report(step=done, samples=done * args.batch_size * world, loss=loss,
+                        total_steps=args.steps)
+    if timeline:
+        timeline.write(json.dumps({"event": "step", "rank": rank, "step": done,
+                                   "time": time.time(), "restart": restart, "world": world,
+                                   "pid": os.getpid()}) + "\n")
+        timeline.flush()
+    if args.step_delay:
+        time.sleep(args.step_delay)
+
+
+def open_outputs(args):
+    reporter = progress.Reporter(args.progress_file) if progress and args.progress_file else None
+    # Small appends to an O_APPEND file are atomic, so every rank may share one timeline.
+    timeline = open(args.timeline, "a") if args.timeline else None
+    if args.checkpoint:
+        os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
+    return reporter, timeline
+
+
+def finish(args, model, loss, world, rank):
+    print(f"finished at step {args.steps} (world {world}, loss {loss.item():.4f})", flush=True)
+    if args.save_parameters and rank == 0:
+        torch.save(model.state_dict(), args.save_parameters)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def main_in_place(args):
+    """The same training through lockstep.elastic: one train() call per generation."""
+    from lockstep import elastic
+    torch.set_num_threads(1)
+    x, y = load_data(args)
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(784, args.hidden), nn.ReLU(), nn.Linear(args.hidden, 10))
+    optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    state = elastic.State(model=model, optimizer=optimizer)
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint)
+        model.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        state.step = saved["step"]
+    loss_fn = nn.CrossEntropyLoss()
+    reporter, timeline = open_outputs(args)
+
+    def train(ctx):
+        print(f"generation {ctx.generation}: rank {ctx.rank} of {ctx.world_size} from step "
+              f"{ctx.state.step} (restart {ctx.restart_count})", flush=True)
+        ddp = DistributedDataParallel(model, process_group=ctx.group)
+        loss = None
+        for step in ctx.steps(args.steps):
+            loss = train_step(args, ddp, optimizer, loss_fn, x, y, step, ctx.rank,
+                              ctx.world_size, reporter)
+            after_step(args, model, optimizer, loss, step + 1, ctx.rank, ctx.world_size,
+                       ctx.restart_count, reporter, timeline)
+        return loss, ctx.world_size, ctx.rank
+
+    loss, world, rank = elastic.run(train, state, backend="gloo",
+                                    timeout=datetime.timedelta(seconds=60))
+    finish(args, model, loss, world, rank)
+
+
+def main():
+    args = parse_args()
+    record_start(args)
+    if args.in_place:
+        return main_in_place(args)
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method="env://",
                             timeout=datetime.timedelta(seconds=60))
@@ -114,48 +215,14 @@ def main():
     if start_step and "optimizer" in state:
         optimizer.load_state_dict(state["optimizer"])
     loss_fn = nn.CrossEntropyLoss()
-    reporter = progress.Reporter(args.progress_file) if progress and args.progress_file else None
-    # Small appends to an O_APPEND file are atomic, so every rank may share one timeline.
-    timeline = open(args.timeline, "a") if args.timeline else None
-    if args.checkpoint and rank == 0:
-        os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
-
-    n = x.shape[0]
-    global_batch = args.batch_size * world
+    reporter, timeline = open_outputs(args)
     for step in range(start_step, args.steps):
-        # The batch depends only on the step, so a resumed run sees the data it would have seen.
-        g = torch.Generator().manual_seed(step)
-        ids = torch.randint(0, n, (global_batch,), generator=g)
-        ids = ids[rank * args.batch_size:(rank + 1) * args.batch_size]
-        # Compute time for the scaling efficiency: the step's work, not the pacing sleep below
-        # (DDP's backward also waits for the gradient all-reduce it does not hide).
-        with reporter.computing() if reporter else contextlib.nullcontext():
-            optimizer.zero_grad()
-            loss = loss_fn(ddp(x[ids]), y[ids])
-            loss.backward()
-            optimizer.step()
-        done = step + 1
-        if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or
-                                              done == args.steps):
-            tmp = f"{args.checkpoint}.tmp"
-            torch.save({"step": done, "model": model.state_dict(),
-                        "optimizer": optimizer.state_dict()}, tmp)
-            os.replace(tmp, args.checkpoint)
-        if reporter:
-            reporter.report(step=done, samples=done * global_batch, loss=loss,
-                            total_steps=args.steps)
-        if timeline:
-            timeline.write(json.dumps({"event": "step", "rank": rank, "step": done, "time": time.time(),
-                                       "restart": restart, "world": world}) + "\n")
-            timeline.flush()
-        if args.step_delay:
-            time.sleep(args.step_delay)
-
-    print(f"finished at step {args.steps} (world {world}, loss {loss.item():.4f})", flush=True)
+        loss = train_step(args, ddp, optimizer, loss_fn, x, y, step, rank, world, reporter)
+        after_step(args, model, optimizer, loss, step + 1, rank, world, restart, reporter,
+                   timeline)
     dist.barrier()
     dist.destroy_process_group()
-    sys.stdout.flush()
-    os._exit(0)
+    finish(args, model, loss, world, rank)
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <vector>
 #include <thread>
 
 #include "common/deadline.h"
@@ -157,6 +158,7 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
     if (null_fd >= 0) dup2(null_fd, STDIN_FILENO);
     dup2(out_pipe[1], STDOUT_FILENO);
     dup2(err_pipe[1], STDERR_FILENO);
+    if (options.inherit_fd >= 0) fcntl(options.inherit_fd, F_SETFD, 0);  // survives execve
     int error = ENOENT;
     if (!program_path.empty()) {
       execve(program_path.c_str(), argv.data(), envp.data());
@@ -229,7 +231,12 @@ void ChildProcess::StartRelay(int fd, int target_fd) {
     std::string pending;
     char buffer[16384];
     auto emit = [&](const std::string& line) {
-      const std::string out = output_prefix_ + line + "\n";
+      std::string out;
+      {
+        std::lock_guard<std::mutex> lock(prefix_mu_);
+        out = output_prefix_;
+      }
+      out += line + "\n";
       WriteAll(target_fd, out.data(), out.size());
     };
     while (true) {
@@ -264,6 +271,11 @@ void ChildProcess::StartRelay(int fd, int target_fd) {
     close(fd);
     done->store(true);
   });
+}
+
+void ChildProcess::SetOutputPrefix(const std::string& prefix) {
+  std::lock_guard<std::mutex> lock(prefix_mu_);
+  output_prefix_ = prefix;
 }
 
 void ChildProcess::JoinRelays(int64_t timeout_ms) {
@@ -381,12 +393,24 @@ int ReapExitedOrphans(const std::vector<pid_t>& keep) {
   return reaped;
 }
 
-int EndDescendants(int64_t timeout_ms) {
+int EndDescendants(int64_t timeout_ms, const std::vector<pid_t>& keep) {
   const pid_t self = getpid();
   const Deadline deadline = Deadline::AfterMs(timeout_ms);
   int ended = 0;
   while (true) {
-    const std::vector<pid_t> left = DescendantsOf(self);
+    std::vector<pid_t> left = DescendantsOf(self);
+    if (!keep.empty()) {
+      std::vector<pid_t> kept = keep;
+      for (pid_t root : keep) {
+        const std::vector<pid_t> below = DescendantsOf(root);
+        kept.insert(kept.end(), below.begin(), below.end());
+      }
+      left.erase(std::remove_if(left.begin(), left.end(),
+                                [&](pid_t pid) {
+                                  return std::find(kept.begin(), kept.end(), pid) != kept.end();
+                                }),
+                 left.end());
+    }
     if (left.empty() || deadline.expired()) return ended;
     for (pid_t pid : left) {
       if (kill(pid, SIGKILL) == 0) ++ended;

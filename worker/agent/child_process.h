@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -66,6 +67,9 @@ class ChildProcess {
     // program that stops its own descendants on SIGTERM (a rank's exec agent under the pod
     // supervisor): they would get the signal twice.
     bool signal_descendants = true;
+    // A descriptor the program inherits at the same number (the agent's helper channel,
+    // helper_channel.h); -1: none. Every other descriptor of the agent is closed on exec.
+    int inherit_fd = -1;
   };
 
   // Forks and execs. Returns an error only when the agent itself cannot (fork, pipes); a program
@@ -88,6 +92,8 @@ class ChildProcess {
   // Sends `signal` to the program's process group and to every descendant of the program that
   // left the group (setsid).
   void Signal(int signal);
+  // The prefix of the lines relayed from now on (a promoted warm spare takes its rank's).
+  void SetOutputPrefix(const std::string& prefix);
   // Milliseconds since the first SIGTERM (Signal or Stop); -1 before it.
   int64_t MsSinceSigterm() const;
   // Signal(SIGKILL) was called (Stop's escalation included).
@@ -110,7 +116,8 @@ class ChildProcess {
   bool sigkill_sent_ = false;
   bool signal_descendants_ = true;
   std::optional<ChildExit> exit_;
-  std::string output_prefix_;
+  std::mutex prefix_mu_;
+  std::string output_prefix_;  // guarded by prefix_mu_
   std::atomic<bool> stop_relays_{false};
   std::vector<std::thread> relays_;
   std::vector<std::shared_ptr<std::atomic<bool>>> relay_done_;
@@ -127,8 +134,9 @@ std::vector<pid_t> DescendantsOf(pid_t root);
 // passed; returns how many it signalled. For a child subreaper (PR_SET_CHILD_SUBREAPER) whose
 // program has ended: what the program left behind (a daemon started with setsid, a process in
 // another group) was reparented to it, and ends here. Call it only when no other child of this
-// process should live.
-int EndDescendants(int64_t timeout_ms);
+// process should live, except the processes in `keep` and their descendants (a command that
+// goes on: the warm spare, a program recovered in place).
+int EndDescendants(int64_t timeout_ms, const std::vector<pid_t>& keep = {});
 
 // Reaps this process's children that have exited (zombies), except those in `keep` (the
 // commands it waits for itself): for a child subreaper, the orphans of the command's descendants

@@ -29,6 +29,7 @@
 #include "worker/agent/exec_environment.h"
 #include "worker/agent/exec_metrics.h"
 #include "worker/agent/progress_file.h"
+#include "worker/agent/supervised_command.h"
 #include "worker/agent/wake_pipe.h"
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 
@@ -40,6 +41,7 @@ LOCKSTEP_PARAM_INT(ExecBackoffMs, "LOCKSTEP_EXEC_BACKOFF_MS", 1000);
 LOCKSTEP_PARAM_INT(ExecMaxBackoffMs, "LOCKSTEP_EXEC_MAX_BACKOFF_MS", 30000);
 LOCKSTEP_PARAM_INT(ExecJoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
 LOCKSTEP_PARAM_INT(ExecPlanTimeoutMs, "LOCKSTEP_EXEC_PLAN_TIMEOUT_MS", 60000);
+LOCKSTEP_PARAM_INT(ExecWarmSpare, "LOCKSTEP_EXEC_WARM_SPARE", 1);
 
 const char kExecUsage[] =
     "usage: lockstep-worker exec [--manifest FILE] [--] COMMAND [ARG...]\n"
@@ -73,7 +75,12 @@ struct Events {
   bool child = false;
   bool generation_ended = false;
   bool join_done = false;
+  bool helper = false;  // a helper channel has news
 };
+// A warm spare that dies before it is used is started again after this, doubling per death up
+// to kSpareMaxBackoffMs.
+constexpr int64_t kSpareBackoffMs = 1000;
+constexpr int64_t kSpareMaxBackoffMs = 60000;
 
 // Waits up to timeout_ms for anything on the wake pipe, then drains it.
 Events WaitForEvents(int64_t timeout_ms) {
@@ -93,6 +100,9 @@ Events WaitForEvents(int64_t timeout_ms) {
       case kWakeJoinDone:
         events.join_done = true;
         break;
+      case kWakeHelper:
+        events.helper = true;
+        break;
       default:
         break;
     }
@@ -103,16 +113,20 @@ Events WaitForEvents(int64_t timeout_ms) {
 class ExecAgent {
  public:
   ExecAgent(ExecAgentOptions options, std::unique_ptr<rendezvous::RendezvousClient> client,
-            std::unique_ptr<ExecMetrics> metrics, std::string progress_path)
+            std::unique_ptr<ExecMetrics> metrics, std::string progress_path,
+            std::string state_snapshot)
       : options_(std::move(options)),
         client_(std::move(client)),
         metrics_(std::move(metrics)),
-        progress_(std::move(progress_path)) {}
+        progress_(std::move(progress_path)),
+        state_snapshot_(std::move(state_snapshot)) {}
 
   int Run();
 
  private:
   enum class Outcome { kSucceeded, kFailed, kGenerationEnded, kSignalled };
+  // How a program recovered in place came out of the previous generation (AwaitLeft).
+  enum class Handover { kLeft, kStopping, kExited, kGenerationEnded, kSignalled };
 
   StatusOr<rendezvous::Assignment> JoinInterruptibly();
   StatusOr<GenerationPlan> MakePlan(const rendezvous::Assignment& a);
@@ -133,10 +147,26 @@ class ExecAgent {
   void EndLeftovers();
   // Supervises the running command until one of the outcomes; fills last_exit_ (kSucceeded,
   // kFailed, kSignalled) or sends the command SIGTERM (kGenerationEnded).
-  Outcome Supervise(const rendezvous::Assignment& a, ChildProcess& child);
+  Outcome Supervise(const rendezvous::Assignment& a);
+  // The running helper program (active_) leaves its generation's group before generation a
+  // starts: waits (bounded by the grace) for its "left". kStopping: it did not, and it is being
+  // stopped like any command (stopping_); kExited: it exited meanwhile (last_exit_).
+  Handover AwaitLeft(const rendezvous::Assignment& a);
+  // The program for generation a: active_ recovered in place, else the warm spare promoted, else
+  // a new process; then a's assignment for its helper.
+  Status StartOrAssign(const rendezvous::Assignment& a, const GenerationPlan& plan,
+                       ChildProcess::Options options,
+                       const std::vector<std::pair<std::string, std::string>>& variables);
+  // Keeps a warm spare of a helper program that trains in generation g: reaps one that died,
+  // starts one when there is none (with back-off after deaths).
+  void TendSpare(int64_t g);
+  // The programs that go on (active_, spare_): what EndLeftovers and ReapOrphans must spare.
+  std::vector<pid_t> LivePrograms() const;
+  // Records this member's failed command in generation g's store (restart_protocol.h, step 2).
+  void RecordOwnFailure(const rendezvous::Assignment& a);
   void PumpProgress();
   // Reaps what the command's descendants left to the agent (a subreaper) and has exited.
-  void ReapOrphans(const ChildProcess& command);
+  void ReapOrphans();
   bool GenerationEnded(int64_t generation) const { return ended_generation_.load() >= generation; }
   // Leaves (completed=false) so the others re-form at once, and stops heartbeating.
   void LeaveAsFailed();
@@ -151,12 +181,18 @@ class ExecAgent {
   std::unique_ptr<ExecMetrics> metrics_;
   ProgressFileReader progress_;
   ProgressTracker tracker_;
+  std::string state_snapshot_;  // LOCKSTEP_STATE_SNAPSHOT: the helper's copy of its state
   std::atomic<int64_t> ended_generation_{0};
   int pending_signal_ = 0;
   int32_t known_restarts_ = 0;
   int32_t own_failures_ = 0;
   ChildExit last_exit_;
   std::unique_ptr<ChildProcess> stopping_;
+  std::unique_ptr<SupervisedCommand> active_;  // the command of the current generation
+  std::unique_ptr<SupervisedCommand> spare_;   // a warm spare of a helper program
+  ChildProcess::Options spare_options_;        // how the last program was started
+  int spare_deaths_ = 0;                       // spares that died unused, in a row
+  double spare_not_before_ = 0;                // MonotonicSeconds
 };
 
 void ExecAgent::SetContext(const rendezvous::Assignment* a) {
@@ -179,6 +215,12 @@ int ExecAgent::GiveUpForGood(int status, const std::string& message) {
 
 int ExecAgent::GiveUp(int status, const std::string& message) {
   FinishStop();
+  if (active_ && active_->process().running()) {
+    active_->process().Stop(options_.grace_ms, options_.kill_wait_ms);
+  }
+  active_.reset();
+  spare_.reset();
+  EndLeftovers();
   LOCKSTEP_LOG(ERROR) << message;
   std::cerr << "lockstep-worker exec: error: " << message << std::endl;
   LeaveAsFailed();
@@ -327,17 +369,138 @@ void ExecAgent::PreviousCommandStopped(const ChildExit& exit) {
 }
 
 void ExecAgent::EndLeftovers() {
-  if (const int ended = EndDescendants(kEndDescendantsMs); ended > 0) {
+  if (const int ended = EndDescendants(kEndDescendantsMs, LivePrograms()); ended > 0) {
     LOCKSTEP_LOG(WARNING) << "ended " << ended
                           << " process(es) the command left behind (setsid or daemon)";
   }
 }
 
-void ExecAgent::ReapOrphans(const ChildProcess& command) {
-  std::vector<pid_t> keep = {command.pid()};
+std::vector<pid_t> ExecAgent::LivePrograms() const {
+  std::vector<pid_t> live;
+  for (const SupervisedCommand* command : {active_.get(), spare_.get()}) {
+    if (command != nullptr && command->process().running()) live.push_back(command->process().pid());
+  }
+  return live;
+}
+
+void ExecAgent::ReapOrphans() {
+  std::vector<pid_t> keep = LivePrograms();
   if (stopping_) keep.push_back(stopping_->pid());
   if (const int reaped = ReapExitedOrphans(keep); reaped > 0) {
     LOCKSTEP_LOG(INFO) << "reaped " << reaped << " exited orphan(s) of the command";
+  }
+}
+
+void ExecAgent::TendSpare(int64_t g) {
+  if (spare_) {
+    spare_->Absorb();
+    if (std::optional<ChildExit> exit = spare_->process().TryReap()) {
+      ++spare_deaths_;
+      const int64_t backoff_ms = std::min<int64_t>(
+          kSpareMaxBackoffMs, kSpareBackoffMs << std::min(spare_deaths_ - 1, 16));
+      LOCKSTEP_LOG(WARNING) << "warm spare (pid " << spare_->process().pid()
+                            << ") ended unused: " << exit->Describe() << "; another in "
+                            << backoff_ms << " ms";
+      spare_.reset();
+      spare_not_before_ = MonotonicSeconds() + static_cast<double>(backoff_ms) / 1000;
+    }
+  }
+  if (spare_ || !options_.warm_spare || !active_ || !active_->recoverable() ||
+      !active_->training_in(g) || MonotonicSeconds() < spare_not_before_) {
+    return;
+  }
+  // Started once the program trains, so its start-up does not compete with a recovery.
+  ChildProcess::Options options = spare_options_;
+  options.env.push_back(std::string(kWarmSpareEnv) + "=1");
+  options.output_prefix = "[spare] ";
+  StatusOr<std::unique_ptr<SupervisedCommand>> spare = SupervisedCommand::Start(options);
+  if (!spare.ok()) {
+    LOCKSTEP_LOG(WARNING) << "warm spare: " << spare.status();
+    spare_not_before_ = MonotonicSeconds() + static_cast<double>(kSpareMaxBackoffMs) / 1000;
+    return;
+  }
+  spare_ = std::move(*spare);
+  LOCKSTEP_LOG(INFO) << "started a warm spare (pid " << spare_->process().pid() << ")";
+}
+
+ExecAgent::Handover ExecAgent::AwaitLeft(const rendezvous::Assignment& a) {
+  const Deadline deadline = Deadline::AfterMs(options_.grace_ms);
+  while (true) {
+    active_->Absorb();
+    if (std::optional<ChildExit> exit = active_->process().TryReap()) {
+      last_exit_ = *exit;
+      return Handover::kExited;
+    }
+    if (active_->idle()) return Handover::kLeft;
+    if (pending_signal_ != 0) return Handover::kSignalled;
+    if (GenerationEnded(a.generation)) return Handover::kGenerationEnded;
+    if (deadline.expired() || !active_->recoverable()) {
+      LOCKSTEP_LOG(WARNING) << "the command (pid " << active_->process().pid()
+                            << ") did not leave its generation within " << options_.grace_ms
+                            << " ms; stopping it";
+      active_->process().Signal(SIGTERM);
+      stopping_ = active_->TakeProcess();
+      active_.reset();
+      return Handover::kStopping;
+    }
+    const Events events = WaitForEvents(std::min<int64_t>(deadline.remaining_ms(), 200));
+    if (events.signal != 0 && pending_signal_ == 0) pending_signal_ = events.signal;
+    if (events.child) ReapOrphans();
+    TendSpare(a.generation);
+  }
+}
+
+Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const GenerationPlan& plan,
+                                ChildProcess::Options options,
+                                const std::vector<std::pair<std::string, std::string>>& variables) {
+  spare_options_ = options;
+  const std::string prefix = options.output_prefix;
+  if (active_ && active_->process().running() && active_->recoverable()) {
+    active_->process().SetOutputPrefix(prefix);
+    LOCKSTEP_LOG(INFO) << "the command (pid " << active_->process().pid()
+                       << ") goes on in place (restart " << plan.restart_count << ")";
+  } else if (spare_ && spare_->process().running()) {
+    active_ = std::move(spare_);
+    spare_deaths_ = 0;
+    active_->process().SetOutputPrefix(prefix);
+    tracker_.StartProcess();
+    LOCKSTEP_LOG(INFO) << "promoted the warm spare (pid " << active_->process().pid()
+                       << ", MASTER_ADDR " << plan.master_addr << ", MASTER_PORT "
+                       << plan.master_port << ", restart " << plan.restart_count << ")";
+  } else {
+    active_.reset();
+    tracker_.StartProcess();
+    LOCKSTEP_ASSIGN_OR_RETURN(active_, SupervisedCommand::Start(options));
+    LOCKSTEP_LOG(INFO) << "started " << options_.command[0] << " (pid "
+                       << active_->process().pid() << ", MASTER_ADDR " << plan.master_addr
+                       << ", MASTER_PORT " << plan.master_port << ", restart "
+                       << plan.restart_count << ")";
+  }
+  if (active_->process().running()) {
+    // A program that does not use the helper never reads it; one that does forms the group.
+    if (Status sent = active_->Assign(a, plan, variables); !sent.ok() && active_->said_hello()) {
+      LOCKSTEP_LOG(WARNING) << "assignment to the helper: " << sent;
+    }
+  }
+  return OkStatus();
+}
+
+void ExecAgent::RecordOwnFailure(const rendezvous::Assignment& a) {
+  ++own_failures_;
+  LOCKSTEP_LOG(ERROR) << "command failed: " << last_exit_.Describe();
+  if (!last_exit_.start_error.empty()) {
+    std::cerr << "lockstep-worker exec: error: " << last_exit_.start_error << std::endl;
+  }
+  FailureRecord failure;
+  failure.member_id = options_.client.member_id;
+  failure.rank = a.rank;
+  failure.shell_status = last_exit_.ShellStatus();
+  failure.description = last_exit_.Describe();
+  failure.member_failures = own_failures_;
+  std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
+  if (Status status = RecordFailure(*store, failure, options_.store_timeout_ms); !status.ok()) {
+    LOCKSTEP_LOG(WARNING) << "could not record the failure in generation " << a.generation << ": "
+                          << status;
   }
 }
 
@@ -349,12 +512,14 @@ void ExecAgent::PumpProgress() {
   metrics_->ObserveProgress(*line, report);
 }
 
-ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildProcess& child) {
+ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a) {
   const int64_t poll_ms = std::max<int64_t>(50, a.heartbeat_interval_ms);
+  ChildProcess& child = active_->process();
   while (true) {
     const Events events = WaitForEvents(poll_ms);
     if (events.signal != 0 && pending_signal_ == 0) pending_signal_ = events.signal;
     PumpProgress();
+    active_->Absorb();
     if (pending_signal_ != 0) {
       LOCKSTEP_LOG(WARNING) << "received signal " << pending_signal_
                             << "; stopping the command (pid " << child.pid() << ")";
@@ -364,21 +529,29 @@ ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a, ChildPr
     // Read before reaping: an exit that came by the time the end is seen is the command's own,
     // not a stop.
     const bool ended = GenerationEnded(a.generation);
-    if (events.child) ReapOrphans(child);
+    if (events.child) ReapOrphans();
     if (std::optional<ChildExit> exit = child.TryReap()) {
       last_exit_ = *exit;
       PumpProgress();
       return exit->success() ? Outcome::kSucceeded : Outcome::kFailed;
     }
     if (ended) {
-      // SIGTERM, and join the next generation at once while the command stops (Run: the stop
-      // goes on in JoinInterruptibly), so that the others see this member coming back rather
-      // than forming without it. Nobody starts the next command before this one has stopped
+      // A helper program leaves the group and stays (in-place recovery: Run waits for its
+      // "left" before the next generation starts). Any other command gets SIGTERM, and the
+      // agent joins the next generation at once while it stops (Run: the stop goes on in
+      // JoinInterruptibly), so that the others see this member coming back rather than forming
+      // without it. Nobody starts the next command before this one has stopped or left
       // (AwaitStoppedCommands).
+      if (active_->recoverable() && active_->EndGeneration(a.generation).ok()) {
+        LOCKSTEP_LOG(INFO) << "generation ended; the command (pid " << child.pid()
+                           << ") leaves it and stays";
+        return Outcome::kGenerationEnded;
+      }
       LOCKSTEP_LOG(INFO) << "generation ended; stopping the command (pid " << child.pid() << ")";
       child.Signal(SIGTERM);
       return Outcome::kGenerationEnded;
     }
+    TendSpare(a.generation);
   }
 }
 
@@ -441,6 +614,24 @@ int ExecAgent::Run() {
                         std::to_string(options_.budget.backoff_limit) +
                         "); last: " + last_exit_.Describe());
     }
+    if (active_ && active_->process().running() && active_->recoverable()) {
+      switch (AwaitLeft(a)) {
+        case Handover::kLeft:
+        case Handover::kStopping:
+          break;
+        case Handover::kSignalled:
+          return GiveUp(128 + pending_signal_, "interrupted by a signal");
+        case Handover::kGenerationEnded:
+          continue;
+        case Handover::kExited:
+          active_.reset();
+          if (last_exit_.success()) break;  // it had finished: a new process starts in g
+          // Failed between generations: a failure in g, which ends g for everyone.
+          RecordOwnFailure(a);
+          EndLeftovers();
+          continue;
+      }
+    }
     if (Status stopped = AwaitStoppedCommands(a); !stopped.ok()) {
       if (pending_signal_ != 0) return GiveUp(128 + pending_signal_, "interrupted by a signal");
       if (GenerationEnded(g)) continue;
@@ -458,27 +649,47 @@ int ExecAgent::Run() {
       if (GenerationEnded(g)) continue;
     }
 
+    // A helper program that died after leaving the previous generation (its channel closed with
+    // it) is a failure in g, counted like any: end g and form the next one with the spare.
+    // (Its channel closes a moment before it can be reaped; a helper whose channel closed while
+    // it runs is broken and is ended here.)
+    if (active_ && active_->said_hello()) {
+      active_->Absorb();
+      if (!active_->recoverable() || !active_->process().running()) {
+        last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+        active_.reset();
+        if (!last_exit_.success()) {
+          RecordOwnFailure(a);
+          EndLeftovers();
+          continue;
+        }
+      }
+    }
+
     ExecEnvironmentExtras extras;
     extras.run_id = options_.job;
     extras.max_restarts = options_.budget.backoff_limit;
     extras.progress_file = progress_.path();
     extras.python_path = options_.python_path;
+    extras.state_snapshot = state_snapshot_;
     ChildProcess::Options child_options;
     child_options.argv = options_.command;
     child_options.env = BuildExecEnvironment(inherited, a, *plan, extras);
     child_options.output_prefix = "[rank " + std::to_string(a.rank) + "] ";
-    tracker_.StartProcess();
-    StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(child_options);
-    if (!child.ok()) return GiveUp(kExitFailure, child.status().ToString());
-    LOCKSTEP_LOG(INFO) << "started " << options_.command[0] << " (pid " << (*child)->pid()
-                       << ", MASTER_ADDR " << plan->master_addr << ", MASTER_PORT "
-                       << plan->master_port << ", restart " << plan->restart_count << ")";
+    if (Status started = StartOrAssign(a, *plan, child_options, ExecVariables(a, *plan, extras));
+        !started.ok()) {
+      return GiveUp(kExitFailure, started.ToString());
+    }
 
-    const Outcome outcome = Supervise(a, **child);
+    const Outcome outcome = Supervise(a);
     if (outcome == Outcome::kGenerationEnded) {
-      stopping_ = std::move(*child);
+      if (!active_->recoverable()) {
+        stopping_ = active_->TakeProcess();
+        active_.reset();
+      }
     } else {
-      child->reset();
+      active_.reset();
+      if (outcome != Outcome::kFailed) spare_.reset();  // the member is done: so is its spare
       EndLeftovers();
     }
     switch (outcome) {
@@ -500,25 +711,9 @@ int ExecAgent::Run() {
       }
       case Outcome::kGenerationEnded:
         break;  // Join the next generation
-      case Outcome::kFailed: {
-        ++own_failures_;
-        LOCKSTEP_LOG(ERROR) << "command failed: " << last_exit_.Describe();
-        if (!last_exit_.start_error.empty()) {
-          std::cerr << "lockstep-worker exec: error: " << last_exit_.start_error << std::endl;
-        }
-        FailureRecord failure;
-        failure.member_id = options_.client.member_id;
-        failure.rank = a.rank;
-        failure.shell_status = last_exit_.ShellStatus();
-        failure.description = last_exit_.Describe();
-        std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(g);
-        if (Status status = RecordFailure(*store, failure, options_.store_timeout_ms);
-            !status.ok()) {
-          LOCKSTEP_LOG(WARNING) << "could not record the failure in generation " << g << ": "
-                                << status;
-        }
+      case Outcome::kFailed:
+        RecordOwnFailure(a);
         break;  // Join again with the heartbeat still open: that ends g for everyone
-      }
     }
   }
 }
@@ -593,6 +788,7 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
   options.budget.initial_backoff_ms = std::max<int64_t>(0, ExecBackoffMs());
   options.budget.max_backoff_ms = std::max(options.budget.initial_backoff_ms, ExecMaxBackoffMs());
   options.grace_ms = std::max<int64_t>(0, ExecGraceMs());
+  options.warm_spare = ExecWarmSpare() != 0;
   options.join_timeout_ms = std::max<int64_t>(1, ExecJoinTimeoutMs());
   options.plan_timeout_ms = std::max<int64_t>(1, ExecPlanTimeoutMs());
   return options;
@@ -635,8 +831,13 @@ int RunExecAgent(const std::vector<std::string>& args) {
   StatusOr<std::unique_ptr<rendezvous::RendezvousClient>> client =
       rendezvous::RendezvousClient::Connect(options->client);
   if (!client.ok()) return fail(kExitFailure, client.status().message());
+  // The helper's copy of the program's state lives in host memory (tmpfs) where there is one,
+  // so that a restart of every process resumes from it without reading storage.
+  StatusOr<PrivateDirectory> memory = PrivateDirectory::Create("/dev/shm");
+  const std::string snapshot =
+      (memory.ok() ? memory->path() : directory->path()) + "/state.snapshot";
   ExecAgent agent(*options, std::move(*client), std::move(*metrics),
-                  directory->path() + "/progress.jsonl");
+                  directory->path() + "/progress.jsonl", snapshot);
   return agent.Run();
 }
 

@@ -64,6 +64,10 @@ struct ExecAgentOptions {
   // spec.network (default without a manifest: tcp): decides the NCCL IB settings the command
   // inherits (worker/comm/rdma/nccl_rdma_setup.h).
   spec::NetworkSpec network;
+  // Keep a warm spare of a program that uses the helper's elastic entry point
+  // (LOCKSTEP_EXEC_WARM_SPARE, default 1): a failed process is replaced by one whose start-up is
+  // done. Costs a second idle process (its memory) per member.
+  bool warm_spare = true;
   // Appended to the command's PYTHONPATH: the pure-Python helpers installed with the worker
   // (FindPythonHelpers); empty: none found.
   std::string python_path;

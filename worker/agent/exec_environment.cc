@@ -46,8 +46,9 @@ StatusOr<int32_t> PickFreePort() {
   return static_cast<int32_t>(ntohs(address.sin_port));
 }
 
-StatusOr<PrivateDirectory> PrivateDirectory::Create() {
-  std::string pattern = EnvString("TMPDIR", "/tmp") + "/lockstep-exec-XXXXXX";
+StatusOr<PrivateDirectory> PrivateDirectory::Create(const std::string& parent) {
+  std::string pattern =
+      (parent.empty() ? EnvString("TMPDIR", "/tmp") : parent) + "/lockstep-exec-XXXXXX";
   if (mkdtemp(pattern.data()) == nullptr) return ErrnoStatus("mkdtemp " + pattern, errno);
   return PrivateDirectory(pattern);
 }
@@ -112,6 +113,9 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
   };
   if (!extras.progress_file.empty()) {
     variables.emplace_back("LOCKSTEP_PROGRESS_FILE", extras.progress_file);
+  }
+  if (!extras.state_snapshot.empty()) {
+    variables.emplace_back("LOCKSTEP_STATE_SNAPSHOT", extras.state_snapshot);
   }
   return variables;
 }

@@ -39,6 +39,9 @@ struct ExecEnvironmentExtras {
   // Appended to PYTHONPATH: where Lockstep's pure-Python helpers are (`import lockstep.progress`);
   // empty: PYTHONPATH is left as inherited.
   std::string python_path;
+  // LOCKSTEP_STATE_SNAPSHOT: where the elastic helper keeps a copy of the program's state between
+  // its saves (empty: not set).
+  std::string state_snapshot;
 };
 
 // The directory of the Python helpers installed with `worker_binary`: <prefix>/lib/lockstep/python
@@ -52,11 +55,11 @@ std::string FindPythonHelpers(const std::string& worker_binary);
 // picks again.
 StatusOr<int32_t> PickFreePort();
 
-// A private directory (mkdtemp under $TMPDIR) for the progress file; removed with everything in it
-// when this object is destroyed.
+// A private directory (mkdtemp under `parent`, default $TMPDIR) for the progress file and the
+// helper's state snapshot; removed with everything in it when this object is destroyed.
 class PrivateDirectory {
  public:
-  static StatusOr<PrivateDirectory> Create();
+  static StatusOr<PrivateDirectory> Create(const std::string& parent = "");
   PrivateDirectory(PrivateDirectory&& other) noexcept;
   PrivateDirectory& operator=(PrivateDirectory&&) = delete;
   ~PrivateDirectory();

@@ -54,7 +54,10 @@ GenerationPlan DecideNextGeneration(const RestartBudget& budget, int32_t restart
     return plan;
   }
   plan.restart_count = restarts_before + 1;
-  plan.backoff_ms = BackoffMs(budget, plan.restart_count);
+  // The back-off belongs to the member that keeps failing: another member's first failure is
+  // replaced at once however many restarts the job has had.
+  plan.backoff_ms = BackoffMs(
+      budget, failure->member_failures > 0 ? failure->member_failures : plan.restart_count);
   plan.message = last;
   return plan;
 }
@@ -90,7 +93,8 @@ std::string EncodeFailure(const FailureRecord& failure) {
   return nlohmann::json{{"member_id", failure.member_id},
                         {"rank", failure.rank},
                         {"shell_status", failure.shell_status},
-                        {"description", failure.description}}
+                        {"description", failure.description},
+                        {"member_failures", failure.member_failures}}
       .dump();
 }
 
@@ -103,6 +107,7 @@ StatusOr<FailureRecord> DecodeFailure(const std::string& text) {
     failure.rank = doc.at("rank").get<int32_t>();
     failure.shell_status = doc.at("shell_status").get<int>();
     failure.description = doc.at("description").get<std::string>();
+    failure.member_failures = doc.value("member_failures", 0);
     return failure;
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string("exec failure: ") + e.what());

@@ -42,8 +42,9 @@
 // 6. A command that exits 0 makes its agent Leave(completed): that does not end g, and the
 //    others keep running until their commands exit (the job succeeds when every rank exits 0).
 //
-// Back-off: the first restart starts at once (recovery speed), later ones wait
-// initial_backoff_ms doubling up to max_backoff_ms, so a command that fails at once cannot spin.
+// Back-off: a member's first failure is restarted at once (recovery speed), its later ones wait
+// initial_backoff_ms doubling up to max_backoff_ms, so a command that fails at once cannot spin;
+// a failure of another member is not slowed by the first one's history.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +68,9 @@ struct FailureRecord {
   int32_t rank = 0;
   int shell_status = 1;     // exit code, or 128 + signal
   std::string description;  // "exit code 3" | "signal 9 (Killed)" | ... with the reason
+  // The failures of this member's command so far, this one included; decides the back-off
+  // (0: unknown, from an older agent: the job's restart count decides).
+  int32_t member_failures = 0;
 };
 
 // Rank 0's decision for a generation, shared through its store.

@@ -42,6 +42,18 @@ TEST(RestartProtocol, FailureUsesOneRestart) {
   EXPECT_EQ(plan.backoff_ms, 0) << "the first restart is immediate";
 }
 
+TEST(RestartProtocol, BackoffFollowsTheMemberThatKeepsFailingNotTheJob) {
+  FailureRecord again = Failure(1, "exit code 1");
+  again.member_failures = 3;
+  EXPECT_EQ(DecideNextGeneration(Budget(9), 4, again).backoff_ms, 2000)
+      << "a member's third failure waits";
+  FailureRecord other = Failure(137, "signal 9 (Killed)");
+  other.member_failures = 1;
+  EXPECT_EQ(DecideNextGeneration(Budget(9), 4, other).backoff_ms, 0)
+      << "another member's first failure is replaced at once after 4 restarts of the job";
+  EXPECT_EQ(DecodeFailure(EncodeFailure(again))->member_failures, 3);
+}
+
 TEST(RestartProtocol, GivesUpWhenBackoffLimitIsUsedWithTheFailuresStatus) {
   const GenerationPlan plan = DecideNextGeneration(Budget(2), 2, Failure(137, "signal 9 (Killed)"));
   EXPECT_TRUE(plan.give_up);

@@ -1,0 +1,226 @@
+#!/usr/bin/python3
+"""Goodput under repeated failures: a random training process SIGKILLed every --kill-every s.
+
+Four systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
+then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per failure =
+(disturbed - undisturbed) / kills.
+
+  trainer        `lockstep run` of the built-in trainer (MLP 784-128-10 on Fashion-MNIST,
+                 batch 64 per worker, job without `elastic`): a killed worker's survivors train
+                 on and a replacement joins with the state of a survivor.
+  exec           `lockstep run` of examples/pytorch/train_ddp.py (gloo, MLP 784-128-10 on the
+                 script's synthetic set, batch 64 per rank, checkpoint every 20 steps): every
+                 agent restarts its command, which resumes from the checkpoint.
+  exec-in-place  the same script with --in-place (lockstep.elastic): survivors stay, a warm
+                 spare replaces the killed process and receives the state from a survivor.
+  torchrun       the same script (without --in-place) under torchrun (c10d, --nproc_per_node=4,
+                 restart-all; Debian's torch 1.13 flags).
+
+Every run of the script appends a line per step with its pid to a timeline; the victim is a
+random one of the processes that trained the last step (never an idle warm spare). For
+exec-in-place the helper's own account of each recovery (rendezvous, group, state) is averaged.
+
+  bench/exec_goodput/run.py [--build build] [--kill-every 8] [--systems trainer,exec,...]
+
+Logs stay in /tmp/exec-goodput-*/.
+"""
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "examples", "pytorch", "train_ddp.py")
+FASHION = "/usr/share/datasets/fashion-mnist"
+PYTHON = "/usr/bin/python3"
+WORKERS = 4
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def script_args(work, args, in_place):
+    return [SCRIPT, "--synthetic", "--hidden", "128", "--batch-size", "64",
+            "--steps", str(args.ddp_steps), "--step-delay", str(args.step_delay),
+            "--checkpoint", os.path.join(work, "ckpt.pt"), "--checkpoint-every", "20",
+            "--timeline", os.path.join(work, "timeline.jsonl")] + (["--in-place"] if in_place else [])
+
+
+def write_manifest(path, name, spec):
+    with open(path, "w") as f:
+        f.write(f"apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {{name: {name}}}\n"
+                f"spec:\n  replicas: {WORKERS}\n{spec}"
+                "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 100}\n"
+                "  metrics: {port: 0}\n")
+
+
+def start(system, work, args, marker):
+    env = dict(os.environ, BENCH_MARKER=marker, OMP_NUM_THREADS="1",
+               LOCKSTEP_EXEC_BACKOFF_MS="0")
+    log = open(os.path.join(work, "run.out"), "w")
+    if system == "torchrun":
+        argv = ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={WORKERS}",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                "--max_restarts=100", "--redirects", "2", "--tee", "1"] + \
+            script_args(work, args, False)
+    else:
+        manifest = os.path.join(work, "job.yaml")
+        name = f"goodput-{marker}"
+        if system == "trainer":
+            write_manifest(manifest, name, f"""  trainer:
+    model: {{type: mlp, hidden: [128], activation: relu}}
+    data:
+      format: idx
+      train: [file://{FASHION}/train-images-idx3-ubyte.gz, file://{FASHION}/train-labels-idx1-ubyte.gz]
+    batchSize: 64
+    steps: {args.trainer_steps}
+    optimizer: {{type: sgd, learningRate: 0.05, momentum: 0.9}}
+""")
+        else:
+            command = json.dumps([PYTHON] + script_args(work, args, system == "exec-in-place"))
+            write_manifest(manifest, name, f"  command: {command}\n")
+        argv = [os.path.join(args.build, "bin", "lockstep"), "run", manifest, "--log-dir",
+                os.path.join(work, "logs"), "--console", "none"]
+    return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            start_new_session=True, cwd=work)
+
+
+def training_processes(system, work, marker):
+    """Pids that train now (the victims to choose from)."""
+    if system == "trainer":
+        pids = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    env = f.read()
+                with open(f"/proc/{entry}/cmdline", "rb") as f:
+                    cmdline = f.read().split(b"\0")
+            except OSError:
+                continue
+            if f"BENCH_MARKER={marker}".encode() in env and cmdline[0].endswith(
+                    b"lockstep-worker") and b"train" in cmdline[1:2]:
+                pids.append(int(entry))
+        return pids
+    lines = []
+    try:
+        with open(os.path.join(work, "timeline.jsonl")) as f:
+            for text in f:
+                try:
+                    line = json.loads(text)
+                except ValueError:
+                    continue
+                if line.get("event") == "step":
+                    lines.append(line)
+    except FileNotFoundError:
+        return []
+    if not lines:
+        return []
+    newest = max(line["step"] for line in lines)
+    recent = [line for line in lines[-4 * WORKERS:] if line["step"] >= newest - 1]
+    return sorted({line["pid"] for line in recent if "pid" in line})
+
+
+def cleanup(proc, marker):
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(timeout=30)
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if f"BENCH_MARKER={marker}".encode() in f.read():
+                        os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def run_once(system, args, disturbed):
+    marker = f"{system}-{'kill' if disturbed else 'calm'}-{os.getpid()}-{random.randrange(10**6)}"
+    work = tempfile.mkdtemp(prefix=f"exec-goodput-{marker}-")
+    started = time.time()
+    proc = start(system, work, args, marker)
+    kills = 0
+    next_kill = None
+    try:
+        while proc.poll() is None:
+            if time.time() - started > args.timeout:
+                raise TimeoutError(f"{system} ran past {args.timeout} s; see {work}")
+            time.sleep(0.05)
+            if not disturbed:
+                continue
+            victims = training_processes(system, work, marker)
+            if next_kill is None and victims:
+                next_kill = time.time() + args.kill_every  # from the first step trained
+            if next_kill is not None and time.time() >= next_kill and victims:
+                try:
+                    os.kill(random.choice(victims), signal.SIGKILL)
+                    kills += 1
+                except ProcessLookupError:
+                    pass
+                next_kill = time.time() + args.kill_every
+        wall = time.time() - started
+        if proc.returncode != 0:
+            raise RuntimeError(f"{system} exited {proc.returncode}; see {work}")
+    finally:
+        cleanup(proc, marker)
+    parts = []
+    pattern = re.compile(r"after the failure \(rendezvous ([\d.]+) s, group ([\d.]+) s, "
+                         r"state ([\d.]+) s\)")
+    for root, _, files in os.walk(work):
+        for name in files:
+            if name.endswith(".log") or name == "run.out":
+                with open(os.path.join(root, name), errors="replace") as f:
+                    parts += [tuple(map(float, m.groups())) for m in pattern.finditer(f.read())]
+    return wall, kills, parts, work
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--build", default=os.path.join(REPO, "build"))
+    p.add_argument("--systems", default="trainer,exec-in-place,exec,torchrun")
+    p.add_argument("--kill-every", type=float, default=8.0)
+    p.add_argument("--ddp-steps", type=int, default=1500)
+    p.add_argument("--trainer-steps", type=int, default=3000)
+    p.add_argument("--step-delay", type=float, default=0.0)
+    p.add_argument("--timeout", type=float, default=900)
+    p.add_argument("--seed", type=int, default=1)
+    args = p.parse_args()
+    args.build = os.path.abspath(args.build)
+    random.seed(args.seed)
+    rows = []
+    for system in args.systems.split(","):
+        calm, _, _, _ = run_once(system, args, disturbed=False)
+        hit, kills, parts, work = run_once(system, args, disturbed=True)
+        lost = (hit - calm) / kills if kills else float("nan")
+        rows.append((system, calm, hit, kills, calm / hit, lost, parts))
+        print(f"{system:14s} undisturbed {calm:6.1f} s  disturbed {hit:6.1f} s  kills {kills:2d}  "
+              f"goodput {calm / hit:4.2f}  lost per failure {lost:5.2f} s  ({work})", flush=True)
+    print()
+    print(f"{'system':14s} {'goodput':>8s} {'lost/failure s':>15s} {'kills':>6s}")
+    for system, calm, hit, kills, goodput, lost, parts in rows:
+        print(f"{system:14s} {goodput:8.2f} {lost:15.2f} {kills:6d}")
+        if parts:
+            mean = [statistics.mean(part[i] for part in parts) for i in range(3)]
+            print(f"{'':14s} helper's account, mean of {len(parts)} rank-recoveries: rendezvous "
+                  f"{mean[0]:.3f} s, group {mean[1]:.3f} s, state {mean[2]:.3f} s after the "
+                  "failure was seen")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
