@@ -70,11 +70,11 @@ void BiasActivationForward(const ExecutionContext& ctx, ActivationType act, int6
 
 void BiasActivationBackward(const ExecutionContext& ctx, ActivationType act, int64_t rows,
                             int64_t cols, const float* y, const float* pre_activation, float* dy,
-                            float* dbias) {
+                            float* dbias, bool accumulate) {
   LOCKSTEP_KERNELS_DISPATCH(
       "BiasActivationBackward",
-      cpu::BiasActivationBackward(act, rows, cols, y, pre_activation, dy, dbias),
-      cuda::BiasActivationBackward(ctx, act, rows, cols, y, pre_activation, dy, dbias));
+      cpu::BiasActivationBackward(act, rows, cols, y, pre_activation, dy, dbias, accumulate),
+      cuda::BiasActivationBackward(ctx, act, rows, cols, y, pre_activation, dy, dbias, accumulate));
 }
 
 void SoftmaxCrossEntropy(const ExecutionContext& ctx, int64_t rows, int64_t classes,

@@ -52,12 +52,13 @@ void BiasActivationForward(const ExecutionContext& ctx, ActivationType act, int6
 
 // Given dy = dL/d(output) [rows, cols], the layer's output y and pre-activation (may be null
 // for relu/identity/tanh, which use y; y may be null for identity and gelu): writes
-// dx = dL/d(pre-activation) into dy in place, and overwrites (never accumulates into)
-// dbias[cols] = sum over rows of dx, summed in double. A null input the activation needs is a
-// programming error: logged, then abort().
+// dx = dL/d(pre-activation) into dy in place, and dbias[cols] = sum over rows of dx, summed in
+// double: overwriting dbias, or, with `accumulate`, adding the sum to it (gradient accumulation
+// over micro-batches; zero rows then leave dbias as it was). A null input the activation needs
+// is a programming error: logged, then abort().
 void BiasActivationBackward(const ExecutionContext& ctx, ActivationType act, int64_t rows,
                             int64_t cols, const float* y, const float* pre_activation, float* dy,
-                            float* dbias);
+                            float* dbias, bool accumulate = false);
 
 // Softmax cross-entropy over logits[rows, classes] with integer labels[rows] in [0, classes).
 // Writes dlogits[rows, classes] = (softmax - onehot) * grad_scale, and returns through

@@ -66,6 +66,11 @@ struct EnumTable<GangScheduler> {
       {GangScheduler::kVolcano, "volcano"},
       {GangScheduler::kSchedulerPlugins, "scheduler-plugins"}};
 };
+template <>
+struct EnumTable<GlobalBatch> {
+  static constexpr EnumName<GlobalBatch> kEntries[] = {
+      {GlobalBatch::kFixed, "fixed"}, {GlobalBatch::kScaleWithWorld, "scaleWithWorld"}};
+};
 
 template <typename E>
 const char* EnumToString(E value) {

@@ -30,13 +30,15 @@ const char* ToString(Compression value) { return internal::EnumToString(value); 
 const char* ToString(NetworkMode value) { return internal::EnumToString(value); }
 const char* ToString(RestartPolicy value) { return internal::EnumToString(value); }
 const char* ToString(GangScheduler value) { return internal::EnumToString(value); }
+const char* ToString(GlobalBatch value) { return internal::EnumToString(value); }
 
 bool operator==(const ObjectMeta& a, const ObjectMeta& b) {
   return std::tie(a.name, a.namespace_, a.labels, a.annotations, a.uid, a.generation) ==
          std::tie(b.name, b.namespace_, b.labels, b.annotations, b.uid, b.generation);
 }
 bool operator==(const ElasticSpec& a, const ElasticSpec& b) {
-  return a.min_replicas == b.min_replicas && a.max_replicas == b.max_replicas;
+  return a.min_replicas == b.min_replicas && a.max_replicas == b.max_replicas &&
+         a.global_batch == b.global_batch;
 }
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.type, a.hidden, a.activation) == std::tie(b.type, b.hidden, b.activation);
@@ -237,12 +239,20 @@ std::string CheckCheckpointDirectory(const std::string& uri) {
   return "";
 }
 
-int64_t TotalSteps(const TrainerSpec& trainer, int64_t train_samples, int32_t world_size) {
+int64_t GlobalBatchSize(const TrainingJobSpec& spec, int32_t world_size) {
+  const int64_t ranks = spec.elastic.global_batch == GlobalBatch::kFixed
+                            ? int64_t{spec.replicas} * spec.ranks_per_worker
+                            : int64_t{world_size};
+  return std::max<int64_t>(1, spec.trainer->batch_size * ranks);
+}
+
+int64_t TotalSteps(const TrainingJobSpec& spec, int64_t train_samples, int32_t world_size) {
+  const TrainerSpec& trainer = *spec.trainer;
   if (trainer.steps > 0) return trainer.steps;
   if (trainer.epochs <= 0 || train_samples <= 0) return 0;
   // An epoch is one pass of the global cursor over the permutation; the last, partial global
   // batch still counts as a step, so every sample is seen once per epoch.
-  int64_t global_batch = trainer.batch_size * std::max<int64_t>(world_size, 1);
+  const int64_t global_batch = GlobalBatchSize(spec, world_size);
   int64_t steps_per_epoch = (train_samples + global_batch - 1) / global_batch;
   return trainer.epochs * steps_per_epoch;
 }

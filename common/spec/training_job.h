@@ -34,6 +34,7 @@ enum class Compression { kNone, kBf16, kFp16 };
 enum class NetworkMode { kTcp, kRoce, kInfiniband };
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
+enum class GlobalBatch { kFixed, kScaleWithWorld };
 
 const char* ToString(Activation value);     // "relu" | "gelu" | "tanh"
 const char* ToString(DataFormat value);     // "idx" | "csv"
@@ -44,6 +45,7 @@ const char* ToString(Compression value);    // "none" | "bf16" | "fp16"
 const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
 const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never"
 const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
+const char* ToString(GlobalBatch value);    // "fixed" | "scaleWithWorld"
 
 struct ObjectMeta {
   std::string name;                    // required, a DNS-1123 label
@@ -57,6 +59,15 @@ struct ObjectMeta {
 struct ElasticSpec {
   int32_t min_replicas = 0;  // default: replicas
   int32_t max_replicas = 0;  // default: replicas
+  // `globalBatch`: what one step of the built-in trainer trains when the world is not `replicas`
+  // workers (a failure being replaced, or an elastic job above or below it).
+  //  - fixed: replicas x ranksPerWorker x batchSize samples at every world size; survivors take
+  //    larger slices (in micro-batches of at most batchSize), so the model does not depend on
+  //    when failures happened. The default of a fixed-size job (minReplicas == maxReplicas).
+  //  - scaleWithWorld: world size x batchSize, each rank a batch of batchSize. The default of an
+  //    elastic job (minReplicas < maxReplicas): throughput follows the membership.
+  // Resolved after parsing. A command job ignores it (its program picks its own batch).
+  GlobalBatch global_batch = GlobalBatch::kFixed;
 };
 
 struct ModelSpec {
@@ -242,8 +253,14 @@ std::string ResolveDataPath(const TrainingJob& job, const std::string& uri);
 // Serialization in the manifest's own camelCase form; ParseTrainingJobJson(ToJson(job)) == job.
 nlohmann::json ToJson(const TrainingJob& job);
 
+// Samples one step of the built-in trainer trains at `world_size` ranks (see
+// ElasticSpec::global_batch): replicas x ranksPerWorker x batchSize for globalBatch fixed,
+// world_size x batchSize for scaleWithWorld; at least 1. Requires spec.trainer.
+int64_t GlobalBatchSize(const TrainingJobSpec& spec, int32_t world_size);
+
 // Total steps the trainer will run for a given dataset size and world size (steps, or epochs
-// converted with the global batch). Used for progress and time-left displays.
-int64_t TotalSteps(const TrainerSpec& trainer, int64_t train_samples, int32_t world_size);
+// converted with GlobalBatchSize). Used for progress and time-left displays. Requires
+// spec.trainer.
+int64_t TotalSteps(const TrainingJobSpec& spec, int64_t train_samples, int32_t world_size);
 
 }  // namespace lockstep::spec

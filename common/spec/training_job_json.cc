@@ -104,7 +104,8 @@ nlohmann::json ToJson(const TrainingJob& job) {
   // Defaulted elastic bounds are not written, so elastic_set survives the round trip.
   if (spec.elastic_set) {
     out_spec["elastic"] = {{"minReplicas", spec.elastic.min_replicas},
-                           {"maxReplicas", spec.elastic.max_replicas}};
+                           {"maxReplicas", spec.elastic.max_replicas},
+                           {"globalBatch", EnumToString(spec.elastic.global_batch)}};
   }
   if (spec.ranks_per_worker != 1) out_spec["ranksPerWorker"] = spec.ranks_per_worker;
   if (spec.trainer) out_spec["trainer"] = TrainerToJson(*spec.trainer);

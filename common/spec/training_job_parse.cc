@@ -322,7 +322,7 @@ void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
 }
 
 void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* job_spec) {
-  ObjectReader reader = spec.Child("elastic", {"minReplicas", "maxReplicas"});
+  ObjectReader reader = spec.Child("elastic", {"minReplicas", "maxReplicas", "globalBatch"});
   job_spec->elastic_set = spec.Has("elastic") && reader.valid();
   bool min_ok = reader.ReadInt("minReplicas", &job_spec->elastic.min_replicas, 1, kMaxReplicas);
   bool max_ok = reader.ReadInt("maxReplicas", &job_spec->elastic.max_replicas, 1, kMaxReplicas);
@@ -330,6 +330,14 @@ void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* jo
   // An end that is not given defaults to replicas; an end given wrongly is already reported.
   if (!min_given) job_spec->elastic.min_replicas = job_spec->replicas;
   if (!max_given) job_spec->elastic.max_replicas = job_spec->replicas;
+  // A fixed-size job keeps its global batch when a failure shrinks the world for a while, so its
+  // model does not depend on when failures happened; an elastic job's batch follows its world
+  // unless it asks otherwise.
+  if (!reader.ReadEnum("globalBatch", &job_spec->elastic.global_batch)) {
+    job_spec->elastic.global_batch = job_spec->elastic.min_replicas < job_spec->elastic.max_replicas
+                                         ? GlobalBatch::kScaleWithWorld
+                                         : GlobalBatch::kFixed;
+  }
   if (!reader.valid() || (min_given && !min_ok) || (max_given && !max_ok)) return;
   const ElasticSpec& elastic = job_spec->elastic;
   if (min_given && max_given && elastic.min_replicas > elastic.max_replicas) {

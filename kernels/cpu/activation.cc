@@ -87,7 +87,7 @@ void BiasActivationForward(ActivationType act, int64_t rows, int64_t cols, const
 }
 
 void BiasActivationBackward(ActivationType act, int64_t rows, int64_t cols, const float* y,
-                            const float* pre_activation, float* dy, float* dbias) {
+                            const float* pre_activation, float* dy, float* dbias, bool accumulate) {
   if (cols <= 0) return;
   std::vector<double> column_sums(static_cast<size_t>(cols), 0.0);
   if (rows > 0) {
@@ -119,7 +119,10 @@ void BiasActivationBackward(ActivationType act, int64_t rows, int64_t cols, cons
         std::abort();
     }
   }
-  for (int64_t c = 0; c < cols; ++c) dbias[c] = static_cast<float>(column_sums[c]);
+  for (int64_t c = 0; c < cols; ++c) {
+    const float sum = static_cast<float>(column_sums[c]);
+    dbias[c] = accumulate ? dbias[c] + sum : sum;
+  }
 }
 
 }  // namespace lockstep::kernels::cpu

@@ -26,7 +26,7 @@ void SetBlasThreads(int threads);
 void BiasActivationForward(ActivationType act, int64_t rows, int64_t cols, const float* bias,
                            float* x, float* pre_activation);
 void BiasActivationBackward(ActivationType act, int64_t rows, int64_t cols, const float* y,
-                            const float* pre_activation, float* dy, float* dbias);
+                            const float* pre_activation, float* dy, float* dbias, bool accumulate);
 
 void SoftmaxCrossEntropy(int64_t rows, int64_t classes, const float* logits, const int32_t* labels,
                          float grad_scale, float* dlogits, double* loss_sum, int64_t* correct);

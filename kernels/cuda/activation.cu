@@ -194,18 +194,19 @@ __global__ void __launch_bounds__(kColumnTile* kRowLanes)
 }
 
 __global__ void FinishColumnSumsKernel(int64_t cols, int64_t chunks,
-                                       const double* __restrict__ partials,
+                                       const double* __restrict__ partials, bool accumulate,
                                        float* __restrict__ dbias) {
   const int64_t col = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (col >= cols) return;
   double total = 0.0;
   for (int64_t chunk = 0; chunk < chunks; ++chunk) total += partials[chunk * cols + col];
-  dbias[col] = static_cast<float>(total);
+  const float sum = static_cast<float>(total);
+  dbias[col] = accumulate ? dbias[col] + sum : sum;
 }
 
 template <ActivationType kAct>
 void LaunchBackward(cudaStream_t stream, int64_t rows, int64_t cols, const float* saved, float* dy,
-                    float* dbias) {
+                    float* dbias, bool accumulate) {
   const int64_t chunk_rows = ChunkRows(rows);
   const int64_t chunks = rows > 0 ? (rows + chunk_rows - 1) / chunk_rows : 0;
   DeviceScratch partials(static_cast<size_t>(chunks * cols) * sizeof(double), stream);
@@ -227,7 +228,7 @@ void LaunchBackward(cudaStream_t stream, int64_t rows, int64_t cols, const float
   constexpr int kFinishThreads = 256;
   FinishColumnSumsKernel<<<static_cast<unsigned>((cols + kFinishThreads - 1) / kFinishThreads),
                            kFinishThreads, 0, stream>>>(cols, chunks, partials.At<double>(0),
-                                                        dbias);
+                                                        accumulate, dbias);
   LOCKSTEP_CUDA_CHECK_LAUNCH();
 }
 
@@ -263,22 +264,24 @@ void BiasActivationForward(const ExecutionContext& ctx, ActivationType act, int6
 
 void BiasActivationBackward(const ExecutionContext& ctx, ActivationType act, int64_t rows,
                             int64_t cols, const float* y, const float* pre_activation, float* dy,
-                            float* dbias) {
+                            float* dbias, bool accumulate) {
   if (cols <= 0) return;
   if (rows < 0) rows = 0;
   const cudaStream_t stream = StreamOf(ctx);
   switch (act) {
     case ActivationType::kIdentity:
-      return LaunchBackward<ActivationType::kIdentity>(stream, rows, cols, nullptr, dy, dbias);
+      return LaunchBackward<ActivationType::kIdentity>(stream, rows, cols, nullptr, dy, dbias,
+                                                       accumulate);
     case ActivationType::kRelu:
       if (rows > 0 && y == nullptr) DieMissingInput("the output y", act);
-      return LaunchBackward<ActivationType::kRelu>(stream, rows, cols, y, dy, dbias);
+      return LaunchBackward<ActivationType::kRelu>(stream, rows, cols, y, dy, dbias, accumulate);
     case ActivationType::kGelu:
       if (rows > 0 && pre_activation == nullptr) DieMissingInput("the pre-activation", act);
-      return LaunchBackward<ActivationType::kGelu>(stream, rows, cols, pre_activation, dy, dbias);
+      return LaunchBackward<ActivationType::kGelu>(stream, rows, cols, pre_activation, dy, dbias,
+                                                   accumulate);
     case ActivationType::kTanh:
       if (rows > 0 && y == nullptr) DieMissingInput("the output y", act);
-      return LaunchBackward<ActivationType::kTanh>(stream, rows, cols, y, dy, dbias);
+      return LaunchBackward<ActivationType::kTanh>(stream, rows, cols, y, dy, dbias, accumulate);
   }
   DieUnknownActivation("BiasActivationBackward", act);
 }

@@ -40,7 +40,7 @@ void BiasActivationForward(const ExecutionContext& ctx, ActivationType act, int6
                            int64_t cols, const float* bias, float* x, float* pre_activation);
 void BiasActivationBackward(const ExecutionContext& ctx, ActivationType act, int64_t rows,
                             int64_t cols, const float* y, const float* pre_activation, float* dy,
-                            float* dbias);
+                            float* dbias, bool accumulate);
 void SoftmaxCrossEntropy(const ExecutionContext& ctx, int64_t rows, int64_t classes,
                          const float* logits, const int32_t* labels, float grad_scale,
                          float* dlogits, double* loss_sum, int64_t* correct);

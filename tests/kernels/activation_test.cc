@@ -179,5 +179,19 @@ TEST(BiasActivationEdgeTest, BiasGradientOfManyRowsKeepsPrecision) {
   EXPECT_NEAR(dbias, rows * static_cast<double>(0.1f), 1e-6 * rows * 0.1);
 }
 
+TEST(BiasActivationEdgeTest, AccumulatingBackwardAddsTheBiasGradientToWhatIsThere) {
+  float dy[] = {1.0f, 2.0f, 3.0f, 4.0f};
+  float dbias[2] = {10.0f, 20.0f};
+  BiasActivationBackward(CpuContext(), ActivationType::kIdentity, 2, 2, nullptr, nullptr, dy, dbias,
+                         /*accumulate=*/true);
+  EXPECT_EQ(dbias[0], 14.0f);
+  EXPECT_EQ(dbias[1], 26.0f);
+  // Zero rows add nothing.
+  BiasActivationBackward(CpuContext(), ActivationType::kIdentity, 0, 2, nullptr, nullptr, nullptr,
+                         dbias, /*accumulate=*/true);
+  EXPECT_EQ(dbias[0], 14.0f);
+  EXPECT_EQ(dbias[1], 26.0f);
+}
+
 }  // namespace
 }  // namespace lockstep::kernels

@@ -415,6 +415,18 @@ TEST_F(CudaKernelsTest, BiasGradientOfZeroRowsIsZero) {
   for (float v : dbias.Download()) EXPECT_EQ(v, 0.0f);
 }
 
+TEST_F(CudaKernelsTest, AccumulatingBiasGradientAddsToWhatIsThere) {
+  DeviceArray<float> dy(4), dbias(2);
+  dy.Upload({1.0f, 2.0f, 3.0f, 4.0f});
+  dbias.Upload({10.0f, 20.0f});
+  BiasActivationBackward(ctx_, ActivationType::kIdentity, 2, 2, nullptr, nullptr, dy.get(),
+                         dbias.get(), /*accumulate=*/true);
+  EXPECT_EQ(dbias.Download(), (std::vector<float>{14.0f, 26.0f}));
+  BiasActivationBackward(ctx_, ActivationType::kIdentity, 0, 2, nullptr, nullptr, nullptr,
+                         dbias.get(), /*accumulate=*/true);
+  EXPECT_EQ(dbias.Download(), (std::vector<float>{14.0f, 26.0f}));
+}
+
 // ---- Softmax cross-entropy ----
 
 TEST_F(CudaKernelsTest, SoftmaxCrossEntropyMatchesCpuAndIsReproducible) {

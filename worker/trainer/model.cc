@@ -110,12 +110,13 @@ const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float
 void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
                                const float* features, const int32_t* labels, int64_t rows,
                                float grad_scale, float* grads, MlpWorkspace& workspace,
-                               const LayerReadyFn& on_layer_ready, double* loss_sum) const {
+                               const LayerReadyFn& on_layer_ready, double* loss_sum,
+                               bool accumulate) const {
   const int num_layers = layout_.num_layers();
   if (rows == 0) {
     // A rank whose slice of a short final batch is empty still takes part in every all-reduce
     // with zero gradients, in the same bucket order as its peers.
-    kernels::SetZero(ctx, layout_.num_params, grads);
+    if (!accumulate) kernels::SetZero(ctx, layout_.num_params, grads);
     for (int b = 0; b < num_layers; ++b) {
       if (on_layer_ready) on_layer_ready(b);
     }
@@ -138,12 +139,12 @@ void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float
     // dy: d(loss)/d(output) becomes d(loss)/d(pre-activation); the bias gradient is its column
     // sum.
     kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
-                                    grads + layer.bias_offset);
+                                    grads + layer.bias_offset, accumulate);
     const float* input =
         (l == 0) ? features : workspace.outputs_[static_cast<size_t>(l) - 1].device_data();
     // dW[out, in] = dy^T[out, rows] * input[rows, in].
-    kernels::Gemm(ctx, true, false, layer.out, layer.in, rows, 1.0f, dy, input, 0.0f,
-                  grads + layer.weight_offset);
+    kernels::Gemm(ctx, true, false, layer.out, layer.in, rows, 1.0f, dy, input,
+                  accumulate ? 1.0f : 0.0f, grads + layer.weight_offset);
     // The layer's gradients are final: its bucket may go on the wire while the rest of
     // backward runs.
     if (on_layer_ready) on_layer_ready(num_layers - 1 - l);

@@ -93,17 +93,19 @@ class MlpModel {
   void InitializeParameters(uint64_t seed, float* params) const;
 
   // Forward and backward over `rows` samples (0 <= rows <= workspace.max_rows()): loss =
-  // grad_scale * sum of per-sample cross-entropy. Overwrites grads with d(loss)/d(params) and
+  // grad_scale * sum of per-sample cross-entropy. Overwrites grads with d(loss)/d(params), or
+  // with `accumulate` adds d(loss)/d(params) to them (the micro-batches of one step: the sum is
+  // the gradient of the micro-batches together, up to float rounding), and
   // calls on_layer_ready (may be empty) for every layer in backward order, each call right after
   // the kernels that finish that layer's gradient slice were QUEUED on ctx (on a GPU they may
   // still be running: the caller orders its use of the slice after them, e.g. with an event) and
   // before the remaining layers' backward is queued. ADDS the UNSCALED sum of per-sample losses
   // to *loss_sum (device memory), with no host synchronisation. rows == 0 yields zero gradients
-  // (a rank with an empty slice of a short batch).
+  // (a rank with an empty slice of a short batch), or leaves them as they are with `accumulate`.
   void ForwardBackward(const kernels::ExecutionContext& ctx, const float* params,
-                       const float* features, const int32_t* labels, int64_t rows,
-                       float grad_scale, float* grads, MlpWorkspace& workspace,
-                       const LayerReadyFn& on_layer_ready, double* loss_sum) const;
+                       const float* features, const int32_t* labels, int64_t rows, float grad_scale,
+                       float* grads, MlpWorkspace& workspace, const LayerReadyFn& on_layer_ready,
+                       double* loss_sum, bool accumulate = false) const;
 
   // Forward only; returns a pointer to the logits [rows, classes] inside the workspace.
   const float* Forward(const kernels::ExecutionContext& ctx, const float* params,

@@ -2,9 +2,9 @@
 
 namespace lockstep::trainer {
 
-double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int world_size) {
+double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int64_t batches_per_step) {
   double lr = optimizer.learning_rate;
-  if (optimizer.lr_scaling == spec::LrScaling::kLinear) lr *= world_size;
+  if (optimizer.lr_scaling == spec::LrScaling::kLinear) lr *= static_cast<double>(batches_per_step);
   if (optimizer.warmup_steps > 0 && step < optimizer.warmup_steps) {
     lr *= static_cast<double>(step + 1) / static_cast<double>(optimizer.warmup_steps);
   }

@@ -3,7 +3,7 @@
 //
 //   Optimizer optimizer(job.spec.trainer->optimizer, layout.num_params);
 //   LOCKSTEP_RETURN_IF_ERROR(optimizer.Allocate(device));     // state on the device, zeroed
-//   float lr = LearningRate(job.spec.trainer->optimizer, step, world_size);
+//   float lr = LearningRate(job.spec.trainer->optimizer, step, global_batch / batch_size);
 //   optimizer.Step(device.compute(), lr, params, grads);     // device pointers
 //
 // Thread safety: an Optimizer is used by one thread at a time.
@@ -21,13 +21,15 @@
 
 namespace lockstep::trainer {
 
-// The learning rate of the optimizer step with 0-based index `step` at world size `world_size`.
-//  - lrScaling linear multiplies the manifest's rate by the world size (Goyal et al. 2017, "the
-//    linear scaling rule": the global batch grows with the world, so the rate does too). It
-//    follows the CURRENT world size, so an elastic job's rate tracks its membership.
+// The learning rate of the optimizer step with 0-based index `step` whose global batch holds
+// `batches_per_step` batches of batchSize (spec::GlobalBatchSize / batchSize).
+//  - lrScaling linear multiplies the manifest's rate by batches_per_step (Goyal et al. 2017, "the
+//    linear scaling rule": the rate grows with the global batch). With globalBatch fixed that is
+//    replicas x ranksPerWorker at every world size, so a failure does not change the rate; with
+//    scaleWithWorld it is the CURRENT world size, so an elastic job's rate tracks its membership.
 //  - warmupSteps W > 0 ramps linearly: step s uses rate * (s + 1) / W for s < W, so the first
 //    step is already non-zero and step W - 1 reaches the full rate.
-double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int world_size);
+double LearningRate(const spec::OptimizerSpec& optimizer, int64_t step, int64_t batches_per_step);
 
 class Optimizer {
  public:

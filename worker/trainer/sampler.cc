@@ -70,6 +70,18 @@ std::pair<int64_t, int64_t> GlobalSampler::RankSlice(const GlobalBatch& batch, i
   return {lo, hi};
 }
 
+int64_t GlobalSampler::MicroBatchCount(int64_t rows, int64_t max_rows) {
+  assert(rows >= 0 && max_rows >= 1);
+  return std::max<int64_t>(1, (rows + max_rows - 1) / max_rows);
+}
+
+std::pair<int64_t, int64_t> GlobalSampler::MicroBatch(int64_t lo, int64_t hi, int64_t count,
+                                                      int64_t index) {
+  assert(lo <= hi && count >= 1 && index >= 0 && index < count);
+  const int64_t rows = hi - lo;
+  return {lo + rows * index / count, lo + rows * (index + 1) / count};
+}
+
 DataCursor GlobalSampler::Advance(const DataCursor& cursor, const GlobalBatch& batch) const {
   (void)cursor;  // The batch already carries the position Next derived from the cursor.
   if (batch.end >= num_samples_) return DataCursor{batch.epoch + 1, 0};

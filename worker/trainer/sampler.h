@@ -6,12 +6,23 @@
 // of checkpoints). Each step:
 //
 //   GlobalSampler sampler(train.num_samples, job.spec.trainer.seed);
-//   GlobalSampler::GlobalBatch batch = sampler.Next(cursor, world_size * batch_size);
+//   GlobalSampler::GlobalBatch batch =
+//       sampler.Next(cursor, spec::GlobalBatchSize(job.spec, world_size));
 //   auto [lo, hi] = GlobalSampler::RankSlice(batch, world_size, rank);
 //   const std::vector<int64_t>& order = sampler.Permutation(batch.epoch);
-//   GatherBatch(train, order.data() + lo, hi - lo, features, labels);
-//   ... forward/backward, all-reduce ...
+//   const int64_t count = GlobalSampler::MicroBatchCount(hi - lo, batch_size);
+//   for (int64_t i = 0; i < count; ++i) {
+//     auto [micro_lo, micro_hi] = GlobalSampler::MicroBatch(lo, hi, count, i);
+//     GatherBatch(train, order.data() + micro_lo, micro_hi - micro_lo, features, labels);
+//     ... forward/backward, accumulating the gradient ...
+//   }
+//   ... all-reduce ...
 //   cursor = sampler.Advance(cursor, batch);
+//
+// The global batch does not depend on the world size when the job keeps it fixed
+// (spec.elastic.globalBatch): a smaller world gives each rank a larger slice, which it trains in
+// micro-batches of at most batchSize (the rows its memory was sized for), so the samples of
+// every step, and so the model, are those of the full world up to float rounding.
 //
 // The last batch of an epoch is partial (it never wraps into the next epoch's permutation), and
 // when G = end - begin < world_size some ranks get an empty slice: the trainer must then weight
@@ -66,6 +77,15 @@ class GlobalSampler {
   // of all ranks tile [begin, end) in rank order; with G = W * B every rank gets exactly B.
   // Positions index Permutation(batch.epoch), not sample ids.
   static std::pair<int64_t, int64_t> RankSlice(const GlobalBatch& batch, int world_size, int rank);
+
+  // How many micro-batches of at most max_rows (>= 1) a slice of `rows` samples is trained in:
+  // ceil(rows / max_rows), and 1 for an empty slice (it still takes part in the step).
+  static int64_t MicroBatchCount(int64_t rows, int64_t max_rows);
+  // Micro-batch `index` of `count` (MicroBatchCount's) of the slice [lo, hi): [lo + floor(index *
+  // R / count), lo + floor((index + 1) * R / count)) with R = hi - lo. The micro-batches tile the
+  // slice in order and their sizes differ by at most one, so none exceeds max_rows.
+  static std::pair<int64_t, int64_t> MicroBatch(int64_t lo, int64_t hi, int64_t count,
+                                                int64_t index);
 
   // The cursor after consuming `batch` (which Next produced from `cursor`): offset = batch.end,
   // or {epoch + 1, 0} when that reaches the end of the epoch.

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
+#include <tuple>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/logging.h"
@@ -91,6 +93,8 @@ Status Trainer::AllocateState() {
 Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
                  std::unique_ptr<kernels::Device> device, WorkerMetrics* metrics)
     : spec_(*job.spec.trainer),
+      job_spec_(job.spec),
+      spec_generation_(job.metadata.generation),
       device_(std::move(device)),
       data_(std::move(data)),
       model_(std::move(model)),
@@ -110,9 +114,13 @@ bool Trainer::Finished() const {
   return state_.cursor.epoch >= spec_.epochs;
 }
 
+int64_t Trainer::GlobalBatchSize(int world_size) const {
+  return spec::GlobalBatchSize(job_spec_, world_size);
+}
+
 int64_t Trainer::TotalSteps(int world_size) const {
   if (spec_.steps > 0) return spec_.steps;
-  const int64_t global_batch = std::max<int64_t>(1, spec_.batch_size * world_size);
+  const int64_t global_batch = GlobalBatchSize(world_size);
   const int64_t n = data_.train.num_samples;
   if (state_.cursor.epoch >= spec_.epochs) return state_.step;
   const int64_t rest_of_epoch = n - state_.cursor.offset;
@@ -124,6 +132,34 @@ int64_t Trainer::TotalSteps(int world_size) const {
 void Trainer::EnableSampleAccounting(const std::string& path) {
   accounting_path_ = path;
   state_.sample_counts.assign(static_cast<size_t>(data_.train.num_samples), 0);
+}
+
+Status Trainer::AgreeOnReplicas(comm::Communicator& communicator, int64_t timeout_ms) {
+  struct Proposal {
+    int64_t spec_generation;
+    int64_t replicas;
+  };
+  const Proposal mine{spec_generation_, job_spec_.replicas};
+  std::vector<Proposal> proposals(static_cast<size_t>(communicator.size()));
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator.AllGather(&mine, sizeof(mine), proposals.data(), timeout_ms)
+          .WithContext("state agreement: all-gather of the manifests' replicas"));
+  // The newest manifest's; within one manifest version every member proposes the same value.
+  Proposal agreed = mine;
+  for (const Proposal& proposal : proposals) {
+    if (std::tie(proposal.spec_generation, proposal.replicas) >
+        std::tie(agreed.spec_generation, agreed.replicas)) {
+      agreed = proposal;
+    }
+  }
+  if (agreed.replicas != job_spec_.replicas) {
+    LOCKSTEP_LOG(INFO) << "replicas " << agreed.replicas << " of the newest manifest (generation "
+                       << agreed.spec_generation << ") sizes the global batch; this process's "
+                       << "manifest says " << job_spec_.replicas;
+    job_spec_.replicas = static_cast<int32_t>(agreed.replicas);
+    spec_generation_ = agreed.spec_generation;
+  }
+  return OkStatus();
 }
 
 Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation,
@@ -171,6 +207,7 @@ Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationI
       communicator.Broadcast(&resumed_from, sizeof(resumed_from), source, timeout_ms)
           .WithContext("state agreement: broadcast of the resume step"));
   resumed_from_step_ = resumed_from;
+  LOCKSTEP_RETURN_IF_ERROR(AgreeOnReplicas(communicator, timeout_ms));
   has_state_ = true;
   if (!accounting_path_.empty() && state_.sample_counts.empty()) {
     // The source kept no counts (its accounting was off): count from here on.
@@ -195,7 +232,10 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   const int world = generation.world_size;
   const int rank = generation.rank;
   const int64_t timeout_ms = collective_timeout_ms();
-  const int64_t global_batch_size = spec_.batch_size * world;
+  const int64_t global_batch_size = GlobalBatchSize(world);
+  // The linear scaling rule's factor: constant while the global batch is (optimizer.h).
+  const int64_t batches_per_step = global_batch_size / spec_.batch_size;
+  const int64_t largest_slice = (global_batch_size + world - 1) / world;
   const int64_t log_interval = std::max<int64_t>(1, spec_.log_interval_steps);
   const kernels::ExecutionContext& ctx = device_->compute();
 
@@ -213,9 +253,13 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   const double zero = 0;
   LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
   LOCKSTEP_LOG(INFO) << "training from step " << state_.step << " at world size " << world
-                     << ": global batch " << global_batch_size << ", " << model_.layout().num_params
-                     << " parameters in " << synchronizer.buckets().size()
-                     << " bucket(s), compression " << spec::ToString(spec_.allreduce.compression);
+                     << ": global batch " << global_batch_size << " ("
+                     << spec::ToString(job_spec_.elastic.global_batch) << "), up to "
+                     << GlobalSampler::MicroBatchCount(largest_slice, spec_.batch_size)
+                     << " micro-batch(es) of at most " << spec_.batch_size << " per rank, "
+                     << model_.layout().num_params << " parameters in "
+                     << synchronizer.buckets().size() << " bucket(s), compression "
+                     << spec::ToString(spec_.allreduce.compression);
 
   // Interval accumulators (reset at every log step); the loss sum is on the device (loss_sum_).
   int64_t interval_samples = 0;
@@ -223,6 +267,10 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   double interval_step_seconds = 0;
   double interval_exposed_seconds = 0;
   StepCommStats comm_stats;
+  const MlpModel::LayerReadyFn on_layer_ready = [&synchronizer](int backward_layer) {
+    synchronizer.OnLayerReady(backward_layer);
+  };
+  const MlpModel::LayerReadyFn no_layer_callback;
 
   while (!Finished()) {
     if (stop.load()) return CancelledError("training stopped");
@@ -231,16 +279,24 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     const GlobalSampler::GlobalBatch batch = sampler_.Next(state_.cursor, global_batch_size);
     const auto [lo, hi] = GlobalSampler::RankSlice(batch, world, rank);
     const std::vector<int64_t>& order = sampler_.Permutation(batch.epoch);
-    const int64_t rows = hi - lo;
-    const BatchStager::DeviceBatch device_batch = stager.Stage(data_.train, order.data() + lo, rows);
+    const int64_t micro_batches = GlobalSampler::MicroBatchCount(hi - lo, spec_.batch_size);
 
     synchronizer.BeginStep(grads_.device_data(), state_.loss_scale,
                            leave_requested != nullptr && leave_requested->load());
-    model_.ForwardBackward(
-        ctx, state_.params.device_data(), device_batch.features, device_batch.labels, rows,
-        1.0f / static_cast<float>(batch.size()), grads_.device_data(), workspace,
-        [&synchronizer](int backward_layer) { synchronizer.OnLayerReady(backward_layer); },
-        loss_sum_.device_data());
+    for (int64_t micro = 0; micro < micro_batches; ++micro) {
+      const auto [micro_lo, micro_hi] = GlobalSampler::MicroBatch(lo, hi, micro_batches, micro);
+      const int64_t rows = micro_hi - micro_lo;
+      const BatchStager::DeviceBatch device_batch =
+          stager.Stage(data_.train, order.data() + micro_lo, rows);
+      // The buckets go on the wire during the last micro-batch's backward, once the gradients
+      // they hold are complete.
+      const bool last = micro + 1 == micro_batches;
+      model_.ForwardBackward(ctx, state_.params.device_data(), device_batch.features,
+                             device_batch.labels, rows, 1.0f / static_cast<float>(batch.size()),
+                             grads_.device_data(), workspace,
+                             last ? on_layer_ready : no_layer_callback, loss_sum_.device_data(),
+                             /*accumulate=*/micro > 0);
+    }
     Status synced = synchronizer.Wait(&comm_stats);
     if (!synced.ok()) return synced;
 
@@ -254,7 +310,8 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                             << ": step skipped, loss scale now " << state_.loss_scale;
       if (metrics_ != nullptr) metrics_->IncrementSkippedSteps();
     } else {
-      const float lr = static_cast<float>(LearningRate(spec_.optimizer, state_.step, world));
+      const float lr =
+          static_cast<float>(LearningRate(spec_.optimizer, state_.step, batches_per_step));
       state_.optimizer.Step(ctx, lr, state_.params.device_data(), grads_.device_data());
       if (spec_.allreduce.compression == spec::Compression::kFp16 &&
           ++state_.loss_scale_good_steps >= kLossScaleGrowthInterval) {

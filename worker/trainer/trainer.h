@@ -8,11 +8,19 @@
 //   }
 //   LOCKSTEP_ASSIGN_OR_RETURN(EvalResult eval, trainer->Evaluate(*comm, info));
 //
-// Each step: the global batch of W x B samples is the next slice of the seeded global order
+// Each step: the global batch of G samples is the next slice of the seeded global order
 // (sampler.h); this rank gathers its RankSlice, runs forward and backward with the loss scaled by
-// 1/(global batch size), and the DDP engine (gradient_synchronizer.h) SUM-all-reduces the
-// gradient buckets while backward proceeds, so every rank ends with the exact global-mean
-// gradient, also for a short final batch split unevenly. Then one fused optimizer pass.
+// 1/G, and the DDP engine (gradient_synchronizer.h) SUM-all-reduces the gradient buckets while
+// backward proceeds, so every rank ends with the exact global-mean gradient, also for a short
+// final batch split unevenly. Then one fused optimizer pass.
+//
+// G is spec::GlobalBatchSize: with spec.elastic.globalBatch fixed (a fixed-size job's default)
+// it is replicas x ranksPerWorker x batchSize at every world size, so while a failed worker is
+// being replaced the survivors train the same samples per step with the same learning rate, and
+// the model does not depend on when failures happened. A rank whose slice then exceeds batchSize
+// trains it in micro-batches of at most batchSize (the memory it was sized for), accumulating the
+// gradient, and only the last micro-batch's backward overlaps the all-reduce: the step costs
+// more compute, never another collective. With scaleWithWorld, G = W x batchSize.
 //
 // Evaluation shards the test split over the ranks in contiguous blocks and all-reduces (loss
 // sum, correct, count), so every rank ends with the same result and the work scales with the
@@ -131,13 +139,19 @@ class Trainer {
   bool has_test_split() const { return data_.test.has_value(); }
   int64_t collective_timeout_ms() const { return spec_.allreduce.timeout_seconds * 1000; }
 
+  // Samples one step trains at this world size (spec::GlobalBatchSize), with the replicas the
+  // members agreed on at the last AgreeOnState (this process's manifest's before the first).
+  int64_t GlobalBatchSize(int world_size) const;
   // Steps of the whole job at this world size (for epochs: from the current cursor on).
   int64_t TotalSteps(int world_size) const;
   // Whether the job's steps or epochs are done.
   bool Finished() const;
 
   // Runs the state agreement of training_state.h for a freshly formed generation. When no member
-  // holds state, rank 0 calls `restore` (may be empty: start from the seed).
+  // holds state, rank 0 calls `restore` (may be empty: start from the seed). The members also
+  // agree on `replicas` for the global batch: `kubectl scale` changes it while pods started
+  // before keep their old manifest, so the value of the newest manifest (metadata.generation,
+  // the API server's version of the spec) wins and every rank slices the same global batch.
   Status AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation,
                       const RestoreFn& restore = nullptr);
 
@@ -164,8 +178,12 @@ class Trainer {
   Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
           std::unique_ptr<kernels::Device> device, WorkerMetrics* metrics);
   Status AllocateState();
+  // The replicas agreement of AgreeOnState (see there); one all-gather.
+  Status AgreeOnReplicas(comm::Communicator& communicator, int64_t timeout_ms);
 
   spec::TrainerSpec spec_;
+  spec::TrainingJobSpec job_spec_;           // for the global batch size; replicas as agreed
+  int64_t spec_generation_ = 0;              // metadata.generation of this process's manifest
   std::unique_ptr<kernels::Device> device_;  // before everything allocated on it
   int cuda_ordinal_ = 0;
   DataSplits data_;

@@ -374,16 +374,73 @@ spec:
 }
 
 TEST(TrainingJobSpec, TotalStepsConvertsEpochsWithTheGlobalBatch) {
-  TrainerSpec trainer;
+  TrainingJobSpec spec;
+  spec.replicas = 4;
+  spec.trainer.emplace();
+  TrainerSpec& trainer = *spec.trainer;
   trainer.batch_size = 64;
   trainer.steps = 500;
-  EXPECT_EQ(TotalSteps(trainer, 60000, 4), 500);
+  EXPECT_EQ(TotalSteps(spec, 60000, 4), 500);
   trainer.steps = 0;
   trainer.epochs = 2;
   // 60000 samples / (64 * 4) = 234.375 -> 235 steps an epoch, the last one partial.
-  EXPECT_EQ(TotalSteps(trainer, 60000, 4), 470);
-  EXPECT_EQ(TotalSteps(trainer, 256, 4), 2);
-  EXPECT_EQ(TotalSteps(trainer, 0, 4), 0);
+  EXPECT_EQ(TotalSteps(spec, 60000, 4), 470);
+  EXPECT_EQ(TotalSteps(spec, 256, 4), 2);
+  EXPECT_EQ(TotalSteps(spec, 0, 4), 0);
+  // A fixed global batch does not change with the world; one that scales does.
+  EXPECT_EQ(TotalSteps(spec, 60000, 3), 470);
+  spec.elastic.global_batch = GlobalBatch::kScaleWithWorld;
+  EXPECT_EQ(TotalSteps(spec, 60000, 3), 2 * 313);  // 60000 / 192 = 312.5
+}
+
+TEST(TrainingJobSpec, FixedSizeJobKeepsItsGlobalBatchWhenTheWorldShrinks) {
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  ranksPerWorker: 2\n");
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.elastic.global_batch, GlobalBatch::kFixed);
+  // replicas 3 x ranksPerWorker 2 x batchSize 64, at 6 ranks and at 5 while one is replaced.
+  EXPECT_EQ(GlobalBatchSize(job->spec, 6), 384);
+  EXPECT_EQ(GlobalBatchSize(job->spec, 5), 384);
+  EXPECT_EQ(GlobalBatchSize(job->spec, 1), 384);
+}
+
+TEST(TrainingJobSpec, ElasticJobScalesItsGlobalBatchWithTheWorldUnlessItAsksForAFixedOne) {
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  elastic: {minReplicas: 2, maxReplicas: 4}\n");
+  StatusOr<TrainingJob> elastic = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(elastic.ok()) << elastic.status();
+  EXPECT_EQ(elastic->spec.elastic.global_batch, GlobalBatch::kScaleWithWorld);
+  EXPECT_EQ(GlobalBatchSize(elastic->spec, 2), 128);
+  EXPECT_EQ(GlobalBatchSize(elastic->spec, 4), 256);
+
+  yaml.replace(yaml.find("maxReplicas: 4}"), 15, "maxReplicas: 4, globalBatch: fixed}");
+  StatusOr<TrainingJob> fixed = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(fixed.ok()) << fixed.status();
+  EXPECT_EQ(fixed->spec.elastic.global_batch, GlobalBatch::kFixed);
+  EXPECT_EQ(GlobalBatchSize(fixed->spec, 2), 192);
+  EXPECT_EQ(GlobalBatchSize(fixed->spec, 4), 192);
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*fixed), "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->spec.elastic.global_batch, GlobalBatch::kFixed);
+
+  // A fixed-size job may ask for today's scaling too.
+  yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  elastic: {globalBatch: scaleWithWorld}\n");
+  StatusOr<TrainingJob> scaling = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(scaling.ok()) << scaling.status();
+  EXPECT_EQ(GlobalBatchSize(scaling->spec, 2), 128);
+}
+
+TEST(TrainingJobSpec, UnknownGlobalBatchPolicyIsRefusedNamingTheFieldAndTheChoices) {
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  elastic: {globalBatch: constant}\n");
+  EXPECT_THAT(ParseError(yaml),
+              HasSubstr("spec.elastic.globalBatch: must be one of fixed, scaleWithWorld (got "
+                        "\"constant\")"));
 }
 
 TEST(TrainingJobSpec, EnumNamesAreTheManifestSpellings) {
@@ -392,6 +449,7 @@ TEST(TrainingJobSpec, EnumNamesAreTheManifestSpellings) {
   EXPECT_STREQ(ToString(GangScheduler::kNone), "");
   EXPECT_STREQ(ToString(GangScheduler::kSchedulerPlugins), "scheduler-plugins");
   EXPECT_STREQ(ToString(NetworkMode::kInfiniband), "infiniband");
+  EXPECT_STREQ(ToString(GlobalBatch::kScaleWithWorld), "scaleWithWorld");
 }
 
 }  // namespace

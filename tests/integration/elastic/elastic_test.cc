@@ -4,13 +4,19 @@
 // is as good as an undisturbed run's, a whole-job kill resumes from the newest checkpoint, and
 // an elastic job runs on above minReplicas and fails with a clear message below it.
 //
-// The kill test is seeded for replay: it prints its seed, and LOCKSTEP_ELASTIC_SEED=<seed>
-// repeats the same victims and steps (LOCKSTEP_ELASTIC_KILLS changes the count, default 20).
+// A fixed-size job keeps its global batch while a failure shrinks the world, so with kills at
+// random steps it ends with the loss and parameters of an undisturbed run (float tolerance); an
+// elastic job gets the same by asking for `globalBatch: fixed`.
+//
+// The kill tests are seeded for replay: they print their seed, and LOCKSTEP_ELASTIC_SEED=<seed>
+// repeats the same victims and steps (LOCKSTEP_ELASTIC_KILLS changes the count of the accuracy
+// test, default 20).
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -29,12 +35,13 @@ namespace {
 
 using lockstep::testing::ChildProcess;
 using lockstep::testing::ExpectExactSampleAccounting;
-using lockstep::testing::LatestStep;
 using lockstep::testing::FindProcessesWithEnv;
+using lockstep::testing::LatestStep;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
+using lockstep::testing::ReadFloats;
 using lockstep::testing::RunProcess;
 using lockstep::testing::WorkerOfLauncher;
 using lockstep::testing::WriteFile;
@@ -51,6 +58,10 @@ struct JobOptions {
   std::string run_policy = "{restartPolicy: OnFailure, backoffLimit: 5}";
   std::string elastic;  // "" or "{minReplicas: 2, maxReplicas: 3}"
   std::string checkpoint_dir;
+  // Wide enough that a run lasts a few seconds on the shared-memory backend, so a replacement
+  // started after a kill can rejoin before training ends.
+  std::string model = "{type: mlp, hidden: [256], activation: relu}";
+  int64_t batch_size = 16;
 };
 
 // A small, fast digits job: 3 workers, progress every step (so the test can follow the step
@@ -65,12 +76,10 @@ std::string WriteManifest(const std::string& dir, const JobOptions& job) {
        << "  replicas: " << kWorkers << "\n";
   if (!job.elastic.empty()) yaml << "  elastic: " << job.elastic << "\n";
   yaml << "  trainer:\n"
-       // Wide enough that a run lasts a few seconds on the shared-memory backend, so a
-       // replacement started after a kill can rejoin before training ends.
-       << "    model: {type: mlp, hidden: [256], activation: relu}\n"
+       << "    model: " << job.model << "\n"
        << "    data: {format: csv, train: [file://" << kDigits << "], test: [file://" << kDigits
        << "]}\n"
-       << "    batchSize: 16\n"
+       << "    batchSize: " << job.batch_size << "\n"
        << "    steps: " << job.steps << "\n"
        << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
        << "    seed: 7\n"
@@ -174,6 +183,162 @@ TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly
               << ")\n";
     if (::testing::Test::HasFailure()) return;  // one replayable failure is enough to read
   }
+}
+
+// What a run ended with: the last step's training loss (logIntervalSteps 1) and the parameters
+// rank 0 dumped (LOCKSTEP_DUMP_PARAMS).
+struct FinalModel {
+  double loss = 0;
+  std::vector<float> params;
+};
+
+FinalModel ReadFinalModel(const std::string& summary_path, const std::string& params_path) {
+  FinalModel model;
+  const nlohmann::json summary = ReadSummary(summary_path);
+  if (summary.contains("final_loss") && summary["final_loss"].is_number()) {
+    model.loss = summary["final_loss"].get<double>();
+  }
+  model.params = ReadFloats(params_path);
+  return model;
+}
+
+// The largest parameter difference relative to the largest parameter (per element, values near
+// zero have no meaningful relative error); infinity when the sizes differ.
+double RelativeParameterDifference(const std::vector<float>& a, const std::vector<float>& b) {
+  if (a.size() != b.size() || a.empty()) return INFINITY;
+  double difference = 0, magnitude = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    difference = std::max(difference, std::fabs(double{a[i]} - double{b[i]}));
+    magnitude = std::max(magnitude, std::fabs(double{a[i]}));
+  }
+  return difference / magnitude;
+}
+
+// Float tolerance for a run whose world shrank: the same samples and learning rate at every
+// step, only the order of the gradient sums differs. That order alone (1 x 192 against 3 x 64,
+// undisturbed) ends these 1000 steps with losses ~1e-6 apart and parameters up to ~1e-4 of the
+// largest apart: SGD amplifies rounding, the more the longer it trains. The same kill with a
+// global batch that follows the world trains other samples at other steps and ends far outside.
+constexpr double kLossTolerance = 1e-4;       // relative
+constexpr double kParameterTolerance = 1e-3;  // of the largest parameter
+
+// Steps of 3 x 64 samples through a 1024-wide layer: about 2 s on a 2-core machine, so after a
+// kill in the first third the survivors train at 2 ranks for hundreds of steps, and the
+// replacement (LOCKSTEP_RUN_RESTART_BACKOFF_MS) joins before the end in some of the runs.
+constexpr int64_t kEquivalenceSteps = 1000;
+
+JobOptions EquivalenceJob(const std::string& name) {
+  JobOptions job;
+  job.name = name;
+  job.steps = kEquivalenceSteps;
+  job.model = "{type: mlp, hidden: [1024], activation: relu}";
+  job.batch_size = 64;
+  return job;
+}
+
+// Runs `manifest` undisturbed and returns its final model.
+FinalModel RunUndisturbed(const std::string& dir, const std::string& manifest,
+                          const std::string& name) {
+  auto env = kRunEnv;
+  env.emplace_back("LOCKSTEP_DUMP_PARAMS", dir + "/" + name + ".params");
+  ProcessResult run = RunProcess({LOCKSTEP_BINARY, "run", manifest, "--summary",
+                                  dir + "/" + name + ".json", "--log-dir", dir + "/" + name},
+                                 env, kRunTimeoutMs);
+  EXPECT_FALSE(run.timed_out) << run.out << run.err;
+  EXPECT_EQ(run.exit_code, 0) << run.out << run.err;
+  return ReadFinalModel(dir + "/" + name + ".json", dir + "/" + name + ".params");
+}
+
+// Runs `manifest`, SIGKILLs `victim` once the progress shows `target_step`, and returns the run's
+// result; its summary, parameters and accounting are under dir/name.*.
+ProcessResult RunWithAKill(const std::string& dir, const std::string& manifest,
+                           const std::string& job, const std::string& name, int victim,
+                           int64_t target_step, const std::string& context) {
+  auto env = kRunEnv;
+  env.emplace_back("LOCKSTEP_DUMP_PARAMS", dir + "/" + name + ".params");
+  env.emplace_back("LOCKSTEP_SAMPLE_ACCOUNTING", dir + "/" + name + "-accounting.jsonl");
+  // Longer than the rendezvous' last call (1 s), which the survivors wait out for the member
+  // they lost: they re-form without it, so the world trains smaller until its replacement joins.
+  env.emplace_back("LOCKSTEP_RUN_RESTART_BACKOFF_MS", "1300");
+  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--summary", dir + "/" + name + ".json",
+                    "--log-dir", dir + "/" + name},
+                   env);
+  const bool reached =
+      PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= target_step; }, 60000, 5);
+  EXPECT_TRUE(reached) << context << "\n" << run.StdoutSoFar();
+  if (reached) {
+    const std::string member = job + "-worker-" + std::to_string(victim);
+    const pid_t pid = WorkerOfLauncher(run.pid(), job, member);
+    EXPECT_NE(pid, 0) << context << ": " << member << " not found";
+    if (pid != 0) EXPECT_EQ(kill(pid, SIGKILL), 0) << context;
+  }
+  return run.Wait(kRunTimeoutMs);
+}
+
+TEST(ElasticRunTest, FixedSizeJobKilledAtRandomStepsEndsWithTheLossOfAnUndisturbedRun) {
+  const uint64_t seed = SeedFromEnvOrRandom();
+  std::cout << "seed " << seed << " (replay: LOCKSTEP_ELASTIC_SEED=" << seed << ")\n";
+  std::mt19937_64 random(seed);
+  const std::string dir = MakeTempDir("lockstep-global-batch");
+  const JobOptions job = EquivalenceJob("fixed-batch-" + std::to_string(getpid()));
+  const std::string manifest = WriteManifest(dir, job);
+  const FinalModel undisturbed = RunUndisturbed(dir, manifest, "undisturbed");
+  ASSERT_FALSE(undisturbed.params.empty());
+  ASSERT_GT(undisturbed.loss, 0);
+
+  for (int i = 0; i < 3; ++i) {
+    const int victim = static_cast<int>(random() % kWorkers);
+    const int64_t target_step = 10 + static_cast<int64_t>(random() % (kEquivalenceSteps / 3));
+    const std::string name = "run-" + std::to_string(i);
+    const std::string context = "kill " + std::to_string(i) + " (seed " + std::to_string(seed) +
+                                "): worker-" + std::to_string(victim) +
+                                " at step >= " + std::to_string(target_step);
+    ProcessResult result =
+        RunWithAKill(dir, manifest, job.name, name, victim, target_step, context);
+    ASSERT_FALSE(result.timed_out) << context << "\n" << result.out << result.err;
+    ASSERT_EQ(result.exit_code, 0) << context << "\n" << result.out << result.err;
+    const nlohmann::json summary = ReadSummary(dir + "/" + name + ".json");
+    EXPECT_EQ(summary["steps"], kEquivalenceSteps) << context << ": " << summary.dump();
+    // Replaced, unless the survivors finished first.
+    EXPECT_LE(summary["restarts"].get<int64_t>(), 1) << context << ": " << summary.dump();
+    // The survivors trained on without the victim.
+    ASSERT_NE(result.out.find("world size 3 -> 2"), std::string::npos) << context << "\n"
+                                                                       << result.out;
+    const FinalModel disturbed =
+        ReadFinalModel(dir + "/" + name + ".json", dir + "/" + name + ".params");
+    const double parameter_difference =
+        RelativeParameterDifference(undisturbed.params, disturbed.params);
+    EXPECT_NEAR(disturbed.loss, undisturbed.loss, kLossTolerance * undisturbed.loss) << context;
+    EXPECT_LE(parameter_difference, kParameterTolerance) << context;
+    ExpectExactSampleAccounting(dir + "/" + name + "-accounting.jsonl", context);
+    std::cout << context << ": generations " << summary["generations"] << ", final loss "
+              << disturbed.loss << " (undisturbed " << undisturbed.loss
+              << "), max parameter difference " << parameter_difference << " of the largest\n";
+    if (::testing::Test::HasFailure()) return;  // one replayable failure is enough to read
+  }
+}
+
+TEST(ElasticRunTest,
+     ElasticJobAskingForAFixedGlobalBatchEndsAsTheFullWorldWouldAfterLosingAWorker) {
+  const std::string dir = MakeTempDir("lockstep-global-batch");
+  JobOptions job = EquivalenceJob("elastic-fixed-batch-" + std::to_string(getpid()));
+  job.elastic = "{minReplicas: 2, maxReplicas: 3, globalBatch: fixed}";
+  job.run_policy = "{restartPolicy: Never}";
+  const std::string manifest = WriteManifest(dir, job);
+  const FinalModel undisturbed = RunUndisturbed(dir, manifest, "undisturbed");
+  ASSERT_FALSE(undisturbed.params.empty());
+
+  // Never replaced: from the kill on, 2 workers train the 3 workers' global batch.
+  ProcessResult result = RunWithAKill(dir, manifest, job.name, "shrunk", 2, 100, "worker-2");
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json summary = ReadSummary(dir + "/shrunk.json");
+  EXPECT_EQ(summary["steps"], kEquivalenceSteps) << summary.dump();
+  EXPECT_EQ(summary["world_size"], 2) << summary.dump();
+  const FinalModel shrunk = ReadFinalModel(dir + "/shrunk.json", dir + "/shrunk.params");
+  EXPECT_NEAR(shrunk.loss, undisturbed.loss, kLossTolerance * undisturbed.loss);
+  EXPECT_LE(RelativeParameterDifference(undisturbed.params, shrunk.params), kParameterTolerance);
+  ExpectExactSampleAccounting(dir + "/shrunk-accounting.jsonl", "elastic job, fixed batch");
 }
 
 TEST(ElasticRunTest, WholeJobKilledMidRunResumesFromTheNewestCheckpoint) {

@@ -146,5 +146,47 @@ TEST(GlobalSamplerTest, ChangingWorldSizeCoversEverySampleExactlyOncePerEpoch) {
   }
 }
 
+TEST(GlobalSamplerTest, MicroBatchesTileASliceInOrderNoneLargerThanTheBatch) {
+  for (int64_t rows : {0, 1, 15, 16, 17, 24, 32, 33, 85, 86, 256}) {
+    const int64_t max_rows = 16;
+    const int64_t count = GlobalSampler::MicroBatchCount(rows, max_rows);
+    EXPECT_EQ(count, std::max<int64_t>(1, (rows + max_rows - 1) / max_rows)) << rows;
+    int64_t next = 100, smallest = rows, largest = 0;
+    for (int64_t i = 0; i < count; ++i) {
+      auto [lo, hi] = GlobalSampler::MicroBatch(100, 100 + rows, count, i);
+      EXPECT_EQ(lo, next) << rows << " rows, micro-batch " << i;
+      EXPECT_LE(hi - lo, max_rows) << rows << " rows, micro-batch " << i;
+      smallest = std::min(smallest, hi - lo);
+      largest = std::max(largest, hi - lo);
+      next = hi;
+    }
+    EXPECT_EQ(next, 100 + rows);
+    EXPECT_LE(largest - smallest, 1) << rows << " rows";
+  }
+}
+
+// A fixed global batch at a smaller world: every rank's slice, in micro-batches of at most the
+// per-rank batch, still covers exactly the global batch the full world trains.
+TEST(GlobalSamplerTest, FixedGlobalBatchAtASmallerWorldTrainsTheSameSamplesInBatchSizedPieces) {
+  const int64_t batch_per_rank = 16, full_world = 4;
+  GlobalSampler sampler(1000, 5);
+  const GlobalSampler::GlobalBatch batch = sampler.Next(DataCursor{0, 40}, full_world * 16);
+  for (int world_size = 1; world_size <= 6; ++world_size) {
+    std::vector<int64_t> positions;
+    for (int rank = 0; rank < world_size; ++rank) {
+      auto [lo, hi] = GlobalSampler::RankSlice(batch, world_size, rank);
+      const int64_t count = GlobalSampler::MicroBatchCount(hi - lo, batch_per_rank);
+      for (int64_t i = 0; i < count; ++i) {
+        auto [micro_lo, micro_hi] = GlobalSampler::MicroBatch(lo, hi, count, i);
+        EXPECT_LE(micro_hi - micro_lo, batch_per_rank);
+        for (int64_t p = micro_lo; p < micro_hi; ++p) positions.push_back(p);
+      }
+    }
+    std::vector<int64_t> expected(static_cast<size_t>(batch.size()));
+    std::iota(expected.begin(), expected.end(), batch.begin);
+    EXPECT_EQ(positions, expected) << "world size " << world_size;
+  }
+}
+
 }  // namespace
 }  // namespace lockstep::trainer

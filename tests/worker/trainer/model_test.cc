@@ -133,6 +133,45 @@ TEST(MlpModelTest, EmptyBatchGivesZeroGradientsAndAllLayersReady) {
   for (float g : grads) EXPECT_EQ(g, 0.0f);
 }
 
+// Micro-batches of one step: accumulated gradients are the whole batch's, up to float rounding.
+TEST(MlpModelTest, AccumulatedMicroBatchGradientsEqualTheWholeBatchGradient) {
+  const int64_t rows = 7, features = 5, classes = 3;
+  auto model = MlpModel::Create(features, {6, 4}, classes, ActivationType::kGelu);
+  ASSERT_TRUE(model.ok());
+  std::vector<float> params(static_cast<size_t>(model->layout().num_params));
+  model->InitializeParameters(3, params.data());
+  SplitMix64 rng(11);
+  std::vector<float> x(static_cast<size_t>(rows * features));
+  for (float& v : x) v = rng.UniformFloat(-1, 1);
+  std::vector<int32_t> y(static_cast<size_t>(rows));
+  for (int32_t& label : y) label = static_cast<int32_t>(rng.Next() % classes);
+  const float grad_scale = 1.0f / rows;
+
+  MlpWorkspace whole_workspace = *MlpWorkspace::Create(*model, rows, kernels::CpuDevice());
+  std::vector<float> whole(params.size());
+  double whole_loss = 0;
+  model->ForwardBackward({}, params.data(), x.data(), y.data(), rows, grad_scale, whole.data(),
+                         whole_workspace, nullptr, &whole_loss);
+
+  // Pieces of 3, 0 (an empty one changes nothing) and 4 rows, in a workspace of 4 rows.
+  MlpWorkspace workspace = *MlpWorkspace::Create(*model, 4, kernels::CpuDevice());
+  std::vector<float> accumulated(params.size(), 9.0f);  // overwritten by the first piece
+  double loss = 0;
+  int64_t begin = 0;
+  int ready = 0;
+  for (int64_t piece : {3, 0, 4}) {
+    model->ForwardBackward(
+        {}, params.data(), x.data() + begin * features, y.data() + begin, piece, grad_scale,
+        accumulated.data(), workspace, [&](int) { ++ready; }, &loss, /*accumulate=*/begin > 0);
+    begin += piece;
+  }
+  EXPECT_EQ(ready, 3 * model->layout().num_layers());
+  EXPECT_NEAR(loss, whole_loss, 1e-9 * std::fabs(whole_loss));
+  for (size_t i = 0; i < whole.size(); ++i) {
+    EXPECT_NEAR(accumulated[i], whole[i], 1e-6f + 1e-5f * std::fabs(whole[i])) << "parameter " << i;
+  }
+}
+
 TEST(MlpModelTest, RejectsZeroWidthHiddenLayer) {
   auto model = MlpModel::Create(3, {4, 0}, 2, ActivationType::kRelu);
   ASSERT_FALSE(model.ok());

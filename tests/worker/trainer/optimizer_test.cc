@@ -52,13 +52,14 @@ TEST(OptimizerTest, AdamWMatchesHandComputation) {
   EXPECT_EQ(optimizer.StateBuffers().size(), 2u);
 }
 
-TEST(LearningRateTest, LinearScalingMultipliesByTheCurrentWorldSize) {
+TEST(LearningRateTest, LinearScalingMultipliesByTheBatchesInTheGlobalBatch) {
   spec::OptimizerSpec spec;
   spec.learning_rate = 0.05;
   spec.lr_scaling = spec::LrScaling::kLinear;
   EXPECT_DOUBLE_EQ(LearningRate(spec, 100, 1), 0.05);
   EXPECT_DOUBLE_EQ(LearningRate(spec, 100, 4), 0.2);
-  EXPECT_DOUBLE_EQ(LearningRate(spec, 101, 2), 0.1);  // the world shrank: the rate follows
+  EXPECT_DOUBLE_EQ(LearningRate(spec, 101, 2),
+                   0.1);  // a global batch that shrank: the rate follows
   spec.lr_scaling = spec::LrScaling::kNone;
   EXPECT_DOUBLE_EQ(LearningRate(spec, 100, 4), 0.05);
 }
