@@ -33,6 +33,13 @@ The rules that make this exact:
     trained again from the state before it.
   * The data of step s depends on s (and the rank and world size ctx gives), not on how many
     steps this process has run.
+  * A failed step is not rolled back: what its forward pass changed before the failure (the
+    running statistics of BatchNorm, the RNG dropout draws from) stays changed on the ranks that
+    got that far. Models whose step has such side effects recover approximately, not exactly;
+    keep an RNG state in `state.extra` and restore it per step where that matters.
+  * With nccl, a collective that hangs on a lost peer cannot be aborted from Python (torch
+    1.13's gloo and nccl have no abort): a survivor stuck in one is stopped by its agent after
+    the grace period and restarted, and receives the state from a survivor that left in time.
 
 At the start of each generation the ranks agree on the state: the rank holding the newest one
 (highest state.step; a state a survivor trained in memory before one restored from a copy; then
@@ -119,7 +126,7 @@ class State:
 
     def _load_bytes(self, data):
         import torch
-        self.load_state_dict(torch.load(io.BytesIO(data)))
+        self.load_state_dict(torch.load(io.BytesIO(data), map_location="cpu"))
 
 
 class Context:
@@ -191,13 +198,15 @@ class _Agent:
                     break
                 for line in lines:
                     message = json.loads(line)
+                    if not isinstance(message, dict):
+                        raise ValueError("not a JSON object")
                     with self._cond:
                         if message.get("type") == "assign":
                             self._assignments.append(message)
                         elif message.get("type") == "ended":
                             self._ended = max(self._ended, int(message["generation"]))
                         self._cond.notify_all()
-        except (OSError, ValueError, KeyError, TypeError):
+        except Exception:  # noqa: BLE001 - a broken channel is a gone agent
             pass
         with self._cond:
             self._closed = True
@@ -225,8 +234,12 @@ class _Agent:
         with self._cond:
             while True:
                 live = [a for a in self._assignments if a["generation"] > self._ended]
-                if live:
+                skipped = [a for a in self._assignments if a not in live[-1:]]
+                if live or skipped:
                     self._assignments = []
+                for assignment in skipped:  # the agent waits for "left" of every assignment
+                    self.send(type="left", generation=int(assignment["generation"]))
+                if live:
                     return live[-1]
                 if self._closed:
                     return None
@@ -254,6 +267,10 @@ class _Snapshot:
                 f.write(state._to_bytes())
             os.replace(temporary, self.path)
         except OSError as error:  # a full tmpfs: training goes on without the copy
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
             print(f"lockstep.elastic: state snapshot not written: {error}", flush=True)
             self.every_seconds = None
 
@@ -265,7 +282,7 @@ class _Snapshot:
         except OSError:
             return False
         import torch
-        saved = torch.load(io.BytesIO(data))
+        saved = torch.load(io.BytesIO(data), map_location="cpu")
         if saved["step"] <= state.step:
             return False
         state.load_state_dict(saved)
@@ -330,12 +347,15 @@ def _release_group():
 
 
 def _agree_on_state(state, rank, world):
-    """Every rank ends holding the newest state of the group (see the module's docstring)."""
+    """Every rank ends holding the newest state of the group (see the module's docstring). The
+    bytes travel on the CPU: over the group itself with gloo, over a gloo group beside it with
+    another backend (nccl takes only device tensors)."""
     import torch
     import torch.distributed as dist
+    group = None if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")
     mine = torch.tensor([state.step, int(state._live), -rank], dtype=torch.int64)
     rows = [torch.zeros(3, dtype=torch.int64) for _ in range(world)]
-    dist.all_gather(rows, mine)
+    dist.all_gather(rows, mine, group=group)
     rows = [tuple(row.tolist()) for row in rows]
     best = max(rows)
     if all(row[0] == best[0] and row[1] == 1 for row in rows):
@@ -343,12 +363,12 @@ def _agree_on_state(state, rank, world):
     source = -best[2]
     payload = state._to_bytes() if rank == source else b""
     size = torch.tensor([len(payload)], dtype=torch.int64)
-    dist.broadcast(size, source)
+    dist.broadcast(size, source, group=group)
     if rank == source:
         data = torch.frombuffer(bytearray(payload), dtype=torch.uint8)
     else:
         data = torch.empty(int(size.item()), dtype=torch.uint8)
-    dist.broadcast(data, source)
+    dist.broadcast(data, source, group=group)
     if rank != source and not (state._live and state.step == best[0]):
         state._load_bytes(data.numpy().tobytes())
 
@@ -394,6 +414,9 @@ def run(train, state, *, backend=None, timeout=datetime.timedelta(minutes=5),
     snapshot_path = os.environ.get(SNAPSHOT_FILE, "")
     snapshot = _Snapshot(snapshot_path, snapshot_seconds) if snapshot_path else None
     confirm_s = float(os.environ.get(CONFIRM_SECONDS, "10"))
+    # A warm spare joins a group of survivors, whose state wins: reading the copy would only
+    # delay the recovery. A process started cold may be the newest there is.
+    cold_start = os.environ.get(WARM_SPARE) != "1"
     agent.send(type="hello", protocol=PROTOCOL, pid=os.getpid())
     failed_at = None  # when this process last saw its generation fail (for the recovery line)
     while True:
@@ -403,7 +426,7 @@ def run(train, state, *, backend=None, timeout=datetime.timedelta(minutes=5),
         generation = int(assignment["generation"])
         os.environ.update({k: str(v) for k, v in assignment.get("env", {}).items()})
         os.environ.pop(WARM_SPARE, None)
-        if not state._live and snapshot is not None:
+        if cold_start and not state._live and snapshot is not None:
             snapshot.restore_into(state)
         try:
             assigned_at = time.monotonic()

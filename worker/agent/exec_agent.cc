@@ -160,8 +160,13 @@ class ExecAgent {
   // Keeps a warm spare of a helper program that trains in generation g: reaps one that died,
   // starts one when there is none (with back-off after deaths).
   void TendSpare(int64_t g);
+  // Reaps a spare that died unused (it costs no restart; another follows with back-off).
+  void ReapDeadSpare();
+  void StartSpare();
   // The programs that go on (active_, spare_): what EndLeftovers and ReapOrphans must spare.
   std::vector<pid_t> LivePrograms() const;
+  // A helper program that finished after its generation ended: the member is done.
+  int FinishedBetweenGenerations();
   // Records this member's failed command in generation g's store (restart_protocol.h, step 2).
   void RecordOwnFailure(const rendezvous::Assignment& a);
   void PumpProgress();
@@ -268,6 +273,12 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
       LOCKSTEP_LOG(WARNING) << "received signal " << signal_number
                             << " while joining; leaving and exiting";
       FinishStop();
+      // A program waiting between generations (in place) gets its grace too.
+      if (active_ && active_->process().running()) {
+        active_->process().Stop(options_.grace_ms, options_.kill_wait_ms);
+      }
+      active_.reset();
+      spare_.reset();
       LeaveAsFailed();
       std::cout.flush();
       std::cerr.flush();
@@ -392,9 +403,22 @@ void ExecAgent::ReapOrphans() {
 }
 
 void ExecAgent::TendSpare(int64_t g) {
+  ReapDeadSpare();
+  if (spare_ || !options_.warm_spare || !active_ || !active_->recoverable() ||
+      !active_->training_in(g) || MonotonicSeconds() < spare_not_before_) {
+    return;
+  }
+  StartSpare();
+}
+
+void ExecAgent::ReapDeadSpare() {
   if (spare_) {
     spare_->Absorb();
-    if (std::optional<ChildExit> exit = spare_->process().TryReap()) {
+    std::optional<ChildExit> exit = spare_->process().TryReap();
+    if (!exit && spare_->said_hello() && !spare_->recoverable()) {
+      exit = spare_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);  // its channel closed
+    }
+    if (exit) {
       ++spare_deaths_;
       const int64_t backoff_ms = std::min<int64_t>(
           kSpareMaxBackoffMs, kSpareBackoffMs << std::min(spare_deaths_ - 1, 16));
@@ -405,10 +429,9 @@ void ExecAgent::TendSpare(int64_t g) {
       spare_not_before_ = MonotonicSeconds() + static_cast<double>(backoff_ms) / 1000;
     }
   }
-  if (spare_ || !options_.warm_spare || !active_ || !active_->recoverable() ||
-      !active_->training_in(g) || MonotonicSeconds() < spare_not_before_) {
-    return;
-  }
+}
+
+void ExecAgent::StartSpare() {
   // Started once the program trains, so its start-up does not compete with a recovery.
   ChildProcess::Options options = spare_options_;
   options.env.push_back(std::string(kWarmSpareEnv) + "=1");
@@ -434,7 +457,12 @@ ExecAgent::Handover ExecAgent::AwaitLeft(const rendezvous::Assignment& a) {
     if (active_->idle()) return Handover::kLeft;
     if (pending_signal_ != 0) return Handover::kSignalled;
     if (GenerationEnded(a.generation)) return Handover::kGenerationEnded;
-    if (deadline.expired() || !active_->recoverable()) {
+    if (!active_->recoverable()) {
+      // Its channel closed: it died (it is reaped a moment after) or broke the protocol.
+      last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+      return Handover::kExited;
+    }
+    if (deadline.expired()) {
       LOCKSTEP_LOG(WARNING) << "the command (pid " << active_->process().pid()
                             << ") did not leave its generation within " << options_.grace_ms
                             << " ms; stopping it";
@@ -459,7 +487,7 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
     active_->process().SetOutputPrefix(prefix);
     LOCKSTEP_LOG(INFO) << "the command (pid " << active_->process().pid()
                        << ") goes on in place (restart " << plan.restart_count << ")";
-  } else if (spare_ && spare_->process().running()) {
+  } else if (ReapDeadSpare(), spare_) {
     active_ = std::move(spare_);
     spare_deaths_ = 0;
     active_->process().SetOutputPrefix(prefix);
@@ -476,13 +504,24 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
                        << ", MASTER_PORT " << plan.master_port << ", restart "
                        << plan.restart_count << ")";
   }
-  if (active_->process().running()) {
+  if (active_->process().running() && !GenerationEnded(a.generation)) {
     // A program that does not use the helper never reads it; one that does forms the group.
     if (Status sent = active_->Assign(a, plan, variables); !sent.ok() && active_->said_hello()) {
       LOCKSTEP_LOG(WARNING) << "assignment to the helper: " << sent;
     }
   }
   return OkStatus();
+}
+
+int ExecAgent::FinishedBetweenGenerations() {
+  LOCKSTEP_LOG(INFO) << "command exited 0 (between generations)";
+  spare_.reset();
+  EndLeftovers();
+  if (Status left = client_->Leave(/*completed=*/true, tracker_.report()); !left.ok()) {
+    LOCKSTEP_LOG(WARNING) << "leave: " << left;
+  }
+  client_->StopHeartbeat();
+  return kExitOk;
 }
 
 void ExecAgent::RecordOwnFailure(const rendezvous::Assignment& a) {
@@ -625,7 +664,7 @@ int ExecAgent::Run() {
           continue;
         case Handover::kExited:
           active_.reset();
-          if (last_exit_.success()) break;  // it had finished: a new process starts in g
+          if (last_exit_.success()) return FinishedBetweenGenerations();
           // Failed between generations: a failure in g, which ends g for everyone.
           RecordOwnFailure(a);
           EndLeftovers();
@@ -658,11 +697,10 @@ int ExecAgent::Run() {
       if (!active_->recoverable() || !active_->process().running()) {
         last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
         active_.reset();
-        if (!last_exit_.success()) {
-          RecordOwnFailure(a);
-          EndLeftovers();
-          continue;
-        }
+        if (last_exit_.success()) return FinishedBetweenGenerations();
+        RecordOwnFailure(a);
+        EndLeftovers();
+        continue;
       }
     }
 

@@ -14,6 +14,8 @@
 namespace lockstep::agent {
 namespace {
 
+// A helper says a few lines per generation; more unread than this is a runaway program.
+constexpr size_t kMaxQueuedMessages = 4096;
 // The reader checks for a stop request this often while the program is quiet.
 constexpr int kReadPollMs = 200;
 
@@ -67,7 +69,7 @@ std::string EncodeAssignment(const rendezvous::Assignment& a, const GenerationPl
                             {"master_port", plan.master_port},
                             {"restart_count", plan.restart_count},
                             {"env", env}};
-  return message.dump();
+  return message.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string EncodeGenerationEnded(int64_t generation) {
@@ -157,6 +159,13 @@ void HelperChannel::ReadLoop() {
       start = newline + 1;
       if (!message.ok()) return finish(message.status().message());
       std::lock_guard<std::mutex> lock(mu_);
+      if (received_.size() >= kMaxQueuedMessages) {
+        error_ = "helper channel: more than " + std::to_string(kMaxQueuedMessages) +
+                 " messages unread";
+        closed_.store(true);
+        Wake(kWakeHelper);
+        return;
+      }
       received_.push_back(*message);
       any = true;
     }
