@@ -165,6 +165,9 @@ class ExecAgent {
   void StartSpare();
   // The programs that go on (active_, spare_): what EndLeftovers and ReapOrphans must spare.
   std::vector<pid_t> LivePrograms() const;
+  // The helper program (active_) ended between generations: reaped, or its channel closed (it is
+  // ended at once). True when it exited 0; otherwise its failure is recorded in a's store.
+  bool SettleEndedHelper(const rendezvous::Assignment& a);
   // A helper program that finished after its generation ended: the member is done.
   int FinishedBetweenGenerations();
   // Records this member's failed command in generation g's store (restart_protocol.h, step 2).
@@ -513,6 +516,16 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
   return OkStatus();
 }
 
+bool ExecAgent::SettleEndedHelper(const rendezvous::Assignment& a) {
+  last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+  active_.reset();
+  if (last_exit_.success()) return true;
+  // Failed between generations: a failure in g, which ends g for everyone.
+  RecordOwnFailure(a);
+  EndLeftovers();
+  return false;
+}
+
 int ExecAgent::FinishedBetweenGenerations() {
   LOCKSTEP_LOG(INFO) << "command exited 0 (between generations)";
   spare_.reset();
@@ -663,11 +676,7 @@ int ExecAgent::Run() {
         case Handover::kGenerationEnded:
           continue;
         case Handover::kExited:
-          active_.reset();
-          if (last_exit_.success()) return FinishedBetweenGenerations();
-          // Failed between generations: a failure in g, which ends g for everyone.
-          RecordOwnFailure(a);
-          EndLeftovers();
+          if (SettleEndedHelper(a)) return FinishedBetweenGenerations();
           continue;
       }
     }
@@ -695,11 +704,7 @@ int ExecAgent::Run() {
     if (active_ && active_->said_hello()) {
       active_->Absorb();
       if (!active_->recoverable() || !active_->process().running()) {
-        last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
-        active_.reset();
-        if (last_exit_.success()) return FinishedBetweenGenerations();
-        RecordOwnFailure(a);
-        EndLeftovers();
+        if (SettleEndedHelper(a)) return FinishedBetweenGenerations();
         continue;
       }
     }
