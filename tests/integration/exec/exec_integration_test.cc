@@ -19,12 +19,14 @@
 
 #include "common/process_stat.h"
 #include "common/rendezvous/server.h"
+#include "tests/integration/exec/pytorch_program.h"
 #include "tests/support/job/job.h"
 
 namespace lockstep::agent {
 namespace {
 
 using lockstep::testing::ChildProcess;
+using lockstep::testing::TorchAvailable;
 using lockstep::testing::ChildrenWithEnv;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
@@ -33,15 +35,10 @@ using lockstep::testing::ReadFile;
 using lockstep::testing::WriteFile;
 
 const std::string kAgent = LOCKSTEP_EXEC_AGENT_BINARY;
-const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/examples/pytorch/train_ddp.py";
-const std::string kPython = "/usr/bin/python3";
+const std::string& kScript = lockstep::testing::kDdpScript;
+const std::string& kPython = lockstep::testing::kTestPython;
 // Every wait below is bounded by this or less; a loaded 2-core machine imports torch in ~3 s.
 constexpr int64_t kTrainWaitMs = 90000;
-
-bool TorchAvailable() {
-  return lockstep::testing::RunProcess({kPython, "-c", "import torch.distributed"}, {}, 60000)
-             .exit_code == 0;
-}
 
 // A job on an in-process rendezvous service, and agents started against it.
 class ExecJob {

@@ -16,12 +16,14 @@
 #include <string>
 #include <vector>
 
+#include "tests/integration/exec/pytorch_program.h"
 #include "tests/support/job/job.h"
 
 namespace lockstep::agent {
 namespace {
 
 using lockstep::testing::ChildProcess;
+using lockstep::testing::TorchAvailable;
 using lockstep::testing::FindProcessesWithEnv;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
@@ -29,18 +31,13 @@ using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
 using lockstep::testing::WriteFile;
 
-const std::string kScript = std::string(LOCKSTEP_SOURCE_DIR) + "/examples/pytorch/train_ddp.py";
-const std::string kPython = "/usr/bin/python3";
+const std::string& kScript = lockstep::testing::kDdpScript;
+const std::string& kPython = lockstep::testing::kTestPython;
 constexpr int kWorkers = 4;
 // Long enough for several kills and recoveries on a loaded 2-core machine (each worker imports
 // torch twice: its program and its warm spare).
 constexpr int kSteps = 360;
 constexpr int64_t kRunWaitMs = 170000;
-
-bool TorchAvailable() {
-  return lockstep::testing::RunProcess({kPython, "-c", "import torch.distributed"}, {}, 60000)
-             .exit_code == 0;
-}
 
 struct StepLine {
   int rank = 0;
@@ -118,9 +115,9 @@ class InPlaceRun {
   std::vector<pid_t> Spares() const {
     std::set<pid_t> trained;
     for (const StepLine& line : ReadTimeline(timeline())) trained.insert(line.pid);
+    const std::vector<pid_t> of_job = FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name_);
     std::vector<pid_t> spares;
     for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_WARM_SPARE", "1")) {
-      const std::vector<pid_t> of_job = FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name_);
       if (trained.count(pid) == 0 &&
           std::find(of_job.begin(), of_job.end(), pid) != of_job.end()) {
         spares.push_back(pid);
