@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <variant>
 #include <vector>
@@ -23,11 +24,15 @@ using TimePoint = Deadline::Clock::time_point;
 using CallId = uint64_t;
 using StreamId = uint64_t;
 
-// Finish a held Join: with `assignment` when status is OK, else with status alone.
+// Finish a held Join: with `assignment` and `members` when status is OK, else with status alone.
+// The generation's member list is the same for every member it admits: one list, shared by all
+// the answers of a formation (`assignment.members` stays empty), so that forming a generation of
+// N members copies and encodes N members, not N times N.
 struct AnswerJoin {
   CallId call = 0;
   Status status;
   Assignment assignment;
+  std::shared_ptr<const std::vector<MemberInfo>> members;  // by rank
 };
 
 // Finish a held StoreGet: with `values` (in the order of the keys asked) when status is OK.

@@ -18,6 +18,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "common/rendezvous/channel.h"
 #include "common/rendezvous/wire.h"
 #include "proto/rendezvous.grpc.pb.h"
 
@@ -352,23 +353,7 @@ StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Connect(
   if (options.address.empty() || options.job.empty() || options.member_id.empty()) {
     return InvalidArgumentError("rendezvous client: address, job and member_id are required");
   }
-  std::shared_ptr<grpc::ChannelCredentials> credentials;
-  if (!options.tls_ca_pem.empty()) {
-    grpc::SslCredentialsOptions ssl;
-    ssl.pem_root_certs = options.tls_ca_pem;
-    credentials = grpc::SslCredentials(ssl);
-  } else {
-    credentials = grpc::InsecureChannelCredentials();
-  }
-  grpc::ChannelArguments args;
-  // A Join can wait minutes without traffic, and a dead peer must be noticed even then.
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
-  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
-  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
-  // The service sends back what its clients may send it (a store value, server.h's bound).
-  args.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
-  auto channel = grpc::CreateCustomChannel(options.address, credentials, args);
+  auto channel = NewRendezvousChannel(options.address, options.tls_ca_pem);
   if (channel == nullptr) {
     return UnavailableError("rendezvous client: cannot create a channel to " + options.address);
   }

@@ -23,24 +23,21 @@ JobState::JobState(JobConfig config)
 // Generations
 
 JobState::ActiveMember* JobState::FindMember(const std::string& member_id) {
-  for (auto& member : members_) {
-    if (member.info.member_id == member_id) return &member;
-  }
-  return nullptr;
+  auto it = member_index_.find(member_id);
+  return it == member_index_.end() ? nullptr : &members_[it->second];
 }
 
-bool JobState::IsSurvivor(const std::string& pod) const {
-  return std::find(survivors_.begin(), survivors_.end(), pod) != survivors_.end();
-}
+bool JobState::IsSurvivor(const std::string& pod) const { return survivor_set_.count(pod) != 0; }
 
 void JobState::RemoveSurvivor(const std::string& pod) {
+  if (survivor_set_.erase(pod) == 0) return;
+  if (PodComplete(pod)) --complete_survivors_;
   survivors_.erase(std::remove(survivors_.begin(), survivors_.end(), pod), survivors_.end());
 }
 
 std::string JobState::PodOfMember(const std::string& member_id) const {
-  for (const auto& member : members_) {
-    if (member.info.member_id == member_id) return member.info.pod;
-  }
+  auto member = member_index_.find(member_id);
+  if (member != member_index_.end()) return members_[member->second].info.pod;
   for (const auto& join : pending_) {
     if (join.member_id == member_id) return join.pod;
   }
@@ -56,43 +53,64 @@ std::vector<std::string> JobState::PendingPods() const {
   return pods;
 }
 
-JobState::PodTally JobState::TallyPendingRanks() const {
-  PodTally ranks;
-  for (const auto& join : pending_) ++ranks[join.pod];
-  return ranks;
+namespace {
+std::string PlaceOf(const std::string& pod, int32_t local_rank) {
+  return pod + '\n' + std::to_string(local_rank);
 }
 
-bool JobState::PodComplete(const PodTally& ranks, const std::string& pod) const {
+void CountKey(std::unordered_map<std::string, int32_t>& counts, const std::string& key,
+              int delta) {
+  auto it = counts.emplace(key, 0).first;
+  it->second += delta;
+  if (it->second == 0) counts.erase(it);
+}
+}  // namespace
+
+void JobState::CountPending(const PendingJoin& join, int delta) {
   // Join keeps at most one pending join per (pod, local rank), each rank in range.
-  auto it = ranks.find(pod);
-  return it != ranks.end() && it->second == config_.ranks_per_pod;
+  const bool was_complete = PodComplete(join.pod);
+  CountKey(pending_ranks_, join.pod, delta);
+  const bool complete = PodComplete(join.pod);
+  if (was_complete != complete) {
+    const int change = complete ? 1 : -1;
+    complete_pods_ += change;
+    if (IsSurvivor(join.pod)) complete_survivors_ += change;
+  }
+  CountKey(pending_members_, join.member_id, delta);
+  CountKey(pending_places_, PlaceOf(join.pod, join.local_rank), delta);
 }
 
-int32_t JobState::CompletePods(const PodTally& ranks) const {
-  int32_t complete = 0;
-  for (const auto& [pod, count] : ranks) complete += count == config_.ranks_per_pod ? 1 : 0;
-  return complete;
+void JobState::RecountPending() {
+  pending_ranks_.clear();
+  pending_members_.clear();
+  pending_places_.clear();
+  complete_pods_ = 0;
+  complete_survivors_ = 0;
+  for (const auto& join : pending_) CountPending(join, +1);
 }
 
-int32_t JobState::ExpectedPods(const PodTally& ranks) const {
+bool JobState::PodComplete(const std::string& pod) const {
+  auto it = pending_ranks_.find(pod);
+  return it != pending_ranks_.end() && it->second == config_.ranks_per_pod;
+}
+
+int32_t JobState::ExpectedPods() const {
   // Before the first generation nobody survives anything: expect the job's initial size.
   if (BeforeFirstGeneration()) {
     return config_.initial_members > 0 ? config_.initial_members : config_.max_members;
   }
   int32_t expected = static_cast<int32_t>(survivors_.size());
-  for (const auto& [pod, count] : ranks) {
+  for (const auto& [pod, count] : pending_ranks_) {
     if (!IsSurvivor(pod)) ++expected;
   }
   return expected;
 }
 
-bool JobState::AllExpectedJoined(const PodTally& ranks) const {
-  if (BeforeFirstGeneration()) return CompletePods(ranks) >= ExpectedPods(ranks);
-  for (const auto& survivor : survivors_) {
-    if (!PodComplete(ranks, survivor)) return false;
-  }
+bool JobState::AllExpectedJoined() const {
+  if (BeforeFirstGeneration()) return complete_pods_ >= ExpectedPods();
+  if (complete_survivors_ != static_cast<int32_t>(survivors_.size())) return false;
   // A pod some of whose ranks have joined is expected to complete (they start together).
-  return CompletePods(ranks) == static_cast<int32_t>(ranks.size());
+  return complete_pods_ == static_cast<int32_t>(pending_ranks_.size());
 }
 
 // Formation rule (the proto's protocol, step 1):
@@ -104,9 +122,8 @@ bool JobState::AllExpectedJoined(const PodTally& ranks) const {
 //  - at most max_members pods are admitted (FormGeneration picks surviving pods first).
 void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   if (active_ || !closed_status_.ok()) return;
-  const PodTally ranks = TallyPendingRanks();
-  if (CompletePods(ranks) < config_.min_members) return;
-  const bool all_joined = AllExpectedJoined(ranks);
+  if (complete_pods_ < config_.min_members) return;
+  const bool all_joined = AllExpectedJoined();
   if (BeforeFirstGeneration() && config_.wait_for_initial_members && !all_joined) return;
   if (!all_joined) {
     const TimePoint last_call_at = latest_arrival_ + milliseconds(config_.last_call_ms);
@@ -118,18 +135,18 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
       return;
     }
   }
-  FormGeneration(ranks, now, out);
+  FormGeneration(now, out);
 }
 
-void JobState::FormGeneration(const PodTally& ranks, TimePoint now, Actions& out) {
+void JobState::FormGeneration(TimePoint now, Actions& out) {
   // Pods: survivors keep their relative order, newcomers follow in order of first arrival; only
   // whole pods are admitted. Ranks go pod by pod, local ranks in order.
   std::vector<std::string> pods;
   for (const auto& survivor : survivors_) {
-    if (PodComplete(ranks, survivor)) pods.push_back(survivor);
+    if (PodComplete(survivor)) pods.push_back(survivor);
   }
   for (const auto& pod : PendingPods()) {
-    if (!IsSurvivor(pod) && PodComplete(ranks, pod)) pods.push_back(pod);
+    if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
   }
   pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
   const int32_t per_pod = config_.ranks_per_pod;
@@ -148,7 +165,9 @@ void JobState::FormGeneration(const PodTally& ranks, TimePoint now, Actions& out
   ++generation_;
   active_ = true;
   members_.clear();
+  member_index_.clear();
   survivors_ = pods;
+  survivor_set_ = std::unordered_set<std::string>(pods.begin(), pods.end());
   Assignment assignment;
   assignment.generation = generation_;
   assignment.world_size = static_cast<int32_t>(world);
@@ -166,22 +185,27 @@ void JobState::FormGeneration(const PodTally& ranks, TimePoint now, Actions& out
     member.info.pod = join.pod;
     member.info.local_rank = join.local_rank;
     member.last_beat = now;  // the member has heartbeat_timeout_ms to open its stream
+    member_index_[member.info.member_id] = members_.size();
     members_.push_back(member);
-    assignment.members.push_back(member.info);
   }
+  auto infos = std::make_shared<std::vector<MemberInfo>>();
+  infos->reserve(world);
+  for (const auto& member : members_) infos->push_back(member.info);
+  const std::shared_ptr<const std::vector<MemberInfo>> shared_infos = std::move(infos);
   std::vector<bool> admitted(pending_.size(), false);
   for (size_t rank = 0; rank < world; ++rank) {
     admitted[order[rank]] = true;
     assignment.rank = static_cast<int32_t>(rank);
     assignment.local_rank = pending_[order[rank]].local_rank;
     assignment.pod_rank = static_cast<int32_t>(rank) / per_pod;
-    out.push_back(AnswerJoin{pending_[order[rank]].call, OkStatus(), assignment});
+    out.push_back(AnswerJoin{pending_[order[rank]].call, OkStatus(), assignment, shared_infos});
   }
   std::vector<PendingJoin> waiting;
   for (size_t i = 0; i < pending_.size(); ++i) {
     if (!admitted[i]) waiting.push_back(std::move(pending_[i]));
   }
   pending_ = std::move(waiting);
+  RecountPending();
 
   GenerationRecord record;
   record.generation = generation_;
@@ -256,12 +280,15 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
   }
   const std::string& member_id = join.member_id;
   // One pending join per member, and per place in a pod.
-  for (auto it = pending_.begin(); it != pending_.end();) {
+  const bool replaces = pending_members_.count(member_id) != 0 ||
+                        pending_places_.count(PlaceOf(pod, join.local_rank)) != 0;
+  for (auto it = pending_.begin(); replaces && it != pending_.end();) {
     if (it->member_id != member_id && (it->pod != pod || it->local_rank != join.local_rank)) {
       ++it;
       continue;
     }
     out.push_back(AnswerJoin{it->call, AbortedError("replaced by a newer join"), {}});
+    CountPending(*it, -1);
     it = pending_.erase(it);
   }
   if (active_) {
@@ -290,6 +317,7 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
   pending.deadline = now + milliseconds(join.timeout_ms);
   latest_arrival_ = now;
   out.push_back(WakeAt{pending.deadline});
+  CountPending(pending, +1);
   pending_.push_back(std::move(pending));
   TryFormGeneration(now, out);
 }
@@ -300,15 +328,14 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
       ++it;
       continue;
     }
-    const PodTally ranks = TallyPendingRanks();
-    const int32_t needed = std::max(config_.min_members, ExpectedPods(ranks));
+    const int32_t needed = std::max(config_.min_members, ExpectedPods());
     const std::string bounds = "min " + std::to_string(config_.min_members) + ", max " +
                                std::to_string(config_.max_members);
     const std::string present =
         config_.ranks_per_pod == 1
             ? std::to_string(pending_.size()) + " of " + std::to_string(needed) +
                   " members present (" + bounds + ")"
-            : std::to_string(CompletePods(ranks)) + " of " + std::to_string(needed) +
+            : std::to_string(complete_pods_) + " of " + std::to_string(needed) +
                   " pods complete (" + std::to_string(pending_.size()) +
                   " members present, " + std::to_string(config_.ranks_per_pod) +
                   " ranks per pod; " + bounds + " pods)";
@@ -316,6 +343,7 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
         "no generation formed within " + std::to_string(it->timeout_ms) + " ms: " + present +
         (active_ ? "; generation " + std::to_string(generation_) + " is active and full" : "");
     out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}});
+    CountPending(*it, -1);
     it = pending_.erase(it);
   }
 }
@@ -324,6 +352,7 @@ void JobState::CancelJoin(CallId call) {
   pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                 [&](const PendingJoin& join) { return join.call == call; }),
                  pending_.end());
+  RecountPending();
 }
 
 void JobState::Tick(TimePoint now, Actions& out) {
@@ -587,6 +616,7 @@ void JobState::Close(const Status& status, TimePoint now, Actions& out) {
   closed_status_ = status;
   for (auto& join : pending_) out.push_back(AnswerJoin{join.call, status, {}});
   pending_.clear();
+  RecountPending();
   stores_.FailAll(status, out);
   if (active_ && !history_.empty()) {
     history_.back().ended_at = SecondsOf(now);

@@ -22,6 +22,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "common/rendezvous/actions.h"
@@ -193,16 +194,16 @@ class JobState {
   void RemoveSurvivor(const std::string& pod);
   // Pods with a pending join, in order of their first.
   std::vector<std::string> PendingPods() const;
-  // Pending joins per pod: counted once per decision, so that each is linear in the joins.
+  // Pending joins per pod, kept as joins come and go (CountPending), so that deciding whether a
+  // generation forms costs the same at the 4,096th join as at the first.
   using PodTally = std::unordered_map<std::string, int32_t>;
-  PodTally TallyPendingRanks() const;
-  bool PodComplete(const PodTally& ranks, const std::string& pod) const;  // every rank pending
-  int32_t CompletePods(const PodTally& ranks) const;
-  int32_t ExpectedPods(const PodTally& ranks) const;
-  bool AllExpectedJoined(const PodTally& ranks) const;
+  void CountPending(const PendingJoin& join, int delta);
+  void RecountPending();  // after pending_ or survivors_ changed wholesale
+  bool PodComplete(const std::string& pod) const;  // every rank pending
+  int32_t ExpectedPods() const;
+  bool AllExpectedJoined() const;
   void TryFormGeneration(TimePoint now, Actions& out);
-  // `ranks`: TryFormGeneration's tally of the pending joins, which forming does not change.
-  void FormGeneration(const PodTally& ranks, TimePoint now, Actions& out);
+  void FormGeneration(TimePoint now, Actions& out);
   // lost: a member is gone (for the recovery time); false when one joined.
   void EndGeneration(const std::string& reason, bool lost, TimePoint now, Actions& out);
   // Ends the generation for a lost member and forms the next from the survivors if it can.
@@ -222,8 +223,17 @@ class JobState {
   int64_t generation_;    // the current or latest; first_generation_ - 1 before the first
   bool active_ = false;
   std::vector<ActiveMember> members_;   // of generation_, by rank
+  std::unordered_map<std::string, size_t> member_index_;  // member id -> index in members_
   std::vector<std::string> survivors_;  // pods expected in the next generation, by previous rank
+  std::unordered_set<std::string> survivor_set_;  // the same pods, to look up
   std::vector<PendingJoin> pending_;    // in join order
+  // Indexes of pending_ (CountPending): ranks pending per pod, how many pods (and surviving
+  // pods) have every rank pending, and how many pending joins name each member and each place.
+  PodTally pending_ranks_;
+  int32_t complete_pods_ = 0;
+  int32_t complete_survivors_ = 0;
+  std::unordered_map<std::string, int32_t> pending_members_;
+  std::unordered_map<std::string, int32_t> pending_places_;
   TimePoint latest_arrival_;
   TimePoint last_call_wake_;        // latest last-call WakeAt asked for
   TimePoint heartbeat_check_at_;    // while active_: when a member can next have gone silent

@@ -46,10 +46,16 @@ std::string TokenFromMetadata(const grpc::CallbackServerContext* context) {
 }
 
 // A unary call that may be held (Join, StoreGet) and finished later from any thread, exactly once.
+// Its response is a message (StoreGet) or, for a method served raw (Join), encoded bytes.
 class HeldCall : public grpc::ServerUnaryReactor, public std::enable_shared_from_this<HeldCall> {
  public:
   static std::shared_ptr<HeldCall> Create(google::protobuf::Message* response) {
-    std::shared_ptr<HeldCall> call(new HeldCall(response));
+    std::shared_ptr<HeldCall> call(new HeldCall(response, nullptr));
+    call->self_ = call;
+    return call;
+  }
+  static std::shared_ptr<HeldCall> CreateRaw(grpc::ByteBuffer* response) {
+    std::shared_ptr<HeldCall> call(new HeldCall(nullptr, response));
     call->self_ = call;
     return call;
   }
@@ -71,6 +77,17 @@ class HeldCall : public grpc::ServerUnaryReactor, public std::enable_shared_from
     Finish(status);
   }
 
+  // Complete for a raw call: `response` holds the encoded message (its slices are shared).
+  void CompleteRaw(const grpc::Status& status, const grpc::ByteBuffer& response) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (finished_) return;
+      finished_ = true;
+    }
+    if (status.ok()) *raw_response_ = response;
+    Finish(status);
+  }
+
   void OnCancel() override {
     if (on_cancel_) on_cancel_();
     Complete(grpc::Status(grpc::StatusCode::CANCELLED, "call cancelled by the client"));
@@ -81,11 +98,13 @@ class HeldCall : public grpc::ServerUnaryReactor, public std::enable_shared_from
   }
 
  private:
-  explicit HeldCall(google::protobuf::Message* response) : response_(response) {}
+  HeldCall(google::protobuf::Message* response, grpc::ByteBuffer* raw_response)
+      : response_(response), raw_response_(raw_response) {}
 
   std::mutex mu_;
   bool finished_ = false;
   google::protobuf::Message* response_;  // owned by gRPC, valid until OnDone
+  grpc::ByteBuffer* raw_response_;       // the same, for a raw call
   std::function<void()> on_cancel_;
   std::shared_ptr<HeldCall> self_;
 };
@@ -198,8 +217,13 @@ class Job : public std::enable_shared_from_this<Job> {
   Closures Resolve(Actions& actions);
   std::shared_ptr<HeldCall> TakeCall(CallId id);
   std::shared_ptr<HeartbeatStream> TakeStream(StreamId id);
+  // Under mu_: the members list of `members`' formation as JoinResponse field 4, encoded once
+  // and shared by every answer of that formation.
+  const grpc::Slice& EncodedMembers(const std::shared_ptr<const std::vector<MemberInfo>>& members);
 
   mutable std::mutex mu_;
+  std::shared_ptr<const std::vector<MemberInfo>> encoded_for_;
+  grpc::Slice encoded_members_;
   JobState state_;
   TimerQueue* const timers_;
   CallId next_call_ = 1;
@@ -224,7 +248,10 @@ class TokenGate : public grpc::AuthMetadataProcessor {
   const RendezvousServerImpl* server_;
 };
 
-class RendezvousServerImpl : public RendezvousServer, public v1::Rendezvous::CallbackService {
+// Join is served raw (its response is encoded by hand, see Job::Resolve); the rest as messages.
+using RendezvousService = v1::Rendezvous::WithRawCallbackMethod_Join<v1::Rendezvous::CallbackService>;
+
+class RendezvousServerImpl : public RendezvousServer, public RendezvousService {
  public:
   RendezvousServerImpl() = default;
   ~RendezvousServerImpl() override { Shutdown(/*deadline_ms=*/1000); }
@@ -249,8 +276,8 @@ class RendezvousServerImpl : public RendezvousServer, public v1::Rendezvous::Cal
 
   // v1::Rendezvous::CallbackService
   grpc::ServerUnaryReactor* Join(grpc::CallbackServerContext* context,
-                                 const v1::JoinRequest* request,
-                                 v1::JoinResponse* response) override;
+                                 const grpc::ByteBuffer* request,
+                                 grpc::ByteBuffer* response) override;
   grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>* Heartbeat(
       grpc::CallbackServerContext* context) override;
   grpc::ServerUnaryReactor* Leave(grpc::CallbackServerContext* context,
@@ -381,8 +408,13 @@ Job::Closures Job::Resolve(Actions& actions) {
             [call, status = ToGrpcStatus(answer->status)] { call->Complete(status); });
         continue;
       }
-      auto response = std::make_shared<v1::JoinResponse>(ToProto(answer->assignment));
-      closures.push_back([call, response] { call->Complete(grpc::Status::OK, response.get()); });
+      // The answer is this member's fields followed by the generation's shared member list:
+      // protobuf reads fields in any order and appends repeated ones, so the two encodings
+      // concatenated are one JoinResponse.
+      const std::string own = ToProto(answer->assignment).SerializeAsString();
+      grpc::Slice slices[2] = {grpc::Slice(own), EncodedMembers(answer->members)};
+      auto response = std::make_shared<grpc::ByteBuffer>(slices, 2);
+      closures.push_back([call, response] { call->CompleteRaw(grpc::Status::OK, *response); });
     } else if (auto* answer = std::get_if<AnswerStoreGet>(&action)) {
       auto call = TakeCall(answer->call);
       if (call == nullptr) continue;
@@ -411,6 +443,17 @@ Job::Closures Job::Resolve(Actions& actions) {
   }
   actions.clear();
   return closures;
+}
+
+const grpc::Slice& Job::EncodedMembers(
+    const std::shared_ptr<const std::vector<MemberInfo>>& members) {
+  if (members != encoded_for_) {
+    encoded_for_ = members;
+    encoded_members_ = grpc::Slice(
+        MembersToProto(members != nullptr ? *members : std::vector<MemberInfo>{})
+            .SerializeAsString());
+  }
+  return encoded_members_;
 }
 
 void RunClosures(const std::vector<std::function<void()>>& closures) {
@@ -711,14 +754,24 @@ StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::Authorize(const std::string
 }
 
 grpc::ServerUnaryReactor* RendezvousServerImpl::Join(grpc::CallbackServerContext* context,
-                                                     const v1::JoinRequest* request,
-                                                     v1::JoinResponse* response) {
-  auto call = HeldCall::Create(response);
-  auto job = Authorize(TokenFromMetadata(context), request->job());
+                                                     const grpc::ByteBuffer* request,
+                                                     grpc::ByteBuffer* response) {
+  auto call = HeldCall::CreateRaw(response);
+  std::vector<grpc::Slice> slices;
+  std::string bytes;
+  v1::JoinRequest parsed;
+  if (request->Dump(&slices).ok()) {
+    for (const auto& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
+  }
+  if (!parsed.ParseFromString(bytes)) {
+    call->Complete(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "join: malformed request"));
+    return call.get();
+  }
+  auto job = Authorize(TokenFromMetadata(context), parsed.job());
   if (!job.ok()) {
     call->Complete(ToGrpcStatus(job.status()));
   } else {
-    (*job)->Join(call, *request);
+    (*job)->Join(call, parsed);
   }
   return call.get();
 }

@@ -85,12 +85,9 @@ Assignment FromProto(const v1::JoinResponse& response) {
   return out;
 }
 
-v1::JoinResponse ToProto(const Assignment& assignment) {
+v1::JoinResponse MembersToProto(const std::vector<MemberInfo>& members) {
   v1::JoinResponse out;
-  out.set_generation(assignment.generation);
-  out.set_rank(assignment.rank);
-  out.set_world_size(assignment.world_size);
-  for (const auto& member : assignment.members) {
+  for (const auto& member : members) {
     v1::Member* wire = out.add_members();
     wire->set_member_id(member.member_id);
     wire->set_host(member.host);
@@ -99,6 +96,14 @@ v1::JoinResponse ToProto(const Assignment& assignment) {
     wire->set_pod(member.pod);
     wire->set_local_rank(member.local_rank);
   }
+  return out;
+}
+
+v1::JoinResponse ToProto(const Assignment& assignment) {
+  v1::JoinResponse out = MembersToProto(assignment.members);
+  out.set_generation(assignment.generation);
+  out.set_rank(assignment.rank);
+  out.set_world_size(assignment.world_size);
   out.set_heartbeat_interval_ms(assignment.heartbeat_interval_ms);
   out.set_heartbeat_timeout_ms(assignment.heartbeat_timeout_ms);
   out.set_local_rank(assignment.local_rank);

@@ -29,5 +29,7 @@ v1::Progress ToProto(const ProgressReport& progress);
 MemberInfo FromProto(const v1::Member& member);
 Assignment FromProto(const v1::JoinResponse& response);
 v1::JoinResponse ToProto(const Assignment& assignment);
+// A JoinResponse with the members alone (every other field unset, so not encoded).
+v1::JoinResponse MembersToProto(const std::vector<MemberInfo>& members);
 
 }  // namespace lockstep::rendezvous

@@ -170,6 +170,7 @@ class Driver {
         return who + " join fails " + StatusCodeName(answer->status.code());
       }
       last_assignment_ = answer->assignment;
+      if (answer->members != nullptr) last_assignment_.members = *answer->members;
       const Assignment& a = answer->assignment;
       std::string pod;
       if (a.local_world_size > 1) {

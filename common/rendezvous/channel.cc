@@ -1,0 +1,30 @@
+#include "common/rendezvous/channel.h"
+
+#include "common/rendezvous/client.h"
+
+namespace lockstep::rendezvous {
+
+std::shared_ptr<grpc::Channel> NewRendezvousChannel(const std::string& address,
+                                                    const std::string& tls_ca_pem,
+                                                    bool own_connection) {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (!tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = tls_ca_pem;
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  // A Join can wait minutes without traffic, and a dead peer must be noticed even then.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // The service sends back what its clients may send it (a store value, server.h's bound).
+  args.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
+  if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+  return grpc::CreateCustomChannel(address, credentials, args);
+}
+
+}  // namespace lockstep::rendezvous
