@@ -1,52 +1,61 @@
 #include "bench/rendezvous/gloo_store_calls.h"
 
-#include <chrono>
 #include <string>
 #include <vector>
 
 #include "common/deadline.h"
-#include "worker/comm/gloo/kv_store_adapter.h"
+#include "worker/comm/gloo/pair_addresses.h"
 
 namespace lockstep::rendezvous::load {
 
 namespace {
 // gloo::transport::tcp::Address::bytes(): a sockaddr_storage and a sequence number.
 constexpr size_t kGlooAddressBytes = 136;
+
+std::string MadeUpAddress(int rank, int peer) {
+  std::string address(kGlooAddressBytes, '\0');
+  const std::string text = std::to_string(rank) + "/" + std::to_string(peer);
+  address.replace(0, text.size(), text);
+  return address;
+}
 }  // namespace
 
 Status GlooBootstrapStoreCalls(KeyValueStore& store, int rank, int size, int64_t timeout_ms) {
-  const Deadline deadline = Deadline::AfterMs(timeout_ms);
-  comm::KvStoreAdapter adapter(store, "gloo/", deadline);
-  const auto timeout = std::chrono::milliseconds(timeout_ms);
-  try {
-    // libgloo's connectFullMesh: its hostname (for local ranks), the lower ranks' hostnames,
-    // then its pairs' addresses, and each peer's list once it exists.
-    const std::string host = "pod-" + std::to_string(rank);
-    adapter.set("rank_" + std::to_string(rank), std::vector<char>(host.begin(), host.end()));
-    for (int peer = 0; peer < rank; ++peer) adapter.get("rank_" + std::to_string(peer));
-    adapter.set(std::to_string(rank),
-                std::vector<char>(kGlooAddressBytes * static_cast<size_t>(size - 1),
-                                  static_cast<char>(rank)));
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      adapter.wait({std::to_string(peer)}, timeout);
-      adapter.get(std::to_string(peer));
-    }
-  } catch (const std::exception& e) {
-    Status error = adapter.last_error();
-    return error.ok() ? InternalError(e.what()) : error;
-  }
-  // The communicator's ExchangePeerAddresses: one line per peer, everyone's lists read back.
-  std::string mine;
+  std::vector<std::string> mine(size);
   for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) mine += "10.0." + std::to_string(rank % 250) + ".1:" + std::to_string(40000 + peer);
-    mine += '\n';
+    if (peer != rank) mine[peer] = MadeUpAddress(rank, peer);
   }
-  const std::string prefix = "lockstep/gloo_peer_addresses/";
-  LOCKSTEP_RETURN_IF_ERROR(store.Set(prefix + std::to_string(rank), mine, deadline.remaining_ms()));
-  std::vector<std::string> keys;
-  for (int peer = 0; peer < size; ++peer) keys.push_back(prefix + std::to_string(peer));
-  return store.Get(keys, deadline.remaining_ms()).status();
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      std::vector<std::string> theirs,
+      comm::ExchangePairAddresses(store, rank, size, mine, Deadline::AfterMs(timeout_ms)));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer != rank && theirs[peer] != MadeUpAddress(peer, rank)) {
+      return InternalError("rank " + std::to_string(rank) + " got the wrong address of rank " +
+                           std::to_string(peer));
+    }
+  }
+  return OkStatus();
+}
+
+Status LibglooConnectFullMeshStoreCalls(KeyValueStore& store, int rank, int size,
+                                        int64_t timeout_ms) {
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  const std::string host = "pod-" + std::to_string(rank);
+  LOCKSTEP_RETURN_IF_ERROR(store.Set("gloo/rank_" + std::to_string(rank), host, deadline.remaining_ms()));
+  for (int peer = 0; peer < rank; ++peer) {
+    LOCKSTEP_RETURN_IF_ERROR(
+        store.Get({"gloo/rank_" + std::to_string(peer)}, deadline.remaining_ms()).status());
+  }
+  LOCKSTEP_RETURN_IF_ERROR(store.Set("gloo/" + std::to_string(rank),
+                                     std::string(kGlooAddressBytes * static_cast<size_t>(size - 1), 'a'),
+                                     deadline.remaining_ms()));
+  for (int peer = 0; peer < size; ++peer) {
+    if (peer == rank) continue;
+    // Store::wait, then Store::get: two calls for each peer's whole list.
+    LOCKSTEP_RETURN_IF_ERROR(store.Get({"gloo/" + std::to_string(peer)}, deadline.remaining_ms()).status());
+    LOCKSTEP_RETURN_IF_ERROR(store.Get({"gloo/" + std::to_string(peer)}, deadline.remaining_ms()).status());
+  }
+  return OkStatus();
 }
 
 }  // namespace lockstep::rendezvous::load

@@ -10,10 +10,14 @@
 
 namespace lockstep::rendezvous::load {
 
-// Makes rank `rank` of `size`'s calls through the communicator's own store adapter: libgloo's
-// connectFullMesh (this libgloo, 0.0~git20220518, as tests/.../gloo_store_calls_test checks
-// against the library itself) with made-up pair addresses of the library's size, then the
-// communicator's exchange of the addresses its pairs listen on.
+// Rank `rank` of `size`: the communicator's own exchange (worker/comm/gloo/pair_addresses.h),
+// with made-up pair addresses of libgloo's size.
 Status GlooBootstrapStoreCalls(KeyValueStore& store, int rank, int size, int64_t timeout_ms);
+
+// The same rank's calls as libgloo's own connectFullMesh makes them (0.0~git20220518: its
+// hostname, the lower ranks' hostnames, its pairs' addresses, then a wait and a get of each
+// peer's whole list), to compare.
+Status LibglooConnectFullMeshStoreCalls(KeyValueStore& store, int rank, int size,
+                                        int64_t timeout_ms);
 
 }  // namespace lockstep::rendezvous::load

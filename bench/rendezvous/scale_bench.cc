@@ -12,16 +12,18 @@
 //   nccl         (N in --nccl) NCCL's bootstrap: rank 0 writes the unique id, N-1 ranks wait
 //                for it; time from the first call to the last answer;
 //   gloo         (N in --gloo) Gloo's full mesh as Lockstep's Gloo communicator does it: one
-//                thread and RendezvousClient per rank, the store calls libgloo's
-//                connectFullMesh makes (through the communicator's store adapter), then the
-//                communicator's own address exchange;
+//                thread and RendezvousClient per rank, each making the communicator's store
+//                calls (worker/comm/gloo/pair_addresses.h) with made-up addresses;
+//   libgloo      (N in --libgloo) the same through libgloo's own connectFullMesh pattern (a wait
+//                and a get of every peer's whole list), which the communicator used before;
 //   failure      (N in --failure) one member is killed (its heartbeat stream breaks): time until
 //                every survivor holds the next generation;
 // and then steady state: --steady M members in M/8 jobs of 8 beating at the operator's default
 // interval (1 s): the service's cores and resident memory over --seconds.
 //
 //   rendezvous_scale_bench [--sizes 256,1024,4096] [--nccl 4096] [--gloo 256,1024]
-//                          [--failure 4096] [--steady 10000] [--seconds 20] [--tls]
+//                          [--libgloo 256] [--failure 4096] [--steady 10000] [--seconds 20]
+//                          [--tls]
 // Prints Markdown tables; exits 1 when a phase does not complete or a member saw an error.
 #include <signal.h>
 #include <sys/resource.h>
@@ -292,7 +294,8 @@ struct Bench {
   }
 
   // Gloo's full mesh: a thread and a RendezvousClient per rank, as each worker would have.
-  void Gloo(const std::string& job, const std::string& token, int64_t generation, int n) {
+  void Gloo(const std::string& job, const std::string& token, int64_t generation, int n,
+            bool libgloo) {
     CpuMeter cpu(service);
     std::vector<std::thread> threads;
     std::atomic<int> failed{0};
@@ -308,10 +311,14 @@ struct Bench {
         options.token = token;
         options.member_id = job + "-gloo" + std::to_string(rank);
         auto client = lockstep::rendezvous::RendezvousClient::Connect(options);
-        Status status = client.ok() ? lockstep::rendezvous::load::GlooBootstrapStoreCalls(
-                                          *(*client)->GenerationStore(generation), rank, n,
-                                          kPhaseTimeoutMs)
-                                    : client.status();
+        Status status = client.status();
+        if (client.ok()) {
+          auto store = (*client)->GenerationStore(generation);
+          status = libgloo ? lockstep::rendezvous::load::LibglooConnectFullMeshStoreCalls(
+                                 *store, rank, n, kPhaseTimeoutMs)
+                           : lockstep::rendezvous::load::GlooBootstrapStoreCalls(
+                                 *store, rank, n, kPhaseTimeoutMs);
+        }
         if (!status.ok()) {
           failed++;
           std::lock_guard<std::mutex> lock(error_mu);
@@ -323,12 +330,14 @@ struct Bench {
     const double seconds = Seconds(Clock::now() - start);
     if (failed.load() > 0) return Fail("gloo bootstrap at " + std::to_string(n) + ": " + first_error);
     char row[256];
-    std::snprintf(row, sizeof(row), "| Gloo full mesh (every rank publishes, reads all) | %d | %.3f | %s |",
+    std::snprintf(row, sizeof(row), "| %s | %d | %.3f | %s |",
+                  libgloo ? "Gloo full mesh, libgloo's connectFullMesh pattern (before)"
+                          : "Gloo full mesh, the communicator's exchange",
                   n, seconds, cpu.Row().c_str());
     rows.push_back(row);
   }
 
-  void Job(int n, bool nccl, bool gloo, bool failure) {
+  void Job(int n, bool nccl, bool gloo, bool libgloo, bool failure) {
     const std::string job = "bench/storm-" + std::to_string(n);
     const std::string token = "token-" + std::to_string(n);
     if (!service.Add(job, token, std::max(1, n / 2), n, n)) return Fail("add " + job);
@@ -359,7 +368,8 @@ struct Bench {
     std::vector<int> by_rank(n);
     for (int id : ids) by_rank[members.View(id).rank] = id;
     if (nccl) Nccl(members, by_rank);
-    if (gloo) Gloo(job, token, generation, n);
+    if (gloo) Gloo(job, token, generation, n, /*libgloo=*/false);
+    if (libgloo) Gloo(job, token, generation, n, /*libgloo=*/true);
     std::vector<int> alive = ids;
     if (failure) {
       const int victim = ids[n / 2];
@@ -433,7 +443,8 @@ struct Bench {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<int> sizes = {256, 1024, 4096}, nccl = {4096}, gloo = {256, 1024}, failure = {4096};
+  std::vector<int> sizes = {256, 1024, 4096}, nccl = {4096}, gloo = {256, 1024}, libgloo = {256},
+                   failure = {4096};
   int steady = 10000, seconds = 20;
   bool tls = false;
   for (int i = 1; i < argc; ++i) {
@@ -442,6 +453,7 @@ int main(int argc, char** argv) {
     if (arg == "--sizes") sizes = ParseList(value());
     else if (arg == "--nccl") nccl = ParseList(value());
     else if (arg == "--gloo") gloo = ParseList(value());
+    else if (arg == "--libgloo") libgloo = ParseList(value());
     else if (arg == "--failure") failure = ParseList(value());
     else if (arg == "--steady") steady = std::stoi(value());
     else if (arg == "--seconds") seconds = std::stoi(value());
@@ -480,7 +492,7 @@ int main(int argc, char** argv) {
                         .tls_ca_pem = ca_pem},
               rows};
   for (int n : sizes) {
-    bench.Job(n, Contains(nccl, n), Contains(gloo, n), Contains(failure, n));
+    bench.Job(n, Contains(nccl, n), Contains(gloo, n), Contains(libgloo, n), Contains(failure, n));
     std::cerr << "done: " << n << " members\n";
   }
   std::cout << "| phase (" << (tls ? "TLS" : "plaintext")

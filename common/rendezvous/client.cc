@@ -44,6 +44,8 @@ class GenerationScopedStore : public KeyValueStore {
   StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
                                          int64_t timeout_ms) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta, int64_t timeout_ms) override;
+  StatusOr<std::vector<std::string>> GetRange(const std::vector<std::string>& keys, size_t offset,
+                                              size_t length, int64_t timeout_ms) override;
 
  private:
   GrpcRendezvousClient* client_;
@@ -104,9 +106,11 @@ class GrpcRendezvousClient : public RendezvousClient {
 
   Status StoreSet(int64_t generation, const std::string& key, const std::string& value,
                   int64_t timeout_ms);
+  // length > 0: the service cuts each value to [offset, offset + length).
   StatusOr<std::vector<std::string>> StoreGet(int64_t generation,
                                               const std::vector<std::string>& keys,
-                                              int64_t timeout_ms);
+                                              int64_t timeout_ms, size_t offset = 0,
+                                              size_t length = 0);
   StatusOr<int64_t> StoreAdd(int64_t generation, const std::string& key, int64_t delta,
                              int64_t timeout_ms);
 
@@ -298,7 +302,8 @@ Status GrpcRendezvousClient::StoreSet(int64_t generation, const std::string& key
 }
 
 StatusOr<std::vector<std::string>> GrpcRendezvousClient::StoreGet(
-    int64_t generation, const std::vector<std::string>& keys, int64_t timeout_ms) {
+    int64_t generation, const std::vector<std::string>& keys, int64_t timeout_ms, size_t offset,
+    size_t length) {
   grpc::ClientContext context;
   PrepareContext(&context, timeout_ms + kHeldCallMarginMs);
   v1::StoreGetRequest request;
@@ -306,6 +311,8 @@ StatusOr<std::vector<std::string>> GrpcRendezvousClient::StoreGet(
   request.set_generation(generation);
   for (const auto& key : keys) request.add_keys(key);
   request.set_timeout_ms(timeout_ms);
+  request.set_value_offset(static_cast<int64_t>(offset));
+  request.set_value_length(static_cast<int64_t>(length));
   v1::StoreGetResponse response;
   const grpc::Status status = stub_->StoreGet(&context, request, &response);
   if (!status.ok()) return FromGrpcStatus(status).WithContext("rendezvous");
@@ -339,6 +346,13 @@ Status GenerationScopedStore::Set(const std::string& key, const std::string& val
 StatusOr<std::vector<std::string>> GenerationScopedStore::Get(const std::vector<std::string>& keys,
                                                               int64_t timeout_ms) {
   return client_->StoreGet(generation_, keys, timeout_ms);
+}
+
+StatusOr<std::vector<std::string>> GenerationScopedStore::GetRange(
+    const std::vector<std::string>& keys, size_t offset, size_t length, int64_t timeout_ms) {
+  // The service reads value_length 0 as "whole values": cut those here.
+  if (length == 0) return KeyValueStore::GetRange(keys, offset, length, timeout_ms);
+  return client_->StoreGet(generation_, keys, timeout_ms, offset, length);
 }
 
 StatusOr<int64_t> GenerationScopedStore::Add(const std::string& key, int64_t delta,

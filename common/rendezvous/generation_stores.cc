@@ -4,17 +4,20 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "common/rendezvous/kv_store.h"
+
 namespace lockstep::rendezvous {
 
 void GenerationStores::Set(int64_t generation, const std::string& key, const std::string& value,
                            Actions& out) {
-  keys_[generation][key] = value;
-  Wake(generation, out);
+  const bool added = keys_[generation].insert_or_assign(key, value).second;
+  if (added) Arrived(generation, key, out);
 }
 
 StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& key, int64_t delta,
                                         Actions& out) {
-  std::string& stored = keys_[generation][key];
+  auto [it, added] = keys_[generation].try_emplace(key);
+  std::string& stored = it->second;
   int64_t value = 0;
   if (!stored.empty()) {
     char* end = nullptr;
@@ -26,24 +29,38 @@ StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& k
   }
   value += delta;
   stored = std::to_string(value);
-  Wake(generation, out);
+  if (added) Arrived(generation, key, out);
   return value;
 }
 
 void GenerationStores::Get(CallId call, int64_t generation, const std::vector<std::string>& keys,
-                           int64_t timeout_ms, TimePoint now, Actions& out) {
+                           int64_t timeout_ms, TimePoint now, Actions& out, ByteRange range) {
   Waiter waiter;
   waiter.call = call;
   waiter.generation = generation;
   waiter.keys = keys;
+  waiter.range = range;
   waiter.timeout_ms = std::max<int64_t>(0, timeout_ms);
-  if (TryAnswer(waiter, out)) return;
+  auto generation_keys = keys_.find(generation);
+  std::vector<const std::string*> missing;
+  for (const auto& key : keys) {
+    if (generation_keys == keys_.end() || generation_keys->second.count(key) == 0) {
+      missing.push_back(&key);
+    }
+  }
+  if (missing.empty()) {
+    Answer(waiter, out);
+    return;
+  }
   if (waiter.timeout_ms == 0) {
     out.push_back(AnswerStoreGet{
         call, DeadlineExceededError("store get: keys missing: " + MissingKeys(waiter)), {}});
     return;
   }
   waiter.deadline = now + std::chrono::milliseconds(waiter.timeout_ms);
+  waiter.missing = missing.size();
+  auto& index = waiting_on_[generation];
+  for (const std::string* key : missing) index[*key].push_back(call);
   out.push_back(WakeAt{waiter.deadline});
   waiters_[call] = std::move(waiter);
 }
@@ -68,6 +85,7 @@ void GenerationStores::Expire(TimePoint now, Actions& out) {
 
 void GenerationStores::DropBefore(int64_t generation, Actions& out) {
   keys_.erase(keys_.begin(), keys_.lower_bound(generation));
+  waiting_on_.erase(waiting_on_.begin(), waiting_on_.lower_bound(generation));
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.generation >= generation) {
       ++it;
@@ -86,30 +104,34 @@ void GenerationStores::DropBefore(int64_t generation, Actions& out) {
 void GenerationStores::FailAll(const Status& status, Actions& out) {
   for (const auto& [call, waiter] : waiters_) out.push_back(AnswerStoreGet{call, status, {}});
   waiters_.clear();
+  waiting_on_.clear();
 }
 
-bool GenerationStores::TryAnswer(const Waiter& waiter, Actions& out) const {
-  auto generation_keys = keys_.find(waiter.generation);
+void GenerationStores::Answer(const Waiter& waiter, Actions& out) const {
+  const auto& generation_keys = keys_.at(waiter.generation);
   std::vector<std::string> values;
   values.reserve(waiter.keys.size());
   for (const auto& key : waiter.keys) {
-    if (generation_keys == keys_.end()) return false;
-    auto it = generation_keys->second.find(key);
-    if (it == generation_keys->second.end()) return false;
-    values.push_back(it->second);
+    const std::string& value = generation_keys.at(key);
+    values.push_back(waiter.range.length == 0
+                         ? value
+                         : ValueRange(value, waiter.range.offset, waiter.range.length));
   }
   out.push_back(AnswerStoreGet{waiter.call, OkStatus(), std::move(values)});
-  return true;
 }
 
-void GenerationStores::Wake(int64_t generation, Actions& out) {
-  for (auto it = waiters_.begin(); it != waiters_.end();) {
-    if (it->second.generation == generation && TryAnswer(it->second, out)) {
-      it = waiters_.erase(it);
-    } else {
-      ++it;
-    }
+void GenerationStores::Arrived(int64_t generation, const std::string& key, Actions& out) {
+  auto index = waiting_on_.find(generation);
+  if (index == waiting_on_.end()) return;
+  auto calls = index->second.find(key);
+  if (calls == index->second.end()) return;
+  for (CallId call : calls->second) {
+    auto waiter = waiters_.find(call);
+    if (waiter == waiters_.end() || --waiter->second.missing > 0) continue;
+    Answer(waiter->second, out);
+    waiters_.erase(waiter);
   }
+  index->second.erase(calls);
 }
 
 std::string GenerationStores::MissingKeys(const Waiter& waiter) const {

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/rendezvous/actions.h"
@@ -17,6 +18,15 @@
 
 namespace lockstep::rendezvous {
 
+// Which bytes of each value a Get answers with: length 0, the whole value.
+struct ByteRange {
+  size_t offset = 0;
+  size_t length = 0;
+};
+
+// A waiter is indexed by the keys it still misses, so that a Set looks only at the waiters of
+// its key: the cost of a Gloo full-mesh bootstrap (N waiters of N keys each) stays N^2 in all,
+// not N^3.
 class GenerationStores {
  public:
   void Set(int64_t generation, const std::string& key, const std::string& value, Actions& out);
@@ -26,7 +36,7 @@ class GenerationStores {
   // Answers `call` at once when every key is present; with timeout_ms <= 0 fails at once with
   // DEADLINE_EXCEEDED naming the missing keys; else waits until now + timeout_ms.
   void Get(CallId call, int64_t generation, const std::vector<std::string>& keys,
-           int64_t timeout_ms, TimePoint now, Actions& out);
+           int64_t timeout_ms, TimePoint now, Actions& out, ByteRange range = {});
   // The call went away; its transport finishes it. Unknown ids are ignored.
   void Cancel(CallId call);
   // Fails the waiters whose deadline is at or before `now`.
@@ -41,16 +51,23 @@ class GenerationStores {
     CallId call = 0;
     int64_t generation = 0;
     std::vector<std::string> keys;
+    ByteRange range;
     int64_t timeout_ms = 0;
     TimePoint deadline;
+    size_t missing = 0;  // keys (with repeats) not yet present
   };
 
-  bool TryAnswer(const Waiter& waiter, Actions& out) const;
-  void Wake(int64_t generation, Actions& out);
+  // Answers `waiter` with its values; every key must be present.
+  void Answer(const Waiter& waiter, Actions& out) const;
+  // `key` of `generation` now exists: answers the waiters that missed only it.
+  void Arrived(int64_t generation, const std::string& key, Actions& out);
   std::string MissingKeys(const Waiter& waiter) const;
 
-  std::map<int64_t, std::map<std::string, std::string>> keys_;  // by generation
+  std::map<int64_t, std::unordered_map<std::string, std::string>> keys_;  // by generation
   std::map<CallId, Waiter> waiters_;
+  // By generation: a missing key -> the waiters missing it (once per time they list it). Entries
+  // of waiters that went away are skipped when the key arrives.
+  std::map<int64_t, std::unordered_map<std::string, std::vector<CallId>>> waiting_on_;
 };
 
 }  // namespace lockstep::rendezvous

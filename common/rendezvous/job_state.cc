@@ -583,13 +583,13 @@ StatusOr<int64_t> JobState::StoreAdd(int64_t generation, const std::string& key,
 }
 
 void JobState::StoreGet(CallId call, int64_t generation, const std::vector<std::string>& keys,
-                        int64_t timeout_ms, TimePoint now, Actions& out) {
+                        int64_t timeout_ms, TimePoint now, Actions& out, ByteRange range) {
   Status status = CheckStoreGeneration(generation).WithContext("store get");
   if (!status.ok()) {
     out.push_back(AnswerStoreGet{call, std::move(status), {}});
     return;
   }
-  stores_.Get(call, generation, keys, timeout_ms, now, out);
+  stores_.Get(call, generation, keys, timeout_ms, now, out, range);
 }
 
 void JobState::CancelStoreGet(CallId call) { stores_.Cancel(call); }

@@ -152,8 +152,9 @@ class JobState {
                   Actions& out);
   StatusOr<int64_t> StoreAdd(int64_t generation, const std::string& key, int64_t delta,
                              Actions& out);
+  // range.length > 0: each value is cut to [range.offset, range.offset + range.length).
   void StoreGet(CallId call, int64_t generation, const std::vector<std::string>& keys,
-                int64_t timeout_ms, TimePoint now, Actions& out);
+                int64_t timeout_ms, TimePoint now, Actions& out, ByteRange range = {});
   void CancelStoreGet(CallId call);
 
   // Everything due at `now`: missed heartbeats, the end of a last call, join and store deadlines.

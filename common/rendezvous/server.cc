@@ -574,13 +574,20 @@ StatusOr<int64_t> Job::StoreAdd(const v1::StoreAddRequest& request) {
 }
 
 void Job::StoreGet(const std::shared_ptr<HeldCall>& call, const v1::StoreGetRequest& request) {
+  if (request.value_offset() < 0 || request.value_length() < 0) {
+    call->Complete(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                "store get: value_offset and value_length must be >= 0"));
+    return;
+  }
   Closures closures;
   {
     std::lock_guard<std::mutex> lock(mu_);
     const std::vector<std::string> keys(request.keys().begin(), request.keys().end());
+    const ByteRange range{static_cast<size_t>(request.value_offset()),
+                          static_cast<size_t>(request.value_length())};
     Actions actions;
     state_.StoreGet(HoldCall(call, &JobState::CancelStoreGet), request.generation(), keys,
-                    request.timeout_ms(), Clock::now(), actions);
+                    request.timeout_ms(), Clock::now(), actions, range);
     closures = Resolve(actions);
   }
   RunClosures(closures);

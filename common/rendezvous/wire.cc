@@ -65,7 +65,7 @@ MemberInfo FromProto(const v1::Member& member) {
   out.host = member.host();
   out.rank = member.rank();
   out.state_step = member.state_step();
-  out.pod = member.pod();
+  out.pod = member.pod().empty() ? member.member_id() : member.pod();
   out.local_rank = member.local_rank();
   return out;
 }
@@ -93,7 +93,8 @@ v1::JoinResponse MembersToProto(const std::vector<MemberInfo>& members) {
     wire->set_host(member.host);
     wire->set_rank(member.rank);
     wire->set_state_step(member.state_step);
-    wire->set_pod(member.pod);
+    // Every member's list holds every member: a pod named like its member is left out.
+    if (member.pod != member.member_id) wire->set_pod(member.pod);
     wire->set_local_rank(member.local_rank);
   }
   return out;

@@ -6,12 +6,22 @@ Status PrefixedStore::Set(const std::string& key, const std::string& value, int6
   return base_.Set(prefix_ + key, value, timeout_ms);
 }
 
-StatusOr<std::vector<std::string>> PrefixedStore::Get(const std::vector<std::string>& keys,
-                                                      int64_t timeout_ms) {
+std::vector<std::string> PrefixedStore::Prefixed(const std::vector<std::string>& keys) const {
   std::vector<std::string> prefixed;
   prefixed.reserve(keys.size());
   for (const std::string& key : keys) prefixed.push_back(prefix_ + key);
-  return base_.Get(prefixed, timeout_ms);
+  return prefixed;
+}
+
+StatusOr<std::vector<std::string>> PrefixedStore::Get(const std::vector<std::string>& keys,
+                                                      int64_t timeout_ms) {
+  return base_.Get(Prefixed(keys), timeout_ms);
+}
+
+StatusOr<std::vector<std::string>> PrefixedStore::GetRange(const std::vector<std::string>& keys,
+                                                           size_t offset, size_t length,
+                                                           int64_t timeout_ms) {
+  return base_.GetRange(Prefixed(keys), offset, length, timeout_ms);
 }
 
 StatusOr<int64_t> PrefixedStore::Add(const std::string& key, int64_t delta, int64_t timeout_ms) {

@@ -22,8 +22,12 @@ class PrefixedStore : public rendezvous::KeyValueStore {
   StatusOr<std::vector<std::string>> Get(const std::vector<std::string>& keys,
                                          int64_t timeout_ms) override;
   StatusOr<int64_t> Add(const std::string& key, int64_t delta, int64_t timeout_ms) override;
+  StatusOr<std::vector<std::string>> GetRange(const std::vector<std::string>& keys, size_t offset,
+                                              size_t length, int64_t timeout_ms) override;
 
  private:
+  std::vector<std::string> Prefixed(const std::vector<std::string>& keys) const;
+
   rendezvous::KeyValueStore& base_;
   std::string prefix_;
 };

@@ -8,6 +8,8 @@
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/context.h>
+#include <gloo/transport/pair.h>
+#include <gloo/transport/tcp/address.h>
 #include <gloo/transport/tcp/device.h>
 
 #include <atomic>
@@ -24,15 +26,10 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "worker/comm/gloo/half_reduce.h"
-#include "worker/comm/gloo/kv_store_adapter.h"
+#include "worker/comm/gloo/pair_addresses.h"
 
 namespace lockstep::comm {
 namespace {
-
-// Gloo's store keys ("0", "1", ...) live under this prefix of the generation's store.
-constexpr char kGlooKeyPrefix[] = "gloo/";
-// Each rank's listening address per peer, so an error naming a socket can name the rank.
-constexpr char kPeerAddressKeyPrefix[] = "lockstep/gloo_peer_addresses/";
 
 // All-reduce algorithm choice (measured with bench/allreduce on loopback, 2 ranks, float32).
 //
@@ -111,12 +108,40 @@ bool MentionsTimeout(const std::string& message) {
 // that gloo::allreduce waits on internally (its scratch buffer) use the transport context's
 // timeout, which the public API sets once at connect time. This subclass sets both, so every
 // call really returns by its own deadline.
+//
+// It also makes the full mesh itself, as gloo::rendezvous::Context::connectFullMesh does (a pair
+// per peer, connected to the address the peer's pair with this rank listens on), except for how
+// the addresses travel: pair_addresses.h, size - 1 addresses per rank where connectFullMesh reads
+// (size - 1)^2.
 class TimeoutSettingContext : public gloo::rendezvous::Context {
  public:
   using gloo::rendezvous::Context::Context;
   void SetOperationTimeout(std::chrono::milliseconds timeout) {
     setTimeout(timeout);
     if (transportContext_ != nullptr) transportContext_->setTimeout(timeout);
+  }
+
+  // Creates a pair per peer and returns the address each listens on, by peer ([rank] empty).
+  std::vector<std::string> CreatePairs(const std::shared_ptr<::gloo::transport::Device>& device) {
+    device_ = device;
+    transportContext_ = device->createContext(rank, size);
+    transportContext_->setTimeout(getTimeout());
+    std::vector<std::string> addresses(size);
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      const std::vector<char> bytes = transportContext_->createPair(peer)->address().bytes();
+      addresses[peer].assign(bytes.begin(), bytes.end());
+    }
+    return addresses;
+  }
+
+  // Connects each pair to `theirs[peer]`, the address of the peer's pair with this rank.
+  void ConnectPairs(const std::vector<std::string>& theirs) {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer == rank) continue;
+      transportContext_->getPair(peer)->connect(
+          std::vector<char>(theirs[peer].begin(), theirs[peer].end()));
+    }
   }
 };
 
@@ -379,41 +404,6 @@ class GlooCommunicator final : public Communicator {
   std::map<AllreduceKey, std::unique_ptr<gloo::AllreduceOptions>> allreduce_cache_;
 };
 
-// Publishes the address each of this rank's pairs listened on (Pair::address(); this libgloo
-// does not update it once connected) and reads every peer's, so that peer_addresses[r] is rank
-// r's address for its pair with this rank.
-StatusOr<std::vector<std::string>> ExchangePeerAddresses(gloo::rendezvous::Context& context,
-                                                         rendezvous::KeyValueStore& store,
-                                                         const Deadline& deadline) {
-  const int rank = context.rank;
-  const int size = context.size;
-  std::string mine;
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer != rank) mine += context.getPair(peer)->address().str();
-    mine += '\n';
-  }
-  LOCKSTEP_RETURN_IF_ERROR(
-      store.Set(kPeerAddressKeyPrefix + std::to_string(rank), mine, deadline.remaining_ms()));
-  std::vector<std::string> keys;
-  for (int peer = 0; peer < size; ++peer)
-    keys.push_back(kPeerAddressKeyPrefix + std::to_string(peer));
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> values,
-                            store.Get(keys, deadline.remaining_ms()));
-  std::vector<std::string> peer_addresses(size);
-  for (int peer = 0; peer < size; ++peer) {
-    if (peer == rank) continue;
-    std::istringstream lines(values[peer]);
-    std::string line;
-    for (int index = 0; std::getline(lines, line); ++index) {
-      if (index == rank) {
-        peer_addresses[peer] = line;
-        break;
-      }
-    }
-  }
-  return peer_addresses;
-}
-
 }  // namespace
 
 StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions& options,
@@ -426,8 +416,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
     return InvalidArgumentError("gloo communicator: connect_timeout_ms must be positive");
   }
   const Deadline deadline = Deadline::AfterMs(options.connect_timeout_ms);
-  KvStoreAdapter adapter(store, kGlooKeyPrefix, deadline);
   std::shared_ptr<TimeoutSettingContext> context;
+  // peer_addresses[r]: rank r's address for its pair with this rank, so an error naming a
+  // socket can name the rank.
+  std::vector<std::string> peer_addresses(options.size);
   try {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = options.listen_host;
@@ -435,10 +427,16 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
     context = std::make_shared<TimeoutSettingContext>(options.rank, options.size);
     // Bounds each pair's connect; collectives set their own timeout per call.
     context->setTimeout(std::chrono::milliseconds(options.connect_timeout_ms));
-    context->connectFullMesh(adapter, device);
+    StatusOr<std::vector<std::string>> theirs = ExchangePairAddresses(
+        store, options.rank, options.size, context->CreatePairs(device), deadline);
+    if (!theirs.ok()) return theirs.status().WithContext("gloo connect full mesh");
+    context->ConnectPairs(*theirs);
+    for (int peer = 0; peer < options.size; ++peer) {
+      if (peer == options.rank) continue;
+      peer_addresses[peer] = ::gloo::transport::tcp::Address(
+          std::vector<char>((*theirs)[peer].begin(), (*theirs)[peer].end())).str();
+    }
   } catch (const std::exception& e) {
-    Status store_error = adapter.last_error();
-    if (!store_error.ok()) return store_error.WithContext("gloo connect full mesh");
     const std::string message = std::string("gloo connect full mesh (rank ") +
                                 std::to_string(options.rank) + " on " + options.listen_host +
                                 "): " + e.what();
@@ -448,8 +446,6 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
     }
     return InternalError(message);
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> peer_addresses,
-                            ExchangePeerAddresses(*context, store, deadline));
   LOCKSTEP_LOG(INFO) << "gloo communicator connected: rank " << options.rank << " of "
                      << options.size << " on " << options.listen_host;
   return std::unique_ptr<Communicator>(

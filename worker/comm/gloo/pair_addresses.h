@@ -1,0 +1,31 @@
+// How the Gloo communicator's ranks learn each other's pair addresses through the rendezvous store.
+//
+// Each rank publishes one list: the address of its pair with every peer, fixed-size records in
+// peer order with its own place left out. A rank needs one record of each peer's list, the one
+// for itself (index rank - 1 in the lists of lower ranks, index rank in those of higher ranks),
+// so it reads exactly those with two ranged gets (KeyValueStore::GetRange), which the rendezvous
+// service cuts before sending. One set and two gets per rank, size - 1 records received.
+//
+// libgloo's connectFullMesh (0.0~git20220518, which the communicator used before) reads every
+// peer's whole list with a wait and a get per peer: 2 * (size - 1) calls and (size - 1)^2 records
+// of 136 bytes per rank, 145 GB through the service at 1,024 ranks (the scaling problem of
+// pytorch/gloo#408, which batched its reads).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/rendezvous/kv_store.h"
+#include "common/status.h"
+
+namespace lockstep::comm {
+
+// `mine[peer]`: the address this rank's pair with `peer` listens on (mine[rank] is ignored); all
+// of one length. Returns each peer's address for its pair with this rank ([rank] empty).
+StatusOr<std::vector<std::string>> ExchangePairAddresses(rendezvous::KeyValueStore& store,
+                                                         int rank, int size,
+                                                         const std::vector<std::string>& mine,
+                                                         const Deadline& deadline);
+
+}  // namespace lockstep::comm
