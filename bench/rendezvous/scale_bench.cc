@@ -374,6 +374,7 @@ struct Bench {
     if (failure) {
       const int victim = ids[n / 2];
       alive.erase(std::find(alive.begin(), alive.end(), victim));
+      if (!members.AwaitBeats(victim, 2, kPhaseTimeoutMs)) return Fail("the victim never beat");
       CpuMeter cpu(service);
       const auto killed = Clock::now();
       members.Kill(victim);

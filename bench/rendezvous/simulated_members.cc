@@ -137,7 +137,10 @@ class SimulatedMembers::HeartbeatCall
     Release();
   }
 
-  void OnWriteDone(bool ok) override { writing_.store(false); }
+  void OnWriteDone(bool ok) override {
+    if (ok) owner_->BeatWritten(*member_);
+    writing_.store(false);
+  }
 
   void OnReadDone(bool ok) override {
     if (!ok) {
@@ -319,6 +322,24 @@ bool SimulatedMembers::AwaitGeneration(const std::vector<int>& members, int64_t 
 SimulatedMembers::Member& SimulatedMembers::At(int index) const {
   std::lock_guard<std::mutex> lock(mu_);
   return *members_.at(index);
+}
+
+void SimulatedMembers::BeatWritten(Member& member) {
+  {
+    std::lock_guard<std::mutex> lock(member.mu);
+    member.view.beats_written++;
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  changed_.notify_all();
+}
+
+bool SimulatedMembers::AwaitBeats(int index, int64_t beats, int64_t timeout_ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  Member& member = *members_.at(index);
+  return changed_.wait_for(lock, std::chrono::milliseconds(timeout_ms), [&] {
+    std::lock_guard<std::mutex> member_lock(member.mu);
+    return member.view.beats_written >= beats;
+  });
 }
 
 void SimulatedMembers::Kill(int index) {

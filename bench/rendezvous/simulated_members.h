@@ -50,6 +50,7 @@ struct MemberView {
   int32_t world_size = 0;
   Clock::time_point assigned_at;  // when that assignment arrived
   int64_t generations_ended = 0;  // GENERATION_ENDED messages it received
+  int64_t beats_written = 0;      // heartbeats the transport took, in every generation
   bool left = false;
   std::string error;  // the first call that failed, if any
 };
@@ -70,6 +71,10 @@ class SimulatedMembers {
   void Join(const std::vector<int>& members, int64_t state_step);
   // Waits until every listed member holds a generation after `after`; false at timeout_ms.
   bool AwaitGeneration(const std::vector<int>& members, int64_t after, int64_t timeout_ms);
+  // Waits until the member's transport took `beats` heartbeats in all; false at timeout_ms.
+  // A member killed before the service read its first beat is found by the heartbeat timeout
+  // only (its stream names nobody yet), so a kill that should be seen at once waits for two.
+  bool AwaitBeats(int member, int64_t beats, int64_t timeout_ms);
   // Breaks the member's heartbeat stream and stops it from joining again: what the service sees
   // of a process that was killed.
   void Kill(int member);
@@ -98,6 +103,7 @@ class SimulatedMembers {
   Member& At(int member) const;  // takes mu_
   void StartJoin(Member& member, int64_t state_step);
   void Finished();  // a call ended
+  void BeatWritten(Member& member);
   void OnJoined(Member& member, const std::string& status_error);
   void OnGenerationEnded(Member& member, int64_t generation);
   void Ticker();

@@ -135,7 +135,9 @@ class Driver {
       std::vector<std::string> keys;
       std::istringstream list(words.at(1));
       for (std::string key; std::getline(list, key, ',');) keys.push_back(key);
-      state_.StoreGet(next_call_++, generation(0), keys, option("timeout", 0), now_, out);
+      const ByteRange range{static_cast<size_t>(option("offset", 0)),
+                            static_cast<size_t>(option("length", 0))};
+      state_.StoreGet(next_call_++, generation(0), keys, option("timeout", 0), now_, out, range);
     } else if (verb == "close") {
       state_.Close(UnavailableError("rendezvous service is shutting down"), now_, out);
     } else if (verb == "snapshot") {
@@ -607,6 +609,19 @@ TEST(JobStateTest, AStoreGetWaitsForItsKeysUntilItsDeadline) {
       {"get g1 c timeout=300", "wake @300"},
       {"get g1 c", "get#4 fails DEADLINE_EXCEEDED"},  // timeout 0: at once
       {"at 300", "get#3 fails DEADLINE_EXCEEDED"},
+  });
+}
+
+TEST(JobStateTest, ARangedGetAnswersThoseBytesOfEveryValueOnceItsLastKeyArrives) {
+  Driver job(Config(1, 1));
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"get g1 a,b,a timeout=300 offset=2 length=3", "wake @300"},
+      {"get g1 b timeout=300", "wake @300"},
+      {"set g1 b 0123456", "get#3 = 0123456"},
+      {"set g1 b xx", ""},  // present already: nobody waits for it any more
+      {"set g1 a abcdefg", "get#2 = cde,,cde"},
+      {"get g1 a offset=9 length=4", "get#4 = "},  // past the end: empty, not an error
   });
 }
 

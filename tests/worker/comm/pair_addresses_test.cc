@@ -1,0 +1,83 @@
+// The Gloo communicator's pair-address exchange (worker/comm/gloo/pair_addresses.h): each rank
+// gets exactly the record each peer published for it, and reads no more of the store than those.
+#include "worker/comm/gloo/pair_addresses.h"
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/worker/comm/memory_store.h"
+
+namespace lockstep::comm {
+namespace {
+
+// What `rank`'s pair with `peer` listens on, as a record of `bytes` bytes.
+std::string Address(int rank, int peer, size_t bytes = 16) {
+  std::string address = std::to_string(rank) + "->" + std::to_string(peer);
+  address.resize(bytes, '.');
+  return address;
+}
+
+// Counts the bytes the store answers with.
+class CountingStore : public testing::MemoryKeyValueStore {
+ public:
+  StatusOr<std::vector<std::string>> GetRange(const std::vector<std::string>& keys, size_t offset,
+                                              size_t length, int64_t timeout_ms) override {
+    auto values = KeyValueStore::GetRange(keys, offset, length, timeout_ms);
+    if (values.ok()) {
+      for (const auto& value : *values) bytes_read += value.size();
+    }
+    return values;
+  }
+  std::atomic<size_t> bytes_read{0};
+};
+
+TEST(PairAddressesTest, EveryRankGetsTheRecordEachPeerPublishedForItAndOnlyThose) {
+  for (int size : {1, 2, 3, 7}) {
+    CountingStore store;
+    std::vector<StatusOr<std::vector<std::string>>> results(size, std::vector<std::string>{});
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < size; ++rank) {
+      ranks.emplace_back([&, rank] {
+        std::vector<std::string> mine(size);
+        for (int peer = 0; peer < size; ++peer) {
+          if (peer != rank) mine[peer] = Address(rank, peer);
+        }
+        results[rank] = ExchangePairAddresses(store, rank, size, mine, Deadline::AfterMs(5000));
+      });
+    }
+    for (auto& rank : ranks) rank.join();
+    for (int rank = 0; rank < size; ++rank) {
+      ASSERT_TRUE(results[rank].ok()) << results[rank].status();
+      for (int peer = 0; peer < size; ++peer) {
+        EXPECT_EQ((*results[rank])[peer], peer == rank ? "" : Address(peer, rank))
+            << "rank " << rank << " of " << size;
+      }
+    }
+    // Each rank received one 16-byte record per peer: (size - 1) * size records in all.
+    EXPECT_EQ(store.bytes_read.load(), static_cast<size_t>(size * (size - 1) * 16)) << size;
+  }
+}
+
+TEST(PairAddressesTest, AddressesOfDifferentSizesAreRefusedNamingThePeer) {
+  testing::MemoryKeyValueStore store;
+  std::vector<std::string> mine = {"", Address(0, 1), Address(0, 2, 20)};
+  auto result = ExchangePairAddresses(store, 0, 3, mine, Deadline::AfterMs(1000));
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(result.status().message().find("peer 2"), std::string::npos) << result.status();
+}
+
+TEST(PairAddressesTest, APeerThatNeverPublishesFailsTheExchangeAtItsDeadline) {
+  testing::MemoryKeyValueStore store;
+  std::vector<std::string> mine = {"", Address(0, 1)};
+  auto result = ExchangePairAddresses(store, 0, 2, mine, Deadline::AfterMs(100));
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kDeadlineExceeded) << result.status();
+}
+
+}  // namespace
+}  // namespace lockstep::comm
