@@ -19,11 +19,11 @@
 #include <unistd.h>
 
 #include <cstdio>
-#include <fstream>
 #include <iostream>
 #include <memory>
 #include <string>
 
+#include "bench/rendezvous/service_process.h"
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/server.h"
 #include "operator/tls/certificates.h"
@@ -35,21 +35,10 @@ using lockstep::rendezvous::JobConfig;
 using lockstep::rendezvous::RendezvousClient;
 using lockstep::rendezvous::RendezvousServer;
 using lockstep::rendezvous::ServerOptions;
+using lockstep::rendezvous::load::ReadProcessMemory;
 
 constexpr char kJob[] = "default/memory";
 constexpr char kToken[] = "bench-token";
-
-// VmRSS and VmHWM of `pid`, in MiB.
-std::pair<double, double> ResidentMiB(pid_t pid) {
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  double rss = -1, hwm = -1;
-  std::string line;
-  while (std::getline(status, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) / 1024.0;
-    if (line.rfind("VmHWM:", 0) == 0) hwm = std::stod(line.substr(6)) / 1024.0;
-  }
-  return {rss, hwm};
-}
 
 // The child: hosts the service (TLS when `serving` has a certificate), writes its port to `fd`,
 // waits to be killed.
@@ -92,15 +81,13 @@ int main(int argc, char** argv) {
   lockstep::op::tls::KeyPair serving;
   std::string ca_pem;
   if (tls) {
-    auto ca = lockstep::op::tls::CreateCertificateAuthority("bench-ca");
-    auto leaf = ca.ok() ? lockstep::op::tls::IssueServingCertificate(*ca, {}, {"127.0.0.1"})
-                        : lockstep::StatusOr<lockstep::op::tls::KeyPair>(ca.status());
-    if (!leaf.ok()) {
-      std::cerr << leaf.status() << "\n";
+    auto made = lockstep::rendezvous::load::MakeLoopbackTls();
+    if (!made.ok()) {
+      std::cerr << made.status() << "\n";
       return 1;
     }
-    serving = *leaf;
-    ca_pem = ca->cert_pem;
+    serving = made->serving;
+    ca_pem = made->ca_pem;
   }
   int fds[2];
   if (pipe(fds) != 0) return 1;
@@ -146,20 +133,21 @@ int main(int argc, char** argv) {
               << ") | service VmRSS (MiB) | service VmHWM (MiB) | result |\n"
                  "|---|---|---|---|\n";
     auto row = [&](const std::string& phase, const std::string& result) {
-      const auto [rss, hwm] = ResidentMiB(child);
-      std::printf("| %s | %.1f | %.1f | %s |\n", phase.c_str(), rss, hwm, result.c_str());
+      const auto memory = ReadProcessMemory(child);
+      std::printf("| %s | %.1f | %.1f | %s |\n", phase.c_str(), memory.resident_mib,
+                  memory.peak_mib, result.c_str());
     };
     auto code = [](const lockstep::Status& s) {
       return s.ok() ? std::string("ACCEPTED") : std::string(lockstep::StatusCodeName(s.code()));
     };
     row("joined, 10 small writes", "ok");
-    const double peak_before_stranger = ResidentMiB(child).second;
+    const double peak_before_stranger = ReadProcessMemory(child).peak_mib;
     const std::string big(big_mib << 20, 'x');
     const std::string size = std::to_string(big_mib) + " MiB";
     lockstep::Status refused = strangers_store->Set("big", big, 30000);
     // Over TLS a stranger is refused from its metadata (TokenGate), before its body is held: its
     // write does not raise the service's peak by anything like its size.
-    const double stranger_growth = ResidentMiB(child).second - peak_before_stranger;
+    const double stranger_growth = ReadProcessMemory(child).peak_mib - peak_before_stranger;
     const bool stranger_held = tls && stranger_growth > static_cast<double>(big_mib) / 2;
     row("a stranger's " + size + " write (wrong token)", code(refused));
     bool all_refused = !refused.ok();

@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "bench/rendezvous/gloo_store_calls.h"
+#include "bench/rendezvous/service_process.h"
 #include "bench/rendezvous/simulated_members.h"
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/server.h"
@@ -173,15 +174,8 @@ class Service {
   }
   // VmRSS in MiB, and the thread count.
   std::pair<double, int> Resident() const {
-    std::ifstream status("/proc/" + std::to_string(pid_) + "/status");
-    double rss = -1;
-    int threads = 0;
-    std::string line;
-    while (std::getline(status, line)) {
-      if (line.rfind("VmRSS:", 0) == 0) rss = std::stod(line.substr(6)) / 1024.0;
-      if (line.rfind("Threads:", 0) == 0) threads = std::stoi(line.substr(8));
-    }
-    return {rss, threads};
+    const auto memory = lockstep::rendezvous::load::ReadProcessMemory(pid_);
+    return {memory.resident_mib, memory.threads};
   }
 
  private:
@@ -473,15 +467,13 @@ int main(int argc, char** argv) {
   lockstep::op::tls::KeyPair serving;
   std::string ca_pem;
   if (tls) {
-    auto ca = lockstep::op::tls::CreateCertificateAuthority("bench-ca");
-    auto leaf = ca.ok() ? lockstep::op::tls::IssueServingCertificate(*ca, {}, {"127.0.0.1"})
-                        : lockstep::StatusOr<lockstep::op::tls::KeyPair>(ca.status());
-    if (!leaf.ok()) {
-      std::cerr << leaf.status() << "\n";
+    auto made = lockstep::rendezvous::load::MakeLoopbackTls();
+    if (!made.ok()) {
+      std::cerr << made.status() << "\n";
       return 1;
     }
-    serving = *leaf;
-    ca_pem = ca->cert_pem;
+    serving = made->serving;
+    ca_pem = made->ca_pem;
   }
   Service service;  // forks before this process starts any gRPC thread
   if (!service.Start(serving)) {

@@ -4,6 +4,7 @@
 #include <google/protobuf/io/coded_stream.h>
 #include <grpcpp/generic/generic_stub.h>
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/support/proto_buffer_reader.h>
 
 #include <algorithm>
 #include <atomic>
@@ -23,15 +24,9 @@ constexpr char kJoinMethod[] = "/lockstep.rendezvous.v1.Rendezvous/Join";
 // What a simulated member takes from a JoinResponse: its own fields. The generation's member list
 // (field 4, about 75 bytes per member) is skipped, not decoded: a worker decodes it on its own
 // machine, and decoding N lists of N members here would measure this process, not the service.
-bool DecodeOwnFields(const grpc::ByteBuffer& buffer, v1::JoinResponse& own) {
-  std::vector<grpc::Slice> slices;
-  if (!buffer.Dump(&slices).ok()) return false;
-  std::string bytes;
-  for (const auto& slice : slices) {
-    bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
-                                            static_cast<int>(bytes.size()));
+bool DecodeOwnFields(grpc::ByteBuffer& buffer, v1::JoinResponse& own) {
+  grpc::ProtoBufferReader reader(&buffer);
+  google::protobuf::io::CodedInputStream in(&reader);
   while (uint32_t tag = in.ReadTag()) {
     const int field = static_cast<int>(tag >> 3);
     uint64_t value = 0;
@@ -54,6 +49,26 @@ bool DecodeOwnFields(const grpc::ByteBuffer& buffer, v1::JoinResponse& own) {
     }
   }
   return true;
+}
+
+// A unary call on the callback API: what must live until its callback runs.
+template <typename Request, typename Response>
+struct UnaryCall {
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+};
+
+// A call of a member of `job`: its token, due in timeout_ms.
+template <typename Call>
+std::shared_ptr<Call> NewCall(const std::string& token, const std::string& job,
+                              int64_t timeout_ms) {
+  auto call = std::make_shared<Call>();
+  call->context.AddMetadata(kTokenMetadataKey, token);
+  call->context.set_deadline(std::chrono::system_clock::now() +
+                             std::chrono::milliseconds(timeout_ms));
+  call->request.set_job(job);
+  return call;
 }
 }  // namespace
 
@@ -362,28 +377,20 @@ void SimulatedMembers::Kill(int index) {
 
 bool SimulatedMembers::Leave(const std::vector<int>& members, bool completed,
                              int64_t timeout_ms) {
-  struct LeaveCall {
-    grpc::ClientContext context;
-    v1::LeaveRequest request;
-    v1::LeaveResponse response;
-  };
+  using LeaveCall = UnaryCall<v1::LeaveRequest, v1::LeaveResponse>;
   auto pending = std::make_shared<std::atomic<int>>(static_cast<int>(members.size()));
   auto failed = std::make_shared<std::atomic<bool>>(false);
   for (int index : members) {
     Member& member = At(index);
     std::shared_ptr<HeartbeatCall> heartbeat;
-    auto call = std::make_shared<LeaveCall>();
+    auto call = NewCall<LeaveCall>(member.token, member.job, timeout_ms);
+    call->request.set_member_id(member.id);
+    call->request.set_completed(completed);
     {
       std::lock_guard<std::mutex> lock(member.mu);
       member.leaving = true;
       heartbeat = member.heartbeat;
-      call->context.AddMetadata(kTokenMetadataKey, member.token);
-      call->request.set_job(member.job);
-      call->request.set_member_id(member.id);
-      call->request.set_completed(completed);
     }
-    call->context.set_deadline(std::chrono::system_clock::now() +
-                               std::chrono::milliseconds(timeout_ms));
     outstanding_.fetch_add(1);
     member.connection->stub->async()->Leave(
         &call->context, &call->request, &call->response,
@@ -417,21 +424,10 @@ bool SimulatedMembers::Leave(const std::vector<int>& members, bool completed,
 
 void SimulatedMembers::StoreSet(int index, const std::string& key, const std::string& value,
                                 std::function<void(const Status&)> done) {
-  struct SetCall {
-    grpc::ClientContext context;
-    v1::StoreSetRequest request;
-    v1::StoreSetResponse response;
-  };
+  using SetCall = UnaryCall<v1::StoreSetRequest, v1::StoreSetResponse>;
   Member& member = At(index);
-  auto call = std::make_shared<SetCall>();
-  {
-    std::lock_guard<std::mutex> lock(member.mu);
-    call->context.AddMetadata(kTokenMetadataKey, member.token);
-    call->request.set_job(member.job);
-    call->request.set_generation(member.view.generation);
-  }
-  call->context.set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::milliseconds(options_.join_timeout_ms));
+  auto call = NewCall<SetCall>(member.token, member.job, options_.join_timeout_ms);
+  call->request.set_generation(View(index).generation);
   call->request.set_key(key);
   call->request.set_value(value);
   outstanding_.fetch_add(1);
@@ -446,21 +442,10 @@ void SimulatedMembers::StoreSet(int index, const std::string& key, const std::st
 void SimulatedMembers::StoreGet(
     int index, const std::vector<std::string>& keys, int64_t timeout_ms,
     std::function<void(const Status&, std::vector<std::string> values)> done) {
-  struct GetCall {
-    grpc::ClientContext context;
-    v1::StoreGetRequest request;
-    v1::StoreGetResponse response;
-  };
+  using GetCall = UnaryCall<v1::StoreGetRequest, v1::StoreGetResponse>;
   Member& member = At(index);
-  auto call = std::make_shared<GetCall>();
-  {
-    std::lock_guard<std::mutex> lock(member.mu);
-    call->context.AddMetadata(kTokenMetadataKey, member.token);
-    call->request.set_job(member.job);
-    call->request.set_generation(member.view.generation);
-  }
-  call->context.set_deadline(std::chrono::system_clock::now() +
-                             std::chrono::milliseconds(timeout_ms + kCallMarginMs));
+  auto call = NewCall<GetCall>(member.token, member.job, timeout_ms + kCallMarginMs);
+  call->request.set_generation(View(index).generation);
   for (const auto& key : keys) call->request.add_keys(key);
   call->request.set_timeout_ms(timeout_ms);
   outstanding_.fetch_add(1);

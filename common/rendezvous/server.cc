@@ -765,13 +765,9 @@ grpc::ServerUnaryReactor* RendezvousServerImpl::Join(grpc::CallbackServerContext
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
   auto call = HeldCall::CreateRaw(response);
-  std::vector<grpc::Slice> slices;
-  std::string bytes;
+  grpc::ByteBuffer bytes(*request);  // shares the slices; deserializing consumes them
   v1::JoinRequest parsed;
-  if (request->Dump(&slices).ok()) {
-    for (const auto& slice : slices) bytes.append(reinterpret_cast<const char*>(slice.begin()), slice.size());
-  }
-  if (!parsed.ParseFromString(bytes)) {
+  if (!grpc::SerializationTraits<v1::JoinRequest>::Deserialize(&bytes, &parsed).ok()) {
     call->Complete(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "join: malformed request"));
     return call.get();
   }
