@@ -30,24 +30,20 @@ import os
 import random
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib  # noqa: E402  (bench/benchlib.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "pytorch", "train_ddp.py")
 FASHION = "/usr/share/datasets/fashion-mnist"
 PYTHON = "/usr/bin/python3"
 WORKERS = 4
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def script_args(work, args, in_place):
@@ -71,7 +67,7 @@ def start(system, work, args, marker):
     log = open(os.path.join(work, "run.out"), "w")
     if system == "torchrun":
         argv = ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={WORKERS}",
-                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+                "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{benchlib.free_port()}",
                 "--max_restarts=100", "--redirects", "2", "--tee", "1"] + \
             script_args(work, args, False)
     else:
@@ -100,19 +96,10 @@ def training_processes(system, work, marker):
     """Pids that train now (the victims to choose from)."""
     if system == "trainer":
         pids = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/environ", "rb") as f:
-                    env = f.read()
-                with open(f"/proc/{entry}/cmdline", "rb") as f:
-                    cmdline = f.read().split(b"\0")
-            except OSError:
-                continue
-            if f"BENCH_MARKER={marker}".encode() in env and cmdline[0].endswith(
-                    b"lockstep-worker") and b"train" in cmdline[1:2]:
-                pids.append(int(entry))
+        for pid, cmdline in benchlib.processes_with_env(f"BENCH_MARKER={marker}"):
+            argv = cmdline.split(b"\0")
+            if argv[0].endswith(b"lockstep-worker") and b"train" in argv[1:2]:
+                pids.append(pid)
         return pids
     lines = []
     try:

@@ -20,13 +20,15 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 import uuid
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib  # noqa: E402  (bench/benchlib.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "pytorch", "train_ddp.py")
@@ -68,38 +70,11 @@ def wait_for(condition, timeout, what, procs=()):
     raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
 
 
-def processes_with_env(marker, extra=None):
-    """Pids of processes whose environment holds BENCH_MARKER=marker (and extra, when given)."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-            with open(f"/proc/{entry}/cmdline", "rb") as f:
-                cmdline = f.read()
-        except OSError:
-            continue
-        if f"BENCH_MARKER={marker}".encode() not in env:
-            continue
-        if extra and extra.encode() not in env:
-            continue
-        pids.append((int(entry), cmdline))
-    return pids
-
-
 def rank1_python(marker):
-    for pid, cmdline in processes_with_env(marker, "RANK=1"):
+    for pid, cmdline in benchlib.processes_with_env(f"BENCH_MARKER={marker}", "RANK=1"):
         if b"train_ddp.py" in cmdline and cmdline.startswith(b"/usr/bin/python3"):
             return pid
     return None
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_lockstep(tmp, marker, args):
@@ -125,7 +100,7 @@ def start_lockstep(tmp, marker, args):
 
 
 def start_torchrun(tmp, marker, args):
-    port = free_port()
+    port = benchlib.free_port()
     env = dict(os.environ, BENCH_MARKER=marker, OMP_NUM_THREADS="1")
     procs = []
     for i in range(2):
@@ -152,7 +127,7 @@ def stop(procs, marker):
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)
             p.wait(timeout=10)
-    for pid, _ in processes_with_env(marker):  # anything that escaped its group
+    for pid, _ in benchlib.processes_with_env(f"BENCH_MARKER={marker}"):  # anything that escaped its group
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:

@@ -25,39 +25,19 @@ import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib  # noqa: E402  (bench/benchlib.py)
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 FASHION = "/usr/share/datasets/fashion-mnist"
 DDP_SCRIPT = os.path.join(REPO, "examples", "pytorch", "train_ddp.py")
 RUN_TIMEOUT_S = 300
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def pids_with_env(*needles):
-    """Pids whose environment holds every `KEY=value` in needles."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:
-            continue
-        if all(n.encode() in env for n in needles):
-            found.append(int(entry))
-    return found
 
 
 def wait_for(condition, timeout_s, what, process):
@@ -117,8 +97,8 @@ def run_lockstep(build, workers, steps, kill_at_step, work):
         return max(steps_seen, default=-1)
 
     wait_for(lambda: step() >= kill_at_step, RUN_TIMEOUT_S, "lockstep never reached the step", run)
-    victim = [p for p in pids_with_env(f"LOCKSTEP_JOB=default/{name}",
-                                       f"LOCKSTEP_POD={name}-worker-1")
+    victim = [p for p, _ in benchlib.processes_with_env(f"LOCKSTEP_JOB=default/{name}",
+                                                        f"LOCKSTEP_POD={name}-worker-1")
               if open(f"/proc/{p}/stat").read().split()[3] == str(run.pid)]
     killed_at = time.time()
     os.kill(victim[0], signal.SIGKILL)
@@ -151,7 +131,7 @@ def run_torchrun(workers, steps, kill_at_step, work):
     with open(log_path, "w") as log:
         run = subprocess.Popen(
             ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={workers}",
-             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{free_port()}",
+             "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{benchlib.free_port()}",
              "--max_restarts=3", "--redirects", "2", "--tee", "1",
              DDP_SCRIPT, "--steps", str(steps), "--hidden", "128", "--batch-size", "64",
              "--timeline", timeline, "--checkpoint", checkpoint, "--checkpoint-every", "20"],
@@ -165,8 +145,9 @@ def run_torchrun(workers, steps, kill_at_step, work):
     wait_for(lambda: any(e.get("event") == "step" and e["step"] >= kill_at_step
                          for e in events()), RUN_TIMEOUT_S, "torchrun never reached the step",
              run)
-    victim = [p for p in pids_with_env(f"BENCH_MARKER={tag}", "RANK=1", "LOCAL_RANK=1")
-              if "python" in open(f"/proc/{p}/cmdline", "rb").read().decode(errors="replace")]
+    victim = [p for p, cmdline in benchlib.processes_with_env(f"BENCH_MARKER={tag}", "RANK=1",
+                                                               "LOCAL_RANK=1")
+              if b"python" in cmdline]
     killed_at = time.time()
     os.kill(victim[0], signal.SIGKILL)
     run.wait(RUN_TIMEOUT_S)

@@ -12,7 +12,7 @@ import argparse
 import gzip
 import json
 import os
-import socket
+import sys
 import time
 
 import numpy as np
@@ -20,6 +20,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 import torch.nn as nn
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import benchlib  # noqa: E402  (bench/benchlib.py)
 
 DATA = "/usr/share/datasets/fashion-mnist"
 
@@ -72,12 +75,6 @@ def worker(rank, world, port, args, queue):
     dist.destroy_process_group()
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--world", type=int, default=1)
@@ -89,7 +86,7 @@ def main():
     args = parser.parse_args()
     context = mp.get_context("spawn")
     queue = context.SimpleQueue()
-    port = free_port()
+    port = benchlib.free_port()
     processes = [context.Process(target=worker, args=(r, args.world, port, args, queue))
                  for r in range(args.world)]
     for p in processes:
