@@ -36,7 +36,10 @@
 #include "operator/kube/kube_config.h"
 #include "operator/operator_identity.h"
 #include "operator/operator_metrics.h"
+#include "operator/trainingjob/admission.h"
 #include "operator/trainingjob/reconciler.h"
+#include "operator/webhook/ca_bundle.h"
+#include "operator/webhook/webhook_server.h"
 
 namespace lockstep::op {
 namespace {
@@ -56,6 +59,11 @@ struct Flags {
   std::string rendezvous_host = "0.0.0.0";
   std::string rendezvous_address;
   bool rendezvous_insecure = false;
+  int webhook_port = 0;
+  std::string webhook_host = "0.0.0.0";
+  std::string webhook_service = "lockstep-webhook";
+  std::string webhook_configuration;
+  int64_t webhook_ca_check_ms = 10000;
   std::string operator_secret = "lockstep-operator";
   std::string worker_image = "lockstep-worker:0.1";
   int workers = 4;
@@ -68,7 +76,10 @@ struct Flags {
   int64_t heartbeat_timeout_ms = 10000;
 };
 
-constexpr char kPhaseIndex[] = "phase";  // jobs informer: status.phase ("Pending" when unset)
+constexpr char kPhaseIndex[] = "phase";
+// Where the API server sends TrainingJob admission reviews (the chart's webhook clientConfig).
+constexpr char kValidateTrainingJobPath[] =
+    "/validate-trainingjob";  // jobs informer: status.phase ("Pending" when unset)
 
 constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --kubeconfig FILE                 kubeconfig to use (default: in-cluster service account)
@@ -84,6 +95,15 @@ constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --rendezvous-address HOST:PORT    what workers dial (default
                                     lockstep-rendezvous.$POD_NAMESPACE.svc:<rendezvous-port>)
   --rendezvous-insecure             plaintext rendezvous (no TLS; development only)
+  --webhook-port PORT               HTTPS admission webhook for TrainingJobs (default 0: none;
+                                    the chart serves it on 9443)
+  --webhook-host HOST               address to bind it (default 0.0.0.0)
+  --webhook-service NAME            the Service the API server calls it through, in the
+                                    operator's namespace (default lockstep-webhook): the names
+                                    on its serving certificate
+  --webhook-configuration NAME      ValidatingWebhookConfiguration whose caBundle this operator
+                                    keeps set to its CA (default: none)
+  --webhook-ca-check-ms MS          how often that caBundle is checked (default 10000)
   --operator-secret NAME            Secret holding the CA and master key (default
                                     lockstep-operator, in the leader election namespace)
   --worker-image IMAGE              image for jobs without spec.image
@@ -157,6 +177,17 @@ Status ParseFlags(int argc, char** argv, Flags* flags) {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_address, take());
     } else if (name == "--rendezvous-insecure") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_insecure, take_bool());
+    } else if (name == "--webhook-port") {
+      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 65535));
+      flags->webhook_port = static_cast<int>(v);
+    } else if (name == "--webhook-host") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_host, take());
+    } else if (name == "--webhook-service") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_service, take());
+    } else if (name == "--webhook-configuration") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_configuration, take());
+    } else if (name == "--webhook-ca-check-ms") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_ca_check_ms, take_int(100, 3600000));
     } else if (name == "--operator-secret") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->operator_secret, take());
     } else if (name == "--worker-image") {
@@ -270,6 +301,7 @@ class Operator {
                            return http::HttpResponse{200, "text/plain", "ok\n"};
                          }}}));
     LOCKSTEP_LOG(INFO) << "metrics, healthz and readyz on port " << endpoint_->port();
+    LOCKSTEP_RETURN_IF_ERROR(StartWebhook());
 
     if (flags_.leader_elect) {
       controller::LeaderElectionOptions election;
@@ -397,6 +429,78 @@ class Operator {
 
   void LostLeadership() { lost_.store(true); }
 
+  // Every replica serves the webhook (the chart's Service spreads calls over the ready ones):
+  // a review needs no cache, only the spec model and, for a scale, one read of the job.
+  Status StartWebhook() {
+    if (flags_.webhook_port == 0) return OkStatus();
+    LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
+                              IssueWebhookCertificate(identity_, flags_.webhook_service,
+                                                      flags_.leader_election_namespace));
+    webhook::WebhookServerOptions options;
+    options.host = flags_.webhook_host;
+    options.port = flags_.webhook_port;
+    options.cert_pem = serving.cert_pem + identity_.ca.cert_pem;
+    options.key_pem = serving.key_pem;
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        webhook_, webhook::WebhookServer::Start(
+                      options, {{kValidateTrainingJobPath,
+                                 [this](const std::string& body) { return Admit(body); }}}));
+    LOCKSTEP_LOG(INFO) << "admission webhook on port " << webhook_->port() << " ("
+                       << kValidateTrainingJobPath << ")";
+    if (!flags_.webhook_configuration.empty()) {
+      ca_bundle_thread_ = std::thread([this] { KeepWebhookCaBundle(); });
+    }
+    return OkStatus();
+  }
+
+  http::HttpResponse Admit(const std::string& body) {
+    const double start = MonotonicSeconds();
+    trainingjob::AdmissionReply reply = trainingjob::ReviewTrainingJobAdmission(
+        body, [this](const std::string& ns, const std::string& name) {
+          return client_->Get(kube::resources::kTrainingJobs, ns, name);
+        });
+    const bool answered = reply.http_status == 200;
+    metrics_.ObserveAdmission(MonotonicSeconds() - start, !answered       ? "error"
+                                                          : reply.allowed ? "allowed"
+                                                                          : "denied");
+    if (!answered) {
+      const std::string why = reply.body.get<std::string>();
+      LOCKSTEP_LOG(WARNING) << "admission review answered " << reply.http_status << ": " << why;
+      return http::HttpResponse{reply.http_status, "text/plain; charset=utf-8", why + "\n"};
+    }
+    return http::HttpResponse{200, "application/json", reply.body.dump()};
+  }
+
+  // Writes the CA into the configuration at start, then checks it every webhook_ca_check_ms (a
+  // GET; a write only when it differs): a configuration created after the operator started, or
+  // reset by a reinstall (an upgrade keeps what it finds), trusts the CA within one period.
+  void KeepWebhookCaBundle() {
+    bool reported_missing = false;
+    std::unique_lock<std::mutex> lock(ca_bundle_mutex_);
+    while (!stopping_.load()) {
+      lock.unlock();
+      StatusOr<bool> wrote = webhook::EnsureWebhookCaBundle(
+          client_.get(), flags_.webhook_configuration, identity_.ca.cert_pem);
+      if (wrote.ok() && *wrote) {
+        LOCKSTEP_LOG(INFO) << "set the caBundle of ValidatingWebhookConfiguration "
+                           << flags_.webhook_configuration;
+      } else if (kube::IsNotFound(wrote.status())) {
+        if (!reported_missing) {
+          LOCKSTEP_LOG(INFO) << "no ValidatingWebhookConfiguration " << flags_.webhook_configuration
+                             << " (yet); checking again every " << flags_.webhook_ca_check_ms
+                             << " ms";
+        }
+        reported_missing = true;
+      } else if (!wrote.ok()) {
+        LOCKSTEP_LOG(WARNING) << "keeping the webhook caBundle: " << wrote.status().message();
+      }
+      if (wrote.ok()) reported_missing = false;
+      lock.lock();
+      ca_bundle_wake_.wait_for(lock, std::chrono::milliseconds(flags_.webhook_ca_check_ms),
+                               [this] { return stopping_.load(); });
+    }
+  }
+
   bool ResourceServed(const kube::Resource& resource) {
     kube::ListOptions options;
     options.limit = 1;
@@ -444,7 +548,12 @@ class Operator {
   }
 
   void Stop() {
-    stopping_.store(true);
+    {
+      std::lock_guard<std::mutex> lock(ca_bundle_mutex_);
+      stopping_.store(true);
+    }
+    ca_bundle_wake_.notify_all();
+    if (ca_bundle_thread_.joinable()) ca_bundle_thread_.join();
     if (sync_thread_.joinable()) sync_thread_.join();
     if (controller_) controller_->Stop();
     queue_.ShutDown();
@@ -454,6 +563,7 @@ class Operator {
     if (leading_.load()) SetLeaderLabel(false);
     if (elector_) elector_->Stop();
     if (rendezvous_) rendezvous_->Shutdown(2000);
+    webhook_.reset();
   }
 
   Flags flags_;
@@ -463,6 +573,10 @@ class Operator {
   OperatorMetrics metrics_;
   std::unique_ptr<rendezvous::RendezvousServer> rendezvous_;
   std::unique_ptr<http::HttpEndpoint> endpoint_;
+  std::unique_ptr<webhook::WebhookServer> webhook_;
+  std::thread ca_bundle_thread_;
+  std::mutex ca_bundle_mutex_;
+  std::condition_variable ca_bundle_wake_;
   std::unique_ptr<controller::LeaderElector> elector_;
   controller::WorkQueue queue_;
   controller::Expectations expectations_;

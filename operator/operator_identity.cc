@@ -109,4 +109,13 @@ StatusOr<tls::KeyPair> IssueRendezvousCertificate(const OperatorIdentity& identi
   return tls::IssueServingCertificate(identity.ca, dns, ips, 365);
 }
 
+StatusOr<tls::KeyPair> IssueWebhookCertificate(const OperatorIdentity& identity,
+                                               const std::string& service, const std::string& ns) {
+  const std::string qualified = service + "." + ns;
+  return tls::IssueServingCertificate(
+      identity.ca,
+      {service, qualified, qualified + ".svc", qualified + ".svc.cluster.local", "localhost"},
+      {"127.0.0.1"}, 365);
+}
+
 }  // namespace lockstep::op

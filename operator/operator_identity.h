@@ -35,4 +35,10 @@ StatusOr<OperatorIdentity> LoadOrCreateOperatorIdentity(kube::KubeClient* client
 StatusOr<tls::KeyPair> IssueRendezvousCertificate(const OperatorIdentity& identity,
                                                   const std::string& address);
 
+// The admission webhook's serving certificate: the names the API server may call it by through
+// Service `service` in namespace `ns` (service, service.ns, service.ns.svc,
+// service.ns.svc.cluster.local), plus localhost and 127.0.0.1.
+StatusOr<tls::KeyPair> IssueWebhookCertificate(const OperatorIdentity& identity,
+                                               const std::string& service, const std::string& ns);
+
 }  // namespace lockstep::op

@@ -60,6 +60,22 @@ OperatorMetrics::OperatorMetrics() : registry_(std::make_shared<prometheus::Regi
                              .Help("Workers in the current generation of every hosted job")
                              .Register(*registry_)
                              .Add({});
+  // A review answers in well under a millisecond unless it reads the job (a scale), which costs
+  // one API call.
+  admission_duration_ = &prometheus::BuildHistogram()
+                             .Name("lockstep_operator_admission_duration_seconds")
+                             .Help("Time to answer one admission review of a TrainingJob")
+                             .Register(*registry_)
+                             .Add({}, prometheus::Histogram::BucketBoundaries{
+                                          0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01,
+                                          0.025, 0.05, 0.1, 0.25, 1});
+  auto& reviews = prometheus::BuildCounter()
+                      .Name("lockstep_operator_admission_reviews_total")
+                      .Help("Admission reviews of TrainingJobs by result (allowed, denied, error)")
+                      .Register(*registry_);
+  for (const char* result : {"allowed", "denied", "error"}) {
+    admission_reviews_[result] = &reviews.Add({{"result", result}});
+  }
 }
 
 OperatorMetrics::~OperatorMetrics() = default;
@@ -81,5 +97,10 @@ void OperatorMetrics::JobFailed() { jobs_failed_->Increment(); }
 void OperatorMetrics::JobRestarted() { jobs_restarted_->Increment(); }
 void OperatorMetrics::SetLeader(bool leader) { is_leader_->Set(leader ? 1 : 0); }
 void OperatorMetrics::SetRendezvousMembers(double members) { rendezvous_members_->Set(members); }
+void OperatorMetrics::ObserveAdmission(double seconds, const std::string& result) {
+  admission_duration_->Observe(seconds);
+  auto counter = admission_reviews_.find(result);
+  if (counter != admission_reviews_.end()) counter->second->Increment();
+}
 
 }  // namespace lockstep::op

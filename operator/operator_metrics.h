@@ -36,6 +36,9 @@ class OperatorMetrics {
   void JobRestarted();
   void SetLeader(bool leader);
   void SetRendezvousMembers(double members);
+  // One admission review answered: result "allowed", "denied" or "error" (HTTP 4xx/5xx, where the
+  // webhook's failurePolicy decides).
+  void ObserveAdmission(double seconds, const std::string& result);
 
  private:
   std::shared_ptr<prometheus::Registry> registry_;
@@ -50,6 +53,8 @@ class OperatorMetrics {
   prometheus::Counter* jobs_restarted_;
   prometheus::Gauge* is_leader_;
   prometheus::Gauge* rendezvous_members_;
+  prometheus::Histogram* admission_duration_;
+  std::map<std::string, prometheus::Counter*> admission_reviews_;
 };
 
 }  // namespace lockstep::op

@@ -29,6 +29,9 @@ const Resource kSchedulerPluginsPodGroups{"scheduling.x-k8s.io", "v1alpha1", "po
                                           "PodGroup", true};
 const Resource kCustomResourceDefinitions{"apiextensions.k8s.io", "v1", "customresourcedefinitions",
                                           "CustomResourceDefinition", false};
+const Resource kValidatingWebhookConfigurations{"admissionregistration.k8s.io", "v1",
+                                                "validatingwebhookconfigurations",
+                                                "ValidatingWebhookConfiguration", false};
 }  // namespace resources
 
 }  // namespace lockstep::op::kube

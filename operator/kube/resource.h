@@ -27,12 +27,14 @@ namespace resources {
 extern const Resource kPods;
 extern const Resource kServices;
 extern const Resource kSecrets;
-extern const Resource kEvents;                 // core/v1 Events
-extern const Resource kLeases;                 // coordination.k8s.io/v1
-extern const Resource kTrainingJobs;           // lockstep.io/v1alpha1
-extern const Resource kVolcanoPodGroups;       // scheduling.volcano.sh/v1beta1
-extern const Resource kSchedulerPluginsPodGroups;  // scheduling.x-k8s.io/v1alpha1
-extern const Resource kCustomResourceDefinitions;  // apiextensions.k8s.io/v1, cluster-scoped
+extern const Resource kEvents;                           // core/v1 Events
+extern const Resource kLeases;                           // coordination.k8s.io/v1
+extern const Resource kTrainingJobs;                     // lockstep.io/v1alpha1
+extern const Resource kVolcanoPodGroups;                 // scheduling.volcano.sh/v1beta1
+extern const Resource kSchedulerPluginsPodGroups;        // scheduling.x-k8s.io/v1alpha1
+extern const Resource kCustomResourceDefinitions;        // apiextensions.k8s.io/v1, cluster-scoped
+extern const Resource kValidatingWebhookConfigurations;  // admissionregistration.k8s.io/v1,
+                                                         // cluster-scoped
 }  // namespace resources
 
 }  // namespace lockstep::op::kube

@@ -11,6 +11,7 @@
 #include "common/termination_message.h"
 #include "common/utf8.h"
 #include "operator/tls/certificates.h"
+#include "operator/trainingjob/admission.h"
 #include "operator/trainingjob/job_status.h"
 
 namespace lockstep::op::trainingjob {
@@ -74,21 +75,6 @@ std::string Phase(const json& status) { return status.value("phase", ""); }
 bool Finished(const json& status) {
   const std::string phase = Phase(status);
   return phase == "Succeeded" || phase == "Failed";
-}
-
-// The job as ParseTrainingJobJson reads a manifest: what the user wrote (with the server's
-// defaults), without the server's bookkeeping.
-json ManifestOf(const json& object) {
-  json manifest = {{"apiVersion", object.value("apiVersion", "lockstep.io/v1alpha1")},
-                   {"kind", object.value("kind", "TrainingJob")}};
-  json meta = json::object();
-  const json& m = object["metadata"];
-  for (const char* field : {"name", "namespace", "labels", "annotations", "uid", "generation"}) {
-    if (m.contains(field)) meta[field] = m[field];
-  }
-  manifest["metadata"] = meta;
-  manifest["spec"] = object.value("spec", json::object());
-  return manifest;
 }
 
 // A merge patch (RFC 7386) that turns `from` into `to`: keys that disappear become null, in
@@ -302,15 +288,12 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
   const std::string uid = object["metadata"].value("uid", "");
 
   // 2. What the schema cannot express: the same validation as `lockstep validate`.
-  StatusOr<spec::TrainingJob> parsed = spec::ParseTrainingJobJson(ManifestOf(object), w.key);
+  // The admission webhook refuses such a spec up front; this catches jobs created while it was
+  // off or unreachable (failurePolicy Ignore) and rules newer than the job.
+  StatusOr<spec::TrainingJob> parsed = ParseTrainingJobObject(object);
   if (!parsed.ok()) {
     if (Finished(w.old_status)) return OkStatus();
-    std::string message = parsed.status().message();
-    // The parser prefixes every line with the source; the condition is about this job already.
-    const std::string prefix = w.key + ": ";
-    for (size_t at = message.find(prefix); at != std::string::npos; at = message.find(prefix, at)) {
-      message.erase(at, prefix.size());
-    }
+    const std::string& message = parsed.status().message();
     w.job.metadata.name = object["metadata"].value("name", "");
     w.job.metadata.namespace_ = object["metadata"].value("namespace", "default");
     w.job.metadata.uid = uid;
