@@ -72,6 +72,7 @@ std::string CollectionPath(const json& object) {
       {"NetworkAttachmentDefinition", "network-attachment-definitions"},
       {"CustomResourceDefinition", "customresourcedefinitions"},
       {"Namespace", "namespaces"},
+      {"ValidatingWebhookConfiguration", "validatingwebhookconfigurations"},
   };
   const std::string api_version = object.value("apiVersion", "");
   const std::string kind = object.value("kind", "");
@@ -239,6 +240,11 @@ TEST_F(ChartApplyTest, OperatorServiceAccountHasExactlyWhatTheOperatorNeeds) {
   EXPECT_TRUE(Allowed("get", "coordination.k8s.io", "leases", own, "lockstep-operator"));
   EXPECT_TRUE(Allowed("update", "coordination.k8s.io", "leases", own, "lockstep-operator"));
   EXPECT_TRUE(Allowed("create", "coordination.k8s.io", "leases", own));
+  // Its own webhook configuration's caBundle.
+  EXPECT_TRUE(Allowed("get", "admissionregistration.k8s.io", "validatingwebhookconfigurations", "",
+                      "lockstep"));
+  EXPECT_TRUE(Allowed("update", "admissionregistration.k8s.io", "validatingwebhookconfigurations",
+                      "", "lockstep"));
 
   // What it must not do: read Secrets it did not create, or anything beyond the list above.
   EXPECT_FALSE(Allowed("get", "", "secrets", team, "job-rendezvous"));
@@ -258,6 +264,125 @@ TEST_F(ChartApplyTest, OperatorServiceAccountHasExactlyWhatTheOperatorNeeds) {
   EXPECT_FALSE(Allowed("get", "", "configmaps", own));
   EXPECT_FALSE(Allowed("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""));
   EXPECT_FALSE(Allowed("create", "", "pods", team, "", "exec"));
+  EXPECT_FALSE(Allowed("update", "admissionregistration.k8s.io", "validatingwebhookconfigurations",
+                       "", "another-webhook"));
+  EXPECT_FALSE(
+      Allowed("list", "admissionregistration.k8s.io", "validatingwebhookconfigurations", ""));
+  EXPECT_FALSE(
+      Allowed("create", "admissionregistration.k8s.io", "mutatingwebhookconfigurations", ""));
+}
+
+// A namespace's users, with nothing but the built-in roles an admin hands out: the chart's
+// ClusterRoles reach them through kube-controller-manager's clusterrole-aggregation controller,
+// as in a cluster. Each request is the user's own (impersonated), judged by the real authorizer.
+TEST_F(ChartApplyTest, NamespaceUsersWithEditRunJobsAndWithViewOnlyWatchThem) {
+  ApplyRenderedSet("defaults.json");
+  std::string error;
+  ASSERT_TRUE(kube().StartControllerManager({"clusterrole-aggregation"}, &error)) << error;
+  // The chart's webhooks call a Service no operator backs here (admission_webhook_test runs the
+  // real one): let TrainingJob writes through as failurePolicy Ignore does, so that what decides
+  // below is RBAC alone.
+  const std::string webhooks =
+      "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+  const KubeTestEnv::Response configurations = kube().Request("GET", webhooks);
+  ASSERT_EQ(configurations.body["items"].size(), 3u) << configurations.raw;  // one per release
+  for (const json& configuration : configurations.body["items"]) {
+    const std::string name = configuration["metadata"]["name"];
+    auto patched = kube().Request(
+        "PATCH", webhooks + "/" + name,
+        json::array(
+            {{{"op", "replace"}, {"path", "/webhooks/0/failurePolicy"}, {"value", "Ignore"}}}),
+        "application/json-patch+json");
+    ASSERT_EQ(patched.status, 200) << patched.raw;
+  }
+  // The built-in edit role gains the chart's rules once the controller has aggregated them.
+  bool aggregated = KubeTestEnv::WaitFor(
+      [] {
+        auto edit = kube().Request("GET", "/apis/rbac.authorization.k8s.io/v1/clusterroles/edit");
+        return edit.raw.find("trainingjobs/scale") != std::string::npos;
+      },
+      30000);
+  ASSERT_TRUE(aggregated) << "the edit role never gained trainingjobs:\n" << kube().LogTails();
+
+  const std::string team = "team-users", other = "team-others";
+  EnsureNamespace(team);
+  EnsureNamespace(other);
+  for (const auto& [account, role] :
+       {std::pair<std::string, std::string>{"alice", "edit"}, {"bob", "view"}}) {
+    auto created = kube().Request(
+        "POST", "/apis/rbac.authorization.k8s.io/v1/namespaces/" + team + "/rolebindings",
+        {{"apiVersion", "rbac.authorization.k8s.io/v1"},
+         {"kind", "RoleBinding"},
+         {"metadata", {{"name", account + "-" + role}}},
+         {"roleRef",
+          {{"apiGroup", "rbac.authorization.k8s.io"}, {"kind", "ClusterRole"}, {"name", role}}},
+         {"subjects", {{{"kind", "ServiceAccount"}, {"name", account}, {"namespace", team}}}}});
+    ASSERT_EQ(created.status, 201) << created.raw;
+  }
+  const KubeTestEnv::Identity alice = KubeTestEnv::ServiceAccountIdentity(team, "alice");
+  const KubeTestEnv::Identity bob = KubeTestEnv::ServiceAccountIdentity(team, "bob");
+  auto jobs = [](const std::string& ns) {
+    return "/apis/lockstep.io/v1alpha1/namespaces/" + ns + "/trainingjobs";
+  };
+  const json job = {{"apiVersion", "lockstep.io/v1alpha1"},
+                    {"kind", "TrainingJob"},
+                    {"metadata", {{"name", "mine"}}},
+                    {"spec",
+                     {{"replicas", 2},
+                      {"elastic", {{"minReplicas", 1}, {"maxReplicas", 4}}},
+                      {"command", {"python3", "train.py"}}}}};
+
+  // The API server applies the patched policies from its own watch, a moment later.
+  KubeTestEnv::Response dry_run;
+  bool ignored = KubeTestEnv::WaitFor(
+      [&] {
+        dry_run = kube().Request("POST", jobs(team) + "?dryRun=All", job);
+        return dry_run.status == 201;
+      },
+      30000);
+  ASSERT_TRUE(ignored) << dry_run.raw;
+
+  // edit: create, scale, suspend, read, delete, in its namespace only.
+  auto created = kube().RequestAs(alice, "POST", jobs(team), job);
+  ASSERT_EQ(created.status, 201) << created.raw;
+  EXPECT_EQ(kube()
+                .RequestAs(alice, "PATCH", jobs(team) + "/mine/scale",
+                           {{"spec", {{"replicas", 3}}}}, "application/merge-patch+json")
+                .status,
+            200);
+  EXPECT_EQ(kube()
+                .RequestAs(alice, "PATCH", jobs(team) + "/mine",
+                           {{"spec", {{"runPolicy", {{"suspend", true}}}}}},
+                           "application/merge-patch+json")
+                .status,
+            200);
+  EXPECT_EQ(kube().RequestAs(alice, "GET", jobs(team) + "/mine/status").status, 200);
+  EXPECT_EQ(kube().RequestAs(alice, "POST", jobs(other), job).status, 403);
+  EXPECT_EQ(kube().RequestAs(alice, "GET", jobs(other)).status, 403);
+  // Status is the operator's to write.
+  EXPECT_EQ(kube()
+                .RequestAs(alice, "PATCH", jobs(team) + "/mine/status",
+                           {{"status", {{"phase", "Succeeded"}}}}, "application/merge-patch+json")
+                .status,
+            403);
+
+  // view: get, list and watch; nothing else.
+  EXPECT_EQ(kube().RequestAs(bob, "GET", jobs(team)).status, 200);
+  EXPECT_EQ(kube().RequestAs(bob, "GET", jobs(team) + "/mine").status, 200);
+  EXPECT_EQ(kube().RequestAs(bob, "GET", jobs(team) + "?watch=true&timeoutSeconds=1").status, 200);
+  EXPECT_EQ(kube().RequestAs(bob, "GET", jobs(team) + "/mine/scale").status, 200);
+  json second = job;
+  second["metadata"]["name"] = "bobs";
+  EXPECT_EQ(kube().RequestAs(bob, "POST", jobs(team), second).status, 403);
+  EXPECT_EQ(kube()
+                .RequestAs(bob, "PATCH", jobs(team) + "/mine/scale", {{"spec", {{"replicas", 1}}}},
+                           "application/merge-patch+json")
+                .status,
+            403);
+  EXPECT_EQ(kube().RequestAs(bob, "DELETE", jobs(team) + "/mine").status, 403);
+  EXPECT_EQ(kube().RequestAs(bob, "GET", jobs(other)).status, 403);
+
+  EXPECT_EQ(kube().RequestAs(alice, "DELETE", jobs(team) + "/mine").status, 200);
 }
 
 }  // namespace

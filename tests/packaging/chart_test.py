@@ -15,7 +15,11 @@ alert rules as the PrometheusRule renders them with default thresholds to DIR/ru
   - the Deployment (replicas, probes, securityContext, resources, flags and environment of the
     operator interface), the Services' selectors (the rendezvous Service follows the leader
     label), the RBAC rules (exactly the operator's needs), the monitors, the dashboard ConfigMap
-    and the PrometheusRule.
+    and the PrometheusRule;
+  - the admission webhook (its configuration calls the webhook Service on the operator pods for
+    creates, updates and scale of TrainingJobs, never their status; the operator's flags name the
+    same Service and configuration, and its RBAC reaches only that configuration) and the
+    ClusterRoles aggregated to the built-in edit/admin and view roles.
 Exit 0 when every check holds; otherwise prints each failure and exits 1.
 """
 import argparse
@@ -177,7 +181,8 @@ def check_render(check, objects, values, label, release_namespace):
     check.expect(flags.get("worker-image", "").endswith("/" + values["worker"]["repository"] + ":" +
                                                         (values["image"]["tag"] or "0.1.0")),
                  ctx + "--worker-image from image.registry, worker.repository and the tag")
-    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "worker-image", "kubeconfig"}
+    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "worker-image", "kubeconfig",
+                                 "webhook-port", "webhook-service", "webhook-configuration"}
     extra_args = set(a for a in op["extraArgs"])
     for arg in container["args"]:
         check.expect(arg in extra_args or arg[2:].split("=")[0] in allowed_flags,
@@ -200,14 +205,20 @@ def check_render(check, objects, values, label, release_namespace):
         check.expect(metrics[0]["spec"]["selector"] == selector, ctx + "metrics Service selects the operator pods")
         check.expect(metrics[0]["spec"]["ports"][0]["targetPort"] == "metrics", ctx + "metrics targetPort")
 
+    webhook = check_webhook(check, objects, values, ctx, flags, ports, selector, release_namespace)
+
     account = pod["serviceAccountName"]
     if values["rbac"]["create"]:
-        (cluster_role,) = find(objects, "ClusterRole")
+        (cluster_role,) = find(objects, "ClusterRole", "-operator")
         (role,) = find(objects, "Role")
         got = normalize_rules(cluster_role["rules"])
-        check.expect(got == EXPECTED_CLUSTER_RULES,
+        want_cluster = set(EXPECTED_CLUSTER_RULES)
+        if webhook:
+            want_cluster.add(("admissionregistration.k8s.io", "validatingwebhookconfigurations",
+                              ("get", "update"), (webhook["metadata"]["name"],)))
+        check.expect(got == want_cluster,
                      ctx + "ClusterRole rules: extra %s, missing %s" %
-                     (sorted(got - EXPECTED_CLUSTER_RULES), sorted(EXPECTED_CLUSTER_RULES - got)))
+                     (sorted(got - want_cluster), sorted(want_cluster - got)))
         want_role = expected_role_rules(op["leaderElection"]["leaseName"])
         got_role = normalize_rules(role["rules"])
         check.expect(got_role == want_role, ctx + "Role rules: extra %s, missing %s" %
@@ -217,6 +228,7 @@ def check_render(check, objects, values, label, release_namespace):
             subject = binding["subjects"][0]
             check.expect(subject == {"kind": "ServiceAccount", "name": account, "namespace": release_namespace},
                          ctx + "%s binds the operator's ServiceAccount" % binding["kind"])
+    check_user_roles(check, objects, values, ctx)
     if values["serviceAccount"]["create"]:
         check.expect([a["metadata"]["name"] for a in find(objects, "ServiceAccount")] == [account],
                      ctx + "the ServiceAccount the pods use is created")
@@ -269,6 +281,72 @@ def check_render(check, objects, values, label, release_namespace):
         config = json.loads(nad["spec"]["config"])
         check.expect(config["master"] == values["rdma"]["networkAttachmentDefinition"]["masterInterface"],
                      ctx + "NetworkAttachmentDefinition config is JSON with the master interface")
+
+
+def check_webhook(check, objects, values, ctx, flags, ports, selector, release_namespace):
+    """The webhook's objects and the operator's flags agree; returns the configuration or None."""
+    settings = values["webhook"]
+    configurations = find(objects, "ValidatingWebhookConfiguration")
+    services = find(objects, "Service", "-webhook")
+    if not settings["enabled"]:
+        check.expect(not configurations and not services and "webhook-port" not in flags and
+                     "webhook" not in ports, ctx + "no webhook objects, port or flags when disabled")
+        return None
+    if not check.expect(len(configurations) == 1 and len(services) == 1,
+                        ctx + "one ValidatingWebhookConfiguration and one webhook Service"):
+        return None
+    configuration, service = configurations[0], services[0]
+    check.expect(ports.get("webhook") == settings["port"] and
+                 flags.get("webhook-port") == str(settings["port"]), ctx + "webhook port and flag")
+    check.expect(flags.get("webhook-service") == service["metadata"]["name"],
+                 ctx + "--webhook-service names the webhook Service (the certificate's names)")
+    check.expect(flags.get("webhook-configuration") == configuration["metadata"]["name"],
+                 ctx + "--webhook-configuration names the configuration whose caBundle it keeps")
+    check.expect(service["spec"]["selector"] == selector and
+                 service["spec"]["ports"][0]["targetPort"] == "webhook" and
+                 service["spec"]["ports"][0]["port"] == 443,
+                 ctx + "webhook Service: 443 to every operator pod's webhook port")
+    (hook,) = configuration["webhooks"]
+    called = hook["clientConfig"].get("service", {})
+    check.expect(called == {"name": service["metadata"]["name"], "namespace": release_namespace,
+                            "path": "/validate-trainingjob", "port": 443},
+                 ctx + "the webhook calls the webhook Service at /validate-trainingjob (got %s)" % called)
+    check.expect("caBundle" not in hook["clientConfig"], ctx + "no caBundle rendered: the operator writes it")
+    (rule,) = hook["rules"]
+    check.expect(rule["apiGroups"] == ["lockstep.io"] and sorted(rule["operations"]) == ["CREATE", "UPDATE"] and
+                 sorted(rule["resources"]) == ["trainingjobs", "trainingjobs/scale"],
+                 ctx + "creates, updates and scale of TrainingJobs go through the webhook, status never")
+    check.expect(hook["failurePolicy"] == settings["failurePolicy"] and
+                 hook["timeoutSeconds"] == settings["timeoutSeconds"] and hook["sideEffects"] == "None",
+                 ctx + "failurePolicy, timeoutSeconds from values; no side effects (dry runs work)")
+    return configuration
+
+
+def check_user_roles(check, objects, values, ctx):
+    """ClusterRoles aggregated to edit/admin and view, exactly when asked for."""
+    edit = find(objects, "ClusterRole", "-edit")
+    view = find(objects, "ClusterRole", "-view")
+    if not values["rbac"]["aggregateToDefaultRoles"]:
+        check.expect(not edit and not view, ctx + "no aggregated roles when disabled")
+        return
+    if not check.expect(len(edit) == 1 and len(view) == 1, ctx + "edit and view ClusterRoles"):
+        return
+    aggregate = "rbac.authorization.k8s.io/aggregate-to-"
+    edit_labels, view_labels = edit[0]["metadata"]["labels"], view[0]["metadata"]["labels"]
+    check.expect(edit_labels.get(aggregate + "edit") == "true" and edit_labels.get(aggregate + "admin") == "true"
+                 and aggregate + "view" not in edit_labels, ctx + "the edit role aggregates to edit and admin")
+    check.expect(view_labels.get(aggregate + "view") == "true" and
+                 not any(k.startswith(aggregate) and k != aggregate + "view" for k in view_labels),
+                 ctx + "the view role aggregates to view only")
+    check.expect(normalize_rules(edit[0]["rules"]) == {
+        ("lockstep.io", "trainingjobs",
+         ("create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"), ()),
+        ("lockstep.io", "trainingjobs/scale", ("get", "patch", "update"), ()),
+        ("lockstep.io", "trainingjobs/status", ("get",), ())}, ctx + "edit role rules")
+    read = ("get", "list", "watch")
+    check.expect(normalize_rules(view[0]["rules"]) == {
+        ("lockstep.io", r, read, ()) for r in ("trainingjobs", "trainingjobs/status", "trainingjobs/scale")},
+        ctx + "view role rules: read only")
 
 
 def main():

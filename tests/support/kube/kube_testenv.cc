@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 
 #include <atomic>
 #include <chrono>
@@ -15,8 +16,6 @@
 #include <sstream>
 #include <thread>
 #include <vector>
-
-#include <yaml-cpp/yaml.h>
 
 #include "common/spec/problems.h"
 #include "common/spec/yaml_to_json.h"
@@ -178,8 +177,7 @@ bool KubeTestEnv::InstallCrds(const std::string& path, std::string* error) const
       const std::string discovery = "/apis/" + group + "/" + version.value("name", "");
       bool served = KubeTestEnv::WaitFor(
           [&] {
-            Response r = Request("GET", discovery, nullptr, "application/json",
-                                                   5000);
+            Response r = Request("GET", discovery, nullptr, "application/json", 5000);
             if (r.status != 200 || !r.body.is_object()) return false;
             for (const json& resource : r.body.value("resources", json::array())) {
               if (resource.value("name", "") == plural) return true;
@@ -188,8 +186,8 @@ bool KubeTestEnv::InstallCrds(const std::string& path, std::string* error) const
           },
           30000);
       if (!served) {
-        *error = path + ": " + plural + "." + group + " not served at " + discovery +
-                 " within 30 s";
+        *error =
+            path + ": " + plural + "." + group + " not served at " + discovery + " within 30 s";
         return false;
       }
     }
@@ -312,16 +310,26 @@ std::unique_ptr<KubeTestEnv> KubeTestEnv::Start(const KubeTestEnvOptions& option
   return env;
 }
 
-bool KubeTestEnv::StartGarbageCollector(std::string* error) {
-  if (controller_manager_) return true;
+bool KubeTestEnv::StartControllerManager(const std::vector<std::string>& controllers,
+                                         std::string* error) {
+  if (controller_manager_) {
+    if (controllers == controllers_) return true;
+    *error = "kube-controller-manager already runs other controllers";
+    return false;
+  }
+  std::string names;
+  for (const std::string& controller : controllers) {
+    names += (names.empty() ? "" : ",") + controller;
+  }
   const std::string manager_binary =
       (std::filesystem::path(apiserver_binary_).parent_path() / "kube-controller-manager").string();
-  controller_manager_ = StartLogged(
-      {manager_binary, "--kubeconfig=" + kubeconfig_, "--controllers=garbagecollector",
-       "--leader-elect=false", "--port=0", "--secure-port=0", "--v=1"},
-      dir_ + "/kube-controller-manager.log");
-  // It serves nothing (both ports off), so there is no readiness to ask: the collector syncs on
-  // its own and tests wait for its effects with bounds. What is checked is that it stays up.
+  controllers_ = controllers;
+  controller_manager_ =
+      StartLogged({manager_binary, "--kubeconfig=" + kubeconfig_, "--controllers=" + names,
+                   "--leader-elect=false", "--port=0", "--secure-port=0", "--v=1"},
+                  dir_ + "/kube-controller-manager.log");
+  // It serves nothing (both ports off), so there is no readiness to ask: the controllers sync on
+  // their own and tests wait for their effects with bounds. What is checked is that it stays up.
   const bool exited = WaitFor([&] { return !IsRunning(controller_manager_->pid()); }, 2000);
   if (exited) {
     *error = "kube-controller-manager exited at start:\n" +
@@ -352,9 +360,30 @@ std::string KubeTestEnv::LogTails() const {
                               : std::string());
 }
 
+KubeTestEnv::Identity KubeTestEnv::ServiceAccountIdentity(const std::string& ns,
+                                                          const std::string& name) {
+  return {"system:serviceaccount:" + ns + ":" + name,
+          {"system:serviceaccounts", "system:serviceaccounts:" + ns, "system:authenticated"}};
+}
+
 KubeTestEnv::Response KubeTestEnv::Request(const std::string& method, const std::string& path,
                                            const json& body, const std::string& content_type,
                                            int64_t timeout_ms, const std::string& accept) const {
+  return Send(method, path, body, content_type, timeout_ms, accept, {});
+}
+
+KubeTestEnv::Response KubeTestEnv::RequestAs(const Identity& who, const std::string& method,
+                                             const std::string& path, const json& body,
+                                             const std::string& content_type) const {
+  std::vector<std::string> headers = {"Impersonate-User: " + who.user};
+  for (const std::string& group : who.groups) headers.push_back("Impersonate-Group: " + group);
+  return Send(method, path, body, content_type, 30000, "application/json", headers);
+}
+
+KubeTestEnv::Response KubeTestEnv::Send(const std::string& method, const std::string& path,
+                                        const json& body, const std::string& content_type,
+                                        int64_t timeout_ms, const std::string& accept,
+                                        const std::vector<std::string>& headers) const {
   static std::atomic<int> counter{0};
   std::string stem =
       dir_ + "/request-" + std::to_string(getpid()) + "-" + std::to_string(counter.fetch_add(1));
@@ -367,6 +396,7 @@ KubeTestEnv::Response KubeTestEnv::Request(const std::string& method, const std:
       "--max-time", std::to_string(std::max<int64_t>(1, timeout_ms / 1000)),
       "-o",         stem + ".out",
       "-w",         "%{http_code}"};
+  for (const std::string& header : headers) argv.insert(argv.end(), {"-H", header});
   if (!body.is_null()) {
     WriteFile(stem + ".in", body.dump());
     argv.insert(argv.end(),

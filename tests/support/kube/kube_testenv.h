@@ -43,6 +43,16 @@ std::vector<int> FreePorts(int count);
 
 class KubeTestEnv {
  public:
+  // Who a request acts as: the admin impersonates them (Impersonate-User and -Group headers), so
+  // the server's authorizer decides as it would for their own credentials. A ServiceAccount is
+  // user "system:serviceaccount:NS:NAME" in groups system:serviceaccounts,
+  // system:serviceaccounts:NS and system:authenticated (ServiceAccountIdentity below).
+  struct Identity {
+    std::string user;
+    std::vector<std::string> groups;
+  };
+  static Identity ServiceAccountIdentity(const std::string& ns, const std::string& name);
+
   struct Response {
     int status = 0;       // HTTP status; 0 when the request failed (see error)
     nlohmann::json body;  // parsed body (null when not JSON)
@@ -72,6 +82,10 @@ class KubeTestEnv {
                    const nlohmann::json& body = nullptr,
                    const std::string& content_type = "application/json", int64_t timeout_ms = 30000,
                    const std::string& accept = "application/json") const;
+  // The same request made as `who`.
+  Response RequestAs(const Identity& who, const std::string& method, const std::string& path,
+                     const nlohmann::json& body = nullptr,
+                     const std::string& content_type = "application/json") const;
 
   // Creates every CustomResourceDefinition of the YAML file `path` (one that exists already is
   // fine) and waits, bounded, until the server lists each served version's resource in
@@ -81,7 +95,13 @@ class KubeTestEnv {
   // Starts kube-controller-manager --controllers=garbagecollector (built beside the server).
   // Call it after installing CRDs whose objects own others: the collector learns resources by
   // discovery, which it repeats only every 30 s. False (and `error`) when it does not run.
-  bool StartGarbageCollector(std::string* error);
+  bool StartGarbageCollector(std::string* error) {
+    return StartControllerManager({"garbagecollector"}, error);
+  }
+  // kube-controller-manager running only `controllers` (its --controllers names, e.g.
+  // "clusterrole-aggregation"). One per environment: a second call is refused unless it asks
+  // for the same controllers.
+  bool StartControllerManager(const std::vector<std::string>& controllers, std::string* error);
 
   // Polls `condition` every 100 ms until true or timeout_ms; returns its last result.
   static bool WaitFor(const std::function<bool()>& condition, int64_t timeout_ms);
@@ -93,9 +113,13 @@ class KubeTestEnv {
  private:
   KubeTestEnv() = default;
   void Stop();
+  Response Send(const std::string& method, const std::string& path, const nlohmann::json& body,
+                const std::string& content_type, int64_t timeout_ms, const std::string& accept,
+                const std::vector<std::string>& headers) const;
 
   std::string dir_, server_, token_, ca_file_, kubeconfig_, apiserver_binary_;
   std::unique_ptr<ChildProcess> etcd_, apiserver_, controller_manager_;
+  std::vector<std::string> controllers_;
 };
 
 }  // namespace lockstep::testing
