@@ -460,18 +460,21 @@ TEST_F(CrdTest, KubectlExplainPrintsEachFieldsDescription) {
   std::string why;
   ASSERT_TRUE(YamlFileToJson(ReadText(kSource + "/crds/trainingjob.yaml"), &crd, &why)) << why;
   struct Explained {
-    std::string field;                // under trainingjobs.
+    std::string resource;             // plural, singular or short name: kubectl resolves each
+    std::string field;                // the path under it
     std::vector<std::string> fields;  // each described too: the FIELDS kubectl lists
   };
   const Explained kCases[] = {
-      {"spec.elastic",
+      {"trainingjobs",
+       "spec.elastic",
        {"spec.elastic.minReplicas", "spec.elastic.maxReplicas", "spec.elastic.globalBatch"}},
-      {"spec.trainer.optimizer.learningRate", {}},
-      {"status.progress.estimatedSecondsRemaining", {}},
-      {"status.conditions", {"status.conditions.type", "status.conditions.reason"}},
+      {"trainingjob", "spec.trainer.optimizer.learningRate", {}},
+      {"tj", "status.progress.estimatedSecondsRemaining", {}},
+      {"trainingjobs", "status.conditions", {"status.conditions.type", "status.conditions.reason"}},
   };
   for (const Explained& explained : kCases) {
-    SCOPED_TRACE("kubectl explain trainingjobs." + explained.field);
+    const std::string argument = explained.resource + "." + explained.field;
+    SCOPED_TRACE("kubectl explain " + argument);
     std::vector<std::string> expected;
     for (const std::string& field : explained.fields) expected.push_back(field);
     expected.push_back(explained.field);
@@ -486,8 +489,8 @@ TEST_F(CrdTest, KubectlExplainPrintsEachFieldsDescription) {
         [&] {
           result = RunProcess(
               {kubectl, "--kubeconfig", kube().kubeconfig(), "--cache-dir",
-               kube().dir() + "/kubectl-cache", "explain", "trainingjobs." + explained.field},
-              {}, 30000);
+               kube().dir() + "/kubectl-cache", "--request-timeout", "10s", "explain", argument},
+              {}, 15000);
           if (result.code() != 0) return false;
           const std::string printed = OneLine(result.out);
           missing.clear();
@@ -503,7 +506,7 @@ TEST_F(CrdTest, KubectlExplainPrintsEachFieldsDescription) {
                                << result.out << "stderr:\n"
                                << result.err;
     if (explained.field == "spec.trainer.optimizer.learningRate") {
-      std::cout << "kubectl explain trainingjobs." << explained.field << ":\n" << result.out;
+      std::cout << "kubectl explain " << argument << ":\n" << result.out;
     }
   }
 }
