@@ -32,6 +32,12 @@ packages=(
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
   packages+=(nodejs npm)
 fi
+# kubectl for crd_integration_test's `kubectl explain` check: Debian's (kubernetes-client, 1.20,
+# the test API server's version) when none is installed (an existing one, e.g. Google's 1.32, is
+# kept: it falls back to the OpenAPI v2 that a 1.20 server serves).
+if ! command -v kubectl >/dev/null 2>&1; then
+  packages+=(kubernetes-client)
+fi
 
 missing=()
 for package in "${packages[@]}"; do

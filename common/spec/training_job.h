@@ -11,7 +11,8 @@
 //   spec.elastic.minReplicas (5) > spec.elastic.maxReplicas (4)
 //   spec.trainer.bachSize: unknown field (did you mean "batchSize"?)
 // Unknown fields are errors, never silently dropped. The CRD in crds/ is the same schema for the
-// API server; keep the two in step.
+// API server; keep the two in step (the field names of both are checked against the one table of
+// manifest_fields.h by tests/common/spec/crd_schema_test.cc).
 #pragma once
 
 #include <cstdint>

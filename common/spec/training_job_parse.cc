@@ -10,6 +10,7 @@
 #include <string>
 
 #include "common/spec/field_reader.h"
+#include "common/spec/manifest_fields.h"
 #include "common/spec/problems.h"
 #include "common/spec/training_job.h"
 #include "common/spec/yaml_to_json.h"
@@ -26,6 +27,12 @@ using json = nlohmann::json;
 constexpr char kApiVersion[] = "lockstep.io/v1alpha1";
 constexpr char kKind[] = "TrainingJob";
 constexpr int32_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// The map `key` of `parent`, read with the fields that manifest_fields.h lists for its path: the
+// one table of field names the CRD test checks too.
+ObjectReader ChildMap(const ObjectReader& parent, std::string_view key) {
+  return parent.Child(key, ManifestFields(parent.PathOf(key)));
+}
 
 // RFC 1123 label, as Kubernetes requires for names: lowercase alphanumerics and '-', starting
 // and ending with an alphanumeric, at most 63 characters.
@@ -136,12 +143,7 @@ void ReadQuantity(const ObjectReader& reader, std::string_view key, std::string*
 }
 
 void ReadMetadata(const ObjectReader& top, ObjectMeta* metadata) {
-  // Besides what users write, the API server's fields, so the operator can parse watched objects.
-  ObjectReader reader =
-      top.Child("metadata", {"name", "namespace", "labels", "annotations", "uid", "generation",
-                             "resourceVersion", "creationTimestamp", "deletionTimestamp",
-                             "deletionGracePeriodSeconds", "finalizers", "ownerReferences",
-                             "managedFields", "generateName", "selfLink"});
+  ObjectReader reader = ChildMap(top, "metadata");
   if (!reader.valid()) return;
   if (reader.Require("name")) ReadJobName(reader, "name", &metadata->name);
   ReadDns1123Label(reader, "namespace", &metadata->namespace_);
@@ -178,7 +180,7 @@ void CheckDataFileCount(const ObjectReader& reader, std::string_view key, DataFo
 }
 
 void ReadData(const ObjectReader& trainer, DataSpec* data) {
-  ObjectReader reader = trainer.Child("data", {"format", "train", "test"});
+  ObjectReader reader = ChildMap(trainer, "data");
   if (!reader.valid()) return;
   bool format_ok = reader.ReadEnum("format", &data->format) || !reader.Has("format");
   if (reader.Require("train") && reader.ReadStringList("train", &data->train)) {
@@ -193,7 +195,7 @@ void ReadData(const ObjectReader& trainer, DataSpec* data) {
 }
 
 void ReadModel(const ObjectReader& trainer, ModelSpec* model) {
-  ObjectReader reader = trainer.Child("model", {"type", "hidden", "activation"});
+  ObjectReader reader = ChildMap(trainer, "model");
   if (!reader.valid()) return;
   std::string type;
   if (reader.ReadString("type", &type)) {
@@ -212,9 +214,7 @@ void ReadModel(const ObjectReader& trainer, ModelSpec* model) {
 }
 
 void ReadOptimizer(const ObjectReader& trainer, OptimizerSpec* optimizer) {
-  ObjectReader reader =
-      trainer.Child("optimizer", {"type", "learningRate", "momentum", "weightDecay", "lrScaling",
-                                  "warmupSteps", "beta1", "beta2", "epsilon"});
+  ObjectReader reader = ChildMap(trainer, "optimizer");
   if (!reader.valid()) return;
   const Bound kAboveZero{0, false}, kZeroOrMore{0, true}, kBelowOne{1, false};
   reader.ReadEnum("type", &optimizer->type);
@@ -229,7 +229,7 @@ void ReadOptimizer(const ObjectReader& trainer, OptimizerSpec* optimizer) {
 }
 
 void ReadAllreduce(const ObjectReader& trainer, AllreduceSpec* allreduce) {
-  ObjectReader reader = trainer.Child("allreduce", {"bucketMiB", "compression", "timeoutSeconds"});
+  ObjectReader reader = ChildMap(trainer, "allreduce");
   if (!reader.valid()) return;
   const Bound kAboveZero{0, false};
   reader.ReadDouble("bucketMiB", &allreduce->bucket_mib, &kAboveZero);
@@ -238,9 +238,7 @@ void ReadAllreduce(const ObjectReader& trainer, AllreduceSpec* allreduce) {
 }
 
 void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
-  ObjectReader reader =
-      spec.Child("trainer", {"model", "data", "batchSize", "steps", "epochs", "optimizer", "seed",
-                             "device", "allreduce", "logIntervalSteps"});
+  ObjectReader reader = ChildMap(spec, "trainer");
   if (!reader.valid()) return;
   ReadModel(reader, &trainer->model);
   ReadData(reader, &trainer->data);
@@ -264,7 +262,7 @@ void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
 }
 
 void ReadCheckpoint(const ObjectReader& spec, CheckpointSpec* checkpoint) {
-  ObjectReader reader = spec.Child("checkpoint", {"uri", "intervalSteps", "keep", "async"});
+  ObjectReader reader = ChildMap(spec, "checkpoint");
   if (!reader.valid()) return;
   std::string uri;
   if (reader.ReadString("uri", &uri)) {
@@ -282,11 +280,10 @@ void ReadCheckpoint(const ObjectReader& spec, CheckpointSpec* checkpoint) {
 }
 
 void ReadNetwork(const ObjectReader& spec, NetworkSpec* network) {
-  ObjectReader reader =
-      spec.Child("network", {"mode", "rdmaResource", "multusNetworks", "hostNetwork", "ncclEnv"});
+  ObjectReader reader = ChildMap(spec, "network");
   if (!reader.valid()) return;
   reader.ReadEnum("mode", &network->mode);
-  ObjectReader rdma = reader.Child("rdmaResource", {"name", "count"});
+  ObjectReader rdma = ChildMap(reader, "rdmaResource");
   rdma.ReadString("name", &network->rdma_resource.name);
   rdma.ReadInt("count", &network->rdma_resource.count, 1);
   reader.ReadStringList("multusNetworks", &network->multus_networks);
@@ -295,9 +292,7 @@ void ReadNetwork(const ObjectReader& spec, NetworkSpec* network) {
 }
 
 void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
-  ObjectReader reader = spec.Child(
-      "runPolicy", {"restartPolicy", "backoffLimit", "activeDeadlineSeconds",
-                    "ttlSecondsAfterFinished", "suspend", "scheduling", "retryableExitCodes"});
+  ObjectReader reader = ChildMap(spec, "runPolicy");
   if (!reader.valid()) return;
   reader.ReadEnum("restartPolicy", &policy->restart_policy);
   reader.ReadInt("backoffLimit", &policy->backoff_limit, 0);
@@ -309,8 +304,7 @@ void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
     policy->ttl_seconds_after_finished = seconds;
   }
   reader.ReadBool("suspend", &policy->suspend);
-  ObjectReader scheduling =
-      reader.Child("scheduling", {"gang", "queue", "priorityClassName", "scheduleTimeoutSeconds"});
+  ObjectReader scheduling = ChildMap(reader, "scheduling");
   scheduling.ReadEnum("gang", &policy->scheduling.gang);
   scheduling.ReadString("queue", &policy->scheduling.queue);
   scheduling.ReadString("priorityClassName", &policy->scheduling.priority_class_name);
@@ -322,7 +316,7 @@ void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
 }
 
 void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* job_spec) {
-  ObjectReader reader = spec.Child("elastic", {"minReplicas", "maxReplicas", "globalBatch"});
+  ObjectReader reader = ChildMap(spec, "elastic");
   job_spec->elastic_set = spec.Has("elastic") && reader.valid();
   bool min_ok = reader.ReadInt("minReplicas", &job_spec->elastic.min_replicas, 1, kMaxReplicas);
   bool max_ok = reader.ReadInt("maxReplicas", &job_spec->elastic.max_replicas, 1, kMaxReplicas);
@@ -387,10 +381,7 @@ void ReadRanksPerWorker(const ObjectReader& reader, TrainingJobSpec* spec) {
 }
 
 void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
-  ObjectReader reader =
-      top.Child("spec", {"replicas", "ranksPerWorker", "elastic", "trainer", "command", "image",
-                         "resources", "template", "checkpoint", "network", "runPolicy",
-                         "metrics"});
+  ObjectReader reader = ChildMap(top, "spec");
   if (!reader.valid()) return;
   bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1, kMaxReplicas);
   ReadElastic(reader, replicas_ok, spec);
@@ -414,7 +405,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
     }
   }
   reader.ReadString("image", &spec->image);
-  ObjectReader resources = reader.Child("resources", {"gpus", "cpu", "memory"});
+  ObjectReader resources = ChildMap(reader, "resources");
   // A pod of more GPUs than ranks it may run does not exist; "auto" makes one rank per GPU.
   resources.ReadInt("gpus", &spec->resources.gpus, 0, kMaxRanksPerWorker);
   ReadQuantity(resources, "cpu", &spec->resources.cpu);
@@ -431,7 +422,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ReadCheckpoint(reader, &spec->checkpoint);
   ReadNetwork(reader, &spec->network);
   ReadRunPolicy(reader, &spec->run_policy);
-  ObjectReader metrics = reader.Child("metrics", {"port"});
+  ObjectReader metrics = ChildMap(reader, "metrics");
   metrics.ReadInt("port", &spec->metrics.port, 0, 65535);
 }
 
@@ -447,8 +438,7 @@ StatusOr<TrainingJob> ParseDocument(const json& document, const std::string& sou
         "", "expected a TrainingJob manifest (a map) at the top level, got " + Describe(document));
     return InvalidArgumentError(problems.Join(source));
   }
-  // `status` belongs to the operator; a manifest read back from the cluster carries it.
-  ObjectReader top(document, "", {"apiVersion", "kind", "metadata", "spec", "status"}, &problems);
+  ObjectReader top(document, "", ManifestFields(""), &problems);
   std::string api_version, kind;
   if (top.Require("apiVersion") && top.ReadString("apiVersion", &api_version) &&
       api_version != kApiVersion) {

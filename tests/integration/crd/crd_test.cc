@@ -2,24 +2,31 @@
 // accepted and Established; every TrainingJob in examples/ is accepted and read back with the
 // defaults of the C++ model (common/spec); the scale and status subresources work; and the
 // spec-layer manifests of tests/data/bad_manifests are refused with the field named where a
-// structural schema can express the rule. What a schema cannot express is listed in
-// docs/operator.md and pinned by kBadManifestOutcomes below.
+// structural schema can express the rule; and `kubectl explain` prints the schema's field
+// documentation. What a schema cannot express is listed in docs/operator.md and pinned by
+// kBadManifestOutcomes below.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/spec/problems.h"
 #include "common/spec/training_job.h"
 #include "common/spec/yaml_to_json.h"
 #include "tests/support/kube/kube_test_environment.h"
 #include "tests/support/kube/kube_testenv.h"
+#include "tests/support/process/child_process.h"
 
 namespace lockstep::testing {
 namespace {
@@ -386,8 +393,8 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
   for (const json& c : table.body["columnDefinitions"]) {
     if (c.value("priority", 0) == 0) columns.push_back(c["name"]);
   }
-  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks",
-                                               "Step", "Samples/s", "Efficiency", "Age"}));
+  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks", "Step",
+                                               "Samples/s", "Efficiency", "Age"}));
   ASSERT_EQ(table.body["rows"].size(), 1u) << table.raw;
   const json& cells = table.body["rows"][0]["cells"];
   EXPECT_EQ(cells[1], "Running");
@@ -397,6 +404,111 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
   EXPECT_EQ(cells[5], 120);
   EXPECT_EQ(cells[6], 5120.5);
   EXPECT_EQ(cells[7], 0.93);
+}
+
+// The description of the schema property at a dotted path ("spec.elastic.minReplicas"; a list's
+// item properties continue the list's path, as kubectl explain names them); "" when none.
+std::string CrdDescription(const json& crd, const std::string& dotted) {
+  const json* schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"];
+  std::stringstream path(dotted);
+  std::string name;
+  while (std::getline(path, name, '.')) {
+    while (schema->contains("items")) schema = &(*schema)["items"];
+    if (!schema->contains("properties") || !(*schema)["properties"].contains(name)) return "";
+    schema = &(*schema)["properties"][name];
+  }
+  return schema->value("description", "");
+}
+
+// Runs of whitespace as one space: kubectl explain wraps and indents descriptions.
+std::string OneLine(const std::string& text) {
+  std::string out;
+  for (char c : text) {
+    const bool space = std::isspace(static_cast<unsigned char>(c)) != 0;
+    if (space && (out.empty() || out.back() == ' ')) continue;
+    out += space ? ' ' : c;
+  }
+  if (!out.empty() && out.back() == ' ') out.pop_back();
+  return out;
+}
+
+std::string FindOnPath(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  std::stringstream dirs(path && *path ? path : "/usr/local/bin:/usr/bin:/bin");
+  std::string dir;
+  while (std::getline(dirs, dir, ':')) {
+    const std::string candidate = (dir.empty() ? "." : dir) + "/" + program;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return "";
+}
+
+// What a user reads: `kubectl explain` prints the CRD's description of a field and of each field
+// beneath it, through the kubeconfig of this server. kubectl 1.32 asks for OpenAPI v3 first;
+// kube-apiserver 1.20 does not serve /openapi/v3 (404), and kubectl then falls back to the v2
+// document by itself, so the plain command works and is what is run here (--output
+// plaintext-openapiv2 prints the same; Debian's kubectl 1.20 reads v2 only). The server
+// publishes a new CRD's OpenAPI a little after it is Established, so each command is retried
+// until its output holds the descriptions, within a deadline.
+TEST_F(CrdTest, KubectlExplainPrintsEachFieldsDescription) {
+  const std::string kubectl = FindOnPath("kubectl");
+  if (kubectl.empty()) {
+    GTEST_SKIP() << "kubectl is not on PATH (scripts/setup.sh installs Debian's "
+                    "kubernetes-client when no kubectl is installed)";
+  }
+  json crd;
+  std::string why;
+  ASSERT_TRUE(YamlFileToJson(ReadText(kSource + "/crds/trainingjob.yaml"), &crd, &why)) << why;
+  struct Explained {
+    std::string resource;             // plural, singular or short name: kubectl resolves each
+    std::string field;                // the path under it
+    std::vector<std::string> fields;  // each described too: the FIELDS kubectl lists
+  };
+  const Explained kCases[] = {
+      {"trainingjobs",
+       "spec.elastic",
+       {"spec.elastic.minReplicas", "spec.elastic.maxReplicas", "spec.elastic.globalBatch"}},
+      {"trainingjob", "spec.trainer.optimizer.learningRate", {}},
+      {"tj", "status.progress.estimatedSecondsRemaining", {}},
+      {"trainingjobs", "status.conditions", {"status.conditions.type", "status.conditions.reason"}},
+  };
+  for (const Explained& explained : kCases) {
+    const std::string argument = explained.resource + "." + explained.field;
+    SCOPED_TRACE("kubectl explain " + argument);
+    std::vector<std::string> expected;
+    for (const std::string& field : explained.fields) expected.push_back(field);
+    expected.push_back(explained.field);
+    std::vector<std::string> descriptions;
+    for (const std::string& field : expected) {
+      descriptions.push_back(OneLine(CrdDescription(crd, field)));
+      ASSERT_FALSE(descriptions.back().empty()) << field << " has no description in the CRD";
+    }
+    ProcessResult result;
+    std::string missing;
+    const bool explained_all = KubeTestEnv::WaitFor(
+        [&] {
+          result = RunProcess(
+              {kubectl, "--kubeconfig", kube().kubeconfig(), "--cache-dir",
+               kube().dir() + "/kubectl-cache", "--request-timeout", "10s", "explain", argument},
+              {}, 15000);
+          if (result.code() != 0) return false;
+          const std::string printed = OneLine(result.out);
+          missing.clear();
+          for (size_t i = 0; i < expected.size(); ++i) {
+            if (printed.find(descriptions[i]) == std::string::npos) missing = expected[i];
+          }
+          return missing.empty();
+        },
+        30000);
+    EXPECT_TRUE(explained_all) << "within 30 s: exit " << result.code() << ", "
+                               << (missing.empty() ? "" : "no description of " + missing)
+                               << "\nstdout:\n"
+                               << result.out << "stderr:\n"
+                               << result.err;
+    if (explained.field == "spec.trainer.optimizer.learningRate") {
+      std::cout << "kubectl explain " << argument << ":\n" << result.out;
+    }
+  }
 }
 
 // How each spec-layer bad manifest fares against the schema.
