@@ -76,10 +76,9 @@ struct Flags {
   int64_t heartbeat_timeout_ms = 10000;
 };
 
-constexpr char kPhaseIndex[] = "phase";
+constexpr char kPhaseIndex[] = "phase";  // jobs informer: status.phase ("Pending" when unset)
 // Where the API server sends TrainingJob admission reviews (the chart's webhook clientConfig).
-constexpr char kValidateTrainingJobPath[] =
-    "/validate-trainingjob";  // jobs informer: status.phase ("Pending" when unset)
+constexpr char kValidateTrainingJobPath[] = "/validate-trainingjob";
 
 constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --kubeconfig FILE                 kubeconfig to use (default: in-cluster service account)
@@ -246,6 +245,15 @@ sigset_t BlockTerminationSignals() {
 class Operator {
  public:
   Operator(Flags flags) : flags_(std::move(flags)) {}
+  // Start may fail after the caBundle keeper started; it must not outlive the operator.
+  ~Operator() {
+    {
+      std::lock_guard<std::mutex> lock(ca_bundle_mutex_);
+      stopping_.store(true);
+    }
+    ca_bundle_wake_.notify_all();
+    if (ca_bundle_thread_.joinable()) ca_bundle_thread_.join();
+  }
 
   Status Start() {
     StatusOr<kube::KubeConfig> config = flags_.kubeconfig.empty()
@@ -284,6 +292,8 @@ class Operator {
                        << (flags_.rendezvous_insecure ? "plaintext" : "TLS") << "), workers dial "
                        << flags_.rendezvous_address;
 
+    // Listening before /readyz answers: the webhook Service routes to ready pods only.
+    LOCKSTEP_RETURN_IF_ERROR(StartWebhook(*config, client_options));
     LOCKSTEP_ASSIGN_OR_RETURN(
         endpoint_, http::HttpEndpoint::Start(
                        flags_.metrics_host, flags_.metrics_port,
@@ -301,7 +311,6 @@ class Operator {
                            return http::HttpResponse{200, "text/plain", "ok\n"};
                          }}}));
     LOCKSTEP_LOG(INFO) << "metrics, healthz and readyz on port " << endpoint_->port();
-    LOCKSTEP_RETURN_IF_ERROR(StartWebhook());
 
     if (flags_.leader_elect) {
       controller::LeaderElectionOptions election;
@@ -431,8 +440,13 @@ class Operator {
 
   // Every replica serves the webhook (the chart's Service spreads calls over the ready ones):
   // a review needs no cache, only the spec model and, for a scale, one read of the job.
-  Status StartWebhook() {
+  Status StartWebhook(const kube::KubeConfig& config, const kube::ClientOptions& client_options) {
     if (flags_.webhook_port == 0) return OkStatus();
+    // Its own client: a scale review's GET and the caBundle check must answer well within the
+    // API server's webhook timeout, and not queue behind the reconciler's rate limit.
+    kube::ClientOptions webhook_client = client_options;
+    webhook_client.request_timeout_ms = 3000;
+    LOCKSTEP_ASSIGN_OR_RETURN(webhook_client_, kube::KubeClient::Create(config, webhook_client));
     LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
                               IssueWebhookCertificate(identity_, flags_.webhook_service,
                                                       flags_.leader_election_namespace));
@@ -457,7 +471,7 @@ class Operator {
     const double start = MonotonicSeconds();
     trainingjob::AdmissionReply reply = trainingjob::ReviewTrainingJobAdmission(
         body, [this](const std::string& ns, const std::string& name) {
-          return client_->Get(kube::resources::kTrainingJobs, ns, name);
+          return webhook_client_->Get(kube::resources::kTrainingJobs, ns, name);
         });
     const bool answered = reply.http_status == 200;
     metrics_.ObserveAdmission(MonotonicSeconds() - start, !answered       ? "error"
@@ -480,7 +494,7 @@ class Operator {
     while (!stopping_.load()) {
       lock.unlock();
       StatusOr<bool> wrote = webhook::EnsureWebhookCaBundle(
-          client_.get(), flags_.webhook_configuration, identity_.ca.cert_pem);
+          webhook_client_.get(), flags_.webhook_configuration, identity_.ca.cert_pem);
       if (wrote.ok() && *wrote) {
         LOCKSTEP_LOG(INFO) << "set the caBundle of ValidatingWebhookConfiguration "
                            << flags_.webhook_configuration;
@@ -573,6 +587,7 @@ class Operator {
   OperatorMetrics metrics_;
   std::unique_ptr<rendezvous::RendezvousServer> rendezvous_;
   std::unique_ptr<http::HttpEndpoint> endpoint_;
+  std::unique_ptr<kube::KubeClient> webhook_client_;
   std::unique_ptr<webhook::WebhookServer> webhook_;
   std::thread ca_bundle_thread_;
   std::mutex ca_bundle_mutex_;

@@ -65,6 +65,9 @@ StatusOr<json> JobUnderReview(const json& request, const TrainingJobLookup& look
   const std::string ns = request.value("namespace", "");
   std::string name = request.value("name", "");
   if (name.empty()) name = object.value("metadata", json::object()).value("name", "");
+  if (name.empty() || ns.empty()) {
+    return InvalidArgumentError("a scale review without the job's namespace and name");
+  }
   LOCKSTEP_ASSIGN_OR_RETURN(json job, lookup(ns, name));
   const json spec = object.value("spec", json::object());
   // autoscaling/v1 ScaleSpec.replicas is omitempty: absent means 0.
@@ -72,10 +75,7 @@ StatusOr<json> JobUnderReview(const json& request, const TrainingJobLookup& look
   return job;
 }
 
-}  // namespace
-
-AdmissionReply ReviewTrainingJobAdmission(const std::string& body,
-                                          const TrainingJobLookup& lookup) {
+AdmissionReply Review(const std::string& body, const TrainingJobLookup& lookup) {
   const json review = json::parse(body, nullptr, /*allow_exceptions=*/false);
   if (!review.is_object()) return Malformed("the body is not a JSON object");
   const std::string api_version = review.value("apiVersion", "");
@@ -98,6 +98,8 @@ AdmissionReply ReviewTrainingJobAdmission(const std::string& body,
   json response = {{"uid", *uid}, {"allowed", true}};
   if (reviewed) {
     StatusOr<json> job = JobUnderReview(request, lookup);
+    if (job.status().code() == StatusCode::kInvalidArgument)
+      return Malformed(job.status().message());
     if (!job.ok()) {
       reply.http_status = 500;
       reply.allowed = false;
@@ -113,6 +115,19 @@ AdmissionReply ReviewTrainingJobAdmission(const std::string& body,
   }
   reply.body = {{"apiVersion", api_version}, {"kind", "AdmissionReview"}, {"response", response}};
   return reply;
+}
+
+}  // namespace
+
+AdmissionReply ReviewTrainingJobAdmission(const std::string& body,
+                                          const TrainingJobLookup& lookup) {
+  // Whoever can reach the port can send anything: a field of the wrong type is a bad request,
+  // never an exception out of the server's thread.
+  try {
+    return Review(body, lookup);
+  } catch (const json::exception& error) {
+    return Malformed(std::string("a field has the wrong type: ") + error.what());
+  }
 }
 
 }  // namespace lockstep::op::trainingjob

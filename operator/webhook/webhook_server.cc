@@ -2,7 +2,9 @@
 
 #include <cpprest/http_listener.h>
 
+#include <algorithm>
 #include <boost/asio/ssl/context.hpp>
+#include <chrono>
 #include <exception>
 #include <utility>
 
@@ -23,6 +25,7 @@ struct WebhookServer::Review {
   http_request request;
   const WebhookHandler* handler = nullptr;
   std::string body;
+  std::shared_ptr<void> done;  // releases the request's in-flight count when the review ends
 };
 
 namespace {
@@ -43,14 +46,24 @@ bool ConfigureContext(boost::asio::ssl::context& context, const std::string& cer
   return !*error;
 }
 
+// Never waits: the callers run on cpprestsdk's shared I/O pool (which every API client of the
+// operator uses too), and a wait there for a send that needs the same pool could starve it.
 void Reply(http_request& request, int status, const std::string& content_type,
            const std::string& body) {
+  const std::string path = request.relative_uri().path();
   try {
-    request.reply(static_cast<status_code>(status), body, content_type).wait();
+    request.reply(static_cast<status_code>(status), body, content_type)
+        .then([path](pplx::task<void> sent) {
+          try {
+            sent.get();
+          } catch (const std::exception& error) {
+            // The API server hung up (its timeout passed); it applies the failure policy itself.
+            LOCKSTEP_LOG(WARNING) << "admission webhook: answering " << path << ": "
+                                  << error.what();
+          }
+        });
   } catch (const std::exception& error) {
-    // The API server hung up (its timeout passed); it applies the failure policy itself.
-    LOCKSTEP_LOG(WARNING) << "admission webhook: answering " << request.relative_uri().path()
-                          << ": " << error.what();
+    LOCKSTEP_LOG(WARNING) << "admission webhook: answering " << path << ": " << error.what();
   }
 }
 
@@ -94,6 +107,18 @@ StatusOr<std::unique_ptr<WebhookServer>> WebhookServer::Start(
         web::uri(utility::conversions::to_string_t("https://" + address)), config);
     server->listener_->http->support([s = server.get()](http_request request) {
       const std::string path = request.relative_uri().path();
+      // Counted from the headers on, so that bodies being read are bounded too, and the
+      // destructor waits for every continuation that still holds `s`.
+      if (s->in_flight_.fetch_add(1) >= s->options_.max_queued) {
+        s->in_flight_.fetch_sub(1);
+        Reply(request, 503, "text/plain", "admission webhook busy\n");
+        return;
+      }
+      // Released (the count decremented) when the last holder lets go: an early answer
+      // below, or the review's end.
+      std::shared_ptr<void> done(static_cast<void*>(s), [](void* server) {
+        static_cast<WebhookServer*>(server)->in_flight_.fetch_sub(1);
+      });
       auto handler = s->handlers_.find(path);
       if (handler == s->handlers_.end()) {
         Reply(request, 404, "text/plain", "no webhook at " + path + "\n");
@@ -104,6 +129,11 @@ StatusOr<std::unique_ptr<WebhookServer>> WebhookServer::Start(
         return;
       }
       const auto& headers = request.headers();
+      if (headers.has(web::http::header_names::transfer_encoding)) {
+        // A chunked body would be read whole, whatever Content-Length says.
+        Reply(request, 411, "text/plain", "Transfer-Encoding refused; send Content-Length\n");
+        return;
+      }
       if (!headers.has(web::http::header_names::content_length)) {
         Reply(request, 411, "text/plain", "Content-Length required\n");
         return;
@@ -117,7 +147,7 @@ StatusOr<std::unique_ptr<WebhookServer>> WebhookServer::Start(
       (*review)->request = request;
       (*review)->handler = &handler->second;
       request.extract_utf8string(/*ignore_content_type=*/true)
-          .then([s, review](pplx::task<std::string> body) {
+          .then([s, review, done](pplx::task<std::string> body) {
             try {
               (*review)->body = body.get();
             } catch (const std::exception& error) {
@@ -125,6 +155,7 @@ StatusOr<std::unique_ptr<WebhookServer>> WebhookServer::Start(
                     std::string("reading the body: ") + error.what() + "\n");
               return;
             }
+            (*review)->done = done;
             s->Enqueue(std::move(*review));
           });
     });
@@ -163,15 +194,20 @@ void WebhookServer::ServeReviews() {
         continue;
       }
     }
-    http::HttpResponse response = (*review->handler)(review->body);
+    http::HttpResponse response;
+    try {
+      response = (*review->handler)(review->body);
+    } catch (const std::exception& error) {
+      response = {500, "text/plain", std::string("admission review failed: ") + error.what()};
+    }
     Reply(review->request, response.status, response.content_type, response.body);
   }
 }
 
 WebhookServer::~WebhookServer() {
-  // Every review is answered before the listener closes: cpprestsdk's close waits for each open
-  // connection, and one whose request is never answered would hold it forever. Reviews arriving
-  // meanwhile are answered 503 by Enqueue.
+  // Queued reviews are answered (503) before the listener closes; reviews arriving meanwhile are
+  // answered 503 by Enqueue. After the close, body reads still in flight may call Enqueue:
+  // wait (bounded) until none holds the server.
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
@@ -184,6 +220,10 @@ WebhookServer::~WebhookServer() {
     } catch (const std::exception& error) {
       LOCKSTEP_LOG(WARNING) << "closing the admission webhook: " << error.what();
     }
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (in_flight_.load() > 0 && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
 }
 

@@ -10,14 +10,18 @@
 //       {"/validate-trainingjob", [](const std::string& body) { return Review(body); }}}));
 //
 // Requests: only POST of a path in `handlers`, with a Content-Length of at most max_body_bytes
-// (413 past it, 411 without one: the API server always sends it); anything else is answered
-// 404/405 at once. Handlers run on review_threads threads of the server's own, never on
-// cpprestsdk's I/O pool, so a handler may block (a webhook that reads the API server must not
-// starve the client that reads it). When max_queued reviews wait already, a new one is answered
-// 503 at once: the API server's failurePolicy decides, within its timeout, instead of a queue
-// that grows without bound. TLS 1.2 and newer only.
+// (413 past it; 411 without one or with a Transfer-Encoding: the API server always sends a
+// length); anything else is answered 404/405. cpprestsdk accepts, handshakes and reads bodies on
+// its shared I/O pool (which the operator's API clients use too), so nothing here waits there:
+// handlers run on review_threads threads of the server's own and may block (a scale review
+// reads the job). At most max_queued requests are held at once, from their headers until their
+// answer; past it a request is answered 503: the API server's failurePolicy decides, within its
+// timeout, instead of a backlog that grows without bound. No per-connection deadline (cpprestsdk
+// has none): the API server is the only intended client; a NetworkPolicy keeps others out.
+// TLS 1.2 and newer only.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -75,6 +79,7 @@ class WebhookServer {
   std::deque<std::unique_ptr<Review>> queue_;
   bool stopping_ = false;
   std::vector<std::thread> threads_;
+  std::atomic<size_t> in_flight_{0};  // requests from their headers until their review ends
 };
 
 }  // namespace lockstep::op::webhook

@@ -171,6 +171,12 @@ TEST_F(AdmissionWebhookTest, CrossFieldRulesAreRefusedAtCreateWithTheValidateMes
          s["trainer"]["device"] = "cuda";
        },
        "spec.ranksPerWorker"},
+      {"empty-program",
+       [](json& s) {
+         s.erase("trainer");
+         s["command"] = {"", "train.py"};
+       },
+       "spec.command[0]"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -227,7 +233,9 @@ TEST_F(AdmissionWebhookTest, ScaleIsCheckedAgainstTheElasticRange) {
 }
 
 TEST_F(AdmissionWebhookTest, KubectlApplyPrintsTheValidateMessages) {
-  if (!std::filesystem::exists("/usr/bin/kubectl")) GTEST_SKIP() << "no /usr/bin/kubectl";
+  if (!std::filesystem::exists("/usr/bin/kubectl")) {
+    GTEST_SKIP() << "no /usr/bin/kubectl (scripts/setup.sh installs Debian's kubernetes-client)";
+  }
   ASSERT_NO_FATAL_FAILURE(StartLiveWebhook());
   json manifest = ElasticJob("applied");
   manifest["spec"]["elastic"] = {{"minReplicas", 5}, {"maxReplicas", 4}};

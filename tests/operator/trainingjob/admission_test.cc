@@ -222,5 +222,25 @@ TEST(AdmissionTest, MalformedReviewsAreBadRequestsNamingWhy) {
   EXPECT_EQ(Answer(no_uid).http_status, 400);
 }
 
+TEST(AdmissionTest, FieldsOfTheWrongTypeAreBadRequestsNotCrashes) {
+  for (const std::string& body :
+       {std::string(R"({"apiVersion": 1, "request": {}})"),
+        std::string(R"({"apiVersion": "admission.k8s.io/v1", "request": {"uid": "u",)"
+                    R"( "operation": 7, "object": {"metadata": "x", "spec": []}}})"),
+        std::string(R"({"apiVersion": "admission.k8s.io/v1", "request": {"uid": "u",)"
+                    R"( "operation": "CREATE", "object": {"apiVersion": [], "spec": {}}}})")}) {
+    SCOPED_TRACE(body);
+    AdmissionReply reply = ReviewTrainingJobAdmission(body, NoLookup());
+    EXPECT_EQ(reply.http_status, 400) << reply.body;
+  }
+}
+
+TEST(AdmissionTest, ScaleWithoutTheJobsNameIsABadRequest) {
+  json review = ScaleReview("UPDATE", 6, 4);
+  review["request"].erase("name");
+  review["request"]["object"]["metadata"].erase("name");
+  EXPECT_EQ(Answer(review).http_status, 400);
+}
+
 }  // namespace
 }  // namespace lockstep::op::trainingjob
