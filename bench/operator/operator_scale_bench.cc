@@ -20,6 +20,15 @@
 // operator's VmHWM and VmRSS from /proc/<pid>/status (and a 50 ms RSS sampler); CPU seconds of
 // the operator, kube-apiserver, etcd and this process come from /proc/<pid>/stat.
 //
+// With --webhook the operator also serves its admission webhook, registered (failurePolicy Fail)
+// for every TrainingJob write, so each of the N creates of phase 2 passes through it; reported:
+// the operator's own review time (lockstep_operator_admission_duration_seconds), the API
+// server's time per webhook call (apiserver_admission_webhook_admission_duration_seconds: TLS,
+// the request and the review), and, side by side in the same run after phase 2, the client's
+// latency of creating N suspended jobs (no pods) into a namespace the webhook covers and N into
+// one it skips (interleaved on the same threads), whose difference is what the webhook adds to
+// an apply.
+//
 // No kubelet runs: pods stay Pending. Exit status 0 when every pod appeared, 1 otherwise.
 #include <dirent.h>
 #include <signal.h>
@@ -50,9 +59,9 @@
 #include "operator/kube/kube_config.h"
 #include "operator/kube/resource.h"
 #include "operator/trainingjob/children.h"
-#include "tests/support/process/process.h"
 #include "tests/support/kube/kube_testenv.h"
 #include "tests/support/kube/training_job_manifest.h"
+#include "tests/support/process/process.h"
 
 namespace lockstep::bench {
 namespace {
@@ -69,11 +78,12 @@ const std::string kOperatorBinary = LOCKSTEP_OPERATOR_BINARY;
 struct Options {
   int jobs = 1000;
   int workers_per_job = 4;
-  int client_threads = 8;       // threads creating jobs (and direct pods)
-  double operator_qps = 0;      // 0: no client-side limit
+  int client_threads = 8;   // threads creating jobs (and direct pods)
+  double operator_qps = 0;  // 0: no client-side limit
   int operator_burst = 1000;
-  int operator_workers = 4;     // concurrent reconciles (the operator's default)
+  int operator_workers = 4;  // concurrent reconciles (the operator's default)
   bool server_baseline = true;
+  bool webhook = false;
   int64_t timeout_s = 900;
   std::string json_path;
   std::vector<std::string> extra_operator_flags;
@@ -81,8 +91,7 @@ struct Options {
 };
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 // --- /proc -------------------------------------------------------------------------------------
@@ -256,8 +265,7 @@ std::thread WatchLoop(kube::KubeClient* client, const kube::Resource& resource,
       Status s = client->Watch(
           resource, ns, options,
           [&](const kube::WatchEvent& event) {
-            const std::string v =
-                event.object["metadata"].value("resourceVersion", std::string());
+            const std::string v = event.object["metadata"].value("resourceVersion", std::string());
             if (!v.empty()) rv = v;
             on_event(event);
             return true;
@@ -274,10 +282,10 @@ std::thread WatchLoop(kube::KubeClient* client, const kube::Resource& resource,
 // --- the operator ------------------------------------------------------------------------------
 
 std::string HttpGet(int port, const std::string& path, int* code) {
-  testing::ProcessResult r = testing::RunProcess(
-      {"/usr/bin/curl", "-s", "-m", "10", "-w", "\n%{http_code}",
-       "http://127.0.0.1:" + std::to_string(port) + path},
-      {}, 15000);
+  testing::ProcessResult r =
+      testing::RunProcess({"/usr/bin/curl", "-s", "-m", "10", "-w", "\n%{http_code}",
+                           "http://127.0.0.1:" + std::to_string(port) + path},
+                          {}, 15000);
   std::string out = r.out;
   const size_t newline = out.rfind('\n');
   *code = 0;
@@ -310,6 +318,13 @@ struct Histogram {
     }
     return NAN;
   }
+  // Share of observations at most `le` (a bucket bound of the histogram).
+  double FractionAtMost(double le) const {
+    for (const auto& [bound, cumulative] : buckets) {
+      if (bound == le && count > 0) return cumulative / count;
+    }
+    return NAN;
+  }
   // The bucket bounds the q-th observation lies between (for honesty about the resolution).
   std::string Bounds(double q) const {
     const double rank = q * buckets.back().second;
@@ -326,23 +341,35 @@ struct Histogram {
   }
 };
 
-Histogram ParseHistogram(const std::string& text, const std::string& name) {
+// The histogram `name`; with `labels` (e.g. `operation="CREATE"`), only its series whose label
+// set contains that text, summed bucket by bucket (as sum by (le) would).
+Histogram ParseHistogram(const std::string& text, const std::string& name,
+                         const std::string& labels = "") {
   Histogram h;
+  std::map<double, double> buckets;
   std::istringstream lines(text);
   std::string line;
+  auto series = [&](const std::string& suffix) {
+    const std::string stem = name + suffix;
+    if (line.compare(0, stem.size(), stem) != 0 || line.size() <= stem.size()) return false;
+    const char next = line[stem.size()];
+    if (next != ' ' && next != '{') return false;
+    return labels.empty() || line.find(labels) != std::string::npos;
+  };
   while (std::getline(lines, line)) {
     if (line.empty() || line[0] == '#') continue;
     const double value = std::atof(line.c_str() + line.rfind(' ') + 1);
-    if (line.compare(0, name.size() + 8, name + "_bucket{") == 0) {
+    if (series("_bucket")) {
       const size_t le = line.find("le=\"");
       const std::string bound = line.substr(le + 4, line.find('"', le + 4) - le - 4);
-      h.buckets.emplace_back(bound == "+Inf" ? INFINITY : std::atof(bound.c_str()), value);
-    } else if (line.compare(0, name.size() + 5, name + "_sum ") == 0) {
-      h.sum = value;
-    } else if (line.compare(0, name.size() + 7, name + "_count ") == 0) {
-      h.count = value;
+      buckets[bound == "+Inf" ? INFINITY : std::atof(bound.c_str())] += value;
+    } else if (series("_sum")) {
+      h.sum += value;
+    } else if (series("_count")) {
+      h.count += value;
     }
   }
+  h.buckets.assign(buckets.begin(), buckets.end());
   std::sort(h.buckets.begin(), h.buckets.end());
   return h;
 }
@@ -361,8 +388,8 @@ double MetricValue(const std::string& text, const std::string& name) {
 // apiserver_request_total summed by "VERB resource[/subresource]", from the server's /metrics.
 std::map<std::string, double> ServerRequests(KubeTestEnv& env) {
   std::map<std::string, double> out;
-  KubeTestEnv::Response r = env.Request("GET", "/metrics", nullptr, "application/json", 30000,
-                                        "text/plain");
+  KubeTestEnv::Response r =
+      env.Request("GET", "/metrics", nullptr, "application/json", 30000, "text/plain");
   std::istringstream lines(r.raw);
   std::string line;
   auto label = [](const std::string& l, const std::string& name) {
@@ -416,6 +443,106 @@ int64_t CountObjects(kube::KubeClient* client, const kube::Resource& resource,
   options.on_page = [&](std::vector<json>& page) { n += static_cast<int64_t>(page.size()); };
   StatusOr<kube::ListResult> list = client->List(resource, ns, options);
   return list.ok() ? n : -1;
+}
+
+// --- the admission webhook ---------------------------------------------------------------------
+
+constexpr char kWebhookConfiguration[] = "bench-webhook";
+constexpr char kNoWebhookLabel[] = "lockstep.io/bench-no-webhook";
+constexpr char kNoWebhookNamespace[] = "bench-no-webhook";
+constexpr char kWebhookNamespace[] = "bench-webhook";
+
+// The chart's configuration with a URL (nothing routes Services here) and without a caBundle
+// (the operator writes it); every namespace but kNoWebhookNamespace.
+bool RegisterWebhook(KubeTestEnv& env, int port, std::string* error) {
+  json configuration = {
+      {"apiVersion", "admissionregistration.k8s.io/v1"},
+      {"kind", "ValidatingWebhookConfiguration"},
+      {"metadata", {{"name", kWebhookConfiguration}}},
+      {"webhooks",
+       {{{"name", "trainingjobs.lockstep.io"},
+         {"clientConfig",
+          {{"url", "https://127.0.0.1:" + std::to_string(port) + "/validate-trainingjob"}}},
+         {"rules",
+          {{{"apiGroups", {"lockstep.io"}},
+            {"apiVersions", {"v1alpha1"}},
+            {"operations", {"CREATE", "UPDATE"}},
+            {"resources", {"trainingjobs", "trainingjobs/scale"}},
+            {"scope", "Namespaced"}}}},
+         {"namespaceSelector",
+          {{"matchExpressions", {{{"key", kNoWebhookLabel}, {"operator", "DoesNotExist"}}}}}},
+         {"failurePolicy", "Fail"},
+         {"sideEffects", "None"},
+         {"timeoutSeconds", 10},
+         {"admissionReviewVersions", {"v1"}}}}}};
+  KubeTestEnv::Response r =
+      env.Request("POST", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
+                  configuration);
+  if (r.status != 201) *error = r.raw;
+  KubeTestEnv::Response ns = env.Request(
+      "POST", "/api/v1/namespaces",
+      json{{"apiVersion", "v1"},
+           {"kind", "Namespace"},
+           {"metadata", {{"name", kNoWebhookNamespace}, {"labels", {{kNoWebhookLabel, "true"}}}}}});
+  CreateNamespace(env, kWebhookNamespace);
+  return r.status == 201 && ns.status == 201;
+}
+
+// Bounded: the API server loads the configuration, and the operator's caBundle, from its watch.
+bool WaitUntilWebhookAnswers(KubeTestEnv& env, int workers_per_job) {
+  json invalid = JobManifest("probe", workers_per_job);
+  invalid["spec"]["elastic"] = {{"minReplicas", workers_per_job + 1},
+                                {"maxReplicas", workers_per_job + 1}};
+  return KubeTestEnv::WaitFor(
+      [&] {
+        KubeTestEnv::Response r = env.Request(
+            "POST", "/apis/lockstep.io/v1alpha1/namespaces/bench-ops/trainingjobs?dryRun=All",
+            invalid);
+        return r.status == 422 && r.raw.find("denied the request") != std::string::npos;
+      },
+      60000);
+}
+
+struct CreateLatencies {
+  int count = 0;
+  int failed = 0;
+  std::pair<double, double> with{NAN, NAN}, without{NAN, NAN};  // p50, p99 in seconds
+};
+
+// N creates of the bench's job, suspended (the operator makes no pods for it), into
+// kWebhookNamespace (through the webhook) and N into the namespace it skips, alternating on the
+// same threads, so both see the same server load.
+CreateLatencies CompareCreates(kube::KubeClient* client, const Options& o) {
+  std::mutex mutex;
+  int failed = 0;
+  std::vector<double> with, without;
+  ParallelFor(2 * o.jobs, o.client_threads, [&](int i) {
+    const bool through_webhook = i % 2 == 0;
+    const std::string ns = through_webhook ? kWebhookNamespace : kNoWebhookNamespace;
+    json job = JobManifest("suspended-" + std::to_string(i), o.workers_per_job);
+    job["spec"]["runPolicy"] = {{"suspend", true}};
+    const double start = Now();
+    StatusOr<json> created = client->Create(res::kTrainingJobs, ns, job);
+    const double seconds = Now() - start;
+    std::lock_guard<std::mutex> lock(mutex);
+    if (created.ok()) {
+      (through_webhook ? with : without).push_back(seconds);
+    } else {
+      ++failed;
+    }
+  });
+  auto quantiles = [](std::vector<double> v) {
+    if (v.empty()) return std::pair<double, double>{NAN, NAN};
+    std::sort(v.begin(), v.end());
+    return std::pair<double, double>{v[v.size() / 2],
+                                     v[std::min(v.size() - 1, v.size() * 99 / 100)]};
+  };
+  CreateLatencies result;
+  result.count = static_cast<int>(std::min(with.size(), without.size()));
+  result.failed = failed;
+  result.with = quantiles(with);
+  result.without = quantiles(without);
+  return result;
 }
 
 // --- the run -----------------------------------------------------------------------------------
@@ -506,16 +633,37 @@ int Run(const Options& o) {
   // 2. The operator.
   const std::string log_dir = testing::MakeTempDir("operator-scale-bench-");
   const std::string log_path = log_dir + "/operator.log";
-  std::vector<std::string> argv = {
-      "/bin/sh", "-c", "exec \"$0\" \"$@\" 2>>" + log_path, kOperatorBinary,
-      "--kubeconfig=" + env->kubeconfig(), "--identity=bench-operator", "--leader-elect=false",
-      "--leader-election-namespace=default", "--metrics-host=127.0.0.1",
-      "--metrics-port=" + std::to_string(metrics_port), "--rendezvous-host=127.0.0.1",
-      "--rendezvous-port=" + std::to_string(rendezvous_port),
-      "--rendezvous-address=" + settings.rendezvous_address,
-      "--progress-interval-ms=3600000", "--worker-image=lockstep-worker:bench",
-      "--qps=" + Fixed(o.operator_qps, 0), "--burst=" + std::to_string(o.operator_burst),
-      "--workers=" + std::to_string(o.operator_workers)};
+  std::vector<std::string> argv = {"/bin/sh",
+                                   "-c",
+                                   "exec \"$0\" \"$@\" 2>>" + log_path,
+                                   kOperatorBinary,
+                                   "--kubeconfig=" + env->kubeconfig(),
+                                   "--identity=bench-operator",
+                                   "--leader-elect=false",
+                                   "--leader-election-namespace=default",
+                                   "--metrics-host=127.0.0.1",
+                                   "--metrics-port=" + std::to_string(metrics_port),
+                                   "--rendezvous-host=127.0.0.1",
+                                   "--rendezvous-port=" + std::to_string(rendezvous_port),
+                                   "--rendezvous-address=" + settings.rendezvous_address,
+                                   "--progress-interval-ms=3600000",
+                                   "--worker-image=lockstep-worker:bench",
+                                   "--qps=" + Fixed(o.operator_qps, 0),
+                                   "--burst=" + std::to_string(o.operator_burst),
+                                   "--workers=" + std::to_string(o.operator_workers)};
+  if (o.webhook) {
+    const std::vector<int> webhook_port = testing::FreePorts(1);
+    if (webhook_port.size() != 1 || !RegisterWebhook(*env, webhook_port[0], &error)) {
+      std::cerr << "registering the webhook: " << error << "\n";
+      return 2;
+    }
+    for (const std::string& flag : {std::string("--webhook-host=127.0.0.1"),
+                                    "--webhook-port=" + std::to_string(webhook_port[0]),
+                                    std::string("--webhook-configuration=") + kWebhookConfiguration,
+                                    std::string("--webhook-ca-check-ms=200")}) {
+      argv.push_back(flag);
+    }
+  }
   for (const std::string& flag : o.extra_operator_flags) argv.push_back(flag);
   std::string operator_command;
   for (size_t i = 3; i < argv.size(); ++i) operator_command += (i > 3 ? " " : "") + argv[i];
@@ -536,6 +684,10 @@ int Run(const Options& o) {
     std::cerr << "lockstep-operator not ready within 60 s:\n" << testing::ReadFile(log_path);
     return 2;
   }
+  if (o.webhook && !WaitUntilWebhookAnswers(*env, o.workers_per_job)) {
+    std::cerr << "the webhook never answered:\n" << testing::ReadFile(log_path);
+    return 2;
+  }
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   const int64_t idle_rss_kb = StatusKb(pids.op, "VmRSS");
   const int64_t idle_anon_kb = StatusKb(pids.op, "RssAnon");
@@ -544,7 +696,7 @@ int Run(const Options& o) {
   std::atomic<bool> stop{false};
   std::mutex mutex;
   double t0 = 0;
-  std::vector<double> pod_times;        // seconds after t0, in arrival order
+  std::vector<double> pod_times;  // seconds after t0, in arrival order
   std::set<std::string> pod_names;
   std::map<std::string, int> pods_per_job;
   std::set<std::string> jobs_with_status;
@@ -588,8 +740,8 @@ int Run(const Options& o) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));  // watches open
 
-  std::cerr << "applying " << o.jobs << " TrainingJobs of " << o.workers_per_job
-            << " workers from " << o.client_threads << " threads\n";
+  std::cerr << "applying " << o.jobs << " TrainingJobs of " << o.workers_per_job << " workers from "
+            << o.client_threads << " threads\n";
   std::atomic<int> apply_failed{0};
   std::string apply_error;
   const CpuSnapshot op_c0 = pids.Take();
@@ -643,6 +795,18 @@ int Run(const Options& o) {
       ParseHistogram(metrics_text, "lockstep_operator_reconcile_duration_seconds");
   const double reconcile_errors =
       MetricValue(metrics_text, "lockstep_operator_reconcile_errors_total");
+  Histogram admission, server_admission;
+  CreateLatencies side_by_side;
+  if (o.webhook) {
+    admission = ParseHistogram(metrics_text, "lockstep_operator_admission_duration_seconds");
+    KubeTestEnv::Response server_metrics =
+        env->Request("GET", "/metrics", nullptr, "application/json", 30000, "text/plain");
+    server_admission =
+        ParseHistogram(server_metrics.raw, "apiserver_admission_webhook_admission_duration_seconds",
+                       "name=\"trainingjobs.lockstep.io\",operation=\"CREATE\"");
+    std::cerr << "creates with and without the webhook\n";
+    side_by_side = CompareCreates(kc, o);
+  }
 
   // 3. The server's own rate, after (operator idle beside it).
   if (o.server_baseline) {
@@ -727,15 +891,35 @@ int Run(const Options& o) {
     << ms(reconcile.Quantile(0.5)) << " |\n";
   t << "| reconcile p99 (histogram_quantile, bucket " << reconcile.Bounds(0.99) << " s) | "
     << ms(reconcile.Quantile(0.99)) << " |\n";
+  if (o.webhook) {
+    t << "| webhook reviews (operator's count) | " << admission.count << " |\n";
+    t << "| review time in the operator: mean; p50; p99 (bucket " << admission.Bounds(0.99)
+      << " s) | " << ms(admission.count ? admission.sum / admission.count : NAN) << "; "
+      << ms(admission.Quantile(0.5)) << "; " << ms(admission.Quantile(0.99)) << " |\n";
+    t << "| webhook call as the API server times it (TLS, request, review): mean; p50; p99 "
+         "(bucket "
+      << server_admission.Bounds(0.99) << " s) | "
+      << ms(server_admission.count ? server_admission.sum / server_admission.count : NAN) << "; "
+      << ms(server_admission.Quantile(0.5)) << "; " << ms(server_admission.Quantile(0.99))
+      << " |\n";
+    t << "| ... share of those calls within 5 ms; within 25 ms (the server's buckets) | "
+      << Fixed(100 * server_admission.FractionAtMost(0.005), 1) << "%; "
+      << Fixed(100 * server_admission.FractionAtMost(0.025), 1) << "% |\n";
+    t << "| create of a suspended job, client latency p50 / p99: webhook vs none ("
+      << side_by_side.count << " each, " << o.client_threads << " threads, interleaved; "
+      << side_by_side.failed << " failed) | " << ms(side_by_side.with.first) << " / "
+      << ms(side_by_side.with.second) << " vs " << ms(side_by_side.without.first) << " / "
+      << ms(side_by_side.without.second) << " |\n";
+  }
   t << "| operator RSS idle (synced, no jobs; of which anonymous) | " << mb(idle_rss_kb) << " ("
     << mb(idle_anon_kb) << ") |\n";
   t << "| operator peak RSS (VmHWM) | " << mb(hwm_kb) << " |\n";
   t << "| operator peak RSS (50 ms sampler) | " << mb(sampled_peak_kb.load()) << " |\n";
-  t << "| operator RSS at the end: anonymous + file-backed (shared libraries) | "
-    << mb(end_rss_kb) << ": " << mb(end_anon_kb) << " + " << mb(end_file_kb) << " |\n";
+  t << "| operator RSS at the end: anonymous + file-backed (shared libraries) | " << mb(end_rss_kb)
+    << ": " << mb(end_anon_kb) << " + " << mb(end_file_kb) << " |\n";
   t << "| operator threads at the end | " << threads << " |\n";
-  t << "| CPU during the operator phase (" << Fixed(op_cpu.wall, 1)
-    << " s wall): operator | " << share(op_cpu.op, op_cpu.wall) << " |\n";
+  t << "| CPU during the operator phase (" << Fixed(op_cpu.wall, 1) << " s wall): operator | "
+    << share(op_cpu.op, op_cpu.wall) << " |\n";
   t << "| ... kube-apiserver | " << share(op_cpu.apiserver, op_cpu.wall) << " |\n";
   t << "| ... etcd | " << share(op_cpu.etcd, op_cpu.wall) << " |\n";
   t << "| ... this bench (apply + watches) | " << share(op_cpu.self, op_cpu.wall) << " |\n";
@@ -750,8 +934,8 @@ int Run(const Options& o) {
     t << "| API requests during the direct run before | "
       << Fixed(before_writes / before_cpu.wall, 0) << " writes/s: " << before_mix << " |\n";
   }
-  t << "| pods listed at the end; jobs with fewer / more than " << o.workers_per_job
-    << " pods | " << listed_pods << "; " << jobs_short << " / " << jobs_over << " |\n";
+  t << "| pods listed at the end; jobs with fewer / more than " << o.workers_per_job << " pods | "
+    << listed_pods << "; " << jobs_short << " / " << jobs_over << " |\n";
   t << "| Events in the namespace | " << listed_events << " |\n";
   t << "| operator warnings logged; exit | " << warnings << "; "
     << (stopped.signaled ? -stopped.signal : stopped.exit_code) << " |\n";
@@ -762,39 +946,52 @@ int Run(const Options& o) {
   }
 
   if (!o.json_path.empty()) {
-    json j = {{"jobs", o.jobs},
-              {"workers_per_job", o.workers_per_job},
-              {"client_threads", o.client_threads},
-              {"operator_flags", operator_summary},
-              {"apply_seconds", apply_seconds},
-              {"first_pod_seconds", first_pod},
-              {"all_pods_seconds", last_pod},
-              {"all_status_seconds", status_done_at},
-              {"operator_pods_per_second", op_rate},
-              {"operator_pods_per_second_10_90", steady_rate},
-              {"server_pods_per_second_before", before.pods_per_second()},
-              {"server_pods_per_second_after", after.pods_per_second()},
-              {"ratio", op_rate / server_rate},
-              {"reconciles", reconcile.count},
-              {"reconcile_mean_seconds", reconcile.count ? reconcile.sum / reconcile.count : 0},
-              {"reconcile_p50_seconds", reconcile.Quantile(0.5)},
-              {"reconcile_p99_seconds", reconcile.Quantile(0.99)},
-              {"idle_rss_kib", idle_rss_kb},
-              {"vmhwm_kib", hwm_kb},
-              {"end_rss_kib", end_rss_kb},
-              {"end_rss_anon_kib", end_anon_kb},
-              {"end_rss_file_kib", end_file_kb},
-              {"idle_rss_anon_kib", idle_anon_kb},
-              {"cpu_operator_seconds", op_cpu.op},
-              {"cpu_apiserver_seconds", op_cpu.apiserver},
-              {"cpu_etcd_seconds", op_cpu.etcd},
-              {"cpu_bench_seconds", op_cpu.self},
-              {"cpu_wall_seconds", op_cpu.wall},
-              {"events", listed_events},
-              {"operator_phase_requests", op_mix},
-              {"operator_phase_writes_per_second", op_writes / op_cpu.wall},
-              {"direct_writes_per_second", before_cpu.wall > 0 ? before_writes / before_cpu.wall : 0},
-              {"pods_listed", listed_pods}};
+    json j = {
+        {"jobs", o.jobs},
+        {"workers_per_job", o.workers_per_job},
+        {"client_threads", o.client_threads},
+        {"operator_flags", operator_summary},
+        {"apply_seconds", apply_seconds},
+        {"first_pod_seconds", first_pod},
+        {"all_pods_seconds", last_pod},
+        {"all_status_seconds", status_done_at},
+        {"operator_pods_per_second", op_rate},
+        {"operator_pods_per_second_10_90", steady_rate},
+        {"server_pods_per_second_before", before.pods_per_second()},
+        {"server_pods_per_second_after", after.pods_per_second()},
+        {"ratio", op_rate / server_rate},
+        {"reconciles", reconcile.count},
+        {"reconcile_mean_seconds", reconcile.count ? reconcile.sum / reconcile.count : 0},
+        {"reconcile_p50_seconds", reconcile.Quantile(0.5)},
+        {"reconcile_p99_seconds", reconcile.Quantile(0.99)},
+        {"idle_rss_kib", idle_rss_kb},
+        {"vmhwm_kib", hwm_kb},
+        {"end_rss_kib", end_rss_kb},
+        {"end_rss_anon_kib", end_anon_kb},
+        {"end_rss_file_kib", end_file_kb},
+        {"idle_rss_anon_kib", idle_anon_kb},
+        {"cpu_operator_seconds", op_cpu.op},
+        {"cpu_apiserver_seconds", op_cpu.apiserver},
+        {"cpu_etcd_seconds", op_cpu.etcd},
+        {"cpu_bench_seconds", op_cpu.self},
+        {"cpu_wall_seconds", op_cpu.wall},
+        {"events", listed_events},
+        {"operator_phase_requests", op_mix},
+        {"operator_phase_writes_per_second", op_writes / op_cpu.wall},
+        {"direct_writes_per_second", before_cpu.wall > 0 ? before_writes / before_cpu.wall : 0},
+        {"pods_listed", listed_pods}};
+    if (o.webhook) {
+      j["webhook_reviews"] = admission.count;
+      j["webhook_review_mean_seconds"] = admission.count ? admission.sum / admission.count : 0;
+      j["webhook_review_p99_seconds"] = admission.Quantile(0.99);
+      j["webhook_call_mean_seconds"] =
+          server_admission.count ? server_admission.sum / server_admission.count : 0;
+      j["webhook_call_p99_seconds"] = server_admission.Quantile(0.99);
+      j["create_p50_seconds_webhook"] = side_by_side.with.first;
+      j["create_p99_seconds_webhook"] = side_by_side.with.second;
+      j["create_p50_seconds_no_webhook"] = side_by_side.without.first;
+      j["create_p99_seconds_no_webhook"] = side_by_side.without.second;
+    }
     std::ofstream(o.json_path) << j.dump(2) << "\n";
   }
   const bool ok = all_pods && listed_pods == total_pods && jobs_short == 0 && jobs_over == 0;
@@ -816,6 +1013,7 @@ constexpr char kUsage[] = R"(usage: operator_scale_bench [flags]
   --operator-flag FLAG     another flag for lockstep-operator (repeatable)
   --operator-env KEY=VALUE an environment variable for lockstep-operator (repeatable)
   --no-server-baseline     skip the direct pod creation runs
+  --webhook                the operator serves its admission webhook for every job write
   --timeout-s S            give up waiting for the pods after S seconds (default 900)
   --json FILE              also write the figures as JSON
 )";
@@ -832,7 +1030,8 @@ int main(int argc, char** argv) {
     if (size_t eq = arg.find('='); eq != std::string::npos) {
       value = arg.substr(eq + 1);
       arg = arg.substr(0, eq);
-    } else if (arg != "--no-server-baseline" && arg != "--help" && i + 1 < argc) {
+    } else if (arg != "--no-server-baseline" && arg != "--webhook" && arg != "--help" &&
+               i + 1 < argc) {
       value = argv[++i];
     }
     if (arg == "--jobs") {
@@ -858,6 +1057,8 @@ int main(int argc, char** argv) {
       o.operator_env.emplace_back(value.substr(0, eq), value.substr(eq + 1));
     } else if (arg == "--no-server-baseline") {
       o.server_baseline = false;
+    } else if (arg == "--webhook") {
+      o.webhook = true;
     } else if (arg == "--timeout-s") {
       o.timeout_s = std::atoll(value.c_str());
     } else if (arg == "--json") {
