@@ -61,6 +61,7 @@
 #include "operator/trainingjob/children.h"
 #include "tests/support/kube/kube_testenv.h"
 #include "tests/support/kube/training_job_manifest.h"
+#include "tests/support/kube/training_job_webhook.h"
 #include "tests/support/process/process.h"
 
 namespace lockstep::bench {
@@ -452,32 +453,13 @@ constexpr char kNoWebhookLabel[] = "lockstep.io/bench-no-webhook";
 constexpr char kNoWebhookNamespace[] = "bench-no-webhook";
 constexpr char kWebhookNamespace[] = "bench-webhook";
 
-// The chart's configuration with a URL (nothing routes Services here) and without a caBundle
-// (the operator writes it); every namespace but kNoWebhookNamespace.
+// The chart's webhook (Fail) for every namespace but kNoWebhookNamespace.
 bool RegisterWebhook(KubeTestEnv& env, int port, std::string* error) {
-  json configuration = {
-      {"apiVersion", "admissionregistration.k8s.io/v1"},
-      {"kind", "ValidatingWebhookConfiguration"},
-      {"metadata", {{"name", kWebhookConfiguration}}},
-      {"webhooks",
-       {{{"name", "trainingjobs.lockstep.io"},
-         {"clientConfig",
-          {{"url", "https://127.0.0.1:" + std::to_string(port) + "/validate-trainingjob"}}},
-         {"rules",
-          {{{"apiGroups", {"lockstep.io"}},
-            {"apiVersions", {"v1alpha1"}},
-            {"operations", {"CREATE", "UPDATE"}},
-            {"resources", {"trainingjobs", "trainingjobs/scale"}},
-            {"scope", "Namespaced"}}}},
-         {"namespaceSelector",
-          {{"matchExpressions", {{{"key", kNoWebhookLabel}, {"operator", "DoesNotExist"}}}}}},
-         {"failurePolicy", "Fail"},
-         {"sideEffects", "None"},
-         {"timeoutSeconds", 10},
-         {"admissionReviewVersions", {"v1"}}}}}};
-  KubeTestEnv::Response r =
-      env.Request("POST", "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations",
-                  configuration);
+  KubeTestEnv::Response r = env.Request(
+      "POST", testing::kValidatingWebhookConfigurations,
+      testing::TrainingJobWebhookConfiguration(
+          kWebhookConfiguration, port, "Fail",
+          {{"matchExpressions", {{{"key", kNoWebhookLabel}, {"operator", "DoesNotExist"}}}}}));
   if (r.status != 201) *error = r.raw;
   KubeTestEnv::Response ns = env.Request(
       "POST", "/api/v1/namespaces",
@@ -488,19 +470,12 @@ bool RegisterWebhook(KubeTestEnv& env, int port, std::string* error) {
   return r.status == 201 && ns.status == 201;
 }
 
-// Bounded: the API server loads the configuration, and the operator's caBundle, from its watch.
+// Bounded: a dry-run create of a job whose elastic range excludes its replicas is refused.
 bool WaitUntilWebhookAnswers(KubeTestEnv& env, int workers_per_job) {
   json invalid = JobManifest("probe", workers_per_job);
   invalid["spec"]["elastic"] = {{"minReplicas", workers_per_job + 1},
                                 {"maxReplicas", workers_per_job + 1}};
-  return KubeTestEnv::WaitFor(
-      [&] {
-        KubeTestEnv::Response r = env.Request(
-            "POST", "/apis/lockstep.io/v1alpha1/namespaces/bench-ops/trainingjobs?dryRun=All",
-            invalid);
-        return r.status == 422 && r.raw.find("denied the request") != std::string::npos;
-      },
-      60000);
+  return testing::WaitUntilWebhookRefuses(env, "bench-ops", invalid, 60000);
 }
 
 struct CreateLatencies {

@@ -15,17 +15,15 @@
 
 #include "common/spec/training_job.h"
 #include "tests/integration/operator/operator_harness.h"
+#include "tests/support/kube/training_job_webhook.h"
 #include "tests/support/process/process.h"
 
 namespace lockstep::testing {
 namespace {
 
 constexpr int64_t kWaitMs = 30000;
-constexpr char kWebhookPath[] = "/validate-trainingjob";
-constexpr char kWebhookName[] = "trainingjobs.lockstep.io";
 constexpr char kScopeLabel[] = "lockstep.io/webhook-test";
-const std::string kConfigurations =
-    "/apis/admissionregistration.k8s.io/v1/validatingwebhookconfigurations";
+const std::string kConfigurations = kValidatingWebhookConfigurations;
 
 std::string JobsPath(const std::string& ns) {
   return "/apis/lockstep.io/v1alpha1/namespaces/" + ns + "/trainingjobs";
@@ -88,45 +86,20 @@ class AdmissionWebhookTest : public ::testing::Test {
     ASSERT_NE(op_, nullptr) << error;
   }
 
-  // The chart's webhook, with a URL in place of the Service (nothing routes Services here) and
-  // no caBundle: the operator writes it.
   void RegisterWebhook(const std::string& failure_policy, int port) {
-    json configuration = {
-        {"apiVersion", "admissionregistration.k8s.io/v1"},
-        {"kind", "ValidatingWebhookConfiguration"},
-        {"metadata", {{"name", configuration_}}},
-        {"webhooks",
-         {{{"name", kWebhookName},
-           {"clientConfig", {{"url", "https://127.0.0.1:" + std::to_string(port) + kWebhookPath}}},
-           {"rules",
-            {{{"apiGroups", {"lockstep.io"}},
-              {"apiVersions", {"v1alpha1"}},
-              {"operations", {"CREATE", "UPDATE"}},
-              {"resources", {"trainingjobs", "trainingjobs/scale"}},
-              {"scope", "Namespaced"}}}},
-           {"namespaceSelector", {{"matchLabels", {{kScopeLabel, ns_}}}}},
-           {"failurePolicy", failure_policy},
-           {"sideEffects", "None"},
-           {"timeoutSeconds", 5},
-           {"admissionReviewVersions", {"v1", "v1beta1"}}}}}};
-    KubeTestEnv::Response created = Kube().Request("POST", kConfigurations, configuration);
+    KubeTestEnv::Response created =
+        Kube().Request("POST", kValidatingWebhookConfigurations,
+                       TrainingJobWebhookConfiguration(configuration_, port, failure_policy,
+                                                       {{"matchLabels", {{kScopeLabel, ns_}}}}));
     ASSERT_EQ(created.status, 201) << created.raw;
   }
 
-  // Bounded wait until the API server calls the webhook for this namespace (it loads new
-  // configurations, and the operator's caBundle, from its own watch a moment later): a dry-run
-  // create of an invalid job comes back refused by the webhook.
+  // Bounded wait until the API server calls the webhook for this namespace.
   bool WaitUntilWebhookAnswers() {
     json invalid = ElasticJob("probe");
     invalid["spec"]["replicas"] = 9;
     std::string last;
-    bool ok = OperatorHarness::WaitFor(
-        [&] {
-          KubeTestEnv::Response r = Kube().Request("POST", JobsPath(ns_) + "?dryRun=All", invalid);
-          last = r.raw;
-          return r.status == 422 && Message(r).find("denied the request") != std::string::npos;
-        },
-        kWaitMs);
+    const bool ok = WaitUntilWebhookRefuses(Kube(), ns_, invalid, kWaitMs, &last);
     EXPECT_TRUE(ok) << "the webhook never answered; last: " << last;
     return ok;
   }
@@ -187,7 +160,7 @@ TEST_F(AdmissionWebhookTest, CrossFieldRulesAreRefusedAtCreateWithTheValidateMes
     KubeTestEnv::Response r = Kube().Request("POST", JobsPath(ns_), manifest);
     EXPECT_EQ(r.status, 422) << r.raw;
     EXPECT_EQ(r.body.value("reason", ""), "Invalid");
-    EXPECT_EQ(Message(r), std::string("admission webhook \"") + kWebhookName +
+    EXPECT_EQ(Message(r), std::string("admission webhook \"") + kTrainingJobWebhookName +
                               "\" denied the request: " + expected);
     EXPECT_NE(expected.find(c.field), std::string::npos) << expected;
     EXPECT_EQ(Kube().Request("GET", JobsPath(ns_) + "/" + c.name).status, 404);
@@ -246,7 +219,7 @@ TEST_F(AdmissionWebhookTest, KubectlApplyPrintsTheValidateMessages) {
                                      {}, kWaitMs);
   const std::string said = applied.out + applied.err;
   EXPECT_NE(applied.code(), 0) << said;
-  EXPECT_NE(said.find(std::string("admission webhook \"") + kWebhookName +
+  EXPECT_NE(said.find(std::string("admission webhook \"") + kTrainingJobWebhookName +
                       "\" denied the request: " + ValidateMessage(manifest)),
             std::string::npos)
       << said;
