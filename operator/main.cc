@@ -246,14 +246,7 @@ class Operator {
  public:
   Operator(Flags flags) : flags_(std::move(flags)) {}
   // Start may fail after the caBundle keeper started; it must not outlive the operator.
-  ~Operator() {
-    {
-      std::lock_guard<std::mutex> lock(ca_bundle_mutex_);
-      stopping_.store(true);
-    }
-    ca_bundle_wake_.notify_all();
-    if (ca_bundle_thread_.joinable()) ca_bundle_thread_.join();
-  }
+  ~Operator() { StopCaBundleKeeper(); }
 
   Status Start() {
     StatusOr<kube::KubeConfig> config = flags_.kubeconfig.empty()
@@ -561,13 +554,18 @@ class Operator {
     metrics_.SetRendezvousMembers(static_cast<double>(members));
   }
 
-  void Stop() {
+  // Sets stopping_ (under the keeper's mutex, so its timed wait cannot miss it) and joins it.
+  void StopCaBundleKeeper() {
     {
       std::lock_guard<std::mutex> lock(ca_bundle_mutex_);
       stopping_.store(true);
     }
     ca_bundle_wake_.notify_all();
     if (ca_bundle_thread_.joinable()) ca_bundle_thread_.join();
+  }
+
+  void Stop() {
+    StopCaBundleKeeper();
     if (sync_thread_.joinable()) sync_thread_.join();
     if (controller_) controller_->Stop();
     queue_.ShutDown();
