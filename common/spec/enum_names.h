@@ -48,6 +48,12 @@ struct EnumTable<Compression> {
       {Compression::kNone, "none"}, {Compression::kBf16, "bf16"}, {Compression::kFp16, "fp16"}};
 };
 template <>
+struct EnumTable<SyncStrategy> {
+  static constexpr EnumName<SyncStrategy> kEntries[] = {{SyncStrategy::kAllreduce, "allreduce"},
+                                                        {SyncStrategy::kLocalSgd, "localSGD"},
+                                                        {SyncStrategy::kDgc, "dgc"}};
+};
+template <>
 struct EnumTable<NetworkMode> {
   static constexpr EnumName<NetworkMode> kEntries[] = {{NetworkMode::kTcp, "tcp"},
                                                        {NetworkMode::kRoce, "roce"},

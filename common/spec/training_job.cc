@@ -27,6 +27,7 @@ const char* ToString(OptimizerType value) { return internal::EnumToString(value)
 const char* ToString(LrScaling value) { return internal::EnumToString(value); }
 const char* ToString(Device value) { return internal::EnumToString(value); }
 const char* ToString(Compression value) { return internal::EnumToString(value); }
+const char* ToString(SyncStrategy value) { return internal::EnumToString(value); }
 const char* ToString(NetworkMode value) { return internal::EnumToString(value); }
 const char* ToString(RestartPolicy value) { return internal::EnumToString(value); }
 const char* ToString(GangScheduler value) { return internal::EnumToString(value); }
@@ -56,10 +57,17 @@ bool operator==(const AllreduceSpec& a, const AllreduceSpec& b) {
   return std::tie(a.bucket_mib, a.compression, a.timeout_seconds) ==
          std::tie(b.bucket_mib, b.compression, b.timeout_seconds);
 }
+bool operator==(const SyncSpec& a, const SyncSpec& b) {
+  return std::tie(a.strategy, a.local_sgd.period, a.local_sgd.start_step, a.dgc.sparsity,
+                  a.dgc.warmup_steps, a.dgc.min_bucket_elements) ==
+         std::tie(b.strategy, b.local_sgd.period, b.local_sgd.start_step, b.dgc.sparsity,
+                  b.dgc.warmup_steps, b.dgc.min_bucket_elements);
+}
 bool operator==(const TrainerSpec& a, const TrainerSpec& b) {
   return a.model == b.model && a.data == b.data && a.batch_size == b.batch_size &&
          a.steps == b.steps && a.epochs == b.epochs && a.optimizer == b.optimizer &&
          a.seed == b.seed && a.device == b.device && a.allreduce == b.allreduce &&
+         a.sync == b.sync &&
          a.log_interval_steps == b.log_interval_steps;
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {

@@ -32,6 +32,7 @@ enum class OptimizerType { kSgd, kAdamW };
 enum class LrScaling { kNone, kLinear };
 enum class Device { kCpu, kCuda };
 enum class Compression { kNone, kBf16, kFp16 };
+enum class SyncStrategy { kAllreduce, kLocalSgd, kDgc };
 enum class NetworkMode { kTcp, kRoce, kInfiniband };
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
@@ -43,6 +44,7 @@ const char* ToString(OptimizerType value);  // "sgd" | "adamw"
 const char* ToString(LrScaling value);      // "none" | "linear"
 const char* ToString(Device value);         // "cpu" | "cuda"
 const char* ToString(Compression value);    // "none" | "bf16" | "fp16"
+const char* ToString(SyncStrategy value);   // "allreduce" | "localSGD" | "dgc"
 const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
 const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never"
 const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
@@ -103,6 +105,30 @@ struct AllreduceSpec {
   int64_t timeout_seconds = 300;  // > 0
 };
 
+// `sync`: how the ranks keep one model (worker/trainer/sync_strategy.h).
+//  - allreduce: every step's gradients are summed over the ranks (the default).
+//  - localSGD: every rank steps on its own gradients and the ranks average their parameters
+//    every `period` steps (Stich 2019); with `startStep` > 0 the steps before it all-reduce
+//    gradients (post-local SGD, Lin et al. 2020).
+//  - dgc: Deep Gradient Compression (Lin et al. 2018): each rank sends only the largest
+//    `1 - sparsity` of its momentum-corrected gradient per bucket and keeps the rest as a local
+//    residual; the sparsity ramps from 75% to the target over `warmupSteps`; buckets smaller than
+//    `minBucketElements` are all-reduced densely.
+struct LocalSgdSpec {
+  int64_t period = 8;      // H, >= 1
+  int64_t start_step = 0;  // >= 0
+};
+struct DgcSpec {
+  double sparsity = 0.999;             // [0, 1)
+  int64_t warmup_steps = 0;            // >= 0
+  int64_t min_bucket_elements = 16384;  // >= 1
+};
+struct SyncSpec {
+  SyncStrategy strategy = SyncStrategy::kAllreduce;
+  LocalSgdSpec local_sgd;
+  DgcSpec dgc;
+};
+
 struct TrainerSpec {
   ModelSpec model;
   DataSpec data;
@@ -113,6 +139,7 @@ struct TrainerSpec {
   uint64_t seed = 1;
   Device device = Device::kCpu;
   AllreduceSpec allreduce;
+  SyncSpec sync;
   int64_t log_interval_steps = 50;  // `logIntervalSteps`: progress report period
 };
 

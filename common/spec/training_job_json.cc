@@ -46,6 +46,15 @@ json TrainerToJson(const TrainerSpec& trainer) {
        {{"bucketMiB", trainer.allreduce.bucket_mib},
         {"compression", EnumToString(trainer.allreduce.compression)},
         {"timeoutSeconds", trainer.allreduce.timeout_seconds}}},
+      {"sync",
+       {{"strategy", EnumToString(trainer.sync.strategy)},
+        {"localSGD",
+         {{"period", trainer.sync.local_sgd.period},
+          {"startStep", trainer.sync.local_sgd.start_step}}},
+        {"dgc",
+         {{"sparsity", trainer.sync.dgc.sparsity},
+          {"warmupSteps", trainer.sync.dgc.warmup_steps},
+          {"minBucketElements", trainer.sync.dgc.min_bucket_elements}}}}},
       {"logIntervalSteps", trainer.log_interval_steps},
   };
   // Zero means "not set" for both; writing only the one in use keeps the output valid.

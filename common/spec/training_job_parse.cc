@@ -237,6 +237,43 @@ void ReadAllreduce(const ObjectReader& trainer, AllreduceSpec* allreduce) {
   reader.ReadInt("timeoutSeconds", &allreduce->timeout_seconds, 1);
 }
 
+void ReadSync(const ObjectReader& trainer, SyncSpec* sync) {
+  ObjectReader reader = ChildMap(trainer, "sync");
+  if (!reader.valid()) return;
+  reader.ReadEnum("strategy", &sync->strategy);
+  ObjectReader local_sgd = ChildMap(reader, "localSGD");
+  local_sgd.ReadInt("period", &sync->local_sgd.period, 1);
+  local_sgd.ReadInt("startStep", &sync->local_sgd.start_step, 0);
+  ObjectReader dgc = ChildMap(reader, "dgc");
+  const Bound kZeroOrMore{0, true};
+  const Bound kBelowOne{1, false};
+  dgc.ReadDouble("sparsity", &sync->dgc.sparsity, &kZeroOrMore, &kBelowOne);
+  dgc.ReadInt("warmupSteps", &sync->dgc.warmup_steps, 0);
+  dgc.ReadInt("minBucketElements", &sync->dgc.min_bucket_elements, 1);
+}
+
+// What dgc cannot be combined with, named by the field that conflicts.
+void CheckSyncCombinations(const ObjectReader& reader, const TrainerSpec& trainer) {
+  if (trainer.sync.strategy != SyncStrategy::kDgc) return;
+  const std::string strategy = reader.PathOf("sync") + ".strategy";
+  if (trainer.optimizer.type != OptimizerType::kSgd) {
+    reader.problems()->Add(strategy,
+                           "dgc needs optimizer.type sgd: its momentum correction takes the place "
+                           "of the optimizer's momentum (got " +
+                               std::string(ToString(trainer.optimizer.type)) + ")");
+  }
+  if (trainer.allreduce.compression == Compression::kFp16) {
+    reader.problems()->Add(strategy,
+                           "dgc cannot be combined with allreduce.compression fp16: a step "
+                           "skipped on overflow would leave the residuals advanced (use bf16)");
+  }
+  if (trainer.device == Device::kCuda) {
+    reader.problems()->Add(strategy,
+                           "dgc selects gradients in host memory and runs on device cpu only; "
+                           "on cuda use allreduce or localSGD");
+  }
+}
+
 void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
   ObjectReader reader = ChildMap(spec, "trainer");
   if (!reader.valid()) return;
@@ -258,6 +295,8 @@ void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
   reader.ReadUint64("seed", &trainer->seed);
   reader.ReadEnum("device", &trainer->device);
   ReadAllreduce(reader, &trainer->allreduce);
+  ReadSync(reader, &trainer->sync);
+  CheckSyncCombinations(reader, *trainer);
   reader.ReadInt("logIntervalSteps", &trainer->log_interval_steps, 1);
 }
 

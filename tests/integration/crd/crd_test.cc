@@ -579,6 +579,10 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"59-replicas-past-bound.yaml", {Outcome::kRefused, "spec.replicas"}},
     // A rule on the first item only: a structural schema's `items` applies to every item.
     {"60-command-empty-program.yaml", {Outcome::kAccepted, ""}},
+    {"64-sync-unknown-strategy.yaml", {Outcome::kRefused, "spec.trainer.sync.strategy"}},
+    {"65-sync-dgc-sparsity-one.yaml", {Outcome::kRefused, "spec.trainer.sync.dgc.sparsity"}},
+    // Compares two fields (strategy and optimizer.type): left to the webhook.
+    {"66-sync-dgc-with-adamw.yaml", {Outcome::kAccepted, ""}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {
