@@ -28,6 +28,12 @@ struct GradientBucket {
   int last_backward_layer = 0;
 };
 
+// A slice [offset, offset + count) of the flat parameter and gradient buffers.
+struct ParamRange {
+  int64_t offset = 0;
+  int64_t count = 0;
+};
+
 // cap_bytes <= 0 means one bucket per layer.
 std::vector<GradientBucket> AssignBuckets(const ParameterLayout& layout, int64_t cap_bytes);
 

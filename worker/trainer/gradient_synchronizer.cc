@@ -36,6 +36,15 @@ GradientSynchronizer::GradientSynchronizer(comm::Communicator& communicator,
     for (size_t i = 0; i < buckets_.size(); ++i) bucket_ready_.push_back(device_.CreateEvent());
     reduced_ = device_.CreateEvent();
   }
+  sparse_.assign(buckets_.size(), false);
+  if (options_.dgc != nullptr && comm_.size() > 1) {
+    for (size_t i = 0; i < buckets_.size(); ++i) {
+      sparse_[i] = options_.dgc->IsSparse(buckets_[i]);
+      if (sparse_[i]) momentum_free_.push_back({buckets_[i].offset, buckets_[i].count});
+    }
+    std::sort(momentum_free_.begin(), momentum_free_.end(),
+              [](const ParamRange& a, const ParamRange& b) { return a.offset < b.offset; });
+  }
   bucket_seconds_.resize(buckets_.size());
   bucket_wire_bytes_.resize(buckets_.size());
   thread_ = std::thread([this] { CommunicationLoop(); });
@@ -51,11 +60,14 @@ GradientSynchronizer::~GradientSynchronizer() {
   thread_.join();
 }
 
-void GradientSynchronizer::BeginStep(float* grads, float loss_scale, bool leave_vote) {
+void GradientSynchronizer::BeginStep(float* grads, float loss_scale, bool leave_vote,
+                                     int64_t step, bool drop_residuals) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     grads_ = grads;
     loss_scale_ = loss_scale;
+    step_ = step;
+    drop_residuals_ = drop_residuals;
     next_bucket_ = 0;
     done_buckets_ = 0;
     step_status_ = OkStatus();
@@ -194,7 +206,9 @@ Status GradientSynchronizer::ReduceBucket(size_t index, double* seconds, int64_t
   const double started = MonotonicSeconds();
   device_.Wait(device_.side(), *bucket_ready_[index]);
   Status status;
-  if (options_.compression == spec::Compression::kNone) {
+  if (sparse_[index]) {
+    status = ExchangeSparseBucket(index, slice, wire_bytes);
+  } else if (options_.compression == spec::Compression::kNone) {
     *wire_bytes = bucket.count * static_cast<int64_t>(sizeof(float));
     status = comm_.AllReduce(slice, static_cast<size_t>(bucket.count), comm::DataType::kFloat32,
                              comm::ReduceOp::kSum, options_.timeout_ms);
@@ -203,6 +217,20 @@ Status GradientSynchronizer::ReduceBucket(size_t index, double* seconds, int64_t
   }
   *seconds = MonotonicSeconds() - started;
   return status;
+}
+
+Status GradientSynchronizer::ExchangeSparseBucket(size_t index, float* slice,
+                                                  int64_t* wire_bytes) {
+  // Read under no lock: step_ and drop_residuals_ are set before the step's first item is
+  // queued.
+  DgcExchanger& dgc = *options_.dgc;
+  DgcExchangeStats stats;
+  // Host memory (dgc runs on cpu devices): the side stream's wait above is the ordering.
+  LOCKSTEP_RETURN_IF_ERROR(dgc.Exchange(comm_, index, slice, buckets_[index].count,
+                                        dgc.Density(step_), step_, options_.timeout_ms, &stats));
+  if (drop_residuals_) dgc.DropResiduals(index);
+  *wire_bytes = stats.wire_bytes;
+  return OkStatus();
 }
 
 Status GradientSynchronizer::ReduceHalfBucket(const GradientBucket& bucket, float* slice,

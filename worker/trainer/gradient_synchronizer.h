@@ -25,6 +25,13 @@
 // per element per rank, a ring all-gather of halves 2(W-1): half the bytes at W = 2, equal at
 // W = 4, more beyond; native 16-bit reduction, where the backend has it, always halves them.
 //
+// Deep Gradient Compression (sync.strategy dgc, dgc.h): buckets of at least minBucketElements
+// entries are exchanged sparsely (momentum-corrected top-k, all-gathered) and hold, after Wait,
+// the update the optimizer applies WITHOUT its momentum (MomentumFreeRanges); smaller buckets are
+// all-reduced as above. BeginStep's `drop_residuals` zeroes every residual after the step's
+// exchange (a checkpoint step: the state then is all there is). Sparsity 0 makes no bucket
+// sparse: plain all-reduce, bit for bit.
+//
 // A world of one issues no collective at all (and so does not compress either).
 //
 // Devices (kernels/device.h): the gradients are device memory. OnLayerReady, on the main thread,
@@ -69,12 +76,16 @@
 #include "kernels/kernels.h"
 #include "worker/comm/communicator.h"
 #include "worker/trainer/buckets.h"
+#include "worker/trainer/dgc.h"
 
 namespace lockstep::trainer {
 
 struct SynchronizerOptions {
   spec::Compression compression = spec::Compression::kNone;
   int64_t timeout_ms = 300000;  // per collective (allreduce.timeoutSeconds)
+  // Deep Gradient Compression (sync.strategy dgc): its residuals live as long as the trainer,
+  // across generations, so the exchanger is the trainer's and outlives the synchronizer.
+  DgcExchanger* dgc = nullptr;
 };
 
 // What one step's communication cost.
@@ -107,12 +118,18 @@ class GradientSynchronizer {
   const std::vector<GradientBucket>& buckets() const { return buckets_; }
   // True once the engine fell back from native 16-bit all-reduce to all-gather.
   bool using_allgather_fallback() const { return use_allgather_.load(); }
+  // The buckets exchanged sparsely (dgc), as (offset, count) of the flat buffer, ascending: after
+  // Wait their gradients already carry the momentum (dgc's momentum correction). Empty without
+  // dgc, or in a world of one (which sends nothing and so compresses nothing).
+  const std::vector<ParamRange>& MomentumFreeRanges() const { return momentum_free_; }
 
   // Starts a step whose gradients will be written to `grads` (the flat gradient buffer, device
   // memory).
   // loss_scale multiplies gradients before fp16 packing (ignored otherwise). leave_vote: this
-  // rank asks every rank to leave the generation after this step.
-  void BeginStep(float* grads, float loss_scale, bool leave_vote = false);
+  // rank asks every rank to leave the generation after this step. step: the step's index (dgc's
+  // density); drop_residuals: dgc zeroes its residuals after this step's exchange.
+  void BeginStep(float* grads, float loss_scale, bool leave_vote = false, int64_t step = 0,
+                 bool drop_residuals = false);
   // Backward finished layer `backward_layer`: enqueues every bucket that is now complete.
   void OnLayerReady(int backward_layer);
   // Blocks until every bucket of the step is reduced (OK), a collective failed (its error;
@@ -127,6 +144,7 @@ class GradientSynchronizer {
   void ReduceNextQueuedBucket(std::unique_lock<std::mutex>& lock);
   Status ReduceBucket(size_t index, double* seconds, int64_t* wire_bytes);
   Status ReduceHalfBucket(const GradientBucket& bucket, float* slice, int64_t* wire_bytes);
+  Status ExchangeSparseBucket(size_t index, float* slice, int64_t* wire_bytes);
 
   comm::Communicator& comm_;
   kernels::Device& device_;
@@ -144,6 +162,9 @@ class GradientSynchronizer {
   kernels::DeviceArray<uint16_t> half_;  // device: one region per bucket, same offsets as floats
   std::vector<uint16_t> gathered_;  // [world, largest bucket] for the all-gather fallback
   std::vector<float> unpacked_;     // [largest bucket]
+  // dgc: which buckets the exchanger (options_.dgc; used on the communication thread) takes.
+  std::vector<bool> sparse_;
+  std::vector<ParamRange> momentum_free_;
 
   std::mutex mu_;
   std::condition_variable work_cv_;  // communication thread waits for buckets
@@ -156,6 +177,8 @@ class GradientSynchronizer {
   bool busy_ = false;  // a collective is in flight
   float* grads_ = nullptr;
   float loss_scale_ = 1.0f;
+  int64_t step_ = 0;
+  bool drop_residuals_ = false;
   size_t next_bucket_ = 0;  // next bucket to enqueue (main thread)
   size_t done_buckets_ = 0;
   Status step_status_;

@@ -23,13 +23,26 @@ Status Optimizer::Allocate(kernels::Device& device) {
 }
 
 void Optimizer::Step(const kernels::ExecutionContext& ctx, float lr, float* params,
-                     const float* grads) {
+                     const float* grads, const std::vector<ParamRange>& momentum_free) {
   switch (spec_.type) {
-    case spec::OptimizerType::kSgd:
-      kernels::SgdMomentumUpdate(ctx, num_params_, lr, static_cast<float>(spec_.momentum),
-                                 static_cast<float>(spec_.weight_decay),
-                                 /*first_step=*/steps_taken_ == 0, params, grads, state_a_.device_data());
+    case spec::OptimizerType::kSgd: {
+      // Alternating runs of the buffer: with the momentum, then one momentum-free slice.
+      const auto update = [&](int64_t offset, int64_t count, double momentum) {
+        if (count <= 0) return;
+        kernels::SgdMomentumUpdate(ctx, count, lr, static_cast<float>(momentum),
+                                   static_cast<float>(spec_.weight_decay),
+                                   /*first_step=*/steps_taken_ == 0, params + offset,
+                                   grads + offset, state_a_.device_data() + offset);
+      };
+      int64_t next = 0;
+      for (const ParamRange& range : momentum_free) {
+        update(next, range.offset - next, spec_.momentum);
+        update(range.offset, range.count, 0.0);
+        next = range.offset + range.count;
+      }
+      update(next, num_params_ - next, spec_.momentum);
       break;
+    }
     case spec::OptimizerType::kAdamW:
       kernels::AdamWUpdate(ctx, num_params_, lr, static_cast<float>(spec_.beta1),
                            static_cast<float>(spec_.beta2), static_cast<float>(spec_.epsilon),

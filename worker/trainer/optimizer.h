@@ -18,6 +18,7 @@
 #include "common/status.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
+#include "worker/trainer/buckets.h"
 
 namespace lockstep::trainer {
 
@@ -40,7 +41,10 @@ class Optimizer {
   Status Allocate(kernels::Device& device);
 
   // Applies one update with learning rate `lr`; params and grads are memory of ctx's device.
-  void Step(const kernels::ExecutionContext& ctx, float lr, float* params, const float* grads);
+  // SGD updates the slices in `momentum_free` (ascending, disjoint) with momentum 0: their
+  // gradients already carry a momentum (dgc's momentum correction, gradient_synchronizer.h).
+  void Step(const kernels::ExecutionContext& ctx, float lr, float* params, const float* grads,
+            const std::vector<ParamRange>& momentum_free = {});
 
   // Updates applied so far (AdamW's bias correction and SGD's "first step" depend on it).
   int64_t steps_taken() const { return steps_taken_; }
