@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iomanip>
+#include <optional>
 #include <tuple>
 #include <vector>
 
@@ -12,6 +13,7 @@
 #include "worker/trainer/batch_stager.h"
 #include "worker/trainer/buckets.h"
 #include "worker/trainer/gradient_synchronizer.h"
+#include "worker/trainer/local_sgd.h"
 #include "worker/trainer/sample_accounting.h"
 
 namespace lockstep::trainer {
@@ -108,6 +110,13 @@ Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
              {},
              Optimizer(spec_.optimizer, model_.layout().num_params),
              {}} {}
+
+bool Trainer::StatePointAfter(int64_t step, const DataCursor& cursor) const {
+  const bool finished = spec_.steps > 0 ? step >= spec_.steps : cursor.epoch >= spec_.epochs;
+  const spec::CheckpointSpec& checkpoint = job_spec_.checkpoint;
+  return finished || (!checkpoint.uri.empty() && checkpoint.interval_steps > 0 &&
+                      step % checkpoint.interval_steps == 0);
+}
 
 bool Trainer::Finished() const {
   if (spec_.steps > 0) return state_.step >= spec_.steps;
@@ -247,9 +256,44 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   SynchronizerOptions sync_options;
   sync_options.compression = spec_.allreduce.compression;
   sync_options.timeout_ms = timeout_ms;
-  GradientSynchronizer synchronizer(
-      communicator, *device_,
-      AssignBuckets(model_.layout(), BucketCapBytes(spec_.allreduce.bucket_mib)), sync_options);
+  if (spec_.sync.strategy == spec::SyncStrategy::kDgc) {
+    if (dgc_ == nullptr) {
+      dgc_ = std::make_unique<DgcExchanger>(spec_.sync.dgc, spec_.optimizer.momentum, spec_.seed);
+    }
+    sync_options.dgc = dgc_.get();
+  }
+  // dgc selects per layer, as the paper and Fleet do (one bucket per layer; the output layer's
+  // larger gradients would otherwise take most of a shared bucket's k), and a layer smaller than
+  // minBucketElements is then all-reduced whole.
+  const int64_t bucket_cap_bytes = sync_options.dgc != nullptr
+                                       ? 0
+                                       : BucketCapBytes(spec_.allreduce.bucket_mib);
+  GradientSynchronizer synchronizer(communicator, *device_,
+                                    AssignBuckets(model_.layout(), bucket_cap_bytes), sync_options);
+  // Local SGD (local_sgd.h): a generation that ends between two averages rolls this rank back
+  // to the last one, the state every rank held.
+  std::optional<LocalSgd> local_sgd;
+  if (spec_.sync.strategy == spec::SyncStrategy::kLocalSgd) {
+    LOCKSTEP_ASSIGN_OR_RETURN(LocalSgd created,
+                              LocalSgd::Create(spec_.sync.local_sgd, model_.layout().num_params,
+                                               spec_.optimizer, *device_));
+    local_sgd.emplace(std::move(created));
+    LOCKSTEP_RETURN_IF_ERROR(local_sgd->Save(state_));
+  }
+  struct RollBackOnExit {
+    Trainer* trainer;
+    std::optional<LocalSgd>* local_sgd;
+    ~RollBackOnExit() {
+      if (!local_sgd->has_value() || !(*local_sgd)->diverged()) return;
+      if (trainer->before_state_change_) trainer->before_state_change_();
+      LOCKSTEP_LOG(INFO) << "local SGD: rolling back from step " << trainer->state_.step
+                         << " to the last average";
+      Status rolled_back = (*local_sgd)->RollBack(trainer->state_);
+      if (!rolled_back.ok()) {
+        LOCKSTEP_LOG(ERROR) << "local SGD roll-back: " << rolled_back;
+      }
+    }
+  } roll_back_on_exit{this, &local_sgd};
   const double zero = 0;
   LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
   LOCKSTEP_LOG(INFO) << "training from step " << state_.step << " at world size " << world
@@ -259,7 +303,8 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                      << " micro-batch(es) of at most " << spec_.batch_size << " per rank, "
                      << model_.layout().num_params << " parameters in "
                      << synchronizer.buckets().size() << " bucket(s), compression "
-                     << spec::ToString(spec_.allreduce.compression);
+                     << spec::ToString(spec_.allreduce.compression) << ", sync "
+                     << spec::ToString(spec_.sync.strategy);
 
   // Interval accumulators (reset at every log step); the loss sum is on the device (loss_sum_).
   int64_t interval_samples = 0;
@@ -281,8 +326,19 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     const std::vector<int64_t>& order = sampler_.Permutation(batch.epoch);
     const int64_t micro_batches = GlobalSampler::MicroBatchCount(hi - lo, spec_.batch_size);
 
-    synchronizer.BeginStep(grads_.device_data(), state_.loss_scale,
-                           leave_requested != nullptr && leave_requested->load());
+    const bool leave_vote = leave_requested != nullptr && leave_requested->load();
+    // Whether a checkpoint or the end follows this step: the whole state must then be equal on
+    // every rank (local SGD averages everything) and be all there is (dgc drops its residuals).
+    const bool state_point = StatePointAfter(state_.step + 1, sampler_.Advance(state_.cursor, batch));
+    // A local step (local SGD) applies this rank's own gradient: its slice's sum scaled by W / G
+    // estimates the global mean, and no collective is issued.
+    const bool local = local_sgd.has_value() && local_sgd->IsLocal(state_.step);
+    const float grad_scale = (local ? static_cast<float>(world) : 1.0f) /
+                             static_cast<float>(batch.size());
+    if (!local) {
+      synchronizer.BeginStep(grads_.device_data(), state_.loss_scale, leave_vote, state_.step,
+                             /*drop_residuals=*/state_point);
+    }
     for (int64_t micro = 0; micro < micro_batches; ++micro) {
       const auto [micro_lo, micro_hi] = GlobalSampler::MicroBatch(lo, hi, micro_batches, micro);
       const int64_t rows = micro_hi - micro_lo;
@@ -290,15 +346,22 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
           stager.Stage(data_.train, order.data() + micro_lo, rows);
       // The buckets go on the wire during the last micro-batch's backward, once the gradients
       // they hold are complete.
-      const bool last = micro + 1 == micro_batches;
+      const bool last = micro + 1 == micro_batches && !local;
       model_.ForwardBackward(ctx, state_.params.device_data(), device_batch.features,
-                             device_batch.labels, rows, 1.0f / static_cast<float>(batch.size()),
-                             grads_.device_data(), workspace,
-                             last ? on_layer_ready : no_layer_callback, loss_sum_.device_data(),
-                             /*accumulate=*/micro > 0);
+                             device_batch.labels, rows, grad_scale, grads_.device_data(),
+                             workspace, last ? on_layer_ready : no_layer_callback,
+                             loss_sum_.device_data(), /*accumulate=*/micro > 0);
     }
-    Status synced = synchronizer.Wait(&comm_stats);
-    if (!synced.ok()) return synced;
+    if (local) {
+      comm_stats = StepCommStats{};
+      if (micro_batches == 0) {
+        // An empty slice (a short final batch): no gradient, and none was written.
+        kernels::SetZero(ctx, model_.layout().num_params, grads_.device_data());
+      }
+    } else {
+      Status synced = synchronizer.Wait(&comm_stats);
+      if (!synced.ok()) return synced;
+    }
 
     // Up to here the step has only read state_; from here on it changes it.
     if (before_state_change_) before_state_change_();
@@ -312,7 +375,9 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     } else {
       const float lr =
           static_cast<float>(LearningRate(spec_.optimizer, state_.step, batches_per_step));
-      state_.optimizer.Step(ctx, lr, state_.params.device_data(), grads_.device_data());
+      state_.optimizer.Step(ctx, lr, state_.params.device_data(), grads_.device_data(),
+                            synchronizer.MomentumFreeRanges());
+      if (local) local_sgd->MarkLocalStep();
       if (spec_.allreduce.compression == spec::Compression::kFp16 &&
           ++state_.loss_scale_good_steps >= kLossScaleGrowthInterval) {
         state_.loss_scale = std::min(kMaxLossScale, state_.loss_scale * 2.0f);
@@ -334,11 +399,30 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
       }
     }
 
+    // Local SGD: average after the period's steps, and everything at a state point. The state
+    // between averages is this rank's alone: no step callback sees it.
+    bool consistent = true;
+    if (local) {
+      consistent = false;
+      if (state_point || local_sgd->AverageDue(state_.step)) {
+        const double started = MonotonicSeconds();
+        LOCKSTEP_ASSIGN_OR_RETURN(
+            LocalSgd::Outcome outcome,
+            local_sgd->Synchronize(communicator, state_, state_point, leave_vote, timeout_ms));
+        comm_stats.exposed_seconds = MonotonicSeconds() - started;
+        comm_stats.allreduce_seconds = comm_stats.exposed_seconds;
+        comm_stats.wire_bytes = outcome.wire_bytes;
+        comm_stats.leave_agreed = outcome.leave_agreed;
+        consistent = state_point || outcome.leave_agreed;
+      }
+    }
+
     const double step_seconds = MonotonicSeconds() - step_started;
     ++totals_.steps;
     totals_.samples += batch.size();
     totals_.step_seconds += step_seconds;
     totals_.exposed_seconds += comm_stats.exposed_seconds;
+    totals_.wire_bytes += comm_stats.wire_bytes;
     interval_samples += batch.size();
     interval_step_seconds += step_seconds;
     interval_exposed_seconds += comm_stats.exposed_seconds;
@@ -392,7 +476,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
       interval_exposed_seconds = 0;
       interval_started = MonotonicSeconds();
     }
-    if (on_step) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
+    if (on_step && consistent) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
     if (comm_stats.leave_agreed && !Finished()) {
       if (left_generation != nullptr) *left_generation = true;
       return AbortedError("leaving generation " + std::to_string(generation.generation) +

@@ -14,6 +14,13 @@
 // backward proceeds, so every rank ends with the exact global-mean gradient, also for a short
 // final batch split unevenly. Then one fused optimizer pass.
 //
+// spec.trainer.sync picks how the ranks keep one model: the all-reduce above (allreduce); dgc,
+// which exchanges only the largest momentum-corrected gradient entries of the larger buckets
+// (dgc.h, inside the DDP engine); or localSGD, whose local steps apply each rank's own gradient
+// and average the parameters every period steps (local_sgd.h). At a state point (a checkpoint
+// step, the last step, leaving a generation) every strategy leaves the whole state equal on every
+// rank.
+//
 // G is spec::GlobalBatchSize: with spec.elastic.globalBatch fixed (a fixed-size job's default)
 // it is replicas x ranksPerWorker x batchSize at every world size, so while a failed worker is
 // being replaced the survivors train the same samples per step with the same learning rate, and
@@ -47,6 +54,7 @@
 #include "worker/comm/communicator.h"
 #include "worker/metrics.h"
 #include "worker/trainer/dataset.h"
+#include "worker/trainer/dgc.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/sampler.h"
 #include "worker/trainer/training_state.h"
@@ -76,6 +84,8 @@ struct TrainingTotals {
   int64_t samples = 0;         // global samples of those steps
   double step_seconds = 0;     // wall time of those steps
   double exposed_seconds = 0;  // of which waiting on communication
+  int64_t wire_bytes = 0;      // bytes this rank handed to the collectives of those steps
+  double wire_bytes_per_step() const { return steps > 0 ? static_cast<double>(wire_bytes) / steps : 0; }
   double samples_per_second() const { return step_seconds > 0 ? samples / step_seconds : 0; }
   double scaling_efficiency() const {
     return step_seconds > 0 ? 1.0 - exposed_seconds / step_seconds : 0;
@@ -92,8 +102,10 @@ struct EvalResult {
 class Trainer {
  public:
   using ProgressFn = std::function<void(const TrainingProgress&)>;
-  // Called on the training thread after every committed step, at the step boundary (the state
-  // is consistent and is not modified while the callback runs), on every rank at the same steps,
+  // Called on the training thread after every committed step whose state every rank holds alike
+  // (local SGD: after its full averages only, which include every checkpoint step and the last
+  // step), at the step boundary (the state is not modified while the callback runs), on every
+  // rank at the same steps,
   // so it may issue collectives. An error ends Train with it (the generation is over).
   using StepFn = std::function<Status(const TrainingState&)>;
   // Called on rank 0 only, when no member of a generation holds state: fills `state` from the
@@ -146,6 +158,9 @@ class Trainer {
   int64_t TotalSteps(int world_size) const;
   // Whether the job's steps or epochs are done.
   bool Finished() const;
+  // Whether the state after `step` steps, with the data at `cursor`, must be whole and equal on
+  // every rank: the last step, or a checkpoint step (spec.checkpoint.intervalSteps).
+  bool StatePointAfter(int64_t step, const DataCursor& cursor) const;
 
   // Runs the state agreement of training_state.h for a freshly formed generation. When no member
   // holds state, rank 0 calls `restore` (may be empty: start from the seed). The members also
@@ -196,6 +211,7 @@ class Trainer {
   std::string accounting_path_;
   std::function<void()> before_state_change_;  // may be empty
   kernels::DeviceArray<float> grads_;
+  std::unique_ptr<DgcExchanger> dgc_;  // sync.strategy dgc: its residuals, across generations
   kernels::DeviceArray<double> loss_sum_;  // the training loss summed since the last log step
   TrainingTotals totals_;
   TrainingProgress last_progress_;
