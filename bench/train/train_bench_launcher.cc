@@ -140,6 +140,8 @@ int main(int argc, char** argv) {
                      {"samples_per_second", progress.samples_per_second},
                      {"scaling_efficiency", progress.scaling_efficiency},
                      {"comm_exposed_fraction", progress.comm_exposed_fraction},
+                     {"wire_bytes_per_step", progress.wire_bytes_per_step},
+                     {"eval_accuracy", progress.eval_accuracy},
                      {"final_loss", progress.loss}};
   std::cout << out.dump() << std::endl;
   return 0;

@@ -87,6 +87,7 @@ struct ProgressReport {
   // Exec mode: restarts after failures so far, as the agents count them (restart_protocol.h).
   int32_t restarts = 0;
   bool has_loss = true;  // false: an exec program that reported no loss (`loss` means nothing)
+  double wire_bytes_per_step = 0;  // built-in trainer's final report; 0: unknown
 };
 
 // The largest message the service accepts, and its clients too; a larger one is refused

@@ -38,6 +38,7 @@ ProgressReport FromProto(const v1::Progress& progress) {
   out.resumed_from_step = progress.resumed_from_step();
   out.restarts = progress.restarts();
   out.has_loss = !progress.no_loss();
+  out.wire_bytes_per_step = progress.wire_bytes_per_step();
   return out;
 }
 
@@ -56,6 +57,7 @@ v1::Progress ToProto(const ProgressReport& progress) {
   out.set_resumed_from_step(progress.resumed_from_step);
   out.set_restarts(progress.restarts);
   out.set_no_loss(!progress.has_loss);
+  out.set_wire_bytes_per_step(progress.wire_bytes_per_step);
   return out;
 }
 

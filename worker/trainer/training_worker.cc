@@ -266,6 +266,7 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
   report.samples_per_second = totals.samples_per_second();
   report.scaling_efficiency = totals.scaling_efficiency();
   report.comm_exposed_fraction = 1.0 - totals.scaling_efficiency();
+  report.wire_bytes_per_step = totals.wire_bytes_per_step();
   if (trainer_->has_test_split()) {
     LOCKSTEP_ASSIGN_OR_RETURN(EvalResult eval, trainer_->Evaluate(*comm, info));
     report.eval_accuracy = eval.accuracy();
@@ -274,7 +275,8 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
   }
   LOCKSTEP_LOG(INFO) << "trained " << totals.steps << " steps here at "
                      << totals.samples_per_second() << " samples/s, scaling efficiency "
-                     << totals.scaling_efficiency();
+                     << totals.scaling_efficiency() << ", " << totals.wire_bytes_per_step()
+                     << " bytes sent per step";
   if (info.rank == 0 && !options_.dump_params_path.empty()) {
     LOCKSTEP_RETURN_IF_ERROR(trainer_->DumpParameters(options_.dump_params_path));
   }
