@@ -67,7 +67,9 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
                                       .Register(registry);
   m.allreduce_bytes_family_ = &BuildCounter()
                                    .Name("lockstep_allreduce_bytes_total")
-                                   .Help("Payload bytes all-reduced (16-bit when compressed)")
+                                   .Help("Payload bytes this rank handed to the training collectives: "
+                                         "gradients (16-bit when compressed), dgc's (index, "
+                                         "value) pairs or local SGD's averaged parameters")
                                    .Register(registry);
   m.bus_bandwidth_family_ =
       &BuildGauge()
