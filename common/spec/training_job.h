@@ -105,7 +105,7 @@ struct AllreduceSpec {
   int64_t timeout_seconds = 300;  // > 0
 };
 
-// `sync`: how the ranks keep one model (worker/trainer/sync_strategy.h).
+// `sync`: how the ranks keep one model (worker/trainer/trainer.h, local_sgd.h, dgc.h).
 //  - allreduce: every step's gradients are summed over the ranks (the default).
 //  - localSGD: every rank steps on its own gradients and the ranks average their parameters
 //    every `period` steps (Stich 2019); with `startStep` > 0 the steps before it all-reduce

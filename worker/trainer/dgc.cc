@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <string>
 
 #include "worker/trainer/random.h"
@@ -22,11 +23,17 @@ struct SparseEntry {
 };
 static_assert(sizeof(SparseEntry) == 8, "(index, value) pairs travel as 8 bytes");
 
+// |value|, with NaN above everything (so a NaN gradient is sent, and seen, rather than making the
+// order undefined).
+float Magnitude(float value) {
+  return std::isnan(value) ? std::numeric_limits<float>::infinity() : std::fabs(value);
+}
+
 // The order of the selection: larger magnitude first, the lower index among equal magnitudes.
 struct LargerMagnitude {
   const float* values;
   bool operator()(uint32_t a, uint32_t b) const {
-    const float x = std::fabs(values[a]), y = std::fabs(values[b]);
+    const float x = Magnitude(values[a]), y = Magnitude(values[b]);
     return x > y || (x == y && a < b);
   }
 };
@@ -42,8 +49,12 @@ double DgcDensity(const spec::DgcSpec& spec, int64_t step) {
   return kWarmupStartDensity * std::pow(target / kWarmupStartDensity, progress);
 }
 
-DgcExchanger::DgcExchanger(const spec::DgcSpec& spec, double momentum, uint64_t seed)
-    : spec_(spec), momentum_(static_cast<float>(momentum)), seed_(seed) {}
+DgcExchanger::DgcExchanger(const spec::DgcSpec& spec, double momentum, double weight_decay,
+                           uint64_t seed)
+    : spec_(spec),
+      momentum_(static_cast<float>(momentum)),
+      weight_decay_(static_cast<float>(weight_decay)),
+      seed_(seed) {}
 
 bool DgcExchanger::IsSparse(const GradientBucket& bucket) const {
   return spec_.sparsity > 0 && bucket.count >= spec_.min_bucket_elements;
@@ -66,14 +77,14 @@ std::vector<uint32_t> DgcExchanger::SelectLargest(const float* values, int64_t c
     std::vector<float> sample(static_cast<size_t>(sample_size));
     SplitMix64 random(sample_seed);
     for (float& magnitude : sample) {
-      magnitude = std::fabs(values[random.Next() % static_cast<uint64_t>(count)]);
+      magnitude = Magnitude(values[random.Next() % static_cast<uint64_t>(count)]);
     }
     std::nth_element(sample.begin(), sample.begin() + rank_in_sample, sample.end(),
                      std::greater<float>());
     threshold = sample[static_cast<size_t>(rank_in_sample)];
   }
   for (int64_t i = 0; i < count; ++i) {
-    if (std::fabs(values[i]) >= threshold) selected.push_back(static_cast<uint32_t>(i));
+    if (Magnitude(values[i]) >= threshold) selected.push_back(static_cast<uint32_t>(i));
   }
   if (static_cast<int64_t>(selected.size()) < k) {
     // The estimate was too high (a rare sample): take the exact top k of everything.
@@ -88,16 +99,16 @@ std::vector<uint32_t> DgcExchanger::SelectLargest(const float* values, int64_t c
   return selected;
 }
 
-void DgcExchanger::DropResiduals(size_t bucket_index) {
-  if (bucket_index >= residuals_.size()) return;
-  Residual& residual = residuals_[bucket_index];
-  std::fill(residual.momentum.begin(), residual.momentum.end(), 0.0f);
-  std::fill(residual.velocity.begin(), residual.velocity.end(), 0.0f);
+void DgcExchanger::DropAllResiduals() {
+  for (Residual& residual : residuals_) {
+    std::fill(residual.momentum.begin(), residual.momentum.end(), 0.0f);
+    std::fill(residual.velocity.begin(), residual.velocity.end(), 0.0f);
+  }
 }
 
 Status DgcExchanger::Exchange(comm::Communicator& comm, size_t bucket_index, float* slice,
-                              int64_t count, double density, int64_t step, int64_t timeout_ms,
-                              DgcExchangeStats* stats) {
+                              const float* params, int64_t count, double density, int64_t step,
+                              int64_t timeout_ms, DgcExchangeStats* stats) {
   if (residuals_.size() <= bucket_index) residuals_.resize(bucket_index + 1);
   Residual& residual = residuals_[bucket_index];
   const size_t n = static_cast<size_t>(count);
@@ -107,13 +118,14 @@ Status DgcExchanger::Exchange(comm::Communicator& comm, size_t bucket_index, flo
   }
   float* u = residual.momentum.data();
   float* v = residual.velocity.data();
-  // 1. Momentum correction.
+  const int world = comm.size();
+  // 1. Momentum correction, this rank's share of the weight decay included.
+  const float decay = weight_decay_ / static_cast<float>(world);
   for (size_t i = 0; i < n; ++i) {
-    u[i] = momentum_ * u[i] + slice[i];
+    u[i] = momentum_ * u[i] + (slice[i] + decay * params[i]);
     v[i] += u[i];
   }
 
-  const int world = comm.size();
   // (The slack keeps a density that is k / n up to rounding, 1 - (1 - k / n), at k.)
   const int64_t k =
       std::clamp<int64_t>(static_cast<int64_t>(std::ceil(density * count - 1e-6)), 1, count);

@@ -8,8 +8,10 @@
 //   }
 //
 // One exchange, on rank r with local gradient g (this rank's share of the global-mean gradient,
-// as the DDP engine computes it):
-//  1. momentum correction: u = m u + g; v = v + u (u and v are this rank's, per entry);
+// as the DDP engine computes it) of parameters p:
+//  1. momentum correction, with the weight decay inside it as in Fleet's dgc op: u = m u + g +
+//     wd p / W; v = v + u (u and v are this rank's, per entry; the W shares of the decay sum to
+//     the all-reduce's wd p);
 //  2. selection: the k = ceil(density x n) entries of largest |v|. As in the paper, a threshold
 //     is first estimated on a 1% sample of |v| (drawn from a stream seeded by the job's seed,
 //     the step, the bucket and the rank, so a run is reproducible), every entry above it is a
@@ -21,11 +23,14 @@
 //     into the zeroed slice and all-reduced instead;
 //  4. momentum factor masking: u and v are zeroed where this rank sent.
 // The slice then holds the sum over ranks of what they sent: the update the optimizer applies
-// with momentum 0 (the momentum is in u; optimizer.h's momentum-free ranges).
+// with neither momentum nor weight decay (both are in u; optimizer.h's momentum-free ranges).
 //
-// The residuals are this rank's alone and are not in the training state, so they are dropped
-// (zeroed) at every checkpoint step: a run resumed from that checkpoint then continues exactly as
-// the undisturbed one did. Sending them instead was tried and is worse: the last step's flush of
+// The residuals are this rank's alone and are not in the training state, so the trainer drops
+// them (zeroes them) at every checkpoint step: a run resumed from that checkpoint then continues
+// exactly as the undisturbed one did. With 99.9% sparsity an entry waits about a thousand steps
+// for its turn, so checkpoints much more often than that throw most of the held-back gradient
+// away (docs/strategies.md). A failed step drops them too: it took its gradient in before the
+// collective failed, and the next generation trains that step again. Sending them instead was tried and is worse: the last step's flush of
 // residuals accumulated over hundreds of steps moved the model by a stale update and cost 14
 // points of test accuracy (docs/strategies.md). The residuals outlive a generation (the trainer
 // owns the exchanger): a survivor keeps its own, a new member starts from zero, and a failed
@@ -59,7 +64,7 @@ struct DgcExchangeStats {
 
 class DgcExchanger {
  public:
-  DgcExchanger(const spec::DgcSpec& spec, double momentum, uint64_t seed);
+  DgcExchanger(const spec::DgcSpec& spec, double momentum, double weight_decay, uint64_t seed);
 
   // Whether the bucket is exchanged sparsely (else the DDP engine all-reduces it as usual):
   // sparsity above 0 and at least minBucketElements entries.
@@ -67,13 +72,14 @@ class DgcExchanger {
   double Density(int64_t step) const { return DgcDensity(spec_, step); }
 
   // One exchange of bucket `bucket_index` (see the file comment); `slice` holds this rank's
-  // gradient on entry and the summed update on return (host memory, `count` floats). Errors are
-  // the communicator's; the step is then not applied, and this rank's residuals include its
-  // gradient (as if sent later).
-  Status Exchange(comm::Communicator& comm, size_t bucket_index, float* slice, int64_t count,
-                  double density, int64_t step, int64_t timeout_ms, DgcExchangeStats* stats);
-  // Zeroes the residuals of bucket `bucket_index` (a checkpoint step).
-  void DropResiduals(size_t bucket_index);
+  // gradient on entry and the summed update on return, `params` the bucket's parameters (host
+  // memory, `count` floats each). Errors are the communicator's; the residuals then hold a step
+  // that was never applied: drop them (DropAllResiduals).
+  Status Exchange(comm::Communicator& comm, size_t bucket_index, float* slice,
+                  const float* params, int64_t count, double density, int64_t step,
+                  int64_t timeout_ms, DgcExchangeStats* stats);
+  // Zeroes every residual (a checkpoint step, a failed step, a generation of one rank).
+  void DropAllResiduals();
 
   // The selection of step 2 alone, for tests: the indices (ascending) of the k entries of
   // largest |values[i]|, ties broken towards the lower index.
@@ -88,6 +94,7 @@ class DgcExchanger {
 
   spec::DgcSpec spec_;
   float momentum_;
+  float weight_decay_;
   uint64_t seed_;
   std::vector<Residual> residuals_;  // per bucket index, allocated at its first exchange
   std::vector<uint32_t> selected_;

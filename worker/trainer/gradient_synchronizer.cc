@@ -61,13 +61,13 @@ GradientSynchronizer::~GradientSynchronizer() {
 }
 
 void GradientSynchronizer::BeginStep(float* grads, float loss_scale, bool leave_vote,
-                                     int64_t step, bool drop_residuals) {
+                                     int64_t step, const float* params) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     grads_ = grads;
     loss_scale_ = loss_scale;
     step_ = step;
-    drop_residuals_ = drop_residuals;
+    params_ = params;
     next_bucket_ = 0;
     done_buckets_ = 0;
     step_status_ = OkStatus();
@@ -221,14 +221,13 @@ Status GradientSynchronizer::ReduceBucket(size_t index, double* seconds, int64_t
 
 Status GradientSynchronizer::ExchangeSparseBucket(size_t index, float* slice,
                                                   int64_t* wire_bytes) {
-  // Read under no lock: step_ and drop_residuals_ are set before the step's first item is
-  // queued.
+  // Read under no lock: step_ and params_ are set before the step's first item is queued.
   DgcExchanger& dgc = *options_.dgc;
+  const GradientBucket& bucket = buckets_[index];
   DgcExchangeStats stats;
   // Host memory (dgc runs on cpu devices): the side stream's wait above is the ordering.
-  LOCKSTEP_RETURN_IF_ERROR(dgc.Exchange(comm_, index, slice, buckets_[index].count,
+  LOCKSTEP_RETURN_IF_ERROR(dgc.Exchange(comm_, index, slice, params_ + bucket.offset, bucket.count,
                                         dgc.Density(step_), step_, options_.timeout_ms, &stats));
-  if (drop_residuals_) dgc.DropResiduals(index);
   *wire_bytes = stats.wire_bytes;
   return OkStatus();
 }

@@ -27,10 +27,9 @@
 //
 // Deep Gradient Compression (sync.strategy dgc, dgc.h): buckets of at least minBucketElements
 // entries are exchanged sparsely (momentum-corrected top-k, all-gathered) and hold, after Wait,
-// the update the optimizer applies WITHOUT its momentum (MomentumFreeRanges); smaller buckets are
-// all-reduced as above. BeginStep's `drop_residuals` zeroes every residual after the step's
-// exchange (a checkpoint step: the state then is all there is). Sparsity 0 makes no bucket
-// sparse: plain all-reduce, bit for bit.
+// the update the optimizer applies WITHOUT its momentum or weight decay (MomentumFreeRanges: dgc
+// adds both locally); smaller buckets are all-reduced as above. The trainer drops the residuals
+// at checkpoint steps and after a failed step (dgc.h).
 //
 // A world of one issues no collective at all (and so does not compress either).
 //
@@ -127,9 +126,9 @@ class GradientSynchronizer {
   // memory).
   // loss_scale multiplies gradients before fp16 packing (ignored otherwise). leave_vote: this
   // rank asks every rank to leave the generation after this step. step: the step's index (dgc's
-  // density); drop_residuals: dgc zeroes its residuals after this step's exchange.
+  // density); params: the parameters the gradients are of (dgc's weight decay; host memory).
   void BeginStep(float* grads, float loss_scale, bool leave_vote = false, int64_t step = 0,
-                 bool drop_residuals = false);
+                 const float* params = nullptr);
   // Backward finished layer `backward_layer`: enqueues every bucket that is now complete.
   void OnLayerReady(int backward_layer);
   // Blocks until every bucket of the step is reduced (OK), a collective failed (its error;
@@ -178,7 +177,7 @@ class GradientSynchronizer {
   float* grads_ = nullptr;
   float loss_scale_ = 1.0f;
   int64_t step_ = 0;
-  bool drop_residuals_ = false;
+  const float* params_ = nullptr;
   size_t next_bucket_ = 0;  // next bucket to enqueue (main thread)
   size_t done_buckets_ = 0;
   Status step_status_;

@@ -71,6 +71,8 @@ class LocalSgd {
   // A local step changed the state: it now differs from the other ranks' until the next average.
   void MarkLocalStep() { diverged_ = true; }
   bool diverged() const { return diverged_; }
+  // The step of the saved state.
+  int64_t saved_step() const { return saved_.step; }
   // Restores the saved state into `state` when a local step changed it since (a no-op
   // otherwise: the steps before startStep keep every rank's state equal at every step).
   Status RollBack(TrainingState& state);

@@ -27,20 +27,22 @@ void Optimizer::Step(const kernels::ExecutionContext& ctx, float lr, float* para
   switch (spec_.type) {
     case spec::OptimizerType::kSgd: {
       // Alternating runs of the buffer: with the momentum, then one momentum-free slice.
-      const auto update = [&](int64_t offset, int64_t count, double momentum) {
+      const auto update = [&](int64_t offset, int64_t count, double momentum,
+                              double weight_decay) {
         if (count <= 0) return;
         kernels::SgdMomentumUpdate(ctx, count, lr, static_cast<float>(momentum),
-                                   static_cast<float>(spec_.weight_decay),
+                                   static_cast<float>(weight_decay),
                                    /*first_step=*/steps_taken_ == 0, params + offset,
                                    grads + offset, state_a_.device_data() + offset);
       };
       int64_t next = 0;
       for (const ParamRange& range : momentum_free) {
-        update(next, range.offset - next, spec_.momentum);
-        update(range.offset, range.count, 0.0);
+        update(next, range.offset - next, spec_.momentum, spec_.weight_decay);
+        update(range.offset, range.count, 0.0, 0.0);
+        kernels::SetZero(ctx, range.count, state_a_.device_data() + range.offset);
         next = range.offset + range.count;
       }
-      update(next, num_params_ - next, spec_.momentum);
+      update(next, num_params_ - next, spec_.momentum, spec_.weight_decay);
       break;
     }
     case spec::OptimizerType::kAdamW:

@@ -41,8 +41,10 @@ class Optimizer {
   Status Allocate(kernels::Device& device);
 
   // Applies one update with learning rate `lr`; params and grads are memory of ctx's device.
-  // SGD updates the slices in `momentum_free` (ascending, disjoint) with momentum 0: their
-  // gradients already carry a momentum (dgc's momentum correction, gradient_synchronizer.h).
+  // SGD updates the slices in `momentum_free` (ascending, disjoint) with neither momentum nor
+  // weight decay, and keeps their momentum buffer zero: their gradients already carry both (dgc's
+  // momentum correction, gradient_synchronizer.h), and a later step with the momentum (a
+  // generation of one rank sends nothing and so compresses nothing) starts it afresh.
   void Step(const kernels::ExecutionContext& ctx, float lr, float* params, const float* grads,
             const std::vector<ParamRange>& momentum_free = {});
 

@@ -256,10 +256,15 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   SynchronizerOptions sync_options;
   sync_options.compression = spec_.allreduce.compression;
   sync_options.timeout_ms = timeout_ms;
-  if (spec_.sync.strategy == spec::SyncStrategy::kDgc) {
+  // dgc at sparsity 0 sends everything: that is the all-reduce, so it runs as one, bit for bit.
+  if (spec_.sync.strategy == spec::SyncStrategy::kDgc && spec_.sync.dgc.sparsity > 0) {
     if (dgc_ == nullptr) {
-      dgc_ = std::make_unique<DgcExchanger>(spec_.sync.dgc, spec_.optimizer.momentum, spec_.seed);
+      dgc_ = std::make_unique<DgcExchanger>(spec_.sync.dgc, spec_.optimizer.momentum,
+                                            spec_.optimizer.weight_decay, spec_.seed);
     }
+    // A world of one sends nothing, so its steps use the optimizer's momentum and leave the
+    // residuals untouched: drop them rather than send them stale once the world grows.
+    if (world == 1) dgc_->DropAllResiduals();
     sync_options.dgc = dgc_.get();
   }
   // dgc selects per layer, as the paper and Fleet do (one bucket per layer; the output layer's
@@ -329,15 +334,20 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     const bool leave_vote = leave_requested != nullptr && leave_requested->load();
     // Whether a checkpoint or the end follows this step: the whole state must then be equal on
     // every rank (local SGD averages everything) and be all there is (dgc drops its residuals).
-    const bool state_point = StatePointAfter(state_.step + 1, sampler_.Advance(state_.cursor, batch));
+    const bool state_point =
+        StatePointAfter(state_.step + 1, sampler_.Advance(state_.cursor, batch));
     // A local step (local SGD) applies this rank's own gradient: its slice's sum scaled by W / G
     // estimates the global mean, and no collective is issued.
     const bool local = local_sgd.has_value() && local_sgd->IsLocal(state_.step);
+    if (local && !local_sgd->diverged() && local_sgd->saved_step() != state_.step) {
+      // The first local step after synchronous ones (post-local SGD): roll back no further.
+      LOCKSTEP_RETURN_IF_ERROR(local_sgd->Save(state_));
+    }
     const float grad_scale = (local ? static_cast<float>(world) : 1.0f) /
                              static_cast<float>(batch.size());
     if (!local) {
       synchronizer.BeginStep(grads_.device_data(), state_.loss_scale, leave_vote, state_.step,
-                             /*drop_residuals=*/state_point);
+                             state_.params.device_data());
     }
     for (int64_t micro = 0; micro < micro_batches; ++micro) {
       const auto [micro_lo, micro_hi] = GlobalSampler::MicroBatch(lo, hi, micro_batches, micro);
@@ -354,12 +364,11 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     }
     if (local) {
       comm_stats = StepCommStats{};
-      if (micro_batches == 0) {
-        // An empty slice (a short final batch): no gradient, and none was written.
-        kernels::SetZero(ctx, model_.layout().num_params, grads_.device_data());
-      }
     } else {
       Status synced = synchronizer.Wait(&comm_stats);
+      // dgc's residuals took this step's gradient in, but the step is trained again next
+      // generation; at a state point the state must be all there is (dgc.h).
+      if (dgc_ != nullptr && (!synced.ok() || state_point)) dgc_->DropAllResiduals();
       if (!synced.ok()) return synced;
     }
 

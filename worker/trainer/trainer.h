@@ -85,7 +85,9 @@ struct TrainingTotals {
   double step_seconds = 0;     // wall time of those steps
   double exposed_seconds = 0;  // of which waiting on communication
   int64_t wire_bytes = 0;      // bytes this rank handed to the collectives of those steps
-  double wire_bytes_per_step() const { return steps > 0 ? static_cast<double>(wire_bytes) / steps : 0; }
+  double wire_bytes_per_step() const {
+    return steps > 0 ? static_cast<double>(wire_bytes) / static_cast<double>(steps) : 0;
+  }
   double samples_per_second() const { return step_seconds > 0 ? samples / step_seconds : 0; }
   double scaling_efficiency() const {
     return step_seconds > 0 ? 1.0 - exposed_seconds / step_seconds : 0;

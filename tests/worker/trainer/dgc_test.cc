@@ -115,13 +115,15 @@ TEST(DgcExchangeTest, EveryGradientEntryIsSentOnceAndOnlyOnceWithoutMomentum) {
   ReplicaCommunicator comm(kWorld);
   spec::DgcSpec spec;
   spec.sparsity = 1.0 - static_cast<double>(kK) / kCount;
-  DgcExchanger dgc(spec, /*momentum=*/0.0, /*seed=*/1);
+  DgcExchanger dgc(spec, /*momentum=*/0.0, /*weight_decay=*/0.0, /*seed=*/1);
   const std::vector<float> gradient = RandomValues(kCount, 5);
   std::vector<float> applied(kCount, 0.0f);
+  const std::vector<float> zeros(kCount, 0.0f);  // parameters (no weight decay here)
   std::vector<float> slice = gradient;
   for (int64_t step = 0; step < kCount / kK; ++step) {
     DgcExchangeStats stats;
-    ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), kCount, dgc.Density(step), step, 1000, &stats)
+    ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), zeros.data(), kCount, dgc.Density(step),
+                             step, 1000, &stats)
                     .ok());
     EXPECT_EQ(stats.sent, kK);
     EXPECT_EQ(stats.wire_bytes, kK * 8);  // (index, value) pairs
@@ -148,13 +150,14 @@ TEST(DgcExchangeTest, MomentumCorrectionAccumulatesVelocityUntilAnEntryIsSent) {
   spec::DgcSpec spec;
   spec.sparsity = 0.5;
   spec.min_bucket_elements = 1;
-  DgcExchanger dgc(spec, /*momentum=*/0.5, /*seed=*/1);
+  DgcExchanger dgc(spec, /*momentum=*/0.5, /*weight_decay=*/0.0, /*seed=*/1);
   std::vector<float> slice = {1.0f, 0.75f};
+  const std::vector<float> zeros(2, 0.0f);
   DgcExchangeStats stats;
-  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), 2, 0.5, 0, 1000, &stats).ok());
+  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), zeros.data(), 2, 0.5, 0, 1000, &stats).ok());
   EXPECT_EQ(slice, (std::vector<float>{1.0f, 0.0f}));  // sent entry 0; masked its u and v
   slice = {1.0f, 0.75f};
-  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), 2, 0.5, 1, 1000, &stats).ok());
+  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), zeros.data(), 2, 0.5, 1, 1000, &stats).ok());
   // Entry 0 restarted from u = 0: v = 1. Entry 1: u = 0.5 x 0.75 + 0.75 = 1.125, v = 1.875.
   EXPECT_EQ(slice, (std::vector<float>{0.0f, 1.875f}));
 }
@@ -163,12 +166,14 @@ TEST(DgcExchangeTest, DenseBucketsAreAllReducedWhenTheGatheredPairsWouldOutweigh
   ReplicaCommunicator comm(4);
   spec::DgcSpec spec;
   spec.sparsity = 0.75;  // k = n / 4: 4 ranks' pairs would be as large as the vector
-  DgcExchanger dgc(spec, 0.0, 1);
+  DgcExchanger dgc(spec, 0.0, 0.0, 1);
   std::vector<float> slice = RandomValues(1000, 3);
+  const std::vector<float> zeros(1000, 0.0f);
   const std::vector<uint32_t> top = SortedTopK(slice, 250);
   const std::vector<float> gradient = slice;
   DgcExchangeStats stats;
-  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), 1000, 0.25, 0, 1000, &stats).ok());
+  ASSERT_TRUE(
+      dgc.Exchange(comm, 0, slice.data(), zeros.data(), 1000, 0.25, 0, 1000, &stats).ok());
   EXPECT_EQ(comm.all_reduces, 1);
   EXPECT_EQ(comm.all_gathers, 0);
   EXPECT_EQ(stats.wire_bytes, 1000 * 4);
@@ -182,14 +187,31 @@ TEST(DgcExchangeTest, DroppedResidualsAreNeverSent) {
   spec::DgcSpec spec;
   spec.sparsity = 0.5;
   spec.min_bucket_elements = 1;
-  DgcExchanger dgc(spec, 0.0, 1);
+  DgcExchanger dgc(spec, 0.0, 0.0, 1);
   std::vector<float> slice = {2.0f, 1.0f};
+  const std::vector<float> zeros(2, 0.0f);
   DgcExchangeStats stats;
-  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), 2, 0.5, 0, 1000, &stats).ok());
-  dgc.DropResiduals(0);
+  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), zeros.data(), 2, 0.5, 0, 1000, &stats).ok());
+  dgc.DropAllResiduals();
   slice = {0.0f, 0.0f};
-  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), 2, 0.5, 1, 1000, &stats).ok());
+  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), zeros.data(), 2, 0.5, 1, 1000, &stats).ok());
   EXPECT_EQ(slice, (std::vector<float>{0.0f, 0.0f}));  // entry 1's residual is gone
+}
+
+TEST(DgcExchangeTest, WeightDecayIsSharedOverTheRanksInsideTheMomentumCorrection) {
+  // A zero gradient on 2 ranks: each adds wd p / 2 to u, so what is sent sums to wd p, the decay
+  // the all-reduce's optimizer would apply (which does not apply it again on these layers).
+  ReplicaCommunicator comm(2);
+  spec::DgcSpec spec;
+  spec.sparsity = 0.5;
+  spec.min_bucket_elements = 1;
+  DgcExchanger dgc(spec, /*momentum=*/0.0, /*weight_decay=*/0.1, 1);
+  std::vector<float> slice = {0.0f, 0.0f};
+  const std::vector<float> params = {4.0f, 1.0f};
+  DgcExchangeStats stats;
+  ASSERT_TRUE(dgc.Exchange(comm, 0, slice.data(), params.data(), 2, 0.5, 0, 1000, &stats).ok());
+  EXPECT_FLOAT_EQ(slice[0], 0.1f * 4.0f);
+  EXPECT_EQ(slice[1], 0.0f);  // held back: next time
 }
 
 }  // namespace
