@@ -3,19 +3,23 @@
 # namespace ("host") joined to a bridge by a veth pair whose both directions are limited with tc's
 # token bucket filter, as bench/pods/run.sh builds them. Needs root (ip netns, tc).
 #
-#   bench/sync/run.sh [BUILD_DIR]      RATES="1gbit 100mbit" STEPS=200 HIDDEN=1024
+#   bench/sync/run.sh [BUILD_DIR]      RATES="1gbit 100mbit" STEP_COUNTS="50 100 150 200"
+#                                      HIDDEN=1024
 #
 # The job: a 784-HIDDEN-10 ReLU MLP on Fashion-MNIST (the wider layer makes communication
-# matter), batch 64 per rank, SGD with momentum 0.9, one BLAS thread per rank, the same STEPS
-# (the same samples) for every strategy: plain fp32 all-reduce, bf16 compression, localSGD with
-# H = 4, 8, 16, and dgc at 99.9% sparsity (warm-up over the first quarter of the steps), run one
-# after the other on the same link. Per run: global samples/s over the timed steps and the
-# test accuracy after the STEPS, as rank 0 reported them at Leave, the time the STEPS took at that
-# rate, and the bytes rank 0 handed to the collectives per step.
+# matter), batch 64 per rank, SGD with momentum 0.9, one BLAS thread per rank. Strategies: plain
+# fp32 all-reduce, bf16 compression, localSGD with H = 4, 8, 16, and dgc at 99.9% sparsity
+# (warm-up over 50 steps), one after the other on the same link. Each is trained for every count
+# of STEP_COUNTS (a fresh run each: the same samples in the same order, so a shorter run is the
+# longer one's beginning) to time how soon it reaches the target accuracy: the fp32 all-reduce's
+# after the largest count, minus 1 point. Per strategy: global samples/s over the timed steps of
+# the longest run (rank 0's report at Leave), its test accuracy, the time to the target (the
+# shortest run reaching it: its steps x 256 samples / its samples/s; "-" if none does) and the
+# bytes rank 0 handed to the collectives per step.
 set -euo pipefail
 BUILD_DIR=${1:-$(cd "$(dirname "$0")/../.." && pwd)/build}
 RATES=${RATES:-1gbit 100mbit}
-STEPS=${STEPS:-200}
+STEP_COUNTS=${STEP_COUNTS:-50 100 150 200}
 HIDDEN=${HIDDEN:-1024}
 for tool in lockstep-worker train_bench_launcher; do
   [[ -x $BUILD_DIR/bin/$tool ]] || { echo "no $BUILD_DIR/bin/$tool: build it" >&2; exit 1; }
@@ -53,7 +57,7 @@ limit() {
   done
 }
 
-# write_job FILE SYNC COMPRESSION
+# write_job FILE SYNC COMPRESSION STEPS
 write_job() {
   cat >"$1" <<YAML
 apiVersion: lockstep.io/v1alpha1
@@ -71,7 +75,7 @@ spec:
       test: [file:///usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz,
              file:///usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz]
     batchSize: 64
-    steps: $STEPS
+    steps: $4
     optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}
     seed: 1
     logIntervalSteps: 100000
@@ -81,30 +85,46 @@ spec:
 YAML
 }
 
-# run NAME SYNC COMPRESSION: one line of figures.
+# run NAME SYNC COMPRESSION: one line per step count in $WORK/NAME.runs (steps samples/s
+# accuracy bytes/step).
 run() {
-  write_job "$WORK/job.yaml" "$2" "$3"
-  local out
-  out=$(OPENBLAS_NUM_THREADS=1 timeout 900 "$BUILD_DIR/bin/train_bench_launcher" \
-      "$BUILD_DIR/bin/lockstep-worker" "$WORK/job.yaml" 2 --ranks-per-pod 2 --listen "$NET.1" \
-      --pod-netns "lsn$ID-0,lsn$ID-1" --pod-hosts "$NET.10,$NET.11" | tail -n 1)
-  python3 - "$RATE" "$1" "$STEPS" "$out" <<'PY'
-import json, sys
-rate, name, steps, line = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
-r = json.loads(line)
-sps = r["samples_per_second"]
-seconds = steps * 256 / sps if sps > 0 else float("nan")
-print(f"{rate:<8} {name:<14} {sps:12.0f} {seconds:10.1f} {100 * r['eval_accuracy']:9.2f} "
-      f"{r['wire_bytes_per_step'] / 1e6:14.3f}")
+  : >"$WORK/$1.runs"
+  for steps in $STEP_COUNTS; do
+    write_job "$WORK/job.yaml" "$2" "$3" "$steps"
+    OPENBLAS_NUM_THREADS=1 timeout 900 "$BUILD_DIR/bin/train_bench_launcher" \
+        "$BUILD_DIR/bin/lockstep-worker" "$WORK/job.yaml" 2 --ranks-per-pod 2 --listen "$NET.1" \
+        --pod-netns "lsn$ID-0,lsn$ID-1" --pod-hosts "$NET.10,$NET.11" | tail -n 1 |
+      python3 -c 'import json, sys; r = json.loads(sys.stdin.read()); print(sys.argv[1],
+          r["samples_per_second"], r["eval_accuracy"], r["wire_bytes_per_step"])' "$steps" \
+      >>"$WORK/$1.runs"
+  done
+}
+
+# report RATE NAME...: one row per strategy against the target set by the first NAME.
+report() {
+  python3 - "$WORK" "$@" <<'PY'
+import sys
+work, rate, names = sys.argv[1], sys.argv[2], sys.argv[3:]
+runs = {n: [tuple(float(x) for x in line.split()) for line in open(f"{work}/{n}.runs")]
+        for n in names}
+target = runs[names[0]][-1][2] - 0.01
+for n in names:
+    steps, sps, accuracy, wire = runs[n][-1]
+    reached = [r for r in runs[n] if r[2] >= target and r[1] > 0]
+    to_target = f"{reached[0][0] * 256 / reached[0][1]:.1f} s @ {int(reached[0][0])}" if reached else "-"
+    print(f"{rate:<8} {n:<14} {sps:10.0f} {100 * accuracy:9.2f} {to_target:>14} "
+          f"{wire / 1e6:13.3f}")
+print(f"{rate:<8} target: {100 * target:.2f}% (fp32 all-reduce after {int(runs[names[0]][-1][0])} steps, minus 1 point)")
 PY
 }
 
 export LOCKSTEP_LOG_LEVEL=warning
-printf '%-8s %-14s %12s %10s %9s %14s\n' link strategy samples/s seconds accuracy MB/step/rank
+printf '%-8s %-14s %10s %9s %14s %13s\n' link strategy samples/s accuracy to_target MB/step/rank
 for RATE in $RATES; do
   limit "$RATE"
   run allreduce "{strategy: allreduce}" none
   run bf16 "{strategy: allreduce}" bf16
   for h in 4 8 16; do run "localSGD-H$h" "{strategy: localSGD, localSGD: {period: $h}}" none; done
-  run dgc-99.9% "{strategy: dgc, dgc: {sparsity: 0.999, warmupSteps: $((STEPS / 4))}}" none
+  run dgc-99.9% "{strategy: dgc, dgc: {sparsity: 0.999, warmupSteps: 50}}" none
+  report "$RATE" allreduce bf16 localSGD-H4 localSGD-H8 localSGD-H16 dgc-99.9%
 done
