@@ -325,6 +325,46 @@ TEST_P(CommunicatorConformanceTest, AllGatherPlacesEveryRanksBytesInItsSlot) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// What DDP with a compressed layer does every step: an all-reduce, then at once an all-gather
+// (or a broadcast) of other bytes. The all-reduce's result must be complete on every rank however
+// far ahead a peer already is in the next collective (the shm backend once let a fast rank's
+// all-gather overwrite the reduced slice a slow peer was still copying out).
+TEST_P(CommunicatorConformanceTest, AllReduceResultSurvivesAnAllGatherOrBroadcastRightAfter) {
+  const int world = this->world();
+  BufferSpace& space = *backend().space;
+  constexpr size_t kCount = 4099;           // every rank reduces a slice, uneven
+  constexpr size_t kGatherBytes = 1 << 16;  // reaches into every rank's reduced slice
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    SpaceBuffer<float> values(space, std::vector<float>(kCount));
+    SpaceBuffer<uint8_t> in(space, std::vector<uint8_t>(kGatherBytes, static_cast<uint8_t>(rank)));
+    SpaceBuffer<uint8_t> out(space, std::vector<uint8_t>(kGatherBytes * world));
+    for (int round = 0; round < 200; ++round) {
+      std::vector<float> mine(kCount);
+      for (size_t i = 0; i < kCount; ++i) mine[i] = static_cast<float>(rank + round + i % 7);
+      space.CopyIn(values.data(), mine.data(), values.Bytes());
+      LOCKSTEP_RETURN_IF_ERROR(
+          comm.AllReduce(values.data(), kCount, DataType::kFloat32, ReduceOp::kSum, kTimeoutMs));
+      if (round % 2 == 0) {
+        LOCKSTEP_RETURN_IF_ERROR(comm.AllGather(in.data(), kGatherBytes, out.data(), kTimeoutMs));
+      } else {
+        LOCKSTEP_RETURN_IF_ERROR(comm.Broadcast(in.data(), kGatherBytes, round % world, kTimeoutMs));
+      }
+      const std::vector<float> reduced = values.Read();
+      for (size_t i = 0; i < kCount; ++i) {
+        const float expected =
+            static_cast<float>(world * (world - 1) / 2 + world * (round + static_cast<int>(i % 7)));
+        if (reduced[i] != expected) {
+          return InternalError("round " + std::to_string(round) + ", element " +
+                               std::to_string(i) + ": " + std::to_string(reduced[i]) +
+                               ", expected " + std::to_string(expected));
+        }
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
 TEST_P(CommunicatorConformanceTest, BarrierReleasesNoRankBeforeAllArrive) {
   const int world = this->world();
   std::atomic<int> arrived{0};

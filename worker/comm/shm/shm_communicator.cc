@@ -50,6 +50,10 @@
 // contiguously. Phase 3 writes region r of slot r only after the next chunk's first barrier,
 // when every peer has finished reading it. Each element is reduced by one rank in a fixed
 // order, so results are deterministic and bit-identical on every rank.
+// The last chunk's phase 5 has no barrier after it, so an all-reduce leaves a copy-out pending:
+// a following all-reduce or reduce-scatter writes only regions s ≠ r of slot r before its first
+// barrier and needs nothing, but an all-gather or a broadcast writes from the start of a slot
+// (region r of slot r included) and first waits at one barrier for every peer's copy-out.
 //
 // Reduce-scatter of n elements into parts of p = ceil(n / W) (part s = elements [s·p, (s+1)·p)
 // clipped to n), in rounds of at most one region of each part: round k covers elements
@@ -326,6 +330,7 @@ class ShmCommunicator final : public Communicator {
       }
       done += n;
     }
+    copy_out_pending_ = true;
     return OkStatus();
   }
 
@@ -364,6 +369,7 @@ class ShmCommunicator final : public Communicator {
       }
       LOCKSTEP_RETURN_IF_ERROR(Fail(BarrierWait("reduce-scatter", deadline)));
     }
+    copy_out_pending_ = false;
     return OkStatus();
   }
 
@@ -377,6 +383,7 @@ class ShmCommunicator final : public Communicator {
     const Deadline deadline = Deadline::AfterMs(timeout_ms);
     const size_t chunk_max = slot_bytes_ * options_.size;
     char* out = static_cast<char*>(data);
+    LOCKSTEP_RETURN_IF_ERROR(SettleCopyOut("broadcast", deadline));
     for (size_t done = 0; done < bytes;) {
       const size_t n = std::min(chunk_max, bytes - done);
       if (options_.rank == root) std::memcpy(data_, out + done, n);
@@ -398,6 +405,7 @@ class ShmCommunicator final : public Communicator {
     }
     const Deadline deadline = Deadline::AfterMs(timeout_ms);
     const char* mine = static_cast<const char*>(in);
+    LOCKSTEP_RETURN_IF_ERROR(SettleCopyOut("all-gather", deadline));
     for (size_t done = 0; done < bytes_per_rank;) {
       const size_t n = std::min(slot_bytes_, bytes_per_rank - done);
       std::memcpy(Slot(options_.rank), mine + done, n);
@@ -414,9 +422,18 @@ class ShmCommunicator final : public Communicator {
     return OkStatus();
   }
 
+  // Waits at one barrier when an all-reduce's copy-out may still be reading the slots (see the
+  // protocol), before a collective that writes from the start of a slot.
+  Status SettleCopyOut(const char* what, const Deadline& deadline) {
+    if (!copy_out_pending_) return OkStatus();
+    copy_out_pending_ = false;
+    return Fail(BarrierWait(what, deadline));
+  }
+
   Status Barrier(int64_t timeout_ms) override {
     LOCKSTEP_RETURN_IF_ERROR(CheckUsable("barrier", timeout_ms));
     if (options_.size == 1) return OkStatus();
+    copy_out_pending_ = false;
     return Fail(BarrierWait("barrier", Deadline::AfterMs(timeout_ms)));
   }
 
@@ -560,6 +577,9 @@ class ShmCommunicator final : public Communicator {
   size_t slot_bytes_ = 0;
   size_t region_bytes_ = 0;
   std::vector<pid_t> pids_;  // by rank, read once at bootstrap
+  // The last collective was an all-reduce whose copy-out peers may still be doing (see the
+  // protocol). Every rank issues the same collectives, so every rank holds the same value.
+  bool copy_out_pending_ = false;
 
   std::mutex abort_mu_;
   std::atomic<bool> aborted_{false};
