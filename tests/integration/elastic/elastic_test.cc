@@ -16,7 +16,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -40,8 +39,9 @@ using lockstep::testing::LatestStep;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
-using lockstep::testing::ReadFile;
 using lockstep::testing::ReadFloats;
+using lockstep::testing::ReadRunSummary;
+using lockstep::testing::RelativeParameterDifference;
 using lockstep::testing::RunProcess;
 using lockstep::testing::WorkerOfLauncher;
 using lockstep::testing::WriteFile;
@@ -98,12 +98,6 @@ std::string WriteManifest(const std::string& dir, const JobOptions& job) {
 const std::vector<std::pair<std::string, std::string>> kRunEnv = {
     {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"}};
 
-nlohmann::json ReadSummary(const std::string& path) {
-  const std::string text = ReadFile(path);
-  nlohmann::json summary = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  return summary.is_discarded() ? nlohmann::json::object() : summary;
-}
-
 uint64_t SeedFromEnvOrRandom() {
   if (const char* text = std::getenv("LOCKSTEP_ELASTIC_SEED"); text != nullptr && *text != '\0') {
     return std::strtoull(text, nullptr, 10);
@@ -134,7 +128,7 @@ TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly
                  {}, kRunTimeoutMs);
   ASSERT_FALSE(baseline.timed_out) << baseline.out << baseline.err;
   ASSERT_EQ(baseline.exit_code, 0) << baseline.out << baseline.err;
-  const double baseline_accuracy = ReadSummary(dir + "/base.json")["eval_accuracy"].get<double>();
+  const double baseline_accuracy = ReadRunSummary(dir + "/base.json")["eval_accuracy"].get<double>();
   ASSERT_GT(baseline_accuracy, 0.9);
 
   for (int i = 0; i < kills; ++i) {
@@ -166,7 +160,7 @@ TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly
     ProcessResult result = run.Wait(kRunTimeoutMs);
     ASSERT_FALSE(result.timed_out) << context << "\n" << result.out << result.err;
     ASSERT_EQ(result.exit_code, 0) << context << "\n" << result.out << result.err;
-    nlohmann::json summary = ReadSummary(run_dir + ".json");
+    nlohmann::json summary = ReadRunSummary(run_dir + ".json");
     EXPECT_EQ(summary["steps"], kSteps) << context << ": " << summary.dump();
     EXPECT_EQ(summary["restarts"], 1) << context << ": " << summary.dump();
     EXPECT_GE(summary["generations"].get<int64_t>(), 2) << context << ": " << summary.dump();
@@ -194,24 +188,12 @@ struct FinalModel {
 
 FinalModel ReadFinalModel(const std::string& summary_path, const std::string& params_path) {
   FinalModel model;
-  const nlohmann::json summary = ReadSummary(summary_path);
+  const nlohmann::json summary = ReadRunSummary(summary_path);
   if (summary.contains("final_loss") && summary["final_loss"].is_number()) {
     model.loss = summary["final_loss"].get<double>();
   }
   model.params = ReadFloats(params_path);
   return model;
-}
-
-// The largest parameter difference relative to the largest parameter (per element, values near
-// zero have no meaningful relative error); infinity when the sizes differ.
-double RelativeParameterDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double difference = 0, magnitude = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    difference = std::max(difference, std::fabs(double{a[i]} - double{b[i]}));
-    magnitude = std::max(magnitude, std::fabs(double{a[i]}));
-  }
-  return difference / magnitude;
 }
 
 // Float tolerance for a run whose world shrank: the same samples and learning rate at every
@@ -297,7 +279,7 @@ TEST(ElasticRunTest, FixedSizeJobKilledAtRandomStepsEndsWithTheLossOfAnUndisturb
         RunWithAKill(dir, manifest, job.name, name, victim, target_step, context);
     ASSERT_FALSE(result.timed_out) << context << "\n" << result.out << result.err;
     ASSERT_EQ(result.exit_code, 0) << context << "\n" << result.out << result.err;
-    const nlohmann::json summary = ReadSummary(dir + "/" + name + ".json");
+    const nlohmann::json summary = ReadRunSummary(dir + "/" + name + ".json");
     EXPECT_EQ(summary["steps"], kEquivalenceSteps) << context << ": " << summary.dump();
     // Replaced, unless the survivors finished first.
     EXPECT_LE(summary["restarts"].get<int64_t>(), 1) << context << ": " << summary.dump();
@@ -332,7 +314,7 @@ TEST(ElasticRunTest,
   ProcessResult result = RunWithAKill(dir, manifest, job.name, "shrunk", 2, 100, "worker-2");
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-  const nlohmann::json summary = ReadSummary(dir + "/shrunk.json");
+  const nlohmann::json summary = ReadRunSummary(dir + "/shrunk.json");
   EXPECT_EQ(summary["steps"], kEquivalenceSteps) << summary.dump();
   EXPECT_EQ(summary["world_size"], 2) << summary.dump();
   const FinalModel shrunk = ReadFinalModel(dir + "/shrunk.json", dir + "/shrunk.params");
@@ -380,7 +362,7 @@ TEST(ElasticRunTest, WholeJobKilledMidRunResumesFromTheNewestCheckpoint) {
                                      env, kRunTimeoutMs);
   ASSERT_FALSE(resumed.timed_out) << resumed.out << resumed.err;
   ASSERT_EQ(resumed.exit_code, 0) << resumed.out << resumed.err;
-  nlohmann::json summary = ReadSummary(dir + "/summary.json");
+  nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
   EXPECT_EQ(summary["steps"], job.steps) << summary.dump();
   // The newest complete (renamed into place) checkpoint: a partial one is never a step-* dir.
   EXPECT_EQ(summary["resumed_from_step"], newest_checkpoint) << summary.dump();
@@ -404,7 +386,7 @@ TEST(ElasticRunTest, ElasticJobTrainsOnWithAWorkerLessWhileAtLeastMinReplicasAre
   ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-  nlohmann::json summary = ReadSummary(dir + "/summary.json");
+  nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
   EXPECT_EQ(summary["steps"], kSteps) << summary.dump();
   EXPECT_EQ(summary["world_size"], 2) << summary.dump();
   EXPECT_EQ(summary["restarts"], 0) << summary.dump();
@@ -439,7 +421,7 @@ TEST(ElasticRunTest, ElasticJobFailsClearlyWhenFewerThanMinReplicasRemainPastThe
   EXPECT_NE(result.err.find("only 1 of minReplicas 2 workers alive for 2.0s"), std::string::npos)
       << result.err;
   EXPECT_TRUE(FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + job.name).empty());
-  EXPECT_EQ(ReadSummary(dir + "/summary.json")["status"], "failed");
+  EXPECT_EQ(ReadRunSummary(dir + "/summary.json")["status"], "failed");
 }
 
 }  // namespace

@@ -13,8 +13,6 @@
 #include <signal.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <iostream>
@@ -36,6 +34,8 @@ using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
 using lockstep::testing::ReadFloats;
+using lockstep::testing::ReadRunSummary;
+using lockstep::testing::RelativeParameterDifference;
 using lockstep::testing::RunProcess;
 using lockstep::testing::WorkerOfLauncher;
 using lockstep::testing::WriteFile;
@@ -98,11 +98,6 @@ std::string WriteManifest(const std::string& dir, const Job& job) {
   return path;
 }
 
-nlohmann::json ReadSummary(const std::string& path) {
-  nlohmann::json summary = nlohmann::json::parse(ReadFile(path), nullptr, false);
-  return summary.is_discarded() ? nlohmann::json::object() : summary;
-}
-
 struct Outcome {
   ProcessResult process;
   nlohmann::json summary;
@@ -119,21 +114,9 @@ Outcome RunJob(const std::string& dir, const std::string& manifest, const std::s
   EXPECT_FALSE(outcome.process.timed_out) << name << "\n" << outcome.process.out;
   EXPECT_EQ(outcome.process.exit_code, 0) << name << "\n" << outcome.process.out
                                           << outcome.process.err;
-  outcome.summary = ReadSummary(dir + "/" + name + ".json");
+  outcome.summary = ReadRunSummary(dir + "/" + name + ".json");
   outcome.params = ReadFloats(dir + "/" + name + ".params");
   return outcome;
-}
-
-// The largest parameter difference relative to the largest parameter; infinity on a size
-// mismatch.
-double RelativeParameterDifference(const std::vector<float>& a, const std::vector<float>& b) {
-  if (a.size() != b.size() || a.empty()) return INFINITY;
-  double difference = 0, magnitude = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    difference = std::max(difference, std::fabs(double{a[i]} - double{b[i]}));
-    magnitude = std::max(magnitude, std::fabs(double{a[i]}));
-  }
-  return difference / magnitude;
 }
 
 std::string Name(const std::string& what) { return what + "-" + std::to_string(getpid()); }
@@ -230,7 +213,7 @@ TEST_P(SyncStrategyRecoveryTest, KilledWorkerIsReplacedAndTheRunEndsExactly) {
   const ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-  const nlohmann::json summary = ReadSummary(run_dir + ".json");
+  const nlohmann::json summary = ReadRunSummary(run_dir + ".json");
   EXPECT_EQ(summary["steps"], job.steps) << summary.dump();
   EXPECT_EQ(summary["restarts"], 1) << summary.dump();
   EXPECT_GE(summary["generations"].get<int64_t>(), 2) << summary.dump();

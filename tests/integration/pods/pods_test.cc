@@ -36,8 +36,8 @@ using testing::MakeTempDir;
 using testing::NetnsHosts;
 using testing::PollUntil;
 using testing::ProcessResult;
-using testing::ReadFile;
 using testing::ReadFloats;
+using testing::ReadRunSummary;
 using testing::RunLocalJob;
 using testing::WorkerOfLauncher;
 using testing::WriteFile;
@@ -160,11 +160,6 @@ TEST_F(PodEquivalenceTest, TwoPodsOfTwoRanksOnTwoHostsUseShmInsideAndGlooBetween
 // ---------------------------------------------------------------------------------------------
 // A killed local rank, through `lockstep run`.
 
-nlohmann::json ReadSummary(const std::string& path) {
-  nlohmann::json summary = nlohmann::json::parse(ReadFile(path), nullptr, false);
-  return summary.is_discarded() ? nlohmann::json::object() : summary;
-}
-
 struct KillOutcome {
   ProcessResult result;
   nlohmann::json summary;
@@ -194,7 +189,7 @@ KillOutcome RunAndKillOneRank(const std::string& dir, const PodJob& job, int pod
   EXPECT_EQ(ranks.size(), 1u) << "local rank " << local_rank << " of " << member;
   if (ranks.size() == 1) kill(ranks[0], SIGKILL);
   outcome.result = run.Wait(kRunTimeoutMs);
-  outcome.summary = ReadSummary(dir + "/" + job.name + ".json");
+  outcome.summary = ReadRunSummary(dir + "/" + job.name + ".json");
   return outcome;
 }
 
