@@ -33,39 +33,23 @@ fi
 [[ $(id -u) == 0 ]] || { echo "bench/pods/run.sh needs root (network namespaces, tc)" >&2; exit 1; }
 
 ID=$$
-NET=10.232.$((ID % 250 + 1))
-BRIDGE=lpb$ID
+# shellcheck source=../netns_hosts.sh
+source "$(dirname "$0")/../netns_hosts.sh"
 WORK=$(mktemp -d /tmp/lockstep-pods-bench.XXXXXX)
 cleanup() {
-  for h in 0 1; do ip netns delete lpn$ID-$h 2>/dev/null || true; done
-  ip link delete "$BRIDGE" 2>/dev/null || true
+  netns_hosts_down
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-ip link add "$BRIDGE" type bridge
-ip addr add "$NET.1/24" dev "$BRIDGE"
-ip link set "$BRIDGE" up
-for h in 0 1; do
-  ip netns add lpn$ID-$h
-  ip link add lpv${ID}o$h type veth peer name lpv${ID}i$h
-  ip link set lpv${ID}i$h netns lpn$ID-$h
-  ip link set lpv${ID}o$h master "$BRIDGE" up
-  ip -n lpn$ID-$h addr add "$NET.$((10 + h))/24" dev lpv${ID}i$h
-  ip -n lpn$ID-$h link set lpv${ID}i$h up
-  ip -n lpn$ID-$h link set lo up
-done
-HOST0=$NET.10
-HOST1=$NET.11
+netns_hosts_up lp 232
+NET=$NETNS_NET
+HOST0=$NETNS_HOST0
+HOST1=$NETNS_HOST1
 # Ranks 0,1 in pod 0 and 2,3 in pod 1 (ranks numbered pod by pod).
 HOSTS=$HOST0,$HOST0,$HOST1,$HOST1
 
-limit() {
-  for h in 0 1; do
-    tc qdisc replace dev lpv${ID}o$h root tbf rate "$1" burst 1250kb latency 50ms
-    ip netns exec lpn$ID-$h tc qdisc replace dev lpv${ID}i$h root tbf rate "$1" burst 1250kb latency 50ms
-  done
-}
+limit() { netns_hosts_limit "$1"; }
 
 # Runs the 4 ranks of one implementation; rank 0's lines go to $WORK/$1.txt.
 run4() {

@@ -26,63 +26,23 @@ for tool in lockstep-worker train_bench_launcher; do
 done
 [[ $(id -u) == 0 ]] || { echo "bench/sync/run.sh needs root (network namespaces, tc)" >&2; exit 1; }
 
-ID=$$
-NET=10.233.$((ID % 250 + 1))
-BRIDGE=lsb$ID
+# shellcheck source=../netns_hosts.sh
+source "$(dirname "$0")/../netns_hosts.sh"
+# shellcheck source=../train/mlp_job.sh
+source "$(dirname "$0")/../train/mlp_job.sh"
 WORK=$(mktemp -d /tmp/lockstep-sync-bench.XXXXXX)
 cleanup() {
-  for h in 0 1; do ip netns delete lsn$ID-$h 2>/dev/null || true; done
-  ip link delete "$BRIDGE" 2>/dev/null || true
+  netns_hosts_down
   rm -rf "$WORK"
 }
 trap cleanup EXIT
-
-ip link add "$BRIDGE" type bridge
-ip addr add "$NET.1/24" dev "$BRIDGE"
-ip link set "$BRIDGE" up
-for h in 0 1; do
-  ip netns add lsn$ID-$h
-  ip link add lsv${ID}o$h type veth peer name lsv${ID}i$h
-  ip link set lsv${ID}i$h netns lsn$ID-$h
-  ip link set lsv${ID}o$h master "$BRIDGE" up
-  ip -n lsn$ID-$h addr add "$NET.$((10 + h))/24" dev lsv${ID}i$h
-  ip -n lsn$ID-$h link set lsv${ID}i$h up
-  ip -n lsn$ID-$h link set lo up
-done
-
-limit() {
-  for h in 0 1; do
-    tc qdisc replace dev lsv${ID}o$h root tbf rate "$1" burst 1250kb latency 50ms
-    ip netns exec lsn$ID-$h tc qdisc replace dev lsv${ID}i$h root tbf rate "$1" burst 1250kb latency 50ms
-  done
-}
+netns_hosts_up ls 233
+NET=$NETNS_NET
 
 # write_job FILE SYNC COMPRESSION STEPS
 write_job() {
-  cat >"$1" <<YAML
-apiVersion: lockstep.io/v1alpha1
-kind: TrainingJob
-metadata: {name: sync-bench}
-spec:
-  replicas: 2
-  ranksPerWorker: 2
-  trainer:
-    model: {type: mlp, hidden: [$HIDDEN], activation: relu}
-    data:
-      format: idx
-      train: [file:///usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz,
-              file:///usr/share/datasets/fashion-mnist/train-labels-idx1-ubyte.gz]
-      test: [file:///usr/share/datasets/fashion-mnist/t10k-images-idx3-ubyte.gz,
-             file:///usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz]
-    batchSize: 64
-    steps: $4
-    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}
-    seed: 1
-    logIntervalSteps: 100000
-    allreduce: {compression: $3}
-    sync: $2
-  metrics: {port: 0}
-YAML
+  write_mlp_job "$1" sync-bench 2 2 "$4" "$HIDDEN" "    allreduce: {compression: $3}
+    sync: $2"
 }
 
 # run NAME SYNC COMPRESSION: one line per step count in $WORK/NAME.runs (steps samples/s
@@ -93,7 +53,7 @@ run() {
     write_job "$WORK/job.yaml" "$2" "$3" "$steps"
     OPENBLAS_NUM_THREADS=1 timeout 900 "$BUILD_DIR/bin/train_bench_launcher" \
         "$BUILD_DIR/bin/lockstep-worker" "$WORK/job.yaml" 2 --ranks-per-pod 2 --listen "$NET.1" \
-        --pod-netns "lsn$ID-0,lsn$ID-1" --pod-hosts "$NET.10,$NET.11" | tail -n 1 |
+        --pod-netns "lsn$$-0,lsn$$-1" --pod-hosts "$NETNS_HOST0,$NETNS_HOST1" | tail -n 1 |
       python3 -c 'import json, sys; r = json.loads(sys.stdin.read()); print(sys.argv[1],
           r["samples_per_second"], r["eval_accuracy"], r["wire_bytes_per_step"])' "$steps" \
       >>"$WORK/$1.runs"
@@ -121,7 +81,7 @@ PY
 export LOCKSTEP_LOG_LEVEL=warning
 printf '%-8s %-14s %10s %9s %14s %13s\n' link strategy samples/s accuracy to_target MB/step/rank
 for RATE in $RATES; do
-  limit "$RATE"
+  netns_hosts_limit "$RATE"
   run allreduce "{strategy: allreduce}" none
   run bf16 "{strategy: allreduce}" bf16
   for h in 4 8 16; do run "localSGD-H$h" "{strategy: localSGD, localSGD: {period: $h}}" none; done

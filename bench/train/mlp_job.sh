@@ -1,8 +1,11 @@
-# Sourced by the training benchmarks (bench/train/run.sh, bench/pods/run.sh): the job they time.
+# Sourced by the training benchmarks (bench/train/run.sh, bench/pods/run.sh, bench/sync/run.sh):
+# the job they time.
 #
-#   write_mlp_job FILE NAME REPLICAS RANKS_PER_WORKER STEPS
+#   write_mlp_job FILE NAME REPLICAS RANKS_PER_WORKER STEPS [HIDDEN [TRAINER_LINES]]
 #
-# A 784-256-10 ReLU MLP on Fashion-MNIST, batch 64 per rank, SGD with momentum 0.9, seed 1.
+# A 784-HIDDEN-10 ReLU MLP (HIDDEN 256 unless given) on Fashion-MNIST, batch 64 per rank, SGD
+# with momentum 0.9, seed 1. TRAINER_LINES: more fields of spec.trainer, indented by 4 spaces
+# (e.g. "    sync: {strategy: dgc}").
 write_mlp_job() {
   cat >"$1" <<YAML
 apiVersion: lockstep.io/v1alpha1
@@ -12,7 +15,7 @@ spec:
   replicas: $3
   ranksPerWorker: $4
   trainer:
-    model: {type: mlp, hidden: [256], activation: relu}
+    model: {type: mlp, hidden: [${6:-256}], activation: relu}
     data:
       format: idx
       train: [file:///usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz,
@@ -26,6 +29,7 @@ spec:
     optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}
     seed: 1
     logIntervalSteps: 100000
+${7:-}
   metrics: {port: 0}
 YAML
 }
