@@ -17,12 +17,6 @@ constexpr double kWarmupStartDensity = 0.25;
 // many.
 constexpr int64_t kMinSampleSize = 256;
 
-struct SparseEntry {
-  uint32_t index;
-  float value;
-};
-static_assert(sizeof(SparseEntry) == 8, "(index, value) pairs travel as 8 bytes");
-
 // |value|, with NaN above everything (so a NaN gradient is sent, and seen, rather than making the
 // order undefined).
 float Magnitude(float value) {
@@ -130,14 +124,18 @@ Status DgcExchanger::Exchange(comm::Communicator& comm, size_t bucket_index, flo
   const int64_t k =
       std::clamp<int64_t>(static_cast<int64_t>(std::ceil(density * count - 1e-6)), 1, count);
   stats->sent = k;
+  // 2. Selection; at density 1 every entry goes.
+  const bool everything = k == count;
+  if (!everything) {
+    selected_ = SelectLargest(v, count, k, MixSeed(seed_, MixSeed(step, bucket_index)) +
+                                               static_cast<uint64_t>(comm.rank()));
+  }
+  // 3. Exchange.
   if (k * world >= count) {
-    // Dense: the selected entries (all of them at density 1) in a zeroed slice, all-reduced.
-    if (k == count) {
+    // Dense: the selected entries in a zeroed slice, all-reduced.
+    if (everything) {
       std::memcpy(slice, v, n * sizeof(float));
-      selected_.clear();
     } else {
-      selected_ = SelectLargest(v, count, k, MixSeed(seed_, MixSeed(step, bucket_index)) +
-                                                 static_cast<uint64_t>(comm.rank()));
       std::fill(slice, slice + n, 0.0f);
       for (uint32_t i : selected_) slice[i] = v[i];
     }
@@ -145,20 +143,18 @@ Status DgcExchanger::Exchange(comm::Communicator& comm, size_t bucket_index, flo
     LOCKSTEP_RETURN_IF_ERROR(comm.AllReduce(slice, n, comm::DataType::kFloat32,
                                             comm::ReduceOp::kSum, timeout_ms));
   } else {
-    selected_ = SelectLargest(v, count, k, MixSeed(seed_, MixSeed(step, bucket_index)) +
-                                               static_cast<uint64_t>(comm.rank()));
-    std::vector<SparseEntry> mine(selected_.size());
-    for (size_t j = 0; j < selected_.size(); ++j) mine[j] = {selected_[j], v[selected_[j]]};
-    const size_t bytes_per_rank = mine.size() * sizeof(SparseEntry);
+    outgoing_.resize(selected_.size());
+    for (size_t j = 0; j < selected_.size(); ++j) outgoing_[j] = {selected_[j], v[selected_[j]]};
+    const size_t bytes_per_rank = outgoing_.size() * sizeof(SparseEntry);
     gathered_.resize(bytes_per_rank * static_cast<size_t>(world));
     stats->wire_bytes = static_cast<int64_t>(bytes_per_rank);
     LOCKSTEP_RETURN_IF_ERROR(
-        comm.AllGather(mine.data(), bytes_per_rank, gathered_.data(), timeout_ms));
+        comm.AllGather(outgoing_.data(), bytes_per_rank, gathered_.data(), timeout_ms));
     // Sum in rank order: the same additions in the same order on every rank.
     std::fill(slice, slice + n, 0.0f);
     for (int r = 0; r < world; ++r) {
       const char* base = gathered_.data() + static_cast<size_t>(r) * bytes_per_rank;
-      for (size_t j = 0; j < mine.size(); ++j) {
+      for (size_t j = 0; j < outgoing_.size(); ++j) {
         SparseEntry entry;
         std::memcpy(&entry, base + j * sizeof(SparseEntry), sizeof(entry));
         if (entry.index >= n) {
@@ -171,7 +167,7 @@ Status DgcExchanger::Exchange(comm::Communicator& comm, size_t bucket_index, flo
     }
   }
   // 4. Momentum factor masking where this rank sent.
-  if (k == count) {
+  if (everything) {
     std::fill(u, u + n, 0.0f);
     std::fill(v, v + n, 0.0f);
   } else {

@@ -91,13 +91,20 @@ class DgcExchanger {
     std::vector<float> momentum;  // u
     std::vector<float> velocity;  // v
   };
+  struct SparseEntry {  // what travels: 8 bytes per sent entry
+    uint32_t index;
+    float value;
+  };
+  static_assert(sizeof(SparseEntry) == 8, "(index, value) pairs travel as 8 bytes");
 
   spec::DgcSpec spec_;
   float momentum_;
   float weight_decay_;
   uint64_t seed_;
   std::vector<Residual> residuals_;  // per bucket index, allocated at its first exchange
+  // Buffers of one exchange, kept between steps.
   std::vector<uint32_t> selected_;
+  std::vector<SparseEntry> outgoing_;
   std::vector<char> gathered_;
 };
 

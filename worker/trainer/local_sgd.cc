@@ -73,21 +73,19 @@ StatusOr<LocalSgd::Outcome> LocalSgd::Synchronize(comm::Communicator& communicat
               .WithContext("local SGD: average of the optimizer state"));
     }
   }
-  LOCKSTEP_RETURN_IF_ERROR(Save(state));
+  Save(state);
   return outcome;
 }
 
-Status LocalSgd::Save(const TrainingState& state) {
+void LocalSgd::Save(const TrainingState& state) {
   CopyState(*device_, state, saved_);
   diverged_ = false;
-  return OkStatus();
 }
 
-Status LocalSgd::RollBack(TrainingState& state) {
-  if (!diverged_) return OkStatus();
+void LocalSgd::RollBack(TrainingState& state) {
+  if (!diverged_) return;
   CopyState(*device_, saved_, state);
   diverged_ = false;
-  return OkStatus();
 }
 
 }  // namespace lockstep::trainer

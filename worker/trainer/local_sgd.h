@@ -67,7 +67,7 @@ class LocalSgd {
 
   // Keeps a copy of `state` as the point to roll back to (the generation's agreed state, and
   // after every average).
-  Status Save(const TrainingState& state);
+  void Save(const TrainingState& state);
   // A local step changed the state: it now differs from the other ranks' until the next average.
   void MarkLocalStep() { diverged_ = true; }
   bool diverged() const { return diverged_; }
@@ -75,7 +75,7 @@ class LocalSgd {
   int64_t saved_step() const { return saved_.step; }
   // Restores the saved state into `state` when a local step changed it since (a no-op
   // otherwise: the steps before startStep keep every rank's state equal at every step).
-  Status RollBack(TrainingState& state);
+  void RollBack(TrainingState& state);
 
  private:
   LocalSgd(const spec::LocalSgdSpec& spec, kernels::Device& device, TrainingState saved)

@@ -111,17 +111,17 @@ Trainer::Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
              Optimizer(spec_.optimizer, model_.layout().num_params),
              {}} {}
 
-bool Trainer::StatePointAfter(int64_t step, const DataCursor& cursor) const {
-  const bool finished = spec_.steps > 0 ? step >= spec_.steps : cursor.epoch >= spec_.epochs;
-  const spec::CheckpointSpec& checkpoint = job_spec_.checkpoint;
-  return finished || (!checkpoint.uri.empty() && checkpoint.interval_steps > 0 &&
-                      step % checkpoint.interval_steps == 0);
+bool Trainer::FinishedAt(int64_t step, const DataCursor& cursor) const {
+  return spec_.steps > 0 ? step >= spec_.steps : cursor.epoch >= spec_.epochs;
 }
 
-bool Trainer::Finished() const {
-  if (spec_.steps > 0) return state_.step >= spec_.steps;
-  return state_.cursor.epoch >= spec_.epochs;
+bool Trainer::StatePointAfter(int64_t step, const DataCursor& cursor) const {
+  const spec::CheckpointSpec& checkpoint = job_spec_.checkpoint;
+  return FinishedAt(step, cursor) || (!checkpoint.uri.empty() && checkpoint.interval_steps > 0 &&
+                                      step % checkpoint.interval_steps == 0);
 }
+
+bool Trainer::Finished() const { return FinishedAt(state_.step, state_.cursor); }
 
 int64_t Trainer::GlobalBatchSize(int world_size) const {
   return spec::GlobalBatchSize(job_spec_, world_size);
@@ -283,7 +283,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                               LocalSgd::Create(spec_.sync.local_sgd, model_.layout().num_params,
                                                spec_.optimizer, *device_));
     local_sgd.emplace(std::move(created));
-    LOCKSTEP_RETURN_IF_ERROR(local_sgd->Save(state_));
+    local_sgd->Save(state_);
   }
   struct RollBackOnExit {
     Trainer* trainer;
@@ -293,10 +293,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
       if (trainer->before_state_change_) trainer->before_state_change_();
       LOCKSTEP_LOG(INFO) << "local SGD: rolling back from step " << trainer->state_.step
                          << " to the last average";
-      Status rolled_back = (*local_sgd)->RollBack(trainer->state_);
-      if (!rolled_back.ok()) {
-        LOCKSTEP_LOG(ERROR) << "local SGD roll-back: " << rolled_back;
-      }
+      (*local_sgd)->RollBack(trainer->state_);
     }
   } roll_back_on_exit{this, &local_sgd};
   const double zero = 0;
@@ -341,7 +338,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     const bool local = local_sgd.has_value() && local_sgd->IsLocal(state_.step);
     if (local && !local_sgd->diverged() && local_sgd->saved_step() != state_.step) {
       // The first local step after synchronous ones (post-local SGD): roll back no further.
-      LOCKSTEP_RETURN_IF_ERROR(local_sgd->Save(state_));
+      local_sgd->Save(state_);
     }
     const float grad_scale = (local ? static_cast<float>(world) : 1.0f) /
                              static_cast<float>(batch.size());

@@ -197,6 +197,8 @@ class Trainer {
   Status AllocateState();
   // The replicas agreement of AgreeOnState (see there); one all-gather.
   Status AgreeOnReplicas(comm::Communicator& communicator, int64_t timeout_ms);
+  // Whether the job's steps or epochs are done after `step` steps with the data at `cursor`.
+  bool FinishedAt(int64_t step, const DataCursor& cursor) const;
 
   spec::TrainerSpec spec_;
   spec::TrainingJobSpec job_spec_;           // for the global batch size; replicas as agreed
