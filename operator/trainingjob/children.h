@@ -102,10 +102,10 @@ json DesiredService(const spec::TrainingJob& job);
 // scheduler's pod-group annotation/label. spec.template is merged last: its metadata labels and
 // annotations are added, its containers are merged by name into ours (its "worker" container's
 // env, volumeMounts, resources... added; ours win on conflicts of what the operator owns), and
-// every other pod-spec field it sets is kept. The exact rules are at MergeTemplate in
-// children.cc. Then the Pod Security "restricted" defaults, where the template is silent (no
-// service account token, seccomp RuntimeDefault, a non-root worker without privilege escalation
-// or capabilities; an RDMA worker runs as root with IPC_LOCK alone): HardenPod in children.cc.
+// every other pod-spec field it sets is kept (the exact rules: MergeTemplate in pod_template.h).
+// Then the Pod Security "restricted" defaults, where the template is silent (no service account
+// token, seccomp RuntimeDefault, a non-root worker without privilege escalation or capabilities;
+// an RDMA worker runs as root with IPC_LOCK alone): HardenPod in pod_security.h.
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings);
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
