@@ -94,6 +94,13 @@ bool HasCondition(const json& job_status, const std::string& type) {
   return false;
 }
 
+std::string JobPhase(const json& job_status) { return job_status.value("phase", ""); }
+
+bool JobFinished(const json& job_status) {
+  const std::string phase = JobPhase(job_status);
+  return phase == "Succeeded" || phase == "Failed";
+}
+
 std::string Rfc3339(double unix_seconds) {
   const time_t seconds = static_cast<time_t>(std::floor(unix_seconds));
   struct tm utc {};

@@ -29,6 +29,11 @@ void SetCondition(json* job_status, const std::string& type, bool status,
 // The condition's status is "True".
 bool HasCondition(const json& job_status, const std::string& type);
 
+// The job's status.phase ("" before the first status write), and whether it is terminal
+// (Succeeded or Failed).
+std::string JobPhase(const json& job_status);
+bool JobFinished(const json& job_status);
+
 // RFC 3339 UTC with seconds, as Kubernetes writes metav1.Time.
 std::string Rfc3339(double unix_seconds);
 // Parses Rfc3339 (and the fractional-seconds form); -1 when it is not one.

@@ -42,6 +42,7 @@
 #include "operator/kube/kube_client.h"
 #include "operator/operator_metrics.h"
 #include "operator/trainingjob/children.h"
+#include "operator/trainingjob/pod_cache.h"
 
 namespace lockstep::op::trainingjob {
 
@@ -72,13 +73,6 @@ struct ReconcilerDeps {
   bool has_podgroup_crds_scheduler_plugins = true;
 };
 
-// The pod informer's index: "namespace/<job-name label>".
-inline constexpr char kJobIndex[] = "job";
-std::vector<std::string> JobIndexOfPod(const nlohmann::json& pod);
-// What the caches keep of pods and jobs (1,000 jobs in a few MB): see the .cc for the fields.
-nlohmann::json TrimPod(nlohmann::json pod);
-nlohmann::json TrimJob(nlohmann::json job);
-
 class TrainingJobReconciler : public controller::Reconciler {
  public:
   TrainingJobReconciler(ReconcilerDeps deps, ReconcilerOptions options);
@@ -89,7 +83,11 @@ class TrainingJobReconciler : public controller::Reconciler {
   std::string OnPodEvent(const nlohmann::json* old_pod, const nlohmann::json* new_pod);
 
  private:
-  struct Work;  // one reconcile's state
+  // One reconcile's state (reconciler_work.h). The methods are defined by concern:
+  // reconciler.cc (the job, its children and rendezvous registration), reconciler_pods.cc
+  // (ReconcilePods, DeletePod) and reconciler_status.cc (ComputeStatus, WriteStatus, Finish,
+  // CleanUpFinished).
+  struct Work;
   Status ReconcileJob(Work& w);
   Status EnsureChildren(Work& w);
   Status ReconcilePods(Work& w);

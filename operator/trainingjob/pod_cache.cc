@@ -1,0 +1,141 @@
+#include "operator/trainingjob/pod_cache.h"
+
+#include <algorithm>
+#include <string>
+#include <utility>
+
+#include "common/termination_message.h"
+#include "common/utf8.h"
+#include "operator/trainingjob/children.h"
+#include "operator/trainingjob/job_status.h"
+
+namespace lockstep::op::trainingjob {
+
+using json = nlohmann::json;
+
+std::string JobKeyOfPod(const json& pod) {
+  const json& meta = pod.value("metadata", json::object());
+  const json labels = meta.value("labels", json::object());
+  if (!labels.is_object() || !labels.contains(kJobNameLabel)) return "";
+  return meta.value("namespace", "") + "/" + labels[kJobNameLabel].get<std::string>();
+}
+
+std::string PodPhase(const json& pod) {
+  if (!pod.contains("status")) return "Pending";
+  return pod["status"].value("phase", "Pending");
+}
+
+bool IsTerminating(const json& pod) {
+  return pod["metadata"].contains("deletionTimestamp") &&
+         !pod["metadata"]["deletionTimestamp"].is_null();
+}
+
+bool IsReady(const json& pod) {
+  if (!pod.contains("status")) return false;
+  for (const json& c : pod["status"].value("conditions", json::array())) {
+    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
+  }
+  return false;
+}
+
+int32_t PodIndex(const json& pod) {
+  const json labels = pod["metadata"].value("labels", json::object());
+  if (!labels.contains(kReplicaIndexLabel) || !labels[kReplicaIndexLabel].is_string()) return -1;
+  const std::string text = labels[kReplicaIndexLabel].get<std::string>();
+  if (text.empty() || text.size() > 6 ||
+      !std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return -1;
+  }
+  return std::stoi(text);
+}
+
+bool OwnedBy(const json& pod, const std::string& uid) {
+  for (const json& ref : pod["metadata"].value("ownerReferences", json::array())) {
+    if (ref.value("uid", "") == uid && ref.value("controller", false)) return true;
+  }
+  return false;
+}
+
+std::vector<std::string> JobIndexOfPod(const json& pod) {
+  std::string key = JobKeyOfPod(pod);
+  if (key.empty()) return {};
+  return {key};
+}
+
+json TrimPod(json pod) {
+  // Only what the reconciler and the handlers read: at 4,000 pods every field kept costs
+  // hundreds of KB (an nlohmann node is ~100 bytes with its key).
+  json out = json::object();
+  json meta = json::object();
+  json& m = pod["metadata"];
+  for (const char* field : {"name", "namespace", "uid", "resourceVersion", "deletionTimestamp"}) {
+    if (m.contains(field)) meta[field] = std::move(m[field]);
+  }
+  if (m.contains("labels") && m["labels"].is_object()) {
+    json labels = json::object();
+    for (const char* label : {kJobNameLabel, kReplicaIndexLabel}) {
+      if (m["labels"].contains(label)) labels[label] = std::move(m["labels"][label]);
+    }
+    meta["labels"] = std::move(labels);
+  }
+  for (const json& ref : m.value("ownerReferences", json::array())) {
+    if (ref.value("controller", false)) {
+      meta["ownerReferences"] =
+          json::array({{{"uid", ref.value("uid", "")}, {"controller", true}}});
+    }
+  }
+  out["metadata"] = std::move(meta);
+  if (pod.contains("status")) {
+    json& s = pod["status"];
+    json status = json::object();
+    if (s.contains("phase")) status["phase"] = std::move(s["phase"]);
+    if (s.contains("reason")) status["reason"] = std::move(s["reason"]);
+    for (const json& c : s.value("conditions", json::array())) {
+      if (c.value("type", "") == "Ready") {
+        status["conditions"] =
+            json::array({{{"type", "Ready"}, {"status", c.value("status", "")}}});
+      }
+    }
+    json containers = json::array();
+    for (const json& c : s.value("containerStatuses", json::array())) {
+      if (!c.contains("state") || !c["state"].is_object()) continue;
+      const json& state = c["state"];
+      if (state.contains("terminated") && state["terminated"].is_object()) {
+        json terminated = {{"exitCode", state["terminated"].value("exitCode", -1)}};
+        // Kept only when the agents gave up (WorkerGaveUpMessage): that fails the job.
+        const json message = state["terminated"].value("message", json());
+        if (message.is_string() && message.get<std::string>().rfind(kGaveUpPrefix, 0) == 0) {
+          terminated["message"] = Utf8Prefix(message.get<std::string>(), 1024);
+        }
+        containers.push_back(
+            {{"name", c.value("name", "")}, {"state", {{"terminated", std::move(terminated)}}}});
+      } else if (state.contains("waiting") && state["waiting"].is_object() &&
+                 IsStuckWaitingReason(state["waiting"].value("reason", ""))) {
+        // A container that cannot start without a change (WorkerStuckReason).
+        containers.push_back(
+            {{"name", c.value("name", "")},
+             {"state",
+              {{"waiting",
+                {{"reason", state["waiting"].value("reason", "")},
+                 {"message", Utf8Prefix(state["waiting"].value("message", ""), 1024)}}}}}});
+      }
+    }
+    if (!containers.empty()) status["containerStatuses"] = std::move(containers);
+    out["status"] = std::move(status);
+  }
+  return out;
+}
+
+json TrimJob(json job) {
+  if (job.contains("metadata")) {
+    json& m = job["metadata"];
+    m.erase("managedFields");
+    if (m.contains("annotations") && m["annotations"].is_object()) {
+      m["annotations"].erase("kubectl.kubernetes.io/last-applied-configuration");
+      if (m["annotations"].empty()) m.erase("annotations");
+    }
+  }
+  return job;
+}
+
+}  // namespace lockstep::op::trainingjob

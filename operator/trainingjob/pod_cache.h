@@ -1,0 +1,37 @@
+// The informers' view of worker pods and TrainingJobs: the pods' index by job, what the caches
+// keep of each object (at 4,000 pods every field kept costs hundreds of KB), and how the
+// reconciler reads a cached pod. Pure functions of JSON, tested through the reconciler's tests.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace lockstep::op::trainingjob {
+
+// The pod informer's index: "namespace/<job-name label>".
+inline constexpr char kJobIndex[] = "job";
+std::vector<std::string> JobIndexOfPod(const nlohmann::json& pod);
+
+// The informers' transforms: what the caches keep of pods and jobs (1,000 jobs in a few MB).
+// TrimPod keeps only what the reconciler and the pod handlers read (see the .cc for the fields);
+// TrimJob drops managedFields and kubectl's last-applied annotation.
+nlohmann::json TrimPod(nlohmann::json pod);
+nlohmann::json TrimJob(nlohmann::json job);
+
+// Reading a (trimmed) worker pod.
+// "namespace/<job-name label>"; "" when the pod has no job-name label.
+std::string JobKeyOfPod(const nlohmann::json& pod);
+// status.phase; "Pending" until the kubelet reports one.
+std::string PodPhase(const nlohmann::json& pod);
+// metadata.deletionTimestamp is set: the pod is going, whatever its phase says.
+bool IsTerminating(const nlohmann::json& pod);
+// Its Ready condition is True.
+bool IsReady(const nlohmann::json& pod);
+// The replica-index label; -1 when the pod carries no valid index.
+int32_t PodIndex(const nlohmann::json& pod);
+// Its controller ownerReference names `uid` (a pod of this incarnation of the job).
+bool OwnedBy(const nlohmann::json& pod, const std::string& uid);
+
+}  // namespace lockstep::op::trainingjob

@@ -1,0 +1,165 @@
+// TrainingJobReconciler, the worker pods (steps 8 of reconciler.h): failed workers replaced or
+// failing the job under the run policy, scale-down, missing pods created.
+#include <set>
+#include <string>
+#include <vector>
+
+#include "common/logging.h"
+#include "operator/trainingjob/job_status.h"
+#include "operator/trainingjob/pod_cache.h"
+#include "operator/trainingjob/reconciler.h"
+#include "operator/trainingjob/reconciler_work.h"
+
+namespace lockstep::op::trainingjob {
+
+namespace res = kube::resources;
+using json = nlohmann::json;
+using controller::ObjectPtr;
+using kube::IsAlreadyExists;
+using kube::IsConflict;
+using kube::IsInvalid;
+using kube::IsNotFound;
+
+Status TrainingJobReconciler::DeletePod(Work& w, const json& pod, const std::string& why) {
+  const std::string name = pod["metadata"].value("name", "");
+  const std::string uid = pod["metadata"].value("uid", "");
+  deps_.expectations->ExpectDeletions(w.key, {uid});
+  kube::DeleteOptions options;
+  options.precondition_uid = uid;
+  Status s = deps_.client->Delete(res::kPods, w.job.metadata.namespace_, name, options);
+  if (s.ok()) {
+    deps_.events->Record(*w.object, controller::EventType::kNormal, "SuccessfulDeletePod",
+                         "deleted pod " + name + ": " + why);
+    if (deps_.rendezvous) deps_.rendezvous->RemoveMember(w.key, name, why);
+    return OkStatus();
+  }
+  // Gone already (or another incarnation): the informer's delete event settles the expectation;
+  // if it never comes, the expectation expires.
+  if (IsNotFound(s) || IsConflict(s)) {
+    deps_.expectations->DeletionObserved(w.key, uid);
+    return OkStatus();
+  }
+  deps_.expectations->DeletionObserved(w.key, uid);
+  deps_.events->Record(*w.object, controller::EventType::kWarning, "FailedDeletePod",
+                       "deleting pod " + name + ": " + s.message());
+  return s;
+}
+
+Status TrainingJobReconciler::ReconcilePods(Work& w) {
+  const spec::TrainingJob& job = w.job;
+  const spec::RunPolicy& policy = job.spec.run_policy;
+  const int32_t desired = job.spec.replicas;
+  const std::string& uid = job.metadata.uid;
+
+  for (const ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {
+    const int32_t index = PodIndex(*pod);
+    // A pod of an earlier job of the same name, or one whose labels were edited: not ours to
+    // count. Pods of an earlier incarnation go with their owner; others are left alone.
+    if (index < 0 || !OwnedBy(*pod, uid)) continue;
+    if (PodPhase(*pod) == "Succeeded") w.any_succeeded = true;
+    auto [it, inserted] = w.by_index.emplace(index, pod);
+    // Two pods for one index cannot be created by us (same name); keep the newest view.
+    if (!inserted) it->second = pod;
+  }
+
+  // Failed workers first: they may fail the job, and then nothing else is created.
+  for (auto& [index, pod] : w.by_index) {
+    if (index >= desired || IsTerminating(*pod) || PodPhase(*pod) != "Failed") continue;
+    if (w.any_succeeded) continue;  // training completed; a late failure changes nothing
+    const std::string name = (*pod)["metadata"].value("name", "");
+    const int32_t exit_code = WorkerExitCode(*pod);
+    const std::string what =
+        "pod " + name + " failed" +
+        (exit_code >= 0
+             ? " with exit code " + std::to_string(exit_code)
+             : " (" + (*pod)["status"].value("reason", std::string("no exit code")) + ")");
+    // The exec agents gave up: they hold the job's restart budget and already applied the run
+    // policy; a replacement pod would read the same give-up and exit again.
+    if (const std::string gave_up = WorkerGaveUpMessage(*pod); !gave_up.empty()) {
+      return Finish(w, false, "WorkersGaveUp", what + ": " + gave_up);
+    }
+    const ExitDecision decision = DecideExit(policy, exit_code);
+    if (decision == ExitDecision::kFailJob) {
+      return Finish(w, false, "PodFailed",
+                    what + "; spec.runPolicy.restartPolicy " +
+                        spec::ToString(policy.restart_policy) + " does not retry it");
+    }
+    const int64_t restarts = w.status.value("restarts", int64_t{0});
+    if (restarts >= policy.backoff_limit) {
+      return Finish(w, false, "BackoffLimitExceeded",
+                    what + "; the job was restarted " + std::to_string(restarts) +
+                        " times, spec.runPolicy.backoffLimit is " +
+                        std::to_string(policy.backoff_limit));
+    }
+    // Count first, in the status written below with the cached resourceVersion: if that write
+    // conflicts the reconcile runs again on fresh data, and the pending deletion expectation
+    // keeps this failure from being counted twice meanwhile.
+    w.status["restarts"] = restarts + 1;
+    Status s = DeletePod(w, *pod,
+                         what + "; replacing it (restart " + std::to_string(restarts + 1) +
+                             " of at most " + std::to_string(policy.backoff_limit) + ")");
+    if (!s.ok() && w.error.ok()) w.error = s;
+    deps_.events->Record(*w.object, controller::EventType::kWarning, "RestartingWorker",
+                         what + "; restart " + std::to_string(restarts + 1) + "/" +
+                             std::to_string(policy.backoff_limit));
+    if (deps_.metrics) deps_.metrics->JobRestarted();
+    w.restarted = true;
+    SetCondition(&w.status, kRestarting, true, "WorkerFailed", what, w.now);
+  }
+
+  // Scale-down: only the pods past the new replica count go.
+  for (auto& [index, pod] : w.by_index) {
+    if (index < desired || IsTerminating(*pod)) continue;
+    const std::string phase = PodPhase(*pod);
+    if (phase == "Succeeded") continue;
+    Status s = DeletePod(w, *pod, "spec.replicas is " + std::to_string(desired) + " (scaled down)");
+    if (!s.ok() && w.error.ok()) w.error = s;
+  }
+
+  // Missing workers: scale-up, deleted or replaced pods.
+  if (w.any_succeeded) return OkStatus();
+  std::vector<int32_t> missing;
+  for (int32_t index = 0; index < desired; ++index) {
+    auto it = w.by_index.find(index);
+    if (it == w.by_index.end()) missing.push_back(index);
+  }
+  if (missing.empty()) return OkStatus();
+  std::set<std::string> names;
+  for (int32_t index : missing) names.insert(PodName(job.metadata.name, index));
+  deps_.expectations->ExpectCreations(w.key, names);
+  for (int32_t index : missing) {
+    const std::string name = PodName(job.metadata.name, index);
+    StatusOr<json> created = deps_.client->Create(res::kPods, job.metadata.namespace_,
+                                                  DesiredPod(job, index, options_.settings));
+    if (created.ok()) {
+      w.created_pods = true;
+      w.created_names.push_back(name);
+      continue;
+    }
+    deps_.expectations->CreationObserved(w.key, name);
+    if (IsAlreadyExists(created.status())) continue;  // the cache will show it
+    deps_.events->Record(*w.object, controller::EventType::kWarning, "FailedCreatePod",
+                         "creating pod " + name + ": " + created.status().message());
+    if (IsInvalid(created.status())) {
+      // The API server refuses the pod the spec describes (e.g. spec.template): retrying cannot
+      // help.
+      return Finish(w, false, "InvalidPodTemplate",
+                    "the API server refused pod " + name + ": " + created.status().message());
+    }
+    SetCondition(&w.status, kCreated, false, "FailedCreatePod",
+                 "creating pod " + name + ": " + created.status().message(), w.now);
+    if (w.error.ok()) w.error = created.status().WithContext("creating pod " + name);
+  }
+  // One Event per reconcile, not per pod: at a thousand jobs a per-pod Event doubles the
+  // operator's writes and overflows the recorder's queue.
+  if (!w.created_names.empty()) {
+    std::string names;
+    for (const std::string& name : w.created_names) names += (names.empty() ? "" : ", ") + name;
+    deps_.events->Record(
+        *w.object, controller::EventType::kNormal, "SuccessfulCreatePod",
+        "created pod" + std::string(w.created_names.size() > 1 ? "s " : " ") + names);
+  }
+  return OkStatus();
+}
+
+}  // namespace lockstep::op::trainingjob

@@ -1,0 +1,271 @@
+// TrainingJobReconciler, status and the end of a job (step 9 and steps 3, 5 of reconciler.h):
+// the status computed from the pods and the rendezvous snapshot, written only when it changed;
+// a job's end (conditions, Event, metrics) and what is cleaned up after it (pods, the
+// rendezvous registration, the job itself after ttlSecondsAfterFinished).
+#include <cmath>
+#include <string>
+
+#include "common/logging.h"
+#include "operator/trainingjob/job_status.h"
+#include "operator/trainingjob/pod_cache.h"
+#include "operator/trainingjob/reconciler.h"
+#include "operator/trainingjob/reconciler_work.h"
+
+namespace lockstep::op::trainingjob {
+
+namespace res = kube::resources;
+using json = nlohmann::json;
+using controller::ObjectPtr;
+using kube::IsAlreadyExists;
+using kube::IsConflict;
+using kube::IsInvalid;
+using kube::IsNotFound;
+
+namespace {
+
+// A merge patch (RFC 7386) that turns `from` into `to`: keys that disappear become null, in
+// nested objects too (a merge patch merges them key by key, so a field status.progress no longer
+// has would otherwise stay forever).
+json StatusMergePatch(const json& from, const json& to) {
+  json patch = to;
+  if (from.is_object() && to.is_object()) {
+    for (auto it = from.begin(); it != from.end(); ++it) {
+      const auto next = to.find(it.key());
+      if (next == to.end()) {
+        patch[it.key()] = nullptr;
+      } else if (it->is_object() && next->is_object()) {
+        patch[it.key()] = StatusMergePatch(*it, *next);
+      }
+    }
+  }
+  return patch;
+}
+
+// status.progress from the workers' report: only what they know; a field they cannot know
+// (an exec program that reports no loss or rate) is absent rather than a 0 that reads like one.
+json ProgressStatus(const rendezvous::ProgressReport& p) {
+  json progress = {{"step", p.step}};
+  if (p.total_steps > 0) progress["totalSteps"] = p.total_steps;
+  if (p.samples_per_second > 0) progress["samplesPerSecond"] = p.samples_per_second;
+  if (p.scaling_efficiency > 0) progress["scalingEfficiency"] = p.scaling_efficiency;
+  if (p.has_loss) progress["loss"] = p.loss;
+  const double left =
+      EstimatedSecondsRemaining(p.step, p.total_steps, p.samples, p.samples_per_second);
+  if (left >= 0) progress["estimatedSecondsRemaining"] = std::round(left);
+  return progress;
+}
+
+}  // namespace
+
+void TrainingJobReconciler::ComputeStatus(Work& w) {
+  const int32_t desired = w.job.spec.replicas;
+  int32_t active = 0, ready = 0, running = 0, succeeded = 0, failed = 0;
+  for (auto& [index, pod] : w.by_index) {
+    const std::string phase = PodPhase(*pod);
+    if (phase == "Succeeded") {
+      ++succeeded;
+    } else if (phase == "Failed") {
+      ++failed;
+    } else if (!IsTerminating(*pod) && index < desired) {
+      ++active;
+      if (phase == "Running") ++running;
+      if (IsReady(*pod)) ++ready;
+    }
+  }
+  // Pods created by this reconcile are not in the cache yet: they are active (Pending), and
+  // counting them now saves a second status write when the cache catches up.
+  active += static_cast<int32_t>(w.created_names.size());
+  const int64_t previous_desired =
+      w.old_status.contains("replicas") ? w.old_status["replicas"].value("desired", int64_t{0}) : 0;
+  w.status["replicas"] = {{"desired", desired},
+                          {"active", active},
+                          {"ready", ready},
+                          {"succeeded", succeeded},
+                          {"failed", failed}};
+
+  // What the workers report through rendezvous.
+  if (deps_.rendezvous) {
+    StatusOr<rendezvous::JobSnapshot> snapshot = deps_.rendezvous->Snapshot(w.key);
+    if (snapshot.ok()) {
+      const rendezvous::JobSnapshot& s = *snapshot;
+      if (s.generation > 0) {
+        w.status["rendezvous"] = {{"generation", s.generation}, {"worldSize", s.world_size}};
+      }
+      const rendezvous::ProgressReport& p =
+          s.final_progress.step > 0 ? s.final_progress : s.progress;
+      if (p.step > 0) w.status["progress"] = ProgressStatus(p);
+      if (p.last_checkpoint_step >= 0 && !p.last_checkpoint_uri.empty()) {
+        const json old = w.old_status.value("lastCheckpoint", json::object());
+        const bool same =
+            old.is_object() && old.value("step", int64_t{-1}) == p.last_checkpoint_step;
+        w.status["lastCheckpoint"] = {{"step", p.last_checkpoint_step},
+                                      {"uri", p.last_checkpoint_uri},
+                                      {"time", same ? old.value("time", w.now) : w.now}};
+      }
+    }
+  }
+
+  // Terminal: every worker that was asked for is done, and one at least completed.
+  if (w.any_succeeded && active == 0) {
+    (void)Finish(w, true, "WorkersSucceeded",
+                 std::to_string(succeeded) + " of " + std::to_string(desired) +
+                     " workers completed training");
+    return;
+  }
+
+  const bool all_running = running == desired && active == desired;
+  const bool generation_active =
+      !deps_.rendezvous ||
+      (w.status.contains("rendezvous") && w.status["rendezvous"].value("worldSize", 0) > 0);
+  std::string stuck;  // the first worker that cannot start, and why
+  for (auto& [index, pod] : w.by_index) {
+    if (index >= desired || IsTerminating(*pod)) continue;
+    const std::string why = WorkerStuckReason(*pod);
+    if (!why.empty()) {
+      stuck = "pod " + (*pod)["metadata"].value("name", "") + ": " + why;
+      break;
+    }
+  }
+  std::string phase;
+  if (previous_desired != 0 && previous_desired != desired) {
+    SetCondition(&w.status, kScaling, true, "ReplicasChanged",
+                 "spec.replicas changed from " + std::to_string(previous_desired) + " to " +
+                     std::to_string(desired),
+                 w.now);
+    deps_.events->Record(*w.object, controller::EventType::kNormal, "Scaling",
+                         "scaling from " + std::to_string(previous_desired) + " to " +
+                             std::to_string(desired) + " workers");
+  }
+  if (all_running) {
+    if (HasCondition(w.status, kScaling)) {
+      SetCondition(&w.status, kScaling, false, "Scaled",
+                   std::to_string(desired) + " workers running", w.now);
+    }
+    if (HasCondition(w.status, kRestarting)) {
+      SetCondition(&w.status, kRestarting, false, "WorkersRunning", "every worker is running again",
+                   w.now);
+    }
+  }
+  if (HasCondition(w.status, kRestarting)) {
+    phase = "Restarting";
+  } else if (HasCondition(w.status, kScaling)) {
+    phase = "Scaling";
+  } else if (all_running && generation_active) {
+    phase = "Running";
+  } else {
+    phase = "Created";
+  }
+  if (phase == "Running") {
+    if (!HasCondition(w.status, kRunning)) {
+      SetCondition(&w.status, kRunning, true, "WorkersRunning",
+                   std::to_string(desired) + " workers running in rendezvous generation " +
+                       std::to_string(w.status.contains("rendezvous")
+                                          ? w.status["rendezvous"].value("generation", int64_t{0})
+                                          : 0),
+                   w.now);
+    }
+  } else if (!stuck.empty()) {
+    // A worker that cannot start until someone acts (a root image under runAsNonRoot, an image
+    // that cannot be pulled): say so where `kubectl describe tj` shows it.
+    SetCondition(&w.status, kRunning, false, "WorkerCannotStart", stuck, w.now);
+  } else if (HasCondition(w.status, kRunning) || w.status.contains("conditions")) {
+    // Keep the Running condition's history: it turns False while restarting or scaling.
+    bool had = false;
+    for (const json& c : w.status.value("conditions", json::array())) {
+      if (c.value("type", "") == kRunning) had = true;
+    }
+    if (had) {
+      SetCondition(&w.status, kRunning, false, phase,
+                   std::to_string(running) + " of " + std::to_string(desired) + " workers running",
+                   w.now);
+    }
+  }
+  w.status["phase"] = phase;
+}
+
+Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string& reason,
+                                     const std::string& message) {
+  const bool was_finished = JobFinished(w.status);
+  // What the server held before this reconcile (WriteStatus below replaces old_status).
+  const bool stored_finished = JobFinished(w.old_status);
+  w.status["phase"] = succeeded ? "Succeeded" : "Failed";
+  SetCondition(&w.status, succeeded ? kSucceeded : kFailed, true, reason, message, w.now);
+  for (const char* type : {kRunning, kRestarting, kScaling}) {
+    if (HasCondition(w.status, type)) {
+      SetCondition(&w.status, type, false, reason,
+                   "the job " + std::string(succeeded ? "succeeded" : "failed"), w.now);
+    }
+  }
+  if (!w.status.contains("completionTime")) w.status["completionTime"] = w.now;
+  if (!was_finished) {
+    deps_.events->Record(
+        *w.object, succeeded ? controller::EventType::kNormal : controller::EventType::kWarning,
+        reason, message);
+  }
+  Status write = WriteStatus(w);
+  if (!write.ok()) return write;
+  if (!was_finished && !stored_finished && deps_.metrics) {
+    succeeded ? deps_.metrics->JobSucceeded() : deps_.metrics->JobFailed();
+  }
+  LOCKSTEP_LOG(INFO) << w.key << ": " << (succeeded ? "succeeded" : "failed") << " (" << reason
+                     << "): " << message;
+  return CleanUpFinished(w);
+}
+
+Status TrainingJobReconciler::CleanUpFinished(Work& w) {
+  // Workers still running after the job failed (or after it succeeded without them) are
+  // stopped: nothing would ever use them.
+  Status first;
+  if (!w.job.metadata.uid.empty()) {
+    for (const ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {
+      const std::string phase = PodPhase(*pod);
+      if (IsTerminating(*pod) || phase == "Succeeded" || phase == "Failed") continue;
+      if (!OwnedBy(*pod, w.job.metadata.uid)) continue;
+      Status s = DeletePod(w, *pod, "the job finished");
+      if (!s.ok() && first.ok()) first = s;
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (hosted_.erase(w.key) && deps_.rendezvous) (void)deps_.rendezvous->RemoveJob(w.key);
+  }
+  const std::optional<int64_t> ttl = w.job.spec.run_policy.ttl_seconds_after_finished;
+  if (ttl) {
+    const double completed = ParseRfc3339(w.status.value("completionTime", w.now));
+    const double left = completed + static_cast<double>(*ttl) - Now();
+    if (left <= 0) {
+      kube::DeleteOptions options;
+      options.propagation_policy = "Background";
+      options.precondition_uid = w.job.metadata.uid;
+      Status s = deps_.client->Delete(kube::resources::kTrainingJobs, w.job.metadata.namespace_,
+                                      w.job.metadata.name, options);
+      if (!s.ok() && !IsNotFound(s) && !IsConflict(s)) return s;
+      LOCKSTEP_LOG(INFO) << w.key << ": deleted " << *ttl
+                         << " s after it finished (ttlSecondsAfterFinished)";
+      return first;
+    }
+    w.RequeueAfter(static_cast<int64_t>(std::ceil(left * 1000)));
+  }
+  return first;
+}
+
+Status TrainingJobReconciler::WriteStatus(Work& w) {
+  if (w.status == w.old_status) return OkStatus();
+  json patch = {
+      {"metadata", {{"resourceVersion", (*w.object)["metadata"].value("resourceVersion", "")}}},
+      {"status", StatusMergePatch(w.old_status, w.status)}};
+  StatusOr<json> updated = deps_.client->Patch(
+      kube::resources::kTrainingJobs, w.job.metadata.namespace_,
+      (*w.object)["metadata"].value("name", ""), kube::PatchType::kMerge, patch, "status");
+  if (updated.ok()) {
+    // Later steps of this reconcile compare against what is now stored.
+    w.old_status = w.status;
+    return OkStatus();
+  }
+  if (IsNotFound(updated.status())) return OkStatus();
+  // A conflict means the cache was stale: the informer brings the fresh job and it is queued
+  // again; returning the error retries it with back-off meanwhile.
+  return updated.status().WithContext("writing status");
+}
+
+}  // namespace lockstep::op::trainingjob

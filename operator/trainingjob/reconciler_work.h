@@ -1,0 +1,38 @@
+// TrainingJobReconciler::Work: one reconcile's state, shared by the reconciler's parts
+// (reconciler.cc: the job and its children; reconciler_pods.cc: the worker pods;
+// reconciler_status.cc: status and the end of a job). Internal to operator/trainingjob.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "operator/trainingjob/reconciler.h"
+
+namespace lockstep::op::trainingjob {
+
+struct TrainingJobReconciler::Work {
+  std::string key;
+  controller::ObjectPtr object;
+  spec::TrainingJob job;
+  nlohmann::json old_status;
+  nlohmann::json status;
+  std::string now;
+  controller::Result* result = nullptr;
+  std::map<int32_t, controller::ObjectPtr> by_index;  // pods of this incarnation with a valid index
+  bool any_succeeded = false;
+  bool created_pods = false;
+  std::vector<std::string> created_names;  // pods this reconcile created (not yet cached)
+  bool restarted = false;
+  Status error;  // the first failure worth retrying
+  void RequeueAfter(int64_t ms) {
+    if (ms <= 0) ms = 1;
+    if (result->requeue_after_ms == 0 || ms < result->requeue_after_ms) {
+      result->requeue_after_ms = ms;
+    }
+  }
+};
+
+}  // namespace lockstep::op::trainingjob
