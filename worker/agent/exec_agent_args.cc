@@ -1,0 +1,106 @@
+// ParseExecAgentArgs and the exec agent's usage (exec_agent.h): the arguments after "exec", the
+// manifest and the LOCKSTEP_ environment, with the tunables of docs/exec.md.
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "common/env.h"
+#include "common/rendezvous/client_environment.h"
+#include "common/spec/training_job.h"
+#include "worker/agent/exec_agent.h"
+#include "worker/agent/exec_environment.h"
+
+namespace lockstep::agent {
+
+// Tunables (docs/exec.md).
+LOCKSTEP_PARAM_INT(ExecGraceMs, "LOCKSTEP_EXEC_GRACE_MS", 10000);
+LOCKSTEP_PARAM_INT(ExecBackoffMs, "LOCKSTEP_EXEC_BACKOFF_MS", 1000);
+LOCKSTEP_PARAM_INT(ExecMaxBackoffMs, "LOCKSTEP_EXEC_MAX_BACKOFF_MS", 30000);
+LOCKSTEP_PARAM_INT(ExecJoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
+LOCKSTEP_PARAM_INT(ExecPlanTimeoutMs, "LOCKSTEP_EXEC_PLAN_TIMEOUT_MS", 60000);
+LOCKSTEP_PARAM_INT(ExecWarmSpare, "LOCKSTEP_EXEC_WARM_SPARE", 1);
+
+const char kExecUsage[] =
+    "usage: lockstep-worker exec [--manifest FILE] [--] COMMAND [ARG...]\n"
+    "  Runs COMMAND as this member of the job under the rendezvous, with the environment\n"
+    "  PyTorch expects (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, ...), and\n"
+    "  restarts it in a new generation when it fails anywhere or membership changes.\n"
+    "  The manifest (runPolicy, command) comes from --manifest or LOCKSTEP_SPEC.\n";
+
+StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& args) {
+  std::string manifest_path;
+  std::vector<std::string> command;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& arg = args[i];
+    if (arg == "--") {
+      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
+      break;
+    }
+    if (arg == "--manifest") {
+      if (i + 1 >= args.size()) return InvalidArgumentError("--manifest: missing value");
+      manifest_path = args[++i];
+    } else if (arg.rfind("--manifest=", 0) == 0) {
+      manifest_path = arg.substr(std::string("--manifest=").size());
+    } else if (!arg.empty() && arg[0] == '-') {
+      return InvalidArgumentError("unknown flag " + arg + " (the command follows --)");
+    } else {
+      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
+      break;
+    }
+  }
+
+  std::optional<spec::TrainingJob> job;
+  if (!manifest_path.empty()) {
+    StatusOr<spec::TrainingJob> loaded = spec::LoadTrainingJobFile(manifest_path);
+    if (!loaded.ok()) return loaded.status();
+    job = *loaded;
+  } else if (const std::string text = EnvString("LOCKSTEP_SPEC", ""); !text.empty()) {
+    nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
+    StatusOr<spec::TrainingJob> parsed = spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
+    if (!parsed.ok()) return parsed.status();
+    job = *parsed;
+  }
+
+  ExecAgentOptions options;
+  if (command.empty() && job) command = job->spec.command;
+  if (command.empty()) {
+    return InvalidArgumentError("no command: give it after -- or in the manifest's spec.command");
+  }
+  options.command = command;
+  options.job = EnvString(
+      "LOCKSTEP_JOB", job ? job->metadata.namespace_ + "/" + job->metadata.name : std::string());
+  if (options.job.empty()) {
+    return InvalidArgumentError("environment variable LOCKSTEP_JOB is not set (and no manifest)");
+  }
+  StatusOr<rendezvous::ClientOptions> client =
+      rendezvous::ClientOptionsFromEnvironment(options.job);
+  if (!client.ok()) return client.status();
+  options.client = *client;
+  // Rank r of a pod of several ranks serves on the pod's port + r.
+  const int64_t base_port = EnvInt("LOCKSTEP_METRICS_PORT", job ? job->spec.metrics.port : 0);
+  const int64_t metrics_port = base_port == 0 ? 0 : base_port + options.client.local_rank;
+  if (metrics_port < 0 || metrics_port > 65535) {
+    return InvalidArgumentError("LOCKSTEP_METRICS_PORT " + std::to_string(metrics_port) +
+                                " outside 0..65535");
+  }
+  options.metrics_port = static_cast<int>(metrics_port);
+  if (job) {
+    options.budget.policy = job->spec.run_policy.restart_policy;
+    options.budget.backoff_limit = job->spec.run_policy.backoff_limit;
+    options.budget.retryable_exit_codes = job->spec.run_policy.retryable_exit_codes;
+    options.network = job->spec.network;
+  }
+  options.python_path = FindPythonHelpers("/proc/self/exe");
+  options.budget.initial_backoff_ms = std::max<int64_t>(0, ExecBackoffMs());
+  options.budget.max_backoff_ms = std::max(options.budget.initial_backoff_ms, ExecMaxBackoffMs());
+  options.grace_ms = std::max<int64_t>(0, ExecGraceMs());
+  options.warm_spare = ExecWarmSpare() != 0;
+  options.join_timeout_ms = std::max<int64_t>(1, ExecJoinTimeoutMs());
+  options.plan_timeout_ms = std::max<int64_t>(1, ExecPlanTimeoutMs());
+  return options;
+}
+
+}  // namespace lockstep::agent

@@ -1,0 +1,183 @@
+// ExecAgent (exec_agent_impl.h): the programs' lives across generations: the previous
+// generation's command stopped while the agent joins the next (SIGTERM, SIGKILL after the
+// grace), what it left behind ended, a helper program's in-place handover (it leaves its
+// generation and goes on), and the warm spare that replaces a failed one.
+#include <signal.h>
+
+#include <algorithm>
+#include <optional>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "worker/agent/exec_agent_impl.h"
+#include "worker/agent/wake_pipe.h"
+
+namespace lockstep::agent::exec_agent_internal {
+
+void ExecAgent::DriveStop() {
+  if (!stopping_) return;
+  if (std::optional<ChildExit> exit = stopping_->TryReap()) {
+    PreviousCommandStopped(*exit);
+  } else if (!stopping_->sigkill_sent() && stopping_->MsSinceSigterm() > options_.grace_ms) {
+    LOCKSTEP_LOG(WARNING) << "previous command (pid " << stopping_->pid() << ") still running "
+                          << options_.grace_ms << " ms after SIGTERM; sending SIGKILL";
+    stopping_->Signal(SIGKILL);
+  }
+}
+
+void ExecAgent::FinishStop() {
+  if (stopping_) PreviousCommandStopped(stopping_->Stop(options_.grace_ms, options_.kill_wait_ms));
+}
+
+void ExecAgent::PreviousCommandStopped(const ChildExit& exit) {
+  LOCKSTEP_LOG(INFO) << "previous command (pid " << stopping_->pid()
+                     << ") stopped: " << exit.Describe();
+  stopping_.reset();
+  EndLeftovers();
+}
+
+void ExecAgent::EndLeftovers() {
+  if (const int ended = EndDescendants(kEndDescendantsMs, LivePrograms()); ended > 0) {
+    LOCKSTEP_LOG(WARNING) << "ended " << ended
+                          << " process(es) the command left behind (setsid or daemon)";
+  }
+}
+
+std::vector<pid_t> ExecAgent::LivePrograms() const {
+  std::vector<pid_t> live;
+  for (const SupervisedCommand* command : {active_.get(), spare_.get()}) {
+    if (command != nullptr && command->process().running())
+      live.push_back(command->process().pid());
+  }
+  return live;
+}
+
+void ExecAgent::ReapOrphans() {
+  std::vector<pid_t> keep = LivePrograms();
+  if (stopping_) keep.push_back(stopping_->pid());
+  if (const int reaped = ReapExitedOrphans(keep); reaped > 0) {
+    LOCKSTEP_LOG(INFO) << "reaped " << reaped << " exited orphan(s) of the command";
+  }
+}
+
+void ExecAgent::TendSpare(int64_t g) {
+  ReapDeadSpare();
+  if (spare_ || !options_.warm_spare || !active_ || !active_->recoverable() ||
+      !active_->training_in(g) || MonotonicSeconds() < spare_not_before_) {
+    return;
+  }
+  StartSpare();
+}
+
+void ExecAgent::ReapDeadSpare() {
+  if (spare_) {
+    spare_->Absorb();
+    std::optional<ChildExit> exit = spare_->process().TryReap();
+    if (!exit && spare_->said_hello() && !spare_->recoverable()) {
+      exit = spare_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);  // its channel closed
+    }
+    if (exit) {
+      ++spare_deaths_;
+      const int64_t backoff_ms =
+          std::min<int64_t>(kSpareMaxBackoffMs, kSpareBackoffMs << std::min(spare_deaths_ - 1, 16));
+      LOCKSTEP_LOG(WARNING) << "warm spare (pid " << spare_->process().pid()
+                            << ") ended unused: " << exit->Describe() << "; another in "
+                            << backoff_ms << " ms";
+      spare_.reset();
+      spare_not_before_ = MonotonicSeconds() + static_cast<double>(backoff_ms) / 1000;
+    }
+  }
+}
+
+void ExecAgent::StartSpare() {
+  // Started once the program trains, so its start-up does not compete with a recovery.
+  ChildProcess::Options options = spare_options_;
+  options.env.push_back(std::string(kWarmSpareEnv) + "=1");
+  options.output_prefix = "[spare] ";
+  StatusOr<std::unique_ptr<SupervisedCommand>> spare = SupervisedCommand::Start(options);
+  if (!spare.ok()) {
+    LOCKSTEP_LOG(WARNING) << "warm spare: " << spare.status();
+    spare_not_before_ = MonotonicSeconds() + static_cast<double>(kSpareMaxBackoffMs) / 1000;
+    return;
+  }
+  spare_ = std::move(*spare);
+  LOCKSTEP_LOG(INFO) << "started a warm spare (pid " << spare_->process().pid() << ")";
+}
+
+ExecAgent::Handover ExecAgent::AwaitLeft(const rendezvous::Assignment& a) {
+  const Deadline deadline = Deadline::AfterMs(options_.grace_ms);
+  while (true) {
+    active_->Absorb();
+    if (std::optional<ChildExit> exit = active_->process().TryReap()) {
+      last_exit_ = *exit;
+      return Handover::kExited;
+    }
+    if (active_->idle()) return Handover::kLeft;
+    if (pending_signal_ != 0) return Handover::kSignalled;
+    if (GenerationEnded(a.generation)) return Handover::kGenerationEnded;
+    if (!active_->recoverable()) {
+      // Its channel closed: it died (it is reaped a moment after) or broke the protocol.
+      last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+      return Handover::kExited;
+    }
+    if (deadline.expired()) {
+      LOCKSTEP_LOG(WARNING) << "the command (pid " << active_->process().pid()
+                            << ") did not leave its generation within " << options_.grace_ms
+                            << " ms; stopping it";
+      active_->process().Signal(SIGTERM);
+      stopping_ = active_->TakeProcess();
+      active_.reset();
+      return Handover::kStopping;
+    }
+    const Events events = WaitForEvents(std::min<int64_t>(deadline.remaining_ms(), 200));
+    if (events.signal != 0 && pending_signal_ == 0) pending_signal_ = events.signal;
+    if (events.child) ReapOrphans();
+    TendSpare(a.generation);
+  }
+}
+
+Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const GenerationPlan& plan,
+                                ChildProcess::Options options,
+                                const std::vector<std::pair<std::string, std::string>>& variables) {
+  spare_options_ = options;
+  const std::string prefix = options.output_prefix;
+  if (active_ && active_->process().running() && active_->recoverable()) {
+    active_->process().SetOutputPrefix(prefix);
+    LOCKSTEP_LOG(INFO) << "the command (pid " << active_->process().pid()
+                       << ") goes on in place (restart " << plan.restart_count << ")";
+  } else if (ReapDeadSpare(), spare_) {
+    active_ = std::move(spare_);
+    spare_deaths_ = 0;
+    active_->process().SetOutputPrefix(prefix);
+    tracker_.StartProcess();
+    LOCKSTEP_LOG(INFO) << "promoted the warm spare (pid " << active_->process().pid()
+                       << ", MASTER_ADDR " << plan.master_addr << ", MASTER_PORT "
+                       << plan.master_port << ", restart " << plan.restart_count << ")";
+  } else {
+    active_.reset();
+    tracker_.StartProcess();
+    LOCKSTEP_ASSIGN_OR_RETURN(active_, SupervisedCommand::Start(options));
+    LOCKSTEP_LOG(INFO) << "started " << options_.command[0] << " (pid " << active_->process().pid()
+                       << ", MASTER_ADDR " << plan.master_addr << ", MASTER_PORT "
+                       << plan.master_port << ", restart " << plan.restart_count << ")";
+  }
+  if (active_->process().running() && !GenerationEnded(a.generation)) {
+    // A program that does not use the helper never reads it; one that does forms the group.
+    if (Status sent = active_->Assign(a, plan, variables); !sent.ok() && active_->said_hello()) {
+      LOCKSTEP_LOG(WARNING) << "assignment to the helper: " << sent;
+    }
+  }
+  return OkStatus();
+}
+
+bool ExecAgent::SettleEndedHelper(const rendezvous::Assignment& a) {
+  last_exit_ = active_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+  active_.reset();
+  if (last_exit_.success()) return true;
+  // Failed between generations: a failure in g, which ends g for everyone.
+  RecordOwnFailure(a);
+  EndLeftovers();
+  return false;
+}
+
+}  // namespace lockstep::agent::exec_agent_internal
