@@ -2,20 +2,38 @@
 # Installs Lockstep's build and test dependencies (Debian packages) that are missing.
 # Checks each package with dpkg-query first and runs apt-get only when something is missing, so
 # a second run is fast and needs no network. Works as root; otherwise uses sudo.
+#
+#   scripts/setup.sh            everything the build, the test suite and the benchmarks need
+#   scripts/setup.sh --example  only what building and running the main example needs
+#                               (scripts/run-example.sh): the toolchain, the libraries and the
+#                               data set, without the test suite's PyTorch, MPI, Go, etcd,
+#                               Prometheus and Node (most of a fresh machine's download)
 set -euo pipefail
+
+example_only=false
+case "${1:-}" in
+  --example) example_only=true ;;
+  "") ;;
+  *) echo "setup.sh: unknown argument: $1 (expected --example or nothing)" >&2; exit 2 ;;
+esac
 
 packages=(
   # toolchain
-  cmake ninja-build g++ clang-format pkg-config
-  # libraries (ARCHITECTURE.md, "Dependencies")
+  cmake ninja-build g++ pkg-config
+  # libraries (docs/architecture.md, "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev
   prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev
   # RDMA device discovery (worker/comm/rdma); optional at build time, named here all the same
   libibverbs-dev
-  # tests and benchmarks
+  # the build configures the tests and benchmarks too (headers and small libraries)
   libgtest-dev libgmock-dev libbenchmark-dev
-  # data sets of the examples and tests; reference implementations for comparisons
-  dataset-fashion-mnist python3-sklearn python3-torch
+  # the main example's data set
+  dataset-fashion-mnist
+)
+suite_packages=(
+  clang-format
+  # reference implementations for comparisons
+  python3-sklearn python3-torch
   # MPI, for comparisons against a conventional launcher
   openmpi-bin libopenmpi-dev
   # the operator's tests: etcd, a kube-apiserver built from Debian's source by
@@ -27,15 +45,18 @@ packages=(
   prometheus python3-yaml golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev
   patchelf  # scripts/gpu-bundle.sh: RUNPATH $ORIGIN/../lib of the bundled programs
 )
+if [[ $example_only == false ]]; then
+  packages+=("${suite_packages[@]}")
+fi
 # Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs): Debian's
 # when no node is installed (an existing one, e.g. NodeSource's, which bundles npm, is kept).
-if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+if [[ $example_only == false ]] && { ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; }; then
   packages+=(nodejs npm)
 fi
 # kubectl for crd_integration_test's `kubectl explain` check: Debian's (kubernetes-client, 1.20,
 # the test API server's version) when none is installed (an existing one, e.g. Google's 1.32, is
 # kept: it falls back to the OpenAPI v2 that a 1.20 server serves).
-if ! command -v kubectl >/dev/null 2>&1; then
+if [[ $example_only == false ]] && ! command -v kubectl >/dev/null 2>&1; then
   packages+=(kubernetes-client)
 fi
 
@@ -50,6 +71,7 @@ done
 # npm packages of tests/packaging, installed from its package-lock.json into
 # tests/packaging/node_modules (git-ignored) when missing or older than the lock file.
 install_npm_packages() {
+  [[ $example_only == false ]] || return 0
   local dir
   dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/packaging"
   if [[ ! -d "$dir/node_modules" || "$dir/package-lock.json" -nt "$dir/node_modules" ]]; then
