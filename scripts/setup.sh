@@ -7,7 +7,7 @@ set -euo pipefail
 packages=(
   # toolchain
   cmake ninja-build g++ clang-format pkg-config
-  # libraries (ARCHITECTURE.md, "Dependencies")
+  # libraries (docs/architecture.md, "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev
   prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev
   # RDMA device discovery (worker/comm/rdma); optional at build time, named here all the same
