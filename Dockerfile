@@ -5,7 +5,7 @@
 #   docker build --target worker   -t REGISTRY/lockstep-worker:TAG .     # CUDA runtime + NCCL + worker
 #
 # Base images. Lockstep links Debian bookworm's libraries (gRPC 1.51, protobuf 32, Gloo, cpprest,
-# prometheus-cpp, OpenBLAS; ARCHITECTURE.md, "Dependencies"), so both the build and the runtime
+# prometheus-cpp, OpenBLAS; docs/architecture.md, "Dependencies"), so both the build and the runtime
 # stages must be bookworm. The nvidia/cuda images exist only for Ubuntu and RHEL-family
 # distributions, whose library versions differ; using one would mean building every dependency
 # from source. So the CUDA toolkit comes from NVIDIA's own apt repository for Debian 12 (the same

@@ -3,7 +3,7 @@
 //   RunSummary summary = ...;
 //   LOCKSTEP_RETURN_IF_ERROR(WriteSummaryFile(summary, "/tmp/run.json"));
 //
-// The JSON object's keys are a contract (ARCHITECTURE.md, "lockstep run"): steps, world_size,
+// The JSON object's keys are a contract (docs/cli.md, "Summary file"): steps, world_size,
 // final_loss, eval_accuracy, samples_per_second, restarts, generations, resumed_from_step,
 // recovery_seconds, wall_seconds, job; plus status, mode, total_steps, log_dir and, after a
 // failure, failed_worker and failed_worker_exit.

@@ -1,5 +1,5 @@
-// OperatorMetrics: the operator's Prometheus metrics, named as ARCHITECTURE.md's contract lists
-// them (the chart's dashboard and alert rules use these names).
+// OperatorMetrics: the operator's Prometheus metrics, named as docs/architecture.md, "Metrics",
+// lists them (the chart's dashboard and alert rules use these names).
 //
 // Thread safety: every method may be called from any thread.
 #pragma once

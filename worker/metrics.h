@@ -1,5 +1,5 @@
-// WorkerMetrics: the worker's Prometheus metrics (prometheus-cpp), named as ARCHITECTURE.md's
-// contract lists them, each labelled with the job and, where per rank, the rank.
+// WorkerMetrics: the worker's Prometheus metrics (prometheus-cpp), named as docs/architecture.md,
+// "Metrics", lists them, each labelled with the job and, where per rank, the rank.
 //
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto metrics, WorkerMetrics::Create("default/fashion", 9400));
 //   metrics->SetGeneration(generation, rank, world_size);

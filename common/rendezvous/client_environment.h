@@ -1,5 +1,6 @@
-// The worker side of the environment contract (ARCHITECTURE.md): how a worker or the exec agent
-// finds its rendezvous service, from the variables the operator or `lockstep run` set.
+// The worker side of the environment contract (docs/architecture.md, "The worker's environment"):
+// how a worker or the exec agent finds its rendezvous service, from the variables the operator or
+// `lockstep run` set.
 //
 //   LOCKSTEP_RENDEZVOUS          host:port of the service (required)
 //   LOCKSTEP_JOB_TOKEN           the job's token (required; never logged)

@@ -89,7 +89,7 @@ json DesiredSecret(const spec::TrainingJob& job, const std::string& token,
 json DesiredService(const spec::TrainingJob& job);
 
 // One worker pod. Container "worker": image, `lockstep-worker train` (or `exec -- command...`),
-// env of ARCHITECTURE.md (LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN from the Secret,
+// env (docs/architecture.md: LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN from the Secret,
 // LOCKSTEP_POD from metadata.name, LOCKSTEP_HOST from status.podIP, LOCKSTEP_SPEC = the spec's
 // JSON, LOCKSTEP_RENDEZVOUS_CA_FILE when TLS), resources (cpu, memory, nvidia.com/gpu), the
 // metrics port and prometheus.io annotations, restartPolicy Never (the operator replaces pods,

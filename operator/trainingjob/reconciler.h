@@ -1,8 +1,8 @@
-// TrainingJobReconciler: the level-based, idempotent Reconcile(namespace/name) of STYLE.md for
-// TrainingJobs. It reads the job and its pods from the informers' caches, makes the cluster match
-// the spec (Secret, headless Service, PodGroup, one pod per worker), hosts the job in the
-// rendezvous service, and writes status (phase, conditions, replica counts, progress reported by
-// the workers through rendezvous) only when it changed.
+// TrainingJobReconciler: the level-based, idempotent Reconcile(namespace/name) for TrainingJobs
+// (docs/architecture.md, "lockstep-operator"). It reads the job and its pods from the informers'
+// caches, makes the cluster match the spec (Secret, headless Service, PodGroup, one pod per
+// worker), hosts the job in the rendezvous service, and writes status (phase, conditions, replica
+// counts, progress reported by the workers through rendezvous) only when it changed.
 //
 // One reconcile, in order:
 //  1. The job is gone: forget it (rendezvous, expectations). Being deleted: nothing (the garbage

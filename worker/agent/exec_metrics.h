@@ -1,4 +1,4 @@
-// ExecMetrics: the worker metrics an exec agent can know (ARCHITECTURE.md's names), for a
+// ExecMetrics: the worker metrics an exec agent can know (docs/architecture.md, "Metrics"), for a
 // program it does not see inside: generation, world size and restarts from the rendezvous, and
 // steps, samples and loss from the program's progress file.
 //

@@ -1,5 +1,5 @@
 // While `lockstep run` trains, every local worker serves /metrics on its own port (spec port + i)
-// with the contract metric names of ARCHITECTURE.md and live values.
+// with the contract metric names of docs/architecture.md ("Metrics") and live values.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
