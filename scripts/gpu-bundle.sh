@@ -13,6 +13,9 @@
 # the device tool, 64 MiB in all, so the archive must stay under 60 MiB (the tracked tree is
 # about 3.5 MiB).
 #
+# The check's own program (scripts/gpu-check.sh and scripts/gpu_check/, Python's standard library
+# only) is not in the archive: it travels with the working tree the device tool copies.
+#
 # Layout of the archive (unpacked by gpu-check.sh into /tmp/lockstep-gpu):
 #   bin/                 lockstep, lockstep-worker and every GPU test or benchmark program that
 #                        the build has (list below); stripped of debug info, RUNPATH $ORIGIN/../lib

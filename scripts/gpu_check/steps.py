@@ -1,0 +1,380 @@
+"""The check's steps, in the order they run, each ending in its row(s) of the report.
+
+  a. the gtest programs: cuda_kernels_test, comm_nccl_communicator_test, trainer_device_test
+     (label gpu) and kernels_test (the CPU kernels, for comparison)
+  b. `lockstep run` of examples/fashion-mnist.yaml with one worker, on cpu and on cuda; cuda's
+     accuracy within 0.5 points of cpu's
+  c. the kill test: the cuda run with checkpoints and restartPolicy OnFailure; once a checkpoint
+     is committed its worker is SIGKILLed, and the replacement must resume from a checkpoint and
+     finish at the manifest's step count
+  e. kernels_cuda_bench: each kernel's bandwidth against a device-to-device copy
+  f. train_step_bench (Lockstep) against bench/train_step/torch_step.py (PyTorch eager and
+     torch.compile)
+  d. compute-sanitizer, last because it is the slowest and least predictable step
+
+The self-test (--cpu-selftest, on a machine without a GPU) runs b and c only, with device cpu.
+Every program runs under the limit the budget gives its step (LIMITS below); a step the budget
+has no room for is a SKIP row saying so.
+"""
+import datetime
+import fnmatch
+import functools
+import os
+import shutil
+import signal
+import time
+from dataclasses import dataclass
+from typing import Callable, List, Optional, Tuple
+
+from . import verdicts
+from .budget import Budget, Limit
+from .machine import find_compute_sanitizer
+from .manifest import ManifestError, make_manifest
+from .process import Background, run_captured, run_logged, worker_pid
+from .report import FAIL, PASS, SKIP, Report, say
+
+# What each step asks of the budget: (want, minimum) seconds; see budget.py.
+GTEST_PROGRAMS = [  # (program, is a GPU program, limit)
+    ("cuda_kernels_test", True, Limit(120)),
+    ("comm_nccl_communicator_test", True, Limit(120)),
+    ("trainer_device_test", True, Limit(180)),
+    ("kernels_test", False, Limit(120)),
+]
+TRAIN_RUN = Limit(240)
+KILL_TEST = Limit(180, 60)
+KERNEL_BENCH = Limit(150)
+TRAIN_STEP_BENCH = Limit(60)  # per configuration; each of its four runs gets this limit
+TORCH_STEP = Limit(240, 30)
+SANITIZER_KERNEL_TESTS = Limit(120, 30)  # per tool
+SANITIZER_TRAINING = Limit(150, 45)
+VALIDATE_TIMEOUT_S = 60
+
+TRAIN_STEP_CONFIGS = ["784,256,10:64", "4096,4096,4096,10:512"]  # LAYERS:BATCH
+SANITIZER_STEPS = 50
+# Death tests, the out-of-range label test and the allocation beyond the card make CUDA fail on
+# purpose: the tool would rightly report those errors.
+SANITIZER_GTEST_FILTER = "--gtest_filter=-*DeathTest*:*OutOfRangeLabel*:*AllocationBeyondTheCard*"
+NO_TIME = "no time left in the budget"
+NOT_BUILT = "not in the bundle (not built)"
+
+
+@dataclass
+class Context:
+    """What every step needs: the unpacked bundle, the logs folder, the budget and the report."""
+    work: str               # the unpacked bundle (/tmp/lockstep-gpu)
+    log_dir: str
+    selftest: bool
+    budget: Budget
+    report: Report
+    torch_version: Optional[str] = None  # None: no PyTorch for python3 here
+
+    def program(self, name: str) -> str:
+        return os.path.join(self.work, "bin", name)
+
+    def has_program(self, name: str) -> bool:
+        path = self.program(name)
+        return os.path.isfile(path) and os.access(path, os.X_OK)
+
+    def log(self, *parts: str) -> str:
+        return os.path.join(self.log_dir, *parts)
+
+    def record(self, name: str, state: str, detail: str) -> None:
+        self.report.record(name, state, detail)
+
+
+Step = Callable[[Context], None]
+
+
+def plan(selftest: bool) -> List[Tuple[str, Step]]:
+    """The steps in the order they run, each with the label tests and readers know it by."""
+    if selftest:
+        return [("b", train_step), ("c", kill_step)]
+    steps: List[Tuple[str, Step]] = [
+        (f"a. {program}", functools.partial(gtest_step, program=program, gpu_program=gpu_program,
+                                            limit=limit))
+        for program, gpu_program, limit in GTEST_PROGRAMS]
+    steps += [("b", train_step), ("c", kill_step), ("e", kernel_bench_step),
+              ("f", step_time_step), ("d", sanitizer_step)]
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# a. gtest programs.
+
+def gtest_step(ctx: Context, program: str, gpu_program: bool, limit: Limit) -> None:
+    name = f"a. {program}"
+    if not ctx.has_program(program):
+        ctx.record(name, SKIP, NOT_BUILT)
+        return
+    seconds = ctx.budget.limit_for(limit)
+    if seconds is None:
+        ctx.record(name, SKIP, NO_TIME)
+        return
+    log, xml = ctx.log(f"{program}.log"), ctx.log(f"{program}.xml")
+    status = run_logged(seconds, log, [ctx.program(program), "--gtest_brief=1",
+                                       f"--gtest_output=xml:{xml}"])
+    state, detail = verdicts.gtest_verdict(status, seconds, verdicts.gtest_summary(xml),
+                                           gpu_program, os.path.exists(xml),
+                                           verdicts.read_text(log))
+    ctx.record(name, state, detail)
+
+
+# ---------------------------------------------------------------------------------------------
+# b and c: training runs of the Fashion-MNIST manifest, rewritten for the bundle.
+
+def prepare_manifest(ctx: Context, run_dir: str, device: str, steps: Optional[int],
+                     checkpoint: bool = False, validate: bool = True) -> bool:
+    """run_dir/manifest.yaml (manifest.py), checked by `lockstep validate` when asked; False when
+    either failed (make-manifest.log or validate.log says why)."""
+    manifest = os.path.join(run_dir, "manifest.yaml")
+    with open(os.path.join(run_dir, "make-manifest.log"), "w") as log:
+        try:
+            make_manifest(os.path.join(ctx.work, "examples", "fashion-mnist.yaml"), manifest,
+                          ctx.work, device, steps, checkpoint)
+        except (ManifestError, OSError) as error:
+            log.write(f"make_manifest: error: {error}\n")
+            return False
+    if not validate:
+        return True
+    return run_logged(VALIDATE_TIMEOUT_S, os.path.join(run_dir, "validate.log"),
+                      [ctx.program("lockstep"), "validate", manifest], header=False) == 0
+
+
+def lockstep_run_argv(ctx: Context, run_dir: str) -> List[str]:
+    return [ctx.program("lockstep"), "run", os.path.join(run_dir, "manifest.yaml"),
+            "--replicas", "1", "--summary", os.path.join(run_dir, "summary.json"),
+            "--log-dir", os.path.join(run_dir, "run")]
+
+
+def train_run(ctx: Context, device: str, run_dir: str, steps: Optional[int], limit: Limit) -> int:
+    """Writes and validates run_dir/manifest.yaml, then runs it. Returns lockstep's status, or
+    verdicts.MANIFEST_FAILED, or verdicts.NO_TIME_LEFT."""
+    os.makedirs(run_dir, exist_ok=True)
+    if not prepare_manifest(ctx, run_dir, device, steps):
+        return verdicts.MANIFEST_FAILED
+    seconds = ctx.budget.limit_for(limit)
+    if seconds is None:
+        return verdicts.NO_TIME_LEFT
+    return run_logged(seconds, os.path.join(run_dir, "lockstep-run.log"),
+                      lockstep_run_argv(ctx, run_dir))
+
+
+def train_step(ctx: Context) -> None:  # b.
+    for device in (["cpu"] if ctx.selftest else ["cpu", "cuda"]):
+        run_dir = ctx.log(f"train-{device}")
+        status = train_run(ctx, device, run_dir, None, TRAIN_RUN)
+        summary = verdicts.load_run_summary(os.path.join(run_dir, "summary.json"))
+        state, detail = verdicts.train_run_verdict(status, summary,
+                                                   verdicts.failure_reason(run_dir))
+        ctx.record(f"b. lockstep run, device {device}", state, detail)
+    # Side by side; the verdict needs both (the self-test has only cpu).
+    cpu = verdicts.load_run_summary(ctx.log("train-cpu", "summary.json"))
+    cuda = verdicts.load_run_summary(ctx.log("train-cuda", "summary.json"))
+    ctx.report.add_section("b-training", verdicts.training_section(cpu, cuda))
+    state, detail = verdicts.accuracy_verdict(cpu, cuda)
+    ctx.record("b. cuda accuracy within 0.5 points of cpu", state, detail)
+
+
+def names_matching(folder: str, pattern: str) -> List[str]:
+    """Names in folder matching pattern, sorted ([] when there is no folder)."""
+    try:
+        return sorted(name for name in os.listdir(folder) if fnmatch.fnmatch(name, pattern))
+    except OSError:
+        return []
+
+
+def kill_step(ctx: Context) -> None:  # c.
+    device = "cpu" if ctx.selftest else "cuda"
+    name = f"c. kill test, device {device}"
+    run_dir = ctx.log(f"kill-{device}")
+    want_steps = verdicts.kill_test_steps(
+        verdicts.load_run_summary(ctx.log(f"train-{device}", "summary.json")))
+    seconds = ctx.budget.limit_for(KILL_TEST)
+    if seconds is None:
+        ctx.record(name, SKIP, NO_TIME)
+        return
+    ckpt = os.path.join(ctx.work, "ckpt")
+    shutil.rmtree(ckpt, ignore_errors=True)
+    os.makedirs(run_dir, exist_ok=True)
+    if not prepare_manifest(ctx, run_dir, device, want_steps, checkpoint=True):
+        ctx.record(name, FAIL, f"manifest: {verdicts.failure_reason(run_dir)}")
+        return
+    deadline = time.monotonic() + seconds
+    run = Background(lockstep_run_argv(ctx, run_dir), os.path.join(run_dir, "lockstep-run.log"))
+
+    # A committed checkpoint is a step-<N> directory: it appears only by the final rename of the
+    # commit (docs/checkpoints.md), so its presence means complete.
+    killed: Optional[int] = None
+    checkpoint, note = "", ""
+    worker_manifest = os.path.join(run_dir, "run", "manifest.json")
+    while time.monotonic() < deadline and run.running():
+        committed = names_matching(ckpt, "step-[0-9]*")
+        if committed:
+            checkpoint = committed[0]
+            pid = worker_pid(worker_manifest)
+            if pid is None:
+                note = f"no lockstep-worker process found for {worker_manifest}"
+            else:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed = pid
+                except OSError:
+                    pass
+                stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%H:%M:%S.%f")[:12]
+                with open(os.path.join(run_dir, "kill.log"), "w") as f:
+                    f.write(f"gpu-check: {stamp} SIGKILL to lockstep-worker {pid} after "
+                            f"{checkpoint} appeared\n")
+            break
+        time.sleep(0.05)
+    # Let the run finish (the replacement trains the rest), bounded by the step's limit.
+    if not run.wait_until(deadline, poll_s=0.2):
+        run.stop()
+        ctx.record(name, FAIL, f"ran out of its {seconds} s")
+        return
+    status = run.status()
+    summary = verdicts.load_run_summary(os.path.join(run_dir, "summary.json"))
+    figures = verdicts.kill_test_figures(summary, want_steps, status)
+    ctx.report.add_section("c-kill", verdicts.kill_test_section(
+        device, want_steps, killed, checkpoint, note, figures, names_matching(ckpt, "step-*")))
+    state, detail = verdicts.kill_test_verdict(killed, note, status, summary, want_steps,
+                                               verdicts.failure_reason(run_dir))
+    ctx.record(name, state, detail)
+
+
+# ---------------------------------------------------------------------------------------------
+# e and f: benchmarks.
+
+def kernel_bench_step(ctx: Context) -> None:  # e.
+    name = "e. kernels_cuda_bench"
+    if not ctx.has_program("kernels_cuda_bench"):
+        ctx.record(name, SKIP, NOT_BUILT)
+        return
+    seconds = ctx.budget.limit_for(KERNEL_BENCH)
+    if seconds is None:
+        ctx.record(name, SKIP, NO_TIME)
+        return
+    log = ctx.log("kernels_cuda_bench.log")
+    status = run_logged(seconds, log, [ctx.program("kernels_cuda_bench")])
+    text = verdicts.read_text(log)
+    ctx.report.add_section("e-kernels", verdicts.kernel_bench_section(text))
+    state, detail = verdicts.kernel_bench_verdict(status, text)
+    ctx.record(name, state, detail)
+
+
+def step_time_step(ctx: Context) -> None:  # f.
+    collected: List[str] = []  # every measurement line, also kept as train_step.txt
+    if ctx.has_program("train_step_bench"):
+        for config in TRAIN_STEP_CONFIGS:
+            collected += train_step_bench_config(ctx, config)
+    else:
+        ctx.record("f. train_step_bench", SKIP, NOT_BUILT)
+    if ctx.torch_version is None:
+        ctx.record("f. torch_step.py", SKIP, "no PyTorch for python3 here")
+    else:
+        seconds = ctx.budget.limit_for(TORCH_STEP)
+        if seconds is None:
+            ctx.record("f. torch_step.py", SKIP, NO_TIME)
+        else:
+            log = ctx.log("torch_step.log")
+            status = run_logged(seconds, log, [
+                "python3", os.path.join(ctx.work, "bench", "train_step", "torch_step.py"),
+                "--steps", "300", "--warmup", "50"])
+            text = verdicts.read_text(log)
+            collected += verdicts.lines_starting(text, "torch-")
+            state, detail = verdicts.torch_step_verdict(status, text)
+            ctx.record("f. torch_step.py", state, detail)
+    with open(ctx.log("train_step.txt"), "w") as f:
+        f.write("".join(line + "\n" for line in collected))
+    ctx.report.add_section("f-step-time", verdicts.step_time_section(collected))
+
+
+def train_step_bench_config(ctx: Context, config: str) -> List[str]:
+    """Three runs of one configuration (a lent machine's host and GPU vary from run to run: the
+    table shows the median and the spread), then one with a single gather thread, to show what
+    the host's share of a step is. Returns its measurement lines."""
+    name = f"f. train_step_bench {config}"
+    seconds = ctx.budget.limit_for(TRAIN_STEP_BENCH)
+    if seconds is None:
+        ctx.record(name, SKIP, NO_TIME)
+        return []
+    layers, _, batch = config.partition(":")
+    bench_argv = [ctx.program("train_step_bench"), "--device", "cuda", "--layers", layers,
+                  "--batch", batch, "--steps", "300", "--warmup", "50"]
+    bench_log = ctx.log(f"train_step_bench-{config.replace(',', '_').replace(':', '_')}.log")
+    combined, failed = "", 0
+    for repeat in ["1", "2", "3", "single"]:
+        run_log = f"{bench_log}.{repeat}"
+        if repeat == "single":
+            status = run_logged(seconds, run_log,
+                                ["env", "LOCKSTEP_GATHER_THREADS=1"] + bench_argv)
+            combined += verdicts.single_thread_lines(verdicts.read_text(run_log))
+        else:
+            status = run_logged(seconds, run_log, bench_argv)
+            combined += verdicts.read_text(run_log)
+        os.remove(run_log)
+        if status != 0:
+            failed = status
+    with open(bench_log, "w") as f:
+        f.write(combined)
+    if failed == 0:
+        ctx.record(name, PASS, verdicts.bench_detail(combined))
+    else:
+        ctx.record(name, FAIL, f"exit {failed} (see its log)")
+    return verdicts.lines_starting(combined, "lockstep-cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# d. compute-sanitizer.
+
+def sanitizer_step(ctx: Context) -> None:  # d.
+    sanitizer = find_compute_sanitizer()
+    if sanitizer is None:
+        ctx.record("d. compute-sanitizer", SKIP,
+                   "not found (PATH, /usr/local/cuda/bin, pip nvidia packages)")
+        return
+    _, version_text = run_captured([sanitizer, "--version"], 30)
+    version = verdicts.sanitizer_version(version_text)
+    say(f"compute-sanitizer: {sanitizer} ({version})")
+    for tool in ["memcheck", "racecheck"]:
+        name = f"d. {tool} cuda_kernels_test"
+        if not ctx.has_program("cuda_kernels_test"):
+            ctx.record(name, SKIP, "cuda_kernels_test is not in the bundle")
+            continue
+        seconds = ctx.budget.limit_for(SANITIZER_KERNEL_TESTS)
+        if seconds is None:
+            ctx.record(name, SKIP, NO_TIME)
+            continue
+        log = ctx.log(f"sanitizer-{tool}-cuda_kernels_test.log")
+        status = run_logged(seconds, log, [sanitizer, "--tool", tool,
+                                           ctx.program("cuda_kernels_test"), "--gtest_brief=1",
+                                           SANITIZER_GTEST_FILTER])
+        state, detail = verdicts.sanitizer_verdict(status, seconds, [verdicts.read_text(log)])
+        ctx.record(name, state, detail)
+    # A short cuda training under `lockstep run`: the worker is lockstep's child, hence
+    # --target-processes all.
+    run_dir = ctx.log("sanitizer-train")
+    os.makedirs(run_dir, exist_ok=True)
+    name = f"d. memcheck lockstep run (cuda, {SANITIZER_STEPS} steps)"
+    if not prepare_manifest(ctx, run_dir, "cuda", SANITIZER_STEPS, validate=False):
+        ctx.record(name, FAIL, f"manifest: {verdicts.failure_reason(run_dir)}")
+        return
+    seconds = ctx.budget.limit_for(SANITIZER_TRAINING)
+    if seconds is None:
+        ctx.record(name, SKIP, NO_TIME)
+        return
+    # --report-api-errors no: NCCL's initialisation probes kernel images for other architectures
+    # and handles the cudaErrorNoKernelImageForDevice it gets (8 such reports, all inside
+    # libnccl's ncclInitKernelsForDevice, on an H100 with PyTorch's NCCL); memory access errors
+    # are still reported. cuda_kernels_test above keeps API errors reported: nothing there
+    # expects one.
+    log = os.path.join(run_dir, "sanitizer.log")
+    status = run_logged(seconds, log, [sanitizer, "--tool", "memcheck", "--report-api-errors",
+                                       "no", "--target-processes", "all"]
+                        + lockstep_run_argv(ctx, run_dir))
+    # The worker logs too: a child process's report may land there.
+    worker_logs = os.path.join(run_dir, "run")
+    texts = [verdicts.read_text(log)] + [verdicts.read_text(os.path.join(worker_logs, worker_log))
+                                         for worker_log in names_matching(worker_logs,
+                                                                          "worker-*.log")]
+    state, detail = verdicts.sanitizer_verdict(status, seconds, texts)
+    ctx.record(name, state, detail)
