@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Lockstep's checks on a GPU machine, in one command and under 10 minutes (issues 17 and 18).
+# Lockstep's checks on a GPU machine, in one command and under 10 minutes.
 #
 #   scripts/gpu-check.sh                    from the repository root, with the archive of
 #                                           scripts/gpu-bundle.sh in gpu-bundle/

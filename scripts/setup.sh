@@ -11,6 +11,10 @@
 set -euo pipefail
 
 example_only=false
+if [[ $# -gt 1 ]]; then
+  echo "setup.sh: too many arguments: $* (expected --example or nothing)" >&2
+  exit 2
+fi
 case "${1:-}" in
   --example) example_only=true ;;
   "") ;;
@@ -25,8 +29,9 @@ packages=(
   prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev
   # RDMA device discovery (worker/comm/rdma); optional at build time, named here all the same
   libibverbs-dev
-  # the build configures the tests and benchmarks too (headers and small libraries)
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # the build configures the tests and benchmarks too (headers and small libraries; the
+  # packaging tests' configure needs the Python interpreter)
+  libgtest-dev libgmock-dev libbenchmark-dev python3
   # the main example's data set
   dataset-fashion-mnist
 )

@@ -1,4 +1,4 @@
-// The rendezvous service at cluster scale (issue 19), measured with simulated members.
+// The rendezvous service at cluster scale, measured with simulated members.
 //
 // The service runs in a child process of its own, as the operator hosts it; this process is the
 // load generator: SimulatedMembers (real gRPC clients, one connection each, many per process, each

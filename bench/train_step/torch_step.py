@@ -34,7 +34,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-# issue 18: the 784-256-10 MLP at batch 64 and a GEMM-bound [4096, 4096] MLP at batch 512.
+# The GPU benchmark models: the 784-256-10 MLP at batch 64 and a GEMM-bound [4096, 4096] MLP at batch 512.
 DEFAULT_CONFIGS = ["784,256,10:64", "4096,4096,4096,10:512"]
 
 

@@ -30,7 +30,7 @@ void SetCondition(json* job_status, const std::string& type, bool status,
 bool HasCondition(const json& job_status, const std::string& type);
 
 // The job's status.phase ("" before the first status write), and whether it is terminal
-// (Succeeded or Failed).
+// (Succeeded or Failed). `job_status` is the job's status object.
 std::string JobPhase(const json& job_status);
 bool JobFinished(const json& job_status);
 

@@ -20,7 +20,8 @@ std::vector<std::string> JobIndexOfPod(const nlohmann::json& pod);
 nlohmann::json TrimPod(nlohmann::json pod);
 nlohmann::json TrimJob(nlohmann::json job);
 
-// Reading a (trimmed) worker pod.
+// Reading a (trimmed) worker pod: `pod` must be a pod object with metadata, as the informer
+// delivers it (TrimPod keeps metadata).
 // "namespace/<job-name label>"; "" when the pod has no job-name label.
 std::string JobKeyOfPod(const nlohmann::json& pod);
 // status.phase; "Pending" until the kubelet reports one.

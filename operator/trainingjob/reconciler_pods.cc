@@ -1,4 +1,4 @@
-// TrainingJobReconciler, the worker pods (steps 8 of reconciler.h): failed workers replaced or
+// TrainingJobReconciler, the worker pods (step 8 of reconciler.h): failed workers replaced or
 // failing the job under the run policy, scale-down, missing pods created.
 #include <set>
 #include <string>

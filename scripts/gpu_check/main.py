@@ -13,7 +13,7 @@ from .report import FAIL, Report, say
 WORK = "/tmp/lockstep-gpu"  # where the bundle is unpacked; the manifests are rewritten to it
 
 USAGE = """\
-Lockstep's checks on a GPU machine, in one command and under 10 minutes (issues 17 and 18).
+Lockstep's checks on a GPU machine, in one command and under 10 minutes.
 
   scripts/gpu-check.sh                    from the repository root, with the archive of
                                           scripts/gpu-bundle.sh in gpu-bundle/
