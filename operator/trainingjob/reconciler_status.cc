@@ -13,12 +13,9 @@
 
 namespace lockstep::op::trainingjob {
 
-namespace res = kube::resources;
 using json = nlohmann::json;
 using controller::ObjectPtr;
-using kube::IsAlreadyExists;
 using kube::IsConflict;
-using kube::IsInvalid;
 using kube::IsNotFound;
 
 namespace {

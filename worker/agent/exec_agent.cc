@@ -83,13 +83,18 @@ int ExecAgent::GiveUpForGood(int status, const std::string& message) {
   return GiveUp(status, message);
 }
 
-int ExecAgent::GiveUp(int status, const std::string& message) {
+void ExecAgent::StopEveryProgram() {
   FinishStop();
+  // A program waiting between generations (in place) gets its grace too.
   if (active_ && active_->process().running()) {
     active_->process().Stop(options_.grace_ms, options_.kill_wait_ms);
   }
   active_.reset();
   spare_.reset();
+}
+
+int ExecAgent::GiveUp(int status, const std::string& message) {
+  StopEveryProgram();
   EndLeftovers();
   LOCKSTEP_LOG(ERROR) << message;
   std::cerr << "lockstep-worker exec: error: " << message << std::endl;

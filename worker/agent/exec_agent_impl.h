@@ -131,6 +131,8 @@ class ExecAgent {
   // Leaves (completed=false) so the others re-form at once, and stops heartbeating.
   void LeaveAsFailed();
   void SetContext(const rendezvous::Assignment* a);
+  // Stops the previous command, the running one (with its grace) and the warm spare (bounded).
+  void StopEveryProgram();
   int GiveUp(int status, const std::string& message);
   // The job's budget is spent or its policy refuses a retry: also tells the operator so
   // (common/termination_message.h), which then fails the job instead of replacing the pod.

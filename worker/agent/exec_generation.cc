@@ -51,13 +51,7 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
       const int signal_number = pending_signal_ != 0 ? pending_signal_ : events.signal;
       LOCKSTEP_LOG(WARNING) << "received signal " << signal_number
                             << " while joining; leaving and exiting";
-      FinishStop();
-      // A program waiting between generations (in place) gets its grace too.
-      if (active_ && active_->process().running()) {
-        active_->process().Stop(options_.grace_ms, options_.kill_wait_ms);
-      }
-      active_.reset();
-      spare_.reset();
+      StopEveryProgram();
       LeaveAsFailed();
       std::cout.flush();
       std::cerr.flush();
