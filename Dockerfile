@@ -1,8 +1,12 @@
 # syntax=docker/dockerfile:1
 # Lockstep images, from one multi-stage build:
 #
-#   docker build --target operator -t REGISTRY/lockstep-operator:TAG .   # debian:bookworm-slim + operator
-#   docker build --target worker   -t REGISTRY/lockstep-worker:TAG .     # CUDA runtime + NCCL + worker
+#   docker build --target operator   -t REGISTRY/lockstep-operator:TAG .    # debian:bookworm-slim + operator
+#   docker build --target worker     -t REGISTRY/lockstep-worker:TAG .      # CUDA runtime + NCCL + worker
+#   docker build --target worker-cpu -t REGISTRY/lockstep-worker-cpu:TAG .  # CPU only, Debian alone
+#
+# The operator and worker-cpu images need nothing but Debian's packages (scripts/cluster.sh builds
+# them with buildah on a base made by mmdebstrap); only the worker image needs NVIDIA's repository.
 #
 # Base images. Lockstep links Debian bookworm's libraries (gRPC 1.51, protobuf 32, Gloo, cpprest,
 # prometheus-cpp, OpenBLAS; docs/architecture.md, "Dependencies"), so both the build and the runtime
@@ -35,36 +39,53 @@ RUN apt-get update \
  && rm -rf /var/lib/apt/lists/* /tmp/cuda-keyring.deb
 
 # ---------------------------------------------------------------------------------------------
-# build: the toolchain, Debian's -dev packages (scripts/setup.sh lists the same ones) and the
-# CUDA toolkit; builds lockstep, lockstep-worker and lockstep-operator into /src/build/bin.
-FROM debian:${DEBIAN_RELEASE} AS build
+# toolchain: the compiler and Debian's -dev packages (scripts/setup.sh lists the same ones).
+FROM debian:${DEBIAN_RELEASE} AS toolchain
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends ca-certificates \
+      cmake ninja-build g++ pkg-config \
+      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev \
+      prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev \
+ && rm -rf /var/lib/apt/lists/*
+WORKDIR /src
+
+# ---------------------------------------------------------------------------------------------
+# build-cpu: lockstep, lockstep-worker and lockstep-operator without CUDA, into /src/build/bin.
+FROM toolchain AS build-cpu
+COPY . .
+RUN cmake -S . -B build -G Ninja \
+      -DCMAKE_BUILD_TYPE=Release \
+      -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCH=OFF -DLOCKSTEP_WITH_CUDA=OFF \
+ && cmake --build build --target lockstep lockstep-worker lockstep-operator \
+ && strip build/bin/lockstep build/bin/lockstep-worker build/bin/lockstep-operator
+
+# ---------------------------------------------------------------------------------------------
+# build: the same with the CUDA toolkit (NVIDIA's packages); builds lockstep and lockstep-worker
+# with the CUDA kernels and NCCL into /src/build/bin.
+FROM toolchain AS build
 ARG CUDA_VERSION
 ARG CUDA_PACKAGE_VERSION
 ARG CUDA_ARCHITECTURES
 COPY --from=cuda-apt /usr/share/keyrings/cuda-archive-keyring.gpg /usr/share/keyrings/
 COPY --from=cuda-apt /etc/apt/sources.list.d/cuda-debian12-x86_64.list /etc/apt/sources.list.d/
 RUN apt-get update \
- && apt-get install -y --no-install-recommends ca-certificates \
-      cmake ninja-build g++ pkg-config \
-      libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev \
-      prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev \
+ && apt-get install -y --no-install-recommends \
       cuda-nvcc-${CUDA_PACKAGE_VERSION} cuda-cudart-dev-${CUDA_PACKAGE_VERSION} \
       libcublas-dev-${CUDA_PACKAGE_VERSION} libnccl-dev \
  && rm -rf /var/lib/apt/lists/*
 ENV PATH=/usr/local/cuda/bin:${PATH}
-WORKDIR /src
 COPY . .
 RUN cmake -S . -B build -G Ninja \
       -DCMAKE_BUILD_TYPE=Release \
       -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCH=OFF \
       -DLOCKSTEP_WITH_CUDA=ON -DLOCKSTEP_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES}" \
- && cmake --build build --target lockstep lockstep-worker lockstep-operator \
- && strip build/bin/lockstep build/bin/lockstep-worker build/bin/lockstep-operator
+ && cmake --build build --target lockstep lockstep-worker \
+ && strip build/bin/lockstep build/bin/lockstep-worker
 
 # ---------------------------------------------------------------------------------------------
-# operator: lockstep-operator alone. It writes nothing to disk (the chart mounts the root
-# filesystem read-only) and talks to the API server over TLS (ca-certificates is not needed: it
-# trusts the in-cluster service account CA file).
+# operator: lockstep-operator alone (it needs no CUDA, so it comes from build-cpu). It writes
+# nothing to disk (the chart mounts the root filesystem read-only) and talks to the API server
+# over TLS (ca-certificates is not needed: it trusts the in-cluster service account CA file).
 FROM debian:${DEBIAN_RELEASE}-slim AS operator
 # runtime libraries: the packages of `ldd lockstep-operator`
 RUN apt-get update \
@@ -73,7 +94,7 @@ RUN apt-get update \
       libgrpc29 libprometheus-cpp-core1.0 libprotobuf32 libre2-9 libssl3 libstdc++6 \
       libyaml-cpp0.7 zlib1g \
  && rm -rf /var/lib/apt/lists/*
-COPY --from=build /src/build/bin/lockstep-operator /usr/bin/lockstep-operator
+COPY --from=build-cpu /src/build/bin/lockstep-operator /usr/bin/lockstep-operator
 # 65532: the conventional "nonroot" id; the chart's securityContext uses the same numbers.
 RUN groupadd --gid 65532 lockstep && useradd --uid 65532 --gid 65532 --no-create-home \
       --home-dir /nonexistent --shell /usr/sbin/nologin lockstep
@@ -120,6 +141,33 @@ RUN echo /usr/local/cuda-${CUDA_VERSION}/targets/x86_64-linux/lib > /etc/ld.so.c
 # What the NVIDIA container toolkit reads: expose every GPU the pod was given, compute only.
 ENV NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+USER 65532:65532
+WORKDIR /home/lockstep
+EXPOSE 9400
+ENTRYPOINT ["/usr/bin/lockstep-worker"]
+
+# ---------------------------------------------------------------------------------------------
+# worker-cpu: the worker without CUDA (allReduce over shared memory or Gloo), from Debian's
+# packages alone, with python3 for exec-mode programs that need no PyTorch (`from lockstep
+# import progress`); a PyTorch program needs an image of yours with torch (Debian's python3-torch
+# is 1.13 and would make this image several times larger).
+FROM debian:${DEBIAN_RELEASE}-slim AS worker-cpu
+# runtime libraries: the packages of `ldd lockstep-worker` and `ldd lockstep`
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends \
+      libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libgcc-s1 libgfortran5 \
+      libgloo0 libgrpc++1.51 libgrpc29 libhiredis0.14 libibverbs1 libnl-3-200 \
+      libnl-route-3-200 libopenblas0-pthread libprometheus-cpp-core1.0 libprotobuf32 \
+      libquadmath0 libre2-9 libssl3 libstdc++6 libyaml-cpp0.7 zlib1g \
+ && rm -rf /var/lib/apt/lists/*
+# data and exec mode: the Fashion-MNIST files examples/fashion-mnist.yaml reads; python3
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends dataset-fashion-mnist python3 \
+ && rm -rf /var/lib/apt/lists/*
+COPY --from=build-cpu /src/build/bin/lockstep-worker /src/build/bin/lockstep /usr/bin/
+COPY python/lockstep /usr/lib/lockstep/python/lockstep
+RUN groupadd --gid 65532 lockstep && useradd --uid 65532 --gid 65532 --create-home \
+      --home-dir /home/lockstep --shell /usr/sbin/nologin lockstep
 USER 65532:65532
 WORKDIR /home/lockstep
 EXPOSE 9400

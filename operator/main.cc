@@ -36,6 +36,7 @@
 #include "operator/kube/kube_config.h"
 #include "operator/operator_identity.h"
 #include "operator/operator_metrics.h"
+#include "operator/rendezvous_address.h"
 #include "operator/trainingjob/admission.h"
 #include "operator/trainingjob/reconciler.h"
 #include "operator/webhook/ca_bundle.h"
@@ -58,6 +59,7 @@ struct Flags {
   int rendezvous_port = 7443;
   std::string rendezvous_host = "0.0.0.0";
   std::string rendezvous_address;
+  std::string rendezvous_service;
   bool rendezvous_insecure = false;
   int webhook_port = 0;
   std::string webhook_host = "0.0.0.0";
@@ -93,6 +95,8 @@ constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --rendezvous-host HOST            address to bind it (default 0.0.0.0)
   --rendezvous-address HOST:PORT    what workers dial (default
                                     lockstep-rendezvous.$POD_NAMESPACE.svc:<rendezvous-port>)
+  --rendezvous-service NAME         workers dial this Service's cluster IP (in the leader
+                                    election namespace) instead: no cluster DNS needed
   --rendezvous-insecure             plaintext rendezvous (no TLS; development only)
   --webhook-port PORT               HTTPS admission webhook for TrainingJobs (default 0: none;
                                     the chart serves it on 9443)
@@ -174,6 +178,8 @@ Status ParseFlags(int argc, char** argv, Flags* flags) {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_host, take());
     } else if (name == "--rendezvous-address") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_address, take());
+    } else if (name == "--rendezvous-service") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_service, take());
     } else if (name == "--rendezvous-insecure") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_insecure, take_bool());
     } else if (name == "--webhook-port") {
@@ -261,6 +267,12 @@ class Operator {
     LOCKSTEP_ASSIGN_OR_RETURN(
         identity_, LoadOrCreateOperatorIdentity(client_.get(), flags_.leader_election_namespace,
                                                 flags_.operator_secret, 30000));
+    if (flags_.rendezvous_address.empty() && !flags_.rendezvous_service.empty()) {
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          flags_.rendezvous_address,
+          RendezvousServiceAddress(client_.get(), flags_.leader_election_namespace,
+                                   flags_.rendezvous_service, 60000));
+    }
     if (flags_.rendezvous_address.empty()) {
       flags_.rendezvous_address = "lockstep-rendezvous." + flags_.leader_election_namespace +
                                   ".svc:" + std::to_string(flags_.rendezvous_port);

@@ -1,9 +1,14 @@
 #!/usr/bin/env bash
 # Sets everything up (dependencies, build) and runs the whole test suite. .ci/run calls this.
 # Arguments go to ctest, e.g. `scripts/test.sh -L unit` or `scripts/test.sh -R Supervisor`.
+# The end-to-end tests (label e2e: a real cluster on this machine, tests/e2e) run last and one at a
+# time, so that the cluster's pods have the machine to themselves.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 scripts/build.sh
-ctest --test-dir build --output-on-failure -j2 --timeout 300 "$@"
+status=0
+ctest --test-dir build --output-on-failure -j2 --timeout 300 -LE e2e "$@" || status=$?
+ctest --test-dir build --output-on-failure -j1 -L e2e "$@" || status=$?
+exit "$status"

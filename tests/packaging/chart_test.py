@@ -181,7 +181,7 @@ def check_render(check, objects, values, label, release_namespace):
     check.expect(flags.get("worker-image", "").endswith("/" + values["worker"]["repository"] + ":" +
                                                         (values["image"]["tag"] or "0.1.0")),
                  ctx + "--worker-image from image.registry, worker.repository and the tag")
-    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "worker-image", "kubeconfig",
+    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "rendezvous-service", "worker-image", "kubeconfig",
                                  "webhook-port", "webhook-service", "webhook-configuration"}
     extra_args = set(a for a in op["extraArgs"])
     for arg in container["args"]:
@@ -197,11 +197,15 @@ def check_render(check, objects, values, label, release_namespace):
         check.expect({k: v for k, v in rdv_selector.items() if k != LEADER_LABEL} == selector,
                      ctx + "rendezvous Service selects the operator pods")
         check.expect(rendezvous[0]["spec"]["ports"][0]["targetPort"] == "rendezvous", ctx + "rendezvous targetPort")
-        address = flags.get("rendezvous-address", "")
-        if not op["rendezvousAddress"]:
-            check.expect(address == "%s.%s.svc:%s" % (rendezvous[0]["metadata"]["name"], release_namespace,
-                                                     op["rendezvousPort"]),
-                         ctx + "--rendezvous-address names the rendezvous Service (got %s)" % address)
+        if op["rendezvousAddress"]:
+            check.expect(flags.get("rendezvous-address") == op["rendezvousAddress"] and
+                         "rendezvous-service" not in flags,
+                         ctx + "--rendezvous-address is operator.rendezvousAddress, alone")
+        else:
+            check.expect(flags.get("rendezvous-service") == rendezvous[0]["metadata"]["name"] and
+                         "rendezvous-address" not in flags,
+                         ctx + "--rendezvous-service names the rendezvous Service (workers dial its "
+                         "cluster IP; got %s)" % flags.get("rendezvous-service"))
         check.expect(metrics[0]["spec"]["selector"] == selector, ctx + "metrics Service selects the operator pods")
         check.expect(metrics[0]["spec"]["ports"][0]["targetPort"] == "metrics", ctx + "metrics targetPort")
 

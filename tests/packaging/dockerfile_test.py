@@ -27,6 +27,7 @@ RUNTIME_EXTRAS = {
     "libnccl2": "NCCL: loaded by the NCCL communicator (worker/comm/nccl)",
     "ibverbs-providers": "RDMA NIC drivers (mlx5, ...) that libibverbs dlopens for RoCE/InfiniBand",
     "dataset-fashion-mnist": "the data examples/fashion-mnist.yaml reads",
+    "python3": "exec-mode programs in the CPU worker image (from lockstep import progress)",
 }
 
 # Shared libraries of the CUDA toolkit, installed here from NVIDIA's tarball (not dpkg), and the
@@ -193,6 +194,9 @@ def check_stage(stage, binaries, args, failures):
              (sorted(copied), sorted(os.path.basename(b) for b in binaries)))
 
     cuda_suffix = args.get("CUDA_PACKAGE_VERSION", "")
+    # A stage that copies from build-cpu gets binaries without CUDA, whatever this build linked.
+    cpu_only = any(keyword == "COPY" and "--from=build-cpu" in rest
+                   for keyword, rest, _ in stage.instructions)
     needed, sources = {}, {}
     links_cuda = False
     for binary in binaries:
@@ -204,6 +208,8 @@ def check_stage(stage, binaries, args, failures):
             if package is None:
                 fail("%s needs %s, which no Debian or NVIDIA package ships" % (binary, library))
                 continue
+            if how == "nvidia" and cpu_only:
+                continue  # the CPU stage copies binaries built without CUDA (build-cpu)
             needed[package] = how
             sources.setdefault(package, []).append(os.path.basename(library))
             links_cuda |= how == "nvidia"
@@ -235,7 +241,7 @@ def main():
     options = parser.parse_args()
     stages, args = parse_dockerfile(options.dockerfile)
     failures, absent = [], []
-    for required in ("build", "operator", "worker"):
+    for required in ("build", "build-cpu", "operator", "worker", "worker-cpu"):
         if required not in stages:
             failures.append("no stage named %s (docker build --target %s)" % (required, required))
     for name in ("operator", "worker"):

@@ -55,11 +55,3 @@ app.kubernetes.io/component: operator
 {{- define "lockstep.workerImage" -}}
 {{- printf "%s/%s:%s" .Values.image.registry .Values.worker.repository (include "lockstep.imageTag" .) -}}
 {{- end -}}
-
-{{- define "lockstep.rendezvousAddress" -}}
-{{- if .Values.operator.rendezvousAddress -}}
-{{- .Values.operator.rendezvousAddress -}}
-{{- else -}}
-{{- printf "%s-rendezvous.%s.svc:%v" (include "lockstep.fullname" .) .Release.Namespace .Values.operator.rendezvousPort -}}
-{{- end -}}
-{{- end -}}

@@ -22,7 +22,7 @@
 #include "tests/support/process/process.h"
 
 #ifndef LOCKSTEP_KUBE_APISERVER_SCRIPT
-#error "LOCKSTEP_KUBE_APISERVER_SCRIPT must name scripts/kube-apiserver.sh"
+#error "LOCKSTEP_KUBE_APISERVER_SCRIPT must name scripts/kubernetes.sh"
 #endif
 
 namespace lockstep::testing {

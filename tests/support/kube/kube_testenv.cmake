@@ -9,7 +9,7 @@ if(NOT TARGET lockstep_kube_testenv)
     ${PROJECT_SOURCE_DIR}/tests/support/kube/kubelet_simulator.cc)
   target_include_directories(lockstep_kube_testenv PUBLIC ${PROJECT_SOURCE_DIR})
   target_compile_definitions(lockstep_kube_testenv PRIVATE
-    LOCKSTEP_KUBE_APISERVER_SCRIPT="${PROJECT_SOURCE_DIR}/scripts/kube-apiserver.sh")
+    LOCKSTEP_KUBE_APISERVER_SCRIPT="${PROJECT_SOURCE_DIR}/scripts/kubernetes.sh")
   target_link_libraries(lockstep_kube_testenv PUBLIC
     lockstep_base lockstep_test_process nlohmann_json::nlohmann_json Threads::Threads
     PRIVATE lockstep_spec yaml-cpp)

@@ -1,5 +1,5 @@
 // A real Kubernetes API server for tests: etcd (Debian's etcd-server) and kube-apiserver 1.20.2
-// (built and cached by scripts/kube-apiserver.sh) on loopback, in a temporary directory, torn down
+// (built and cached by scripts/kubernetes.sh) on loopback, in a temporary directory, torn down
 // by the destructor.
 //
 //   std::string error;
@@ -31,7 +31,7 @@ namespace lockstep::testing {
 class ChildProcess;
 
 struct KubeTestEnvOptions {
-  // scripts/kube-apiserver.sh builds kube-apiserver on first use (minutes); bound for that.
+  // scripts/kubernetes.sh builds kube-apiserver on first use (minutes); bound for that.
   int64_t build_timeout_ms = 20 * 60 * 1000;
   // etcd healthy + kube-apiserver /readyz ok.
   int64_t start_timeout_ms = 120 * 1000;

@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# Builds (once) and caches kube-apiserver and kube-controller-manager 1.20.2 for the integration tests,
-# from Debian bookworm's `kubernetes` source package, with Debian's Go 1.19. Prints the path of
-# kube-apiserver (kube-controller-manager lies beside it).
+# Builds (once) and caches Kubernetes 1.20.2 from Debian bookworm's `kubernetes` source package, with
+# Debian's Go 1.19: kube-apiserver and kube-controller-manager (the integration tests' control
+# plane), and kube-scheduler, kubelet, kube-proxy and the pause container's program (the cluster
+# scripts/cluster.sh starts). Prints the path of kube-apiserver (the others lie beside it).
 #
-#   scripts/kube-apiserver.sh            # build when missing, print .../bin/kube-apiserver
-#   scripts/kube-apiserver.sh --bin-dir  # build when missing, print the bin directory
-#   scripts/kube-apiserver.sh --rebuild  # build again even when cached
+#   scripts/kubernetes.sh            # build when missing, print .../bin/kube-apiserver
+#   scripts/kubernetes.sh --bin-dir  # build when missing, print the bin directory
+#   scripts/kubernetes.sh --rebuild  # build again even when cached
 #
 # Cache: ${LOCKSTEP_CACHE_DIR:-$HOME/.cache/lockstep}/kubernetes-1.20.2/bin/, outside the repository;
 # the build log stays in .../kubernetes-1.20.2/build.log. A second caller waits on a lock (bounded by
@@ -17,16 +18,19 @@
 #     /etc/apt/sources.list.d/debian.sources, else deb.debian.org);
 #   - vendor/github.com/modern-go/reflect2 1.0.1 (broken on Go >= 1.18) is replaced by the 1.0.2 of
 #     golang-github-modern-go-reflect2-dev, go.mod and vendor/modules.txt updated to match;
-#   - `make gen_openapi` (the generated OpenAPI file is not shipped), then
-#     `make WHAT="cmd/kube-apiserver cmd/kube-controller-manager"` in GOPATH mode (GO111MODULE=off),
-#     at nice 10 with -p 2 so that the machine stays usable. About 4-6 minutes on 2 cores.
+#   - `make gen_openapi` (the generated OpenAPI file is not shipped), then `make WHAT="cmd/..."` in
+#     GOPATH mode (GO111MODULE=off), at nice 10 with -p 2 so that the machine stays usable;
+#   - pause: build/pause/linux/pause.c, compiled static with gcc (the sandbox image's only file).
+#   About 8-10 minutes on 2 cores.
 set -euo pipefail
 
 readonly version=1.20.2
 readonly debian_source=kubernetes
 readonly goroot=/usr/lib/go-1.19
 readonly reflect2_src=/usr/share/gocode/src/github.com/modern-go/reflect2
-readonly build_packages=(golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync)
+readonly build_packages=(golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync gcc
+                         libc6-dev)
+readonly programs=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy)
 
 mode=apiserver
 rebuild=0
@@ -35,7 +39,7 @@ for arg in "$@"; do
     --bin-dir) mode=bindir ;;
     --rebuild) rebuild=1 ;;
     -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
-    *) echo "kube-apiserver.sh: unknown argument: $arg" >&2; exit 2 ;;
+    *) echo "kubernetes.sh: unknown argument: $arg" >&2; exit 2 ;;
   esac
 done
 
@@ -49,15 +53,16 @@ print_result() {
 }
 
 # Bump when the build changes what the binaries do: cached binaries of another recipe are rebuilt.
-readonly recipe=2  # 2: the empty-string validation fix
+readonly recipe=3  # 2: the empty-string validation fix; 3: the node programs and pause
 
 is_built() {
-  [[ -x "$bindir/kube-apiserver" && -x "$bindir/kube-controller-manager" ]] &&
-    [[ "$(cat "$bindir/recipe" 2>/dev/null)" == "$recipe" ]] &&
+  local program
+  for program in "${programs[@]}" pause; do [[ -x "$bindir/$program" ]] || return 1; done
+  [[ "$(cat "$bindir/recipe" 2>/dev/null)" == "$recipe" ]] &&
     "$bindir/kube-apiserver" --version 2>/dev/null | grep -q "v$version"
 }
 
-say() { echo "kube-apiserver.sh: $*" >&2; }
+say() { echo "kubernetes.sh: $*" >&2; }
 
 if [[ $rebuild == 0 ]] && is_built; then
   print_result
@@ -155,20 +160,30 @@ do_build() {
   mkdir -p .go/src/k8s.io "$HOME"
   ln -s ../../.. .go/src/k8s.io/kubernetes
   nice -n 10 make gen_openapi
-  nice -n 10 make WHAT="cmd/kube-apiserver cmd/kube-controller-manager"
+  local what="" program
+  for program in $programs_list; do what+=" cmd/$program"; done
+  nice -n 10 make WHAT="${what# }"
+  # The version pause prints with -v is the one its upstream Makefile passes.
+  local pause_version
+  pause_version=$(awk -F' *[?:]?= *' '$1 == "TAG" { print $2; exit }' build/pause/Makefile)
+  [[ -n "$pause_version" ]] || { echo "no TAG in build/pause/Makefile"; return 1; }
+  gcc -Os -Wall -static -DVERSION="v$pause_version" -o _output/bin/pause \
+    build/pause/linux/pause.c
+  echo "$pause_version" >_output/bin/pause.version
 
   rm -rf "$bindir.new"
   mkdir -p "$bindir.new"
-  cp _output/bin/kube-apiserver _output/bin/kube-controller-manager "$bindir.new/"
+  for program in $programs_list pause pause.version; do cp "_output/bin/$program" "$bindir.new/"; done
   echo "$recipe" >"$bindir.new/recipe"
   rm -rf "$bindir"
   mv "$bindir.new" "$bindir"
 }
 
 start=$(date +%s)
-say "building kube-apiserver $version into $bindir (log: $log); this takes several minutes"
+say "building Kubernetes $version into $bindir (log: $log); this takes several minutes"
 export -f do_build
-export build mirror debian_source version reflect2_src goroot bindir recipe
+programs_list="${programs[*]}"  # arrays do not cross into bash -c
+export build mirror debian_source version reflect2_src goroot bindir recipe programs_list
 if ! bash -euo pipefail -c do_build >"$log" 2>&1; then
   say "build failed after $(( $(date +%s) - start ))s; last lines of $log:"
   tail -n 30 "$log" >&2

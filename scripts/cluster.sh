@@ -1,0 +1,129 @@
+#!/usr/bin/env bash
+# A two-node Kubernetes 1.20 cluster on this machine, with the project's images and the operator
+# installed from its chart (docs/cluster.md):
+#
+#   scripts/cluster.sh up       # start it; the last line printed is the kubeconfig's path
+#   scripts/cluster.sh down     # stop it: no process, mount, namespace, cgroup or rule is left
+#   scripts/cluster.sh status   # what runs
+#   scripts/cluster.sh kill-node NODE   # SIGKILL to the node's daemons and containers (a node lost)
+#   scripts/cluster.sh start-node NODE  # start a stopped node again (containerd, kubelet, kube-proxy)
+#
+# Control plane in the host's network namespace on the bridge address 172.30.0.1: etcd, kube-
+# apiserver, kube-controller-manager, kube-scheduler. Nodes lockstep-node-1 and -2: each its own
+# network and mount namespace and cgroup, with containerd (runc), kubelet and kube-proxy
+# (iptables). Kubernetes comes from scripts/kubernetes.sh, the images from the Dockerfile
+# (cached under ${LOCKSTEP_CACHE_DIR:-~/.cache/lockstep}); needs root and the packages
+# `scripts/setup.sh` installs, and a build of the project (helm_render renders the chart).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=cluster/common.sh
+source "$here/cluster/common.sh"
+source "$here/cluster/pki.sh"
+source "$here/cluster/network.sh"
+source "$here/cluster/control_plane.sh"
+source "$here/cluster/images.sh"
+source "$here/cluster/node.sh"
+source "$here/cluster/operator.sh"
+
+usage() { sed -n '2,17p' "$0"; }
+
+cluster_up() {
+  [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces, mounts, cgroups)"
+  if [[ -e "$state/up" ]]; then
+    say "a cluster is already up ($state); 'down' first"
+    echo "$state/admin.kubeconfig"
+    return 0
+  fi
+  if [[ -e "$state" ]]; then cluster_down; fi
+  local start=$SECONDS
+  k8s_bin=$("$repo/scripts/kubernetes.sh" --bin-dir)
+  build_images
+  mkdir -p "$state"
+  echo "$k8s_bin" >"$state/k8s-bin"
+  make_pki
+  make_network
+  start_control_plane
+  local node
+  for node in "${nodes[@]}"; do
+    make_node_namespace "$node"
+    write_node_config "$node"
+    start_node "$node"
+    load_images "$node"
+    start_kubelet "$node"
+  done
+  wait_for 90 "both nodes Ready" nodes_ready
+  install_operator
+  touch "$state/up"
+  say "up in $((SECONDS - start))s; kubectl --kubeconfig $state/admin.kubeconfig get nodes"
+  echo "$state/admin.kubeconfig"
+}
+
+nodes_ready() {
+  local ready
+  ready=$(kubectl_admin get nodes -o jsonpath='{range .items[*]}{.status.conditions[?(@.type=="Ready")].status}{"\n"}{end}' |
+          grep -c True)
+  [[ "$ready" == "${#nodes[@]}" ]]
+}
+
+cluster_down() {
+  local node
+  for node in "${nodes[@]}"; do stop_node "$node"; done
+  stop_control_plane
+  # Anything of ours a crashed `up` did not record (a daemon started before its pid was written).
+  local leftover
+  leftover=$(pgrep -f -- "$state/" || true)
+  [[ -n "$leftover" ]] && stop_pids 5 $leftover
+  remove_network
+  if mountpoint -q "$state/ns" 2>/dev/null; then umount "$state/ns"; fi
+  local p
+  if [[ -f "$state/made-paths" ]]; then
+    while read -r p; do rmdir "$p" 2>/dev/null || true; done <"$state/made-paths"
+  fi
+  # Mount points left in the host's namespace under $state (none are made there; a check).
+  if grep -q " $state" /proc/self/mounts; then
+    awk -v s="$state" '$2 ~ "^"s { print $2 }' /proc/self/mounts | sort -r | xargs -r umount -l
+  fi
+  rm -rf "$state"
+}
+
+cluster_status() {
+  if [[ ! -d "$state" ]]; then echo "down"; return 0; fi
+  local name
+  for name in "$state"/pids/*; do
+    [[ -e "$name" ]] || continue
+    name=$(basename "$name")
+    if daemon_running "$name"; then echo "running  $name (pid $(cat "$state/pids/$name"))"
+    else echo "stopped  $name"; fi
+  done
+  if [[ -e "$state/up" ]]; then
+    kubectl_admin get nodes -o wide 2>&1 || true
+    echo "kubeconfig: $state/admin.kubeconfig"
+  fi
+}
+
+# kill-node: the node's daemons and every container on it die at once, as in a power loss.
+kill_node() {
+  local node=$1
+  [[ -n "${node_ip[$node]:-}" ]] || die "no node $node (nodes: ${nodes[*]})"
+  kill_node_processes "$node"
+  rm -f "$state/pids/kube-proxy-$node" "$state/pids/kubelet-$node" "$state/pids/containerd-$node"
+}
+
+start_stopped_node() {
+  local node=$1
+  [[ -n "${node_ip[$node]:-}" ]] || die "no node $node (nodes: ${nodes[*]})"
+  k8s_bin=$(cat "$state/k8s-bin")
+  start_node "$node"
+  start_kubelet "$node"
+}
+
+case "${1:-}" in
+  up) cluster_up ;;
+  down) cluster_down ;;
+  status) cluster_status ;;
+  kill-node) [[ $# -eq 2 ]] || { usage; exit 2; }; kill_node "$2" ;;
+  start-node) [[ $# -eq 2 ]] || { usage; exit 2; }; start_stopped_node "$2" ;;
+  -h|--help) usage ;;
+  *) usage >&2; exit 2 ;;
+esac

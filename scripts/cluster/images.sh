@@ -1,0 +1,115 @@
+# The images: a debian:bookworm base made by mmdebstrap from Debian's package registry (no
+# public image registry is reachable here), the Dockerfile's operator and worker-cpu targets
+# built on it with buildah, and the pause image from the pause program Kubernetes' source builds.
+# Each is cached as a docker-archive under $cache/images, keyed by what it is made from, and
+# imported into every node's containerd. Sourced.
+
+images=$cache/images
+readonly image_registry=localhost/lockstep
+readonly image_tag=dev
+operator_image=$image_registry/lockstep-operator:$image_tag
+worker_image=$image_registry/lockstep-worker-cpu:$image_tag
+
+buildah_() {
+  buildah --root "$images/storage" --runroot "$images/run" --storage-driver overlay "$@"
+}
+
+debian_mirror() {
+  local m=""
+  [[ -r /etc/apt/sources.list.d/debian.sources ]] &&
+    m=$(awk '/^URIs:/ { print $2; exit }' /etc/apt/sources.list.d/debian.sources)
+  echo "${m:-http://deb.debian.org/debian}"
+}
+
+# The base: Debian bookworm's minbase with apt, tagged as both images the Dockerfile starts from
+# (debian:bookworm for the build stages, debian:bookworm-slim for the runtime ones; slim differs
+# only by leaving out documentation, as this one does).
+build_base_image() {
+  local key="bookworm-$(date +%Y%m)"  # a month's package updates at most
+  local labels
+  labels=$(buildah_ inspect --type image --format '{{.OCIv1.Config.Labels}}' \
+             docker.io/library/debian:bookworm-slim 2>/dev/null || true)
+  [[ "$labels" == *"lockstep.base:$key"* ]] && return 0
+  say "making debian:bookworm with mmdebstrap ($(debian_mirror))"
+  local tar="$images/debian-bookworm.tar"
+  mmdebstrap --variant=minbase --quiet \
+    --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
+    --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
+    bookworm "$tar" "deb $(debian_mirror) bookworm main" >"$images/mmdebstrap.log" 2>&1 ||
+    { tail -n 20 "$images/mmdebstrap.log" >&2; die "mmdebstrap failed"; }
+  local container
+  container=$(buildah_ from scratch)
+  buildah_ add "$container" "$tar" / >/dev/null
+  buildah_ config --label "lockstep.base=$key" --cmd /bin/bash \
+    --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$container"
+  buildah_ commit --quiet --rm "$container" docker.io/library/debian:bookworm-slim >/dev/null
+  buildah_ tag docker.io/library/debian:bookworm-slim docker.io/library/debian:bookworm
+  rm -f "$tar"
+}
+
+# The build context's fingerprint: the content of every file `git ls-files` gives (tracked and
+# untracked, not ignored) except those .dockerignore keeps out of the context by name.
+context_key() {
+  local excluded
+  excluded=$(grep -v '^#' "$repo/.dockerignore" | grep -v '[*?]' | grep . | sed 's|/$||' |
+               paste -sd'|')
+  (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
+     grep -zEv "^($excluded)(/|$)" | sort -z | xargs -0 sha256sum 2>/dev/null |
+     sha256sum | cut -c1-16)
+}
+
+# build_image TARGET NAME: the Dockerfile's TARGET as image NAME, in $images/TARGET-KEY.tar.
+build_image() {
+  local target=$1 name=$2 key archive
+  key=$(context_key)
+  archive="$images/$target-$key.tar"
+  if [[ -s "$archive" ]]; then echo "$archive"; return 0; fi
+  build_base_image
+  say "building the Dockerfile's $target target with buildah (log: $images/$target.log)"
+  local start=$SECONDS
+  if ! buildah_ bud --isolation chroot --network host --layers --pull=never \
+      --target "$target" -t "$name" -f "$repo/Dockerfile" "$repo" >"$images/$target.log" 2>&1; then
+    tail -n 30 "$images/$target.log" >&2
+    die "building $target failed"
+  fi
+  rm -f "$images/$target"-*.tar
+  buildah_ push --quiet "$name" "docker-archive:$archive.tmp:$name" >/dev/null
+  mv "$archive.tmp" "$archive"
+  say "$target built in $((SECONDS - start))s"
+  echo "$archive"
+}
+
+# The pause image: Kubernetes' pause program (scripts/kubernetes.sh builds it) alone.
+pause_image=$image_registry/pause:3.4
+build_pause_image() {
+  local archive="$images/pause-$(sha256sum "$k8s_bin/pause" | cut -c1-16).tar"
+  if [[ ! -s "$archive" ]]; then
+    local container
+    container=$(buildah_ from scratch)
+    buildah_ copy "$container" "$k8s_bin/pause" /pause >/dev/null
+    buildah_ config --entrypoint '["/pause"]' --user 65535:65535 "$container"
+    buildah_ commit --quiet --rm "$container" "$pause_image" >/dev/null
+    rm -f "$images"/pause-*.tar
+    buildah_ push --quiet "$pause_image" "docker-archive:$archive.tmp:$pause_image" >/dev/null
+    mv "$archive.tmp" "$archive"
+  fi
+  echo "$archive"
+}
+
+build_images() {
+  mkdir -p "$images"
+  image_archives=()
+  local archive
+  archive=$(build_pause_image) && image_archives+=("$archive") || die "no pause image"
+  archive=$(build_image operator "$operator_image") && image_archives+=("$archive") || exit 1
+  archive=$(build_image worker-cpu "$worker_image") && image_archives+=("$archive") || exit 1
+}
+
+# Imports the archives into NODE's containerd, in the namespace the CRI uses.
+load_images() {
+  local node=$1 archive
+  for archive in "${image_archives[@]}"; do
+    node_exec "$node" ctr --namespace k8s.io images import "$archive" >/dev/null ||
+      die "importing $archive into $node failed"
+  done
+}

@@ -1,0 +1,158 @@
+"""What the end-to-end tests need of the cluster scripts/cluster.sh starts: kubectl against it,
+TrainingJobs and their pods, and waits that always end.
+
+Every wait has a deadline and says what it waited for when it gives up; the cluster's state at that
+moment (pods, events, the job) goes with the failure.
+"""
+import json
+import os
+import subprocess
+import time
+import uuid
+
+import yaml
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+STATE = os.environ.get("LOCKSTEP_CLUSTER_DIR", "/var/lib/lockstep-cluster")
+KUBECONFIG = os.path.join(STATE, "admin.kubeconfig")
+CLUSTER_SH = os.path.join(REPO, "scripts", "cluster.sh")
+NODES = ("lockstep-node-1", "lockstep-node-2")
+JOB_LABEL = "lockstep.io/job-name"
+INDEX_LABEL = "lockstep.io/replica-index"
+
+
+class Timeout(AssertionError):
+    pass
+
+
+def kubectl(*args, input=None, timeout=60, check=True):
+    """kubectl's stdout; a failure raises with its stderr."""
+    result = subprocess.run(["kubectl", "--kubeconfig", KUBECONFIG, *args], input=input,
+                            capture_output=True, text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError("kubectl %s: %s" % (" ".join(args), result.stderr.strip()))
+    return result.stdout
+
+
+def get_json(*args, timeout=30):
+    return json.loads(kubectl("get", "-o", "json", *args, timeout=timeout))
+
+
+def wait_for(what, probe, timeout, interval=0.5):
+    """Calls probe until it returns something truthy, at most `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error = None
+    while True:
+        try:
+            value = probe()
+            if value:
+                return value
+        except (AssertionError, subprocess.TimeoutExpired, json.JSONDecodeError) as error:
+            last_error = error
+        if time.monotonic() >= deadline:
+            raise Timeout("%s: not within %ss%s" % (what, timeout,
+                                                   "" if last_error is None else " (%s)" % last_error))
+        time.sleep(interval)
+
+
+def example(name):
+    """An example manifest of examples/ as an object."""
+    with open(os.path.join(REPO, "examples", name), encoding="utf-8") as f:
+        return yaml.safe_load(f)
+
+
+def spread_over_nodes(job):
+    """Adds what a user writes to spread a job's pods over nodes: a topology spread constraint
+    on the hostname, through the job's pod template."""
+    spec = job["spec"].setdefault("template", {}).setdefault("spec", {})
+    spec["topologySpreadConstraints"] = [{
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+        "labelSelector": {"matchLabels": {JOB_LABEL: job["metadata"]["name"]}}}]
+    return job
+
+
+class Namespace:
+    """A namespace of its own for one test, deleted (without waiting) at the end."""
+
+    def __init__(self, prefix):
+        self.name = "%s-%s" % (prefix, uuid.uuid4().hex[:6])
+
+    def __enter__(self):
+        kubectl("create", "namespace", self.name)
+        return self
+
+    def __exit__(self, *exc):
+        kubectl("delete", "namespace", self.name, "--wait=false", check=False)
+
+    def apply(self, obj):
+        return kubectl("apply", "-n", self.name, "-f", "-", input=json.dumps(obj))
+
+    def job(self, name):
+        return get_json("trainingjob", name, "-n", self.name)
+
+    def pods(self, job_name):
+        """The job's pods that are not being deleted, by replica index."""
+        items = get_json("pods", "-n", self.name, "-l", "%s=%s" % (JOB_LABEL, job_name))["items"]
+        return sorted((p for p in items if not p["metadata"].get("deletionTimestamp")),
+                      key=lambda p: int(p["metadata"]["labels"].get(INDEX_LABEL, 0)))
+
+    def wait_job(self, name, what, predicate, timeout):
+        """Waits until predicate(job) holds; the job, its pods and the events explain a failure."""
+        try:
+            return wait_for("job %s/%s: %s" % (self.name, name, what),
+                            lambda: (lambda j: j if predicate(j) else None)(self.job(name)),
+                            timeout)
+        except Timeout as error:
+            raise Timeout("%s\n%s" % (error, self.describe(name))) from None
+
+    def describe(self, name):
+        parts = []
+        for args in (("get", "trainingjob", name, "-o", "yaml"),
+                     ("get", "pods", "-o", "wide"),
+                     ("get", "events", "--sort-by=.lastTimestamp")):
+            parts.append("$ kubectl -n %s %s\n%s" % (self.name, " ".join(args),
+                                                      kubectl(*args, "-n", self.name, check=False)))
+        return "\n".join(parts)
+
+    def logs(self, pod, previous=False):
+        return kubectl("logs", "-n", self.name, pod, *(["--previous"] if previous else []),
+                       timeout=30)
+
+
+def phase(job):
+    return job.get("status", {}).get("phase", "")
+
+
+def step(job):
+    return job.get("status", {}).get("progress", {}).get("step", 0) or 0
+
+
+def condition(job, kind):
+    for c in job.get("status", {}).get("conditions", []):
+        if c.get("type") == kind:
+            return c
+    return None
+
+
+def container_id(pod):
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    return statuses[0].get("containerID", "") if statuses else ""
+
+
+def restart_count(pod):
+    statuses = pod.get("status", {}).get("containerStatuses", [])
+    return statuses[0].get("restartCount", 0) if statuses else 0
+
+
+def node_exec(node, *command, timeout=30):
+    """COMMAND in NODE's network and mount namespaces (what runs on that machine)."""
+    ns = os.path.join(STATE, "ns", node)
+    return subprocess.run(["nsenter", "--net=/run/netns/" + node, "--mount=" + ns, "--", *command],
+                          capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def kill_container(pod):
+    """SIGKILL to the main process of the pod's container, through its node's containerd."""
+    cid = container_id(pod).split("://", 1)[-1]
+    node_exec(pod["spec"]["nodeName"], "ctr", "--namespace", "k8s.io", "tasks", "kill",
+              "--signal", "SIGKILL", cid)

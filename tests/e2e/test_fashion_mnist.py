@@ -1,0 +1,59 @@
+"""examples/fashion-mnist.yaml on a real cluster: applied with kubectl, 4 worker pods spread over
+both nodes train to the accuracy `lockstep run` reaches (85%, tests/integration/cli/run_test.cc),
+`kubectl get tj` shows progress while it runs, `kubectl logs` shows a worker's training lines, and
+the job ends Succeeded. Every worker runs under the restricted Pod Security profile on real runc
+(checked inside a container: non-root, no capabilities, seccomp filtering). Prints the time from
+`kubectl apply` to the first step (docs/benchmarks.md)."""
+import re
+import time
+import unittest
+
+import cluster
+
+
+class FashionMnistOnTwoNodes(unittest.TestCase):
+    def test_trains_on_both_nodes_to_the_local_accuracy_and_succeeds(self):
+        job = cluster.spread_over_nodes(cluster.example("fashion-mnist.yaml"))
+        name = job["metadata"]["name"]
+        with cluster.Namespace("fashion") as ns:
+            applied = time.monotonic()
+            ns.apply(job)
+
+            pods = cluster.wait_for("4 running worker pods", lambda: (
+                lambda p: p if len(p) == 4 and all(x["status"].get("phase") == "Running" for x in p)
+                else None)(ns.pods(name)), timeout=180)
+            self.assertEqual({p["spec"]["nodeName"] for p in pods}, set(cluster.NODES),
+                             "the workers are spread over both nodes")
+
+            running = ns.wait_job(name, "a training step in status.progress",
+                                  lambda j: cluster.step(j) > 0, timeout=180)
+            first_step = time.monotonic() - applied
+            table = cluster.kubectl("get", "tj", name, "-n", ns.name)
+            self.assertRegex(table, r"\bRunning\b", table)
+            self.assertIn(str(cluster.step(running)), table, "kubectl get tj shows the step")
+
+            # Restricted profile, as the kernel sees the worker process (PID 1 of its container).
+            status = cluster.kubectl("exec", "-n", ns.name, pods[0]["metadata"]["name"], "--",
+                                     "cat", "/proc/1/status")
+            self.assertRegex(status, r"Uid:\s+65532\s", "runs as the non-root user")
+            self.assertRegex(status, r"CapEff:\s+0+\n", "no effective capabilities")
+            self.assertRegex(status, r"CapBnd:\s+0+\n", "no capabilities it could gain")
+            self.assertRegex(status, r"NoNewPrivs:\s+1", "no privilege escalation")
+            self.assertRegex(status, r"Seccomp:\s+2", "a seccomp filter (RuntimeDefault)")
+
+            done = ns.wait_job(name, "Succeeded", lambda j: cluster.phase(j) in ("Succeeded", "Failed"),
+                               timeout=900)
+            self.assertEqual(cluster.phase(done), "Succeeded", ns.describe(name))
+            self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"])
+
+            logs = ns.logs(pods[0]["metadata"]["name"])
+            self.assertRegex(logs, r"step \d+", "kubectl logs shows training lines")
+            accuracy = [float(a) for a in re.findall(r"evaluation: accuracy ([0-9.]+)", logs)]
+            self.assertTrue(accuracy, "a worker logs its evaluation:\n" + logs[-2000:])
+            self.assertGreaterEqual(accuracy[-1], 0.85)
+            print("e2e fashion-mnist: apply to first step %.1f s, accuracy %.4f, %d steps"
+                  % (first_step, accuracy[-1], cluster.step(done)))
+
+
+if __name__ == "__main__":
+    unittest.main()
