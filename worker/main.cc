@@ -37,6 +37,7 @@
 #include "common/errno_check.h"
 #include "common/logging.h"
 #include "common/spec/training_job.h"
+#include "common/termination_message.h"
 #include "kernels/kernels.h"
 #include "worker/agent/exec_agent.h"
 #include "worker/agent/pod_supervisor.h"
@@ -73,6 +74,13 @@ int Fail(int code, const std::string& message) {
     if (c == '\n') c = ';';
   }
   std::cerr << "lockstep-worker: error: " << line << std::endl;
+  // In a pod, the kubelet reads this file into the container's status, and the operator quotes
+  // it in the job's failure condition (docs/operator.md, "Failures").
+  if (const std::string path = EnvString(kTerminationLogEnv, ""); !path.empty()) {
+    if (Status written = WriteTerminationMessage(path, line); !written.ok()) {
+      std::cerr << "lockstep-worker: " << written.message() << std::endl;
+    }
+  }
   return code;
 }
 

@@ -390,7 +390,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
   HardenPod(&pod, rdma);
-  if (!spec.trainer.has_value()) PointTerminationLog(&pod);
+  PointTerminationLog(&pod);
   return pod;
 }
 

@@ -214,6 +214,17 @@ std::string WorkerStuckReason(const json& pod) {
   return message.empty() ? reason : reason + ": " + message;
 }
 
+std::string WorkerTerminationMessage(const json& pod) {
+  const json* terminated = WorkerState(pod, "terminated");
+  if (terminated == nullptr) return "";
+  const json message = terminated->value("message", json());
+  if (!message.is_string()) return "";
+  const std::string text = message.get<std::string>();
+  const size_t begin = text.find_first_not_of(" \t\r\n");
+  if (begin == std::string::npos) return "";
+  return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
+}
+
 std::string WorkerGaveUpMessage(const json& pod) {
   const json* terminated = WorkerState(pod, "terminated");
   if (terminated == nullptr) return "";

@@ -64,6 +64,10 @@ int32_t WorkerExitCode(const json& pod);
 std::string WorkerStuckReason(const json& pod);
 bool IsStuckWaitingReason(const std::string& reason);
 
+// The worker container's termination message (what it wrote to its terminationMessagePath as it
+// exited: its error), without surrounding whitespace; empty when it wrote none.
+std::string WorkerTerminationMessage(const json& pod);
+
 // Why the worker's exec agents gave up, from its terminated container's termination message
 // ("lockstep: gave up: <why>", common/termination_message.h); empty when it says nothing so.
 std::string WorkerGaveUpMessage(const json& pod);

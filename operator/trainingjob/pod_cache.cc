@@ -102,9 +102,10 @@ json TrimPod(json pod) {
       const json& state = c["state"];
       if (state.contains("terminated") && state["terminated"].is_object()) {
         json terminated = {{"exitCode", state["terminated"].value("exitCode", -1)}};
-        // Kept only when the agents gave up (WorkerGaveUpMessage): that fails the job.
+        // The worker's error, or that its agents gave up (WorkerGaveUpMessage, which fails the
+        // job): quoted in the job's condition. Only terminated containers carry one.
         const json message = state["terminated"].value("message", json());
-        if (message.is_string() && message.get<std::string>().rfind(kGaveUpPrefix, 0) == 0) {
+        if (message.is_string() && !message.get<std::string>().empty()) {
           terminated["message"] = Utf8Prefix(message.get<std::string>(), 1024);
         }
         containers.push_back(

@@ -24,7 +24,8 @@ namespace lockstep::op::trainingjob {
 void HardenPod(nlohmann::json* pod, bool rdma);
 
 // Tells the worker container (LOCKSTEP_TERMINATION_LOG) the file the kubelet reads its
-// termination message from: its terminationMessagePath, which a template may set. An exec job's
+// termination message from: its terminationMessagePath, which a template may set. A worker that
+// exits with an error writes it there (the job's failure condition quotes it), and an exec job's
 // agents write there that they gave up, so that the job fails at once (ReconcilePods).
 void PointTerminationLog(nlohmann::json* pod);
 

@@ -68,7 +68,7 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     if (w.any_succeeded) continue;  // training completed; a late failure changes nothing
     const std::string name = (*pod)["metadata"].value("name", "");
     const int32_t exit_code = WorkerExitCode(*pod);
-    const std::string what =
+    std::string what =
         "pod " + name + " failed" +
         (exit_code >= 0
              ? " with exit code " + std::to_string(exit_code)
@@ -77,6 +77,10 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     // policy; a replacement pod would read the same give-up and exit again.
     if (const std::string gave_up = WorkerGaveUpMessage(*pod); !gave_up.empty()) {
       return Finish(w, false, "WorkersGaveUp", what + ": " + gave_up);
+    }
+    // The worker's own error, through the kubelet's termination message.
+    if (const std::string error = WorkerTerminationMessage(*pod); !error.empty()) {
+      what += " (" + error + ")";
     }
     const ExitDecision decision = DecideExit(policy, exit_code);
     if (decision == ExitDecision::kFailJob) {

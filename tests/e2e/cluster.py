@@ -71,6 +71,21 @@ def spread_over_nodes(job):
     return job
 
 
+def shared_checkpoints(job, directory):
+    """Puts the job's checkpoints on a hostPath directory both nodes share (as an NFS mount would
+    be: $state/shared is the same directory in both nodes' filesystems), owned by the workers'
+    user, mounted at /checkpoints in every worker."""
+    os.makedirs(directory, exist_ok=True)
+    os.chown(directory, 65532, 65532)
+    job["spec"]["checkpoint"] = dict(job["spec"].get("checkpoint", {}),
+                                     uri="file:///checkpoints/" + job["metadata"]["name"])
+    pod = job["spec"].setdefault("template", {}).setdefault("spec", {})
+    pod["volumes"] = [{"name": "checkpoints", "hostPath": {"path": directory, "type": "Directory"}}]
+    pod["containers"] = [{"name": "worker", "volumeMounts": [
+        {"name": "checkpoints", "mountPath": "/checkpoints"}]}]
+    return job
+
+
 class Namespace:
     """A namespace of its own for one test, deleted (without waiting) at the end."""
 

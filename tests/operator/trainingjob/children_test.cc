@@ -126,9 +126,9 @@ spec:
             json::array({"lockstep-worker", "exec", "--", "python3", "train.py", "--epochs", "3"}));
 }
 
-// Exec agents that give up say so in the file the kubelet reads: the default
-// terminationMessagePath, or the one the template sets.
-TEST(DesiredPodTest, AnExecWorkerWritesItsGiveUpWhereTheKubeletReads) {
+// Workers write their error (and exec agents that they gave up) to the file the kubelet reads:
+// the default terminationMessagePath, or the one the template sets.
+TEST(DesiredPodTest, EveryWorkerWritesItsErrorWhereTheKubeletReads) {
   const std::string manifest = R"(
 apiVersion: lockstep.io/v1alpha1
 kind: TrainingJob
@@ -145,8 +145,9 @@ spec:
       0, Settings());
   EXPECT_EQ(EnvText(moved, "LOCKSTEP_TERMINATION_LOG"), "/var/run/why");
   EXPECT_EQ(CountEnv(moved, "LOCKSTEP_TERMINATION_LOG"), 1);
-  EXPECT_EQ(CountEnv(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"), 0)
-      << "the built-in trainer has no agents that give up";
+  EXPECT_EQ(EnvText(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
+            "/dev/termination-log")
+      << "the built-in trainer's workers too";
 }
 
 TEST(DesiredPodTest, PodIsOwnedLabelledAndNeverRestartedByTheKubelet) {

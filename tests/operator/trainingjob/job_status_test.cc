@@ -215,5 +215,24 @@ TEST(JobStatusTest, AGiveUpIsReadFromTheWorkersTerminationMessageOnly) {
   EXPECT_EQ(WorkerGaveUpMessage(json::object()), "");
 }
 
+TEST(JobStatusTest, TheWorkersErrorIsItsTerminationMessage) {
+  auto pod = [](const std::string& container, const json& terminated) {
+    return json{{"status",
+                 {{"phase", "Failed"},
+                  {"containerStatuses",
+                   json::array({{{"name", container}, {"state", {{"terminated", terminated}}}}})}}}};
+  };
+  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer,
+                                         {{"exitCode", 2},
+                                          {"message", "cannot open file:///data/x.gz\n"}})),
+            "cannot open file:///data/x.gz");
+  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 2}, {"message", " \n"}})),
+            "");
+  EXPECT_EQ(WorkerTerminationMessage(pod("sidecar", {{"exitCode", 1}, {"message", "x"}})), "")
+      << "another container's message is not the worker's";
+  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 1}})), "");
+  EXPECT_EQ(WorkerTerminationMessage(json::object()), "");
+}
+
 }  // namespace
 }  // namespace lockstep::op::trainingjob

@@ -1,0 +1,80 @@
+"""A worker container killed on its node (SIGKILL through the node's containerd) in an elastic job
+(examples/elastic.yaml over both nodes): the pod is replaced under the run policy, the survivors
+keep their processes and state (their container ids and restart counts do not change: they
+re-form without it and go on from their own step), and the job ends Succeeded at exactly its
+steps. Prints the time from the kill to the survivors training again (docs/benchmarks.md)."""
+import datetime
+import os
+import re
+import time
+import unittest
+
+import cluster
+
+TRAINING_FROM = re.compile(r"^(\S+) I .*training from step (\d+) at world size (\d+)", re.M)
+
+
+def log_time(stamp):
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+class WorkerKilled(unittest.TestCase):
+    def test_killed_worker_is_replaced_and_survivors_keep_their_processes(self):
+        job = cluster.spread_over_nodes(cluster.example("elastic.yaml"))
+        name = job["metadata"]["name"]
+        # A survivor blocked in an all-reduce when the generation ends waits for the call's
+        # timeout when its own abort lands before a peer's reset (libgloo cannot wake it,
+        # worker/comm/gloo): a short timeout bounds that wait.
+        job["spec"]["trainer"]["allreduce"] = {"timeoutSeconds": 20}
+        with cluster.Namespace("killed") as ns:
+            cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))
+            ns.apply(job)
+            ns.wait_job(name, "training past step 200", lambda j: cluster.step(j) >= 200,
+                        timeout=300)
+            before = {p["metadata"]["name"]: p for p in ns.pods(name)}
+            self.assertEqual(len(before), 4, ns.describe(name))
+            victim = ns.pods(name)[1]
+            survivors = {n: (cluster.container_id(p), cluster.restart_count(p))
+                         for n, p in before.items() if n != victim["metadata"]["name"]}
+
+            killed_at = time.time()
+            cluster.kill_container(victim)
+
+            # The survivors train again in a generation without the victim.
+            def retrained():
+                for pod in survivors:
+                    for stamp, _, world in TRAINING_FROM.findall(ns.logs(pod)):
+                        if log_time(stamp) > killed_at:
+                            return log_time(stamp) - killed_at, int(world)
+                return None
+            back_after, world = cluster.wait_for("survivors training again", retrained, timeout=120)
+
+            # The victim's pod is replaced (same index, a new pod) and joins again.
+            def replaced():
+                pods = ns.pods(name)
+                index1 = [p for p in pods if p["metadata"]["labels"][cluster.INDEX_LABEL] == "1"]
+                return (len(pods) == 4 and index1 and
+                        index1[0]["metadata"]["uid"] != victim["metadata"]["uid"])
+            cluster.wait_for("the killed worker's pod replaced", replaced, timeout=120)
+
+            done = ns.wait_job(name, "finished", lambda j: cluster.phase(j) in ("Succeeded", "Failed"),
+                               timeout=900)
+            self.assertEqual(cluster.phase(done), "Succeeded", ns.describe(name))
+            self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"], "exact steps")
+            self.assertGreaterEqual(done["status"].get("restarts", 0), 1)
+
+            after = {p["metadata"]["name"]: p for p in
+                     cluster.get_json("pods", "-n", ns.name, "-l",
+                                      "%s=%s" % (cluster.JOB_LABEL, name))["items"]}
+            for pod, (cid, restarts) in survivors.items():
+                self.assertIn(pod, after, "survivor %s kept its pod" % pod)
+                self.assertEqual(cluster.container_id(after[pod]), cid,
+                                 "survivor %s kept its container (its process and state)" % pod)
+                self.assertEqual(cluster.restart_count(after[pod]), restarts)
+            print("e2e worker killed: survivors training again (world %d) %.1f s after the kill"
+                  % (world, back_after))
+
+
+if __name__ == "__main__":
+    unittest.main()
