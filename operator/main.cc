@@ -75,6 +75,7 @@ struct Flags {
   std::string volcano_scheduler = "volcano";
   std::string scheduler_plugins_scheduler = "scheduler-plugins-scheduler";
   int64_t progress_interval_ms = 10000;
+  int64_t node_loss_toleration_seconds = 30;
   int64_t heartbeat_timeout_ms = 10000;
 };
 
@@ -116,6 +117,9 @@ constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --gang-scheduler-name-volcano NAME
   --gang-scheduler-name-scheduler-plugins NAME
   --progress-interval-ms MS         how often running jobs' progress is written (default 10000)
+  --node-loss-toleration-seconds S  how long worker pods stay bound to a node that is not-ready or
+                                    unreachable before they are evicted (default 30; -1: the
+                                    cluster's default, 300)
 )";
 
 Status ParseFlags(int argc, char** argv, Flags* flags) {
@@ -215,6 +219,8 @@ Status ParseFlags(int argc, char** argv, Flags* flags) {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->scheduler_plugins_scheduler, take());
     } else if (name == "--progress-interval-ms") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->progress_interval_ms, take_int(100, 3600000));
+    } else if (name == "--node-loss-toleration-seconds") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->node_loss_toleration_seconds, take_int(-1, 86400));
     } else if (name == "--rendezvous-heartbeat-timeout-ms") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->heartbeat_timeout_ms, take_int(500, 600000));
     } else {
@@ -407,6 +413,7 @@ class Operator {
     options.settings.default_worker_image = flags_.worker_image;
     options.settings.volcano_scheduler_name = flags_.volcano_scheduler;
     options.settings.scheduler_plugins_scheduler_name = flags_.scheduler_plugins_scheduler;
+    options.settings.node_loss_toleration_seconds = flags_.node_loss_toleration_seconds;
     options.master_key = identity_.master_key;
     options.progress_interval_ms = flags_.progress_interval_ms;
     options.rendezvous_heartbeat_timeout_ms = flags_.heartbeat_timeout_ms;

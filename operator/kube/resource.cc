@@ -20,6 +20,7 @@ std::string ObjectPath(const Resource& resource, const std::string& ns, const st
 namespace resources {
 const Resource kPods{"", "v1", "pods", "Pod", true};
 const Resource kServices{"", "v1", "services", "Service", true};
+const Resource kNodes{"", "v1", "nodes", "Node", false};
 const Resource kSecrets{"", "v1", "secrets", "Secret", true};
 const Resource kEvents{"", "v1", "events", "Event", true};
 const Resource kLeases{"coordination.k8s.io", "v1", "leases", "Lease", true};

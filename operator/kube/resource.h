@@ -26,6 +26,7 @@ std::string ObjectPath(const Resource& resource, const std::string& ns, const st
 namespace resources {
 extern const Resource kPods;
 extern const Resource kServices;
+extern const Resource kNodes;
 extern const Resource kSecrets;
 extern const Resource kEvents;                           // core/v1 Events
 extern const Resource kLeases;                           // coordination.k8s.io/v1

@@ -190,6 +190,28 @@ std::map<std::string, std::string> WorkerRequests(const spec::TrainingJobSpec& s
   return requests;
 }
 
+// NoExecute tolerations of the node-lifecycle taints with the operator's tolerationSeconds,
+// unless the pod already tolerates that taint (a template's choice wins).
+void TolerateNodeLoss(json* pod, int64_t seconds) {
+  if (seconds < 0) return;
+  json& tolerations = (*pod)["spec"]["tolerations"];
+  if (!tolerations.is_array()) tolerations = json::array();
+  for (const char* key : {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}) {
+    bool tolerated = false;
+    for (const json& t : tolerations) {
+      if (!t.is_object()) continue;
+      // No key and operator Exists tolerates every taint.
+      const bool all = !t.contains("key") && t.value("operator", "") == "Exists";
+      if (all || t.value("key", "") == key) tolerated = true;
+    }
+    if (tolerated) continue;
+    tolerations.push_back({{"key", key},
+                           {"operator", "Exists"},
+                           {"effect", "NoExecute"},
+                           {"tolerationSeconds", seconds}});
+  }
+}
+
 }  // namespace
 
 std::string PodName(const std::string& job_name, int32_t index) {
@@ -389,6 +411,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"metadata", std::move(metadata)},
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
+  TolerateNodeLoss(&pod, settings.node_loss_toleration_seconds);
   HardenPod(&pod, rdma);
   PointTerminationLog(&pod);
   return pod;

@@ -50,6 +50,11 @@ struct OperatorSettings {
   // ephemeral range (32768-60999: any outgoing connection may hold one).
   int32_t host_network_base_port = 20000;
   int32_t host_network_port_count = 4096;
+  // tolerationSeconds of the worker pods' NoExecute tolerations for node.kubernetes.io/not-ready
+  // and /unreachable: how long a worker stays bound to a node that stopped answering before the
+  // taint manager evicts it (Kubernetes' default, 300 s, leaves a job that long with its ranks on
+  // a dead node). A template that tolerates either taint itself keeps its own. < 0: none added.
+  int64_t node_loss_toleration_seconds = 30;
 };
 
 // Ports per job in the hostNetwork range: rank r of worker i (ranksPerWorker N) serves metrics

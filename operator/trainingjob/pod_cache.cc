@@ -85,6 +85,9 @@ json TrimPod(json pod) {
     }
   }
   out["metadata"] = std::move(meta);
+  if (pod.contains("spec") && pod["spec"].is_object() && pod["spec"].contains("nodeName")) {
+    out["spec"] = {{"nodeName", std::move(pod["spec"]["nodeName"])}};
+  }
   if (pod.contains("status")) {
     json& s = pod["status"];
     json status = json::object();

@@ -32,6 +32,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 
 #include "common/rendezvous/server.h"
@@ -94,7 +95,11 @@ class TrainingJobReconciler : public controller::Reconciler {
   void ComputeStatus(Work& w);
   Status WriteStatus(Work& w);
   Status Finish(Work& w, bool succeeded, const std::string& reason, const std::string& message);
-  Status DeletePod(Work& w, const nlohmann::json& pod, const std::string& why);
+  // grace_seconds: the deletion's grace period; unset, the pod's own.
+  Status DeletePod(Work& w, const nlohmann::json& pod, const std::string& why,
+                   std::optional<int64_t> grace_seconds = std::nullopt);
+  // A worker pod stuck terminating because its node stopped answering: deleted with grace 0.
+  void DeleteIfNodeLost(Work& w, const nlohmann::json& pod);
   Status CleanUpFinished(Work& w);
   std::string Token(const spec::TrainingJob& job) const;
   double Now() const;

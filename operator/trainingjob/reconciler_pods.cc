@@ -1,5 +1,7 @@
 // TrainingJobReconciler, the worker pods (step 8 of reconciler.h): failed workers replaced or
 // failing the job under the run policy, scale-down, missing pods created.
+#include <cmath>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -20,12 +22,14 @@ using kube::IsConflict;
 using kube::IsInvalid;
 using kube::IsNotFound;
 
-Status TrainingJobReconciler::DeletePod(Work& w, const json& pod, const std::string& why) {
+Status TrainingJobReconciler::DeletePod(Work& w, const json& pod, const std::string& why,
+                                        std::optional<int64_t> grace_seconds) {
   const std::string name = pod["metadata"].value("name", "");
   const std::string uid = pod["metadata"].value("uid", "");
   deps_.expectations->ExpectDeletions(w.key, {uid});
   kube::DeleteOptions options;
   options.precondition_uid = uid;
+  options.grace_period_seconds = grace_seconds;
   Status s = deps_.client->Delete(res::kPods, w.job.metadata.namespace_, name, options);
   if (s.ok()) {
     deps_.events->Record(*w.object, controller::EventType::kNormal, "SuccessfulDeletePod",
@@ -45,6 +49,60 @@ Status TrainingJobReconciler::DeletePod(Work& w, const json& pod, const std::str
   return s;
 }
 
+// A pod being deleted stays in the API until its kubelet confirms that its containers are gone;
+// on a node that stopped answering that never happens, and a pod evicted from it (the not-ready
+// and unreachable taints, after the tolerationSeconds DesiredPod sets) stays Terminating for
+// ever, its name taken, and the job can only wait (Kubeflow training-operator#2072). Past the
+// end of its grace period (deletionTimestamp) plus a margin for a slow kubelet, a pod whose node
+// is gone or not Ready is deleted with grace 0. Its containers may still run on a partitioned
+// node; they cannot rejoin the job's training: the rendezvous service already dropped the member
+// (its heartbeats stopped) and its replacement takes its place in the next generation.
+void TrainingJobReconciler::DeleteIfNodeLost(Work& w, const json& pod) {
+  constexpr double kMarginSeconds = 15;
+  const json& meta = pod["metadata"];
+  const double ends = ParseRfc3339(meta.value("deletionTimestamp", ""));
+  if (ends < 0) return;
+  const double now = Now();
+  if (now < ends + kMarginSeconds) {
+    w.RequeueAfter(static_cast<int64_t>(std::ceil((ends + kMarginSeconds - now) * 1000)));
+    return;
+  }
+  const std::string node = pod.contains("spec") ? pod["spec"].value("nodeName", "") : "";
+  if (node.empty()) return;  // never scheduled: the API server deletes it at once
+  std::string why;
+  StatusOr<json> got = deps_.client->Get(res::kNodes, "", node);
+  if (!got.ok() && !IsNotFound(got.status())) {
+    w.RequeueAfter(5000);  // cannot tell; ask again
+    return;
+  }
+  if (!got.ok()) {
+    why = "its node " + node + " no longer exists";
+  } else {
+    std::string ready = "Unknown", reason;
+    for (const json& c : got->value("status", json::object()).value("conditions", json::array())) {
+      if (c.value("type", "") == "Ready") {
+        ready = c.value("status", "Unknown");
+        reason = c.value("reason", "");
+      }
+    }
+    if (ready == "True") {
+      w.RequeueAfter(10000);  // the kubelet answers; it will finish the deletion
+      return;
+    }
+    why = "its node " + node + " is not Ready (" + ready + (reason.empty() ? "" : ", " + reason) +
+          ")";
+  }
+  const std::string name = meta.value("name", "");
+  Status s = DeletePod(w, pod,
+                       "deleted with grace 0: " + why + " and no kubelet confirmed its deletion",
+                       /*grace_seconds=*/0);
+  if (s.ok()) {
+    LOCKSTEP_LOG(WARNING) << w.key << ": pod " << name << " deleted with grace 0: " << why;
+  } else if (w.error.ok()) {
+    w.error = s;
+  }
+}
+
 Status TrainingJobReconciler::ReconcilePods(Work& w) {
   const spec::TrainingJob& job = w.job;
   const spec::RunPolicy& policy = job.spec.run_policy;
@@ -60,6 +118,12 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     auto [it, inserted] = w.by_index.emplace(index, pod);
     // Two pods for one index cannot be created by us (same name); keep the newest view.
     if (!inserted) it->second = pod;
+  }
+
+  // Pods whose deletion no kubelet will confirm (their node is lost) hold their names, which
+  // their replacements need.
+  for (auto& [index, pod] : w.by_index) {
+    if (IsTerminating(*pod)) DeleteIfNodeLost(w, *pod);
   }
 
   // Failed workers first: they may fail the job, and then nothing else is created.

@@ -4,8 +4,10 @@ TrainingJobs and their pods, and waits that always end.
 Every wait has a deadline and says what it waited for when it gives up; the cluster's state at that
 moment (pods, events, the job) goes with the failure.
 """
+import datetime
 import json
 import os
+import re
 import subprocess
 import time
 import uuid
@@ -61,12 +63,14 @@ def example(name):
         return yaml.safe_load(f)
 
 
-def spread_over_nodes(job):
+def spread_over_nodes(job, hard=True):
     """Adds what a user writes to spread a job's pods over nodes: a topology spread constraint
-    on the hostname, through the job's pod template."""
+    on the hostname, through the job's pod template. hard=False lets pods go where they fit when
+    spreading cannot hold (a node lost: in 1.20 the constraint still counts a tainted node)."""
     spec = job["spec"].setdefault("template", {}).setdefault("spec", {})
     spec["topologySpreadConstraints"] = [{
-        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname", "whenUnsatisfiable": "DoNotSchedule",
+        "maxSkew": 1, "topologyKey": "kubernetes.io/hostname",
+        "whenUnsatisfiable": "DoNotSchedule" if hard else "ScheduleAnyway",
         "labelSelector": {"matchLabels": {JOB_LABEL: job["metadata"]["name"]}}}]
     return job
 
@@ -134,6 +138,23 @@ class Namespace:
                        timeout=30)
 
 
+def log_time(stamp):
+    """Seconds since the epoch of a Lockstep log line's timestamp (2026-11-25T19:17:32.572Z)."""
+    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+
+
+TRAINING_FROM = re.compile(r"^(\S+) I .*training from step (\d+) at world size (\d+)", re.M)
+
+
+def first_training(logs, after=0.0):
+    """(time, step, world) of the first "training from step" line at or after `after`."""
+    for stamp, step, world in TRAINING_FROM.findall(logs):
+        if log_time(stamp) >= after:
+            return log_time(stamp), int(step), int(world)
+    return None
+
+
 def phase(job):
     return job.get("status", {}).get("phase", "")
 
@@ -164,6 +185,13 @@ def node_exec(node, *command, timeout=30):
     ns = os.path.join(STATE, "ns", node)
     return subprocess.run(["nsenter", "--net=/run/netns/" + node, "--mount=" + ns, "--", *command],
                           capture_output=True, text=True, timeout=timeout, check=True).stdout
+
+
+def node_ready(node):
+    for c in get_json("node", node)["status"].get("conditions", []):
+        if c["type"] == "Ready":
+            return c["status"] == "True"
+    return False
 
 
 def kill_container(pod):

@@ -16,7 +16,7 @@ class FashionMnistOnTwoNodes(unittest.TestCase):
         job = cluster.spread_over_nodes(cluster.example("fashion-mnist.yaml"))
         name = job["metadata"]["name"]
         with cluster.Namespace("fashion") as ns:
-            applied = time.monotonic()
+            applied = time.time()
             ns.apply(job)
 
             pods = cluster.wait_for("4 running worker pods", lambda: (
@@ -27,7 +27,6 @@ class FashionMnistOnTwoNodes(unittest.TestCase):
 
             running = ns.wait_job(name, "a training step in status.progress",
                                   lambda j: cluster.step(j) > 0, timeout=180)
-            first_step = time.monotonic() - applied
             table = cluster.kubectl("get", "tj", name, "-n", ns.name)
             self.assertRegex(table, r"\bRunning\b", table)
             self.assertIn(str(cluster.step(running)), table, "kubectl get tj shows the step")
@@ -47,6 +46,7 @@ class FashionMnistOnTwoNodes(unittest.TestCase):
             self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"])
 
             logs = ns.logs(pods[0]["metadata"]["name"])
+            first_step = cluster.first_training(logs, after=applied)[0] - applied
             self.assertRegex(logs, r"step \d+", "kubectl logs shows training lines")
             accuracy = [float(a) for a in re.findall(r"evaluation: accuracy ([0-9.]+)", logs)]
             self.assertTrue(accuracy, "a worker logs its evaluation:\n" + logs[-2000:])

@@ -3,20 +3,11 @@
 keep their processes and state (their container ids and restart counts do not change: they
 re-form without it and go on from their own step), and the job ends Succeeded at exactly its
 steps. Prints the time from the kill to the survivors training again (docs/benchmarks.md)."""
-import datetime
 import os
-import re
 import time
 import unittest
 
 import cluster
-
-TRAINING_FROM = re.compile(r"^(\S+) I .*training from step (\d+) at world size (\d+)", re.M)
-
-
-def log_time(stamp):
-    return datetime.datetime.strptime(stamp, "%Y-%m-%dT%H:%M:%S.%fZ").replace(
-        tzinfo=datetime.timezone.utc).timestamp()
 
 
 class WorkerKilled(unittest.TestCase):
@@ -44,9 +35,9 @@ class WorkerKilled(unittest.TestCase):
             # The survivors train again in a generation without the victim.
             def retrained():
                 for pod in survivors:
-                    for stamp, _, world in TRAINING_FROM.findall(ns.logs(pod)):
-                        if log_time(stamp) > killed_at:
-                            return log_time(stamp) - killed_at, int(world)
+                    found = cluster.first_training(ns.logs(pod), after=killed_at)
+                    if found:
+                        return found[0] - killed_at, found[2]
                 return None
             back_after, world = cluster.wait_for("survivors training again", retrained, timeout=120)
 

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -148,6 +149,35 @@ spec:
   EXPECT_EQ(EnvText(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
             "/dev/termination-log")
       << "the built-in trainer's workers too";
+}
+
+// A worker on a node that stops answering is evicted after the operator's tolerationSeconds,
+// not Kubernetes' 300 s; a template that tolerates the taint itself keeps its choice.
+TEST(DesiredPodTest, WorkersLeaveALostNodeAfterTheOperatorsTolerationSeconds) {
+  OperatorSettings settings = Settings();
+  settings.node_loss_toleration_seconds = 30;
+  const json pod = DesiredPod(JobWith(""), 0, settings);
+  std::map<std::string, int64_t> seconds;
+  for (const json& t : pod["spec"]["tolerations"]) {
+    EXPECT_EQ(t["effect"], "NoExecute");
+    EXPECT_EQ(t["operator"], "Exists");
+    seconds[t["key"]] = t["tolerationSeconds"];
+  }
+  EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
+                                                     {"node.kubernetes.io/unreachable", 30}}));
+
+  const json own = DesiredPod(
+      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+              "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
+      0, settings);
+  seconds.clear();
+  for (const json& t : own["spec"]["tolerations"]) seconds[t["key"]] = t["tolerationSeconds"];
+  EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
+                                                     {"node.kubernetes.io/unreachable", 600}}));
+
+  settings.node_loss_toleration_seconds = -1;
+  EXPECT_FALSE(DesiredPod(JobWith(""), 0, settings)["spec"].contains("tolerations"))
+      << "-1: the cluster's default tolerations";
 }
 
 TEST(DesiredPodTest, PodIsOwnedLabelledAndNeverRestartedByTheKubelet) {
@@ -464,7 +494,8 @@ TEST(DesiredPodTest, TemplateIsMergedKeepingUserFieldsAndTheOperatorsOwn) {
 
   const json& spec = pod["spec"];
   EXPECT_EQ(spec["nodeSelector"], json({{"gpu", "a100"}}));
-  EXPECT_EQ(spec["tolerations"].size(), 1u);
+  ASSERT_EQ(spec["tolerations"].size(), 3u) << "the template's, then the node-loss ones";
+  EXPECT_NE(spec["tolerations"][0].value("key", ""), "node.kubernetes.io/not-ready");
   EXPECT_EQ(spec["serviceAccountName"], "trainer");
   EXPECT_EQ(spec["initContainers"][0]["name"], "fetch");
   EXPECT_EQ(spec["restartPolicy"], "Never");   // the operator replaces pods itself

@@ -95,11 +95,11 @@ TEST(GlooCommunicatorTest, PeerDestroyedMidRunMakesNextCollectiveFailBeforeDeadl
   EXPECT_LT(rank0_elapsed_ms, kTimeoutMs);
 }
 
-// libgloo 0.5 cannot wake a call already blocked in a collective (see Abort() in
-// gloo_communicator.cc): that call returns ABORTED at its own deadline; the peers fail at once
-// because Abort() resets the connections, and later calls fail at once.
-TEST(GlooCommunicatorTest, AbortMakesBlockedAndLaterCallsFailWithAborted) {
-  constexpr int64_t kBlockedTimeoutMs = 1500;
+// Abort() wakes a call already blocked in a collective (socket_shutdown.h: libgloo 0.5 cannot
+// itself), so it returns ABORTED long before its own deadline, even when no peer resets its
+// connection first (the peer here never joins); the peers fail at once, and later calls too.
+TEST(GlooCommunicatorTest, AbortMakesBlockedAndLaterCallsFailWithAbortedAtOnce) {
+  constexpr int64_t kBlockedTimeoutMs = 60000;
   std::promise<void> rank0_done;
   auto rank0_done_future = rank0_done.get_future();
   Status status = RunRanks(Gloo(), 2, [&](int rank, Communicator& comm) -> Status {
@@ -133,7 +133,7 @@ TEST(GlooCommunicatorTest, AbortMakesBlockedAndLaterCallsFailWithAborted) {
     aborter.join();
     EXPECT_EQ(blocked.code(), StatusCode::kAborted) << blocked;
     EXPECT_NE(blocked.message().find("test abort"), std::string::npos) << blocked;
-    EXPECT_LT(elapsed_ms, kBlockedTimeoutMs + 2000);
+    EXPECT_LT(elapsed_ms, kBlockedTimeoutMs / 10) << "woken by the abort, not its deadline";
     comm.Abort("again");  // idempotent
     const auto later_start = Clock::now();
     for (Status later :

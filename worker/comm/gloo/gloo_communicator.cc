@@ -27,6 +27,7 @@
 #include "common/logging.h"
 #include "worker/comm/gloo/half_reduce.h"
 #include "worker/comm/gloo/pair_addresses.h"
+#include "worker/comm/gloo/socket_shutdown.h"
 
 namespace lockstep::comm {
 namespace {
@@ -148,10 +149,13 @@ class TimeoutSettingContext : public gloo::rendezvous::Context {
 class GlooCommunicator final : public Communicator {
  public:
   GlooCommunicator(const GlooOptions& options, std::shared_ptr<TimeoutSettingContext> context,
-                   std::vector<std::string> peer_addresses)
+                   std::vector<std::string> peer_addresses, std::vector<sockaddr_storage> local,
+                   std::vector<sockaddr_storage> remote)
       : options_(options),
         context_(std::move(context)),
-        peer_addresses_(std::move(peer_addresses)) {}
+        peer_addresses_(std::move(peer_addresses)),
+        local_(std::move(local)),
+        remote_(std::move(remote)) {}
 
   // Closes the connections with a reset, so that a peer blocked in (or starting) a collective
   // fails with UNAVAILABLE at once instead of waiting for its deadline.
@@ -251,10 +255,12 @@ class GlooCommunicator final : public Communicator {
     //    compile tcp/pair.h (it includes gloo/common/memory.h, which the package does not
     //    ship). UnboundBuffer::abortWait* reaches only caller-owned buffers, not the ring's
     //    internal scratch buffer, and gloo::allreduce ignores its "aborted" result.
-    // So a call blocked when Abort() lands returns ABORTED at its own deadline (timeout_ms),
-    // or earlier if a peer's connection breaks; every later call returns ABORTED immediately.
+    // So the sockets are shut down first (socket_shutdown.h): libgloo's event loop reads their
+    // end and fails the pairs, which wakes a call blocked in a collective; it returns ABORTED at
+    // once, and every later call too.
     std::lock_guard<std::mutex> lock(context_mu_);
     if (context_ == nullptr) return;
+    ShutdownConnectedSockets(local_, remote_);
     try {
       context_->closeConnections();
     } catch (const std::exception& e) {
@@ -392,6 +398,9 @@ class GlooCommunicator final : public Communicator {
   std::shared_ptr<TimeoutSettingContext> context_;
   // peer_addresses_[r]: rank r's socket address as this rank's connection to r sees it.
   const std::vector<std::string> peer_addresses_;
+  // This rank's listening address, and the peers': how Abort() finds the mesh's sockets.
+  const std::vector<sockaddr_storage> local_;
+  const std::vector<sockaddr_storage> remote_;
 
   // Held by Abort() while it signals the pairs and by the destructor while it closes them.
   std::mutex context_mu_;
@@ -420,6 +429,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
   // peer_addresses[r]: rank r's address for its pair with this rank, so an error naming a
   // socket can name the rank.
   std::vector<std::string> peer_addresses(options.size);
+  std::vector<sockaddr_storage> local, remote;
   try {
     ::gloo::transport::tcp::attr attr;
     attr.hostname = options.listen_host;
@@ -427,14 +437,20 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
     context = std::make_shared<TimeoutSettingContext>(options.rank, options.size);
     // Bounds each pair's connect; collectives set their own timeout per call.
     context->setTimeout(std::chrono::milliseconds(options.connect_timeout_ms));
-    StatusOr<std::vector<std::string>> theirs = ExchangePairAddresses(
-        store, options.rank, options.size, context->CreatePairs(device), deadline);
+    const std::vector<std::string> mine = context->CreatePairs(device);
+    StatusOr<std::vector<std::string>> theirs =
+        ExchangePairAddresses(store, options.rank, options.size, mine, deadline);
     if (!theirs.ok()) return theirs.status().WithContext("gloo connect full mesh");
     context->ConnectPairs(*theirs);
     for (int peer = 0; peer < options.size; ++peer) {
       if (peer == options.rank) continue;
-      peer_addresses[peer] = ::gloo::transport::tcp::Address(
-          std::vector<char>((*theirs)[peer].begin(), (*theirs)[peer].end())).str();
+      const ::gloo::transport::tcp::Address address(
+          std::vector<char>((*theirs)[peer].begin(), (*theirs)[peer].end()));
+      peer_addresses[peer] = address.str();
+      remote.push_back(address.getSockaddr());
+      local.push_back(::gloo::transport::tcp::Address(
+                          std::vector<char>(mine[peer].begin(), mine[peer].end()))
+                          .getSockaddr());
     }
   } catch (const std::exception& e) {
     const std::string message = std::string("gloo connect full mesh (rank ") +
@@ -449,7 +465,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
   LOCKSTEP_LOG(INFO) << "gloo communicator connected: rank " << options.rank << " of "
                      << options.size << " on " << options.listen_host;
   return std::unique_ptr<Communicator>(
-      new GlooCommunicator(options, std::move(context), std::move(peer_addresses)));
+      new GlooCommunicator(options, std::move(context), std::move(peer_addresses),
+                           std::move(local), std::move(remote)));
 }
 
 }  // namespace lockstep::comm

@@ -1,0 +1,29 @@
+// Waking a thread blocked in a Gloo collective, which libgloo 0.5 cannot do itself.
+//
+// Context::closeConnections() closes this rank's sockets without signalling the buffers a
+// collective waits on, so a thread of this rank already blocked in one stays blocked until the
+// call's timeout (300 s by default in a TrainingJob); it returns early only if a peer's reset
+// arrives while its socket is still open. When every rank of a generation aborts at once (the
+// rendezvous ends it), a rank whose own abort lands first closes its sockets before its peers'
+// resets arrive, and waits out its timeout: found on a real cluster, where a survivor of a
+// killed worker sat out 5 minutes before rejoining.
+//
+// shutdown(2) of the socket, unlike close(2), leaves the descriptor in libgloo's event loop and
+// makes it readable at end-of-file: the loop reads 0 bytes, the pair fails ("connection closed")
+// and signals every buffer waiting on it, so the blocked collective throws at once. libgloo keeps
+// its descriptors to itself, so they are found by address among the process's sockets.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <vector>
+
+namespace lockstep::comm {
+
+// shutdown(SHUT_RDWR) on every connected TCP socket of this process whose local address is one
+// of `local` or whose peer address is one of `remote` (address and port compared). Listening
+// sockets and everything else are left alone. Returns how many sockets were shut down.
+int ShutdownConnectedSockets(const std::vector<sockaddr_storage>& local,
+                             const std::vector<sockaddr_storage>& remote);
+
+}  // namespace lockstep::comm
