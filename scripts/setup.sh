@@ -45,8 +45,10 @@ suite_packages=(
   # scripts/kubernetes.sh (Go 1.19, reflect2 1.0.2, dpkg-source, rsync), curl and openssl
   etcd-server golang-1.19-go golang-github-modern-go-reflect2-dev dpkg-dev make rsync curl openssl
   # the e2e cluster (scripts/cluster.sh): containerd and runc, the CNI plugins, iptables and
-  # conntrack for kube-proxy; buildah and mmdebstrap make the images
+  # conntrack for kube-proxy; buildah and mmdebstrap make the images; vmagent discovers its pods
+  # for Prometheus (Debian's prometheus is built without Kubernetes discovery)
   containerd runc containernetworking-plugins iptables conntrack buildah mmdebstrap
+  victoria-metrics
   # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart test, and
   # the Go sources of the chart renderer helm_render (built with golang-1.19-go above): sprig v3
   # (Helm's template functions) and sigs.k8s.io/yaml (Helm's YAML)

@@ -49,7 +49,7 @@ def wait_for(what, probe, timeout, interval=0.5):
             value = probe()
             if value:
                 return value
-        except (AssertionError, subprocess.TimeoutExpired, json.JSONDecodeError) as error:
+        except (AssertionError, OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as error:
             last_error = error
         if time.monotonic() >= deadline:
             raise Timeout("%s: not within %ss%s" % (what, timeout,
@@ -153,6 +153,25 @@ def first_training(logs, after=0.0):
         if log_time(stamp) >= after:
             return log_time(stamp), int(step), int(world)
     return None
+
+
+STEP_LINE = re.compile(r" step (\d+)/\d+ loss ")
+
+
+def wait_logged_step(ns, job_name, step, timeout):
+    """Waits until rank 0's log (whichever pod it is) shows a training step >= `step`: the
+    workers' own pace, seen within a second, where status.progress lags by the operator's
+    progress interval."""
+    def reached():
+        for pod in ns.pods(job_name):
+            try:
+                steps = [int(s) for s in STEP_LINE.findall(ns.logs(pod["metadata"]["name"]))]
+            except AssertionError:
+                continue  # not started yet
+            if steps and max(steps) >= step:
+                return max(steps)
+        return None
+    return wait_for("%s logging step %d" % (job_name, step), reached, timeout=timeout)
 
 
 def phase(job):

@@ -25,6 +25,8 @@ class ClearError(unittest.TestCase):
                           for p in pods if p["status"].get("containerStatuses")]
             self.assertTrue(any("no-such-set" in t.get("message", "") for t in terminated),
                             "the kubelet read the message from the container's termination log")
+            print("e2e clear error: " + next(c["message"] for c in failed["status"]["conditions"]
+                                             if "no-such-set" in c.get("message", "")))
 
 
 if __name__ == "__main__":

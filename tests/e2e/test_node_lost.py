@@ -3,9 +3,14 @@ container on it SIGKILLed at once) under an elastic job with workers on both nod
 the other node go on training without waiting; the lost node's pods are evicted after the
 operator's tolerationSeconds (30 s, not Kubernetes' 300) and, since no kubelet will ever confirm
 their deletion, deleted with grace 0 by the operator; their replacements run on the surviving node
-and the job ends Succeeded at exactly its steps, never stuck Restarting (Kubeflow
-training-operator#2072). Prints the time from the loss to the survivors training again and to the
-full world training again (docs/benchmarks.md). The node is started again at the end."""
+and the whole world trains again, never stuck Restarting (Kubeflow training-operator#2072). The job
+is sized to outlast that on any machine (a million steps) and is deleted once its full world has
+trained on. Prints the time from the loss to the survivors training again and to the full world
+training again (docs/benchmarks.md). The node is started again at the end.
+
+The node lost is one that does not hold the operator's leader (the rendezvous service): the
+workers' loss is what this test measures; a leader lost with its node is its standby's takeover
+(the operator's own tests: WorkersReconnectToARestartedOperatorAndFinish)."""
 import os
 import subprocess
 import time
@@ -13,33 +18,43 @@ import unittest
 
 import cluster
 
-LOST = "lockstep-node-2"
+
+
+def leader_node():
+    pods = cluster.get_json("pods", "-n", "lockstep-system", "-l",
+                            "lockstep.io/rendezvous-leader=true")["items"]
+    return pods[0]["spec"]["nodeName"] if len(pods) == 1 else None
 
 
 class NodeLost(unittest.TestCase):
+    lost = None
+
     def tearDown(self):
-        if not cluster.node_ready(LOST):
-            subprocess.run([cluster.CLUSTER_SH, "start-node", LOST], check=True, timeout=120)
-            cluster.wait_for(LOST + " Ready again", lambda: cluster.node_ready(LOST), timeout=120)
+        if self.lost and not cluster.node_ready(self.lost):
+            subprocess.run([cluster.CLUSTER_SH, "start-node", self.lost], check=True, timeout=120)
+            cluster.wait_for(self.lost + " Ready again", lambda: cluster.node_ready(self.lost),
+                             timeout=120)
 
     def test_job_goes_on_and_gets_its_workers_back_on_the_other_node(self):
         job = cluster.spread_over_nodes(cluster.example("elastic.yaml"), hard=False)
         name = job["metadata"]["name"]
-        job["spec"]["trainer"]["steps"] = 30000  # still training when the replacements join
-        job["spec"]["trainer"]["allreduce"] = {"timeoutSeconds": 20}  # see test_worker_killed.py
+        job["spec"]["trainer"]["steps"] = 1000000  # still training when the replacements join
         with cluster.Namespace("nodelost") as ns:
             cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))
             ns.apply(job)
             ns.wait_job(name, "training at world 4", lambda j: cluster.step(j) > 0 and
                         j["status"].get("rendezvous", {}).get("worldSize") == 4, timeout=300)
+            leader = cluster.wait_for("one operator leading", leader_node, timeout=60)
+            lost_node = next(n for n in cluster.NODES if n != leader)
             pods = ns.pods(name)
-            lost = [p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == LOST]
-            kept = [p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] != LOST]
+            lost = [p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == lost_node]
+            kept = [p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] != lost_node]
             self.assertTrue(lost and kept, "workers on both nodes: %s" %
                             [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods])
 
             lost_at = time.time()
-            subprocess.run([cluster.CLUSTER_SH, "kill-node", LOST], check=True, timeout=60)
+            self.lost = lost_node
+            subprocess.run([cluster.CLUSTER_SH, "kill-node", lost_node], check=True, timeout=60)
 
             def survivors_training():
                 found = cluster.first_training(ns.logs(kept[0]), after=lost_at)
@@ -52,24 +67,29 @@ class NodeLost(unittest.TestCase):
                 fresh = [now[n] for n in lost if n in now and
                          now[n]["metadata"]["uid"] not in {p["metadata"]["uid"] for p in pods}]
                 return len(fresh) == len(lost) and all(
-                    p["spec"].get("nodeName") and p["spec"]["nodeName"] != LOST and
+                    p["spec"].get("nodeName") and p["spec"]["nodeName"] != lost_node and
                     p["status"].get("phase") == "Running" for p in fresh)
             cluster.wait_for("the lost node's workers replaced on the other node", replaced,
                              timeout=300)
-            whole = ns.wait_job(name, "training at world 4 again", lambda j:
-                                j["status"].get("rendezvous", {}).get("worldSize") == 4 and
-                                cluster.phase(j) == "Running", timeout=120)
-            whole_after = time.time() - lost_at
-            self.assertNotEqual(cluster.phase(whole), "Restarting")
-
-            done = ns.wait_job(name, "finished", lambda j: cluster.phase(j) in ("Succeeded", "Failed"),
-                               timeout=900)
-            self.assertEqual(cluster.phase(done), "Succeeded", ns.describe(name))
-            self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"])
+            def whole_world():
+                for pod in ns.pods(name):
+                    lines = cluster.TRAINING_FROM.findall(ns.logs(pod["metadata"]["name"]))
+                    at4 = [cluster.log_time(t) for t, _, world in lines
+                           if cluster.log_time(t) > lost_at and int(world) == 4]
+                    if at4:
+                        return at4[0]
+                return None
+            whole_at = cluster.wait_for("training at world 4 again", whole_world, timeout=120)
+            at = ns.wait_job(name, "Running with 4 ranks in its status", lambda j:
+                             j["status"].get("rendezvous", {}).get("worldSize") == 4 and
+                             cluster.phase(j) == "Running", timeout=60)
+            ns.wait_job(name, "steps past the recovery", lambda j:
+                        cluster.step(j) > cluster.step(at), timeout=60)
             events = cluster.kubectl("get", "events", "-n", ns.name)
             self.assertIn("deleted with grace 0", events, "the operator freed the lost pods' names")
             print("e2e node lost: survivors (world %d) training again %.1f s after the loss; "
-                  "the whole world again within %.1f s" % (back[2], back[0] - lost_at, whole_after))
+                  "the whole world again %.1f s after it" % (back[2], back[0] - lost_at,
+                                                             whole_at - lost_at))
 
 
 if __name__ == "__main__":

@@ -18,11 +18,17 @@ class PodsDeleted(unittest.TestCase):
             job["spec"]["runPolicy"] = {"restartPolicy": "OnFailure", "backoffLimit": 3}
             ns.apply(job)
 
-            running = ns.wait_job(
-                name, "a checkpoint committed",
-                lambda j: j.get("status", {}).get("lastCheckpoint", {}).get("step"),
-                timeout=300)
-            saved = running["status"]["lastCheckpoint"]["step"]
+            def committed():
+                for pod in ns.pods(name):
+                    try:
+                        found = re.findall(r"checkpoint of step (\d+) committed",
+                                           ns.logs(pod["metadata"]["name"]))
+                    except AssertionError:
+                        continue
+                    if found:
+                        return int(found[-1])
+                return None
+            saved = cluster.wait_for("a checkpoint committed", committed, timeout=300)
             old = {p["metadata"]["uid"] for p in ns.pods(name)}
             cluster.kubectl("delete", "pod", "--all", "-n", ns.name, "--wait=false")
 

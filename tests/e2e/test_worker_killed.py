@@ -14,15 +14,10 @@ class WorkerKilled(unittest.TestCase):
     def test_killed_worker_is_replaced_and_survivors_keep_their_processes(self):
         job = cluster.spread_over_nodes(cluster.example("elastic.yaml"))
         name = job["metadata"]["name"]
-        # A survivor blocked in an all-reduce when the generation ends waits for the call's
-        # timeout when its own abort lands before a peer's reset (libgloo cannot wake it,
-        # worker/comm/gloo): a short timeout bounds that wait.
-        job["spec"]["trainer"]["allreduce"] = {"timeoutSeconds": 20}
         with cluster.Namespace("killed") as ns:
             cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))
             ns.apply(job)
-            ns.wait_job(name, "training past step 200", lambda j: cluster.step(j) >= 200,
-                        timeout=300)
+            cluster.wait_logged_step(ns, name, 200, timeout=300)
             before = {p["metadata"]["name"]: p for p in ns.pods(name)}
             self.assertEqual(len(before), 4, ns.describe(name))
             victim = ns.pods(name)[1]

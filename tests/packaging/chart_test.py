@@ -170,11 +170,20 @@ def check_render(check, objects, values, label, release_namespace):
         "metrics-port": str(op["metricsPort"]),
         "rendezvous-port": str(op["rendezvousPort"]),
         "workers": str(op["workers"]), "qps": str(op["qps"]), "burst": str(op["burst"]),
+        "node-loss-toleration-seconds": str(op["nodeLossTolerationSeconds"]),
         "gang-scheduler-name-volcano": values["gangScheduler"]["volcanoSchedulerName"],
         "gang-scheduler-name-scheduler-plugins": values["gangScheduler"]["schedulerPluginsSchedulerName"],
     }
     for flag, value in want.items():
         check.expect(flags.get(flag) == value, ctx + "--%s=%s (got %r)" % (flag, value, flags.get(flag)))
+    node_loss = {t["key"]: t.get("tolerationSeconds") for t in pod.get("tolerations", [])
+                 if t.get("key", "").startswith("node.kubernetes.io/")}
+    check.expect(node_loss == {"node.kubernetes.io/not-ready": op["nodeLossTolerationSeconds"],
+                               "node.kubernetes.io/unreachable": op["nodeLossTolerationSeconds"]},
+                 ctx + "the operator's replicas leave a lost node after nodeLossTolerationSeconds "
+                 "(got %s)" % node_loss)
+    for toleration in op["tolerations"]:
+        check.expect(toleration in pod.get("tolerations", []), ctx + "operator.tolerations kept")
     if op["watchNamespace"]:
         check.expect(flags.get("watch-namespace") == op["watchNamespace"], ctx + "--watch-namespace")
     else:

@@ -255,12 +255,15 @@ class GlooCommunicator final : public Communicator {
     //    compile tcp/pair.h (it includes gloo/common/memory.h, which the package does not
     //    ship). UnboundBuffer::abortWait* reaches only caller-owned buffers, not the ring's
     //    internal scratch buffer, and gloo::allreduce ignores its "aborted" result.
-    // So the sockets are shut down first (socket_shutdown.h): libgloo's event loop reads their
-    // end and fails the pairs, which wakes a call blocked in a collective; it returns ABORTED at
-    // once, and every later call too.
+    // So the sockets are shut down instead (socket_shutdown.h): libgloo's event loop reads
+    // their end and fails the pairs, which wakes a call blocked in a collective (it returns
+    // ABORTED at once, and every later call too), and the peers read the end as well. The
+    // connections are not closed here: closing takes a pair out of the event loop, and if that
+    // came before the loop read the end, the blocked call would not wake. The destructor closes
+    // them. Only when no socket was found are they reset at once.
     std::lock_guard<std::mutex> lock(context_mu_);
     if (context_ == nullptr) return;
-    ShutdownConnectedSockets(local_, remote_);
+    if (ShutdownConnectedSockets(local_, remote_) > 0) return;
     try {
       context_->closeConnections();
     } catch (const std::exception& e) {
