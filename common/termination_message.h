@@ -15,7 +15,7 @@
 
 namespace lockstep {
 
-// Set by the operator in exec workers' containers to the container's terminationMessagePath;
+// Set by the operator in every worker container to the container's terminationMessagePath;
 // unset (lockstep run): no termination message is written.
 inline constexpr char kTerminationLogEnv[] = "LOCKSTEP_TERMINATION_LOG";
 // Kubernetes' default terminationMessagePath.

@@ -273,11 +273,28 @@ class Operator {
     LOCKSTEP_ASSIGN_OR_RETURN(
         identity_, LoadOrCreateOperatorIdentity(client_.get(), flags_.leader_election_namespace,
                                                 flags_.operator_secret, 30000));
+    // With --rendezvous-service the certificate also names the Service (and the default
+    // address), which workers started by an operator before it dial: they keep training across
+    // an upgrade.
+    std::vector<std::string> service_names;
     if (flags_.rendezvous_address.empty() && !flags_.rendezvous_service.empty()) {
       LOCKSTEP_ASSIGN_OR_RETURN(
           flags_.rendezvous_address,
           RendezvousServiceAddress(client_.get(), flags_.leader_election_namespace,
                                    flags_.rendezvous_service, 60000));
+      const std::string& ns = flags_.leader_election_namespace;
+      for (const std::string& service : {flags_.rendezvous_service,
+                                         std::string("lockstep-rendezvous")}) {
+        for (const std::string& name : {service + "." + ns, service + "." + ns + ".svc",
+                                        service + "." + ns + ".svc.cluster.local"}) {
+          service_names.push_back(name);
+        }
+        service_names.push_back(service);
+      }
+      if (flags_.rendezvous_port == 0) {
+        return InvalidArgumentError(
+            "--rendezvous-service needs a fixed --rendezvous-port (the Service's target)");
+      }
     }
     if (flags_.rendezvous_address.empty()) {
       flags_.rendezvous_address = "lockstep-rendezvous." + flags_.leader_election_namespace +
@@ -288,7 +305,8 @@ class Operator {
         flags_.rendezvous_host + ":" + std::to_string(flags_.rendezvous_port);
     if (!flags_.rendezvous_insecure) {
       LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
-                                IssueRendezvousCertificate(identity_, flags_.rendezvous_address));
+                                IssueRendezvousCertificate(identity_, flags_.rendezvous_address,
+                                                           service_names));
       server_options.tls_cert_pem = serving.cert_pem + identity_.ca.cert_pem;
       server_options.tls_key_pem = serving.key_pem;
     }

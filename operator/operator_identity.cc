@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -92,7 +93,8 @@ StatusOr<OperatorIdentity> LoadOrCreateOperatorIdentity(kube::KubeClient* client
 }
 
 StatusOr<tls::KeyPair> IssueRendezvousCertificate(const OperatorIdentity& identity,
-                                                  const std::string& address) {
+                                                  const std::string& address,
+                                                  const std::vector<std::string>& more_dns) {
   std::string host = address.substr(0, address.rfind(':'));
   if (host.size() > 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
@@ -105,6 +107,9 @@ StatusOr<tls::KeyPair> IssueRendezvousCertificate(const OperatorIdentity& identi
     if (host != "127.0.0.1") ips.push_back(host);
   } else if (!host.empty() && host != "localhost") {
     dns.push_back(host);
+  }
+  for (const std::string& name : more_dns) {
+    if (std::find(dns.begin(), dns.end(), name) == dns.end()) dns.push_back(name);
   }
   return tls::IssueServingCertificate(identity.ca, dns, ips, 365);
 }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "operator/kube/kube_client.h"
@@ -31,9 +32,12 @@ StatusOr<OperatorIdentity> LoadOrCreateOperatorIdentity(kube::KubeClient* client
                                                         int64_t timeout_ms);
 
 // The rendezvous serving certificate for `address` (host:port): the host as a DNS or IP
-// subjectAltName, plus localhost and 127.0.0.1 (probes, port-forwarding).
+// subjectAltName, plus localhost and 127.0.0.1 (probes, port-forwarding), plus `more_dns`
+// (the Service's names when workers are handed its cluster IP: workers started by an older
+// operator still dial them).
 StatusOr<tls::KeyPair> IssueRendezvousCertificate(const OperatorIdentity& identity,
-                                                  const std::string& address);
+                                                  const std::string& address,
+                                                  const std::vector<std::string>& more_dns = {});
 
 // The admission webhook's serving certificate: the names the API server may call it by through
 // Service `service` in namespace `ns` (service, service.ns, service.ns.svc,

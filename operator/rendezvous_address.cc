@@ -30,7 +30,7 @@ StatusOr<std::string> AddressOf(const json& service, const std::string& where) {
     if (port.value("name", "").find("rendezvous") != std::string::npos) chosen = &port;
   }
   if (chosen == nullptr && ports.size() == 1) chosen = &ports[0];
-  if (chosen == nullptr || !chosen->contains("port")) {
+  if (chosen == nullptr || !chosen->contains("port") || !(*chosen)["port"].is_number_integer()) {
     return InvalidArgumentError("Service " + where +
                                 " has no port named *rendezvous* and not exactly one port");
   }

@@ -5,7 +5,8 @@
 #   scripts/cluster.sh up       # start it; the last line printed is the kubeconfig's path
 #   scripts/cluster.sh down     # stop it: no process, mount, namespace, cgroup or rule is left
 #   scripts/cluster.sh status   # what runs
-#   scripts/cluster.sh kill-node NODE   # SIGKILL to the node's daemons and containers (a node lost)
+#   scripts/cluster.sh kill-node NODE   # the node off the network, then SIGKILL to its daemons and
+#                                       # containers (a node lost)
 #   scripts/cluster.sh start-node NODE  # start a stopped node again (containerd, kubelet, kube-proxy)
 #
 # Control plane in the host's network namespace on the bridge address 172.30.0.1: etcd, kube-
@@ -35,11 +36,18 @@ cluster_up() {
     echo "$state/admin.kubeconfig"
     return 0
   fi
+  [[ -f "$cgroup_root/pids/cgroup.procs" ]] ||
+    die "needs cgroup v1 with the pids controller at $cgroup_root/pids (kubelet 1.20, cgroupfs)"
+  if [[ ! -d /proc/sys/net/bridge ]]; then
+    modprobe br_netfilter 2>/dev/null || true  # left loaded: kube-proxy's nodes need it
+    [[ -d /proc/sys/net/bridge ]] || die "needs the br_netfilter kernel module"
+  fi
   if [[ -e "$state" ]]; then cluster_down; fi
   local start=$SECONDS
   k8s_bin=$("$repo/scripts/kubernetes.sh" --bin-dir)
   build_images
   mkdir -p "$state"
+  touch "$state/.lockstep-cluster"  # what `down` checks before it removes anything
   echo "$k8s_bin" >"$state/k8s-bin"
   make_pki
   make_network
@@ -66,25 +74,35 @@ nodes_ready() {
   [[ "$ready" == "${#nodes[@]}" ]]
 }
 
+# Stops everything `up` started, and goes on past a step that fails (a half-finished `up`, a
+# killed node), so that one failure does not leave the rest behind; exits non-zero if any step
+# failed. Refuses a directory `up` did not make.
 cluster_down() {
-  local node
-  for node in "${nodes[@]}"; do stop_node "$node"; done
-  stop_control_plane
+  if [[ -d "$state" && ! -f "$state/.lockstep-cluster" ]] &&
+      [[ -n "$(ls -A "$state" 2>/dev/null)" ]]; then
+    die "$state was not made by 'cluster.sh up' (no .lockstep-cluster in it); not removing it"
+  fi
+  local failed=0 node
+  for node in "${nodes[@]}"; do stop_node "$node" || failed=1; done
+  stop_control_plane || failed=1
   # Anything of ours a crashed `up` did not record (a daemon started before its pid was written).
   local leftover
   leftover=$(pgrep -f -- "$state/" || true)
-  [[ -n "$leftover" ]] && stop_pids 5 $leftover
-  remove_network
-  if mountpoint -q "$state/ns" 2>/dev/null; then umount "$state/ns"; fi
+  # shellcheck disable=SC2086
+  if [[ -n "$leftover" ]]; then stop_pids 5 $leftover || failed=1; fi
+  remove_network || failed=1
+  if mountpoint -q "$state/ns" 2>/dev/null; then
+    umount "$state/ns" 2>/dev/null || umount -l "$state/ns" || failed=1
+  fi
   local p
   if [[ -f "$state/made-paths" ]]; then
     while read -r p; do rmdir "$p" 2>/dev/null || true; done <"$state/made-paths"
   fi
   # Mount points left in the host's namespace under $state (none are made there; a check).
-  if grep -q " $state" /proc/self/mounts; then
-    awk -v s="$state" '$2 ~ "^"s { print $2 }' /proc/self/mounts | sort -r | xargs -r umount -l
-  fi
-  rm -rf "$state"
+  awk -v s="$state/" 'index($2, s) == 1 { print $2 }' /proc/self/mounts | sort -r |
+    xargs -r umount -l || failed=1
+  rm -rf "$state" || failed=1
+  ((failed == 0)) || die "down: some steps failed (see above); run it again"
 }
 
 cluster_status() {
@@ -102,17 +120,22 @@ cluster_status() {
   fi
 }
 
-# kill-node: the node's daemons and every container on it die at once, as in a power loss.
+# kill-node: the node drops off the network, then its daemons and every container on it die at
+# once, as in a power loss: nothing it held says goodbye (no FIN or RST reaches its peers).
 kill_node() {
   local node=$1
   [[ -n "${node_ip[$node]:-}" ]] || die "no node $node (nodes: ${nodes[*]})"
+  ip link set "${node_veth[$node]}" down
   kill_node_processes "$node"
-  rm -f "$state/pids/kube-proxy-$node" "$state/pids/kubelet-$node" "$state/pids/containerd-$node"
 }
 
 start_stopped_node() {
   local node=$1
   [[ -n "${node_ip[$node]:-}" ]] || die "no node $node (nodes: ${nodes[*]})"
+  if daemon_running "containerd-$node" || daemon_running "kubelet-$node"; then
+    die "$node is running; kill-node it first"
+  fi
+  ip link set "${node_veth[$node]}" up
   k8s_bin=$(cat "$state/k8s-bin")
   start_node "$node"
   start_kubelet "$node"

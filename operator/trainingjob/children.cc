@@ -200,7 +200,10 @@ void TolerateNodeLoss(json* pod, int64_t seconds) {
     bool tolerated = false;
     for (const json& t : tolerations) {
       if (!t.is_object()) continue;
-      // No key and operator Exists tolerates every taint.
+      // Only a NoExecute toleration (or one of every effect) decides eviction; no key and
+      // operator Exists tolerates every taint.
+      const std::string effect = t.value("effect", "");
+      if (!effect.empty() && effect != "NoExecute") continue;
       const bool all = !t.contains("key") && t.value("operator", "") == "Exists";
       if (all || t.value("key", "") == key) tolerated = true;
     }

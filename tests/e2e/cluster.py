@@ -174,6 +174,16 @@ def wait_logged_step(ns, job_name, step, timeout):
     return wait_for("%s logging step %d" % (job_name, step), reached, timeout=timeout)
 
 
+def table_step(text):
+    """The STEP column of `kubectl get tj NAME`: kubectl aligns each value under its header."""
+    lines = [l for l in text.splitlines() if l.strip()]
+    at = lines[0].find(" STEP ")
+    if at < 0 or len(lines) < 2:
+        return None
+    words = lines[1][at + 1:].split()
+    return int(words[0]) if words and words[0].isdigit() else None
+
+
 def phase(job):
     return job.get("status", {}).get("phase", "")
 

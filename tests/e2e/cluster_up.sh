@@ -8,5 +8,5 @@ if [ "$(id -u)" -ne 0 ]; then
   exit 77
 fi
 "$1" down
-iptables-save >"$2"
+iptables -S >"$2"
 exec "$1" up

@@ -18,12 +18,13 @@ def snapshot():
                  or "containerd-shim" in line or "/pause" in line]
     mounts = [line for line in open("/proc/self/mounts", encoding="utf-8")
               if cluster.STATE in line or "lockstep-node" in line]
-    netns = [n for n in run("ip", "netns", "list").split() if n.startswith("lockstep-")]
+    netns = [n for n in run("ip", "netns", "list").split()
+             if n.startswith(("lockstep-", "cni-"))]
     links = [line for line in run("ip", "-br", "link").splitlines()
              if line.startswith(("lockstep0", "lsv-"))]
     cgroups = [d for d in os.listdir("/sys/fs/cgroup/pids") if d.startswith("lockstep-node")]
     return {"processes": processes, "mounts": mounts, "network namespaces": netns,
-            "links": links, "cgroups": cgroups, "iptables": run("iptables-save").splitlines(),
+            "links": links, "cgroups": cgroups, "iptables": run("iptables", "-S").splitlines(),
             "state directory": [cluster.STATE] if os.path.exists(cluster.STATE) else []}
 
 
@@ -37,8 +38,8 @@ class ClusterDown(unittest.TestCase):
             self.assertEqual(left[what], [], "left behind: " + what)
         if rules_before is not None and os.path.exists(rules_before):
             with open(rules_before, encoding="utf-8") as f:
-                before = [l for l in f.read().splitlines() if not l.startswith("#")]
-            after = [l for l in left["iptables"] if not l.startswith("#")]
+                before = f.read().splitlines()
+            after = left["iptables"]
             self.assertEqual(sorted(set(after) - set(before)), [], "iptables rules left behind")
 
 

@@ -500,6 +500,8 @@ TEST_F(OperatorTest, ExposesItsMetricsAndHealth) {
 // Real workers: the KubeletSimulator runs each pod's lockstep-worker as a local process with the
 // env the operator wrote (token from the Secret, CA from its volume), so workers reach the
 // operator's rendezvous service over TLS and train for real.
+// Why a simulator and not tests/e2e's real kubelets: these restart the operator process itself
+// mid-run and pick the uid an image runs as, and run without root in seconds on every machine.
 class OperatorEndToEndTest : public OperatorTest {
  protected:
   // image_user: the uid the simulated images run as (0: a root image).

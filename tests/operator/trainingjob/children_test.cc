@@ -175,6 +175,16 @@ TEST(DesiredPodTest, WorkersLeaveALostNodeAfterTheOperatorsTolerationSeconds) {
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 600}}));
 
+  const json no_schedule = DesiredPod(
+      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+              "operator: Exists, effect: NoSchedule}]}}\n"),
+      0, settings);
+  int no_execute = 0;
+  for (const json& t : no_schedule["spec"]["tolerations"]) {
+    no_execute += t.value("effect", "") == "NoExecute";
+  }
+  EXPECT_EQ(no_execute, 2) << "a NoSchedule toleration does not decide eviction";
+
   settings.node_loss_toleration_seconds = -1;
   EXPECT_FALSE(DesiredPod(JobWith(""), 0, settings)["spec"].contains("tolerations"))
       << "-1: the cluster's default tolerations";
