@@ -44,7 +44,16 @@ std::string TrainingJobReconciler::OnPodEvent(const json* old_pod, const json* n
   } else if (old_pod && !new_pod) {
     deps_.expectations->DeletionObserved(key, (*old_pod)["metadata"].value("uid", ""));
     if (deps_.rendezvous) deps_.rendezvous->RemoveMember(key, name, "pod " + name + " deleted");
-  } else if (old_pod && new_pod && deps_.rendezvous) {
+  } else if (old_pod && new_pod) {
+    // As client-go's ReplicaSet controller does: a pod being deleted counts as deleted for the
+    // expectations. It keeps its index until it is gone (nothing is created twice, a terminating
+    // failed pod is not counted again), and a pod whose deletion no kubelet will confirm (a lost
+    // node) does not hold the job's reconciles, DeleteIfNodeLost among them, until the TTL.
+    if (IsTerminating(*new_pod) && !IsTerminating(*old_pod)) {
+      deps_.expectations->DeletionObserved(key, (*new_pod)["metadata"].value("uid", ""));
+    }
+  }
+  if (old_pod && new_pod && deps_.rendezvous) {
     // Tell the rendezvous service at once, so survivors re-form without waiting for missed
     // heartbeats.
     if (PodPhase(*new_pod) == "Failed" && PodPhase(*old_pod) != "Failed") {
