@@ -51,6 +51,14 @@ const json* WorkerState(const json& pod, const char* kind) {
   return nullptr;
 }
 
+// The worker container's terminated message as the kubelet reported it; "" when none.
+std::string TerminatedMessage(const json& pod) {
+  const json* terminated = WorkerState(pod, "terminated");
+  if (terminated == nullptr) return "";
+  const json message = terminated->value("message", json());
+  return message.is_string() ? message.get<std::string>() : "";
+}
+
 }  // namespace
 
 void SetCondition(json* job_status, const std::string& type, bool status, const std::string& reason,
@@ -215,22 +223,14 @@ std::string WorkerStuckReason(const json& pod) {
 }
 
 std::string WorkerTerminationMessage(const json& pod) {
-  const json* terminated = WorkerState(pod, "terminated");
-  if (terminated == nullptr) return "";
-  const json message = terminated->value("message", json());
-  if (!message.is_string()) return "";
-  const std::string text = message.get<std::string>();
+  const std::string text = TerminatedMessage(pod);
   const size_t begin = text.find_first_not_of(" \t\r\n");
   if (begin == std::string::npos) return "";
   return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
 }
 
 std::string WorkerGaveUpMessage(const json& pod) {
-  const json* terminated = WorkerState(pod, "terminated");
-  if (terminated == nullptr) return "";
-  const json message = terminated->value("message", json());
-  if (!message.is_string()) return "";
-  const std::string text = message.get<std::string>();
+  const std::string text = TerminatedMessage(pod);
   const std::string prefix = kGaveUpPrefix;
   if (text.compare(0, prefix.size(), prefix) != 0 || text.size() == prefix.size()) return "";
   return text.substr(prefix.size());

@@ -195,13 +195,16 @@ TEST(JobStatusTest, TimeLeftComesFromTheReportedPaceAndIsUnknownUntilItCanBe) {
   EXPECT_EQ(EstimatedSecondsRemaining(0, 100, 0, 0.0), -1);
 }
 
+// A failed pod whose `container` terminated as `terminated` says.
+json FailedPod(const std::string& container, const json& terminated) {
+  return json{{"status",
+               {{"phase", "Failed"},
+                {"containerStatuses",
+                 json::array({{{"name", container}, {"state", {{"terminated", terminated}}}}})}}}};
+}
+
 TEST(JobStatusTest, AGiveUpIsReadFromTheWorkersTerminationMessageOnly) {
-  auto pod = [](const std::string& container, const json& terminated) {
-    return json{{"status",
-                 {{"phase", "Failed"},
-                  {"containerStatuses",
-                   json::array({{{"name", container}, {"state", {{"terminated", terminated}}}}})}}}};
-  };
+  const auto pod = FailedPod;
   EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer,
                                     {{"exitCode", 1},
                                      {"message", "lockstep: gave up: restarts exhausted: 3 of 3"}})),
@@ -216,12 +219,7 @@ TEST(JobStatusTest, AGiveUpIsReadFromTheWorkersTerminationMessageOnly) {
 }
 
 TEST(JobStatusTest, TheWorkersErrorIsItsTerminationMessage) {
-  auto pod = [](const std::string& container, const json& terminated) {
-    return json{{"status",
-                 {{"phase", "Failed"},
-                  {"containerStatuses",
-                   json::array({{{"name", container}, {"state", {{"terminated", terminated}}}}})}}}};
-  };
+  const auto pod = FailedPod;
   EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer,
                                          {{"exitCode", 2},
                                           {"message", "cannot open file:///data/x.gz\n"}})),
