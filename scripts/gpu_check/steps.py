@@ -81,6 +81,21 @@ class Context:
     def record(self, name: str, state: str, detail: str) -> None:
         self.report.record(name, state, detail)
 
+    def built(self, name: str, program: str) -> bool:
+        """Whether the bundle has `program`; if not, step `name` is recorded as skipped."""
+        if self.has_program(program):
+            return True
+        self.record(name, SKIP, NOT_BUILT)
+        return False
+
+    def time_for(self, name: str, limit: Limit) -> Optional[int]:
+        """The seconds step `name` may take, or None once it is recorded as skipped for want
+        of time."""
+        seconds = self.budget.limit_for(limit)
+        if seconds is None:
+            self.record(name, SKIP, NO_TIME)
+        return seconds
+
 
 Step = Callable[[Context], None]
 
@@ -103,12 +118,10 @@ def plan(selftest: bool) -> List[Tuple[str, Step]]:
 
 def gtest_step(ctx: Context, program: str, gpu_program: bool, limit: Limit) -> None:
     name = f"a. {program}"
-    if not ctx.has_program(program):
-        ctx.record(name, SKIP, NOT_BUILT)
+    if not ctx.built(name, program):
         return
-    seconds = ctx.budget.limit_for(limit)
+    seconds = ctx.time_for(name, limit)
     if seconds is None:
-        ctx.record(name, SKIP, NO_TIME)
         return
     log, xml = ctx.log(f"{program}.log"), ctx.log(f"{program}.xml")
     status = run_logged(seconds, log, [ctx.program(program), "--gtest_brief=1",
@@ -189,9 +202,8 @@ def kill_step(ctx: Context) -> None:  # c.
     run_dir = ctx.log(f"kill-{device}")
     want_steps = verdicts.kill_test_steps(
         verdicts.load_run_summary(ctx.log(f"train-{device}", "summary.json")))
-    seconds = ctx.budget.limit_for(KILL_TEST)
+    seconds = ctx.time_for(name, KILL_TEST)
     if seconds is None:
-        ctx.record(name, SKIP, NO_TIME)
         return
     ckpt = os.path.join(ctx.work, "ckpt")
     shutil.rmtree(ckpt, ignore_errors=True)
@@ -246,12 +258,10 @@ def kill_step(ctx: Context) -> None:  # c.
 
 def kernel_bench_step(ctx: Context) -> None:  # e.
     name = "e. kernels_cuda_bench"
-    if not ctx.has_program("kernels_cuda_bench"):
-        ctx.record(name, SKIP, NOT_BUILT)
+    if not ctx.built(name, "kernels_cuda_bench"):
         return
-    seconds = ctx.budget.limit_for(KERNEL_BENCH)
+    seconds = ctx.time_for(name, KERNEL_BENCH)
     if seconds is None:
-        ctx.record(name, SKIP, NO_TIME)
         return
     log = ctx.log("kernels_cuda_bench.log")
     status = run_logged(seconds, log, [ctx.program("kernels_cuda_bench")])
@@ -263,18 +273,14 @@ def kernel_bench_step(ctx: Context) -> None:  # e.
 
 def step_time_step(ctx: Context) -> None:  # f.
     collected: List[str] = []  # every measurement line, also kept as train_step.txt
-    if ctx.has_program("train_step_bench"):
+    if ctx.built("f. train_step_bench", "train_step_bench"):
         for config in TRAIN_STEP_CONFIGS:
             collected += train_step_bench_config(ctx, config)
-    else:
-        ctx.record("f. train_step_bench", SKIP, NOT_BUILT)
     if ctx.torch_version is None:
         ctx.record("f. torch_step.py", SKIP, "no PyTorch for python3 here")
     else:
-        seconds = ctx.budget.limit_for(TORCH_STEP)
-        if seconds is None:
-            ctx.record("f. torch_step.py", SKIP, NO_TIME)
-        else:
+        seconds = ctx.time_for("f. torch_step.py", TORCH_STEP)
+        if seconds is not None:
             log = ctx.log("torch_step.log")
             status = run_logged(seconds, log, [
                 "python3", os.path.join(ctx.work, "bench", "train_step", "torch_step.py"),
@@ -293,9 +299,8 @@ def train_step_bench_config(ctx: Context, config: str) -> List[str]:
     table shows the median and the spread), then one with a single gather thread, to show what
     the host's share of a step is. Returns its measurement lines."""
     name = f"f. train_step_bench {config}"
-    seconds = ctx.budget.limit_for(TRAIN_STEP_BENCH)
+    seconds = ctx.time_for(name, TRAIN_STEP_BENCH)
     if seconds is None:
-        ctx.record(name, SKIP, NO_TIME)
         return []
     layers, _, batch = config.partition(":")
     bench_argv = [ctx.program("train_step_bench"), "--device", "cuda", "--layers", layers,
@@ -340,9 +345,8 @@ def sanitizer_step(ctx: Context) -> None:  # d.
         if not ctx.has_program("cuda_kernels_test"):
             ctx.record(name, SKIP, "cuda_kernels_test is not in the bundle")
             continue
-        seconds = ctx.budget.limit_for(SANITIZER_KERNEL_TESTS)
+        seconds = ctx.time_for(name, SANITIZER_KERNEL_TESTS)
         if seconds is None:
-            ctx.record(name, SKIP, NO_TIME)
             continue
         log = ctx.log(f"sanitizer-{tool}-cuda_kernels_test.log")
         status = run_logged(seconds, log, [sanitizer, "--tool", tool,
@@ -358,9 +362,8 @@ def sanitizer_step(ctx: Context) -> None:  # d.
     if not prepare_manifest(ctx, run_dir, "cuda", SANITIZER_STEPS, validate=False):
         ctx.record(name, FAIL, f"manifest: {verdicts.failure_reason(run_dir)}")
         return
-    seconds = ctx.budget.limit_for(SANITIZER_TRAINING)
+    seconds = ctx.time_for(name, SANITIZER_TRAINING)
     if seconds is None:
-        ctx.record(name, SKIP, NO_TIME)
         return
     # --report-api-errors no: NCCL's initialisation probes kernel images for other architectures
     # and handles the cudaErrorNoKernelImageForDevice it gets (8 such reports, all inside

@@ -147,11 +147,12 @@ def log_time(stamp):
 TRAINING_FROM = re.compile(r"^(\S+) I .*training from step (\d+) at world size (\d+)", re.M)
 
 
-def first_training(logs, after=0.0):
-    """(time, step, world) of the first "training from step" line at or after `after`."""
-    for stamp, step, world in TRAINING_FROM.findall(logs):
-        if log_time(stamp) >= after:
-            return log_time(stamp), int(step), int(world)
+def first_training(logs, after=0.0, world=None):
+    """(time, step, world) of the first "training from step" line at or after `after` (and at
+    world size `world`, when given)."""
+    for stamp, step, size in TRAINING_FROM.findall(logs):
+        if log_time(stamp) >= after and world in (None, int(size)):
+            return log_time(stamp), int(step), int(size)
     return None
 
 

@@ -56,13 +56,10 @@ class NodeLost(unittest.TestCase):
             self.lost = lost_node
             subprocess.run([cluster.CLUSTER_SH, "kill-node", lost_node], check=True, timeout=60)
 
-            def survivors_training():
-                for stamp, _, world in cluster.TRAINING_FROM.findall(ns.logs(kept[0])):
-                    if cluster.log_time(stamp) > lost_at and int(world) == len(kept):
-                        return cluster.log_time(stamp), int(world)
-                return None
-            back = cluster.wait_for("the survivors training without the lost node",
-                                    survivors_training, timeout=120)
+            back = cluster.wait_for(
+                "the survivors training without the lost node",
+                lambda: cluster.first_training(ns.logs(kept[0]), after=lost_at, world=len(kept)),
+                timeout=120)
 
             def replaced():
                 now = {p["metadata"]["name"]: p for p in ns.pods(name)}
@@ -73,13 +70,13 @@ class NodeLost(unittest.TestCase):
                     p["status"].get("phase") == "Running" for p in fresh)
             cluster.wait_for("the lost node's workers replaced on the other node", replaced,
                              timeout=300)
+
             def whole_world():
                 for pod in ns.pods(name):
-                    lines = cluster.TRAINING_FROM.findall(ns.logs(pod["metadata"]["name"]))
-                    at4 = [cluster.log_time(t) for t, _, world in lines
-                           if cluster.log_time(t) > lost_at and int(world) == 4]
-                    if at4:
-                        return at4[0]
+                    found = cluster.first_training(ns.logs(pod["metadata"]["name"]),
+                                                   after=lost_at, world=4)
+                    if found:
+                        return found[0]
                 return None
             whole_at = cluster.wait_for("training at world 4 again", whole_world, timeout=120)
             at = ns.wait_job(name, "Running with 4 ranks in its status", lambda j:
@@ -94,7 +91,7 @@ class NodeLost(unittest.TestCase):
             # a minute to schedule, start and join.
             self.assertLess(whole_at - lost_at, 40 + 30 + 30 + 15 + 60)
             print("e2e node lost: survivors (world %d) training again %.1f s after the loss; "
-                  "the whole world again %.1f s after it" % (back[1], back[0] - lost_at,
+                  "the whole world again %.1f s after it" % (back[2], back[0] - lost_at,
                                                              whole_at - lost_at))
 
 
