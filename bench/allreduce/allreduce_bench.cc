@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -114,7 +115,8 @@ int RunLockstep(const Args& args) {
   } else if (args.impl == "hierarchical") {
     comm::HierarchicalOptions options;
     options.rank = args.rank;
-    options.member_hosts = args.hosts;
+    std::optional<comm::HostLayout> layout = comm::LayoutByHost(args.hosts);
+    if (layout) options.layout = *std::move(layout);  // else refused as an empty layout
     options.host = args.hosts.at(static_cast<size_t>(args.rank));
     options.job_name = "allreduce-bench";
     communicator = comm::CreateHierarchicalCommunicator(options, store);

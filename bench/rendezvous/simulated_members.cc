@@ -21,9 +21,10 @@ constexpr int64_t kTickMs = 10;  // heartbeats are spread over the interval in s
 constexpr int64_t kCallMarginMs = 5000;
 constexpr char kJoinMethod[] = "/lockstep.rendezvous.v1.Rendezvous/Join";
 
-// What a simulated member takes from a JoinResponse: its own fields. The generation's member list
-// (field 4, about 75 bytes per member) is skipped, not decoded: a worker decodes it on its own
-// machine, and decoding N lists of N members here would measure this process, not the service.
+// What a simulated member takes from a JoinResponse: its own numbers. Length-delimited fields (its
+// host placement, rank 0's host, and the member list that only an older client asks for) are
+// skipped, not decoded: a worker decodes them on its own machine, and decoding them here would
+// measure this process, not the service.
 bool DecodeOwnFields(grpc::ByteBuffer& buffer, v1::JoinResponse& own) {
   grpc::ProtoBufferReader reader(&buffer);
   google::protobuf::io::CodedInputStream in(&reader);
@@ -35,7 +36,7 @@ bool DecodeOwnFields(grpc::ByteBuffer& buffer, v1::JoinResponse& own) {
       case 0:  // varint
         if (!in.ReadVarint64(&value)) return false;
         break;
-      case 2:  // length-delimited: a member
+      case 2:  // length-delimited
         if (!in.ReadVarint32(&length) || !in.Skip(static_cast<int>(length))) return false;
         continue;
       default:
@@ -278,6 +279,7 @@ void SimulatedMembers::StartJoin(Member& member, int64_t state_step) {
                                std::to_string(member.index % 250 + 1));
   member.join_request.set_state_step(state_step);
   member.join_request.set_timeout_ms(options_.join_timeout_ms);
+  member.join_request.set_without_members(true);  // as the worker's client asks
   member.join_response.Clear();
   const grpc::Slice request(member.join_request.SerializeAsString());
   member.join_request_bytes = grpc::ByteBuffer(&request, 1);

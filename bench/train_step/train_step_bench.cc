@@ -108,7 +108,6 @@ int Main(int argc, char** argv) {
   }
   std::unique_ptr<rendezvous::KeyValueStore> store = rendezvous::NewInMemoryStore();
   comm::CommunicatorOptions options;
-  options.member_hosts = {"127.0.0.1"};
   options.job_name = "train-step-bench";
   if (device == "cuda") {
     options.cuda = true;

@@ -24,10 +24,10 @@ using TimePoint = Deadline::Clock::time_point;
 using CallId = uint64_t;
 using StreamId = uint64_t;
 
-// Finish a held Join: with `assignment` and `members` when status is OK, else with status alone.
-// The generation's member list is the same for every member it admits: one list, shared by all
-// the answers of a formation (`assignment.members` stays empty), so that forming a generation of
-// N members copies and encodes N members, not N times N.
+// Finish a held Join: with `assignment` when status is OK, else with status alone. `members` is
+// set only for a member that asked for every member's record (JoinArgs::wants_members: an older
+// client); the list is the same for every member the generation admits, one list shared by all
+// the answers of a formation, so that it is copied and encoded once, not once per member.
 struct AnswerJoin {
   CallId call = 0;
   Status status;

@@ -153,6 +153,7 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
     request.set_timeout_ms(left_ms);
     request.set_pod(options_.pod);
     request.set_local_rank(options_.local_rank);
+    request.set_without_members(true);
     const grpc::Status status = stub_->Join(&context, request, &response);
     if (status.ok()) break;
     Status error = FromGrpcStatus(status);

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rendezvous/host_placement.h"
 #include "common/rendezvous/kv_store.h"
 #include "common/status.h"
 
@@ -52,7 +53,6 @@ struct Assignment {
   int64_t generation = 0;
   int32_t rank = 0;
   int32_t world_size = 0;
-  std::vector<MemberInfo> members;  // by rank
   int64_t heartbeat_interval_ms = 0;
   int64_t heartbeat_timeout_ms = 0;
   // The member's pod in this generation: ranks pod_rank * local_world_size .. + local_world_size-1.
@@ -60,6 +60,11 @@ struct Assignment {
   int32_t local_world_size = 1;
   int32_t pod_rank = 0;
   int32_t pod_count = 0;
+  std::string first_host;  // rank 0's host (torchrun's MASTER_ADDR)
+  // Where the member sits among the generation's hosts. The other members' records are not
+  // sent (proto/rendezvous.proto, JoinRequest.without_members); a member that needs more of them
+  // reads it from the generation's store.
+  HostPlacement host;
 };
 
 // Why a generation ended, as the heartbeat stream reports it.

@@ -188,17 +188,29 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
     member_index_[member.info.member_id] = members_.size();
     members_.push_back(member);
   }
-  auto infos = std::make_shared<std::vector<MemberInfo>>();
-  infos->reserve(world);
-  for (const auto& member : members_) infos->push_back(member.info);
-  const std::shared_ptr<const std::vector<MemberInfo>> shared_infos = std::move(infos);
+  std::vector<std::string> hosts;
+  hosts.reserve(world);
+  for (const auto& member : members_) hosts.push_back(member.info.host);
+  const std::vector<HostPlacement> placements = PlaceOnHosts(hosts);
+  if (world > 0) assignment.first_host = members_[0].info.host;
+  // The whole list only for members that asked for it (older clients), built once for them all.
+  std::shared_ptr<const std::vector<MemberInfo>> shared_infos;
   std::vector<bool> admitted(pending_.size(), false);
   for (size_t rank = 0; rank < world; ++rank) {
+    const PendingJoin& join = pending_[order[rank]];
     admitted[order[rank]] = true;
     assignment.rank = static_cast<int32_t>(rank);
-    assignment.local_rank = pending_[order[rank]].local_rank;
+    assignment.local_rank = join.local_rank;
     assignment.pod_rank = static_cast<int32_t>(rank) / per_pod;
-    out.push_back(AnswerJoin{pending_[order[rank]].call, OkStatus(), assignment, shared_infos});
+    assignment.host = placements[rank];
+    if (join.wants_members && shared_infos == nullptr) {
+      auto infos = std::make_shared<std::vector<MemberInfo>>();
+      infos->reserve(world);
+      for (const auto& member : members_) infos->push_back(member.info);
+      shared_infos = std::move(infos);
+    }
+    out.push_back(AnswerJoin{join.call, OkStatus(), assignment,
+                             join.wants_members ? shared_infos : nullptr});
   }
   std::vector<PendingJoin> waiting;
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -315,6 +327,7 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
   pending.state_step = join.state_step;
   pending.timeout_ms = join.timeout_ms;
   pending.deadline = now + milliseconds(join.timeout_ms);
+  pending.wants_members = join.wants_members;
   latest_arrival_ = now;
   out.push_back(WakeAt{pending.deadline});
   CountPending(pending, +1);

@@ -102,6 +102,9 @@ struct JoinArgs {
   int64_t timeout_ms = 0;   // the join fails with DEADLINE_EXCEEDED this long after it arrives
   std::string pod;          // empty: the member is its own pod
   int32_t local_rank = 0;   // 0..ranks_per_pod-1
+  // The answer carries every member's record (AnswerJoin::members): for a client of an older
+  // version, which did not say it goes without (proto/rendezvous.proto).
+  bool wants_members = false;
 };
 
 // One heartbeat of `member_id` for `generation`, with its latest progress if any.
@@ -176,6 +179,7 @@ class JobState {
     int64_t state_step = -1;
     int64_t timeout_ms = 0;
     TimePoint deadline;
+    bool wants_members = false;
   };
   struct ActiveMember {
     MemberInfo info;

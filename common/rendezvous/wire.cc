@@ -61,29 +61,24 @@ v1::Progress ToProto(const ProgressReport& progress) {
   return out;
 }
 
-MemberInfo FromProto(const v1::Member& member) {
-  MemberInfo out;
-  out.member_id = member.member_id();
-  out.host = member.host();
-  out.rank = member.rank();
-  out.state_step = member.state_step();
-  out.pod = member.pod().empty() ? member.member_id() : member.pod();
-  out.local_rank = member.local_rank();
-  return out;
-}
-
 Assignment FromProto(const v1::JoinResponse& response) {
   Assignment out;
   out.generation = response.generation();
   out.rank = response.rank();
   out.world_size = response.world_size();
-  for (const auto& member : response.members()) out.members.push_back(FromProto(member));
   out.heartbeat_interval_ms = response.heartbeat_interval_ms();
   out.heartbeat_timeout_ms = response.heartbeat_timeout_ms();
   out.local_rank = response.local_rank();
   out.local_world_size = response.local_world_size();
   out.pod_rank = response.pod_rank();
   out.pod_count = response.pod_count();
+  out.first_host = response.first_host();
+  const v1::HostPlacement& host = response.host();
+  out.host.host_rank = host.host_rank();
+  out.host.host_count = host.host_count();
+  out.host.local_rank = host.local_rank();
+  out.host.local_size = host.local_size();
+  out.host.contiguous = host.contiguous();
   return out;
 }
 
@@ -103,7 +98,7 @@ v1::JoinResponse MembersToProto(const std::vector<MemberInfo>& members) {
 }
 
 v1::JoinResponse ToProto(const Assignment& assignment) {
-  v1::JoinResponse out = MembersToProto(assignment.members);
+  v1::JoinResponse out;
   out.set_generation(assignment.generation);
   out.set_rank(assignment.rank);
   out.set_world_size(assignment.world_size);
@@ -113,6 +108,13 @@ v1::JoinResponse ToProto(const Assignment& assignment) {
   out.set_local_world_size(assignment.local_world_size);
   out.set_pod_rank(assignment.pod_rank);
   out.set_pod_count(assignment.pod_count);
+  out.set_first_host(assignment.first_host);
+  v1::HostPlacement* host = out.mutable_host();
+  host->set_host_rank(assignment.host.host_rank);
+  host->set_host_count(assignment.host.host_count);
+  host->set_local_rank(assignment.host.local_rank);
+  host->set_local_size(assignment.host.local_size);
+  host->set_contiguous(assignment.host.contiguous);
   return out;
 }
 

@@ -26,10 +26,10 @@ bool TokensEqual(const std::string& expected, const std::string& presented);
 
 ProgressReport FromProto(const v1::Progress& progress);
 v1::Progress ToProto(const ProgressReport& progress);
-MemberInfo FromProto(const v1::Member& member);
 Assignment FromProto(const v1::JoinResponse& response);
 v1::JoinResponse ToProto(const Assignment& assignment);
-// A JoinResponse with the members alone (every other field unset, so not encoded).
+// A JoinResponse with the members alone (every other field unset, so not encoded): the list a
+// client without JoinRequest.without_members gets (proto/rendezvous.proto).
 v1::JoinResponse MembersToProto(const std::vector<MemberInfo>& members);
 
 }  // namespace lockstep::rendezvous

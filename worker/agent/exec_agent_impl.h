@@ -42,9 +42,11 @@ inline constexpr int64_t kPlanPollSliceMs = 500;
 inline constexpr int64_t kFailureDetailsWaitMs = 2000;
 // Bound on ending what a finished command left behind (EndDescendants).
 inline constexpr int64_t kEndDescendantsMs = 2000;
-// The generation-store key each agent writes once its previous command has stopped; every agent
-// waits for all of them before it starts its command.
-inline constexpr char kStoppedKeyPrefix[] = "stopped/";
+// The generation-store counter each agent adds one to once its previous command has stopped; the
+// agent whose add completes the world sets kAllStoppedKey, which every agent waits for before it
+// starts its command. (A key per agent would make each of N agents wait for N keys.)
+inline constexpr char kStoppedCountKey[] = "stopped/count";
+inline constexpr char kAllStoppedKey[] = "stopped/all";
 
 // What woke the agent up since the last wait.
 struct Events {

@@ -64,20 +64,6 @@ PrivateDirectory::~PrivateDirectory() {
   std::filesystem::remove_all(path_, ignored);
 }
 
-LocalPlacement ComputeLocalPlacement(const std::vector<rendezvous::MemberInfo>& members,
-                                     int32_t rank) {
-  LocalPlacement placement;
-  if (rank < 0 || rank >= static_cast<int32_t>(members.size())) return placement;
-  const std::string& host = members[rank].host;
-  placement.local_world_size = 0;
-  for (const rendezvous::MemberInfo& member : members) {
-    if (member.host != host) continue;
-    if (member.rank < rank) ++placement.local_rank;
-    ++placement.local_world_size;
-  }
-  return placement;
-}
-
 std::vector<std::pair<std::string, std::string>> ExecVariables(
     const rendezvous::Assignment& assignment, const GenerationPlan& plan,
     const ExecEnvironmentExtras& extras) {
@@ -85,9 +71,9 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
   // the group is the pod. A pod of one rank is a node of its own, but several such pods may
   // share a machine (`lockstep run`), so the local world is the members on this host.
   const bool pod_of_ranks = assignment.local_world_size > 1;
-  const LocalPlacement local =
-      pod_of_ranks ? LocalPlacement{assignment.local_rank, assignment.local_world_size}
-                   : ComputeLocalPlacement(assignment.members, assignment.rank);
+  const int32_t local_rank = pod_of_ranks ? assignment.local_rank : assignment.host.local_rank;
+  const int32_t local_world_size =
+      pod_of_ranks ? assignment.local_world_size : assignment.host.local_size;
   const std::string rank = std::to_string(assignment.rank);
   const std::string world = std::to_string(assignment.world_size);
   const std::string group = pod_of_ranks ? std::to_string(assignment.pod_rank) : rank;
@@ -97,8 +83,8 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
       {"MASTER_PORT", std::to_string(plan.master_port)},
       {"RANK", rank},
       {"WORLD_SIZE", world},
-      {"LOCAL_RANK", std::to_string(local.local_rank)},
-      {"LOCAL_WORLD_SIZE", std::to_string(local.local_world_size)},
+      {"LOCAL_RANK", std::to_string(local_rank)},
+      {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
       {"GROUP_RANK", group},
       {"GROUP_WORLD_SIZE", groups},
       {"ROLE_NAME", "default"},

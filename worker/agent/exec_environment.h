@@ -70,14 +70,6 @@ class PrivateDirectory {
   std::string path_;
 };
 
-struct LocalPlacement {
-  int32_t local_rank = 0;
-  int32_t local_world_size = 1;
-};
-// LOCAL_RANK and LOCAL_WORLD_SIZE of `rank` among `members` (which are by rank).
-LocalPlacement ComputeLocalPlacement(const std::vector<rendezvous::MemberInfo>& members,
-                                     int32_t rank);
-
 // The variables the agent sets (name, value), in a fixed order.
 std::vector<std::pair<std::string, std::string>> ExecVariables(
     const rendezvous::Assignment& assignment, const GenerationPlan& plan,

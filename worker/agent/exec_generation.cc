@@ -78,7 +78,7 @@ StatusOr<GenerationPlan> ExecAgent::MakePlan(const rendezvous::Assignment& a) {
     }
   }
   plan.generation = a.generation;
-  plan.master_addr = a.members.empty() ? options_.client.host : a.members[0].host;
+  plan.master_addr = a.first_host.empty() ? options_.client.host : a.first_host;
   LOCKSTEP_ASSIGN_OR_RETURN(plan.master_port, PickFreePort());
   std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
   LOCKSTEP_RETURN_IF_ERROR(store->Set(kPlanKey, EncodePlan(plan), options_.store_timeout_ms));
@@ -118,14 +118,13 @@ StatusOr<GenerationPlan> ExecAgent::AwaitPlan(const rendezvous::Assignment& a) {
 Status ExecAgent::AwaitStoppedCommands(const rendezvous::Assignment& a) {
   FinishStop();
   std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
-  LOCKSTEP_RETURN_IF_ERROR(
-      store->Set(kStoppedKeyPrefix + options_.client.member_id, "1", options_.store_timeout_ms));
-  std::vector<std::string> keys;
-  for (const rendezvous::MemberInfo& member : a.members) {
-    keys.push_back(kStoppedKeyPrefix + member.member_id);
+  LOCKSTEP_ASSIGN_OR_RETURN(const int64_t stopped,
+                            store->Add(kStoppedCountKey, 1, options_.store_timeout_ms));
+  if (stopped == a.world_size) {
+    LOCKSTEP_RETURN_IF_ERROR(store->Set(kAllStoppedKey, "1", options_.store_timeout_ms));
   }
   // Each member stops its command within its grace and kill wait of the generation's end.
-  return AwaitKeys(a, keys, options_.grace_ms + options_.kill_wait_ms + options_.plan_timeout_ms,
+  return AwaitKeys(a, {kAllStoppedKey}, options_.grace_ms + options_.kill_wait_ms + options_.plan_timeout_ms,
                    "every member's previous command to stop")
       .status();
 }

@@ -24,9 +24,10 @@
 //    heard of the end (a peer's crash breaks the collective) records a failure too; the count is
 //    per generation, so this does not count twice.
 // 3b. Before starting its command in g+1, each agent waits until its previous command has
-//    stopped, writes "stopped/<member>" to g+1's store, and waits (bounded: grace + kill wait +
-//    plan timeout, given up when g+1 ends) until every member of g+1 has: no command of g+1
-//    starts while one of g still runs (ports, GPU memory, files).
+//    stopped, adds one to "stopped/count" in g+1's store (the agent that completes the world
+//    sets "stopped/all"), and waits for "stopped/all" (bounded: grace + kill wait + plan
+//    timeout, given up when g+1 ends): no command of g+1 starts while one of g still runs
+//    (ports, GPU memory, files).
 // 4. Forming g+1, rank 0 reads g's keys: the service keeps g's store readable while g+1 is
 //    current, for exactly this hand-over. Every agent that recorded a failure did so before its
 //    Join, and g+1 forms only once all of g's survivors have joined, so by then every failure of

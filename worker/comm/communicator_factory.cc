@@ -1,7 +1,6 @@
 #include "worker/comm/communicator_factory.h"
 
 #include <cstdlib>
-#include <optional>
 #include <string>
 
 #include "common/logging.h"
@@ -17,19 +16,15 @@ namespace lockstep::comm {
 namespace {
 
 bool AllMembersOnThisHost(const CommunicatorOptions& options) {
-  if (options.member_hosts.size() != static_cast<size_t>(options.size)) return false;
-  for (const std::string& host : options.member_hosts) {
-    if (host != options.host) return false;
-  }
-  return true;
+  return options.placement.host_count == 1;
 }
 
-// Several hosts, each with the same number (> 1) of this generation's ranks: pods of
+// Several hosts, each with the same number (> 1) of this generation's ranks, consecutive: pods of
 // ranksPerWorker > 1, each on its own host.
 bool SeveralRanksOnEveryHost(const CommunicatorOptions& options) {
-  if (options.member_hosts.size() != static_cast<size_t>(options.size)) return false;
-  std::optional<HostLayout> layout = LayoutByHost(options.member_hosts);
-  return layout.has_value() && layout->host_count > 1 && layout->ranks_per_host > 1;
+  const rendezvous::HostPlacement& placement = options.placement;
+  return placement.contiguous && placement.host_count > 1 && placement.local_size > 1 &&
+         placement.host_count * placement.local_size == options.size;
 }
 
 }  // namespace
@@ -62,7 +57,7 @@ StatusOr<std::string> ChooseCommunicatorBackend(const CommunicatorOptions& optio
     if (!hierarchy) {
       return FailedPreconditionError(
           "LOCKSTEP_COMM=shm+gloo, but the members of this generation are not several hosts "
-          "with the same number (more than one) of ranks each");
+          "with the same number (more than one) of consecutive ranks each");
     }
     return std::string("shm+gloo");
   }
@@ -113,7 +108,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateCommunicator(const CommunicatorOpt
   if (backend == "shm+gloo") {
     HierarchicalOptions hierarchical;
     hierarchical.rank = options.rank;
-    hierarchical.member_hosts = options.member_hosts;
+    hierarchical.layout =
+        ContiguousLayout(options.placement.host_count, options.placement.local_size);
     hierarchical.host = options.host;
     hierarchical.job_name = options.job_name;
     hierarchical.generation = options.generation;

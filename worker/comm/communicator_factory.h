@@ -8,8 +8,8 @@
 //    host strings are equal, as under `lockstep run`, where every worker is 127.0.0.1). One
 //    shared-memory segment instead of TCP over loopback: ~5-10x the all-reduce bandwidth.
 //  - shm+gloo (hierarchical/): the members are on several hosts with the same number (> 1) of
-//    them on each (pods of ranksPerWorker > 1): shared memory inside each host, Gloo between
-//    hosts, so only 1/N of the bytes per rank cross the network.
+//    consecutive ranks on each (pods of ranksPerWorker > 1): shared memory inside each host, Gloo
+//    between hosts, so only 1/N of the bytes per rank cross the network.
 //  - gloo (gloo/): everything else, over TCP.
 // The environment variable LOCKSTEP_COMM overrides the choice: "auto" (or unset) as above,
 // "gloo" always Gloo (flat, over every rank), "shm" always shared memory (an error when the
@@ -25,6 +25,7 @@
 #include <string>
 #include <vector>
 
+#include "common/rendezvous/host_placement.h"
 #include "common/rendezvous/kv_store.h"
 #include "common/status.h"
 #include "worker/comm/communicator.h"
@@ -34,9 +35,10 @@ namespace lockstep::comm {
 struct CommunicatorOptions {
   int rank = 0;
   int size = 1;
-  // Each member's host as the rendezvous service reports it, by rank (Assignment::members).
-  std::vector<std::string> member_hosts;
-  // This member's host: the address Gloo listens on, and what shm compares member_hosts with.
+  // Where this member sits among the generation's hosts, as the rendezvous service reports it
+  // (Assignment::host; PlaceOnHosts for a list of hosts). The default: every member on one host.
+  rendezvous::HostPlacement placement;
+  // This member's host: the address Gloo listens on.
   std::string host = "127.0.0.1";
   // Names the shared-memory segment (for tracing a leaked one).
   std::string job_name;

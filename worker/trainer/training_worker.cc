@@ -185,9 +185,7 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
   comm::CommunicatorOptions comm_options;
   comm_options.rank = assignment.rank;
   comm_options.size = assignment.world_size;
-  for (const rendezvous::MemberInfo& member : assignment.members) {
-    comm_options.member_hosts.push_back(member.host);
-  }
+  comm_options.placement = assignment.host;
   comm_options.host = options_.client.host;
   comm_options.job_name = options_.job_name;
   comm_options.generation = generation;

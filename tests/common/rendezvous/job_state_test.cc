@@ -85,7 +85,9 @@ class Driver {
       held_[words.at(0)] = call;
       JoinArgs join;
       join.member_id = words.at(0);
-      join.host = "10.0.0." + std::to_string(call);
+      // Each join from a host of its own unless told (host=N: 10.0.0.N).
+      join.host = "10.0.0." + std::to_string(option("host", static_cast<int64_t>(call)));
+      join.wants_members = option("list", 0) != 0;
       join.state_step = option("step", -1);
       join.timeout_ms = option("timeout", 10000);
       join.pod = options.count("pod") ? options["pod"] : "";
@@ -152,6 +154,14 @@ class Driver {
   // The latest error message a join got (for the rows that check wording).
   const std::string& last_join_error() const { return last_join_error_; }
   const Assignment& last_assignment() const { return last_assignment_; }
+  // The latest assignment of `member`, and the member list its answer carried (null: none).
+  const Assignment& assignment(const std::string& member) const {
+    return assignments_.at(member);
+  }
+  const std::vector<MemberInfo>* list(const std::string& member) const {
+    return lists_.at(member).get();
+  }
+  JobSnapshot snapshot() const { return state_.Snapshot(); }
 
  private:
   static void Append(std::string& to, const std::string& what) {
@@ -172,7 +182,8 @@ class Driver {
         return who + " join fails " + StatusCodeName(answer->status.code());
       }
       last_assignment_ = answer->assignment;
-      if (answer->members != nullptr) last_assignment_.members = *answer->members;
+      assignments_[who] = answer->assignment;
+      lists_[who] = answer->members;
       const Assignment& a = answer->assignment;
       std::string pod;
       if (a.local_world_size > 1) {
@@ -218,6 +229,8 @@ class Driver {
   std::map<StreamId, std::string> stream_names_;
   std::string last_join_error_;
   Assignment last_assignment_;
+  std::map<std::string, Assignment> assignments_;
+  std::map<std::string, std::shared_ptr<const std::vector<MemberInfo>>> lists_;
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -233,9 +246,48 @@ TEST(JobStateTest, FirstGenerationFormsWhenEveryMemberJoinedWithRanksInJoinOrder
        "wake @10000; w2 joins g1 as 0/3; w0 joins g1 as 1/3; w1 joins g1 as 2/3; wake @501"},
       {"snapshot", "g1 active [w2 w0 w1] waiting []"},
   });
-  EXPECT_EQ(job.last_assignment().members.size(), 3u);
-  EXPECT_EQ(job.last_assignment().members[0].host, "10.0.0.1");
+  EXPECT_EQ(job.last_assignment().first_host, "10.0.0.1");  // w2's
+  EXPECT_EQ(job.last_assignment().host.host_count, 3);
   EXPECT_EQ(job.last_assignment().heartbeat_timeout_ms, 500);
+}
+
+TEST(JobStateTest, OnlyMembersThatAskForTheMemberListGetIt) {
+  Driver job(Config(3, 3));
+  job.Run({
+      {"join w0 list=1", "wake @10000"},
+      {"join w1", "wake @10000"},
+      {"join w2 list=1",
+       "wake @10000; w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @501"},
+  });
+  EXPECT_EQ(job.list("w1"), nullptr);
+  ASSERT_NE(job.list("w0"), nullptr);
+  EXPECT_EQ(job.list("w0"), job.list("w2")) << "one list shared by the answers of a formation";
+  ASSERT_EQ(job.list("w0")->size(), 3u);
+  EXPECT_EQ((*job.list("w0"))[1].member_id, "w1");
+  EXPECT_EQ((*job.list("w0"))[1].host, "10.0.0.2");
+}
+
+// Members on shared hosts: each learns its host's index, its place on it and whether every host
+// holds the same consecutive ranks (what a hierarchical all-reduce needs), without the list.
+TEST(JobStateTest, EachMemberLearnsItsPlaceAmongTheHosts) {
+  Driver job(Config(4, 4));
+  job.Run({
+      {"join w0 host=7", "wake @10000"},
+      {"join w1 host=7", "wake @10000"},
+      {"join w2 host=9", "wake @10000"},
+      {"join w3 host=9",
+       "wake @10000; w0 joins g1 as 0/4; w1 joins g1 as 1/4; w2 joins g1 as 2/4; "
+       "w3 joins g1 as 3/4; wake @501"},
+  });
+  for (const std::string member : {"w0", "w1", "w2", "w3"}) {
+    const Assignment& a = job.assignment(member);
+    EXPECT_EQ(a.first_host, "10.0.0.7") << member;
+    EXPECT_EQ(a.host.host_count, 2) << member;
+    EXPECT_EQ(a.host.host_rank, a.rank / 2) << member;
+    EXPECT_EQ(a.host.local_rank, a.rank % 2) << member;
+    EXPECT_EQ(a.host.local_size, 2) << member;
+    EXPECT_TRUE(a.host.contiguous) << member;
+  }
 }
 
 TEST(JobStateTest, JoinWithoutMemberOrTimeoutIsRefused) {
@@ -689,8 +741,10 @@ void FormTwoPods(Driver& job) {
 TEST(JobStatePodsTest, WholePodsFormAGenerationWithContiguousRanksPodByPod) {
   Driver job(PodConfig(1, 2));
   FormTwoPods(job);
-  EXPECT_EQ(job.last_assignment().members[2].pod, "b");
-  EXPECT_EQ(job.last_assignment().members[2].local_rank, 0);
+  const JobSnapshot formed = job.snapshot();
+  ASSERT_EQ(formed.members.size(), 4u);
+  EXPECT_EQ(formed.members[2].pod, "b");
+  EXPECT_EQ(formed.members[2].local_rank, 0);
 }
 
 TEST(JobStatePodsTest, LosingOneRankTakesItsWholePodOut) {

@@ -150,6 +150,8 @@ TEST_F(RendezvousTest, MembersFormFirstGenerationWithRanksZeroToN) {
     raw.push_back(clients.back().get());
   }
   auto results = JoinAll(raw);
+  const JobSnapshot formed = Snap();
+  ASSERT_EQ(formed.members.size(), static_cast<size_t>(kMembers));
   std::set<int32_t> ranks;
   for (int i = 0; i < kMembers; ++i) {
     ASSERT_TRUE(results[i].ok()) << results[i].status();
@@ -157,8 +159,12 @@ TEST_F(RendezvousTest, MembersFormFirstGenerationWithRanksZeroToN) {
     EXPECT_EQ(a.generation, 1);
     EXPECT_EQ(a.world_size, kMembers);
     EXPECT_EQ(a.heartbeat_interval_ms, kHeartbeatIntervalMs);
-    ASSERT_EQ(a.members.size(), static_cast<size_t>(kMembers));
-    EXPECT_EQ(a.members[a.rank].member_id, "w-" + std::to_string(i));
+    EXPECT_EQ(formed.members[a.rank].member_id, "w-" + std::to_string(i));
+    // Every member joined from 127.0.0.1: one host, local ranks are ranks.
+    EXPECT_EQ(a.first_host, "127.0.0.1");
+    EXPECT_EQ(a.host.host_count, 1);
+    EXPECT_EQ(a.host.local_rank, a.rank);
+    EXPECT_EQ(a.host.local_size, kMembers);
     ranks.insert(a.rank);
   }
   EXPECT_EQ(ranks, (std::set<int32_t>{0, 1, 2, 3}));
@@ -167,6 +173,48 @@ TEST_F(RendezvousTest, MembersFormFirstGenerationWithRanksZeroToN) {
   EXPECT_TRUE(snapshot.generation_active);
   ASSERT_EQ(snapshot.history.size(), 1u);
   EXPECT_LT(snapshot.history[0].ended_at, 0);
+}
+
+// A worker of an older version (no without_members) still gets every member's record; a current
+// one gets its own fields only, so the answers of a formation grow with the job, not its square.
+TEST_F(RendezvousTest, OnlyAClientThatDoesNotGoWithoutTheMemberListGetsIt) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Rendezvous::NewStub(channel);
+  auto join = [&](const std::string& member, const std::string& host, bool without_members) {
+    return std::async(std::launch::async, [&stub, member, host, without_members] {
+      grpc::ClientContext context;
+      context.AddMetadata("x-lockstep-token", kToken);
+      context.set_deadline(std::chrono::system_clock::now() +
+                           std::chrono::milliseconds(kJoinTimeoutMs));
+      v1::JoinRequest request;
+      request.set_job(kJob);
+      request.set_member_id(member);
+      request.set_host(host);
+      request.set_state_step(-1);
+      request.set_timeout_ms(kJoinTimeoutMs);
+      request.set_without_members(without_members);
+      v1::JoinResponse response;
+      const grpc::Status status = stub->Join(&context, request, &response);
+      EXPECT_TRUE(status.ok()) << status.error_message();
+      return response;
+    });
+  };
+  auto older = join("w-old", "10.0.0.1", /*without_members=*/false);
+  auto current = join("w-new", "10.0.0.2", /*without_members=*/true);
+  const v1::JoinResponse old_answer = older.get();
+  const v1::JoinResponse new_answer = current.get();
+  ASSERT_EQ(old_answer.members_size(), 2);
+  EXPECT_EQ(old_answer.members(old_answer.rank()).member_id(), "w-old");
+  EXPECT_EQ(old_answer.members(new_answer.rank()).host(), "10.0.0.2");
+  EXPECT_EQ(new_answer.members_size(), 0);
+  // Both know rank 0's host and their own place among the hosts.
+  const std::string first_host = old_answer.rank() == 0 ? "10.0.0.1" : "10.0.0.2";
+  EXPECT_EQ(old_answer.first_host(), first_host);
+  EXPECT_EQ(new_answer.first_host(), first_host);
+  EXPECT_EQ(new_answer.host().host_count(), 2);
+  EXPECT_EQ(new_answer.host().host_rank(), new_answer.rank());
+  EXPECT_EQ(new_answer.host().local_size(), 1);
 }
 
 TEST_F(RendezvousTest, PodsOfTwoRanksGetContiguousRanksAndRemovingAPodRemovesBoth) {
@@ -193,6 +241,8 @@ TEST_F(RendezvousTest, PodsOfTwoRanksGetContiguousRanksAndRemovingAPodRemovesBot
     raw.push_back(clients.back().get());
   }
   auto results = JoinAll(raw);
+  const std::vector<MemberInfo> members = Snap().members;
+  ASSERT_EQ(members.size(), 4u);
   for (size_t i = 0; i < results.size(); ++i) {
     ASSERT_TRUE(results[i].ok()) << results[i].status();
     const Assignment& a = *results[i];
@@ -200,14 +250,14 @@ TEST_F(RendezvousTest, PodsOfTwoRanksGetContiguousRanksAndRemovingAPodRemovesBot
     EXPECT_EQ(a.local_world_size, 2);
     EXPECT_EQ(a.pod_count, 2);
     EXPECT_EQ(a.rank, a.pod_rank * 2 + a.local_rank);
-    EXPECT_EQ(a.members[a.rank].member_id, ids[i]);
-    EXPECT_EQ(a.members[a.rank].local_rank, a.local_rank);
+    EXPECT_EQ(members[a.rank].member_id, ids[i]);
+    EXPECT_EQ(members[a.rank].local_rank, a.local_rank);
   }
   // Whichever pod arrived whole first is pod 0; its ranks are neighbours.
-  EXPECT_EQ(results[0]->members[0].pod, results[0]->members[1].pod);
-  EXPECT_EQ(results[0]->members[2].pod, results[0]->members[3].pod);
-  EXPECT_EQ(results[0]->members[2].local_rank, 0);
-  server_->RemoveMember(kJob, results[0]->members[0].pod, "pod deleted");
+  EXPECT_EQ(members[0].pod, members[1].pod);
+  EXPECT_EQ(members[2].pod, members[3].pod);
+  EXPECT_EQ(members[2].local_rank, 0);
+  server_->RemoveMember(kJob, members[0].pod, "pod deleted");
   JobSnapshot snapshot = Snap();
   EXPECT_FALSE(snapshot.generation_active);
   ASSERT_EQ(snapshot.history.size(), 1u);
@@ -361,11 +411,12 @@ TEST_F(RendezvousTest, DestroyedClientEndsGenerationAndOthersFormTheNextWithoutI
   }
   EXPECT_EQ(watchers[0].reasons().size(), 1u);
   auto next = JoinAll({clients[0].get(), clients[1].get()});
+  const std::vector<MemberInfo> members = Snap().members;
   for (int i = 0; i < 2; ++i) {
     ASSERT_TRUE(next[i].ok()) << next[i].status();
     EXPECT_EQ(next[i]->generation, 2);
     EXPECT_EQ(next[i]->world_size, 2);
-    EXPECT_EQ(next[i]->members[next[i]->rank].member_id, "w-" + std::to_string(i));
+    EXPECT_EQ(members.at(next[i]->rank).member_id, "w-" + std::to_string(i));
   }
   // Survivors keep their relative order.
   EXPECT_EQ(next[0]->rank < next[1]->rank, results[0]->rank < results[1]->rank);
@@ -719,7 +770,7 @@ TEST_F(RendezvousTest, SurvivorsReformAtOnceAfterADeathWithoutTheLastCall) {
   ASSERT_TRUE(joined.ok()) << joined.status();
   EXPECT_EQ(joined->generation, 3);
   EXPECT_EQ(joined->world_size, 3);
-  EXPECT_EQ(joined->members[0].state_step, 45);  // the survivors lead: they hold the state
+  EXPECT_EQ(Snap().members.at(0).state_step, 45);  // the survivors lead: they hold the state
   for (const auto& result : third) ASSERT_TRUE(result.ok()) << result.status();
 }
 

@@ -14,13 +14,8 @@ rendezvous::Assignment Assign(int32_t rank, const std::vector<std::string>& host
   a.generation = 3;
   a.rank = rank;
   a.world_size = static_cast<int32_t>(hosts.size());
-  for (size_t i = 0; i < hosts.size(); ++i) {
-    rendezvous::MemberInfo member;
-    member.member_id = "w-" + std::to_string(i);
-    member.host = hosts[i];
-    member.rank = static_cast<int32_t>(i);
-    a.members.push_back(member);
-  }
+  a.first_host = hosts[0];
+  a.host = rendezvous::PlaceOnHosts(hosts)[rank];
   return a;
 }
 
@@ -76,12 +71,12 @@ TEST(ExecEnvironment, TheHelpersComeAfterTheUsersOwnPythonPath) {
 
 TEST(ExecEnvironment, LocalRankCountsMembersOnTheSameHost) {
   const std::vector<std::string> hosts = {"a", "b", "a", "b", "a"};
-  const std::vector<std::pair<int32_t, int32_t>> expected = {
-      {0, 3}, {0, 2}, {1, 3}, {1, 2}, {2, 3}};
+  const std::vector<std::pair<std::string, std::string>> expected = {
+      {"0", "3"}, {"0", "2"}, {"1", "3"}, {"1", "2"}, {"2", "3"}};
   for (int32_t rank = 0; rank < 5; ++rank) {
-    const LocalPlacement placement = ComputeLocalPlacement(Assign(rank, hosts).members, rank);
-    EXPECT_EQ(placement.local_rank, expected[rank].first) << "rank " << rank;
-    EXPECT_EQ(placement.local_world_size, expected[rank].second) << "rank " << rank;
+    auto env = AsMap(BuildExecEnvironment({}, Assign(rank, hosts), Plan(), {}));
+    EXPECT_EQ(env["LOCAL_RANK"], expected[rank].first) << "rank " << rank;
+    EXPECT_EQ(env["LOCAL_WORLD_SIZE"], expected[rank].second) << "rank " << rank;
   }
 }
 

@@ -13,11 +13,12 @@
 namespace lockstep::comm {
 namespace {
 
-CommunicatorOptions Members(std::vector<std::string> hosts) {
+// Rank 0's options among members on `hosts` (by rank), placed as the rendezvous places them.
+CommunicatorOptions Members(const std::vector<std::string>& hosts) {
   CommunicatorOptions options;
   options.size = static_cast<int>(hosts.size());
-  options.member_hosts = std::move(hosts);
-  options.host = "10.0.0.1";
+  options.placement = rendezvous::PlaceOnHosts(hosts).at(0);
+  options.host = hosts.at(0);
   options.job_name = "test/factory";
   options.connect_timeout_ms = 5000;
   return options;
@@ -51,7 +52,10 @@ TEST(CommunicatorFactoryTest, BackendFollowsMembersHostsAndLockstepComm) {
       {{"10.0.0.1", "10.0.0.1"}, "nccl", "FAILED_PRECONDITION"},
       // Pods of several ranks on several hosts: shared memory inside, Gloo between.
       {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, nullptr, "shm+gloo"},
-      {{"10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2"}, "auto", "shm+gloo"},
+      // Equal groups that are not consecutive ranks: the service numbers pods so that they are
+      // (proto/rendezvous.proto, "Pods"); anything else goes flat.
+      {{"10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2"}, "auto", "gloo"},
+      {{"10.0.0.1", "10.0.0.2", "10.0.0.1", "10.0.0.2"}, "shm+gloo", "FAILED_PRECONDITION"},
       {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, "gloo", "gloo"},
       {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, "shm+gloo", "shm+gloo"},
       {{"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}, "shm", "FAILED_PRECONDITION"},

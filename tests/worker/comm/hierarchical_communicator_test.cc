@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,9 +38,12 @@ CommunicatorBackend OverHosts(std::function<std::vector<std::string>(int world)>
                      int64_t connect_timeout_ms) {
             HierarchicalOptions options;
             options.rank = rank;
-            options.member_hosts = hosts_of(world);
+            const std::vector<std::string> hosts = hosts_of(world);
+            std::optional<HostLayout> layout = LayoutByHost(hosts);
+            if (!layout) return StatusOr<std::unique_ptr<Communicator>>(InternalError("layout"));
+            options.layout = *std::move(layout);
             // A rank outside the world (the refusal test) listens on the first host.
-            options.host = rank < world ? options.member_hosts[rank] : options.member_hosts[0];
+            options.host = rank < world ? hosts[rank] : hosts[0];
             options.job_name = "test/hierarchical";
             options.connect_timeout_ms = connect_timeout_ms;
             return CreateHierarchicalCommunicator(options, store);
@@ -74,6 +78,17 @@ TEST(HostLayoutTest, HostsAreNumberedByFirstRankAndRanksByRankOrder) {
   EXPECT_EQ(layout->local_of, (std::vector<int>{0, 0, 1, 1}));
   EXPECT_EQ(layout->RankAt(0, 1), 2);
   EXPECT_EQ(layout->RankAt(1, 0), 1);
+}
+
+TEST(HostLayoutTest, ContiguousLayoutIsTheLayoutOfConsecutiveHosts) {
+  const std::optional<HostLayout> by_host = LayoutByHost({"a", "a", "a", "b", "b", "b"});
+  ASSERT_TRUE(by_host.has_value());
+  const HostLayout contiguous = ContiguousLayout(2, 3);
+  EXPECT_EQ(contiguous.host_count, by_host->host_count);
+  EXPECT_EQ(contiguous.ranks_per_host, by_host->ranks_per_host);
+  EXPECT_EQ(contiguous.host_of, by_host->host_of);
+  EXPECT_EQ(contiguous.local_of, by_host->local_of);
+  EXPECT_EQ(contiguous.ranks_of_host, by_host->ranks_of_host);
 }
 
 TEST(HostLayoutTest, UnequalHostsHaveNoLayout) {

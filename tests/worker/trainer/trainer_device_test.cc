@@ -91,7 +91,6 @@ std::unique_ptr<comm::Communicator> OneRankCommunicator(Trainer& trainer,
                                                         rendezvous::KeyValueStore& store,
                                                         int64_t generation) {
   comm::CommunicatorOptions options;
-  options.member_hosts = {"127.0.0.1"};
   options.job_name = "device-test";
   options.generation = generation;
   options.connect_timeout_ms = kTimeoutMs;

@@ -168,6 +168,21 @@ std::optional<HostLayout> LayoutByHost(const std::vector<std::string>& member_ho
   return layout;
 }
 
+HostLayout ContiguousLayout(int host_count, int ranks_per_host) {
+  HostLayout layout;
+  layout.host_count = host_count;
+  layout.ranks_per_host = ranks_per_host;
+  layout.ranks_of_host.resize(static_cast<size_t>(std::max(host_count, 0)));
+  for (int host = 0; host < host_count; ++host) {
+    for (int local = 0; local < ranks_per_host; ++local) {
+      layout.host_of.push_back(host);
+      layout.local_of.push_back(local);
+      layout.ranks_of_host[host].push_back(host * ranks_per_host + local);
+    }
+  }
+  return layout;
+}
+
 std::unique_ptr<Communicator> ComposeHierarchical(HostLayout layout, int rank,
                                                   std::unique_ptr<Communicator> local,
                                                   std::unique_ptr<Communicator> cross) {
@@ -177,10 +192,9 @@ std::unique_ptr<Communicator> ComposeHierarchical(HostLayout layout, int rank,
 
 StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
     const HierarchicalOptions& options, rendezvous::KeyValueStore& store) {
-  std::optional<HostLayout> layout = LayoutByHost(options.member_hosts);
-  if (!layout) {
-    return InvalidArgumentError(
-        "communicator shm+gloo: the members' hosts do not hold equal numbers of ranks");
+  const HostLayout* layout = &options.layout;
+  if (layout->host_of.empty()) {
+    return InvalidArgumentError("communicator shm+gloo: the layout of ranks on hosts is empty");
   }
   if (options.rank < 0 || options.rank >= static_cast<int>(layout->host_of.size())) {
     return InvalidArgumentError("communicator shm+gloo: rank " + std::to_string(options.rank) +
@@ -209,8 +223,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
   gloo.connect_timeout_ms = deadline.remaining_ms();
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> cross,
                             CreateGlooCommunicator(gloo, local_store));
-  return ComposeHierarchical(*std::move(layout), options.rank, std::move(local),
-                             std::move(cross));
+  return ComposeHierarchical(*layout, options.rank, std::move(local), std::move(cross));
 }
 
 }  // namespace lockstep::comm

@@ -52,19 +52,21 @@ struct HostLayout {
 // The layout of `member_hosts` (by rank) when every host has the same number of ranks;
 // nullopt when they differ (a hierarchy needs equal groups) or there are no members.
 std::optional<HostLayout> LayoutByHost(const std::vector<std::string>& member_hosts);
+// `host_count` hosts of `ranks_per_host` consecutive ranks each: rank = host * ranks_per_host +
+// local, as the rendezvous numbers pods of several ranks (HostPlacement::contiguous).
+HostLayout ContiguousLayout(int host_count, int ranks_per_host);
 
 struct HierarchicalOptions {
   int rank = 0;
-  std::vector<std::string> member_hosts;  // by rank; LayoutByHost must accept them
+  HostLayout layout;                      // LayoutByHost or ContiguousLayout
   std::string host = "127.0.0.1";         // this rank's address, where its Gloo pair listens
   std::string job_name;                   // names the shared-memory segments
   int64_t generation = 0;
   int64_t connect_timeout_ms = 30000;     // for both bootstraps together
 };
 
-// Builds this rank's two communicators and joins them. Errors: INVALID_ARGUMENT (hosts that are
-// not a uniform layout, a rank outside it), and those of CreateShmCommunicator and
-// CreateGlooCommunicator.
+// Builds this rank's two communicators and joins them. Errors: INVALID_ARGUMENT (an empty layout,
+// a rank outside it), and those of CreateShmCommunicator and CreateGlooCommunicator.
 StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
     const HierarchicalOptions& options, rendezvous::KeyValueStore& store);
 
