@@ -48,6 +48,9 @@ bool DecodeOwnFields(grpc::ByteBuffer& buffer, v1::JoinResponse& own) {
     if (field == v1::JoinResponse::kHeartbeatIntervalMsFieldNumber) {
       own.set_heartbeat_interval_ms(static_cast<int64_t>(value));
     }
+    if (field == v1::JoinResponse::kHeartbeatIdleIntervalMsFieldNumber) {
+      own.set_heartbeat_idle_interval_ms(static_cast<int64_t>(value));
+    }
   }
   return true;
 }
@@ -115,6 +118,10 @@ class SimulatedMembers::HeartbeatCall
     auto call = std::make_shared<HeartbeatCall>(owner, member, generation, progress);
     call->self_ = call;
     call->context_.AddMetadata(kTokenMetadataKey, member->token);
+    // Named in the metadata, as the worker's client names itself (wire.h).
+    call->context_.AddMetadata(kJobMetadataKey, member->job);
+    call->context_.AddMetadata(kMemberMetadataKey, member->id);
+    call->context_.AddMetadata(kGenerationMetadataKey, std::to_string(generation));
     owner->outstanding_.fetch_add(1);
     member->connection->stub->async()->Heartbeat(&call->context_, call.get());
     call->AddHold();
@@ -306,7 +313,12 @@ void SimulatedMembers::OnJoined(Member& member, const std::string& status_error)
       member.view.rank = member.join_response.rank();
       member.view.world_size = member.join_response.world_size();
       member.view.assigned_at = Clock::now();
-      member.interval_ms = member.join_response.heartbeat_interval_ms();
+      // Rank 0 has new progress at every beat; the others have none, and beat at the idle
+      // interval, as the worker's client does.
+      member.interval_ms = member.view.rank == 0
+                               ? member.join_response.heartbeat_interval_ms()
+                               : std::max(member.join_response.heartbeat_idle_interval_ms(),
+                                          member.join_response.heartbeat_interval_ms());
       if (!member.killed) {
         member.heartbeat = HeartbeatCall::Start(this, &member, member.view.generation,
                                                 /*progress=*/member.view.rank == 0);

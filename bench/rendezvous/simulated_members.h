@@ -2,9 +2,10 @@
 //
 // Each member is a real gRPC client of the real service (proto/rendezvous.proto) on gRPC's
 // callback API, so that thousands fit in one process without a thread each: it joins, holds its
-// generation and rank, opens its own heartbeat stream and beats at the generation's interval
-// (with progress from rank 0, as the trainer reports it), joins again with its state when the
-// service ends its generation, and leaves. No training. By default every member has a connection
+// generation and rank, opens its own heartbeat stream and beats as the worker's client does (rank
+// 0 with new progress at every heartbeat interval, as the trainer reports it; the others at the
+// idle interval), joins again with its state when the service ends its generation, and leaves.
+// No training. By default every member has a connection
 // of its own, as workers in their own pods do.
 //
 //   SimulatedMembers members({.address = "127.0.0.1:" + std::to_string(port)});
@@ -72,8 +73,6 @@ class SimulatedMembers {
   // Waits until every listed member holds a generation after `after`; false at timeout_ms.
   bool AwaitGeneration(const std::vector<int>& members, int64_t after, int64_t timeout_ms);
   // Waits until the member's transport took `beats` heartbeats in all; false at timeout_ms.
-  // A member killed before the service read its first beat is found by the heartbeat timeout
-  // only (its stream names nobody yet), so a kill that should be seen at once waits for two.
   bool AwaitBeats(int member, int64_t beats, int64_t timeout_ms);
   // Breaks the member's heartbeat stream and stops it from joining again: what the service sees
   // of a process that was killed.

@@ -65,6 +65,8 @@ struct HeartbeatSession {
   // service learns that training runs again after a re-formation (recovery time).
   bool first_progress_pending = false;
   bool first_progress_sent = false;
+  bool progress_unsent = false;  // progress was set after the latest beat
+  uint64_t sent_version = 0;     // the progress_version_ the latest beat carried (writer only)
   std::atomic<bool> reported{false};
   std::thread writer;
 
@@ -91,12 +93,18 @@ class GrpcRendezvousClient : public RendezvousClient {
       std::lock_guard<std::mutex> lock(progress_mu_);
       progress_ = progress;
       has_progress_ = true;
+      ++progress_version_;
     }
     std::lock_guard<std::mutex> lock(heartbeat_mu_);
     if (heartbeat_ == nullptr) return;
     std::lock_guard<std::mutex> session_lock(heartbeat_->mu);
-    if (heartbeat_->first_progress_sent) return;
-    heartbeat_->first_progress_pending = true;
+    if (!heartbeat_->first_progress_sent) {
+      heartbeat_->first_progress_pending = true;
+    } else if (!heartbeat_->progress_unsent) {
+      heartbeat_->progress_unsent = true;
+    } else {
+      return;  // the writer already knows
+    }
     heartbeat_->cv.notify_all();
   }
   Status Leave(bool completed, const ProgressReport& final_progress) override;
@@ -128,6 +136,7 @@ class GrpcRendezvousClient : public RendezvousClient {
   std::mutex progress_mu_;
   ProgressReport progress_;
   bool has_progress_ = false;
+  uint64_t progress_version_ = 0;  // counts SetProgress calls
 
   std::mutex heartbeat_mu_;  // serializes StartHeartbeat/StopHeartbeat
   std::unique_ptr<HeartbeatSession> heartbeat_;
@@ -195,6 +204,9 @@ Status GrpcRendezvousClient::StartHeartbeat(
   // No overall deadline: the stream lives as long as the generation. Liveness is bounded by the
   // channel's keepalive and by the service's heartbeat timeout instead.
   session->context.AddMetadata(kTokenMetadataKey, options_.token);
+  session->context.AddMetadata(kJobMetadataKey, options_.job);
+  session->context.AddMetadata(kMemberMetadataKey, options_.member_id);
+  session->context.AddMetadata(kGenerationMetadataKey, std::to_string(a.generation));
   session->writer = std::thread([this, session] { RunHeartbeat(session); });
   return OkStatus();
 }
@@ -217,7 +229,14 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
     session->cv.notify_all();
   });
 
-  const auto interval = std::chrono::milliseconds(session->assignment.heartbeat_interval_ms);
+  // A beat carries progress when there is new progress, at most every interval; a member with
+  // none new beats every idle interval (an older service sends none: the interval). A member
+  // that dies is found by its stream breaking; one that hangs or loses its node, by beats
+  // missing for the heartbeat timeout, which holds several idle intervals.
+  const Assignment& a = session->assignment;
+  const auto interval = std::chrono::milliseconds(a.heartbeat_interval_ms);
+  const auto idle =
+      std::chrono::milliseconds(std::max(a.heartbeat_idle_interval_ms, a.heartbeat_interval_ms));
   while (true) {
     v1::HeartbeatRequest beat;
     beat.set_job(options_.job);
@@ -229,19 +248,29 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
       std::lock_guard<std::mutex> lock(session->mu);
       if (session->first_progress_pending) session->first_progress_sent = true;
       session->first_progress_pending = false;
+      session->progress_unsent = false;
     }
     {
       std::lock_guard<std::mutex> lock(progress_mu_);
-      if (has_progress_) *beat.mutable_progress() = ToProto(progress_);
+      if (has_progress_ && progress_version_ != session->sent_version) {
+        *beat.mutable_progress() = ToProto(progress_);
+        session->sent_version = progress_version_;
+      }
     }
     if (!stream->Write(beat)) break;  // the stream is over; the reader sees why
+    const auto sent_at = std::chrono::steady_clock::now();
     std::unique_lock<std::mutex> lock(session->mu);
-    if (session->cv.wait_for(lock, interval, [session] {
-          return session->stop_requested || session->stream_ended ||
-                 session->first_progress_pending;
-        })) {
-      if (session->stop_requested || session->stream_ended) break;
-    }
+    auto over = [session] { return session->stop_requested || session->stream_ended; };
+    // Until the interval is up only the first progress (or the end) wakes the writer; after it,
+    // any new progress does, or the idle interval passing.
+    session->cv.wait_until(lock, sent_at + interval,
+                           [&] { return over() || session->first_progress_pending; });
+    if (over()) break;
+    if (session->first_progress_pending) continue;
+    session->cv.wait_until(lock, sent_at + idle, [&] {
+      return over() || session->first_progress_pending || session->progress_unsent;
+    });
+    if (over()) break;
   }
   reader.join();  // returns once the service finishes the stream or StopHeartbeat cancels it
   const grpc::Status status = stream->Finish();

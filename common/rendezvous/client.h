@@ -54,6 +54,9 @@ struct Assignment {
   int32_t rank = 0;
   int32_t world_size = 0;
   int64_t heartbeat_interval_ms = 0;
+  // How often a member beats while it has no new progress to report (>= the interval; 0 from an
+  // older service: the interval).
+  int64_t heartbeat_idle_interval_ms = 0;
   int64_t heartbeat_timeout_ms = 0;
   // The member's pod in this generation: ranks pod_rank * local_world_size .. + local_world_size-1.
   int32_t local_rank = 0;
@@ -112,8 +115,8 @@ class RendezvousClient {
   // step held in memory, -1 for none.
   virtual StatusOr<Assignment> Join(int64_t state_step, int64_t timeout_ms) = 0;
 
-  // Opens the heartbeat stream for a.generation and beats every a.heartbeat_interval_ms with the
-  // latest progress. on_generation_ended(reason) is called once, when the service ends the
+  // Opens the heartbeat stream for a.generation and beats: with new progress at most every
+  // a.heartbeat_interval_ms, without every a.heartbeat_idle_interval_ms. on_generation_ended(reason) is called once, when the service ends the
   // generation or the stream fails. Replaces any previous heartbeat.
   virtual Status StartHeartbeat(
       const Assignment& a, std::function<void(const GenerationEnd& end)> on_generation_ended) = 0;

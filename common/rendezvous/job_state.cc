@@ -173,6 +173,7 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   assignment.world_size = static_cast<int32_t>(world);
   assignment.heartbeat_interval_ms = config_.heartbeat_interval_ms;
   assignment.heartbeat_timeout_ms = config_.heartbeat_timeout_ms;
+  assignment.heartbeat_idle_interval_ms = IdleHeartbeatIntervalMs(config_);
   assignment.local_world_size = per_pod;
   assignment.pod_count = static_cast<int32_t>(pods.size());
   for (size_t rank = 0; rank < world; ++rank) {
@@ -641,6 +642,10 @@ void JobState::Close(const Status& status, TimePoint now, Actions& out) {
     out.push_back(CloseStream{member.stream, status});
     member.stream = 0;
   }
+}
+
+int64_t IdleHeartbeatIntervalMs(const JobConfig& config) {
+  return std::max(config.heartbeat_interval_ms, config.heartbeat_timeout_ms / 4);
 }
 
 double LongestRecoverySeconds(const std::vector<GenerationRecord>& history) {

@@ -59,6 +59,11 @@ struct JobConfig {
   int64_t first_generation = 1;
 };
 
+// How often a member with no new progress beats: a quarter of the heartbeat timeout (so that a
+// hung member is still found within it, with three beats to spare), never more often than the
+// interval.
+int64_t IdleHeartbeatIntervalMs(const JobConfig& config);
+
 struct GenerationRecord {
   int64_t generation = 0;
   int32_t world_size = 0;

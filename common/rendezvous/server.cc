@@ -19,7 +19,9 @@
 #include <absl/synchronization/mutex.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/security/server_credentials.h>
+#include <malloc.h>
 
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <utility>
@@ -42,6 +44,9 @@ using internal::JobDirectory;
 using internal::TokenFromMetadata;
 
 class RendezvousServerImpl;
+
+constexpr int64_t kMemoryCheckMs = 5000;
+constexpr int64_t kTrimAfterCalls = 1024;
 
 // Refuses a call whose token is no hosted job's from its metadata, before its request is read.
 // gRPC's HTTP/2 transport reads a whole message before max_receive_message_length applies
@@ -109,6 +114,15 @@ class RendezvousServerImpl : public RendezvousServer, public RendezvousService, 
  private:
   StatusOr<std::shared_ptr<Job>> FindJob(const std::string& job) const;
 
+  // Gives back what a burst of calls left in glibc's arenas (a join storm, a store exchange, a
+  // large job removed): glibc returns free memory to the system only at the top of each heap, so
+  // without this the service would keep a storm's peak for good. Checked every
+  // kMemoryCheckMs on the timer thread; trims once kTrimAfterCalls calls came since the last
+  // trim, so a steady state of heartbeats alone never trims.
+  void ScheduleMemoryCheck();
+  std::atomic<int64_t> calls_{0};  // calls and streams opened, and jobs removed (weighted)
+  int64_t calls_at_trim_ = 0;      // timer thread only
+
   TimerQueue timers_;
   mutable std::mutex mu_;
   std::map<std::string, std::shared_ptr<Job>> jobs_;
@@ -153,6 +167,7 @@ Status RendezvousServerImpl::StartServing(const ServerOptions& options) {
   if (server_ == nullptr || port_ == 0) {
     return UnavailableError("rendezvous server: cannot listen on " + options.listen_address);
   }
+  ScheduleMemoryCheck();
   LOCKSTEP_LOG(INFO) << "rendezvous service listening on port " << port_
                      << (options.tls_cert_pem.empty() ? " (plaintext)" : " (TLS)");
   return OkStatus();
@@ -204,6 +219,7 @@ Status RendezvousServerImpl::RemoveJob(const std::string& job) {
     jobs_.erase(it);
   }
   removed->Close(NotFoundError("rendezvous job " + job + " was removed"));
+  calls_ += kTrimAfterCalls;  // what it held is free now: give it back at the next check
   return OkStatus();
 }
 
@@ -234,6 +250,17 @@ void RendezvousServerImpl::Shutdown(int64_t deadline_ms) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
   }
   timers_.Stop();
+}
+
+void RendezvousServerImpl::ScheduleMemoryCheck() {
+  timers_.ScheduleAfterMs(kMemoryCheckMs, [this] {
+    const int64_t calls = calls_.load();
+    if (calls - calls_at_trim_ >= kTrimAfterCalls) {
+      malloc_trim(0);
+      calls_at_trim_ = calls;
+    }
+    ScheduleMemoryCheck();
+  });
 }
 
 StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::FindJob(const std::string& job) const {
@@ -271,6 +298,7 @@ StatusOr<std::shared_ptr<Job>> RendezvousServerImpl::Authorize(const std::string
 grpc::ServerUnaryReactor* RendezvousServerImpl::Join(grpc::CallbackServerContext* context,
                                                      const grpc::ByteBuffer* request,
                                                      grpc::ByteBuffer* response) {
+  ++calls_;
   auto call = HeldCall::CreateRaw(response);
   grpc::ByteBuffer bytes(*request);  // shares the slices; deserializing consumes them
   v1::JoinRequest parsed;
@@ -289,12 +317,14 @@ grpc::ServerUnaryReactor* RendezvousServerImpl::Join(grpc::CallbackServerContext
 
 grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>*
 RendezvousServerImpl::Heartbeat(grpc::CallbackServerContext* context) {
+  ++calls_;
   return HeartbeatStream::Create(this, context);
 }
 
 grpc::ServerUnaryReactor* RendezvousServerImpl::Leave(grpc::CallbackServerContext* context,
                                                       const v1::LeaveRequest* request,
                                                       v1::LeaveResponse* response) {
+  ++calls_;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto job = Authorize(TokenFromMetadata(context), request->job());
   reactor->Finish(ToGrpcStatus(job.ok() ? (*job)->Leave(*request) : job.status()));
@@ -304,6 +334,7 @@ grpc::ServerUnaryReactor* RendezvousServerImpl::Leave(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* RendezvousServerImpl::StoreSet(grpc::CallbackServerContext* context,
                                                          const v1::StoreSetRequest* request,
                                                          v1::StoreSetResponse* response) {
+  ++calls_;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto job = Authorize(TokenFromMetadata(context), request->job());
   reactor->Finish(ToGrpcStatus(job.ok() ? (*job)->StoreSet(*request) : job.status()));
@@ -313,6 +344,7 @@ grpc::ServerUnaryReactor* RendezvousServerImpl::StoreSet(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* RendezvousServerImpl::StoreGet(grpc::CallbackServerContext* context,
                                                          const v1::StoreGetRequest* request,
                                                          v1::StoreGetResponse* response) {
+  ++calls_;
   auto call = HeldCall::Create(response);
   auto job = Authorize(TokenFromMetadata(context), request->job());
   if (!job.ok()) {
@@ -326,6 +358,7 @@ grpc::ServerUnaryReactor* RendezvousServerImpl::StoreGet(grpc::CallbackServerCon
 grpc::ServerUnaryReactor* RendezvousServerImpl::StoreAdd(grpc::CallbackServerContext* context,
                                                          const v1::StoreAddRequest* request,
                                                          v1::StoreAddResponse* response) {
+  ++calls_;
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   auto job = Authorize(TokenFromMetadata(context), request->job());
   if (!job.ok()) {

@@ -19,7 +19,9 @@ namespace lockstep::rendezvous::internal {
 
 class Job;
 
-// The job token a call carries in its metadata ("" when none).
+// The value a call carries under `key` in its metadata ("" when none).
+std::string MetadataValue(const grpc::CallbackServerContext* context, const char* key);
+// The job token a call carries ("" when none).
 std::string TokenFromMetadata(const grpc::CallbackServerContext* context);
 
 // Where a heartbeat stream finds its job: the service's jobs, checked against the token.
@@ -96,8 +98,9 @@ class HeldCall : public grpc::ServerUnaryReactor, public std::enable_shared_from
   std::shared_ptr<HeldCall> self_;
 };
 
-// One member's heartbeat stream for one generation. The first beat names the job, the member and
-// the generation; every later beat must name the same ones.
+// One member's heartbeat stream for one generation. The stream's metadata names the job, the
+// member and the generation (wire.h); a client that leaves them out names them in its first beat.
+// Every beat must name the same ones.
 class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1::HeartbeatResponse>,
                         public std::enable_shared_from_this<HeartbeatStream> {
  public:
@@ -106,7 +109,7 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
     static std::atomic<StreamId> next_id{1};
     std::shared_ptr<HeartbeatStream> stream(new HeartbeatStream(jobs, context, next_id++));
     stream->self_ = stream;
-    stream->StartRead(&stream->request_);
+    stream->Start(context);
     return stream.get();
   }
 
@@ -149,6 +152,12 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
   HeartbeatStream(const JobDirectory* jobs, grpc::CallbackServerContext* context, StreamId id)
       : jobs_(jobs), token_(TokenFromMetadata(context)), id_(id) {}
 
+  // Binds the stream to its member from the metadata, if named there, then starts reading.
+  void Start(const grpc::CallbackServerContext* context);
+  // Binds the stream to `member_id` in `generation` of `job_name` if the token authorizes it;
+  // otherwise closes the stream and returns null.
+  std::shared_ptr<Job> Identify(const std::string& job_name, const std::string& member_id,
+                                int64_t generation);
   // The client closed or broke the stream: the job decides whether that ends the generation.
   void HandleClosed(const std::string& how);
 

@@ -67,6 +67,7 @@ Assignment FromProto(const v1::JoinResponse& response) {
   out.rank = response.rank();
   out.world_size = response.world_size();
   out.heartbeat_interval_ms = response.heartbeat_interval_ms();
+  out.heartbeat_idle_interval_ms = response.heartbeat_idle_interval_ms();
   out.heartbeat_timeout_ms = response.heartbeat_timeout_ms();
   out.local_rank = response.local_rank();
   out.local_world_size = response.local_world_size();
@@ -103,6 +104,7 @@ v1::JoinResponse ToProto(const Assignment& assignment) {
   out.set_rank(assignment.rank);
   out.set_world_size(assignment.world_size);
   out.set_heartbeat_interval_ms(assignment.heartbeat_interval_ms);
+  out.set_heartbeat_idle_interval_ms(assignment.heartbeat_idle_interval_ms);
   out.set_heartbeat_timeout_ms(assignment.heartbeat_timeout_ms);
   out.set_local_rank(assignment.local_rank);
   out.set_local_world_size(assignment.local_world_size);

@@ -15,6 +15,11 @@ namespace lockstep::rendezvous {
 
 // Metadata key that carries the job's token on every call.
 inline constexpr char kTokenMetadataKey[] = "x-lockstep-token";
+// Metadata of a heartbeat stream: whose stream it is (the job, the member, the generation in
+// decimal), so that the service binds it to the member as it opens (proto/rendezvous.proto).
+inline constexpr char kJobMetadataKey[] = "x-lockstep-job";
+inline constexpr char kMemberMetadataKey[] = "x-lockstep-member";
+inline constexpr char kGenerationMetadataKey[] = "x-lockstep-generation";
 
 Status FromGrpcStatus(const grpc::Status& status);
 grpc::Status ToGrpcStatus(const Status& status);

@@ -462,6 +462,61 @@ TEST_F(RendezvousTest, MissedHeartbeatsEndGenerationAfterTheTimeout) {
   stream->Finish().ok();
 }
 
+// The stream names its member in its metadata: a member whose process dies after opening its
+// stream but before its first beat is lost when the stream breaks, long before the heartbeat
+// timeout.
+TEST_F(RendezvousTest, AMemberKilledBeforeItsFirstBeatIsFoundByItsStream) {
+  JobConfig config = Config(2, 2);
+  config.heartbeat_timeout_ms = 60000;  // a loss found in time cannot be the timeout's
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  auto beating = NewClient("w-0");
+  auto dying = NewClient("w-1");
+  auto results = JoinAll({beating.get(), dying.get()});
+  ASSERT_TRUE(results[0].ok() && results[1].ok());
+  EndWatcher watcher;
+  ASSERT_TRUE(beating->StartHeartbeat(*results[0], watcher.Callback()).ok());
+
+  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Rendezvous::NewStub(channel);
+  grpc::ClientContext context;
+  context.AddMetadata("x-lockstep-token", kToken);
+  context.AddMetadata("x-lockstep-job", kJob);
+  context.AddMetadata("x-lockstep-member", "w-1");
+  context.AddMetadata("x-lockstep-generation", std::to_string(results[1]->generation));
+  context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(30));
+  auto stream = stub->Heartbeat(&context);
+  // The service answers with its initial metadata once it has bound the stream to w-1; then the
+  // process dies without a beat.
+  stream->WaitForInitialMetadata();
+  context.TryCancel();
+  stream->Finish().ok();
+
+  ASSERT_TRUE(watcher.WaitEnded(kBoundedWaitMs)) << "found only by the 60 s heartbeat timeout";
+  EXPECT_NE(watcher.reasons()[0].find("member w-1 left: heartbeat stream"), std::string::npos)
+      << watcher.reasons()[0];
+}
+
+// Metadata that names a member must name all three: a malformed generation is refused.
+TEST_F(RendezvousTest, HeartbeatMetadataWithAMalformedGenerationIsRefused) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
+  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Rendezvous::NewStub(channel);
+  grpc::ClientContext context;
+  context.AddMetadata("x-lockstep-token", kToken);
+  context.AddMetadata("x-lockstep-job", kJob);
+  context.AddMetadata("x-lockstep-member", "w-0");
+  context.AddMetadata("x-lockstep-generation", "one");
+  context.set_deadline(std::chrono::system_clock::now() +
+                       std::chrono::milliseconds(kBoundedWaitMs));
+  auto stream = stub->Heartbeat(&context);
+  v1::HeartbeatResponse response;
+  EXPECT_FALSE(stream->Read(&response));
+  const grpc::Status status = stream->Finish();
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << status.error_message();
+  EXPECT_NE(status.error_message().find("x-lockstep-generation"), std::string::npos)
+      << status.error_message();
+}
+
 TEST_F(RendezvousTest, RemoveMemberEndsGenerationAtOnce) {
   ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
   auto a = NewClient("w-0");
