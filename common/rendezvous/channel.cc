@@ -21,6 +21,8 @@ std::shared_ptr<grpc::Channel> NewRendezvousChannel(const std::string& address,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // Small messages only: no bandwidth-delay probing (server.cc says why).
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // The service sends back what its clients may send it (a store value, server.h's bound).
   args.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
   if (own_connection) args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);

@@ -160,6 +160,10 @@ Status RendezvousServerImpl::StartServing(const ServerOptions& options) {
   // connection's buffers together, so many large requests at once are refused instead of growing
   // the operator.
   builder.SetMaxReceiveMessageSize(kMaxRendezvousRequestBytes);
+  // No bandwidth-delay probing: it sizes HTTP/2 windows for bulk transfers, and the protocol's
+  // messages are small; its ping and ack per burst of reads were a quarter of the service's CPU
+  // at 10,000 heartbeating members (docs/benchmarks.md).
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   grpc::ResourceQuota quota("lockstep-rendezvous");
   quota.Resize(kRendezvousMemoryQuotaBytes);
   builder.SetResourceQuota(quota);
