@@ -353,9 +353,9 @@ struct Bench {
       char row[320];
       std::snprintf(row, sizeof(row),
                     "| join storm (from the last join; from the first) | %d | %.3f (%.3f) | %s | "
-                    "%.0f -> %.0f MiB, %d threads |",
+                    "%.0f -> %.0f MiB, %d threads; answers %.2f MB |",
                     n, Seconds(formed - last_sent), Seconds(formed - first), cpu.Row().c_str(),
-                    rss_before, rss, threads);
+                    rss_before, rss, threads, members.join_answer_bytes() / 1e6);
       rows.push_back(row);
     }
     const int64_t generation = members.View(ids[0]).generation;

@@ -93,6 +93,8 @@ class SimulatedMembers {
   Clock::time_point LatestAssignment(const std::vector<int>& members) const;
   std::vector<std::string> Errors(const std::vector<int>& members) const;
   int64_t beats_sent() const;
+  // Bytes of every Join answer received so far (the messages, without HTTP/2 framing).
+  int64_t join_answer_bytes() const;
 
  private:
   struct Member;
@@ -115,6 +117,7 @@ class SimulatedMembers {
   bool stopping_ = false;
   std::atomic<int64_t> outstanding_{0};  // calls started and not yet finished
   std::atomic<int64_t> beats_{0};
+  std::atomic<int64_t> join_answer_bytes_{0};
   std::thread ticker_;
 };
 
