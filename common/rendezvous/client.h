@@ -65,8 +65,8 @@ struct Assignment {
   int32_t pod_count = 0;
   std::string first_host;  // rank 0's host (torchrun's MASTER_ADDR)
   // Where the member sits among the generation's hosts. The other members' records are not
-  // sent (proto/rendezvous.proto, JoinRequest.without_members); a member that needs more of them
-  // reads it from the generation's store.
+  // sent (proto/rendezvous.proto, JoinRequest.without_members); what a communicator exchanges
+  // beyond this goes through the generation's store.
   HostPlacement host;
 };
 

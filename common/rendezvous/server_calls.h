@@ -168,7 +168,8 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
   std::mutex mu_;  // guards finished_, starting reads, and the identity below
   bool finished_ = false;
   v1::HeartbeatResponse response_;
-  // Set by the first beat (under mu_, since OnCancel may read them on another thread).
+  // Set from the metadata as the stream opens, else by the first beat (under mu_, since OnCancel
+  // may read them on another thread).
   std::weak_ptr<Job> job_;
   std::string member_id_;
   int64_t generation_ = -1;

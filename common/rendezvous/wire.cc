@@ -74,6 +74,15 @@ Assignment FromProto(const v1::JoinResponse& response) {
   out.pod_rank = response.pod_rank();
   out.pod_count = response.pod_count();
   out.first_host = response.first_host();
+  if (!response.has_host() && response.members_size() == out.world_size && out.world_size > 0) {
+    // A service of an older version sends no placement, only every member's record: place the
+    // member from that, as the service now does.
+    std::vector<std::string> hosts;
+    for (const v1::Member& member : response.members()) hosts.push_back(member.host());
+    if (out.rank >= 0 && out.rank < out.world_size) out.host = PlaceOnHosts(hosts)[out.rank];
+    out.first_host = hosts[0];
+    return out;
+  }
   const v1::HostPlacement& host = response.host();
   out.host.host_rank = host.host_rank();
   out.host.host_count = host.host_count();

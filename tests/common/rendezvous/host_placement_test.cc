@@ -1,7 +1,10 @@
-// Where each member sits among a generation's hosts, as the rendezvous service tells it.
+// Where each member sits among a generation's hosts, as the rendezvous service tells it (and as
+// the client works it out from an older service's member list).
 #include "common/rendezvous/host_placement.h"
 
 #include <gtest/gtest.h>
+
+#include "common/rendezvous/wire.h"
 
 namespace lockstep::rendezvous {
 namespace {
@@ -43,6 +46,24 @@ TEST(HostPlacementTest, OneHostAndOneRankPerHostAreContiguous) {
   EXPECT_EQ(spread[1].local_size, 1);
   EXPECT_TRUE(spread[1].contiguous);
   EXPECT_TRUE(PlaceOnHosts({}).empty());
+}
+
+// A service of an older version sends every member's record and no placement: the client places
+// the member from the list, so exec mode's LOCAL_RANK and the communicator's choice stay right.
+TEST(HostPlacementTest, AnOlderServicesMemberListPlacesTheMember) {
+  v1::JoinResponse response;
+  response.set_rank(3);
+  response.set_world_size(4);
+  for (const char* host : {"10.0.0.1", "10.0.0.1", "10.0.0.2", "10.0.0.2"}) {
+    response.add_members()->set_host(host);
+  }
+  const Assignment a = FromProto(response);
+  EXPECT_EQ(a.first_host, "10.0.0.1");
+  EXPECT_EQ(a.host.host_rank, 1);
+  EXPECT_EQ(a.host.host_count, 2);
+  EXPECT_EQ(a.host.local_rank, 1);
+  EXPECT_EQ(a.host.local_size, 2);
+  EXPECT_TRUE(a.host.contiguous);
 }
 
 }  // namespace
