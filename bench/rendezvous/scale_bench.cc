@@ -424,7 +424,8 @@ struct Bench {
     if (!ReportErrors(members, ids)) return Fail("steady heartbeats");
     char row[400];
     std::snprintf(row, sizeof(row),
-                  "| %d members in %d jobs of %d, interval %lld ms (rank 0 with progress) | %.0f beats/s | %.3f | "
+                  "| %d members in %d jobs of %d, interval %lld ms (rank 0 with progress) | "
+                  "%.0f beats/s | %.3f | "
                   "%.3f | %.1f MiB (%.1f before; %.1f KiB per member) | %d |",
                   static_cast<int>(ids.size()), jobs, kPerJob,
                   static_cast<long long>(kOperatorHeartbeatIntervalMs), beats_per_second,

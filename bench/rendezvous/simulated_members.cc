@@ -295,7 +295,9 @@ void SimulatedMembers::StartJoin(Member& member, int64_t state_step) {
   member.connection->generic->UnaryCall(
       member.join_context.get(), kJoinMethod, grpc::StubOptions(), &member.join_request_bytes,
       &member.join_response_bytes, [this, &member](grpc::Status status) {
-        if (status.ok()) join_answer_bytes_ += static_cast<int64_t>(member.join_response_bytes.Length());
+        if (status.ok()) {
+          join_answer_bytes_ += static_cast<int64_t>(member.join_response_bytes.Length());
+        }
         if (status.ok() && !DecodeOwnFields(member.join_response_bytes, member.join_response)) {
           status = grpc::Status(grpc::StatusCode::INTERNAL, "malformed JoinResponse");
         }

@@ -2,9 +2,9 @@
 //
 // Heartbeat. One session per generation: a writer thread opens the bidi stream (its metadata
 // names the member) and beats, with new progress at most every heartbeat_interval_ms, without
-// every heartbeat_idle_interval_ms; a reader thread waits for GENERATION_ENDED. Whichever learns first that
-// the generation is over (the message, or the stream failing) reports it, once. StopHeartbeat
-// cancels the call's context, which unblocks both threads at once, and joins them.
+// every heartbeat_idle_interval_ms; a reader thread waits for GENERATION_ENDED. Whichever learns
+// first that the generation is over (the message, or the stream failing) reports it, once.
+// StopHeartbeat cancels the call's context, which unblocks both threads at once, and joins them.
 #include "common/rendezvous/client.h"
 
 #include <grpcpp/grpcpp.h>

@@ -116,8 +116,9 @@ class RendezvousClient {
   virtual StatusOr<Assignment> Join(int64_t state_step, int64_t timeout_ms) = 0;
 
   // Opens the heartbeat stream for a.generation and beats: with new progress at most every
-  // a.heartbeat_interval_ms, without every a.heartbeat_idle_interval_ms. on_generation_ended(reason) is called once, when the service ends the
-  // generation or the stream fails. Replaces any previous heartbeat.
+  // a.heartbeat_interval_ms, without every a.heartbeat_idle_interval_ms. on_generation_ended
+  // is called once, when the service ends the generation or the stream fails. Replaces any
+  // previous heartbeat.
   virtual Status StartHeartbeat(
       const Assignment& a, std::function<void(const GenerationEnd& end)> on_generation_ended) = 0;
   // Closes the stream without ending the generation for others only if preceded by Leave; a

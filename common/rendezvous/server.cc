@@ -68,7 +68,9 @@ class TokenGate : public grpc::AuthMetadataProcessor {
 // Join is served raw (its response is encoded by hand, see Job::Resolve); the rest as messages.
 using RendezvousService = v1::Rendezvous::WithRawCallbackMethod_Join<v1::Rendezvous::CallbackService>;
 
-class RendezvousServerImpl : public RendezvousServer, public RendezvousService, public JobDirectory {
+class RendezvousServerImpl : public RendezvousServer,
+                             public RendezvousService,
+                             public JobDirectory {
  public:
   RendezvousServerImpl() = default;
   ~RendezvousServerImpl() override { Shutdown(/*deadline_ms=*/1000); }

@@ -124,7 +124,8 @@ Status ExecAgent::AwaitStoppedCommands(const rendezvous::Assignment& a) {
     LOCKSTEP_RETURN_IF_ERROR(store->Set(kAllStoppedKey, "1", options_.store_timeout_ms));
   }
   // Each member stops its command within its grace and kill wait of the generation's end.
-  return AwaitKeys(a, {kAllStoppedKey}, options_.grace_ms + options_.kill_wait_ms + options_.plan_timeout_ms,
+  return AwaitKeys(a, {kAllStoppedKey},
+                   options_.grace_ms + options_.kill_wait_ms + options_.plan_timeout_ms,
                    "every member's previous command to stop")
       .status();
 }
