@@ -1,5 +1,6 @@
 #include "common/rendezvous/server_job.h"
 
+#include <type_traits>
 #include <utility>
 #include <variant>
 
@@ -114,118 +115,85 @@ const grpc::Slice& Job::EncodedMembers(
   return encoded_members_;
 }
 
-void Job::Tick() {
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Actions actions;
-    state_.Tick(Clock::now(), actions);
-    closures = Resolve(actions);
+template <typename Event>
+auto Job::Feed(Event&& event) -> decltype(event(std::declval<Actions&>())) {
+  using Result = decltype(event(std::declval<Actions&>()));
+  std::unique_lock<std::mutex> lock(mu_);
+  Actions actions;
+  if constexpr (std::is_void_v<Result>) {
+    event(actions);
+    const Closures closures = Resolve(actions);
+    lock.unlock();
+    RunClosures(closures);
+  } else {
+    Result result = event(actions);
+    const Closures closures = Resolve(actions);
+    lock.unlock();
+    RunClosures(closures);
+    return result;
   }
-  RunClosures(closures);
+}
+
+void Job::Tick() {
+  Feed([&](Actions& out) { state_.Tick(Clock::now(), out); });
 }
 
 void Job::Join(const std::shared_ptr<HeldCall>& call, const v1::JoinRequest& request) {
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    JoinArgs join;
-    join.member_id = request.member_id();
-    join.host = request.host();
-    join.state_step = request.state_step();
-    join.timeout_ms = request.timeout_ms();
-    join.pod = request.pod();
-    join.local_rank = request.local_rank();
-    join.wants_members = !request.without_members();
-    Actions actions;
-    state_.Join(HoldCall(call, &JobState::CancelJoin), join, Clock::now(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
+  JoinArgs join;
+  join.member_id = request.member_id();
+  join.host = request.host();
+  join.state_step = request.state_step();
+  join.timeout_ms = request.timeout_ms();
+  join.pod = request.pod();
+  join.local_rank = request.local_rank();
+  join.wants_members = !request.without_members();
+  Feed([&](Actions& out) {
+    state_.Join(HoldCall(call, &JobState::CancelJoin), join, Clock::now(), out);
+  });
 }
 
 void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
                const v1::HeartbeatRequest& request) {
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
+  BeatArgs beat;
+  beat.member_id = request.member_id();
+  beat.generation = request.generation();
+  if (request.has_progress()) beat.progress = FromProto(request.progress());
+  Feed([&](Actions& out) {
     streams_[stream->id()] = stream;
-    BeatArgs beat;
-    beat.member_id = request.member_id();
-    beat.generation = request.generation();
-    if (request.has_progress()) beat.progress = FromProto(request.progress());
-    Actions actions;
-    state_.Beat(stream->id(), beat, Clock::now(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
+    state_.Beat(stream->id(), beat, Clock::now(), out);
+  });
 }
 
 void Job::StreamClosed(const std::shared_ptr<HeartbeatStream>& stream, const std::string& member_id,
                        int64_t generation, const std::string& how) {
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Actions actions;
-    state_.StreamClosed(stream->id(), member_id, generation, how, Clock::now(), actions);
+  Feed([&](Actions& out) {
+    state_.StreamClosed(stream->id(), member_id, generation, how, Clock::now(), out);
     streams_.erase(stream->id());
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
+  });
 }
 
 Status Job::Leave(const v1::LeaveRequest& request) {
-  Closures closures;
-  Status status;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    LeaveArgs leave;
-    leave.member_id = request.member_id();
-    leave.completed = request.completed();
-    if (request.has_progress()) leave.progress = FromProto(request.progress());
-    Actions actions;
-    status = state_.Leave(leave, Clock::now(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
-  return status;
+  LeaveArgs leave;
+  leave.member_id = request.member_id();
+  leave.completed = request.completed();
+  if (request.has_progress()) leave.progress = FromProto(request.progress());
+  return Feed([&](Actions& out) { return state_.Leave(leave, Clock::now(), out); });
 }
 
 void Job::RemoveMember(const std::string& member_id, const std::string& reason) {
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Actions actions;
-    state_.RemoveMember(member_id, reason, Clock::now(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
+  Feed([&](Actions& out) { state_.RemoveMember(member_id, reason, Clock::now(), out); });
 }
 
 Status Job::StoreSet(const v1::StoreSetRequest& request) {
-  Closures closures;
-  Status status;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Actions actions;
-    status = state_.StoreSet(request.generation(), request.key(), request.value(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
-  return status;
+  return Feed([&](Actions& out) {
+    return state_.StoreSet(request.generation(), request.key(), request.value(), out);
+  });
 }
 
 StatusOr<int64_t> Job::StoreAdd(const v1::StoreAddRequest& request) {
-  Closures closures;
-  StatusOr<int64_t> value = int64_t{0};
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Actions actions;
-    value = state_.StoreAdd(request.generation(), request.key(), request.delta(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
-  return value;
+  return Feed([&](Actions& out) {
+    return state_.StoreAdd(request.generation(), request.key(), request.delta(), out);
+  });
 }
 
 void Job::StoreGet(const std::shared_ptr<HeldCall>& call, const v1::StoreGetRequest& request) {
@@ -234,18 +202,13 @@ void Job::StoreGet(const std::shared_ptr<HeldCall>& call, const v1::StoreGetRequ
                                 "store get: value_offset and value_length must be >= 0"));
     return;
   }
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const std::vector<std::string> keys(request.keys().begin(), request.keys().end());
-    const ByteRange range{static_cast<size_t>(request.value_offset()),
-                          static_cast<size_t>(request.value_length())};
-    Actions actions;
+  const std::vector<std::string> keys(request.keys().begin(), request.keys().end());
+  const ByteRange range{static_cast<size_t>(request.value_offset()),
+                        static_cast<size_t>(request.value_length())};
+  Feed([&](Actions& out) {
     state_.StoreGet(HoldCall(call, &JobState::CancelStoreGet), request.generation(), keys,
-                    request.timeout_ms(), Clock::now(), actions, range);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
+                    request.timeout_ms(), Clock::now(), out, range);
+  });
 }
 
 JobSnapshot Job::Snapshot() const {
@@ -254,14 +217,7 @@ JobSnapshot Job::Snapshot() const {
 }
 
 void Job::Close(const Status& status) {
-  Closures closures;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    Actions actions;
-    state_.Close(status, Clock::now(), actions);
-    closures = Resolve(actions);
-  }
-  RunClosures(closures);
+  Feed([&](Actions& out) { state_.Close(status, Clock::now(), out); });
 }
 
 }  // namespace lockstep::rendezvous::internal

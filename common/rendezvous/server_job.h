@@ -6,6 +6,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -18,8 +19,8 @@
 namespace lockstep::rendezvous::internal {
 
 // One job: its JobState behind a mutex, and the calls and streams its actions name. Every public
-// method locks mu_, feeds one event to the state machine, turns the resulting actions into
-// closures while still locked (the ids are looked up under mu_), and runs them after unlocking.
+// method feeds one event to the state machine through Feed: under mu_ it turns the resulting
+// actions into closures (the ids are looked up under mu_), and runs them after unlocking.
 class Job : public std::enable_shared_from_this<Job> {
  public:
   Job(JobConfig config, TimerQueue* timers) : state_(std::move(config)), timers_(timers) {}
@@ -47,6 +48,10 @@ class Job : public std::enable_shared_from_this<Job> {
   CallId HoldCall(const std::shared_ptr<HeldCall>& call,
                   void (JobState::*cancel)(CallId call));
   void Tick();
+  // Feeds one event to the state machine: runs `event(actions)` under mu_, turns the actions into
+  // closures while still locked, runs them after unlocking, and returns what `event` returned.
+  template <typename Event>
+  auto Feed(Event&& event) -> decltype(event(std::declval<Actions&>()));
   // Under mu_: what `actions` mean for the calls and streams, to run after unlocking.
   Closures Resolve(Actions& actions);
   std::shared_ptr<HeldCall> TakeCall(CallId id);
