@@ -2,10 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <map>
 #include <utility>
 
 #include "common/deadline.h"
+#include "common/rendezvous/host_placement.h"
 #include "worker/comm/gloo/gloo_communicator.h"
 #include "worker/comm/prefixed_store.h"
 #include "worker/comm/shm/shm_communicator.h"
@@ -149,21 +149,16 @@ class HierarchicalCommunicator : public Communicator {
 
 std::optional<HostLayout> LayoutByHost(const std::vector<std::string>& member_hosts) {
   if (member_hosts.empty()) return std::nullopt;
+  const std::vector<rendezvous::HostPlacement> placed = rendezvous::PlaceOnHosts(member_hosts);
   HostLayout layout;
-  std::map<std::string, int> index;
-  for (size_t rank = 0; rank < member_hosts.size(); ++rank) {
-    auto [it, added] = index.emplace(member_hosts[rank], layout.host_count);
-    if (added) {
-      ++layout.host_count;
-      layout.ranks_of_host.emplace_back();
-    }
-    layout.host_of.push_back(it->second);
-    layout.local_of.push_back(static_cast<int>(layout.ranks_of_host[it->second].size()));
-    layout.ranks_of_host[it->second].push_back(static_cast<int>(rank));
-  }
-  layout.ranks_per_host = static_cast<int>(layout.ranks_of_host[0].size());
-  for (const std::vector<int>& ranks : layout.ranks_of_host) {
-    if (static_cast<int>(ranks.size()) != layout.ranks_per_host) return std::nullopt;
+  layout.host_count = placed[0].host_count;
+  layout.ranks_per_host = placed[0].local_size;
+  layout.ranks_of_host.resize(static_cast<size_t>(layout.host_count));
+  for (size_t rank = 0; rank < placed.size(); ++rank) {
+    if (placed[rank].local_size != layout.ranks_per_host) return std::nullopt;
+    layout.host_of.push_back(placed[rank].host_rank);
+    layout.local_of.push_back(placed[rank].local_rank);
+    layout.ranks_of_host[placed[rank].host_rank].push_back(static_cast<int>(rank));
   }
   return layout;
 }
@@ -192,23 +187,23 @@ std::unique_ptr<Communicator> ComposeHierarchical(HostLayout layout, int rank,
 
 StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
     const HierarchicalOptions& options, rendezvous::KeyValueStore& store) {
-  const HostLayout* layout = &options.layout;
-  if (layout->host_of.empty()) {
+  const HostLayout& layout = options.layout;
+  if (layout.host_of.empty()) {
     return InvalidArgumentError("communicator shm+gloo: the layout of ranks on hosts is empty");
   }
-  if (options.rank < 0 || options.rank >= static_cast<int>(layout->host_of.size())) {
+  if (options.rank < 0 || options.rank >= static_cast<int>(layout.host_of.size())) {
     return InvalidArgumentError("communicator shm+gloo: rank " + std::to_string(options.rank) +
-                                " outside the " + std::to_string(layout->host_of.size()) +
+                                " outside the " + std::to_string(layout.host_of.size()) +
                                 " members");
   }
   const Deadline deadline = Deadline::AfterMs(options.connect_timeout_ms);
-  const int host = layout->host_of[options.rank];
-  const int local_rank = layout->local_of[options.rank];
+  const int host = layout.host_of[options.rank];
+  const int local_rank = layout.local_of[options.rank];
 
   PrefixedStore host_store(store, "host/" + std::to_string(host) + "/");
   ShmOptions shm;
   shm.rank = local_rank;
-  shm.size = layout->ranks_per_host;
+  shm.size = layout.ranks_per_host;
   shm.job_name = options.job_name;
   shm.generation = options.generation;
   shm.connect_timeout_ms = options.connect_timeout_ms;
@@ -218,12 +213,12 @@ StatusOr<std::unique_ptr<Communicator>> CreateHierarchicalCommunicator(
   PrefixedStore local_store(store, "local/" + std::to_string(local_rank) + "/");
   GlooOptions gloo;
   gloo.rank = host;
-  gloo.size = layout->host_count;
+  gloo.size = layout.host_count;
   gloo.listen_host = options.host;
   gloo.connect_timeout_ms = deadline.remaining_ms();
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<Communicator> cross,
                             CreateGlooCommunicator(gloo, local_store));
-  return ComposeHierarchical(*layout, options.rank, std::move(local), std::move(cross));
+  return ComposeHierarchical(layout, options.rank, std::move(local), std::move(cross));
 }
 
 }  // namespace lockstep::comm
