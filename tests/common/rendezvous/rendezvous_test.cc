@@ -102,6 +102,11 @@ class RendezvousTest : public ::testing::Test {
   }
 
   std::string Address() const { return "127.0.0.1:" + std::to_string(server_->port()); }
+  // A stub of the service's own, for calls the client never makes as a test needs them.
+  std::unique_ptr<v1::Rendezvous::Stub> RawStub() const {
+    return v1::Rendezvous::NewStub(
+        grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials()));
+  }
 
   std::unique_ptr<RendezvousClient> NewClient(const std::string& member_id,
                                               const std::string& job = kJob,
@@ -179,8 +184,7 @@ TEST_F(RendezvousTest, MembersFormFirstGenerationWithRanksZeroToN) {
 // one gets its own fields only, so the answers of a formation grow with the job, not its square.
 TEST_F(RendezvousTest, OnlyAClientThatDoesNotGoWithoutTheMemberListGetsIt) {
   ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
-  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Rendezvous::NewStub(channel);
+  auto stub = RawStub();
   auto join = [&](const std::string& member, const std::string& host, bool without_members) {
     return std::async(std::launch::async, [&stub, member, host, without_members] {
       grpc::ClientContext context;
@@ -436,8 +440,7 @@ TEST_F(RendezvousTest, MissedHeartbeatsEndGenerationAfterTheTimeout) {
   ASSERT_TRUE(beating->StartHeartbeat(*results[0], watcher.Callback()).ok());
 
   // w-1 opens its stream and beats once, then hangs without closing it.
-  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Rendezvous::NewStub(channel);
+  auto stub = RawStub();
   grpc::ClientContext context;
   context.AddMetadata("x-lockstep-token", kToken);
   auto stream = stub->Heartbeat(&context);
@@ -476,8 +479,7 @@ TEST_F(RendezvousTest, AMemberKilledBeforeItsFirstBeatIsFoundByItsStream) {
   EndWatcher watcher;
   ASSERT_TRUE(beating->StartHeartbeat(*results[0], watcher.Callback()).ok());
 
-  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Rendezvous::NewStub(channel);
+  auto stub = RawStub();
   grpc::ClientContext context;
   context.AddMetadata("x-lockstep-token", kToken);
   context.AddMetadata("x-lockstep-job", kJob);
@@ -499,8 +501,7 @@ TEST_F(RendezvousTest, AMemberKilledBeforeItsFirstBeatIsFoundByItsStream) {
 // Metadata that names a member must name all three: a malformed generation is refused.
 TEST_F(RendezvousTest, HeartbeatMetadataWithAMalformedGenerationIsRefused) {
   ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
-  auto channel = grpc::CreateChannel(Address(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Rendezvous::NewStub(channel);
+  auto stub = RawStub();
   grpc::ClientContext context;
   context.AddMetadata("x-lockstep-token", kToken);
   context.AddMetadata("x-lockstep-job", kJob);
