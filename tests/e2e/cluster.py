@@ -117,20 +117,27 @@ class Namespace:
 
     def wait_job(self, name, what, predicate, timeout):
         """Waits until predicate(job) holds; the job, its pods and the events explain a failure."""
+        return self.wait(name, "job %s/%s: %s" % (self.name, name, what),
+                         lambda: (lambda j: j if predicate(j) else None)(self.job(name)), timeout)
+
+    def wait(self, name, what, probe, timeout):
+        """wait_for, with job `name`'s state (describe) in the failure."""
         try:
-            return wait_for("job %s/%s: %s" % (self.name, name, what),
-                            lambda: (lambda j: j if predicate(j) else None)(self.job(name)),
-                            timeout)
+            return wait_for(what, probe, timeout)
         except Timeout as error:
             raise Timeout("%s\n%s" % (error, self.describe(name))) from None
 
     def describe(self, name):
+        """The job, its pods, the namespace's events and the operators' recent log lines."""
         parts = []
         for args in (("get", "trainingjob", name, "-o", "yaml"),
                      ("get", "pods", "-o", "wide"),
                      ("get", "events", "--sort-by=.lastTimestamp")):
             parts.append("$ kubectl -n %s %s\n%s" % (self.name, " ".join(args),
                                                       kubectl(*args, "-n", self.name, check=False)))
+        args = ("logs", "-n", "lockstep-system", "-l", "app.kubernetes.io/component=operator",
+                "--tail=60", "--prefix")
+        parts.append("$ kubectl %s\n%s" % (" ".join(args), kubectl(*args, check=False)))
         return "\n".join(parts)
 
     def logs(self, pod, previous=False):

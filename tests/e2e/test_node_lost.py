@@ -68,8 +68,8 @@ class NodeLost(unittest.TestCase):
                 return len(fresh) == len(lost) and all(
                     p["spec"].get("nodeName") and p["spec"]["nodeName"] != lost_node and
                     p["status"].get("phase") == "Running" for p in fresh)
-            cluster.wait_for("the lost node's workers replaced on the other node", replaced,
-                             timeout=300)
+            ns.wait(name, "the lost node's workers replaced on the other node", replaced,
+                    timeout=300)
 
             def whole_world():
                 for pod in ns.pods(name):
@@ -78,7 +78,7 @@ class NodeLost(unittest.TestCase):
                     if found:
                         return found[0]
                 return None
-            whole_at = cluster.wait_for("training at world 4 again", whole_world, timeout=120)
+            whole_at = ns.wait(name, "training at world 4 again", whole_world, timeout=120)
             at = ns.wait_job(name, "Running with 4 ranks in its status", lambda j:
                              j["status"].get("rendezvous", {}).get("worldSize") == 4 and
                              cluster.phase(j) == "Running", timeout=60)
