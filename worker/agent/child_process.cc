@@ -20,6 +20,7 @@
 #include "common/errno_check.h"
 #include "common/logging.h"
 #include "common/process_stat.h"
+#include "common/cpu_priority.h"
 
 extern char** environ;
 
@@ -208,6 +209,10 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
       exit.exit_code = exec_errno == ENOENT ? 127 : 126;
       exit.start_error = reason;
       child->exit_ = exit;
+    }
+  } else if (options.idle_priority) {
+    if (Status idle = EnterIdlePriority(pid); !idle.ok()) {
+      LOCKSTEP_LOG(WARNING) << options.argv[0] << " runs at normal CPU priority: " << idle;
     }
   }
   return child;

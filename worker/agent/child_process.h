@@ -70,6 +70,10 @@ class ChildProcess {
     // A descriptor the program inherits at the same number (the agent's helper channel,
     // helper_channel.h); -1: none. Every other descriptor of the agent is closed on exec.
     int inherit_fd = -1;
+    // Moves the program under SCHED_IDLE (cpu_priority.h) once it has been executed: it runs
+    // only on CPU time nothing else wants, until LeaveIdlePriority(pid()). For a warm spare,
+    // and only where IdlePriorityIsReversible().
+    bool idle_priority = false;
   };
 
   // Forks and execs. Returns an error only when the agent itself cannot (fork, pipes); a program

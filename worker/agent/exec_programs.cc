@@ -9,6 +9,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "common/cpu_priority.h"
 #include "worker/agent/exec_agent_impl.h"
 #include "worker/agent/wake_pipe.h"
 
@@ -94,6 +95,9 @@ void ExecAgent::StartSpare() {
   ChildProcess::Options options = spare_options_;
   options.env.push_back(std::string(kWarmSpareEnv) + "=1");
   options.output_prefix = "[spare] ";
+  // Its start-up (imports: seconds of a core) takes only CPU time the training ranks leave;
+  // promotion undoes it. Where it could not be undone the spare starts at normal priority.
+  options.idle_priority = IdlePriorityIsReversible();
   StatusOr<std::unique_ptr<SupervisedCommand>> spare = SupervisedCommand::Start(options);
   if (!spare.ok()) {
     LOCKSTEP_LOG(WARNING) << "warm spare: " << spare.status();
@@ -148,6 +152,9 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
   } else if (ReapDeadSpare(), spare_) {
     active_ = std::move(spare_);
     spare_deaths_ = 0;
+    if (Status normal = LeaveIdlePriority(active_->process().pid()); !normal.ok()) {
+      LOCKSTEP_LOG(WARNING) << "the promoted warm spare trains at idle CPU priority: " << normal;
+    }
     active_->process().SetOutputPrefix(prefix);
     tracker_.StartProcess();
     LOCKSTEP_LOG(INFO) << "promoted the warm spare (pid " << active_->process().pid()

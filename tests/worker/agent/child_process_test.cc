@@ -4,11 +4,13 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <fstream>
 
+#include "common/cpu_priority.h"
 #include "common/deadline.h"
 #include "tests/support/process/process.h"
 
@@ -131,6 +133,20 @@ TEST(ChildProcess, OutputIsRelayedLineByLineWithThePrefix) {
   close(saved);
   close(file);
   EXPECT_EQ(testing::ReadFile(out_path), "[rank 3] one\n[rank 3] two\n[rank 3] no newline\n");
+}
+
+TEST(ChildProcess, AProgramStartedAtIdlePriorityRunsUnderSchedIdleOnceExecuted) {
+  if (!IdlePriorityIsReversible()) GTEST_SKIP() << "no CAP_SYS_NICE nor RLIMIT_NICE >= 20 here";
+  ChildProcess::Options options;
+  options.argv = {"/bin/sleep", "60"};
+  options.env = {"PATH=/usr/bin:/bin"};
+  options.idle_priority = true;
+  StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(options);
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_EQ(sched_getscheduler((*child)->pid()), SCHED_IDLE);
+  ASSERT_TRUE(LeaveIdlePriority((*child)->pid()).ok());
+  EXPECT_EQ(sched_getscheduler((*child)->pid()), SCHED_OTHER);
+  (*child)->Stop(/*grace_ms=*/0, kWaitMs);
 }
 
 TEST(ChildProcess, ResolvesNamesOnPath) {
