@@ -15,6 +15,7 @@ A binary path that does not exist makes the script exit 77 (ctest: skipped) afte
 stages were checked, naming what is missing.
 """
 import argparse
+import functools
 import os
 import re
 import shlex
@@ -112,8 +113,11 @@ def apt_packages(run_text, args):
     return packages
 
 
+@functools.lru_cache(maxsize=None)
 def owning_package(library, cuda_suffix):
-    """The package that ships a shared library, and how it was found."""
+    """The package that ships a shared library, and how it was found. Remembered: each dpkg -S
+    reads every package's file list (a third of a second here), and two binaries of two stages
+    share most of their libraries."""
     candidates = []
     for path in (library, os.path.realpath(library)):
         candidates += [path]
@@ -121,11 +125,17 @@ def owning_package(library, cuda_suffix):
             candidates.append(path[len("/usr") :])
         else:
             candidates.append("/usr" + path)
+    # One dpkg -S for every candidate (it exits 1 when any is unowned, and still lists the rest):
+    # "pkg:arch: /path" or "pkg1, pkg2: /path" (diversions) per line; the first owner counts.
+    result = subprocess.run(["dpkg", "-S", *candidates], capture_output=True, text=True)
+    owners = {}
+    for line in result.stdout.splitlines():
+        owner, _, path = line.rpartition(": ")
+        if owner and path not in owners:
+            owners[path] = owner.split(":")[0].split(",")[0].strip()
     for candidate in candidates:
-        result = subprocess.run(["dpkg", "-S", candidate], capture_output=True, text=True)
-        if result.returncode == 0:
-            # "pkg:arch: /path" or "pkg1, pkg2: /path" (diversions): take the first.
-            return result.stdout.split(":")[0].split(",")[0].strip(), "dpkg"
+        if candidate in owners:
+            return owners[candidate], "dpkg"
     base = os.path.basename(library)
     for prefix, package in NVIDIA_PACKAGES.items():
         if base.startswith(prefix + "."):
