@@ -68,6 +68,7 @@ struct HeartbeatSession {
   bool first_progress_sent = false;
   bool progress_unsent = false;  // progress was set after the latest beat
   uint64_t sent_version = 0;     // the progress_version_ the latest beat carried (writer only)
+  uint64_t sent_pace_version = 0;  // the pace_version_ the latest beat carried (writer only)
   std::atomic<bool> reported{false};
   std::thread writer;
 
@@ -108,6 +109,12 @@ class GrpcRendezvousClient : public RendezvousClient {
     }
     heartbeat_->cv.notify_all();
   }
+  void SetPace(int64_t steps, double compute_seconds) override {
+    std::lock_guard<std::mutex> lock(progress_mu_);
+    pace_.set_steps(steps);
+    pace_.set_compute_seconds(compute_seconds);
+    ++pace_version_;
+  }
   Status Leave(bool completed, const ProgressReport& final_progress) override;
   std::unique_ptr<KeyValueStore> GenerationStore(int64_t generation) override {
     return std::make_unique<GenerationScopedStore>(this, generation);
@@ -138,6 +145,8 @@ class GrpcRendezvousClient : public RendezvousClient {
   ProgressReport progress_;
   bool has_progress_ = false;
   uint64_t progress_version_ = 0;  // counts SetProgress calls
+  v1::Pace pace_;
+  uint64_t pace_version_ = 0;  // counts SetPace calls; 0: never set
 
   std::mutex heartbeat_mu_;  // serializes StartHeartbeat/StopHeartbeat
   std::unique_ptr<HeartbeatSession> heartbeat_;
@@ -256,6 +265,11 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
       if (has_progress_ && progress_version_ != session->sent_version) {
         *beat.mutable_progress() = ToProto(progress_);
         session->sent_version = progress_version_;
+      }
+      // The pace rides along with whatever beat comes next; it never prompts one.
+      if (pace_version_ != session->sent_pace_version) {
+        *beat.mutable_pace() = pace_;
+        session->sent_pace_version = pace_version_;
       }
     }
     if (!stream->Write(beat)) break;  // the stream is over; the reader sees why

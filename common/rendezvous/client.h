@@ -4,7 +4,7 @@
 //   LOCKSTEP_ASSIGN_OR_RETURN(Assignment a, client->Join(/*state_step=*/-1, timeout_ms));
 //   client->StartHeartbeat(a, [&](const GenerationEnd& end) { StopTraining(end); });
 //   auto store = client->GenerationStore(a.generation);   // for Gloo/NCCL bootstrap
-//   ... train; client->SetProgress(progress) every few steps ...
+//   ... train; client->SetProgress(progress) every few steps (rank 0), SetPace (every rank) ...
 //   client->StopHeartbeat();  // before joining the next generation
 //   client->Leave(/*completed=*/true, final_progress);
 //
@@ -125,6 +125,10 @@ class RendezvousClient {
   // member that stops beating otherwise ends the generation (that is the point).
   virtual void StopHeartbeat() = 0;
   virtual void SetProgress(const ProgressReport& progress) = 0;
+  // This member's own pace, for straggler detection: steps trained by this process and the
+  // seconds of them spent computing (not waiting on a collective), both cumulative. Carried by
+  // the next beat, whenever that is; never prompts one.
+  virtual void SetPace(int64_t steps, double compute_seconds) = 0;
 
   virtual Status Leave(bool completed, const ProgressReport& final_progress) = 0;
 

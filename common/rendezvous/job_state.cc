@@ -17,7 +17,8 @@ using std::chrono::milliseconds;
 JobState::JobState(JobConfig config)
     : config_(std::move(config)),
       first_generation_(std::max<int64_t>(config_.first_generation, 1)),
-      generation_(first_generation_ - 1) {}
+      generation_(first_generation_ - 1),
+      stragglers_(config_.stragglers) {}
 
 // ---------------------------------------------------------------------------------------------
 // Generations
@@ -166,6 +167,7 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   active_ = true;
   members_.clear();
   member_index_.clear();
+  stragglers_ = StragglerDetector(config_.stragglers);  // paces compare within a world
   survivors_ = pods;
   survivor_set_ = std::unordered_set<std::string>(pods.begin(), pods.end());
   Assignment assignment;
@@ -417,6 +419,10 @@ void JobState::Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Action
     member->stream = stream;
   }
   member->last_beat = now;
+  if (beat.pace.has_value() && !member->completed &&
+      stragglers_.Report(beat.member_id, *beat.pace, now)) {
+    LogStragglers();
+  }
   if (beat.progress.has_value()) {
     UpdateProgress(*beat.progress);
     // A survivor's first beats may repeat its progress from the previous generation; only a
@@ -497,6 +503,7 @@ Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
   ActiveMember* member = FindMember(member_id);
   if (leave.completed) {
     completed_ids_.insert(member_id);
+    stragglers_.Remove(member_id);  // its last steps (evaluation, the final save) are not pace
     if (member != nullptr) member->completed = true;
     if (leave.progress.has_value()) RecordFinalProgress(*leave.progress);
     LOCKSTEP_LOG(INFO) << Describe() << ": member " << member_id << " completed";
@@ -622,7 +629,33 @@ JobSnapshot JobState::Snapshot() const {
   snapshot.history = history_;
   snapshot.completed_members = static_cast<int32_t>(completed_ids_.size());
   snapshot.final_progress = final_progress_;
+  if (active_) snapshot.stragglers = StragglerInfos();
   return snapshot;
+}
+
+std::vector<StragglerInfo> JobState::StragglerInfos() const {
+  std::vector<StragglerInfo> infos;
+  for (const Straggler& straggler : stragglers_.stragglers()) {
+    auto it = member_index_.find(straggler.member_id);
+    if (it == member_index_.end()) continue;
+    const MemberInfo& member = members_[it->second].info;
+    infos.push_back(StragglerInfo{member.member_id, member.pod, member.rank, straggler.ratio,
+                                  straggler.named_at});
+  }
+  return infos;
+}
+
+void JobState::LogStragglers() const {
+  const std::vector<StragglerInfo> infos = StragglerInfos();
+  if (infos.empty()) {
+    LOCKSTEP_LOG(INFO) << Describe() << ": generation " << generation_ << " has no straggler";
+    return;
+  }
+  for (const StragglerInfo& straggler : infos) {
+    LOCKSTEP_LOG(WARNING) << Describe() << ": straggler: member " << straggler.member_id
+                          << " (rank " << straggler.rank << ") computes " << straggler.ratio
+                          << "x the median time per step of generation " << generation_;
+  }
 }
 
 void JobState::Close(const Status& status, TimePoint now, Actions& out) {

@@ -28,6 +28,7 @@
 #include "common/rendezvous/actions.h"
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/generation_stores.h"
+#include "common/rendezvous/straggler_detector.h"
 #include "common/status.h"
 
 namespace lockstep::rendezvous {
@@ -57,6 +58,8 @@ struct JobConfig {
   // (a restarted operator, or new membership bounds) continues its numbering, so that generation
   // numbers in status, metrics and logs never go back.
   int64_t first_generation = 1;
+  // When a member is named a straggler (straggler_detector.h): from the pace its beats carry.
+  StragglerOptions stragglers;
 };
 
 // How often a member with no new progress beats: a quarter of the heartbeat timeout (so that a
@@ -85,6 +88,15 @@ struct GenerationRecord {
 // A loss after which the job never trained again does not count (the job failed or finished).
 double LongestRecoverySeconds(const std::vector<GenerationRecord>& history);
 
+// A member of the current generation whose compute time per step stays well above its peers'.
+struct StragglerInfo {
+  std::string member_id;
+  std::string pod;
+  int32_t rank = -1;
+  double ratio = 0;     // its compute time per step over the members' median
+  double named_at = 0;  // MonotonicSeconds()
+};
+
 struct JobSnapshot {
   int64_t generation = 0;  // current (first_generation - 1 before the first forms)
   int32_t world_size = 0;
@@ -97,6 +109,8 @@ struct JobSnapshot {
   // From the first Leave(completed) that carried progress; a later one replaces it only to add
   // an evaluation the first lacked. Its step is 0 until a member completed.
   ProgressReport final_progress;
+  // Members of the current generation named stragglers now, in the order they were named.
+  std::vector<StragglerInfo> stragglers;
 };
 
 // A Join as the state machine sees it.
@@ -117,6 +131,7 @@ struct BeatArgs {
   std::string member_id;
   int64_t generation = 0;
   std::optional<ProgressReport> progress;
+  std::optional<Pace> pace;  // its own counters (straggler_detector.h)
 };
 
 struct LeaveArgs {
@@ -194,6 +209,10 @@ class JobState {
   };
 
   std::string Describe() const { return "job " + config_.job; }
+  // The detector's stragglers as members of the current generation.
+  std::vector<StragglerInfo> StragglerInfos() const;
+  // After the stragglers changed: who they are now.
+  void LogStragglers() const;
   // No generation of this registration has formed yet (nobody survives anything).
   bool BeforeFirstGeneration() const { return generation_ < first_generation_; }
   ActiveMember* FindMember(const std::string& member_id);
@@ -255,6 +274,7 @@ class JobState {
   std::set<std::string> completed_ids_;
   ProgressReport final_progress_;
   bool has_final_progress_ = false;
+  StragglerDetector stragglers_;  // of the current generation
 };
 
 }  // namespace lockstep::rendezvous

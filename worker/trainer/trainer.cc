@@ -432,6 +432,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     interval_samples += batch.size();
     interval_step_seconds += step_seconds;
     interval_exposed_seconds += comm_stats.exposed_seconds;
+    if (report_pace_) report_pace_(totals_.steps, totals_.step_seconds - totals_.exposed_seconds);
     if (metrics_ != nullptr) {
       metrics_->ObserveStep({step_seconds, comm_stats.exposed_seconds, batch.size(),
                              comm_stats.wire_bytes, comm_stats.allreduce_seconds});

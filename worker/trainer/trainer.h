@@ -144,6 +144,11 @@ class Trainer {
   // background until then: TrainingCheckpointer copies a snapshot while the next step's forward
   // and backward run, and waits here for the copy. Call before the first generation.
   void SetBeforeStateChange(std::function<void()> wait) { before_state_change_ = std::move(wait); }
+  // Called on the training thread after every step with totals().steps and the seconds of them
+  // spent computing (step time less the time exposed waiting on collectives): this rank's pace,
+  // for straggler detection. Must be cheap.
+  using PaceFn = std::function<void(int64_t steps, double compute_seconds)>;
+  void SetPaceReporter(PaceFn report) { report_pace_ = std::move(report); }
 
   // Turns on sample accounting (see the file comment of sample_accounting.h); rank 0 appends
   // one JSON line per epoch to `path`. Call before the first generation.
@@ -214,6 +219,7 @@ class Trainer {
   int64_t resumed_from_step_ = -1;
   std::string accounting_path_;
   std::function<void()> before_state_change_;  // may be empty
+  PaceFn report_pace_;                         // may be empty
   kernels::DeviceArray<float> grads_;
   std::unique_ptr<DgcExchanger> dgc_;  // sync.strategy dgc: its residuals, across generations
   kernels::DeviceArray<double> loss_sum_;  // the training loss summed since the last log step

@@ -83,6 +83,11 @@ Status TrainingWorker::Run() {
     trainer_->SetBeforeStateChange([this] { checkpointer_->WaitForCapture(); });
   }
 
+  // Every rank's pace rides on its heartbeats: the service names stragglers from it.
+  trainer_->SetPaceReporter([this](int64_t steps, double compute_seconds) {
+    client_->SetPace(steps, compute_seconds);
+  });
+
   int failed_generations = 0;
   bool first_generation = true;
   while (true) {

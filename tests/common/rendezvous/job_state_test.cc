@@ -2,7 +2,8 @@
 // no threads, no sleeps. Each row is one event and every action it produced, in order, written
 // as text (see Render*). Rows that expect "" produced nothing.
 //
-// Events:  join W [step=N] [timeout=MS] [pod=P local=R]     beat W gG [step=N] [via=STREAM]
+// Events:  join W [step=N] [timeout=MS] [pod=P local=R]
+//          beat W gG [step=N] [pace=STEPS/COMPUTE_MS] [via=STREAM]
 //          drop W gG [via=STREAM]  (the stream closed)    leave W    complete W [step=N] [acc=X]
 //          remove W    cancel W  (W's held join went away)    at MS  (the clock moves; Tick)
 //          set gG K V    add gG K N    get gG K1,K2 [timeout=MS]    close    snapshot
@@ -101,6 +102,11 @@ class Driver {
         ProgressReport progress;
         progress.step = option("step", 0);
         beat.progress = progress;
+      }
+      if (options.count("pace") != 0) {  // pace=STEPS/COMPUTE_MS
+        const std::string& pace = options["pace"];
+        const size_t slash = pace.find('/');
+        beat.pace = Pace{std::stoll(pace.substr(0, slash)), std::stod(pace.substr(slash + 1)) / 1000};
       }
       state_.Beat(Stream(options.count("via") ? options["via"] : words.at(0)), beat, now_, out);
     } else if (verb == "drop") {
@@ -356,6 +362,40 @@ TEST(JobStateTest, MaxMembersIsRespectedAndTheExtraJoinerTimesOutNamingTheFullGe
   EXPECT_EQ(job.last_join_error(),
             "no generation formed within 400 ms: 1 of 3 members present (min 1, max 2); "
             "generation 1 is active and full");
+}
+
+TEST(JobStateTest, AMemberComputingMuchLongerThanItsPeersIsAStragglerOfItsGeneration) {
+  JobConfig config = Config(4, 4);
+  config.stragglers.windows = 2;
+  config.stragglers.min_window_ms = 1000;
+  Driver job(config);
+  for (const char* member : {"w0", "w1", "w2", "w3"}) job.Apply(std::string("join ") + member);
+  ASSERT_EQ(job.snapshot().world_size, 4);
+  // Every 250 ms each member beats with its counters: 25 steps more, w2 computing 8 ms of each
+  // step's 10, the others 4.
+  auto beats = [&](int from_ms, int to_ms) {
+    for (int t = from_ms; t <= to_ms; t += 250) {
+      job.Apply("at " + std::to_string(t));
+      for (int m = 0; m < 4; ++m) {
+        const int steps = t / 10;
+        const int compute_ms = steps * (m == 2 ? 8 : 4);
+        job.Apply("beat w" + std::to_string(m) + " g1 pace=" + std::to_string(steps) + "/" +
+                  std::to_string(compute_ms));
+      }
+    }
+  };
+  beats(0, 1500);  // one window each: not yet
+  EXPECT_TRUE(job.snapshot().stragglers.empty());
+  beats(1750, 3000);  // the second slow window in a row
+  const JobSnapshot snapshot = job.snapshot();
+  ASSERT_EQ(snapshot.stragglers.size(), 1u);
+  EXPECT_EQ(snapshot.stragglers[0].member_id, "w2");
+  EXPECT_EQ(snapshot.stragglers[0].rank, 2);
+  EXPECT_NEAR(snapshot.stragglers[0].ratio, 2.0, 0.01);
+
+  // A generation's stragglers are its own: the next one starts with none.
+  job.Run({{"drop w0 g1", "w1 ends g1 lost; w2 ends g1 lost; w3 ends g1 lost"}});
+  EXPECT_TRUE(job.snapshot().stragglers.empty());
 }
 
 TEST(JobStateTest, ANewerJoinOfTheSameMemberReplacesTheOlderCall) {
