@@ -562,6 +562,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   summary.wall_seconds = wall_seconds;
   summary.restarts = supervisor.restarts();
   FillSummaryFromSnapshot(snapshot, exec, &summary);
+  summary.stragglers = outcome.stragglers;
   int exit_code = kExitOk;
   const std::optional<WorkerExit>& failure = outcome.failure;
   if (outcome.interrupt_signal != 0) {

@@ -1,6 +1,10 @@
 #include "cli/run_watch.h"
 
+#include <algorithm>
 #include <csignal>
+#include <iomanip>
+#include <set>
+#include <sstream>
 #include <string>
 
 #include "cli/exit_codes.h"
@@ -45,6 +49,44 @@ void PrintProgramLines(ConsoleRelay& console, ProgressDisplay& display, std::ost
   out << std::flush;
 }
 
+// Prints the stragglers the service names or clears in the latest snapshot and records each
+// in the outcome (its highest ratio).
+void ReportStragglers(WatchOutcome& outcome, const Supervisor& supervisor,
+                      std::set<std::string>& named_now, ProgressDisplay& display,
+                      std::ostream& out) {
+  auto worker_of = [&](const rendezvous::StragglerInfo& straggler) {
+    for (int slot = 0; slot < supervisor.size(); ++slot) {
+      const std::string& id = supervisor.command(slot).member_id;
+      if (id == straggler.member_id || id == straggler.pod) return slot;
+    }
+    return -1;
+  };
+  std::set<std::string> named;
+  for (const rendezvous::StragglerInfo& straggler : outcome.snapshot.stragglers) {
+    named.insert(straggler.member_id);
+    auto recorded = std::find_if(
+        outcome.stragglers.begin(), outcome.stragglers.end(),
+        [&](const RunStraggler& r) { return r.member_id == straggler.member_id; });
+    if (recorded == outcome.stragglers.end()) {
+      outcome.stragglers.push_back(RunStraggler{worker_of(straggler), straggler.member_id,
+                                                outcome.snapshot.generation, straggler.ratio});
+    } else {
+      recorded->ratio = std::max(recorded->ratio, straggler.ratio);
+    }
+    if (named_now.count(straggler.member_id) != 0) continue;
+    std::ostringstream line;
+    line << "straggler: worker " << worker_of(straggler) << " (" << straggler.member_id
+         << ", rank " << straggler.rank << ") computes " << std::fixed << std::setprecision(1)
+         << straggler.ratio << "x the median time per step of its peers";
+    PrintEvent(display, out, line.str());
+  }
+  for (const std::string& member_id : named_now) {
+    if (named.count(member_id) != 0 || !outcome.snapshot.generation_active) continue;
+    PrintEvent(display, out, member_id + " is no longer a straggler");
+  }
+  named_now = std::move(named);
+}
+
 WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& options,
                             Supervisor& supervisor, rendezvous::RendezvousServer& server,
                             ProgressDisplay& display, ConsoleRelay* console, std::ostream& out,
@@ -75,6 +117,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
     active_deadline = Deadline::AfterMs(*job.spec.run_policy.active_deadline_seconds * 1000);
   }
   std::optional<Deadline> drain_deadline;
+  std::set<std::string> named_now;  // stragglers of the current generation, as printed
   double below_min_since = -1;  // MonotonicSeconds() since fewer than min_alive; -1: not
   while (true) {
     StatusOr<std::vector<SupervisorEvent>> events = supervisor.Poll(options.poll_interval_ms);
@@ -146,6 +189,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
     }
     if (StatusOr<rendezvous::JobSnapshot> latest = server.Snapshot(job_key); latest.ok()) {
       outcome.snapshot = *latest;
+      ReportStragglers(outcome, supervisor, named_now, display, out);
     }
     if (console != nullptr) PrintProgramLines(*console, display, out);
     if (exec && outcome.snapshot.progress.restarts > agent_restarts) {

@@ -7,10 +7,12 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "cli/console_relay.h"
 #include "cli/launcher.h"
 #include "cli/progress_display.h"
+#include "cli/summary.h"
 #include "common/rendezvous/server.h"
 #include "common/spec/training_job.h"
 
@@ -32,6 +34,7 @@ struct WatchOutcome {
   std::string failure_reason;         // a failure that is not a worker's exit
   int interrupt_signal = 0;           // SIGINT or SIGTERM to the launcher
   rendezvous::JobSnapshot snapshot;   // the latest seen
+  std::vector<RunStraggler> stragglers;  // every worker named a straggler, in order
 };
 
 // Writes one event line (a restart, a world size change) without tearing the progress line.

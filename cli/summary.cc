@@ -41,6 +41,13 @@ nlohmann::json ToJson(const RunSummary& summary) {
       {"wall_seconds", summary.wall_seconds},
       {"log_dir", summary.log_dir},
   };
+  json["stragglers"] = nlohmann::json::array();
+  for (const RunStraggler& straggler : summary.stragglers) {
+    json["stragglers"].push_back({{"worker", straggler.worker},
+                                  {"member_id", straggler.member_id},
+                                  {"generation", straggler.generation},
+                                  {"ratio", straggler.ratio}});
+  }
   if (!summary.failed_worker.empty()) {
     json["failed_worker"] = summary.failed_worker;
     json["failed_worker_exit"] = summary.failed_worker_exit;
@@ -140,6 +147,13 @@ void PrintResultBlock(const RunSummary& summary, std::ostream& out) {
                         std::to_string(summary.restarts) + ")");
   if (summary.recovery_seconds > 0) {
     row("recovery", FormatDuration(summary.recovery_seconds) + " (longest, loss to training again)");
+  }
+  for (const RunStraggler& straggler : summary.stragglers) {
+    std::ostringstream line;
+    line << "worker " << straggler.worker << ", " << std::fixed << std::setprecision(1)
+         << straggler.ratio << "x the median compute time per step (generation "
+         << straggler.generation << ")";
+    row("straggler", line.str());
   }
   row("logs", summary.log_dir);
   out << block.str() << std::flush;

@@ -14,6 +14,7 @@
 #include <optional>
 #include <ostream>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -23,6 +24,15 @@ namespace lockstep::cli {
 // block: an exec job's program reports steps, loss and samples only if it chooses to
 // (docs/exec.md, "Progress"), and never evaluates through Lockstep. The built-in trainer fills
 // every field.
+// A worker the rendezvous service named a straggler during the run (its compute time per step
+// well above its peers': common/rendezvous/straggler_detector.h).
+struct RunStraggler {
+  int32_t worker = -1;     // its index (the N of NAME-worker-N)
+  std::string member_id;
+  int64_t generation = 0;  // where it was first named
+  double ratio = 0;        // the highest seen: its compute time per step over the median
+};
+
 struct RunSummary {
   std::string job;                // namespace/name
   std::string status = "failed";  // "succeeded" | "failed" | "interrupted"
@@ -43,6 +53,7 @@ struct RunSummary {
   std::string log_dir;
   std::string failed_worker;       // member id; empty unless a worker failed
   std::string failed_worker_exit;  // "exit code 1" | "signal 9 (SIGKILL)"
+  std::vector<RunStraggler> stragglers;  // in the order they were first named
 };
 
 nlohmann::json ToJson(const RunSummary& summary);
