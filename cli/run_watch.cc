@@ -82,7 +82,12 @@ void ReportStragglers(WatchOutcome& outcome, const Supervisor& supervisor,
   }
   for (const std::string& member_id : named_now) {
     if (named.count(member_id) != 0 || !outcome.snapshot.generation_active) continue;
-    PrintEvent(display, out, member_id + " is no longer a straggler");
+    auto recorded = std::find_if(outcome.stragglers.begin(), outcome.stragglers.end(),
+                                 [&](const RunStraggler& r) { return r.member_id == member_id; });
+    const int32_t worker = recorded == outcome.stragglers.end() ? -1 : recorded->worker;
+    PrintEvent(display, out,
+               "worker " + std::to_string(worker) + " (" + member_id +
+                   ") is no longer a straggler");
   }
   named_now = std::move(named);
 }

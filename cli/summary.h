@@ -20,10 +20,6 @@
 
 namespace lockstep::cli {
 
-// A field the run cannot know is empty (nullopt), written as null and left out of the result
-// block: an exec job's program reports steps, loss and samples only if it chooses to
-// (docs/exec.md, "Progress"), and never evaluates through Lockstep. The built-in trainer fills
-// every field.
 // A worker the rendezvous service named a straggler during the run (its compute time per step
 // well above its peers': common/rendezvous/straggler_detector.h).
 struct RunStraggler {
@@ -33,6 +29,10 @@ struct RunStraggler {
   double ratio = 0;        // the highest seen: its compute time per step over the median
 };
 
+// A field the run cannot know is empty (nullopt), written as null and left out of the result
+// block: an exec job's program reports steps, loss and samples only if it chooses to
+// (docs/exec.md, "Progress"), and never evaluates through Lockstep. The built-in trainer fills
+// every field.
 struct RunSummary {
   std::string job;                // namespace/name
   std::string status = "failed";  // "succeeded" | "failed" | "interrupted"

@@ -29,15 +29,6 @@ bool ProbeReversible() {
   return reversible;
 }
 
-}  // namespace
-
-bool IdlePriorityIsReversible() {
-  static const bool reversible = ProbeReversible();
-  return reversible;
-}
-
-namespace {
-
 const char* PolicyName(int policy) { return policy == SCHED_IDLE ? "SCHED_IDLE" : "SCHED_OTHER"; }
 
 Status MoveThreads(pid_t pid, int from, int to) {
@@ -71,6 +62,11 @@ Status MoveThreads(pid_t pid, int from, int to) {
 }
 
 }  // namespace
+
+bool IdlePriorityIsReversible() {
+  static const bool reversible = ProbeReversible();
+  return reversible;
+}
 
 Status EnterIdlePriority(pid_t pid) { return MoveThreads(pid, SCHED_OTHER, SCHED_IDLE); }
 

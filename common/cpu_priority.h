@@ -1,8 +1,7 @@
-// CPU priority of a process started ahead of need: the exec agent's warm spare, a replacement
-// worker loading its data while the survivors train. It runs under SCHED_IDLE meanwhile, so that
-// its start-up (a Python program importing torch, a data set decoded: seconds of a core) takes
-// only CPU time that no training rank wants, and it returns to the normal policy when it is
-// about to train.
+// CPU priority of a process started ahead of need (the exec agent's warm spare): it runs under
+// SCHED_IDLE meanwhile, so that its start-up (a Python program importing torch: seconds of a
+// core) takes only CPU time that no training rank wants, and it returns to the normal policy
+// when it is about to train.
 //
 //   if (IdlePriorityIsReversible()) (void)EnterIdlePriority(pid);   // once it has been executed
 //   ... about to train:

@@ -4,6 +4,7 @@
 #include "common/rendezvous/job_state.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 #include <unordered_set>
 #include <utility>
@@ -503,7 +504,6 @@ Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
   ActiveMember* member = FindMember(member_id);
   if (leave.completed) {
     completed_ids_.insert(member_id);
-    stragglers_.Remove(member_id);  // its last steps (evaluation, the final save) are not pace
     if (member != nullptr) member->completed = true;
     if (leave.progress.has_value()) RecordFinalProgress(*leave.progress);
     LOCKSTEP_LOG(INFO) << Describe() << ": member " << member_id << " completed";
@@ -653,7 +653,8 @@ void JobState::LogStragglers() const {
   }
   for (const StragglerInfo& straggler : infos) {
     LOCKSTEP_LOG(WARNING) << Describe() << ": straggler: member " << straggler.member_id
-                          << " (rank " << straggler.rank << ") computes " << straggler.ratio
+                          << " (rank " << straggler.rank << ") computes "
+                          << std::round(straggler.ratio * 10) / 10
                           << "x the median time per step of generation " << generation_;
   }
 }

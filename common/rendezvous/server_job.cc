@@ -158,7 +158,7 @@ void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
   beat.member_id = request.member_id();
   beat.generation = request.generation();
   if (request.has_progress()) beat.progress = FromProto(request.progress());
-  if (request.has_pace()) beat.pace = Pace{request.pace().steps(), request.pace().compute_seconds()};
+  if (request.has_pace()) beat.pace = FromProto(request.pace());
   Feed([&](Actions& out) {
     streams_[stream->id()] = stream;
     state_.Beat(stream->id(), beat, Clock::now(), out);

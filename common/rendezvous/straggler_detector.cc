@@ -22,7 +22,7 @@ bool StragglerDetector::Report(const std::string& member_id, const Pace& pace, T
     return false;
   }
   const int64_t steps = pace.steps - member.window_start.steps;
-  if (steps < options_.min_window_steps ||
+  if (steps < std::max<int64_t>(1, options_.min_window_steps) ||
       now - member.window_started_at < std::chrono::milliseconds(options_.min_window_ms)) {
     return false;
   }
@@ -49,9 +49,10 @@ double StragglerDetector::Median() const {
 
 bool StragglerDetector::Judge(const std::string& member_id, Member& member, TimePoint now) {
   const double median = Median();
+  if (median <= 0) return false;  // too few members to judge: nothing changes
   auto named = std::find_if(named_.begin(), named_.end(),
                             [&](const Straggler& s) { return s.member_id == member_id; });
-  const bool slow = median > 0 && member.latest > options_.ratio * median;
+  const bool slow = member.latest > options_.ratio * median;
   if (!slow) {
     member.slow_windows = 0;
     if (named == named_.end()) return false;
@@ -67,13 +68,6 @@ bool StragglerDetector::Judge(const std::string& member_id, Member& member, Time
   if (member.slow_windows < options_.windows) return false;
   named_.push_back(Straggler{member_id, ratio, Seconds(now)});
   return true;
-}
-
-void StragglerDetector::Remove(const std::string& member_id) {
-  members_.erase(member_id);
-  named_.erase(std::remove_if(named_.begin(), named_.end(),
-                              [&](const Straggler& s) { return s.member_id == member_id; }),
-               named_.end());
 }
 
 }  // namespace lockstep::rendezvous

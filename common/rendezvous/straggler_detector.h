@@ -8,13 +8,14 @@
 // In a synchronous job every rank waits for the slowest at every all-reduce, so a slow rank
 // shows in its own compute time per step (the step's wall time less what it waited on the
 // collectives), not in its step rate, which all ranks share. A member's reports are cut into
-// windows of at least min_window_steps steps and min_window_seconds; each window's compute time
+// windows of at least min_window_steps steps and min_window_ms; each window's compute time
 // per step is compared with the median of the members' latest windows. A member whose windows
 // stay above `ratio` times the median for `windows` windows in a row is named; one window back
 // under it clears the name. Averaging over windows of seconds makes the test robust to one slow
 // step (a page fault, a preempted thread); requiring several in a row, to a burst (a checkpoint's
 // persist, another process's start-up). The median needs three members to mean anything: with
-// fewer, nobody is named (with two, either could be the slow one).
+// fewer, nothing changes (with two, either could be the slow one). A member that completed keeps
+// its name and its last window: its leaving says nothing about its pace.
 //
 // Not thread-safe: the caller (JobState) holds its lock. Time is passed in, never read.
 #pragma once
@@ -30,7 +31,7 @@ namespace lockstep::rendezvous {
 struct StragglerOptions {
   // How much slower than the median a member's compute per step must be. Lower: finds milder
   // slowdowns, and names ranks that are merely unlucky on a shared machine; 1.5 is above the
-  // spread of 4 ranks sharing 2 cores (within 20% of each other over 5 s windows here).
+  // spread of 4 ranks sharing 2 cores (within about 15% of their median over 5 s windows here).
   double ratio = 1.5;
   // How many windows in a row: the time to name a straggler is about windows x window.
   int32_t windows = 3;
@@ -63,8 +64,6 @@ class StragglerDetector {
   // A member's counters as of `now`. Counters that go back (a restarted process in the same
   // generation) start its window anew. Returns true when the set of named stragglers changed.
   bool Report(const std::string& member_id, const Pace& pace, TimePoint now);
-  // Forgets a member (lost, completed): its windows no longer count in the median.
-  void Remove(const std::string& member_id);
 
   // The members named now, in the order they were named.
   const std::vector<Straggler>& stragglers() const { return named_; }

@@ -23,6 +23,8 @@ bool TokensEqual(const std::string& expected, const std::string& presented) {
   return diff == 0 && !expected.empty();
 }
 
+Pace FromProto(const v1::Pace& pace) { return Pace{pace.steps(), pace.compute_seconds()}; }
+
 ProgressReport FromProto(const v1::Progress& progress) {
   ProgressReport out;
   out.step = progress.step();

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "common/rendezvous/client.h"
+#include "common/rendezvous/straggler_detector.h"
 #include "common/status.h"
 #include "proto/rendezvous.pb.h"
 
@@ -30,6 +31,7 @@ grpc::Status ToGrpcStatus(const Status& status);
 bool TokensEqual(const std::string& expected, const std::string& presented);
 
 ProgressReport FromProto(const v1::Progress& progress);
+Pace FromProto(const v1::Pace& pace);
 v1::Progress ToProto(const ProgressReport& progress);
 Assignment FromProto(const v1::JoinResponse& response);
 v1::JoinResponse ToProto(const Assignment& assignment);

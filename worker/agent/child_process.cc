@@ -16,11 +16,11 @@
 #include <vector>
 #include <thread>
 
+#include "common/cpu_priority.h"
 #include "common/deadline.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
 #include "common/process_stat.h"
-#include "common/cpu_priority.h"
 
 extern char** environ;
 
@@ -210,8 +210,10 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
       exit.start_error = reason;
       child->exit_ = exit;
     }
-  } else if (options.idle_priority) {
-    if (Status idle = EnterIdlePriority(pid); !idle.ok()) {
+  } else if (options.idle_priority && ready > 0) {  // executed: never before its exec
+    if (Status idle = EnterIdlePriority(pid); idle.ok()) {
+      child->idle_priority_ = true;
+    } else {
       LOCKSTEP_LOG(WARNING) << options.argv[0] << " runs at normal CPU priority: " << idle;
     }
   }
@@ -425,6 +427,20 @@ int EndDescendants(int64_t timeout_ms, const std::vector<pid_t>& keep) {
     for (pid_t pid : left) waitpid(pid, nullptr, WNOHANG);
     std::this_thread::sleep_for(std::chrono::milliseconds(kReapPollMs));
   }
+}
+
+Status ChildProcess::LeaveIdlePriority() {
+  if (!idle_priority_) return OkStatus();
+  // The program and whatever it started meanwhile (a forked pool inherits the policy).
+  std::vector<pid_t> processes = DescendantsOf(pid_);
+  processes.insert(processes.begin(), pid_);
+  Status first_error;
+  for (pid_t process : processes) {
+    Status left = lockstep::LeaveIdlePriority(process);
+    if (!left.ok() && left.code() != StatusCode::kNotFound && first_error.ok()) first_error = left;
+  }
+  if (first_error.ok()) idle_priority_ = false;
+  return first_error;
 }
 
 }  // namespace lockstep::agent

@@ -98,6 +98,10 @@ class ChildProcess {
   void Signal(int signal);
   // The prefix of the lines relayed from now on (a promoted warm spare takes its rank's).
   void SetOutputPrefix(const std::string& prefix);
+  // Moves the program and every process it started back from SCHED_IDLE to the normal policy,
+  // when Options::idle_priority put it there (otherwise does nothing: a program's own idle
+  // threads are its business). Errors: PermissionDenied, Unavailable (cpu_priority.h).
+  Status LeaveIdlePriority();
   // Milliseconds since the first SIGTERM (Signal or Stop); -1 before it.
   int64_t MsSinceSigterm() const;
   // Signal(SIGKILL) was called (Stop's escalation included).
@@ -119,6 +123,7 @@ class ChildProcess {
   double sigterm_at_ = -1;  // MonotonicSeconds() of the first SIGTERM
   bool sigkill_sent_ = false;
   bool signal_descendants_ = true;
+  bool idle_priority_ = false;  // under SCHED_IDLE since Start (Options::idle_priority)
   std::optional<ChildExit> exit_;
   std::mutex prefix_mu_;
   std::string output_prefix_;  // guarded by prefix_mu_

@@ -7,9 +7,9 @@
 #include <algorithm>
 #include <optional>
 
+#include "common/cpu_priority.h"
 #include "common/deadline.h"
 #include "common/logging.h"
-#include "common/cpu_priority.h"
 #include "worker/agent/exec_agent_impl.h"
 #include "worker/agent/wake_pipe.h"
 
@@ -152,7 +152,7 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
   } else if (ReapDeadSpare(), spare_) {
     active_ = std::move(spare_);
     spare_deaths_ = 0;
-    if (Status normal = LeaveIdlePriority(active_->process().pid()); !normal.ok()) {
+    if (Status normal = active_->process().LeaveIdlePriority(); !normal.ok()) {
       LOCKSTEP_LOG(WARNING) << "the promoted warm spare trains at idle CPU priority: " << normal;
     }
     active_->process().SetOutputPrefix(prefix);

@@ -106,7 +106,8 @@ class Driver {
       if (options.count("pace") != 0) {  // pace=STEPS/COMPUTE_MS
         const std::string& pace = options["pace"];
         const size_t slash = pace.find('/');
-        beat.pace = Pace{std::stoll(pace.substr(0, slash)), std::stod(pace.substr(slash + 1)) / 1000};
+        beat.pace =
+            Pace{std::stoll(pace.substr(0, slash)), std::stod(pace.substr(slash + 1)) / 1000};
       }
       state_.Beat(Stream(options.count("via") ? options["via"] : words.at(0)), beat, now_, out);
     } else if (verb == "drop") {
@@ -393,8 +394,13 @@ TEST(JobStateTest, AMemberComputingMuchLongerThanItsPeersIsAStragglerOfItsGenera
   EXPECT_EQ(snapshot.stragglers[0].rank, 2);
   EXPECT_NEAR(snapshot.stragglers[0].ratio, 2.0, 0.01);
 
-  // A generation's stragglers are its own: the next one starts with none.
-  job.Run({{"drop w0 g1", "w1 ends g1 lost; w2 ends g1 lost; w3 ends g1 lost"}});
+  // A generation's stragglers are its own: the next one starts with none, and w2's windows
+  // start anew in it.
+  job.Run({{"drop w3 g1", "w0 ends g1 lost; w1 ends g1 lost; w2 ends g1 lost"}});
+  for (const char* member : {"w0", "w1", "w2", "w3"}) job.Apply(std::string("join ") + member);
+  ASSERT_EQ(job.snapshot().generation, 2);
+  job.Apply("beat w2 g2 pace=400/3200");
+  EXPECT_TRUE(job.snapshot().generation_active);
   EXPECT_TRUE(job.snapshot().stragglers.empty());
 }
 

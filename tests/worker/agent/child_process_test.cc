@@ -3,8 +3,8 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <signal.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -135,17 +135,38 @@ TEST(ChildProcess, OutputIsRelayedLineByLineWithThePrefix) {
   EXPECT_EQ(testing::ReadFile(out_path), "[rank 3] one\n[rank 3] two\n[rank 3] no newline\n");
 }
 
-TEST(ChildProcess, AProgramStartedAtIdlePriorityRunsUnderSchedIdleOnceExecuted) {
+TEST(ChildProcess, AProgramStartedAtIdlePriorityAndWhatItStartedLeaveItTogether) {
   if (!IdlePriorityIsReversible()) GTEST_SKIP() << "no CAP_SYS_NICE nor RLIMIT_NICE >= 20 here";
   ChildProcess::Options options;
-  options.argv = {"/bin/sleep", "60"};
+  // A program that starts a child of its own while idle (a worker pool, say), then waits.
+  options.argv = {"/bin/sh", "-c", "sleep 60 & wait"};
   options.env = {"PATH=/usr/bin:/bin"};
   options.idle_priority = true;
   StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(options);
   ASSERT_TRUE(child.ok()) << child.status();
+  const pid_t program = (*child)->pid();
+  EXPECT_EQ(sched_getscheduler(program), SCHED_IDLE);
+  std::vector<pid_t> started;
+  ASSERT_TRUE(testing::PollUntil(
+      [&] { return !(started = DescendantsOf(program)).empty(); }, kWaitMs, 10));
+  EXPECT_EQ(sched_getscheduler(started[0]), SCHED_IDLE);  // inherited
+
+  ASSERT_TRUE((*child)->LeaveIdlePriority().ok());
+  EXPECT_EQ(sched_getscheduler(program), SCHED_OTHER);
+  EXPECT_EQ(sched_getscheduler(started[0]), SCHED_OTHER);
+  (*child)->Stop(/*grace_ms=*/0, kWaitMs);
+}
+
+TEST(ChildProcess, LeavingIdlePriorityLeavesAProgramsOwnIdleThreadsAlone) {
+  ChildProcess::Options options;
+  options.argv = {"/bin/sleep", "60"};
+  options.env = {"PATH=/usr/bin:/bin"};
+  StatusOr<std::unique_ptr<ChildProcess>> child = ChildProcess::Start(options);
+  ASSERT_TRUE(child.ok()) << child.status();
+  const sched_param none{};
+  ASSERT_EQ(sched_setscheduler((*child)->pid(), SCHED_IDLE, &none), 0);  // its own choice
+  EXPECT_TRUE((*child)->LeaveIdlePriority().ok());
   EXPECT_EQ(sched_getscheduler((*child)->pid()), SCHED_IDLE);
-  ASSERT_TRUE(LeaveIdlePriority((*child)->pid()).ok());
-  EXPECT_EQ(sched_getscheduler((*child)->pid()), SCHED_OTHER);
   (*child)->Stop(/*grace_ms=*/0, kWaitMs);
 }
 
