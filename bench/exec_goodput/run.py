@@ -13,6 +13,8 @@ then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per 
                  agent restarts its command, which resumes from the checkpoint.
   exec-in-place  the same script with --in-place (lockstep.elastic): survivors stay, a warm
                  spare replaces the killed process and receives the state from a survivor.
+  exec-in-place-idle-spare  the same with the warm spare waiting under SCHED_IDLE
+                 (LOCKSTEP_EXEC_SPARE_IDLE=1).
   torchrun       the same script (without --in-place) under torchrun (c10d, --nproc_per_node=4,
                  restart-all; Debian's torch 1.13 flags).
 
@@ -63,7 +65,8 @@ def write_manifest(path, name, spec):
 
 def start(system, work, args, marker):
     env = dict(os.environ, BENCH_MARKER=marker, OMP_NUM_THREADS="1",
-               LOCKSTEP_EXEC_BACKOFF_MS="0")
+               LOCKSTEP_EXEC_BACKOFF_MS="0",
+               LOCKSTEP_EXEC_SPARE_IDLE="1" if system == "exec-in-place-idle-spare" else "0")
     log = open(os.path.join(work, "run.out"), "w")
     if system == "torchrun":
         argv = ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={WORKERS}",
@@ -84,7 +87,7 @@ def start(system, work, args, marker):
     optimizer: {{type: sgd, learningRate: 0.05, momentum: 0.9}}
 """)
         else:
-            command = json.dumps([PYTHON] + script_args(work, args, system == "exec-in-place"))
+            command = json.dumps([PYTHON] + script_args(work, args, system.startswith("exec-in-place")))
             write_manifest(manifest, name, f"  command: {command}\n")
         argv = [os.path.join(args.build, "bin", "lockstep"), "run", manifest, "--log-dir",
                 os.path.join(work, "logs"), "--console", "none"]

@@ -68,6 +68,11 @@ struct ExecAgentOptions {
   // (LOCKSTEP_EXEC_WARM_SPARE, default 1): a failed process is replaced by one whose start-up is
   // done. Costs a second idle process (its memory) per member.
   bool warm_spare = true;
+  // The spare waits under SCHED_IDLE (common/cpu_priority.h), where the agent can undo that
+  // (LOCKSTEP_EXEC_SPARE_IDLE, default 0): for nodes whose CPUs idle while they train. Where the
+  // ranks keep every core busy the spare starves, and is promoted before its start-up is done
+  // (docs/benchmarks.md, "Goodput under repeated failures").
+  bool spare_at_idle_priority = false;
   // Appended to the command's PYTHONPATH: the pure-Python helpers installed with the worker
   // (FindPythonHelpers); empty: none found.
   std::string python_path;

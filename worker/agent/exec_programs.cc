@@ -97,7 +97,7 @@ void ExecAgent::StartSpare() {
   options.output_prefix = "[spare] ";
   // Its start-up (imports: seconds of a core) takes only CPU time the training ranks leave;
   // promotion undoes it. Where it could not be undone the spare starts at normal priority.
-  options.idle_priority = IdlePriorityIsReversible();
+  options.idle_priority = options_.spare_at_idle_priority && IdlePriorityIsReversible();
   StatusOr<std::unique_ptr<SupervisedCommand>> spare = SupervisedCommand::Start(options);
   if (!spare.ok()) {
     LOCKSTEP_LOG(WARNING) << "warm spare: " << spare.status();
