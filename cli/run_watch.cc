@@ -61,13 +61,17 @@ void ReportStragglers(WatchOutcome& outcome, const Supervisor& supervisor,
     }
     return -1;
   };
+  auto recorded_as = [&](const std::string& member_id) -> RunStraggler* {
+    for (RunStraggler& recorded : outcome.stragglers) {
+      if (recorded.member_id == member_id) return &recorded;
+    }
+    return nullptr;
+  };
   std::set<std::string> named;
   for (const rendezvous::StragglerInfo& straggler : outcome.snapshot.stragglers) {
     named.insert(straggler.member_id);
-    auto recorded = std::find_if(
-        outcome.stragglers.begin(), outcome.stragglers.end(),
-        [&](const RunStraggler& r) { return r.member_id == straggler.member_id; });
-    if (recorded == outcome.stragglers.end()) {
+    RunStraggler* recorded = recorded_as(straggler.member_id);
+    if (recorded == nullptr) {
       outcome.stragglers.push_back(RunStraggler{worker_of(straggler), straggler.member_id,
                                                 outcome.snapshot.generation, straggler.ratio});
     } else {
@@ -82,9 +86,8 @@ void ReportStragglers(WatchOutcome& outcome, const Supervisor& supervisor,
   }
   for (const std::string& member_id : named_now) {
     if (named.count(member_id) != 0 || !outcome.snapshot.generation_active) continue;
-    auto recorded = std::find_if(outcome.stragglers.begin(), outcome.stragglers.end(),
-                                 [&](const RunStraggler& r) { return r.member_id == member_id; });
-    const int32_t worker = recorded == outcome.stragglers.end() ? -1 : recorded->worker;
+    const RunStraggler* recorded = recorded_as(member_id);
+    const int32_t worker = recorded == nullptr ? -1 : recorded->worker;
     PrintEvent(display, out,
                "worker " + std::to_string(worker) + " (" + member_id +
                    ") is no longer a straggler");

@@ -640,7 +640,7 @@ std::vector<StragglerInfo> JobState::StragglerInfos() const {
     if (it == member_index_.end()) continue;
     const MemberInfo& member = members_[it->second].info;
     infos.push_back(StragglerInfo{member.member_id, member.pod, member.rank, straggler.ratio,
-                                  straggler.named_at});
+                                  SecondsOf(straggler.named_at)});
   }
   return infos;
 }

@@ -4,14 +4,6 @@
 
 namespace lockstep::rendezvous {
 
-namespace {
-
-double Seconds(StragglerDetector::TimePoint t) {
-  return std::chrono::duration<double>(t.time_since_epoch()).count();
-}
-
-}  // namespace
-
 bool StragglerDetector::Report(const std::string& member_id, const Pace& pace, TimePoint now) {
   Member& member = members_[member_id];
   if (!member.started || pace.steps < member.window_start.steps ||
@@ -66,7 +58,7 @@ bool StragglerDetector::Judge(const std::string& member_id, Member& member, Time
     return false;
   }
   if (member.slow_windows < options_.windows) return false;
-  named_.push_back(Straggler{member_id, ratio, Seconds(now)});
+  named_.push_back(Straggler{member_id, ratio, now});
   return true;
 }
 

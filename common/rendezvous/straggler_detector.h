@@ -51,8 +51,8 @@ struct Straggler {
   std::string member_id;
   // Its latest window's compute time per step over the median of the members' latest windows.
   double ratio = 0;
-  // Steady-clock seconds (the caller's clock) when it was named.
-  double named_at = 0;
+  // When it was named (the caller's clock).
+  std::chrono::steady_clock::time_point named_at;
 };
 
 class StragglerDetector {
@@ -67,7 +67,6 @@ class StragglerDetector {
 
   // The members named now, in the order they were named.
   const std::vector<Straggler>& stragglers() const { return named_; }
-  const StragglerOptions& options() const { return options_; }
 
  private:
   struct Member {
