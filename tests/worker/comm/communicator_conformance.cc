@@ -325,6 +325,34 @@ TEST_P(CommunicatorConformanceTest, AllGatherPlacesEveryRanksBytesInItsSlot) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// A rank that returns from a collective may leave at once (the job's last step, a worker that
+// is told to stop): its peers must still receive all of that collective. A collective returns on
+// its sender once the bytes are handed to the transport, not once the peer has them; Gloo once
+// reset its connections on close and threw away what the kernel still held ("connection reset
+// by peer" on a peer still reading). Several rounds, because whether bytes are still in flight
+// when the sender leaves is up to the scheduler.
+TEST_P(CommunicatorConformanceTest, PeersReceiveAllOfACollectiveWhoseSenderLeavesRightAfter) {
+  const int world = this->world();
+  if (world == 1) GTEST_SKIP() << "no peer to receive";
+  BufferSpace& space = *backend().space;
+  constexpr size_t kBytes = size_t{8} << 20;
+  for (int round = 0; round < 3; ++round) {
+    Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+      std::vector<uint8_t> values(kBytes);
+      for (size_t i = 0; i < kBytes; ++i) values[i] = static_cast<uint8_t>(round * 13 + i);
+      SpaceBuffer<uint8_t> in(space, values);
+      if (rank == 0) return comm.Broadcast(in.data(), kBytes, 0, kTimeoutMs);  // and leaves
+      SpaceBuffer<uint8_t> received(space, std::vector<uint8_t>(kBytes, 0));
+      LOCKSTEP_RETURN_IF_ERROR(comm.Broadcast(received.data(), kBytes, 0, kTimeoutMs));
+      if (received.Read() != values) {
+        return InternalError("round " + std::to_string(round) + ": broadcast bytes wrong");
+      }
+      return OkStatus();
+    });
+    ASSERT_TRUE(status.ok()) << "round " << round << ": " << status;
+  }
+}
+
 // What DDP with a compressed layer does every step: an all-reduce, then at once an all-gather
 // (or a broadcast) of other bytes. The all-reduce's result must be complete on every rank however
 // far ahead a peer already is in the next collective (the shm backend once let a fast rank's

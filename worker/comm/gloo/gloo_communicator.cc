@@ -158,10 +158,18 @@ class GlooCommunicator final : public Communicator {
         remote_(std::move(remote)) {}
 
   // Closes the connections with a reset, so that a peer blocked in (or starting) a collective
-  // fails with UNAVAILABLE at once instead of waiting for its deadline.
+  // fails with UNAVAILABLE at once instead of waiting for its deadline. A healthy communicator
+  // first lets what it sent arrive (socket_shutdown.h): a peer may still be receiving the end of
+  // the last collective, which returned here once its bytes were handed to the kernel.
   ~GlooCommunicator() override {
     std::lock_guard<std::mutex> lock(context_mu_);
     allreduce_cache_.clear();
+    if (!aborted_.load() && broken_.ok() &&
+        !WaitUntilSentBytesAcknowledged(local_, remote_, kDeliverBeforeCloseMs)) {
+      LOCKSTEP_LOG(WARNING) << "gloo communicator (rank " << options_.rank
+                            << "): closing with bytes a peer has not acknowledged after "
+                            << kDeliverBeforeCloseMs << " ms";
+    }
     try {
       context_->closeConnections();
     } catch (const std::exception& e) {
@@ -282,6 +290,10 @@ class GlooCommunicator final : public Communicator {
              std::tie(other.data, other.count, other.type, other.op);
     }
   };
+  // How long the destructor waits for peers to acknowledge what this rank sent. A live peer's
+  // kernel acknowledges within round trips; a peer that stopped reading holds the close this long.
+  static constexpr int64_t kDeliverBeforeCloseMs = 1000;
+
   // The trainer reduces the same bucket buffers every step; their options (unbound buffer
   // registration, algorithm, reduction) are built once. Bounded so that a caller cycling
   // through fresh buffers cannot grow it without limit.

@@ -1,12 +1,18 @@
 #include "worker/comm/gloo/socket_shutdown.h"
 
 #include <dirent.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <thread>
+
+#include "common/deadline.h"
 
 namespace lockstep::comm {
 namespace {
@@ -35,13 +41,13 @@ bool AnyOf(const std::vector<sockaddr_storage>& list, const sockaddr_storage& ad
   return false;
 }
 
-}  // namespace
-
-int ShutdownConnectedSockets(const std::vector<sockaddr_storage>& local,
-                             const std::vector<sockaddr_storage>& remote) {
+// Calls `visit(fd)` for every connected TCP socket of this process whose local address is one of
+// `local` or whose peer address is one of `remote`.
+template <typename Visit>
+void ForEachMatchingSocket(const std::vector<sockaddr_storage>& local,
+                           const std::vector<sockaddr_storage>& remote, Visit visit) {
   DIR* dir = opendir("/proc/self/fd");
-  if (dir == nullptr) return 0;
-  int count = 0;
+  if (dir == nullptr) return;
   while (dirent* entry = readdir(dir)) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
@@ -61,12 +67,38 @@ int ShutdownConnectedSockets(const std::vector<sockaddr_storage>& local,
         getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_length) != 0) {
       continue;
     }
-    if (AnyOf(local, mine) || AnyOf(remote, peer)) {
-      if (shutdown(static_cast<int>(fd), SHUT_RDWR) == 0) ++count;
-    }
+    if (AnyOf(local, mine) || AnyOf(remote, peer)) visit(static_cast<int>(fd));
   }
   closedir(dir);
+}
+
+}  // namespace
+
+int ShutdownConnectedSockets(const std::vector<sockaddr_storage>& local,
+                             const std::vector<sockaddr_storage>& remote) {
+  int count = 0;
+  ForEachMatchingSocket(local, remote, [&](int fd) {
+    if (shutdown(fd, SHUT_RDWR) == 0) ++count;
+  });
   return count;
+}
+
+bool WaitUntilSentBytesAcknowledged(const std::vector<sockaddr_storage>& local,
+                                    const std::vector<sockaddr_storage>& remote,
+                                    int64_t timeout_ms) {
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  // No event says "the send queue is empty", so it is looked at every millisecond: on a live
+  // link the last bytes are acknowledged within a round trip or two.
+  for (;;) {
+    bool queued = false;
+    ForEachMatchingSocket(local, remote, [&](int fd) {
+      int unacknowledged = 0;
+      if (ioctl(fd, SIOCOUTQ, &unacknowledged) == 0 && unacknowledged > 0) queued = true;
+    });
+    if (!queued) return true;
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 }  // namespace lockstep::comm

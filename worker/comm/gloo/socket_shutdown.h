@@ -12,10 +12,17 @@
 // makes it readable at end-of-file: the loop reads 0 bytes, the pair fails ("connection closed")
 // and signals every buffer waiting on it, so the blocked collective throws at once. libgloo keeps
 // its descriptors to itself, so they are found by address among the process's sockets.
+//
+// The other half: letting what this rank already sent arrive before its connections are reset.
+// Context::closeConnections() closes with SO_LINGER 0, and a reset throws away whatever the
+// kernel still holds unsent. A collective returns on a rank once its last bytes are handed to the
+// kernel, not once the peer has them, so a rank that finished a collective and closed at once
+// left a peer still receiving that collective's end with "connection reset by peer".
 #pragma once
 
 #include <sys/socket.h>
 
+#include <cstdint>
 #include <vector>
 
 namespace lockstep::comm {
@@ -25,5 +32,11 @@ namespace lockstep::comm {
 // sockets and everything else are left alone. Returns how many sockets were shut down.
 int ShutdownConnectedSockets(const std::vector<sockaddr_storage>& local,
                              const std::vector<sockaddr_storage>& remote);
+
+// Waits until everything this process wrote to those sockets has been acknowledged by the peer
+// (SIOCOUTQ 0 on each), or until `timeout_ms` has passed. Returns whether it all was.
+bool WaitUntilSentBytesAcknowledged(const std::vector<sockaddr_storage>& local,
+                                    const std::vector<sockaddr_storage>& remote,
+                                    int64_t timeout_ms);
 
 }  // namespace lockstep::comm
