@@ -582,13 +582,16 @@ class Operator {
     for (const auto& [phase, count] : jobs_->CountByIndex(kPhaseIndex)) {
       by_phase[phase] = static_cast<int>(count);
     }
-    int64_t members = 0;
+    int64_t members = 0, stragglers = 0;
     for (const std::string& key : jobs_->Keys()) {
       StatusOr<rendezvous::JobSnapshot> snapshot = rendezvous_->Snapshot(key);
-      if (snapshot.ok()) members += static_cast<int64_t>(snapshot->members.size());
+      if (!snapshot.ok()) continue;
+      members += static_cast<int64_t>(snapshot->members.size());
+      stragglers += static_cast<int64_t>(snapshot->stragglers.size());
     }
     metrics_.SetJobsByPhase(by_phase);
     metrics_.SetRendezvousMembers(static_cast<double>(members));
+    metrics_.SetStragglers(static_cast<double>(stragglers));
   }
 
   // Sets stopping_ (under the keeper's mutex, so its timed wait cannot miss it) and joins it.

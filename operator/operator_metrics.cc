@@ -50,6 +50,9 @@ OperatorMetrics::OperatorMetrics() : registry_(std::make_shared<prometheus::Regi
   jobs_failed_ = counter("lockstep_operator_jobs_failed_total", "TrainingJobs that failed");
   jobs_restarted_ = counter("lockstep_operator_jobs_restarted_total",
                             "Worker pods replaced after a failure (counted against backoffLimit)");
+  stragglers_replaced_ =
+      counter("lockstep_operator_stragglers_replaced_total",
+              "Straggler pods replaced (spec.elastic.replaceStragglers; not counted as restarts)");
   is_leader_ = &prometheus::BuildGauge()
                     .Name("lockstep_operator_is_leader")
                     .Help("1 while this replica holds the leader lease and reconciles")
@@ -60,6 +63,11 @@ OperatorMetrics::OperatorMetrics() : registry_(std::make_shared<prometheus::Regi
                              .Help("Workers in the current generation of every hosted job")
                              .Register(*registry_)
                              .Add({});
+  stragglers_ = &prometheus::BuildGauge()
+                     .Name("lockstep_operator_stragglers")
+                     .Help("Workers every hosted job's rendezvous service names stragglers now")
+                     .Register(*registry_)
+                     .Add({});
   // A review answers in well under a millisecond unless it reads the job (a scale), which costs
   // one API call.
   admission_duration_ = &prometheus::BuildHistogram()
@@ -95,6 +103,8 @@ void OperatorMetrics::JobCreated() { jobs_created_->Increment(); }
 void OperatorMetrics::JobSucceeded() { jobs_succeeded_->Increment(); }
 void OperatorMetrics::JobFailed() { jobs_failed_->Increment(); }
 void OperatorMetrics::JobRestarted() { jobs_restarted_->Increment(); }
+void OperatorMetrics::StragglerReplaced() { stragglers_replaced_->Increment(); }
+void OperatorMetrics::SetStragglers(double stragglers) { stragglers_->Set(stragglers); }
 void OperatorMetrics::SetLeader(bool leader) { is_leader_->Set(leader ? 1 : 0); }
 void OperatorMetrics::SetRendezvousMembers(double members) { rendezvous_members_->Set(members); }
 void OperatorMetrics::ObserveAdmission(double seconds, const std::string& result) {

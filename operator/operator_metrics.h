@@ -34,6 +34,9 @@ class OperatorMetrics {
   void JobSucceeded();
   void JobFailed();
   void JobRestarted();
+  void StragglerReplaced();
+  // Workers named stragglers now, over every hosted job.
+  void SetStragglers(double stragglers);
   void SetLeader(bool leader);
   void SetRendezvousMembers(double members);
   // One admission review answered: result "allowed", "denied" or "error" (HTTP 4xx/5xx, where the
@@ -51,6 +54,8 @@ class OperatorMetrics {
   prometheus::Counter* jobs_succeeded_;
   prometheus::Counter* jobs_failed_;
   prometheus::Counter* jobs_restarted_;
+  prometheus::Counter* stragglers_replaced_;
+  prometheus::Gauge* stragglers_;
   prometheus::Gauge* is_leader_;
   prometheus::Gauge* rendezvous_members_;
   prometheus::Histogram* admission_duration_;

@@ -19,7 +19,7 @@ const std::vector<ManifestMap>& ManifestMaps() {
       {"spec",
        {"replicas", "ranksPerWorker", "elastic", "trainer", "command", "image", "resources",
         "template", "checkpoint", "network", "runPolicy", "metrics"}},
-      {"spec.elastic", {"minReplicas", "maxReplicas", "globalBatch"}},
+      {"spec.elastic", {"minReplicas", "maxReplicas", "globalBatch", "replaceStragglers"}},
       {"spec.trainer",
        {"model", "data", "batchSize", "steps", "epochs", "optimizer", "seed", "device", "allreduce",
         "sync", "logIntervalSteps"}},

@@ -71,6 +71,11 @@ struct ElasticSpec {
   //    elastic job (minReplicas < maxReplicas): throughput follows the membership.
   // Resolved after parsing. A command job ignores it (its program picks its own batch).
   GlobalBatch global_batch = GlobalBatch::kFixed;
+  // `replaceStragglers`: a worker the rendezvous service names a straggler (docs/elastic.md,
+  // "Stragglers") is replaced: its pod deleted and created again, preferring another node
+  // (`lockstep run`: its process killed and started again), not counted as a restart. Only the
+  // built-in trainer reports the pace stragglers are found by, so a command job may not ask.
+  bool replace_stragglers = false;
 };
 
 struct ModelSpec {

@@ -115,6 +115,7 @@ nlohmann::json ToJson(const TrainingJob& job) {
     out_spec["elastic"] = {{"minReplicas", spec.elastic.min_replicas},
                            {"maxReplicas", spec.elastic.max_replicas},
                            {"globalBatch", EnumToString(spec.elastic.global_batch)}};
+    if (spec.elastic.replace_stragglers) out_spec["elastic"]["replaceStragglers"] = true;
   }
   if (spec.ranks_per_worker != 1) out_spec["ranksPerWorker"] = spec.ranks_per_worker;
   if (spec.trainer) out_spec["trainer"] = TrainerToJson(*spec.trainer);

@@ -371,6 +371,7 @@ void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* jo
                                          ? GlobalBatch::kScaleWithWorld
                                          : GlobalBatch::kFixed;
   }
+  reader.ReadBool("replaceStragglers", &job_spec->elastic.replace_stragglers);
   if (!reader.valid() || (min_given && !min_ok) || (max_given && !max_ok)) return;
   const ElasticSpec& elastic = job_spec->elastic;
   if (min_given && max_given && elastic.min_replicas > elastic.max_replicas) {
@@ -436,6 +437,12 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
     ReadTrainer(reader, &*spec->trainer);
   }
   if (reader.ReadStringList("command", &spec->command) && has_command) {
+    if (spec->elastic.replace_stragglers) {
+      reader.problems()->Add(
+          reader.PathOf("elastic") + ".replaceStragglers",
+          "a command job reports no pace, so no straggler is ever named: only the built-in "
+          "trainer (spec.trainer) can have its stragglers replaced");
+    }
     if (spec->command.empty()) {
       reader.problems()->Add(reader.PathOf("command"), "must not be empty");
     } else if (spec->command.front().empty()) {

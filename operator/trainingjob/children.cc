@@ -271,7 +271,26 @@ json DesiredService(const spec::TrainingJob& job) {
           {"spec", std::move(spec)}};
 }
 
-json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings) {
+namespace {
+
+// A preferred (never required) node-affinity term away from `nodes`, added to whatever the
+// template asks: a cluster with no other node still runs the pod.
+void PreferOtherNodes(json* pod, const std::vector<std::string>& nodes) {
+  if (nodes.empty()) return;
+  json& terms = (*pod)["spec"]["affinity"]["nodeAffinity"]
+                    ["preferredDuringSchedulingIgnoredDuringExecution"];
+  if (!terms.is_array()) terms = json::array();
+  terms.push_back(
+      {{"weight", 100},
+       {"preference",
+        {{"matchFields",
+          json::array({{{"key", "metadata.name"}, {"operator", "NotIn"}, {"values", nodes}}})}}}});
+}
+
+}  // namespace
+
+json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
+                const std::vector<std::string>& avoid_nodes) {
   const spec::TrainingJobSpec& spec = job.spec;
   const spec::NetworkSpec& network = spec.network;
   const std::string pod_name = PodName(job.metadata.name, index);
@@ -414,6 +433,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"metadata", std::move(metadata)},
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
+  PreferOtherNodes(&pod, avoid_nodes);
   TolerateNodeLoss(&pod, settings.node_loss_toleration_seconds);
   HardenPod(&pod, rdma);
   PointTerminationLog(&pod);

@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/spec/training_job.h"
 
@@ -111,7 +112,10 @@ json DesiredService(const spec::TrainingJob& job);
 // Then the Pod Security "restricted" defaults, where the template is silent (no service account
 // token, seccomp RuntimeDefault, a non-root worker without privilege escalation or capabilities;
 // an RDMA worker runs as root with IPC_LOCK alone): HardenPod in pod_security.h.
-json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings);
+// avoid_nodes (a job's status.stragglerNodes): a preferred node-affinity term away from them is
+// added to the template's own affinity.
+json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
+                const std::vector<std::string>& avoid_nodes = {});
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
 // minResources}; scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup {minMember,

@@ -21,6 +21,9 @@ inline constexpr char kScaling[] = "Scaling";
 inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
 inline constexpr char kSuspended[] = "Suspended";
+// True while the rendezvous service names a worker whose compute time per step stays well above
+// its peers' (status.stragglers lists them).
+inline constexpr char kStraggler[] = "Straggler";
 
 // Sets (adds or replaces) status.conditions[type]. lastTransitionTime changes only when `status`
 // changes; lastUpdateTime whenever reason or message change. now: RFC 3339 ("2026-11-22T10:00:00Z").

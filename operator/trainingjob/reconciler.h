@@ -34,6 +34,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "common/rendezvous/server.h"
 #include "operator/controller/controller.h"
@@ -86,8 +87,8 @@ class TrainingJobReconciler : public controller::Reconciler {
  private:
   // One reconcile's state (reconciler_work.h). The methods are defined by concern:
   // reconciler.cc (the job, its children and rendezvous registration), reconciler_pods.cc
-  // (ReconcilePods, DeletePod) and reconciler_status.cc (ComputeStatus, WriteStatus, Finish,
-  // CleanUpFinished).
+  // (ReconcilePods, DeletePod), reconciler_status.cc (ComputeStatus, WriteStatus, Finish,
+  // CleanUpFinished) and reconciler_stragglers.cc (ReportStragglers).
   struct Work;
   Status ReconcileJob(Work& w);
   Status EnsureChildren(Work& w);
@@ -100,6 +101,11 @@ class TrainingJobReconciler : public controller::Reconciler {
                    std::optional<int64_t> grace_seconds = std::nullopt);
   // A worker pod stuck terminating because its node stopped answering: deleted with grace 0.
   void DeleteIfNodeLost(Work& w, const nlohmann::json& pod);
+  // reconciler_stragglers.cc: status.stragglers, the Straggler condition and Events from the
+  // rendezvous service's stragglers, and their replacement when the spec asks for it.
+  void ReportStragglers(Work& w, const std::vector<rendezvous::StragglerInfo>& named);
+  void ReplaceStraggler(Work& w, const nlohmann::json& pod, const std::string& node,
+                        const std::string& what);
   Status CleanUpFinished(Work& w);
   std::string Token(const spec::TrainingJob& job) const;
   double Now() const;

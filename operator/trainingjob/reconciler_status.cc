@@ -91,6 +91,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
       const rendezvous::ProgressReport& p =
           s.final_progress.step > 0 ? s.final_progress : s.progress;
       if (p.step > 0) w.status["progress"] = ProgressStatus(p);
+      ReportStragglers(w, s.stragglers);
       if (p.last_checkpoint_step >= 0 && !p.last_checkpoint_uri.empty()) {
         const json old = w.old_status.value("lastCheckpoint", json::object());
         const bool same =
@@ -187,7 +188,8 @@ Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string&
   const bool stored_finished = JobFinished(w.old_status);
   w.status["phase"] = succeeded ? "Succeeded" : "Failed";
   SetCondition(&w.status, succeeded ? kSucceeded : kFailed, true, reason, message, w.now);
-  for (const char* type : {kRunning, kRestarting, kScaling}) {
+  w.status.erase("stragglers");  // nobody trains any more, so nobody is slow
+  for (const char* type : {kRunning, kRestarting, kScaling, kStraggler}) {
     if (HasCondition(w.status, type)) {
       SetCondition(&w.status, type, false, reason,
                    "the job " + std::string(succeeded ? "succeeded" : "failed"), w.now);

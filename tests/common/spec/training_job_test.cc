@@ -443,6 +443,34 @@ TEST(TrainingJobSpec, UnknownGlobalBatchPolicyIsRefusedNamingTheFieldAndTheChoic
                         "\"constant\")"));
 }
 
+TEST(TrainingJobSpec, ReplaceStragglersIsOffUnlessAskedAndRefusedForACommandJob) {
+  StatusOr<TrainingJob> plain = ParseTrainingJobYaml(kMinimal, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_FALSE(plain->spec.elastic.replace_stragglers);
+
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  elastic: {replaceStragglers: true}\n");
+  StatusOr<TrainingJob> asked = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_TRUE(asked->spec.elastic.replace_stragglers);
+  // The operator hands the spec to its workers as JSON: the field survives it.
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*asked), "env");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->spec.elastic.replace_stragglers);
+
+  const std::string exec = R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: mini}
+spec:
+  replicas: 3
+  elastic: {replaceStragglers: true}
+  command: [python3, train.py]
+)";
+  EXPECT_THAT(ParseError(exec),
+              HasSubstr("spec.elastic.replaceStragglers: a command job reports no pace"));
+}
+
 TEST(TrainingJobSpec, EnumNamesAreTheManifestSpellings) {
   EXPECT_STREQ(ToString(OptimizerType::kAdamW), "adamw");
   EXPECT_STREQ(ToString(RestartPolicy::kOnFailure), "OnFailure");

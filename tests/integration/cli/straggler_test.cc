@@ -23,6 +23,7 @@ namespace lockstep::cli {
 namespace {
 
 using lockstep::testing::ChildProcess;
+using lockstep::testing::DutyCycle;
 using lockstep::testing::LatestStep;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
@@ -58,28 +59,6 @@ std::string WriteManifest(const std::string& dir, const std::string& name, int64
 bool FashionInstalled() {
   return access((std::string(kFashion) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
 }
-
-// Stops and continues `pid` every 30 ms until told to stop; leaves it running.
-class DutyCycle {
- public:
-  explicit DutyCycle(pid_t pid)
-      : thread_([this, pid] {
-          while (!stop_.load()) {
-            kill(pid, SIGSTOP);
-            std::this_thread::sleep_for(std::chrono::milliseconds(30));
-            kill(pid, SIGCONT);
-            std::this_thread::sleep_for(std::chrono::milliseconds(30));
-          }
-        }) {}
-  ~DutyCycle() {
-    stop_.store(true);
-    thread_.join();
-  }
-
- private:
-  std::atomic<bool> stop_{false};
-  std::thread thread_;
-};
 
 TEST(StragglerTest, AWorkerSlowedByHalfIsNamedByItsIndexAndNobodyElseIs) {
   if (!FashionInstalled()) GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh)";

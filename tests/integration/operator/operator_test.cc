@@ -652,6 +652,136 @@ TEST_F(OperatorEndToEndTest, KilledWorkerPodIsReplacedAndTheJobFinishesAtTheSame
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
 }
 
+// The straggler tests' job: mostly compute (a 2048-wide layer on 784 Fashion-MNIST inputs), so a
+// slowdown shows in the slowed rank's compute time, 4 workers (the detector compares a worker with
+// its peers' median), `steps` long. Empty when the data set is not installed.
+json StragglerJobManifest(const std::string& name, int64_t steps) {
+  const std::string fashion = "/usr/share/datasets/fashion-mnist";
+  if (!std::filesystem::exists(fashion + "/train-images-idx3-ubyte.gz")) return json();
+  json manifest = JobManifest(name, 4);
+  manifest["spec"]["trainer"]["model"]["hidden"] = {2048};
+  manifest["spec"]["trainer"]["data"] = {
+      {"format", "idx"},
+      {"train",
+       {"file://" + fashion + "/train-images-idx3-ubyte.gz",
+        "file://" + fashion + "/train-labels-idx1-ubyte.gz"}}};
+  manifest["spec"]["trainer"]["batchSize"] = 64;
+  manifest["spec"]["trainer"]["steps"] = steps;
+  return manifest;
+}
+
+// A worker slowed by half (stopped and continued every 30 ms, as a throttled CPU would leave it)
+// is named a straggler in the job's status, its Straggler condition and a Warning Event, with its
+// pod and node; once it runs at full speed again the condition clears. Detection takes three
+// windows of at least 5 s (docs/elastic.md, "Stragglers").
+TEST_F(OperatorEndToEndTest, ASlowedWorkerIsNamedAStragglerWithItsPodAndNode) {
+  json manifest = StragglerJobManifest("named", 100000000);
+  if (manifest.is_null()) GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh)";
+  StartKubelet();
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "named",
+      [](const json& j) {
+        return j.contains("status") && j["status"].contains("progress") &&
+               j["status"]["progress"].value("step", 0) >= 50;
+      },
+      120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  const pid_t slowed = kubelet_->PidOf(ns_, "named-worker-2");
+  ASSERT_GT(slowed, 0);
+  {
+    lockstep::testing::DutyCycle duty(slowed);
+    job = h_->WaitForJob(
+        ns_, "named",
+        [](const json& j) { return Condition(j, "Straggler").value("status", "") == "True"; },
+        180000, &ok);
+  }
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  const std::string message = Condition(job, "Straggler").value("message", "");
+  EXPECT_NE(message.find("pod named-worker-2 on node "), std::string::npos) << message;
+  EXPECT_NE(message.find("the median time per step of its peers"), std::string::npos) << message;
+  ASSERT_EQ(job["status"]["stragglers"].size(), 1u) << job["status"].dump(2);
+  const json& straggler = job["status"]["stragglers"][0];
+  EXPECT_EQ(straggler["pod"], "named-worker-2");
+  EXPECT_FALSE(straggler.value("node", "").empty()) << straggler.dump();
+  EXPECT_GE(straggler["ratio"].get<double>(), 1.5) << straggler.dump();
+  EXPECT_TRUE(HasEvent("named", "Straggler"));
+  EXPECT_FALSE(job["status"].contains("stragglersReplaced")) << "not asked to replace";
+
+  // At full speed again: one window under the ratio clears the name.
+  job = WaitForJob(
+      "named",
+      [](const json& j) { return Condition(j, "Straggler").value("status", "") == "False"; },
+      "cleared its Straggler condition");
+  EXPECT_EQ(Condition(job, "Straggler")["reason"], "NoStraggler");
+  EXPECT_FALSE(job["status"].contains("stragglers")) << job["status"].dump(2);
+}
+
+// With spec.elastic.replaceStragglers the straggler's pod is replaced (not a restart), the
+// replacement prefers other nodes, and the job trains to its step count.
+TEST_F(OperatorEndToEndTest, AStragglerIsReplacedWhenTheJobAsksAndTheJobFinishes) {
+  // About a minute undisturbed on 2 cores: outlasts detection.
+  json manifest = StragglerJobManifest("slow", 3000);
+  if (manifest.is_null()) GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh)";
+  StartKubelet();
+  manifest["spec"]["elastic"] = {{"replaceStragglers", true}};
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "slow",
+      [](const json& j) {
+        return j.contains("status") && j["status"].contains("progress") &&
+               j["status"]["progress"].value("step", 0) >= 50;
+      },
+      120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  const pid_t slowed = kubelet_->PidOf(ns_, "slow-worker-2");
+  ASSERT_GT(slowed, 0);
+  const std::string slowed_uid = UidsByName(h_->Pods(ns_, "slow"))["slow-worker-2"];
+  {
+    lockstep::testing::DutyCycle duty(slowed);
+    job = h_->WaitForJob(
+        ns_, "slow",
+        [](const json& j) {
+          return j.contains("status") && j["status"].value("stragglersReplaced", 0) >= 1;
+        },
+        180000, &ok);
+  }
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  ASSERT_EQ(job["status"]["stragglerNodes"].size(), 1u) << job["status"].dump(2);
+  const std::string node = job["status"]["stragglerNodes"][0];
+  EXPECT_TRUE(HasEvent("slow", "Straggler"));
+  EXPECT_TRUE(HasEvent("slow", "ReplacingStraggler"));
+
+  // The replacement is a new pod that prefers other nodes.
+  bool replaced = OperatorHarness::WaitFor(
+      [&] {
+        for (const json& pod : h_->Pods(ns_, "slow")) {
+          if (pod["metadata"]["name"] == "slow-worker-2" && pod["metadata"]["uid"] != slowed_uid &&
+              !pod["metadata"].contains("deletionTimestamp")) {
+            EXPECT_EQ(pod["spec"]["affinity"]["nodeAffinity"]
+                          ["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
+                          ["matchFields"][0]["values"],
+                      json::array({node}))
+                << pod["spec"].dump();
+            return true;
+          }
+        }
+        return false;
+      },
+      kWaitMs);
+  EXPECT_TRUE(replaced) << kubelet_->Describe();
+  job = h_->WaitForJob(
+      ns_, "slow", [](const json& j) { return Phase(j) == "Succeeded"; }, 300000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["progress"]["step"], 3000);
+  EXPECT_EQ(job["status"].value("restarts", 0), 0) << "a replaced straggler is not a restart";
+  EXPECT_EQ(job["status"]["stragglersReplaced"], 1) << job["status"].dump(2);
+  EXPECT_EQ(Condition(job, "Straggler").value("status", ""), "False") << job["status"].dump(2);
+}
+
 TEST_F(OperatorEndToEndTest, WorkersReconnectToARestartedOperatorAndFinish) {
   StartKubelet();
   json manifest = JobManifest("reconnect", 2);

@@ -646,6 +646,33 @@ TEST(DesiredPodSecurityTest, ATemplateLoosensOnlyWhatItSays) {
   EXPECT_EQ(rdma["spec"]["securityContext"]["runAsNonRoot"], true);
 }
 
+// status.stragglerNodes: a replaced straggler's pod prefers other nodes (never requires them, so a
+// one-node cluster still runs it), beside the template's own affinity.
+TEST(DesiredPodTest, NodesOfReplacedStragglersArePreferredAgainstBesideTheTemplatesAffinity) {
+  EXPECT_FALSE(DesiredPod(JobWith(""), 0, Settings())["spec"].contains("affinity"));
+  json pod = DesiredPod(JobWith(R"(
+  template:
+    spec:
+      affinity:
+        nodeAffinity:
+          preferredDuringSchedulingIgnoredDuringExecution:
+          - weight: 10
+            preference: {matchExpressions: [{key: zone, operator: In, values: [a]}]}
+)"),
+                        0, Settings(), {"node-3", "node-7"});
+  const json& terms =
+      pod["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(terms.size(), 2u) << pod["spec"]["affinity"].dump();
+  EXPECT_EQ(terms[0]["weight"], 10);
+  EXPECT_EQ(terms[1]["weight"], 100);
+  const json& field = terms[1]["preference"]["matchFields"][0];
+  EXPECT_EQ(field["key"], "metadata.name");
+  EXPECT_EQ(field["operator"], "NotIn");
+  EXPECT_EQ(field["values"], json({"node-3", "node-7"}));
+  EXPECT_FALSE(pod["spec"]["affinity"]["nodeAffinity"].contains(
+      "requiredDuringSchedulingIgnoredDuringExecution"));
+}
+
 TEST(DesiredPodTest, TemplateWithoutWorkerContainerOnlyAddsSidecars) {
   json pod = DesiredPod(JobWith(R"(
   template:
