@@ -336,7 +336,12 @@ void Supervisor::Reap(std::vector<SupervisorEvent>* events) {
     event.exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     event.exit.termination_message = ReadTerminationMessage(slot.command.termination_log);
     slot.pid = 0;
-    if (!event.exit.success() && !stopping_) {
+    if (slot.replacing && !stopping_) {
+      slot.restart_pending = true;
+      slot.restart_at = MonotonicSeconds();
+      event.restart_scheduled = true;
+      event.replaced = true;
+    } else if (!event.exit.success() && !stopping_) {
       RestartPolicy::Decision decision = policy_->OnWorkerFailed(event.exit, restarts_);
       if (decision.restart) {
         slot.restart_pending = true;
@@ -358,9 +363,11 @@ void Supervisor::StartDueRestarts(std::vector<SupervisorEvent>* events) {
     Slot& slot = slots_[i];
     if (!slot.restart_pending || slot.restart_at > now) continue;
     slot.restart_pending = false;
-    ++restarts_;
+    if (!slot.replacing) ++restarts_;
     SupervisorEvent event;
     event.kind = SupervisorEvent::Kind::kWorkerRestarted;
+    event.replaced = slot.replacing;
+    slot.replacing = false;
     event.exit.slot = static_cast<int>(i);
     event.exit.member_id = slot.command.member_id;
     StatusOr<pid_t> pid = Spawn(slot.command);
@@ -409,7 +416,10 @@ StatusOr<std::vector<SupervisorEvent>> Supervisor::Poll(int64_t timeout_ms) {
 std::vector<WorkerExit> Supervisor::StopAll() {
   std::vector<WorkerExit> exits;
   stopping_ = true;
-  for (Slot& slot : slots_) slot.restart_pending = false;
+  for (Slot& slot : slots_) {
+    slot.restart_pending = false;
+    if (slot.pid == 0) slot.replacing = false;
+  }
   if (!handlers_installed_) return exits;
 
   auto reap_into_exits = [&] {
@@ -447,6 +457,12 @@ Status Supervisor::SignalWorker(int slot, int signal_number) {
   if (slots_[slot].pid == 0)
     return FailedPreconditionError("worker slot " + std::to_string(slot) + " is not running");
   if (kill(-slots_[slot].pid, signal_number) != 0) return ErrnoStatus("kill", errno);
+  return OkStatus();
+}
+
+Status Supervisor::Replace(int slot) {
+  LOCKSTEP_RETURN_IF_ERROR(SignalWorker(slot, SIGKILL));
+  slots_[slot].replacing = true;
   return OkStatus();
 }
 

@@ -148,6 +148,8 @@ struct SupervisorEvent {
   Kind kind = Kind::kWorkerExited;
   WorkerExit exit;
   bool restart_scheduled = false;
+  // The worker was stopped by Replace: its replacement starts at once and is not a restart.
+  bool replaced = false;
   int64_t restart_backoff_ms = 0;  // when restart_scheduled
   std::string no_restart_reason;   // a failed exit that is not restarted: the policy's refusal
   int signal = 0;
@@ -194,6 +196,11 @@ class Supervisor {
   // Sends `signal` to one worker's process group (tests use it to simulate failures).
   Status SignalWorker(int slot, int signal);
 
+  // Replaces a running worker on purpose (a straggler): SIGKILL to its process group; its exit
+  // is reported with `replaced` set, and its replacement starts at the next Poll without asking
+  // the RestartPolicy and without counting in restarts().
+  Status Replace(int slot);
+
   int32_t running() const;           // slots with a live process
   int32_t pending_restarts() const;  // slots waiting out a back-off before their replacement
   int32_t restarts() const { return restarts_; }
@@ -208,6 +215,7 @@ class Supervisor {
     pid_t pid = 0;  // 0: not running
     bool restart_pending = false;
     double restart_at = 0;  // MonotonicSeconds()
+    bool replacing = false;  // Replace stopped it; its restart is not counted
   };
 
   StatusOr<pid_t> Spawn(const WorkerCommand& command);

@@ -50,8 +50,9 @@ void PrintProgramLines(ConsoleRelay& console, ProgressDisplay& display, std::ost
 }
 
 // Prints the stragglers the service names or clears in the latest snapshot and records each
-// in the outcome (its highest ratio).
-void ReportStragglers(WatchOutcome& outcome, const Supervisor& supervisor,
+// in the outcome (its highest ratio); with spec.elastic.replaceStragglers, a newly named one is
+// replaced (Supervisor::Replace: not a restart).
+void ReportStragglers(WatchOutcome& outcome, bool replace, Supervisor& supervisor,
                       std::set<std::string>& named_now, ProgressDisplay& display,
                       std::ostream& out) {
   auto worker_of = [&](const rendezvous::StragglerInfo& straggler) {
@@ -78,10 +79,19 @@ void ReportStragglers(WatchOutcome& outcome, const Supervisor& supervisor,
       recorded->ratio = std::max(recorded->ratio, straggler.ratio);
     }
     if (named_now.count(straggler.member_id) != 0) continue;
+    const int worker = worker_of(straggler);
     std::ostringstream line;
-    line << "straggler: worker " << worker_of(straggler) << " (" << straggler.member_id
-         << ", rank " << straggler.rank << ") computes " << std::fixed << std::setprecision(1)
+    line << "straggler: worker " << worker << " (" << straggler.member_id << ", rank "
+         << straggler.rank << ") computes " << std::fixed << std::setprecision(1)
          << straggler.ratio << "x the median time per step of its peers";
+    if (replace && worker >= 0 && supervisor.pid(worker) != 0) {
+      if (Status replaced = supervisor.Replace(worker); replaced.ok()) {
+        line << "; replacing it (spec.elastic.replaceStragglers)";
+        recorded_as(straggler.member_id)->replaced = true;
+      } else {
+        line << "; cannot replace it: " << replaced.message();
+      }
+    }
     PrintEvent(display, out, line.str());
   }
   for (const std::string& member_id : named_now) {
@@ -139,6 +149,10 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           if (outcome.interrupt_signal == 0) outcome.interrupt_signal = event.signal;
           break;
         case SupervisorEvent::Kind::kWorkerExited: {
+          if (event.replaced) {  // a straggler, stopped on purpose; its replacement is due
+            server.RemoveMember(job_key, event.exit.member_id, "replaced as a straggler");
+            break;
+          }
           if (event.exit.success()) {
             finished[event.exit.slot] = true;
             completing = true;
@@ -190,14 +204,17 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           replaced[event.exit.slot] = true;
           PrintEvent(display, out,
                      "started replacement for " + event.exit.member_id + " (pid " +
-                         std::to_string(event.exit.pid) + ", restart " +
-                         std::to_string(supervisor.restarts()) + ")");
+                         std::to_string(event.exit.pid) +
+                         (event.replaced ? ", a straggler's: not a restart)"
+                                         : ", restart " + std::to_string(supervisor.restarts()) +
+                                               ")"));
           break;
       }
     }
     if (StatusOr<rendezvous::JobSnapshot> latest = server.Snapshot(job_key); latest.ok()) {
       outcome.snapshot = *latest;
-      ReportStragglers(outcome, supervisor, named_now, display, out);
+      ReportStragglers(outcome, job.spec.elastic.replace_stragglers, supervisor, named_now,
+                       display, out);
     }
     if (console != nullptr) PrintProgramLines(*console, display, out);
     if (exec && outcome.snapshot.progress.restarts > agent_restarts) {

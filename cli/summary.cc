@@ -47,7 +47,8 @@ nlohmann::json ToJson(const RunSummary& summary) {
     json["stragglers"].push_back({{"worker", straggler.worker},
                                   {"member_id", straggler.member_id},
                                   {"generation", straggler.generation},
-                                  {"ratio", straggler.ratio}});
+                                  {"ratio", straggler.ratio},
+                                  {"replaced", straggler.replaced}});
   }
   if (!summary.failed_worker.empty()) {
     json["failed_worker"] = summary.failed_worker;
@@ -153,7 +154,7 @@ void PrintResultBlock(const RunSummary& summary, std::ostream& out) {
     std::ostringstream line;
     line << "worker " << straggler.worker << ", " << std::fixed << std::setprecision(1)
          << straggler.ratio << "x the median compute time per step (generation "
-         << straggler.generation << ")";
+         << straggler.generation << ")" << (straggler.replaced ? ", replaced" : "");
     row("straggler", line.str());
   }
   row("logs", summary.log_dir);

@@ -27,6 +27,7 @@ struct RunStraggler {
   std::string member_id;
   int64_t generation = 0;  // where it was first named
   double ratio = 0;        // the highest seen: its compute time per step over the median
+  bool replaced = false;   // spec.elastic.replaceStragglers replaced it
 };
 
 // A field the run cannot know is empty (nullopt), written as null and left out of the result

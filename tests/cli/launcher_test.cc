@@ -116,6 +116,41 @@ TEST(SupervisorTest, WorkerGetsItsEnvironmentAndWritesToItsLog) {
   EXPECT_EQ(ReadFile(dir + "/w-0.log"), "pod=w-0\noops\n");
 }
 
+// Replace (a straggler): the worker is killed and started again at once, although the policy
+// restarts nothing, and the replacement is not counted as a restart.
+TEST(SupervisorTest, AReplacedWorkerStartsAgainAtOnceWithoutCountingARestart) {
+  const std::string dir = MakeTempDir("supervisor");
+  ReadyPipe ready;
+  Supervisor supervisor({}, std::make_unique<NeverRestart>());
+  const std::string script =
+      "echo ready >&" + std::to_string(ready.write_fd()) + "; while :; do sleep 1; done";
+  ASSERT_TRUE(supervisor.Start({ShellWorker(dir, "w-0", script)}).ok());
+  ASSERT_EQ(ready.ReadLines(1, 10000), "ready\n");
+  const pid_t first = supervisor.pid(0);
+  ASSERT_TRUE(supervisor.Replace(0).ok());
+  std::vector<SupervisorEvent> events = CollectEvents(supervisor, 2);
+  ASSERT_EQ(events.size(), 2u);
+  EXPECT_EQ(events[0].kind, SupervisorEvent::Kind::kWorkerExited);
+  EXPECT_TRUE(events[0].replaced);
+  EXPECT_TRUE(events[0].restart_scheduled);
+  EXPECT_EQ(events[0].exit.signal, SIGKILL);
+  EXPECT_EQ(events[1].kind, SupervisorEvent::Kind::kWorkerRestarted);
+  EXPECT_TRUE(events[1].replaced);
+  EXPECT_NE(events[1].exit.pid, first);
+  EXPECT_EQ(ready.ReadLines(1, 10000), "ready\n") << "the replacement runs";
+  EXPECT_EQ(supervisor.restarts(), 0);
+  EXPECT_EQ(supervisor.running(), 1);
+
+  // A later failure is the policy's again: never restarted.
+  ASSERT_TRUE(supervisor.SignalWorker(0, SIGKILL).ok());
+  events = CollectEvents(supervisor, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_FALSE(events[0].replaced);
+  EXPECT_FALSE(events[0].restart_scheduled);
+  EXPECT_EQ(supervisor.running(), 0);
+  EXPECT_FALSE(supervisor.Replace(0).ok()) << "nothing runs in the slot to replace";
+}
+
 TEST(SupervisorTest, KilledWorkerIsReportedWithItsSignal) {
   const std::string dir = MakeTempDir("supervisor");
   ReadyPipe ready;

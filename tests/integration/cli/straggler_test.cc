@@ -39,7 +39,9 @@ constexpr int64_t kRunTimeoutMs = 300000;
 // A job whose steps are mostly compute (a 2048-wide layer on 784 inputs, about 15 ms a step on
 // 2 cores): a slowdown shows where real ones do, in the compute time of the slowed rank. (In a
 // step that is mostly waiting on the all-reduce, a SIGSTOP mostly lands in the wait.)
-std::string WriteManifest(const std::string& dir, const std::string& name, int64_t steps) {
+// `extra`: more lines under spec (two-space indented), e.g. elastic.
+std::string WriteManifest(const std::string& dir, const std::string& name, int64_t steps,
+                          const std::string& extra = "  runPolicy: {restartPolicy: Never}\n") {
   const std::string path = dir + "/" + name + ".yaml";
   const std::string data = std::string("file://") + kFashion;
   std::ostringstream yaml;
@@ -51,7 +53,7 @@ std::string WriteManifest(const std::string& dir, const std::string& name, int64
        << "/train-labels-idx1-ubyte.gz]}\n"
        << "    batchSize: 64\n    steps: " << steps << "\n"
        << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
-       << "  runPolicy: {restartPolicy: Never}\n  metrics: {port: 0}\n";
+       << extra << "  metrics: {port: 0}\n";
   WriteFile(path, yaml.str());
   return path;
 }
@@ -91,6 +93,46 @@ TEST(StragglerTest, AWorkerSlowedByHalfIsNamedByItsIndexAndNobodyElseIs) {
   EXPECT_EQ(summary["stragglers"][0]["member_id"], name + "-worker-2") << summary.dump();
   EXPECT_GE(summary["stragglers"][0]["ratio"].get<double>(), 1.5) << summary.dump();
   std::cout << "straggler named: " << summary["stragglers"].dump() << "\n";
+}
+
+// spec.elastic.replaceStragglers: the straggler's process is killed and started again at once,
+// not as a restart (backoffLimit 0 would refuse one), and the run trains to its step count.
+TEST(StragglerTest, AStragglerIsReplacedWhenTheJobAsksAndTheRunFinishes) {
+  if (!FashionInstalled()) GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh)";
+  const std::string dir = MakeTempDir("lockstep-replace");
+  const std::string name = "replace-" + std::to_string(getpid());
+  // About a minute undisturbed on 2 cores: outlasts detection.
+  constexpr int64_t kSteps = 3000;
+  ChildProcess run({LOCKSTEP_BINARY, "run",
+                    WriteManifest(dir, name, kSteps,
+                                  "  elastic: {replaceStragglers: true}\n"
+                                  "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 0}\n"),
+                    "--summary", dir + "/summary.json", "--log-dir", dir + "/logs"},
+                   {{"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "200"}});
+  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) > 0; }, 60000, 10))
+      << run.StdoutSoFar();
+  const pid_t slowed = WorkerOfLauncher(run.pid(), name, name + "-worker-2");
+  ASSERT_NE(slowed, 0);
+  {
+    DutyCycle duty(slowed);
+    EXPECT_TRUE(PollUntil(
+        [&] {
+          return run.StdoutSoFar().find("straggler: worker 2 ") != std::string::npos &&
+                 run.StdoutSoFar().find("replacing it") != std::string::npos;
+        },
+        kNamedWithinMs, 50))
+        << run.StdoutSoFar();
+  }
+  ProcessResult result = run.Wait(kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out) << result.out;
+  ASSERT_EQ(result.exit_code, 0) << result.out;
+  EXPECT_NE(result.out.find("a straggler's: not a restart"), std::string::npos) << result.out;
+  const nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
+  EXPECT_EQ(summary["steps"], kSteps) << summary.dump();
+  EXPECT_EQ(summary["restarts"], 0) << summary.dump();
+  ASSERT_GE(summary["stragglers"].size(), 1u) << summary.dump();
+  EXPECT_EQ(summary["stragglers"][0]["worker"], 2) << summary.dump();
+  EXPECT_EQ(summary["stragglers"][0]["replaced"], true) << summary.dump();
 }
 
 TEST(StragglerTest, ARunWhereNobodyIsSlowedNamesNobody) {
