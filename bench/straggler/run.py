@@ -1,12 +1,15 @@
 #!/usr/bin/python3
-"""Stragglers under `lockstep run`: what one slow worker costs, and how soon it is named.
+"""Stragglers under `lockstep run`: what one slow worker costs, how soon it is named, and what
+replacing it gives back.
 
 4 workers of the built-in trainer (MLP 784-2048-10 on Fashion-MNIST, batch 64 per worker: steps
-that are mostly compute), run twice for the same wall time: undisturbed, then with worker 2
-slowed by a SIGSTOP/SIGCONT duty cycle (stopped --stop-ms, running --run-ms) from its first step.
-Reports each run's step rate, the slowed run's relative rate, and the seconds from the
-slowdown's start to the launcher's `straggler: worker 2` line; a worker named in the undisturbed
-run is a false positive and is reported.
+that are mostly compute), run three times for the same wall time: undisturbed; with worker 2
+slowed by a SIGSTOP/SIGCONT duty cycle (stopped --stop-ms, running --run-ms) from its first step;
+and the same with spec.elastic.replaceStragglers, where the slowed process is replaced (the
+slowdown stays behind with it, as a slow node does). Reports each run's step rate, relative to
+the undisturbed one, the seconds from the slowdown's start to the launcher's
+`straggler: worker 2` line, and for the replacing run the step rate after the replacement; a
+worker named in the undisturbed run is a false positive and is reported.
 
   bench/straggler/run.py [--build build] [--seconds 60] [--stop-ms 30 --run-ms 30]
 
@@ -28,7 +31,7 @@ FASHION = "/usr/share/datasets/fashion-mnist"
 STEP = re.compile(r"^step (\d+)/", re.M)
 
 
-def write_manifest(path, name):
+def write_manifest(path, name, replace):
     with open(path, "w") as f:
         f.write(f"""apiVersion: lockstep.io/v1alpha1
 kind: TrainingJob
@@ -43,6 +46,7 @@ spec:
     batchSize: 64
     steps: 100000000
     optimizer: {{type: sgd, learningRate: 0.05, momentum: 0.9}}
+  elastic: {{replaceStragglers: {'true' if replace else 'false'}}}
   runPolicy: {{restartPolicy: Never}}
   metrics: {{port: 0}}
 """)
@@ -56,11 +60,11 @@ def worker_pid(marker, index):
     return None
 
 
-def run_once(args, slowed):
-    marker = f"{'slow' if slowed else 'calm'}{os.getpid()}"
+def run_once(args, slowed, replace=False):
+    marker = f"{'replace' if replace else 'slow' if slowed else 'calm'}{os.getpid()}"
     work = tempfile.mkdtemp(prefix=f"straggler-bench-{marker}-")
     manifest = os.path.join(work, "job.yaml")
-    write_manifest(manifest, f"straggler-{marker}")
+    write_manifest(manifest, f"straggler-{marker}", replace)
     out_path = os.path.join(work, "run.out")
     env = dict(os.environ, BENCH_MARKER=marker, LOCKSTEP_RUN_PROGRESS_INTERVAL_MS="200")
     with open(out_path, "w") as out:
@@ -85,21 +89,31 @@ def run_once(args, slowed):
     victim = worker_pid(marker, 2)
     started, first_step = time.time(), latest_step()
     named_after = None
+    replaced_at, replaced_step = None, None
     while time.time() - started < args.seconds:
         if slowed and victim:
-            os.kill(victim, signal.SIGSTOP)
-            time.sleep(args.stop_ms / 1000)
-            os.kill(victim, signal.SIGCONT)
-            time.sleep(args.run_ms / 1000)
+            try:
+                os.kill(victim, signal.SIGSTOP)
+                time.sleep(args.stop_ms / 1000)
+                os.kill(victim, signal.SIGCONT)
+                time.sleep(args.run_ms / 1000)
+            except ProcessLookupError:
+                victim = None  # replaced: its successor runs at full speed
         else:
             time.sleep(0.05)
         if named_after is None and "straggler: worker 2 " in text():
             named_after = time.time() - started
-    rate = (latest_step() - first_step) / (time.time() - started)
+        if replaced_at is None and "a straggler's: not a restart" in text():
+            replaced_at, replaced_step = time.time(), latest_step()
+    ended, last_step = time.time(), latest_step()
+    rate = (last_step - first_step) / (ended - started)
+    after = None
+    if replaced_at is not None and ended - replaced_at > 5:
+        after = (last_step - replaced_step) / (ended - replaced_at)
     os.killpg(proc.pid, signal.SIGINT)
     proc.wait(timeout=60)
     named = sorted(set(re.findall(r"straggler: worker (\d+) ", text())))
-    return rate, named_after, named, work
+    return rate, named_after, named, work, after
 
 
 def main():
@@ -109,14 +123,23 @@ def main():
     p.add_argument("--stop-ms", type=float, default=30)
     p.add_argument("--run-ms", type=float, default=30)
     args = p.parse_args()
-    calm_rate, _, calm_named, calm_work = run_once(args, slowed=False)
-    slow_rate, named_after, slow_named, slow_work = run_once(args, slowed=True)
+    calm_rate, _, calm_named, calm_work, _ = run_once(args, slowed=False)
+    slow_rate, named_after, slow_named, slow_work, _ = run_once(args, slowed=True)
+    rep_rate, rep_named_after, rep_named, rep_work, rep_after = run_once(args, slowed=True,
+                                                                         replace=True)
     print(f"undisturbed: {calm_rate:.1f} steps/s, named: {calm_named or 'nobody'} ({calm_work})")
+
+    def named_text(after):
+        return (f"{after:.1f} s after the slowdown began" if after is not None else "never")
+
     print(f"worker 2 stopped {args.stop_ms:.0f} ms of every {args.stop_ms + args.run_ms:.0f}: "
           f"{slow_rate:.1f} steps/s ({slow_rate / calm_rate:.2f} of undisturbed), named: "
-          f"{slow_named or 'nobody'}, worker 2 named "
-          + (f"{named_after:.1f} s after the slowdown began" if named_after is not None
-             else "never") + f" ({slow_work})")
+          f"{slow_named or 'nobody'}, worker 2 named {named_text(named_after)} ({slow_work})")
+    print(f"the same, replaceStragglers: {rep_rate:.1f} steps/s over the run "
+          f"({rep_rate / calm_rate:.2f}), worker 2 named and replaced "
+          f"{named_text(rep_named_after)}, after the replacement "
+          + (f"{rep_after:.1f} steps/s ({rep_after / calm_rate:.2f})" if rep_after else "n/a")
+          + f" ({rep_work})")
 
 
 if __name__ == "__main__":
