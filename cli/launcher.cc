@@ -336,6 +336,11 @@ void Supervisor::Reap(std::vector<SupervisorEvent>* events) {
     event.exit.signal = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
     event.exit.termination_message = ReadTerminationMessage(slot.command.termination_log);
     slot.pid = 0;
+    // Replace's SIGKILL ended it. A worker that had exited on its own before the signal (not
+    // yet reaped) is reported as what it was: a completion, or a failure for the policy.
+    if (slot.replacing && !(event.exit.signaled && event.exit.signal == SIGKILL)) {
+      slot.replacing = false;
+    }
     if (slot.replacing && !stopping_) {
       slot.restart_pending = true;
       slot.restart_at = MonotonicSeconds();

@@ -50,8 +50,9 @@ void PrintProgramLines(ConsoleRelay& console, ProgressDisplay& display, std::ost
 }
 
 // Prints the stragglers the service names or clears in the latest snapshot and records each
-// in the outcome (its highest ratio); with spec.elastic.replaceStragglers, a newly named one is
-// replaced (Supervisor::Replace: not a restart).
+// in the outcome (its highest ratio). `replace` (spec.elastic.replaceStragglers, while the job
+// trains): a newly named one is replaced (Supervisor::Replace: not a restart), once per worker:
+// on one machine a slowdown that outlives a new process belongs to the machine.
 void ReportStragglers(WatchOutcome& outcome, bool replace, Supervisor& supervisor,
                       std::set<std::string>& named_now, ProgressDisplay& display,
                       std::ostream& out) {
@@ -84,10 +85,13 @@ void ReportStragglers(WatchOutcome& outcome, bool replace, Supervisor& superviso
     line << "straggler: worker " << worker << " (" << straggler.member_id << ", rank "
          << straggler.rank << ") computes " << std::fixed << std::setprecision(1)
          << straggler.ratio << "x the median time per step of its peers";
-    if (replace && worker >= 0 && supervisor.pid(worker) != 0) {
+    RunStraggler* record = recorded_as(straggler.member_id);
+    if (replace && record->replaced) {
+      line << "; not replaced again (a new process was as slow: the machine is)";
+    } else if (replace && worker >= 0 && supervisor.pid(worker) != 0) {
       if (Status replaced = supervisor.Replace(worker); replaced.ok()) {
         line << "; replacing it (spec.elastic.replaceStragglers)";
-        recorded_as(straggler.member_id)->replaced = true;
+        record->replaced = true;
       } else {
         line << "; cannot replace it: " << replaced.message();
       }
@@ -213,8 +217,10 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
     }
     if (StatusOr<rendezvous::JobSnapshot> latest = server.Snapshot(job_key); latest.ok()) {
       outcome.snapshot = *latest;
-      ReportStragglers(outcome, job.spec.elastic.replace_stragglers, supervisor, named_now,
-                       display, out);
+      // Once a worker completed, nobody is replaced: the job is draining.
+      const bool replace = job.spec.elastic.replace_stragglers && !completing &&
+                           outcome.snapshot.completed_members == 0;
+      ReportStragglers(outcome, replace, supervisor, named_now, display, out);
     }
     if (console != nullptr) PrintProgramLines(*console, display, out);
     if (exec && outcome.snapshot.progress.restarts > agent_restarts) {

@@ -76,6 +76,7 @@ Status TrainingJobReconciler::Reconcile(const std::string& key, controller::Resu
     // Gone: its children go with it (owner references). Forget what we held for it.
     deps_.expectations->Forget(key);
     std::lock_guard<std::mutex> lock(mutex_);
+    straggler_records_.erase(key);
     auto it = hosted_.find(key);
     if (it != hosted_.end()) {
       if (deps_.rendezvous) (void)deps_.rendezvous->RemoveJob(key);

@@ -104,6 +104,8 @@ class TrainingJobReconciler : public controller::Reconciler {
   // reconciler_stragglers.cc: status.stragglers, the Straggler condition and Events from the
   // rendezvous service's stragglers, and their replacement when the spec asks for it.
   void ReportStragglers(Work& w, const std::vector<rendezvous::StragglerInfo>& named);
+  // status.stragglerNodes together with the nodes this operator replaced stragglers on.
+  std::vector<std::string> StragglerNodes(Work& w);
   void ReplaceStraggler(Work& w, const nlohmann::json& pod, const std::string& node,
                         const std::string& what);
   Status CleanUpFinished(Work& w);
@@ -117,6 +119,13 @@ class TrainingJobReconciler : public controller::Reconciler {
   std::map<std::string, double> children_ensured_;
   // job key -> "uid|min/max" of its registration in the rendezvous service.
   std::map<std::string, std::string> hosted_;
+  // job key -> the stragglers this operator replaced (reconciler_stragglers.cc).
+  struct StragglerRecord {
+    std::string uid;
+    int64_t replaced = 0;
+    std::vector<std::string> nodes;
+  };
+  std::map<std::string, StragglerRecord> straggler_records_;
 };
 
 }  // namespace lockstep::op::trainingjob

@@ -194,15 +194,13 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
   if (missing.empty()) return OkStatus();
   std::set<std::string> names;
   for (int32_t index : missing) names.insert(PodName(job.metadata.name, index));
-  std::vector<std::string> avoid_nodes;  // where replaced stragglers ran
-  for (const json& node : w.status.value("stragglerNodes", json::array())) {
-    if (node.is_string()) avoid_nodes.push_back(node.get<std::string>());
-  }
+  const std::vector<std::string> avoid_nodes = StragglerNodes(w);  // where stragglers were replaced
   deps_.expectations->ExpectCreations(w.key, names);
   for (int32_t index : missing) {
     const std::string name = PodName(job.metadata.name, index);
-    StatusOr<json> created = deps_.client->Create(res::kPods, job.metadata.namespace_,
-                                                  DesiredPod(job, index, options_.settings, avoid_nodes));
+    StatusOr<json> created =
+        deps_.client->Create(res::kPods, job.metadata.namespace_,
+                             DesiredPod(job, index, options_.settings, avoid_nodes));
     if (created.ok()) {
       w.created_pods = true;
       w.created_names.push_back(name);

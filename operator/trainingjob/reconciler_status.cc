@@ -83,6 +83,8 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
   // What the workers report through rendezvous.
   if (deps_.rendezvous) {
     StatusOr<rendezvous::JobSnapshot> snapshot = deps_.rendezvous->Snapshot(w.key);
+    // Not hosted (suspended, or not registered yet): nobody trains, so nobody is slow.
+    if (!snapshot.ok()) ReportStragglers(w, {});
     if (snapshot.ok()) {
       const rendezvous::JobSnapshot& s = *snapshot;
       if (s.generation > 0) {

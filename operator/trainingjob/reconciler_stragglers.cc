@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <map>
+#include <mutex>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/logging.h"
@@ -34,40 +36,112 @@ std::string RatioText(double ratio) {
   return text + "x";
 }
 
+// The pod was created preferring nodes other than `node` (DesiredPod's term) and still runs there:
+// the cluster had nowhere else to put it.
+bool PreferredAgainst(const json& pod, const std::string& node) {
+  const json* terms = &pod;
+  for (const char* key :
+       {"spec", "affinity", "nodeAffinity", "preferredDuringSchedulingIgnoredDuringExecution"}) {
+    if (!terms->is_object() || !terms->contains(key)) return false;
+    terms = &(*terms)[key];
+  }
+  if (!terms->is_array()) return false;
+  for (const json& term : *terms) {
+    const json fields =
+        term.value("preference", json::object()).value("matchFields", json::array());
+    for (const json& field : fields) {
+      if (field.value("key", "") != "metadata.name" || field.value("operator", "") != "NotIn")
+        continue;
+      for (const json& value : field.value("values", json::array())) {
+        if (value.is_string() && value.get<std::string>() == node) return true;
+      }
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+std::vector<std::string> TrainingJobReconciler::StragglerNodes(Work& w) {
+  std::vector<std::string> nodes;
+  for (const json& node : w.status.value("stragglerNodes", json::array())) {
+    if (node.is_string()) nodes.push_back(node.get<std::string>());
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto record = straggler_records_.find(w.key);
+  if (record == straggler_records_.end() || record->second.uid != w.job.metadata.uid) return nodes;
+  for (const std::string& node : record->second.nodes) {
+    if (std::find(nodes.begin(), nodes.end(), node) == nodes.end()) nodes.push_back(node);
+  }
+  while (nodes.size() > kMaxStragglerNodes) nodes.erase(nodes.begin());
+  return nodes;
+}
 
 void TrainingJobReconciler::ReportStragglers(Work& w,
                                              const std::vector<rendezvous::StragglerInfo>& named) {
+  // What this operator replaced but may not have written yet (a status write that conflicted
+  // after the pod was deleted: the next snapshot no longer names the straggler).
+  const std::vector<std::string> avoided = StragglerNodes(w);
+  if (!avoided.empty()) w.status["stragglerNodes"] = avoided;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto record = straggler_records_.find(w.key);
+    if (record != straggler_records_.end() && record->second.uid == w.job.metadata.uid &&
+        record->second.replaced > w.status.value("stragglersReplaced", int64_t{0})) {
+      w.status["stragglersReplaced"] = record->second.replaced;
+    }
+  }
+
   std::set<std::string> named_before;
   for (const json& s : w.old_status.value("stragglers", json::array())) {
     if (s.is_object()) named_before.insert(s.value("pod", ""));
   }
-  std::map<std::string, controller::ObjectPtr> pods;
-  for (auto& [index, pod] : w.by_index) pods[(*pod)["metadata"].value("name", "")] = pod;
+  std::map<std::string, std::pair<int32_t, controller::ObjectPtr>> pods;
+  for (auto& [index, pod] : w.by_index) {
+    pods[(*pod)["metadata"].value("name", "")] = {index, pod};
+  }
 
   json list = json::array();
-  std::string first;  // the condition's message names the first; the list has them all
+  std::string first;           // the condition's message names the first; the list has them all
+  std::set<std::string> seen;  // a pod of several ranks is reported and replaced once
   for (const rendezvous::StragglerInfo& s : named) {
     const std::string pod_name = s.pod.empty() ? s.member_id : s.pod;
     const auto pod = pods.find(pod_name);
-    const std::string node = pod == pods.end() || !(*pod->second).contains("spec")
+    const json* object = pod == pods.end() ? nullptr : pod->second.second.get();
+    const std::string node = object == nullptr || !object->contains("spec")
                                  ? ""
-                                 : (*pod->second)["spec"].value("nodeName", "");
+                                 : (*object)["spec"].value("nodeName", "");
     json entry = {{"pod", pod_name}, {"rank", s.rank}, {"ratio", std::round(s.ratio * 100) / 100}};
     if (!node.empty()) entry["node"] = node;
     list.push_back(entry);
     const std::string where = "pod " + pod_name + (node.empty() ? "" : " on node " + node);
-    const std::string what = where + " computes " + RatioText(s.ratio) +
-                             " the median time per step of its peers";
+    const std::string what =
+        where + " computes " + RatioText(s.ratio) + " the median time per step of its peers";
     if (first.empty()) first = what;
+    if (!seen.insert(pod_name).second) continue;
     if (named_before.count(pod_name) == 0) {
       deps_.events->Record(*w.object, controller::EventType::kWarning, "Straggler", what);
       LOCKSTEP_LOG(WARNING) << w.key << ": straggler: " << what;
     }
-    if (w.job.spec.elastic.replace_stragglers && pod != pods.end() &&
-        !IsTerminating(*pod->second) && PodPhase(*pod->second) == "Running") {
-      ReplaceStraggler(w, *pod->second, node, what);
+    // Replaced only while the job trains (not once a worker completed), a pod it still wants,
+    // and not when it was already made to prefer other nodes and still landed on this one: the
+    // cluster has nowhere else for it, and a new pod there would only be named again.
+    if (!w.job.spec.elastic.replace_stragglers || w.any_succeeded || object == nullptr ||
+        pod->second.first >= w.job.spec.replicas || IsTerminating(*object) ||
+        PodPhase(*object) != "Running") {
+      continue;
     }
+    if (!node.empty() && PreferredAgainst(*object, node)) {
+      if (named_before.count(pod_name) == 0) {
+        deps_.events->Record(*w.object, controller::EventType::kNormal, "StragglerNotReplaced",
+                             "not replacing pod " + pod_name +
+                                 ": it was created preferring "
+                                 "nodes other than " +
+                                 node + " and still landed there");
+      }
+      continue;
+    }
+    ReplaceStraggler(w, *object, node, what);
   }
   if (!list.empty()) {
     w.status["stragglers"] = std::move(list);
@@ -91,20 +165,29 @@ void TrainingJobReconciler::ReplaceStraggler(Work& w, const json& pod, const std
     if (w.error.ok()) w.error = s;
     return;
   }
-  w.status["stragglersReplaced"] = w.status.value("stragglersReplaced", int64_t{0}) + 1;
+  int64_t replaced = w.status.value("stragglersReplaced", int64_t{0}) + 1;
+  std::vector<std::string> nodes = StragglerNodes(w);
   if (!node.empty()) {
-    json nodes = w.status.value("stragglerNodes", json::array());
-    json kept = json::array();
-    for (const json& n : nodes) {
-      if (n.is_string() && n.get<std::string>() != node) kept.push_back(n);
-    }
-    kept.push_back(node);
-    while (kept.size() > kMaxStragglerNodes) kept.erase(kept.begin());
-    w.status["stragglerNodes"] = std::move(kept);
+    nodes.erase(std::remove(nodes.begin(), nodes.end(), node), nodes.end());
+    nodes.push_back(node);
+    while (nodes.size() > kMaxStragglerNodes) nodes.erase(nodes.begin());
   }
-  deps_.events->Record(*w.object, controller::EventType::kNormal, "ReplacingStraggler",
-                       "deleted straggler pod " + name +
-                           (node.empty() ? "" : "; its replacement prefers nodes other than " + node));
+  {
+    // Kept here as well as in the status written below: if that write conflicts, the reconcile
+    // that follows no longer sees the straggler (its deletion ended the generation).
+    std::lock_guard<std::mutex> lock(mutex_);
+    StragglerRecord& record = straggler_records_[w.key];
+    if (record.uid != w.job.metadata.uid) record = StragglerRecord{w.job.metadata.uid, 0, {}};
+    replaced = std::max(replaced, record.replaced + 1);
+    record.replaced = replaced;
+    record.nodes = nodes;
+  }
+  w.status["stragglersReplaced"] = replaced;
+  if (!nodes.empty()) w.status["stragglerNodes"] = nodes;
+  deps_.events->Record(
+      *w.object, controller::EventType::kNormal, "ReplacingStraggler",
+      "deleted straggler pod " + name +
+          (node.empty() ? "" : "; its replacement prefers nodes other than " + node));
   if (deps_.metrics) deps_.metrics->StragglerReplaced();
 }
 

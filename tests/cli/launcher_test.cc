@@ -151,6 +151,32 @@ TEST(SupervisorTest, AReplacedWorkerStartsAgainAtOnceWithoutCountingARestart) {
   EXPECT_FALSE(supervisor.Replace(0).ok()) << "nothing runs in the slot to replace";
 }
 
+// A worker that completed just before Replace's signal (exited, not yet reaped: the signal reaches
+// a zombie) is reported as the completion it was, not replaced.
+TEST(SupervisorTest, AWorkerThatExitedBeforeItsReplacementIsReportedAsItEnded) {
+  const std::string dir = MakeTempDir("supervisor");
+  Supervisor supervisor({}, std::make_unique<NeverRestart>());
+  ASSERT_TRUE(supervisor.Start({ShellWorker(dir, "w-0", "exit 0")}).ok());
+  const pid_t pid = supervisor.pid(0);
+  // No Poll has reaped it yet: wait until it is a zombie.
+  ASSERT_TRUE(lockstep::testing::PollUntil(
+      [&] {
+        return ReadFile("/proc/" + std::to_string(pid) + "/stat").find(") Z") !=
+               std::string::npos;
+      },
+      10000, 5));
+  ASSERT_TRUE(supervisor.Replace(0).ok());
+  std::vector<SupervisorEvent> events = CollectEvents(supervisor, 1);
+  ASSERT_EQ(events.size(), 1u);
+  EXPECT_TRUE(events[0].exit.success());
+  EXPECT_FALSE(events[0].replaced);
+  EXPECT_FALSE(events[0].restart_scheduled);
+  StatusOr<std::vector<SupervisorEvent>> later = supervisor.Poll(300);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_TRUE(later->empty()) << "nothing is started again";
+  EXPECT_EQ(supervisor.running(), 0);
+}
+
 TEST(SupervisorTest, KilledWorkerIsReportedWithItsSignal) {
   const std::string dir = MakeTempDir("supervisor");
   ReadyPipe ready;
