@@ -421,10 +421,7 @@ StatusOr<std::vector<SupervisorEvent>> Supervisor::Poll(int64_t timeout_ms) {
 std::vector<WorkerExit> Supervisor::StopAll() {
   std::vector<WorkerExit> exits;
   stopping_ = true;
-  for (Slot& slot : slots_) {
-    slot.restart_pending = false;
-    if (slot.pid == 0) slot.replacing = false;
-  }
+  for (Slot& slot : slots_) slot.restart_pending = false;
   if (!handlers_installed_) return exits;
 
   auto reap_into_exits = [&] {

@@ -76,6 +76,7 @@ void ReportStragglers(WatchOutcome& outcome, bool replace, Supervisor& superviso
     if (recorded == nullptr) {
       outcome.stragglers.push_back(RunStraggler{worker_of(straggler), straggler.member_id,
                                                 outcome.snapshot.generation, straggler.ratio});
+      recorded = &outcome.stragglers.back();
     } else {
       recorded->ratio = std::max(recorded->ratio, straggler.ratio);
     }
@@ -85,13 +86,12 @@ void ReportStragglers(WatchOutcome& outcome, bool replace, Supervisor& superviso
     line << "straggler: worker " << worker << " (" << straggler.member_id << ", rank "
          << straggler.rank << ") computes " << std::fixed << std::setprecision(1)
          << straggler.ratio << "x the median time per step of its peers";
-    RunStraggler* record = recorded_as(straggler.member_id);
-    if (replace && record->replaced) {
+    if (replace && recorded->replaced) {
       line << "; not replaced again (a new process was as slow: the machine is)";
     } else if (replace && worker >= 0 && supervisor.pid(worker) != 0) {
       if (Status replaced = supervisor.Replace(worker); replaced.ok()) {
         line << "; replacing it (spec.elastic.replaceStragglers)";
-        record->replaced = true;
+        recorded->replaced = true;
       } else {
         line << "; cannot replace it: " << replaced.message();
       }

@@ -133,11 +133,11 @@ void TrainingJobReconciler::ReportStragglers(Work& w,
     }
     if (!node.empty() && PreferredAgainst(*object, node)) {
       if (named_before.count(pod_name) == 0) {
+        const std::string why = "not replacing pod " + pod_name +
+                                ": it was created preferring nodes other than " + node +
+                                " and still landed there";
         deps_.events->Record(*w.object, controller::EventType::kNormal, "StragglerNotReplaced",
-                             "not replacing pod " + pod_name +
-                                 ": it was created preferring "
-                                 "nodes other than " +
-                                 node + " and still landed there");
+                             why);
       }
       continue;
     }
@@ -165,7 +165,8 @@ void TrainingJobReconciler::ReplaceStraggler(Work& w, const json& pod, const std
     if (w.error.ok()) w.error = s;
     return;
   }
-  int64_t replaced = w.status.value("stragglersReplaced", int64_t{0}) + 1;
+  // ReportStragglers merged what the operator remembers into w.status before calling this.
+  const int64_t replaced = w.status.value("stragglersReplaced", int64_t{0}) + 1;
   std::vector<std::string> nodes = StragglerNodes(w);
   if (!node.empty()) {
     nodes.erase(std::remove(nodes.begin(), nodes.end(), node), nodes.end());
@@ -178,7 +179,6 @@ void TrainingJobReconciler::ReplaceStraggler(Work& w, const json& pod, const std
     std::lock_guard<std::mutex> lock(mutex_);
     StragglerRecord& record = straggler_records_[w.key];
     if (record.uid != w.job.metadata.uid) record = StragglerRecord{w.job.metadata.uid, 0, {}};
-    replaced = std::max(replaced, record.replaced + 1);
     record.replaced = replaced;
     record.nodes = nodes;
   }
