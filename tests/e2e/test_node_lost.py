@@ -1,6 +1,6 @@
 """A whole node lost (`cluster.sh kill-node`: its kubelet, containerd, kube-proxy and every
-container on it SIGKILLed at once) under an elastic job with workers on both nodes: the survivors on
-the other node go on training without waiting; the lost node's pods are evicted after the
+container on it SIGKILLed at once) under an elastic job with two workers on each node (its
+minReplicas on either): the survivors on the other node go on training without waiting; the lost node's pods are evicted after the
 operator's tolerationSeconds (30 s, not Kubernetes' 300) and, since no kubelet will ever confirm
 their deletion, deleted with grace 0 by the operator; their replacements run on the surviving node
 and the whole world trains again, never stuck Restarting (Kubeflow training-operator#2072). The job
@@ -18,6 +18,8 @@ import unittest
 
 import cluster
 
+# A lost node is labelled with this so that the job's spread leaves it out (cluster.py).
+LOST = "lockstep.io/e2e-node-lost"
 
 
 def leader_node():
@@ -34,9 +36,11 @@ class NodeLost(unittest.TestCase):
             subprocess.run([cluster.CLUSTER_SH, "start-node", self.lost], check=True, timeout=120)
             cluster.wait_for(self.lost + " Ready again", lambda: cluster.node_ready(self.lost),
                              timeout=120)
+        if self.lost:
+            cluster.kubectl("label", "node", self.lost, LOST + "-", check=False)
 
     def test_job_goes_on_and_gets_its_workers_back_on_the_other_node(self):
-        job = cluster.spread_over_nodes(cluster.example("elastic.yaml"), hard=False)
+        job = cluster.spread_over_nodes(cluster.example("elastic.yaml"), unless_labelled=LOST)
         name = job["metadata"]["name"]
         job["spec"]["trainer"]["steps"] = 1000000  # still training when the replacements join
         with cluster.Namespace("nodelost") as ns:
@@ -49,17 +53,23 @@ class NodeLost(unittest.TestCase):
             pods = ns.pods(name)
             lost = [p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] == lost_node]
             kept = [p["metadata"]["name"] for p in pods if p["spec"]["nodeName"] != lost_node]
-            self.assertTrue(lost and kept, "workers on both nodes: %s" %
-                            [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods])
+            # Two on each node: the survivors alone are the job's minReplicas.
+            self.assertEqual((len(lost), len(kept)), (2, 2), "workers two on each node: %s" %
+                             [(p["metadata"]["name"], p["spec"]["nodeName"]) for p in pods])
 
             lost_at = time.time()
             self.lost = lost_node
             subprocess.run([cluster.CLUSTER_SH, "kill-node", lost_node], check=True, timeout=60)
+            cluster.kubectl("label", "node", lost_node, LOST + "=true")
 
-            back = cluster.wait_for(
-                "the survivors training without the lost node",
-                lambda: cluster.first_training(ns.logs(kept[0]), after=lost_at, world=len(kept)),
-                timeout=120)
+            def survivors_training():
+                return cluster.first_training(ns.logs(kept[0]), after=lost_at, world=len(kept))
+            try:
+                back = ns.wait(name, "the survivors training without the lost node",
+                               survivors_training, timeout=120)
+            except cluster.Timeout as error:
+                raise cluster.Timeout("%s\n$ kubectl logs %s (last lines)\n%s" % (
+                    error, kept[0], "\n".join(ns.logs(kept[0]).splitlines()[-40:]))) from None
 
             def replaced():
                 now = {p["metadata"]["name"]: p for p in ns.pods(name)}
