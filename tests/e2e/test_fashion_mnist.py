@@ -19,7 +19,7 @@ class FashionMnistOnTwoNodes(unittest.TestCase):
             applied = time.time()
             ns.apply(job)
 
-            pods = cluster.wait_for("4 running worker pods", lambda: (
+            pods = ns.wait(name, "4 running worker pods", lambda: (
                 lambda p: p if len(p) == 4 and all(x["status"].get("phase") == "Running" for x in p)
                 else None)(ns.pods(name)), timeout=180)
             self.assertEqual({p["spec"]["nodeName"] for p in pods}, set(cluster.NODES),

@@ -28,7 +28,7 @@ class PodsDeleted(unittest.TestCase):
                     if found:
                         return int(found[-1])
                 return None
-            saved = cluster.wait_for("a checkpoint committed", committed, timeout=300)
+            saved = ns.wait(name, "a checkpoint committed", committed, timeout=300)
             old = {p["metadata"]["uid"] for p in ns.pods(name)}
             cluster.kubectl("delete", "pod", "--all", "-n", ns.name, "--wait=false")
 
@@ -36,13 +36,13 @@ class PodsDeleted(unittest.TestCase):
                 pods = ns.pods(name)
                 return pods if len(pods) == 4 and not old & {p["metadata"]["uid"] for p in pods} \
                     and all(p["status"].get("phase") == "Running" for p in pods) else None
-            pods = cluster.wait_for("4 new worker pods running", recreated, timeout=180)
+            pods = ns.wait(name, "4 new worker pods running", recreated, timeout=180)
 
             def restored():
                 m = re.search(r"resumed from checkpoint step (\d+)",
                               ns.logs(pods[0]["metadata"]["name"]))
                 return int(m.group(1)) if m else None
-            step = cluster.wait_for("the new workers restore a checkpoint", restored, timeout=180)
+            step = ns.wait(name, "the new workers restore a checkpoint", restored, timeout=180)
             self.assertGreaterEqual(step, saved, "the newest checkpoint, or a newer one")
 
             done = ns.wait_job(name, "finished", lambda j: cluster.phase(j) in ("Succeeded", "Failed"),

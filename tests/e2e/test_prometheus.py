@@ -126,7 +126,7 @@ class PrometheusDiscovery(unittest.TestCase):
             with cluster.Namespace("prometheus") as ns:
                 cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))
                 ns.apply(job)
-                pods = cluster.wait_for("4 worker pods with addresses", lambda: (
+                pods = ns.wait("fashion-mlp", "4 worker pods with addresses", lambda: (
                     lambda p: p if len(p) == 4 and all(x["status"].get("podIP") for x in p)
                     else None)(ns.pods("fashion-mlp")), timeout=180)
 
@@ -134,8 +134,8 @@ class PrometheusDiscovery(unittest.TestCase):
                     up = {s["metric"].get("pod") for s in
                           query('up{namespace="%s"} == 1' % ns.name)}
                     return up if up == {p["metadata"]["name"] for p in pods} else None
-                cluster.wait_for("Prometheus scraping the 4 discovered pods", discovered,
-                                 timeout=120)
+                ns.wait("fashion-mlp", "Prometheus scraping the 4 discovered pods",
+                        discovered, timeout=120)
                 ns.wait_job("fashion-mlp", "a checkpoint committed",
                             lambda j: j.get("status", {}).get("lastCheckpoint"), timeout=120)
                 # Rate windows ($__rate_interval = 10s) need samples on both sides; not a wait

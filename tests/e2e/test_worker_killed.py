@@ -34,7 +34,7 @@ class WorkerKilled(unittest.TestCase):
                     if found:
                         return found[0] - killed_at, found[2]
                 return None
-            back_after, world = cluster.wait_for("survivors training again", retrained, timeout=120)
+            back_after, world = ns.wait(name, "survivors training again", retrained, timeout=120)
 
             # The victim's pod is replaced (same index, a new pod) and joins again.
             def replaced():
@@ -42,7 +42,7 @@ class WorkerKilled(unittest.TestCase):
                 index1 = [p for p in pods if p["metadata"]["labels"][cluster.INDEX_LABEL] == "1"]
                 return (len(pods) == 4 and index1 and
                         index1[0]["metadata"]["uid"] != victim["metadata"]["uid"])
-            cluster.wait_for("the killed worker's pod replaced", replaced, timeout=120)
+            ns.wait(name, "the killed worker's pod replaced", replaced, timeout=120)
 
             done = ns.wait_job(name, "finished", lambda j: cluster.phase(j) in ("Succeeded", "Failed"),
                                timeout=900)

@@ -62,6 +62,25 @@ bool FashionInstalled() {
   return access((std::string(kFashion) + "/train-images-idx3-ubyte.gz").c_str(), R_OK) == 0;
 }
 
+// Once `run` trains, slows its worker 2 by a duty cycle until `seen(console)` holds or the bound
+// passes; false (with the console in the failure) when it never held.
+template <typename Seen>
+bool SlowWorkerTwoUntil(ChildProcess& run, const std::string& name, Seen seen) {
+  if (!PollUntil([&] { return LatestStep(run.StdoutSoFar()) > 0; }, 60000, 10)) {
+    ADD_FAILURE() << "never trained: " << run.StdoutSoFar();
+    return false;
+  }
+  const pid_t slowed = WorkerOfLauncher(run.pid(), name, name + "-worker-2");
+  if (slowed == 0) {
+    ADD_FAILURE() << name << "-worker-2 not found";
+    return false;
+  }
+  DutyCycle duty(slowed);
+  if (PollUntil([&] { return seen(run.StdoutSoFar()); }, kNamedWithinMs, 50)) return true;
+  ADD_FAILURE() << run.StdoutSoFar();
+  return false;
+}
+
 TEST(StragglerTest, AWorkerSlowedByHalfIsNamedByItsIndexAndNobodyElseIs) {
   if (!FashionInstalled()) GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh)";
   const std::string dir = MakeTempDir("lockstep-straggler");
@@ -69,17 +88,9 @@ TEST(StragglerTest, AWorkerSlowedByHalfIsNamedByItsIndexAndNobodyElseIs) {
   ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, name, 100000000), "--summary",
                     dir + "/summary.json", "--log-dir", dir + "/logs"},
                    {{"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "200"}});
-  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) > 0; }, 60000, 10))
-      << run.StdoutSoFar();
-  const pid_t slowed = WorkerOfLauncher(run.pid(), name, name + "-worker-2");
-  ASSERT_NE(slowed, 0);
-  {
-    DutyCycle duty(slowed);
-    EXPECT_TRUE(PollUntil(
-        [&] { return run.StdoutSoFar().find("straggler: worker 2 ") != std::string::npos; },
-        kNamedWithinMs, 50))
-        << run.StdoutSoFar();
-  }
+  ASSERT_TRUE(SlowWorkerTwoUntil(run, name, [](const std::string& console) {
+    return console.find("straggler: worker 2 ") != std::string::npos;
+  }));
   kill(run.pid(), SIGINT);
   ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out;
@@ -109,20 +120,10 @@ TEST(StragglerTest, AStragglerIsReplacedWhenTheJobAsksAndTheRunFinishes) {
                                   "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 0}\n"),
                     "--summary", dir + "/summary.json", "--log-dir", dir + "/logs"},
                    {{"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "200"}});
-  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) > 0; }, 60000, 10))
-      << run.StdoutSoFar();
-  const pid_t slowed = WorkerOfLauncher(run.pid(), name, name + "-worker-2");
-  ASSERT_NE(slowed, 0);
-  {
-    DutyCycle duty(slowed);
-    EXPECT_TRUE(PollUntil(
-        [&] {
-          return run.StdoutSoFar().find("straggler: worker 2 ") != std::string::npos &&
-                 run.StdoutSoFar().find("replacing it") != std::string::npos;
-        },
-        kNamedWithinMs, 50))
-        << run.StdoutSoFar();
-  }
+  ASSERT_TRUE(SlowWorkerTwoUntil(run, name, [](const std::string& console) {
+    return console.find("straggler: worker 2 ") != std::string::npos &&
+           console.find("replacing it") != std::string::npos;
+  }));
   ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out;
   ASSERT_EQ(result.exit_code, 0) << result.out;
