@@ -519,6 +519,28 @@ class OperatorEndToEndTest : public OperatorTest {
     if (HasFailure() && kubelet_) std::cerr << kubelet_->Describe() << "\n";
     OperatorTest::TearDown();
   }
+  // Once job `name` has trained 50 steps, slows its worker 2 by a duty cycle (stopped and
+  // continued every 30 ms, as a throttled CPU would leave it) until the job satisfies `until`;
+  // the job as last seen, `*ok` whether `until` held within the bound.
+  json SlowWorkerTwoUntil(const std::string& name, const std::function<bool(const json&)>& until,
+                          bool* ok) {
+    json job = h_->WaitForJob(
+        ns_, name,
+        [](const json& j) {
+          return j.contains("status") && j["status"].contains("progress") &&
+                 j["status"]["progress"].value("step", 0) >= 50;
+        },
+        120000, ok);
+    if (!*ok) return job;
+    const pid_t slowed = kubelet_->PidOf(ns_, name + "-worker-2");
+    if (slowed <= 0) {
+      *ok = false;
+      ADD_FAILURE() << name << "-worker-2 has no process";
+      return job;
+    }
+    lockstep::testing::DutyCycle duty(slowed);
+    return h_->WaitForJob(ns_, name, until, 180000, ok);
+  }
   std::unique_ptr<KubeletSimulator> kubelet_;
 };
 
@@ -680,23 +702,9 @@ TEST_F(OperatorEndToEndTest, ASlowedWorkerIsNamedAStragglerWithItsPodAndNode) {
   StartKubelet();
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
   bool ok = false;
-  json job = h_->WaitForJob(
-      ns_, "named",
-      [](const json& j) {
-        return j.contains("status") && j["status"].contains("progress") &&
-               j["status"]["progress"].value("step", 0) >= 50;
-      },
-      120000, &ok);
-  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
-  const pid_t slowed = kubelet_->PidOf(ns_, "named-worker-2");
-  ASSERT_GT(slowed, 0);
-  {
-    lockstep::testing::DutyCycle duty(slowed);
-    job = h_->WaitForJob(
-        ns_, "named",
-        [](const json& j) { return Condition(j, "Straggler").value("status", "") == "True"; },
-        180000, &ok);
-  }
+  json job = SlowWorkerTwoUntil(
+      "named",
+      [](const json& j) { return Condition(j, "Straggler").value("status", "") == "True"; }, &ok);
   ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
   const std::string message = Condition(job, "Straggler").value("message", "");
   EXPECT_NE(message.find("pod named-worker-2 on node "), std::string::npos) << message;
@@ -728,27 +736,16 @@ TEST_F(OperatorEndToEndTest, AStragglerIsReplacedWhenTheJobAsksAndTheJobFinishes
   manifest["spec"]["elastic"] = {{"replaceStragglers", true}};
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  const std::vector<json> pods = WaitForPods("slow", 4);
+  const std::string slowed_uid = UidsByName(pods)["slow-worker-2"];
+  ASSERT_FALSE(slowed_uid.empty());
   bool ok = false;
-  json job = h_->WaitForJob(
-      ns_, "slow",
+  json job = SlowWorkerTwoUntil(
+      "slow",
       [](const json& j) {
-        return j.contains("status") && j["status"].contains("progress") &&
-               j["status"]["progress"].value("step", 0) >= 50;
+        return j.contains("status") && j["status"].value("stragglersReplaced", 0) >= 1;
       },
-      120000, &ok);
-  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
-  const pid_t slowed = kubelet_->PidOf(ns_, "slow-worker-2");
-  ASSERT_GT(slowed, 0);
-  const std::string slowed_uid = UidsByName(h_->Pods(ns_, "slow"))["slow-worker-2"];
-  {
-    lockstep::testing::DutyCycle duty(slowed);
-    job = h_->WaitForJob(
-        ns_, "slow",
-        [](const json& j) {
-          return j.contains("status") && j["status"].value("stragglersReplaced", 0) >= 1;
-        },
-        180000, &ok);
-  }
+      &ok);
   ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
   ASSERT_EQ(job["status"]["stragglerNodes"].size(), 1u) << job["status"].dump(2);
   const std::string node = job["status"]["stragglerNodes"][0];
