@@ -125,9 +125,12 @@ bool JobState::AllExpectedJoined() const {
 void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   if (active_ || !closed_status_.ok()) return;
   if (complete_pods_ < config_.min_members) return;
-  const bool all_joined = AllExpectedJoined();
-  if (BeforeFirstGeneration() && config_.wait_for_initial_members && !all_joined) return;
-  if (!all_joined) {
+  bool ready = AllExpectedJoined();
+  if (BeforeFirstGeneration() && config_.wait_for_initial_members && !ready) return;
+  // A place not reported yet is waited for as a late joiner is (checked only once everyone has
+  // joined, so that a storm of joins does not look at every pod each time).
+  if (ready && config_.order_by_topology && !EveryAdmissiblePodPlaced()) ready = false;
+  if (!ready) {
     const TimePoint last_call_at = latest_arrival_ + milliseconds(config_.last_call_ms);
     if (now < last_call_at) {
       if (last_call_at > last_call_wake_) {
@@ -138,6 +141,25 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
     }
   }
   FormGeneration(now, out);
+}
+
+bool JobState::EveryAdmissiblePodPlaced() const {
+  for (const auto& survivor : survivors_) {
+    if (PodComplete(survivor) && places_.count(survivor) == 0) return false;
+  }
+  for (const auto& pod : PendingPods()) {
+    if (PodComplete(pod) && places_.count(pod) == 0) return false;
+  }
+  return true;
+}
+
+void JobState::SetPodTopology(const std::string& pod, TopologyPath path, TimePoint now,
+                              Actions& out) {
+  if (!closed_status_.ok() || pod.empty()) return;
+  auto [it, added] = places_.try_emplace(pod);
+  if (!added && it->second == path) return;
+  it->second = std::move(path);
+  TryFormGeneration(now, out);  // the place it waited for
 }
 
 void JobState::FormGeneration(TimePoint now, Actions& out) {
@@ -151,6 +173,7 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
     if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
   }
   pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
+  if (config_.order_by_topology) pods = OrderByTopology(pods, places_);
   const int32_t per_pod = config_.ranks_per_pod;
   std::map<std::pair<std::string, int32_t>, size_t> place;  // (pod, local rank) -> pending_ index
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -266,12 +289,13 @@ void JobState::LoseMembers(const std::string& reason, TimePoint now, Actions& ou
 
 void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& out) {
   if (!closed_status_.ok()) {
-    out.push_back(AnswerJoin{call, closed_status_, {}});
+    out.push_back(AnswerJoin{call, closed_status_, {}, nullptr});
     return;
   }
   if (join.member_id.empty() || join.timeout_ms <= 0) {
-    out.push_back(AnswerJoin{
-        call, InvalidArgumentError("join needs a member_id and a positive timeout_ms"), {}});
+    out.push_back(AnswerJoin{call,
+                             InvalidArgumentError("join needs a member_id and a positive timeout_ms"),
+                             {}, nullptr});
     return;
   }
   if (join.local_rank < 0 || join.local_rank >= config_.ranks_per_pod) {
@@ -282,7 +306,7 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
                                                   std::to_string(config_.ranks_per_pod - 1) +
                                                   " (ranks per pod " +
                                                   std::to_string(config_.ranks_per_pod) + ")"),
-                             {}});
+                             {}, nullptr});
     return;
   }
   const std::string pod = join.pod.empty() ? join.member_id : join.pod;
@@ -291,7 +315,7 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
     // late, has nothing to join. Survivors may still re-form to finish.
     out.push_back(AnswerJoin{
         call, FailedPreconditionError("job " + config_.job + " has completed; nothing to join"),
-        {}});
+        {}, nullptr});
     return;
   }
   const std::string& member_id = join.member_id;
@@ -303,7 +327,7 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
       ++it;
       continue;
     }
-    out.push_back(AnswerJoin{it->call, AbortedError("replaced by a newer join"), {}});
+    out.push_back(AnswerJoin{it->call, AbortedError("replaced by a newer join"), {}, nullptr});
     CountPending(*it, -1);
     it = pending_.erase(it);
   }
@@ -359,7 +383,7 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
     const std::string message =
         "no generation formed within " + std::to_string(it->timeout_ms) + " ms: " + present +
         (active_ ? "; generation " + std::to_string(generation_) + " is active and full" : "");
-    out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}});
+    out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}, nullptr});
     CountPending(*it, -1);
     it = pending_.erase(it);
   }
@@ -536,6 +560,7 @@ void JobState::RemoveMember(const std::string& id, const std::string& reason, Ti
                             Actions& out) {
   // `id` names a member or a whole pod. A pending Join of it is left alone: it may come from a
   // restarted process, and a dead process's Join is cancelled by its transport anyway.
+  places_.erase(id);
   RemoveSurvivor(PodOfMember(id));
   bool lost = false;
   for (const auto& member : members_) {
@@ -662,7 +687,7 @@ void JobState::LogStragglers() const {
 void JobState::Close(const Status& status, TimePoint now, Actions& out) {
   if (!closed_status_.ok()) return;
   closed_status_ = status;
-  for (auto& join : pending_) out.push_back(AnswerJoin{join.call, status, {}});
+  for (auto& join : pending_) out.push_back(AnswerJoin{join.call, status, {}, nullptr});
   pending_.clear();
   RecountPending();
   stores_.FailAll(status, out);

@@ -29,6 +29,7 @@
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/generation_stores.h"
 #include "common/rendezvous/straggler_detector.h"
+#include "common/rendezvous/topology_order.h"
 #include "common/status.h"
 
 namespace lockstep::rendezvous {
@@ -60,6 +61,10 @@ struct JobConfig {
   int64_t first_generation = 1;
   // When a member is named a straggler (straggler_detector.h): from the pace its beats carry.
   StragglerOptions stragglers;
+  // Ranks follow the network (topology_order.h): pods are numbered by the places SetPodTopology
+  // gives them, and a generation whose pods have all joined waits for their places as for a late
+  // joiner, until the last call.
+  bool order_by_topology = false;
 };
 
 // How often a member with no new progress beats: a quarter of the heartbeat timeout (so that a
@@ -169,6 +174,10 @@ class JobState {
   // its generation ends at once.
   void RemoveMember(const std::string& id, const std::string& reason, TimePoint now,
                     Actions& out);
+  // Where pod `pod` sits in the network, coarse to fine (topology_order.h); with
+  // order_by_topology, the next generation numbers it there. The place of a removed pod is
+  // forgotten (its replacement may land elsewhere).
+  void SetPodTopology(const std::string& pod, TopologyPath path, TimePoint now, Actions& out);
 
   // The store of a generation: readable while it is current or the one before.
   Status StoreSet(int64_t generation, const std::string& key, const std::string& value,
@@ -231,6 +240,8 @@ class JobState {
   bool PodComplete(const std::string& pod) const;  // every rank pending
   int32_t ExpectedPods() const;
   bool AllExpectedJoined() const;
+  // Whether every pod the next generation would admit has a place (SetPodTopology).
+  bool EveryAdmissiblePodPlaced() const;
   void TryFormGeneration(TimePoint now, Actions& out);
   void FormGeneration(TimePoint now, Actions& out);
   // lost: a member is gone (for the recovery time); false when one joined.
@@ -256,6 +267,7 @@ class JobState {
   std::vector<std::string> survivors_;  // pods expected in the next generation, by previous rank
   std::unordered_set<std::string> survivor_set_;  // the same pods, to look up
   std::vector<PendingJoin> pending_;    // in join order
+  std::unordered_map<std::string, TopologyPath> places_;  // pod -> its place (SetPodTopology)
   // Indexes of pending_ (CountPending): ranks pending per pod, how many pods (and surviving
   // pods) have every rank pending, and how many pending joins name each member and each place.
   PodTally pending_ranks_;

@@ -82,6 +82,8 @@ class RendezvousServerImpl : public RendezvousServer,
   Status RemoveJob(const std::string& job) override;
   void RemoveMember(const std::string& job, const std::string& member_id,
                     const std::string& reason) override;
+  void SetPodTopology(const std::string& job, const std::string& pod,
+                      TopologyPath path) override;
   StatusOr<JobSnapshot> Snapshot(const std::string& job) const override;
   void Shutdown(int64_t deadline_ms) override;
 
@@ -233,6 +235,12 @@ void RendezvousServerImpl::RemoveMember(const std::string& job, const std::strin
                                         const std::string& reason) {
   auto found = FindJob(job);
   if (found.ok()) (*found)->RemoveMember(member_id, reason);
+}
+
+void RendezvousServerImpl::SetPodTopology(const std::string& job, const std::string& pod,
+                                          TopologyPath path) {
+  auto found = FindJob(job);
+  if (found.ok()) (*found)->SetPodTopology(pod, std::move(path));
 }
 
 StatusOr<JobSnapshot> RendezvousServerImpl::Snapshot(const std::string& job) const {

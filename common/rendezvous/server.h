@@ -45,6 +45,10 @@ class RendezvousServer {
   // The member is gone (its process exited, its pod was deleted): ends its generation at once.
   virtual void RemoveMember(const std::string& job, const std::string& member_id,
                             const std::string& reason) = 0;
+  // Where pod `pod` of `job` sits in the network, coarse to fine (topology_order.h): a job
+  // registered with order_by_topology numbers its pods by it. Ignored for an unknown job.
+  virtual void SetPodTopology(const std::string& job, const std::string& pod,
+                              TopologyPath path) = 0;
   virtual StatusOr<JobSnapshot> Snapshot(const std::string& job) const = 0;
   // Stops accepting calls, fails pending ones with UNAVAILABLE, returns within deadline_ms.
   virtual void Shutdown(int64_t deadline_ms) = 0;

@@ -185,6 +185,10 @@ void Job::RemoveMember(const std::string& member_id, const std::string& reason) 
   Feed([&](Actions& out) { state_.RemoveMember(member_id, reason, Clock::now(), out); });
 }
 
+void Job::SetPodTopology(const std::string& pod, TopologyPath path) {
+  Feed([&](Actions& out) { state_.SetPodTopology(pod, std::move(path), Clock::now(), out); });
+}
+
 Status Job::StoreSet(const v1::StoreSetRequest& request) {
   return Feed([&](Actions& out) {
     return state_.StoreSet(request.generation(), request.key(), request.value(), out);

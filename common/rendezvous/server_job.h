@@ -34,6 +34,7 @@ class Job : public std::enable_shared_from_this<Job> {
                     int64_t generation, const std::string& how);
   Status Leave(const v1::LeaveRequest& request);
   void RemoveMember(const std::string& member_id, const std::string& reason);
+  void SetPodTopology(const std::string& pod, TopologyPath path);
   Status StoreSet(const v1::StoreSetRequest& request);
   StatusOr<int64_t> StoreAdd(const v1::StoreAddRequest& request);
   void StoreGet(const std::shared_ptr<HeldCall>& call, const v1::StoreGetRequest& request);

@@ -6,6 +6,7 @@
 //          beat W gG [step=N] [pace=STEPS/COMPUTE_MS] [via=STREAM]
 //          drop W gG [via=STREAM]  (the stream closed)    leave W    complete W [step=N] [acc=X]
 //          remove W    cancel W  (W's held join went away)    at MS  (the clock moves; Tick)
+//          place P A/B/C  (pod P's place in the network, coarse to fine)
 //          set gG K V    add gG K N    get gG K1,K2 [timeout=MS]    close    snapshot
 // Actions: "W joins gG as R/N" (+ " pod I/P" when pods hold several ranks), "W join fails CODE", "W ends gG lost|joined", "W closed CODE",
 //          "get#I = V1,V2", "get#I fails CODE", "wake @MS", "add = N", "add fails CODE",
@@ -128,6 +129,11 @@ class Driver {
       if (!status.ok()) result = std::string("leave fails ") + StatusCodeName(status.code());
     } else if (verb == "remove") {
       state_.RemoveMember(words.at(0), "pod deleted", now_, out);
+    } else if (verb == "place") {
+      TopologyPath path;
+      std::istringstream levels(words.at(1));
+      for (std::string level; std::getline(levels, level, '/');) path.push_back(level);
+      state_.SetPodTopology(words.at(0), path, now_, out);
     } else if (verb == "cancel") {
       state_.CancelJoin(held_.at(words.at(0)));
     } else if (verb == "at") {
@@ -852,6 +858,135 @@ TEST(JobStatePodsTest, AJoinTimesOutNamingCompletePods) {
   EXPECT_EQ(job.last_join_error(),
             "no generation formed within 100 ms: 0 of 2 pods complete (1 members present, 2 ranks "
             "per pod; min 2, max 2 pods)");
+}
+
+
+// ----------------------------------------------------------------------------------------------
+// Ranks that follow the network (order_by_topology): pods numbered rack by rack
+
+JobConfig TopologyConfig(int32_t min_members, int32_t max_members) {
+  JobConfig config = Config(min_members, max_members);
+  config.order_by_topology = true;
+  return config;
+}
+
+// w0..w3 joined in order, placed in two racks interleaved (w0, w2 in r1; w1, w3 in r2).
+TEST(JobStateTopologyTest, PodsAreNumberedRackByRackWhateverOrderTheyJoinedIn) {
+  Driver job(TopologyConfig(4, 4));
+  job.Run({
+      {"place w0 z/r1/n0", ""},
+      {"place w1 z/r2/n1", ""},
+      {"place w2 z/r1/n2", ""},
+      {"place w3 z/r2/n3", ""},
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000"},
+      {"join w2", "wake @10000"},
+      {"join w3",
+       "wake @10000; w0 joins g1 as 0/4; w2 joins g1 as 1/4; w1 joins g1 as 2/4; "
+       "w3 joins g1 as 3/4; wake @501"},
+  });
+}
+
+TEST(JobStateTopologyTest, WithoutTopologyOrderingPlacesChangeNothing) {
+  Driver job(Config(4, 4));
+  job.Run({
+      {"place w0 z/r1/n0", ""},
+      {"place w1 z/r2/n1", ""},
+      {"place w2 z/r1/n2", ""},
+      {"place w3 z/r2/n3", ""},
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000"},
+      {"join w2", "wake @10000"},
+      {"join w3",
+       "wake @10000; w0 joins g1 as 0/4; w1 joins g1 as 1/4; w2 joins g1 as 2/4; "
+       "w3 joins g1 as 3/4; wake @501"},
+  });
+}
+
+// Everyone has joined but one pod's place is not known yet: the generation waits for it as for
+// a late joiner, and forms the moment it comes.
+TEST(JobStateTopologyTest, AGenerationWaitsForAPlaceNotYetKnownAndFormsWhenItComes) {
+  Driver job(TopologyConfig(2, 2));
+  job.Run({
+      {"place w0 r2", ""},
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; wake @1000"},
+      {"at 400", ""},
+      {"place w1 r1", "w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @901"},
+  });
+}
+
+// A place that never comes delays the generation by the last call at most; the pod without one
+// is a group of its own.
+TEST(JobStateTopologyTest, APlaceThatNeverComesDelaysTheGenerationByTheLastCallAtMost) {
+  Driver job(TopologyConfig(3, 3));
+  job.Run({
+      {"place w0 r2", ""},
+      {"place w2 r1", ""},
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000"},
+      {"join w2", "wake @10000; wake @1000"},
+      {"at 1000", "w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @1501"},
+  });
+}
+
+// After a loss the survivors keep their order and a replacement joins its rack's group; a
+// removed pod's place is forgotten (its replacement may land elsewhere).
+TEST(JobStateTopologyTest, ReformationsKeepTheRackOrderAndPlaceAReplacementInItsRack) {
+  Driver job(TopologyConfig(2, 4));
+  job.Run({
+      {"place w0 z/r1", ""},
+      {"place w1 z/r2", ""},
+      {"place w2 z/r1", ""},
+      {"place w3 z/r2", ""},
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; wake @1000"},
+      {"join w2", "wake @10000"},
+      {"join w3",
+       "wake @10000; w0 joins g1 as 0/4; w2 joins g1 as 1/4; w1 joins g1 as 2/4; "
+       "w3 joins g1 as 3/4; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"beat w2 g1", ""},
+      {"beat w3 g1", ""},
+      {"remove w0", "w0 ends g1 lost; w2 ends g1 lost; w1 ends g1 lost; w3 ends g1 lost"},
+      {"join w3", "wake @10000"},
+      {"join w2", "wake @10000"},
+      {"join w1",
+       "wake @10000; w2 joins g2 as 0/3; w1 joins g2 as 1/3; w3 joins g2 as 2/3; wake @501"},
+      {"beat w1 g2", ""},
+      {"beat w2 g2", ""},
+      {"beat w3 g2", ""},
+      // The replacement (the same pod name) on a node of rack r2 this time.
+      {"join w0", "w2 ends g2 joined; w1 ends g2 joined; w3 ends g2 joined; wake @10000"},
+      {"place w0 z/r2", ""},
+      {"join w2", "wake @10000"},
+      {"join w1", "wake @10000"},
+      {"join w3",
+       "wake @10000; w2 joins g3 as 0/4; w1 joins g3 as 1/4; w3 joins g3 as 2/4; "
+       "w0 joins g3 as 3/4; wake @501"},
+  });
+}
+
+// Pods of several ranks: whole pods are ordered, their local ranks stay contiguous.
+TEST(JobStateTopologyTest, APodsRanksStayContiguousWhenPodsAreOrdered) {
+  JobConfig config = TopologyConfig(3, 3);
+  config.ranks_per_pod = 2;
+  Driver job(config);
+  job.Run({
+      {"place a r1", ""},
+      {"place b r2", ""},
+      {"place c r1", ""},
+      {"join a0 pod=a local=0", "wake @10000"},
+      {"join a1 pod=a local=1", "wake @10000"},
+      {"join b0 pod=b local=0", "wake @10000"},
+      {"join b1 pod=b local=1", "wake @10000"},
+      {"join c1 pod=c local=1", "wake @10000"},
+      {"join c0 pod=c local=0",
+       "wake @10000; a0 joins g1 as 0/6 pod 0/3; a1 joins g1 as 1/6 pod 0/3; "
+       "c0 joins g1 as 2/6 pod 1/3; c1 joins g1 as 3/6 pod 1/3; b0 joins g1 as 4/6 pod 2/3; "
+       "b1 joins g1 as 5/6 pod 2/3; wake @501"},
+  });
 }
 
 }  // namespace
