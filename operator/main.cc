@@ -19,8 +19,10 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/http/http_endpoint.h"
@@ -77,6 +79,7 @@ struct Flags {
   int64_t progress_interval_ms = 10000;
   int64_t node_loss_toleration_seconds = 30;
   int64_t heartbeat_timeout_ms = 10000;
+  std::vector<std::string> topology_keys = trainingjob::DefaultTopologyKeys();
 };
 
 constexpr char kPhaseIndex[] = "phase";  // jobs informer: status.phase ("Pending" when unset)
@@ -120,6 +123,10 @@ constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --node-loss-toleration-seconds S  how long worker pods stay bound to a node that is not-ready or
                                     unreachable before they are evicted (default 30; -1: the
                                     cluster's default, 300)
+  --topology-keys K1,K2,...         node label keys, coarse to fine, whose values (then the node's
+                                    name) order a job's ranks so that ring neighbours share a
+                                    switch; "" numbers pods as they join (default: the zone labels
+                                    and EKS', GKE's and NVIDIA topograph's network layers)
 )";
 
 Status ParseFlags(int argc, char** argv, Flags* flags) {
@@ -221,6 +228,16 @@ Status ParseFlags(int argc, char** argv, Flags* flags) {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->progress_interval_ms, take_int(100, 3600000));
     } else if (name == "--node-loss-toleration-seconds") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->node_loss_toleration_seconds, take_int(-1, 86400));
+    } else if (name == "--topology-keys") {
+      LOCKSTEP_ASSIGN_OR_RETURN(std::string list, take());
+      flags->topology_keys.clear();
+      std::istringstream keys(list);
+      for (std::string key; std::getline(keys, key, ',');) {
+        if (key.empty()) {
+          return InvalidArgumentError("--topology-keys: an empty key in \"" + list + "\"");
+        }
+        flags->topology_keys.push_back(key);
+      }
     } else if (name == "--rendezvous-heartbeat-timeout-ms") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->heartbeat_timeout_ms, take_int(500, 600000));
     } else {
@@ -435,6 +452,7 @@ class Operator {
     options.master_key = identity_.master_key;
     options.progress_interval_ms = flags_.progress_interval_ms;
     options.rendezvous_heartbeat_timeout_ms = flags_.heartbeat_timeout_ms;
+    options.topology_keys = flags_.topology_keys;
     reconciler_ = std::make_unique<trainingjob::TrainingJobReconciler>(deps, options);
 
     jobs_->AddHandler([this](const json* old_job, const json* new_job) {

@@ -191,6 +191,7 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
   }
   Status pods_status = ReconcilePods(w);
   if (JobFinished(w.status)) return pods_status;
+  ReportPlaces(w);
 
   // 9.
   ComputeStatus(w);
@@ -279,6 +280,7 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.last_call_ms = options_.rendezvous_last_call_ms;
       config.heartbeat_interval_ms = options_.rendezvous_heartbeat_interval_ms;
       config.heartbeat_timeout_ms = options_.rendezvous_heartbeat_timeout_ms;
+      config.order_by_topology = !options_.topology_keys.empty();
       Status added = deps_.rendezvous->AddJob(config);
       if (!added.ok() && added.code() != StatusCode::kAlreadyExists) return added;
       hosted_[w.key] = registration;

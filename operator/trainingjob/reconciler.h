@@ -48,6 +48,12 @@
 
 namespace lockstep::op::trainingjob {
 
+// Node label keys that say where a node sits in the network, coarse to fine: the well-known
+// region and zone, then the network layers EKS (topology.k8s.aws), GKE (gce-topology) and
+// NVIDIA's topograph label nodes with. A node carries its provider's; the rest are empty at its
+// place. The operator's --topology-keys replaces the list.
+const std::vector<std::string>& DefaultTopologyKeys();
+
 struct ReconcilerOptions {
   OperatorSettings settings;
   std::string master_key;  // derives each job's rendezvous token (HMAC with the job's uid)
@@ -60,6 +66,11 @@ struct ReconcilerOptions {
   int64_t rendezvous_last_call_ms = 1000;
   int64_t rendezvous_heartbeat_interval_ms = 1000;
   int64_t rendezvous_heartbeat_timeout_ms = 10000;
+  // Ranks follow the network (common/rendezvous/topology_order.h): each pod's place is its
+  // node's values of these label keys, then the node's name. Empty: ranks in order of arrival.
+  std::vector<std::string> topology_keys = DefaultTopologyKeys();
+  // How long a node's place is kept before it is read again.
+  int64_t node_place_ttl_ms = 10 * 60 * 1000;
   std::function<double()> now_unix_seconds;  // the wall clock; tests may replace it
 };
 
@@ -88,7 +99,8 @@ class TrainingJobReconciler : public controller::Reconciler {
   // One reconcile's state (reconciler_work.h). The methods are defined by concern:
   // reconciler.cc (the job, its children and rendezvous registration), reconciler_pods.cc
   // (ReconcilePods, DeletePod), reconciler_status.cc (ComputeStatus, WriteStatus, Finish,
-  // CleanUpFinished) and reconciler_stragglers.cc (ReportStragglers).
+  // CleanUpFinished), reconciler_stragglers.cc (ReportStragglers) and reconciler_topology.cc
+  // (ReportPlaces).
   struct Work;
   Status ReconcileJob(Work& w);
   Status EnsureChildren(Work& w);
@@ -108,6 +120,12 @@ class TrainingJobReconciler : public controller::Reconciler {
   std::vector<std::string> StragglerNodes(Work& w);
   void ReplaceStraggler(Work& w, const nlohmann::json& pod, const std::string& node,
                         const std::string& what);
+  // reconciler_topology.cc: each bound worker pod's place in the network, told to the
+  // rendezvous service so that ranks follow it.
+  void ReportPlaces(Work& w);
+  // The place of node `name` (its --topology-keys values, then its name); empty when it cannot
+  // be read now. Kept for node_place_ttl_ms.
+  std::optional<rendezvous::TopologyPath> NodePlace(const std::string& name);
   Status CleanUpFinished(Work& w);
   std::string Token(const spec::TrainingJob& job) const;
   double Now() const;
@@ -126,6 +144,13 @@ class TrainingJobReconciler : public controller::Reconciler {
     std::vector<std::string> nodes;
   };
   std::map<std::string, StragglerRecord> straggler_records_;
+  // node name -> its place and when it was read (MonotonicSeconds), reconciler_topology.cc.
+  struct NodePlaceEntry {
+    rendezvous::TopologyPath place;
+    double read_at = 0;
+  };
+  std::map<std::string, NodePlaceEntry> node_places_;
+  double node_places_pruned_at_ = 0;
 };
 
 }  // namespace lockstep::op::trainingjob

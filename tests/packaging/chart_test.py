@@ -176,6 +176,11 @@ def check_render(check, objects, values, label, release_namespace):
     }
     for flag, value in want.items():
         check.expect(flags.get(flag) == value, ctx + "--%s=%s (got %r)" % (flag, value, flags.get(flag)))
+    if op["topologyKeys"] is None:
+        check.expect("topology-keys" not in flags, ctx + "no --topology-keys: the operator's defaults")
+    else:
+        check.expect(flags.get("topology-keys") == ",".join(op["topologyKeys"]),
+                     ctx + "--topology-keys from operator.topologyKeys (got %r)" % flags.get("topology-keys"))
     node_loss = {t["key"]: t.get("tolerationSeconds") for t in pod.get("tolerations", [])
                  if t.get("key", "").startswith("node.kubernetes.io/")}
     check.expect(node_loss == {"node.kubernetes.io/not-ready": op["nodeLossTolerationSeconds"],
@@ -192,7 +197,7 @@ def check_render(check, objects, values, label, release_namespace):
                                                         (values["image"]["tag"] or "0.1.0")),
                  ctx + "--worker-image from image.registry, worker.repository and the tag")
     allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "rendezvous-service", "worker-image", "kubeconfig",
-                                 "webhook-port", "webhook-service", "webhook-configuration"}
+                                 "webhook-port", "webhook-service", "webhook-configuration", "topology-keys"}
     extra_args = set(a for a in op["extraArgs"])
     for arg in container["args"]:
         check.expect(arg in extra_args or arg[2:].split("=")[0] in allowed_flags,

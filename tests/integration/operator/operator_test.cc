@@ -9,7 +9,9 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
+#include <utility>
 
 #include "common/spec/problems.h"
 #include "common/spec/training_job.h"
@@ -777,6 +779,149 @@ TEST_F(OperatorEndToEndTest, AStragglerIsReplacedWhenTheJobAsksAndTheJobFinishes
   EXPECT_EQ(job["status"].value("restarts", 0), 0) << "a replaced straggler is not a restart";
   EXPECT_EQ(job["status"]["stragglersReplaced"], 1) << job["status"].dump(2);
   EXPECT_EQ(Condition(job, "Straggler").value("status", ""), "False") << job["status"].dump(2);
+}
+
+// Ranks follow the network: the operator reads each bound pod's node labels (--topology-keys)
+// and the rendezvous service numbers pods rack by rack. Two nodes, one per rack; the pods are
+// bound one at a time alternating racks, each worker started before the next pod is bound, so
+// that in order of arrival the racks interleave (r1 r2 r1 r2). The generation's ranks are
+// rack-contiguous all the same, and so are they when a killed worker's replacement joins.
+class RackOrderTest : public OperatorEndToEndTest {
+ protected:
+  static constexpr char kRackLabel[] = "topology.lockstep.io/rack";
+  OperatorOptions Options() override {
+    OperatorOptions options = OperatorEndToEndTest::Options();
+    options.extra_flags.push_back(std::string("--topology-keys=") + kRackLabel);
+    return options;
+  }
+  void TearDown() override {
+    for (const std::string& node : nodes_) h_->kube().Request("DELETE", "/api/v1/nodes/" + node);
+    for (auto& kubelet : kubelets_) {
+      if (HasFailure()) std::cerr << kubelet->Describe() << "\n";
+    }
+    OperatorEndToEndTest::TearDown();
+  }
+  // A Node object in `rack` and a simulated kubelet for it that runs the pods bound to it.
+  void AddNode(const std::string& rack) {
+    const std::string name = ns_ + "-" + rack;
+    const json node = {{"apiVersion", "v1"},
+                       {"kind", "Node"},
+                       {"metadata", {{"name", name}, {"labels", {{kRackLabel, rack}}}}}};
+    ASSERT_EQ(h_->kube().Request("POST", "/api/v1/nodes", node).status, 201);
+    nodes_.push_back(name);
+    KubeletSimulatorOptions options;
+    options.namespace_ = ns_;
+    options.node_name = name;
+    options.bound_pods_only = true;
+    options.executables = {{"lockstep-worker", LOCKSTEP_WORKER_BINARY}};
+    options.extra_env = {{"LOCKSTEP_METRICS_PORT", "0"}};
+    auto kubelet = KubeletSimulator::Start(&h_->kube(), options);
+    ASSERT_TRUE(kubelet.ok()) << kubelet.status();
+    kubelets_.push_back(std::move(*kubelet));
+  }
+  // Binds the pod as a scheduler does (the pods/binding subresource).
+  void Bind(const std::string& pod, const std::string& node) {
+    const json binding = {{"apiVersion", "v1"},
+                          {"kind", "Binding"},
+                          {"metadata", {{"name", pod}}},
+                          {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", node}}}};
+    ASSERT_EQ(h_->kube()
+                  .Request("POST", "/api/v1/namespaces/" + ns_ + "/pods/" + pod + "/binding",
+                           binding)
+                  .status,
+              201);
+  }
+  // generation -> the rank `pod`'s worker logged joining it at world size `world`.
+  std::map<int, int> RanksAt(const std::string& pod, int world) {
+    const std::string log = kubelets_[0]->LogOf(ns_, pod) + kubelets_[1]->LogOf(ns_, pod);
+    std::map<int, int> ranks;
+    const std::regex joined("joined generation (\\d+) as rank (\\d+) of " +
+                            std::to_string(world) + "\\b");
+    for (auto it = std::sregex_iterator(log.begin(), log.end(), joined);
+         it != std::sregex_iterator(); ++it) {
+      ranks[std::stoi((*it)[1])] = std::stoi((*it)[2]);
+    }
+    return ranks;
+  }
+  // The newest generation after `after` of world size `world` that every one of `pods` joined,
+  // with their ranks in it; {-1, {}} when there is none yet.
+  std::pair<int, std::map<std::string, int>> Generation(const std::vector<std::string>& pods,
+                                                        int world, int after) {
+    std::map<std::string, std::map<int, int>> seen;
+    for (const std::string& pod : pods) seen[pod] = RanksAt(pod, world);
+    for (auto it = seen[pods[0]].rbegin(); it != seen[pods[0]].rend(); ++it) {
+      if (it->first <= after) break;
+      std::map<std::string, int> ranks;
+      for (const std::string& pod : pods) {
+        auto found = seen[pod].find(it->first);
+        if (found != seen[pod].end()) ranks[pod] = found->second;
+      }
+      if (ranks.size() == pods.size()) return {it->first, ranks};
+    }
+    return {-1, {}};
+  }
+  std::vector<std::string> nodes_;
+  std::vector<std::unique_ptr<KubeletSimulator>> kubelets_;
+};
+
+TEST_F(RackOrderTest, RanksAreRackContiguousWhateverOrderThePodsJoinedIn) {
+  AddNode("r1");
+  AddNode("r2");
+  json manifest = JobManifest("racks", 4);
+  manifest["spec"]["elastic"] = {{"minReplicas", 3}, {"maxReplicas", 4}};
+  manifest["spec"]["trainer"]["steps"] = 1000000;  // deleted once the ranks are seen
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  WaitForPods("racks", 4);
+  const std::vector<std::string> racks = {"r1", "r2", "r1", "r2"};
+  for (int i = 0; i < 4; ++i) {
+    const std::string pod = "racks-worker-" + std::to_string(i);
+    Bind(pod, ns_ + "-" + racks[i]);
+    // Its worker has started and loaded its data: it joins next, before the next pod's does.
+    ASSERT_TRUE(OperatorHarness::WaitFor(
+        [&] { return kubelets_[i % 2]->LogOf(ns_, pod).find(" loaded in ") != std::string::npos; },
+        60000))
+        << pod << " never started";
+  }
+  // A first generation may form of three (the fourth started after the last call); the one all
+  // four joined is what the ranks are read from.
+  const std::vector<std::string> all = {"racks-worker-0", "racks-worker-1", "racks-worker-2",
+                                        "racks-worker-3"};
+  std::pair<int, std::map<std::string, int>> four;
+  ASSERT_TRUE(OperatorHarness::WaitFor(
+      [&] { return (four = Generation(all, 4, 0)).first > 0; }, 60000))
+      << "no generation of all four formed";
+  // Rack r1's pods (workers 0 and 2) are ranks 0 and 1, rack r2's 2 and 3.
+  std::map<std::string, int>& ranks = four.second;
+  EXPECT_EQ(std::set<int>({ranks["racks-worker-0"], ranks["racks-worker-2"]}),
+            std::set<int>({0, 1}));
+  EXPECT_EQ(std::set<int>({ranks["racks-worker-1"], ranks["racks-worker-3"]}),
+            std::set<int>({2, 3}));
+
+  // Worker 0 killed: its replacement pod is bound to rack r1 again and joins the survivors. In
+  // order of arrival it comes last (r1 r2 r2 r1 would be the survivors' order plus it); the
+  // generation that takes it in has it next to worker 2 all the same.
+  const std::string lost_uid = UidsByName(h_->Pods(ns_, "racks"))["racks-worker-0"];
+  ASSERT_TRUE(kubelets_[0]->KillContainer(ns_, "racks-worker-0", SIGKILL).ok());
+  ASSERT_TRUE(OperatorHarness::WaitFor(
+      [&] {
+        const json pod = h_->Pod(ns_, "racks-worker-0");
+        return !pod.is_null() && pod["metadata"]["uid"] != lost_uid &&
+               !pod["metadata"].contains("deletionTimestamp");
+      },
+      60000))
+      << "worker 0 never replaced";
+  Bind("racks-worker-0", ns_ + "-r1");
+  std::pair<int, std::map<std::string, int>> again;
+  ASSERT_TRUE(OperatorHarness::WaitFor(
+      [&] { return (again = Generation(all, 4, four.first)).first > 0; }, 60000))
+      << "the replacement never joined";
+  std::map<std::string, int>& now = again.second;
+  const std::set<int> r1 = {now["racks-worker-0"], now["racks-worker-2"]};
+  const std::set<int> r2 = {now["racks-worker-1"], now["racks-worker-3"]};
+  EXPECT_TRUE((r1 == std::set<int>{0, 1} && r2 == std::set<int>{2, 3}) ||
+              (r1 == std::set<int>{2, 3} && r2 == std::set<int>{0, 1}))
+      << "generation " << again.first << ": r1 ranks " << *r1.begin() << "," << *r1.rbegin()
+      << "; r2 ranks " << *r2.begin() << "," << *r2.rbegin();
 }
 
 TEST_F(OperatorEndToEndTest, WorkersReconnectToARestartedOperatorAndFinish) {

@@ -323,6 +323,7 @@ bool KubeletSimulator::Claim(const json& object, json* claimed) {
   const std::string node = StringAt(object, "/spec/nodeName"_json_pointer);
   if (node == options_.node_name) return true;
   if (!node.empty()) return false;
+  if (options_.bound_pods_only) return false;  // a scheduler (the test) binds them
   if (!options_.bind_pods) return true;
   if (object["metadata"].contains("deletionTimestamp")) return false;
   // What a scheduler does: POST a Binding; the API server sets spec.nodeName and the

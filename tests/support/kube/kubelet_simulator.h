@@ -112,6 +112,9 @@ struct KubeletSimulatorOptions {
   std::string node_name = "lockstep-sim-node";
   // Act as the scheduler too (see the file comment: faithful graceful deletion).
   bool bind_pods = true;
+  // Only the pods something else bound to node_name, as a kubelet proper (the test schedules,
+  // e.g. to place pods on nodes of its choice); bind_pods is then moot.
+  bool bound_pods_only = false;
   // true: run the worker container as a process; false: the test drives the status.
   bool run_containers = true;
   // The container that runs; when no container has this name, the first one.

@@ -1,0 +1,95 @@
+// TrainingJobReconciler, ranks that follow the network (after step 8 of reconciler.h): each bound
+// worker pod's place, its node's values of the --topology-keys labels (coarse to fine) and then
+// the node's name, is told to the rendezvous service, which numbers the next generation's pods
+// by it (common/rendezvous/topology_order.h) so that a ring crosses each switch level as few
+// times as it can and pods of one node are neighbours.
+//
+// A pod is placed once it is bound: the reconcile its binding queues reads its node (once per
+// node_place_ttl_ms; topology labels do not change while a node lives), long before the worker
+// in it has started and joined. A place the service has not got when everyone has joined is
+// waited for until the last call, then the pod is numbered as having none.
+#include <iterator>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "common/logging.h"
+#include "common/deadline.h"
+#include "operator/trainingjob/pod_cache.h"
+#include "operator/trainingjob/reconciler.h"
+#include "operator/trainingjob/reconciler_work.h"
+
+namespace lockstep::op::trainingjob {
+
+namespace res = kube::resources;
+using json = nlohmann::json;
+
+const std::vector<std::string>& DefaultTopologyKeys() {
+  static const std::vector<std::string> keys = {
+      "topology.kubernetes.io/region",
+      "topology.kubernetes.io/zone",
+      "topology.k8s.aws/network-node-layer-1",
+      "topology.k8s.aws/network-node-layer-2",
+      "topology.k8s.aws/network-node-layer-3",
+      "cloud.google.com/gce-topology-block",
+      "cloud.google.com/gce-topology-subblock",
+      "network.topology.nvidia.com/datacenter",
+      "network.topology.nvidia.com/spine",
+      "network.topology.nvidia.com/block",
+  };
+  return keys;
+}
+
+std::optional<rendezvous::TopologyPath> TrainingJobReconciler::NodePlace(const std::string& name) {
+  const double now = MonotonicSeconds();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = node_places_.find(name);
+    if (it != node_places_.end() &&
+        now - it->second.read_at < options_.node_place_ttl_ms / 1000.0) {
+      return it->second.place;
+    }
+  }
+  StatusOr<json> node = deps_.client->Get(res::kNodes, "", name);
+  if (!node.ok()) {
+    LOCKSTEP_LOG(WARNING) << "node " << name << ": cannot read its topology labels ("
+                          << node.status() << "); its pods are numbered without a place for now";
+    return std::nullopt;
+  }
+  const json labels = (*node)["metadata"].value("labels", json::object());
+  rendezvous::TopologyPath place;
+  place.reserve(options_.topology_keys.size() + 1);
+  for (const std::string& key : options_.topology_keys) {
+    const json& value = labels.contains(key) ? labels[key] : json();
+    place.push_back(value.is_string() ? value.get<std::string>() : "");
+  }
+  place.push_back(name);
+  const double ttl = options_.node_place_ttl_ms / 1000.0;
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Nodes come and go: once a TTL, the places read longer ago than that are dropped.
+  if (now - node_places_pruned_at_ >= ttl) {
+    for (auto it = node_places_.begin(); it != node_places_.end();) {
+      it = now - it->second.read_at >= ttl ? node_places_.erase(it) : std::next(it);
+    }
+    node_places_pruned_at_ = now;
+  }
+  node_places_[name] = NodePlaceEntry{place, now};
+  return place;
+}
+
+void TrainingJobReconciler::ReportPlaces(Work& w) {
+  if (deps_.rendezvous == nullptr || options_.topology_keys.empty()) return;
+  for (const auto& [index, pod] : w.by_index) {
+    if (IsTerminating(*pod)) continue;
+    const std::string phase = PodPhase(*pod);
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    const std::string node = (*pod).contains("spec") ? (*pod)["spec"].value("nodeName", "") : "";
+    if (node.empty()) continue;  // not scheduled yet: its binding queues another reconcile
+    std::optional<rendezvous::TopologyPath> place = NodePlace(node);
+    if (!place.has_value()) continue;  // the next reconcile asks again
+    deps_.rendezvous->SetPodTopology(w.key, (*pod)["metadata"].value("name", ""),
+                                     std::move(*place));
+  }
+}
+
+}  // namespace lockstep::op::trainingjob
