@@ -51,12 +51,14 @@ std::optional<rendezvous::TopologyPath> TrainingJobReconciler::NodePlace(const s
     }
   }
   StatusOr<json> node = deps_.client->Get(res::kNodes, "", name);
-  if (!node.ok()) {
+  // A node that does not exist (any more) has no labels: its pods are placed by its name alone.
+  if (!node.ok() && !kube::IsNotFound(node.status())) {
     LOCKSTEP_LOG(WARNING) << "node " << name << ": cannot read its topology labels ("
                           << node.status() << "); its pods are numbered without a place for now";
     return std::nullopt;
   }
-  const json labels = (*node)["metadata"].value("labels", json::object());
+  const json labels =
+      node.ok() ? (*node)["metadata"].value("labels", json::object()) : json::object();
   rendezvous::TopologyPath place;
   place.reserve(options_.topology_keys.size() + 1);
   for (const std::string& key : options_.topology_keys) {

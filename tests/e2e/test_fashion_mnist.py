@@ -2,8 +2,10 @@
 both nodes train to the accuracy `lockstep run` reaches (85%, tests/integration/cli/run_test.cc),
 `kubectl get tj` shows progress while it runs, `kubectl logs` shows a worker's training lines, and
 the job ends Succeeded. Every worker runs under the restricted Pod Security profile on real runc
-(checked inside a container: non-root, no capabilities, seccomp filtering). Prints the time from
-`kubectl apply` to the first step (docs/benchmarks.md)."""
+(checked inside a container: non-root, no capabilities, seccomp filtering). Ranks follow the
+nodes' rack labels (scripts/cluster/values.yaml gives the operator the keys): the two pods on each
+node, one rack each, hold consecutive ranks. Prints the time from `kubectl apply` to the first
+step (docs/benchmarks.md)."""
 import re
 import time
 import unittest
@@ -46,6 +48,21 @@ class FashionMnistOnTwoNodes(unittest.TestCase):
                                timeout=900)
             self.assertEqual(cluster.phase(done), "Succeeded", ns.describe(name))
             self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"])
+
+            # Each node is a rack of its own: its pods' ranks in the generation of all four are
+            # consecutive, whatever order the pods joined in.
+            joined = re.compile(r"joined generation (\d+) as rank (\d+) of 4\b")
+            ranks = {}  # generation -> {pod: rank}
+            for pod in pods:
+                for generation, rank in joined.findall(ns.logs(pod["metadata"]["name"])):
+                    ranks.setdefault(int(generation), {})[pod["metadata"]["name"]] = int(rank)
+            whole = [g for g, members in sorted(ranks.items()) if len(members) == 4]
+            self.assertTrue(whole, "a generation of all four: %s" % ranks)
+            for node in cluster.NODES:
+                on_node = sorted(ranks[whole[0]][p["metadata"]["name"]] for p in pods
+                                 if p["spec"]["nodeName"] == node)
+                self.assertIn(on_node, ([0, 1], [2, 3]),
+                              "the ranks on %s's rack are consecutive: %s" % (node, ranks))
 
             logs = ns.logs(pods[0]["metadata"]["name"])
             first_step = cluster.first_training(logs, after=applied)[0] - applied
