@@ -231,12 +231,14 @@ Status ParseFlags(int argc, char** argv, Flags* flags) {
     } else if (name == "--topology-keys") {
       LOCKSTEP_ASSIGN_OR_RETURN(std::string list, take());
       flags->topology_keys.clear();
-      std::istringstream keys(list);
-      for (std::string key; std::getline(keys, key, ',');) {
-        if (key.empty()) {
-          return InvalidArgumentError("--topology-keys: an empty key in \"" + list + "\"");
+      if (!list.empty()) {
+        std::istringstream keys(list + ",");  // so that a trailing empty key is read too
+        for (std::string key; std::getline(keys, key, ',');) {
+          if (key.empty()) {
+            return InvalidArgumentError("--topology-keys: an empty key in \"" + list + "\"");
+          }
+          flags->topology_keys.push_back(key);
         }
-        flags->topology_keys.push_back(key);
       }
     } else if (name == "--rendezvous-heartbeat-timeout-ms") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->heartbeat_timeout_ms, take_int(500, 600000));

@@ -143,12 +143,23 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   FormGeneration(now, out);
 }
 
-bool JobState::EveryAdmissiblePodPlaced() const {
+std::vector<std::string> JobState::AdmissiblePods() const {
+  // Survivors keep their relative order, newcomers follow in order of first arrival; only whole
+  // pods, at most max_members of them.
+  std::vector<std::string> pods;
   for (const auto& survivor : survivors_) {
-    if (PodComplete(survivor) && places_.count(survivor) == 0) return false;
+    if (PodComplete(survivor)) pods.push_back(survivor);
   }
   for (const auto& pod : PendingPods()) {
-    if (PodComplete(pod) && places_.count(pod) == 0) return false;
+    if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
+  }
+  pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
+  return pods;
+}
+
+bool JobState::EveryAdmissiblePodPlaced() const {
+  for (const auto& pod : AdmissiblePods()) {
+    if (places_.count(pod) == 0) return false;
   }
   return true;
 }
@@ -159,20 +170,13 @@ void JobState::SetPodTopology(const std::string& pod, TopologyPath path, TimePoi
   auto [it, added] = places_.try_emplace(pod);
   if (!added && it->second == path) return;
   it->second = std::move(path);
-  TryFormGeneration(now, out);  // the place it waited for
+  // A generation may have waited for this place: only a pod that has joined whole can be that.
+  if (!active_ && PodComplete(pod)) TryFormGeneration(now, out);
 }
 
 void JobState::FormGeneration(TimePoint now, Actions& out) {
-  // Pods: survivors keep their relative order, newcomers follow in order of first arrival; only
-  // whole pods are admitted. Ranks go pod by pod, local ranks in order.
-  std::vector<std::string> pods;
-  for (const auto& survivor : survivors_) {
-    if (PodComplete(survivor)) pods.push_back(survivor);
-  }
-  for (const auto& pod : PendingPods()) {
-    if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
-  }
-  pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
+  // Ranks go pod by pod (in the network's order when the job asks for it), local ranks in order.
+  std::vector<std::string> pods = AdmissiblePods();
   if (config_.order_by_topology) pods = OrderByTopology(pods, places_);
   const int32_t per_pod = config_.ranks_per_pod;
   std::map<std::pair<std::string, int32_t>, size_t> place;  // (pod, local rank) -> pending_ index

@@ -240,7 +240,10 @@ class JobState {
   bool PodComplete(const std::string& pod) const;  // every rank pending
   int32_t ExpectedPods() const;
   bool AllExpectedJoined() const;
-  // Whether every pod the next generation would admit has a place (SetPodTopology).
+  // The pods the next generation would admit, in order: surviving pods, then newcomers by first
+  // arrival; whole pods only, at most max_members.
+  std::vector<std::string> AdmissiblePods() const;
+  // Whether every one of them has a place (SetPodTopology).
   bool EveryAdmissiblePodPlaced() const;
   void TryFormGeneration(TimePoint now, Actions& out);
   void FormGeneration(TimePoint now, Actions& out);

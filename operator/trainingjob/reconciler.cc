@@ -189,9 +189,9 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
     (void)write;
     return children;
   }
+  ReportPlaces(w);
   Status pods_status = ReconcilePods(w);
   if (JobFinished(w.status)) return pods_status;
-  ReportPlaces(w);
 
   // 9.
   ComputeStatus(w);

@@ -123,8 +123,8 @@ class TrainingJobReconciler : public controller::Reconciler {
   // reconciler_topology.cc: each bound worker pod's place in the network, told to the
   // rendezvous service so that ranks follow it.
   void ReportPlaces(Work& w);
-  // The place of node `name` (its --topology-keys values, then its name); empty when it cannot
-  // be read now. Kept for node_place_ttl_ms.
+  // The place of node `name` (its --topology-keys values, then its name); none when it cannot
+  // be read now (asked again 30 s later). Kept for node_place_ttl_ms.
   std::optional<rendezvous::TopologyPath> NodePlace(const std::string& name);
   Status CleanUpFinished(Work& w);
   std::string Token(const spec::TrainingJob& job) const;
@@ -146,7 +146,7 @@ class TrainingJobReconciler : public controller::Reconciler {
   std::map<std::string, StragglerRecord> straggler_records_;
   // node name -> its place and when it was read (MonotonicSeconds), reconciler_topology.cc.
   struct NodePlaceEntry {
-    rendezvous::TopologyPath place;
+    std::optional<rendezvous::TopologyPath> place;  // none: the node could not be read
     double read_at = 0;
   };
   std::map<std::string, NodePlaceEntry> node_places_;

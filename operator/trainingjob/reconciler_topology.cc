@@ -5,16 +5,16 @@
 // times as it can and pods of one node are neighbours.
 //
 // A pod is placed once it is bound: the reconcile its binding queues reads its node (once per
-// node_place_ttl_ms; topology labels do not change while a node lives), long before the worker
-// in it has started and joined. A place the service has not got when everyone has joined is
-// waited for until the last call, then the pod is numbered as having none.
+// node_place_ttl_ms, so a label added later, as topograph does, is seen within it), long before
+// the worker in it has started and joined. A place the service has not got when everyone has
+// joined is waited for until the last call, then the pod is numbered as having none.
 #include <iterator>
 #include <mutex>
 #include <optional>
 #include <string>
 
-#include "common/logging.h"
 #include "common/deadline.h"
+#include "common/logging.h"
 #include "operator/trainingjob/pod_cache.h"
 #include "operator/trainingjob/reconciler.h"
 #include "operator/trainingjob/reconciler_work.h"
@@ -23,6 +23,11 @@ namespace lockstep::op::trainingjob {
 
 namespace res = kube::resources;
 using json = nlohmann::json;
+
+namespace {
+// How long a node that could not be read waits before it is asked again.
+constexpr double kUnreadableNodeRetrySeconds = 30;
+}  // namespace
 
 const std::vector<std::string>& DefaultTopologyKeys() {
   static const std::vector<std::string> keys = {
@@ -42,31 +47,34 @@ const std::vector<std::string>& DefaultTopologyKeys() {
 
 std::optional<rendezvous::TopologyPath> TrainingJobReconciler::NodePlace(const std::string& name) {
   const double now = MonotonicSeconds();
+  const double ttl = options_.node_place_ttl_ms / 1000.0;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = node_places_.find(name);
-    if (it != node_places_.end() &&
-        now - it->second.read_at < options_.node_place_ttl_ms / 1000.0) {
-      return it->second.place;
+    if (it != node_places_.end()) {
+      // A node that could not be read is not asked again for a while: an API server in
+      // trouble gets one GET per node, not one per pod and reconcile.
+      const double keep = it->second.place.has_value() ? ttl : kUnreadableNodeRetrySeconds;
+      if (now - it->second.read_at < keep) return it->second.place;
     }
   }
   StatusOr<json> node = deps_.client->Get(res::kNodes, "", name);
-  // A node that does not exist (any more) has no labels: its pods are placed by its name alone.
-  if (!node.ok() && !kube::IsNotFound(node.status())) {
+  std::optional<rendezvous::TopologyPath> place;
+  if (node.ok() || kube::IsNotFound(node.status())) {
+    // A node that does not exist (any more) has no labels: its pods are placed by its name alone.
+    const json labels =
+        node.ok() ? (*node)["metadata"].value("labels", json::object()) : json::object();
+    place.emplace();
+    place->reserve(options_.topology_keys.size() + 1);
+    for (const std::string& key : options_.topology_keys) {
+      const json& value = labels.contains(key) ? labels[key] : json();
+      place->push_back(value.is_string() ? value.get<std::string>() : "");
+    }
+    place->push_back(name);
+  } else {
     LOCKSTEP_LOG(WARNING) << "node " << name << ": cannot read its topology labels ("
                           << node.status() << "); its pods are numbered without a place for now";
-    return std::nullopt;
   }
-  const json labels =
-      node.ok() ? (*node)["metadata"].value("labels", json::object()) : json::object();
-  rendezvous::TopologyPath place;
-  place.reserve(options_.topology_keys.size() + 1);
-  for (const std::string& key : options_.topology_keys) {
-    const json& value = labels.contains(key) ? labels[key] : json();
-    place.push_back(value.is_string() ? value.get<std::string>() : "");
-  }
-  place.push_back(name);
-  const double ttl = options_.node_place_ttl_ms / 1000.0;
   std::lock_guard<std::mutex> lock(mutex_);
   // Nodes come and go: once a TTL, the places read longer ago than that are dropped.
   if (now - node_places_pruned_at_ >= ttl) {
@@ -81,14 +89,16 @@ std::optional<rendezvous::TopologyPath> TrainingJobReconciler::NodePlace(const s
 
 void TrainingJobReconciler::ReportPlaces(Work& w) {
   if (deps_.rendezvous == nullptr || options_.topology_keys.empty()) return;
-  for (const auto& [index, pod] : w.by_index) {
-    if (IsTerminating(*pod)) continue;
+  // From the cache, before this reconcile deletes or creates pods: a pod it deletes then takes
+  // its place with it (RemoveMember), and one it creates is placed once it is bound.
+  for (const controller::ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {
+    if (PodIndex(*pod) < 0 || !OwnedBy(*pod, w.job.metadata.uid) || IsTerminating(*pod)) continue;
     const std::string phase = PodPhase(*pod);
     if (phase == "Succeeded" || phase == "Failed") continue;
     const std::string node = (*pod).contains("spec") ? (*pod)["spec"].value("nodeName", "") : "";
     if (node.empty()) continue;  // not scheduled yet: its binding queues another reconcile
     std::optional<rendezvous::TopologyPath> place = NodePlace(node);
-    if (!place.has_value()) continue;  // the next reconcile asks again
+    if (!place.has_value()) continue;  // asked again after a while
     deps_.rendezvous->SetPodTopology(w.key, (*pod)["metadata"].value("name", ""),
                                      std::move(*place));
   }

@@ -921,12 +921,12 @@ TEST(JobStateTopologyTest, AGenerationWaitsForAPlaceNotYetKnownAndFormsWhenItCom
 TEST(JobStateTopologyTest, APlaceThatNeverComesDelaysTheGenerationByTheLastCallAtMost) {
   Driver job(TopologyConfig(3, 3));
   job.Run({
-      {"place w0 r2", ""},
+      {"place w0 r1", ""},
       {"place w2 r1", ""},
       {"join w0", "wake @10000"},
       {"join w1", "wake @10000"},
       {"join w2", "wake @10000; wake @1000"},
-      {"at 1000", "w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @1501"},
+      {"at 1000", "w0 joins g1 as 0/3; w2 joins g1 as 1/3; w1 joins g1 as 2/3; wake @1501"},
   });
 }
 
@@ -957,14 +957,15 @@ TEST(JobStateTopologyTest, ReformationsKeepTheRackOrderAndPlaceAReplacementInIts
       {"beat w1 g2", ""},
       {"beat w2 g2", ""},
       {"beat w3 g2", ""},
-      // The replacement (the same pod name) on a node of rack r2 this time.
+      // The replacement (the same pod name) joins last; the removed pod's place went with it,
+      // so the generation waits for the replacement's, which puts it in rack r1 beside w2.
       {"join w0", "w2 ends g2 joined; w1 ends g2 joined; w3 ends g2 joined; wake @10000"},
-      {"place w0 z/r2", ""},
       {"join w2", "wake @10000"},
       {"join w1", "wake @10000"},
-      {"join w3",
-       "wake @10000; w2 joins g3 as 0/4; w1 joins g3 as 1/4; w3 joins g3 as 2/4; "
-       "w0 joins g3 as 3/4; wake @501"},
+      {"join w3", "wake @10000"},
+      {"place w0 z/r1",
+       "w2 joins g3 as 0/4; w0 joins g3 as 1/4; w1 joins g3 as 2/4; w3 joins g3 as 3/4; "
+       "wake @501"},
   });
 }
 

@@ -781,6 +781,19 @@ TEST_F(OperatorEndToEndTest, AStragglerIsReplacedWhenTheJobAsksAndTheJobFinishes
   EXPECT_EQ(Condition(job, "Straggler").value("status", ""), "False") << job["status"].dump(2);
 }
 
+// --topology-keys with an empty key in its list is refused at start-up, naming the flag (exit 2),
+// rather than read as a label no node has.
+TEST(OperatorFlagsTest, AnEmptyTopologyKeyIsRefusedNamingTheFlag) {
+  for (const std::string list : {"a,,b", "a,", ",a"}) {
+    const ProcessResult result =
+        RunProcess({LOCKSTEP_OPERATOR_BINARY, "--topology-keys=" + list}, {}, 30000);
+    ASSERT_FALSE(result.timed_out) << list;
+    EXPECT_EQ(result.exit_code, 2) << list << ": " << result.err;
+    EXPECT_NE(result.err.find("--topology-keys: an empty key"), std::string::npos)
+        << list << ": " << result.err;
+  }
+}
+
 // Ranks follow the network: the operator reads each bound pod's node labels (--topology-keys)
 // and the rendezvous service numbers pods rack by rack. Two nodes, one per rack; the pods are
 // bound one at a time alternating racks, each worker started before the next pod is bound, so
