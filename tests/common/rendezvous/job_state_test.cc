@@ -870,17 +870,18 @@ JobConfig TopologyConfig(int32_t min_members, int32_t max_members) {
   return config;
 }
 
-// w0..w3 joined in order, placed in two racks interleaved (w0, w2 in r1; w1, w3 in r2).
+// w0..w3 placed in two racks interleaved (w0, w2 in r1; w1, w3 in r2), then w0..w2 joined in
+// order; w3's join, the last, forms the generation.
+const std::vector<Row> kInterleavedRacks = {
+    {"place w0 z/r1/n0", ""}, {"place w1 z/r2/n1", ""}, {"place w2 z/r1/n2", ""},
+    {"place w3 z/r2/n3", ""}, {"join w0", "wake @10000"},  {"join w1", "wake @10000"},
+    {"join w2", "wake @10000"},
+};
+
 TEST(JobStateTopologyTest, PodsAreNumberedRackByRackWhateverOrderTheyJoinedIn) {
   Driver job(TopologyConfig(4, 4));
+  job.Run(kInterleavedRacks);
   job.Run({
-      {"place w0 z/r1/n0", ""},
-      {"place w1 z/r2/n1", ""},
-      {"place w2 z/r1/n2", ""},
-      {"place w3 z/r2/n3", ""},
-      {"join w0", "wake @10000"},
-      {"join w1", "wake @10000"},
-      {"join w2", "wake @10000"},
       {"join w3",
        "wake @10000; w0 joins g1 as 0/4; w2 joins g1 as 1/4; w1 joins g1 as 2/4; "
        "w3 joins g1 as 3/4; wake @501"},
@@ -889,14 +890,8 @@ TEST(JobStateTopologyTest, PodsAreNumberedRackByRackWhateverOrderTheyJoinedIn) {
 
 TEST(JobStateTopologyTest, WithoutTopologyOrderingPlacesChangeNothing) {
   Driver job(Config(4, 4));
+  job.Run(kInterleavedRacks);
   job.Run({
-      {"place w0 z/r1/n0", ""},
-      {"place w1 z/r2/n1", ""},
-      {"place w2 z/r1/n2", ""},
-      {"place w3 z/r2/n3", ""},
-      {"join w0", "wake @10000"},
-      {"join w1", "wake @10000"},
-      {"join w2", "wake @10000"},
       {"join w3",
        "wake @10000; w0 joins g1 as 0/4; w1 joins g1 as 1/4; w2 joins g1 as 2/4; "
        "w3 joins g1 as 3/4; wake @501"},
