@@ -297,9 +297,9 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
     return;
   }
   if (join.member_id.empty() || join.timeout_ms <= 0) {
-    out.push_back(AnswerJoin{call,
-                             InvalidArgumentError("join needs a member_id and a positive timeout_ms"),
-                             {}, nullptr});
+    const Status invalid =
+        InvalidArgumentError("join needs a member_id and a positive timeout_ms");
+    out.push_back(AnswerJoin{call, invalid, {}, nullptr});
     return;
   }
   if (join.local_rank < 0 || join.local_rank >= config_.ranks_per_pod) {

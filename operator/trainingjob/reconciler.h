@@ -16,7 +16,8 @@
 //  6. Expectations not yet satisfied (the pod cache is behind our own writes): wait.
 //  7. Children: Secret (token derived from the operator's master key and the job's uid, so a
 //     restarted operator derives the same one and never reads Secrets back), Service, PodGroup,
-//     rendezvous registration; created when missing (AlreadyExists is success).
+//     rendezvous registration; created when missing (AlreadyExists is success). Then each
+//     bound pod's place in the network goes to the rendezvous service (ranks follow it).
 //  8. Pods: a failed pod is replaced or fails the job by restartPolicy and backoffLimit; pods
 //     whose index is >= spec.replicas are deleted (scale-down touches no other pod); missing
 //     indices are created (scale-up, deleted pods) unless a worker already succeeded.

@@ -1,8 +1,8 @@
-// TrainingJobReconciler, ranks that follow the network (after step 8 of reconciler.h): each bound
-// worker pod's place, its node's values of the --topology-keys labels (coarse to fine) and then
-// the node's name, is told to the rendezvous service, which numbers the next generation's pods
-// by it (common/rendezvous/topology_order.h) so that a ring crosses each switch level as few
-// times as it can and pods of one node are neighbours.
+// TrainingJobReconciler, ranks that follow the network (the end of step 7 of reconciler.h): each
+// bound worker pod's place, its node's values of the --topology-keys labels (coarse to fine) and
+// then the node's name, is told to the rendezvous service, which numbers the next generation's
+// pods by it (common/rendezvous/topology_order.h) so that a ring crosses each switch level as
+// few times as it can and pods of one node are neighbours.
 //
 // A pod is placed once it is bound: the reconcile its binding queues reads its node (once per
 // node_place_ttl_ms, so a label added later, as topograph does, is seen within it), long before

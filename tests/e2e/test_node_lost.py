@@ -1,12 +1,13 @@
 """A whole node lost (`cluster.sh kill-node`: its kubelet, containerd, kube-proxy and every
 container on it SIGKILLed at once) under an elastic job with two workers on each node (its
-minReplicas on either): the survivors on the other node go on training without waiting; the lost node's pods are evicted after the
-operator's tolerationSeconds (30 s, not Kubernetes' 300) and, since no kubelet will ever confirm
-their deletion, deleted with grace 0 by the operator; their replacements run on the surviving node
-and the whole world trains again, never stuck Restarting (Kubeflow training-operator#2072). The job
-is sized to outlast that on any machine (a million steps) and is deleted once its full world has
-trained on. Prints the time from the loss to the survivors training again and to the full world
-training again (docs/benchmarks.md). The node is started again at the end.
+minReplicas on either): the survivors on the other node go on training without waiting; the lost
+node's pods are evicted after the operator's tolerationSeconds (30 s, not Kubernetes' 300) and,
+since no kubelet will ever confirm their deletion, deleted with grace 0 by the operator; their
+replacements run on the surviving node and the whole world trains again, never stuck Restarting
+(Kubeflow training-operator#2072). The job is sized to outlast that on any machine (a million
+steps) and is deleted once its full world has trained on. Prints the time from the loss to the
+survivors training again and to the full world training again (docs/benchmarks.md). The node is
+started again at the end.
 
 The node lost is one that does not hold the operator's leader (the rendezvous service): the
 workers' loss is what this test measures; a leader lost with its node is its standby's takeover
