@@ -25,6 +25,11 @@ std::string PodPhase(const json& pod) {
   return pod["status"].value("phase", "Pending");
 }
 
+std::string NodeNameOf(const json& pod) {
+  if (!pod.contains("spec")) return "";
+  return pod["spec"].value("nodeName", "");
+}
+
 bool IsTerminating(const json& pod) {
   return pod["metadata"].contains("deletionTimestamp") &&
          !pod["metadata"]["deletionTimestamp"].is_null();

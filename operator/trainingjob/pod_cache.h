@@ -26,6 +26,8 @@ nlohmann::json TrimJob(nlohmann::json job);
 std::string JobKeyOfPod(const nlohmann::json& pod);
 // status.phase; "Pending" until the kubelet reports one.
 std::string PodPhase(const nlohmann::json& pod);
+// spec.nodeName; "" until the pod is scheduled.
+std::string NodeNameOf(const nlohmann::json& pod);
 // metadata.deletionTimestamp is set: the pod is going, whatever its phase says.
 bool IsTerminating(const nlohmann::json& pod);
 // Its Ready condition is True.

@@ -67,7 +67,7 @@ void TrainingJobReconciler::DeleteIfNodeLost(Work& w, const json& pod) {
     w.RequeueAfter(static_cast<int64_t>(std::ceil((ends + kMarginSeconds - now) * 1000)));
     return;
   }
-  const std::string node = pod.contains("spec") ? pod["spec"].value("nodeName", "") : "";
+  const std::string node = NodeNameOf(pod);
   if (node.empty()) return;  // never scheduled: the API server deletes it at once
   std::string why;
   StatusOr<json> got = deps_.client->Get(res::kNodes, "", node);

@@ -108,9 +108,7 @@ void TrainingJobReconciler::ReportStragglers(Work& w,
     const std::string pod_name = s.pod.empty() ? s.member_id : s.pod;
     const auto pod = pods.find(pod_name);
     const json* object = pod == pods.end() ? nullptr : pod->second.second.get();
-    const std::string node = object == nullptr || !object->contains("spec")
-                                 ? ""
-                                 : (*object)["spec"].value("nodeName", "");
+    const std::string node = object == nullptr ? "" : NodeNameOf(*object);
     json entry = {{"pod", pod_name}, {"rank", s.rank}, {"ratio", std::round(s.ratio * 100) / 100}};
     if (!node.empty()) entry["node"] = node;
     list.push_back(entry);

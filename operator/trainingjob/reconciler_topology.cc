@@ -95,7 +95,7 @@ void TrainingJobReconciler::ReportPlaces(Work& w) {
     if (PodIndex(*pod) < 0 || !OwnedBy(*pod, w.job.metadata.uid) || IsTerminating(*pod)) continue;
     const std::string phase = PodPhase(*pod);
     if (phase == "Succeeded" || phase == "Failed") continue;
-    const std::string node = (*pod).contains("spec") ? (*pod)["spec"].value("nodeName", "") : "";
+    const std::string node = NodeNameOf(*pod);
     if (node.empty()) continue;  // not scheduled yet: its binding queues another reconcile
     std::optional<rendezvous::TopologyPath> place = NodePlace(node);
     if (!place.has_value()) continue;  // asked again after a while

@@ -506,13 +506,18 @@ TEST_F(OperatorTest, ExposesItsMetricsAndHealth) {
 // mid-run and pick the uid an image runs as, and run without root in seconds on every machine.
 class OperatorEndToEndTest : public OperatorTest {
  protected:
-  // image_user: the uid the simulated images run as (0: a root image).
-  void StartKubelet(int64_t image_user = KubeletSimulatorOptions().image_user) {
+  // A simulated node that runs this namespace's worker pods as local lockstep-worker processes.
+  KubeletSimulatorOptions WorkerKubeletOptions() const {
     KubeletSimulatorOptions options;
-    options.image_user = image_user;
     options.namespace_ = ns_;
     options.executables = {{"lockstep-worker", LOCKSTEP_WORKER_BINARY}};
     options.extra_env = {{"LOCKSTEP_METRICS_PORT", "0"}};
+    return options;
+  }
+  // image_user: the uid the simulated images run as (0: a root image).
+  void StartKubelet(int64_t image_user = KubeletSimulatorOptions().image_user) {
+    KubeletSimulatorOptions options = WorkerKubeletOptions();
+    options.image_user = image_user;
     auto kubelet = KubeletSimulator::Start(&h_->kube(), options);
     ASSERT_TRUE(kubelet.ok()) << kubelet.status();
     kubelet_ = std::move(*kubelet);
@@ -822,12 +827,9 @@ class RackOrderTest : public OperatorEndToEndTest {
                        {"metadata", {{"name", name}, {"labels", {{kRackLabel, rack}}}}}};
     ASSERT_EQ(h_->kube().Request("POST", "/api/v1/nodes", node).status, 201);
     nodes_.push_back(name);
-    KubeletSimulatorOptions options;
-    options.namespace_ = ns_;
+    KubeletSimulatorOptions options = WorkerKubeletOptions();
     options.node_name = name;
     options.bound_pods_only = true;
-    options.executables = {{"lockstep-worker", LOCKSTEP_WORKER_BINARY}};
-    options.extra_env = {{"LOCKSTEP_METRICS_PORT", "0"}};
     auto kubelet = KubeletSimulator::Start(&h_->kube(), options);
     ASSERT_TRUE(kubelet.ok()) << kubelet.status();
     kubelets_.push_back(std::move(*kubelet));
