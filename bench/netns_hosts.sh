@@ -8,6 +8,10 @@
 #                              host h's namespace is ${TAG}n$$-h
 #   netns_hosts_limit RATE     both directions of both hosts' links to RATE (tc: 1gbit, 100mbit)
 #   netns_hosts_down           removes what netns_hosts_up made (call it from the EXIT trap)
+#   netns_host_add NS VETH BRIDGE ADDRESS/LEN [SUFFIX]
+#                              one host: namespace NS on BRIDGE through the veth pair
+#                              VETHoSUFFIX (on the bridge) - VETHiSUFFIX (in NS, holding
+#                              ADDRESS/LEN); bench/topology/run.sh builds its racks with it
 #
 # Only the script's own addresses are used; $$ keeps concurrent runs apart.
 netns_hosts_up() {
@@ -20,14 +24,19 @@ netns_hosts_up() {
   ip addr add "$NETNS_NET.1/24" dev "${t}b$$"
   ip link set "${t}b$$" up
   for h in 0 1; do
-    ip netns add "${t}n$$-$h"
-    ip link add "${t}v$$o$h" type veth peer name "${t}v$$i$h"
-    ip link set "${t}v$$i$h" netns "${t}n$$-$h"
-    ip link set "${t}v$$o$h" master "${t}b$$" up
-    ip -n "${t}n$$-$h" addr add "$NETNS_NET.$((10 + h))/24" dev "${t}v$$i$h"
-    ip -n "${t}n$$-$h" link set "${t}v$$i$h" up
-    ip -n "${t}n$$-$h" link set lo up
+    netns_host_add "${t}n$$-$h" "${t}v$$" "${t}b$$" "$NETNS_NET.$((10 + h))/24" "$h"
   done
+}
+
+netns_host_add() {
+  local ns=$1 outside=$2o${5:-} inside=$2i${5:-}
+  ip netns add "$ns"
+  ip link add "$outside" type veth peer name "$inside"
+  ip link set "$inside" netns "$ns"
+  ip link set "$outside" master "$3" up
+  ip -n "$ns" addr add "$4" dev "$inside"
+  ip -n "$ns" link set "$inside" up
+  ip -n "$ns" link set lo up
 }
 
 netns_hosts_limit() {

@@ -22,6 +22,8 @@ BIN=$BUILD_DIR/bin
 [[ $(id -u) == 0 ]] ||
   { echo "bench/topology/run.sh needs root (network namespaces, tc)" >&2; exit 1; }
 
+# shellcheck source=../netns_hosts.sh
+source "$(dirname "$0")/../netns_hosts.sh"
 T=tp$$                          # every name this script makes starts with it
 NET=10.234.$(($$ % 250 + 1))    # its own /24
 WORK=$(mktemp -d /tmp/lockstep-topology-bench.XXXXXX)
@@ -46,14 +48,7 @@ for end in x0 x1; do
 done
 # Hosts 0 and 1 in rack r1, 2 and 3 in rack r2: ${T}n<h> holding $NET.<10+h>.
 for h in 0 1 2 3; do
-  rack=$((h / 2 + 1))
-  ip netns add "${T}n$h"
-  ip link add "${T}v${h}o" type veth peer name "${T}v${h}i"
-  ip link set "${T}v${h}i" netns "${T}n$h"
-  ip link set "${T}v${h}o" master "${T}r$rack" up
-  ip -n "${T}n$h" addr add "$NET.$((10 + h))/24" dev "${T}v${h}i"
-  ip -n "${T}n$h" link set "${T}v${h}i" up
-  ip -n "${T}n$h" link set lo up
+  netns_host_add "${T}n$h" "${T}v$h" "${T}r$((h / 2 + 1))" "$NET.$((10 + h))/24"
 done
 
 # run NAME H0 H1 H2 H3: rank r on host H<r>; rank 0's lines go to $WORK/NAME.txt.
