@@ -11,7 +11,7 @@ namespace lockstep::op {
 namespace {
 // Phases the CRD's status schema allows: each is always exported (0 when no job is in it), so
 // dashboards and alerts see a series per phase from the start.
-const char* const kPhases[] = {"Pending", "Created",   "Running",   "Restarting",
+const char* const kPhases[] = {"Pending", "Queued",    "Created",   "Running", "Restarting",
                                "Scaling", "Suspended", "Succeeded", "Failed"};
 }  // namespace
 

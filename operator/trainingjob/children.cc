@@ -223,6 +223,20 @@ std::string PodName(const std::string& job_name, int32_t index) {
 std::string ServiceName(const std::string& job_name) { return job_name; }
 std::string SecretName(const std::string& job_name) { return job_name + "-rendezvous"; }
 std::string PodGroupName(const std::string& job_name) { return job_name; }
+
+std::string KueueQueue(const spec::TrainingJob& job) {
+  auto it = job.metadata.labels.find(kKueueQueueLabel);
+  return it == job.metadata.labels.end() ? "" : it->second;
+}
+
+std::string KueuePodGroupName(const spec::TrainingJob& job) {
+  constexpr size_t kMaxLabelValue = 63;
+  const std::string uid = job.metadata.uid.substr(0, 8);
+  if (uid.empty()) return job.metadata.name.substr(0, kMaxLabelValue);
+  std::string head = job.metadata.name.substr(0, kMaxLabelValue - 1 - uid.size());
+  while (!head.empty() && head.back() == '-') head.pop_back();
+  return head + "-" + uid;
+}
 std::string PodSelector(const std::string& job_name) {
   return std::string(kJobNameLabel) + "=" + job_name;
 }
@@ -290,10 +304,11 @@ void PreferOtherNodes(json* pod, const std::vector<std::string>& nodes) {
 }  // namespace
 
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
-                const std::vector<std::string>& avoid_nodes) {
+                const std::vector<std::string>& avoid_nodes, const std::string& name) {
   const spec::TrainingJobSpec& spec = job.spec;
   const spec::NetworkSpec& network = spec.network;
-  const std::string pod_name = PodName(job.metadata.name, index);
+  const std::string index_name = PodName(job.metadata.name, index);
+  const std::string pod_name = name.empty() ? index_name : name;
   const bool rdma = IsRdma(network);
   const bool tls = !settings.rendezvous_ca_pem.empty();
   const int32_t metrics_port = MetricsPort(job, index, settings);
@@ -313,6 +328,11 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
     annotations[kVolcanoGroupAnnotation] = PodGroupName(job.metadata.name);
   } else if (scheduling.gang == spec::GangScheduler::kSchedulerPlugins) {
     labels[kSchedulerPluginsGroupLabel] = PodGroupName(job.metadata.name);
+  }
+  if (const std::string queue = KueueQueue(job); !queue.empty()) {
+    labels[kKueueQueueLabel] = queue;
+    labels[kKueuePodGroupLabel] = KueuePodGroupName(job);
+    annotations[kKueuePodGroupCountAnnotation] = std::to_string(spec.replicas);
   }
 
   json env = json::array({
@@ -407,7 +427,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   if (!mounts.empty()) container["volumeMounts"] = std::move(mounts);
 
   json pod_spec = {{"restartPolicy", "Never"},
-                   {"hostname", Hostname(pod_name)},
+                   {"hostname", Hostname(index_name)},
                    {"subdomain", ServiceName(job.metadata.name)},
                    {"containers", json::array({std::move(container)})}};
   if (!volumes.empty()) pod_spec["volumes"] = std::move(volumes);

@@ -31,6 +31,22 @@ inline constexpr char kWorkerContainer[] = "worker";
 // Annotation on each pod: the job's metadata.generation the pod was built for (debugging).
 inline constexpr char kSpecGenerationAnnotation[] = "lockstep.io/spec-generation";
 
+// Kueue's plain pod groups (Kueue's "Run Plain Pods" and KEP-976): a job labelled with a
+// LocalQueue runs as one group whose pods carry the queue, the group's name and its size. Kueue
+// admits the group as a whole, never recreates a pod (the operator does, and the replacement
+// joins the group), and ends a group that is not finished once a pod says it is not retriable.
+inline constexpr char kKueueQueueLabel[] = "kueue.x-k8s.io/queue-name";
+inline constexpr char kKueuePodGroupLabel[] = "kueue.x-k8s.io/pod-group-name";
+inline constexpr char kKueuePodGroupCountAnnotation[] = "kueue.x-k8s.io/pod-group-total-count";
+inline constexpr char kKueueRetriableAnnotation[] = "kueue.x-k8s.io/retriable-in-group";
+// The LocalQueue the job is labelled with; empty when Kueue does not queue it.
+std::string KueueQueue(const spec::TrainingJob& job);
+// The job's pod group, which is also the name of the Workload Kueue makes for it:
+// "<job>-<the first 8 characters of its uid>", so that a job created again under the same name
+// never joins the group of its predecessor's lingering pods. At most 63 characters (a label
+// value); the job's name is cut to fit.
+std::string KueuePodGroupName(const spec::TrainingJob& job);
+
 // Where the job's Secret is mounted in every worker (ca.crt; the token comes as an env var).
 inline constexpr char kSecretMountPath[] = "/var/run/lockstep";
 
@@ -113,9 +129,12 @@ json DesiredService(const spec::TrainingJob& job);
 // token, seccomp RuntimeDefault, a non-root worker without privilege escalation or capabilities;
 // an RDMA worker runs as root with IPC_LOCK alone): HardenPod in pod_security.h.
 // avoid_nodes (a job's status.stragglerNodes): a preferred node-affinity term away from them is
-// added to the template's own affinity.
+// added to the template's own affinity. A job Kueue queues (KueueQueue) gets the queue label,
+// the pod group's label and its size (spec.replicas) on every pod.
+// name: the pod's name when it is not PodName(job, index) (a replacement that cannot take the
+// name of its predecessor); the hostname stays PodName's.
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
-                const std::vector<std::string>& avoid_nodes = {});
+                const std::vector<std::string>& avoid_nodes = {}, const std::string& name = "");
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
 // minResources}; scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup {minMember,

@@ -21,6 +21,9 @@ inline constexpr char kScaling[] = "Scaling";
 inline constexpr char kSucceeded[] = "Succeeded";
 inline constexpr char kFailed[] = "Failed";
 inline constexpr char kSuspended[] = "Suspended";
+// True while a scheduling gate holds worker pods back: Kueue has not admitted the job's pod
+// group yet (or preempted it and queued it again).
+inline constexpr char kQueued[] = "Queued";
 // True while the rendezvous service names a worker whose compute time per step stays well above
 // its peers' (status.stragglers lists them).
 inline constexpr char kStraggler[] = "Straggler";

@@ -61,6 +61,64 @@ bool OwnedBy(const json& pod, const std::string& uid) {
   return false;
 }
 
+std::string CreationTimestampOf(const json& pod) {
+  return pod["metadata"].value("creationTimestamp", "");
+}
+
+std::string AnnotationOf(const json& pod, const std::string& key) {
+  const json annotations = pod["metadata"].value("annotations", json::object());
+  if (!annotations.is_object() || !annotations.contains(key) || !annotations[key].is_string()) {
+    return "";
+  }
+  return annotations[key].get<std::string>();
+}
+
+namespace {
+
+// status.conditions[type], or null.
+json ConditionOf(const json& pod, const char* type) {
+  if (!pod.contains("status") || !pod["status"].is_object()) return json();
+  for (const json& c : pod["status"].value("conditions", json::array())) {
+    if (c.value("type", "") == type) return c;
+  }
+  return json();
+}
+
+}  // namespace
+
+std::string SchedulingGatedBy(const json& pod) {
+  std::string gates;
+  if (pod.contains("spec") && pod["spec"].is_object()) {
+    for (const json& gate : pod["spec"].value("schedulingGates", json::array())) {
+      if (!gate.is_object()) continue;
+      gates += (gates.empty() ? "" : ", ") + gate.value("name", std::string("?"));
+    }
+  }
+  if (!gates.empty()) return gates;
+  const json scheduled = ConditionOf(pod, "PodScheduled");
+  if (scheduled.is_object() && scheduled.value("status", "") == "False" &&
+      scheduled.value("reason", "") == "SchedulingGated") {
+    return "a scheduling gate";
+  }
+  return "";
+}
+
+std::string DisruptedBy(const json& pod) {
+  for (const char* type : {"DisruptionTarget", "TerminationTarget"}) {
+    const json c = ConditionOf(pod, type);
+    if (!c.is_object() || c.value("status", "") != "True") continue;
+    const std::string reason = c.value("reason", std::string(type));
+    const std::string message = c.value("message", "");
+    return message.empty() ? reason : reason + ": " + message;
+  }
+  return "";
+}
+
+bool KueueCountsPod(const json& pod) {
+  if (PodPhase(pod) == "Failed") return false;
+  return !(IsTerminating(pod) && NodeNameOf(pod).empty());
+}
+
 std::vector<std::string> JobIndexOfPod(const json& pod) {
   std::string key = JobKeyOfPod(pod);
   if (key.empty()) return {};
@@ -73,8 +131,17 @@ json TrimPod(json pod) {
   json out = json::object();
   json meta = json::object();
   json& m = pod["metadata"];
-  for (const char* field : {"name", "namespace", "uid", "resourceVersion", "deletionTimestamp"}) {
+  for (const char* field :
+       {"name", "namespace", "uid", "resourceVersion", "creationTimestamp", "deletionTimestamp"}) {
     if (m.contains(field)) meta[field] = std::move(m[field]);
+  }
+  // Kueue's: the group's size (a queued job keeps it) and whether the group may still retry.
+  if (m.contains("annotations") && m["annotations"].is_object()) {
+    json annotations = json::object();
+    for (const char* key : {kKueuePodGroupCountAnnotation, kKueueRetriableAnnotation}) {
+      if (m["annotations"].contains(key)) annotations[key] = std::move(m["annotations"][key]);
+    }
+    if (!annotations.empty()) meta["annotations"] = std::move(annotations);
   }
   if (m.contains("labels") && m["labels"].is_object()) {
     json labels = json::object();
@@ -90,20 +157,41 @@ json TrimPod(json pod) {
     }
   }
   out["metadata"] = std::move(meta);
-  if (pod.contains("spec") && pod["spec"].is_object() && pod["spec"].contains("nodeName")) {
-    out["spec"] = {{"nodeName", std::move(pod["spec"]["nodeName"])}};
+  if (pod.contains("spec") && pod["spec"].is_object()) {
+    json& spec = pod["spec"];
+    json kept = json::object();
+    if (spec.contains("nodeName")) kept["nodeName"] = std::move(spec["nodeName"]);
+    json gates = json::array();
+    for (const json& gate : spec.value("schedulingGates", json::array())) {
+      if (gate.is_object()) gates.push_back({{"name", gate.value("name", "")}});
+    }
+    if (!gates.empty()) kept["schedulingGates"] = std::move(gates);
+    if (!kept.empty()) out["spec"] = std::move(kept);
   }
   if (pod.contains("status")) {
     json& s = pod["status"];
     json status = json::object();
     if (s.contains("phase")) status["phase"] = std::move(s["phase"]);
     if (s.contains("reason")) status["reason"] = std::move(s["reason"]);
+    // Ready; PodScheduled when the scheduler says a gate holds the pod; the disruptions that
+    // are not the program's failure (DisruptedBy).
+    json conditions = json::array();
     for (const json& c : s.value("conditions", json::array())) {
-      if (c.value("type", "") == "Ready") {
-        status["conditions"] =
-            json::array({{{"type", "Ready"}, {"status", c.value("status", "")}}});
+      const std::string type = c.value("type", "");
+      const std::string reason = c.value("reason", "");
+      if (type == "Ready") {
+        conditions.push_back({{"type", "Ready"}, {"status", c.value("status", "")}});
+      } else if (type == "PodScheduled" && reason == "SchedulingGated") {
+        conditions.push_back(
+            {{"type", type}, {"status", c.value("status", "")}, {"reason", reason}});
+      } else if (type == "DisruptionTarget" || type == "TerminationTarget") {
+        conditions.push_back({{"type", type},
+                              {"status", c.value("status", "")},
+                              {"reason", reason},
+                              {"message", Utf8Prefix(c.value("message", ""), 256)}});
       }
     }
+    if (!conditions.empty()) status["conditions"] = std::move(conditions);
     json containers = json::array();
     for (const json& c : s.value("containerStatuses", json::array())) {
       if (!c.contains("state") || !c["state"].is_object()) continue;

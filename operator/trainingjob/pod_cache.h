@@ -36,5 +36,23 @@ bool IsReady(const nlohmann::json& pod);
 int32_t PodIndex(const nlohmann::json& pod);
 // Its controller ownerReference names `uid` (a pod of this incarnation of the job).
 bool OwnedBy(const nlohmann::json& pod, const std::string& uid);
+// metadata.creationTimestamp (RFC 3339, so later sorts after); "" when absent.
+std::string CreationTimestampOf(const nlohmann::json& pod);
+// metadata.annotations[key]; "" when absent.
+std::string AnnotationOf(const nlohmann::json& pod, const std::string& key);
+// What holds the pod back from scheduling, "" when nothing does: the names of its
+// spec.schedulingGates (Kubernetes 1.26+; Kueue's is kueue.x-k8s.io/admission), or, where the
+// server does not show the gates, "a scheduling gate" when its PodScheduled condition is False
+// with reason SchedulingGated (what kube-scheduler writes for a gated pod, KEP-3521).
+std::string SchedulingGatedBy(const nlohmann::json& pod);
+// Why the cluster stopped the pod rather than its program failing: "<reason>: <message>" of its
+// DisruptionTarget condition (Kubernetes 1.26+: PreemptionByScheduler, EvictionByEvictionAPI,
+// DeletionByTaintManager, TerminationByKubelet) or of Kueue's TerminationTarget (written before
+// Kueue deletes a preempted or evicted group's pods), when one is True; "" otherwise.
+std::string DisruptedBy(const nlohmann::json& pod);
+// Whether Kueue counts the pod in its group (KEP-976, "runnable or succeeded"): not Failed, and
+// not deleted before it was scheduled. A pod it does not count is replaced at once, while
+// Kueue's finalizer may keep it in the API until the replacement exists.
+bool KueueCountsPod(const nlohmann::json& pod);
 
 }  // namespace lockstep::op::trainingjob

@@ -125,6 +125,7 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
 
   // 4. Suspend and resume.
   std::vector<ObjectPtr> pods = deps_.pods->ByIndex(kJobIndex, w.key);
+  KueueGroupSize(w, pods);
   if (policy.suspend) {
     if (!deps_.expectations->Satisfied(w.key)) {
       w.RequeueAfter(1000);
@@ -146,6 +147,9 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
     }
     SetCondition(&w.status, kSuspended, true, "Suspended", "spec.runPolicy.suspend is true", w.now);
     SetCondition(&w.status, kRunning, false, "Suspended", "the job is suspended", w.now);
+    if (HasCondition(w.status, kQueued)) {
+      SetCondition(&w.status, kQueued, false, "Suspended", "the job is suspended", w.now);
+    }
     w.status["phase"] = "Suspended";
     ComputeStatus(w);
     w.status["phase"] = "Suspended";
@@ -154,15 +158,20 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
   }
   if (HasCondition(w.status, kSuspended)) {
     SetCondition(&w.status, kSuspended, false, "Resumed", "spec.runPolicy.suspend is false", w.now);
-    // Like a Job's: the deadline counts from the resume.
-    w.status["startTime"] = w.now;
+    // Like a Job's: the deadline counts from the resume (under Kueue, from the admission).
+    if (w.kueue) {
+      w.status.erase("startTime");
+    } else {
+      w.status["startTime"] = w.now;
+    }
     deps_.events->Record(object, controller::EventType::kNormal, "Resumed",
                          "job resumed: creating its worker pods");
   }
-  if (!w.status.contains("startTime")) w.status["startTime"] = w.now;
+  // A job Kueue queues starts when Kueue admits it (ComputeStatus): the queue is not run time.
+  if (!w.status.contains("startTime") && !w.kueue) w.status["startTime"] = w.now;
 
   // 5. activeDeadlineSeconds.
-  if (policy.active_deadline_seconds) {
+  if (policy.active_deadline_seconds && w.status.contains("startTime")) {
     const double started = ParseRfc3339(w.status.value("startTime", w.now));
     const double deadline = started + static_cast<double>(*policy.active_deadline_seconds);
     const double left = deadline - Now();

@@ -127,6 +127,13 @@ class TrainingJobReconciler : public controller::Reconciler {
   // The place of node `name` (its --topology-keys values, then its name); none when it cannot
   // be read now (asked again 30 s later). Kept for node_place_ttl_ms.
   std::optional<rendezvous::TopologyPath> NodePlace(const std::string& name);
+  // reconciler_kueue.cc: a job Kueue queues as a plain pod group. KueueGroupSize keeps the
+  // group at the size its pods were created with (a plain pod group cannot be resized);
+  // MarkKueueGroupDone tells Kueue a finished job's group retries no more.
+  void KueueGroupSize(Work& w, const std::vector<controller::ObjectPtr>& pods);
+  Status MarkKueueGroupDone(Work& w);
+  // reconciler_status.cc: the Queued condition from the workers a scheduling gate holds back.
+  void ReportQueue(Work& w, int32_t gated, int32_t admitted, const std::string& gate);
   Status CleanUpFinished(Work& w);
   std::string Token(const spec::TrainingJob& job) const;
   double Now() const;

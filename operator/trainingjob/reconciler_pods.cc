@@ -1,6 +1,7 @@
 // TrainingJobReconciler, the worker pods (step 8 of reconciler.h): failed workers replaced or
 // failing the job under the run policy, scale-down, missing pods created.
 #include <cmath>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -109,6 +110,12 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
   const int32_t desired = job.spec.replicas;
   const std::string& uid = job.metadata.uid;
 
+  // Under Kueue a pod that Kueue no longer counts in its group (failed, or deleted before it
+  // was scheduled) gives up its index at once, though Kueue's finalizer may keep it in the API
+  // until its replacement exists: the replacement then takes a name of its own.
+  auto released = [&](const json& pod) {
+    return w.kueue && IsTerminating(pod) && !KueueCountsPod(pod);
+  };
   for (const ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {
     const int32_t index = PodIndex(*pod);
     // A pod of an earlier job of the same name, or one whose labels were edited: not ours to
@@ -116,8 +123,13 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     if (index < 0 || !OwnedBy(*pod, uid)) continue;
     if (PodPhase(*pod) == "Succeeded") w.any_succeeded = true;
     auto [it, inserted] = w.by_index.emplace(index, pod);
-    // Two pods for one index cannot be created by us (same name); keep the newest view.
-    if (!inserted) it->second = pod;
+    if (inserted) continue;
+    // Two pods for one index: only a released pod and its replacement (Kueue), as every other
+    // pod of an index has the same name. The one that holds the index wins, else the newest.
+    const bool held = !released(*pod), other_held = !released(*it->second);
+    if (held != other_held ? held : CreationTimestampOf(*pod) >= CreationTimestampOf(*it->second)) {
+      it->second = pod;
+    }
   }
 
   // Pods whose deletion no kubelet will confirm (their node is lost) hold their names, which
@@ -131,6 +143,16 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     if (index >= desired || IsTerminating(*pod) || PodPhase(*pod) != "Failed") continue;
     if (w.any_succeeded) continue;  // training completed; a late failure changes nothing
     const std::string name = (*pod)["metadata"].value("name", "");
+    // Stopped by the cluster (preempted, evicted, its node drained), not by its program: a
+    // replacement, not a restart counted against backoffLimit.
+    if (const std::string disruption = DisruptedBy(*pod); !disruption.empty()) {
+      const std::string what = "pod " + name + " was stopped by the cluster (" + disruption + ")";
+      Status s = DeletePod(w, *pod, what + "; replacing it without counting a restart");
+      if (!s.ok() && w.error.ok()) w.error = s;
+      deps_.events->Record(*w.object, controller::EventType::kNormal, "WorkerDisrupted",
+                           what + "; replacing it");
+      continue;
+    }
     const int32_t exit_code = WorkerExitCode(*pod);
     std::string what =
         "pod " + name + " failed" +
@@ -186,21 +208,27 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
 
   // Missing workers: scale-up, deleted or replaced pods.
   if (w.any_succeeded) return OkStatus();
-  std::vector<int32_t> missing;
+  // index -> its name: PodName, or for the replacement of a released pod still in the API,
+  // PodName and the first 5 characters of the released pod's uid.
+  std::map<int32_t, std::string> missing;
   for (int32_t index = 0; index < desired; ++index) {
     auto it = w.by_index.find(index);
-    if (it == w.by_index.end()) missing.push_back(index);
+    if (it == w.by_index.end()) {
+      missing[index] = PodName(job.metadata.name, index);
+    } else if (released(*it->second)) {
+      missing[index] = PodName(job.metadata.name, index) + "-" +
+                       (*it->second)["metadata"].value("uid", "").substr(0, 5);
+    }
   }
   if (missing.empty()) return OkStatus();
   std::set<std::string> names;
-  for (int32_t index : missing) names.insert(PodName(job.metadata.name, index));
+  for (const auto& [index, name] : missing) names.insert(name);
   const std::vector<std::string> avoid_nodes = StragglerNodes(w);  // where stragglers were replaced
   deps_.expectations->ExpectCreations(w.key, names);
-  for (int32_t index : missing) {
-    const std::string name = PodName(job.metadata.name, index);
+  for (const auto& [index, name] : missing) {
     StatusOr<json> created =
         deps_.client->Create(res::kPods, job.metadata.namespace_,
-                             DesiredPod(job, index, options_.settings, avoid_nodes));
+                             DesiredPod(job, index, options_.settings, avoid_nodes, name));
     if (created.ok()) {
       w.created_pods = true;
       w.created_names.push_back(name);

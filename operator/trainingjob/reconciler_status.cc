@@ -118,14 +118,25 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
       !deps_.rendezvous ||
       (w.status.contains("rendezvous") && w.status["rendezvous"].value("worldSize", 0) > 0);
   std::string stuck;  // the first worker that cannot start, and why
+  // Active workers a scheduling gate holds back (and what holds them), and those it does not.
+  int32_t gated = 0, admitted = 0;
+  std::string gate;
   for (auto& [index, pod] : w.by_index) {
     if (index >= desired || IsTerminating(*pod)) continue;
     const std::string why = WorkerStuckReason(*pod);
-    if (!why.empty()) {
+    if (!why.empty() && stuck.empty()) {
       stuck = "pod " + (*pod)["metadata"].value("name", "") + ": " + why;
-      break;
+    }
+    const std::string phase = PodPhase(*pod);
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    if (std::string by = SchedulingGatedBy(*pod); !by.empty()) {
+      ++gated;
+      gate = std::move(by);
+    } else if (!NodeNameOf(*pod).empty() || phase == "Running") {
+      ++admitted;
     }
   }
+  ReportQueue(w, gated, admitted, gate);
   std::string phase;
   if (previous_desired != 0 && previous_desired != desired) {
     SetCondition(&w.status, kScaling, true, "ReplicasChanged",
@@ -146,7 +157,9 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
                    w.now);
     }
   }
-  if (HasCondition(w.status, kRestarting)) {
+  if (gated > 0) {
+    phase = "Queued";
+  } else if (HasCondition(w.status, kRestarting)) {
     phase = "Restarting";
   } else if (HasCondition(w.status, kScaling)) {
     phase = "Scaling";
@@ -183,6 +196,43 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
   w.status["phase"] = phase;
 }
 
+// The Queued condition and, under Kueue, the job's start (the run deadline counts from the
+// admission, as a Job's counts from Kueue unsuspending it) and its group's fixed size.
+void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted,
+                                        const std::string& gate) {
+  const std::string queue = KueueQueue(w.job);
+  if (gated > 0) {
+    const int32_t desired = w.job.spec.replicas;
+    SetCondition(&w.status, kQueued, true, "SchedulingGated",
+                 std::to_string(gated) + " of " + std::to_string(desired) +
+                     " worker pods wait for admission (" + gate + ")" +
+                     (queue.empty() ? "" : " in Kueue's LocalQueue " + queue),
+                 w.now);
+    if (w.kueue) w.status.erase("startTime");  // queued again after a preemption: not run time
+  } else if (admitted > 0) {
+    if (HasCondition(w.status, kQueued)) {
+      SetCondition(&w.status, kQueued, false, "Admitted",
+                   "no scheduling gate holds a worker pod any more", w.now);
+    }
+    if (w.kueue && !w.status.contains("startTime")) {
+      w.status["startTime"] = w.now;
+      if (w.job.spec.run_policy.active_deadline_seconds) {
+        w.RequeueAfter(*w.job.spec.run_policy.active_deadline_seconds * 1000);
+      }
+    }
+  }
+  if (w.kueue_spec_replicas != 0) {
+    SetCondition(&w.status, kScaling, false, "KueuePodGroupSizeFixed",
+                 "spec.replicas is " + std::to_string(w.kueue_spec_replicas) +
+                     ", but Kueue admitted this job's pod group with " +
+                     std::to_string(w.job.spec.replicas) +
+                     " pods and cannot resize it: the job runs with " +
+                     std::to_string(w.job.spec.replicas) +
+                     " until its pods are gone (suspend it and resume it to queue it again)",
+                 w.now);
+  }
+}
+
 Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string& reason,
                                      const std::string& message) {
   const bool was_finished = JobFinished(w.status);
@@ -191,7 +241,7 @@ Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string&
   w.status["phase"] = succeeded ? "Succeeded" : "Failed";
   SetCondition(&w.status, succeeded ? kSucceeded : kFailed, true, reason, message, w.now);
   w.status.erase("stragglers");  // nobody trains any more, so nobody is slow
-  for (const char* type : {kRunning, kRestarting, kScaling, kStraggler}) {
+  for (const char* type : {kRunning, kRestarting, kScaling, kStraggler, kQueued}) {
     if (HasCondition(w.status, type)) {
       SetCondition(&w.status, type, false, reason,
                    "the job " + std::string(succeeded ? "succeeded" : "failed"), w.now);
@@ -214,9 +264,10 @@ Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string&
 }
 
 Status TrainingJobReconciler::CleanUpFinished(Work& w) {
+  Status first;
+  if (!KueueQueue(w.job).empty()) first = MarkKueueGroupDone(w);
   // Workers still running after the job failed (or after it succeeded without them) are
   // stopped: nothing would ever use them.
-  Status first;
   if (!w.job.metadata.uid.empty()) {
     for (const ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {
       const std::string phase = PodPhase(*pod);

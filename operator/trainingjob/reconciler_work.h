@@ -26,6 +26,11 @@ struct TrainingJobReconciler::Work {
   bool created_pods = false;
   std::vector<std::string> created_names;  // pods this reconcile created (not yet cached)
   bool restarted = false;
+  // Kueue queues the job (a plain pod group, reconciler_kueue.cc). Its group keeps the size
+  // Kueue admitted: when spec.replicas asks for another, job.spec.replicas holds the group's
+  // and this the spec's.
+  bool kueue = false;
+  int32_t kueue_spec_replicas = 0;
   Status error;  // the first failure worth retrying
   void RequeueAfter(int64_t ms) {
     if (ms <= 0) ms = 1;

@@ -773,5 +773,61 @@ TEST(ChildrenTest, EveryChildIsLabelledOwnedAndInTheJobsNamespace) {
   }
 }
 
+constexpr char kQueuedManifest[] = R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata:
+  name: mnist
+  namespace: team-a
+  labels: {kueue.x-k8s.io/queue-name: team-a-queue}
+spec:
+  replicas: 3
+  trainer:
+    data: {format: csv, train: [file:///data/train.csv]}
+    steps: 10
+)";
+
+TEST(KueuePodGroupTest, AJobLabelledWithAQueueRunsAsOnePodGroupOfItsReplicas) {
+  const spec::TrainingJob job = ParseJob(kQueuedManifest, "0b7c4f2e-91aa-4c1e-8d55-0c2f9b1e7a10");
+  for (int32_t index = 0; index < 3; ++index) {
+    const json pod = DesiredPod(job, index, Settings());
+    const json& labels = pod["metadata"]["labels"];
+    EXPECT_EQ(labels["kueue.x-k8s.io/queue-name"], "team-a-queue");
+    EXPECT_EQ(labels["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e");
+    EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "3");
+    EXPECT_FALSE(pod["metadata"]["annotations"].contains("kueue.x-k8s.io/retriable-in-group"));
+  }
+}
+
+TEST(KueuePodGroupTest, AJobWithoutTheQueueLabelCarriesNothingOfKueues) {
+  const json pod = DesiredPod(JobWith(""), 0, Settings());
+  for (const auto& [key, value] : pod["metadata"]["labels"].items()) {
+    EXPECT_EQ(key.find("kueue.x-k8s.io/"), std::string::npos) << key;
+  }
+  for (const auto& [key, value] : pod["metadata"]["annotations"].items()) {
+    EXPECT_EQ(key.find("kueue.x-k8s.io/"), std::string::npos) << key;
+  }
+}
+
+TEST(KueuePodGroupTest, TheGroupNameIsALabelValueAndDiffersBetweenIncarnationsOfAName) {
+  spec::TrainingJob job = ParseJob(kQueuedManifest, "0b7c4f2e-91aa");
+  job.metadata.name = std::string(54, 'a') + "-" + std::string(8, 'b');  // 63 characters
+  const std::string first = KueuePodGroupName(job);
+  EXPECT_LE(first.size(), 63u);
+  EXPECT_EQ(first.substr(first.size() - 9), "-0b7c4f2e");
+  EXPECT_EQ(first.find("--"), std::string::npos) << first;
+  job.metadata.uid = "5d1e0a77-02bd";
+  EXPECT_NE(KueuePodGroupName(job), first);
+}
+
+TEST(KueuePodGroupTest, AReplacementUnderAnotherNameKeepsItsIndexAndHostname) {
+  const spec::TrainingJob job = ParseJob(kQueuedManifest, "0b7c4f2e-91aa");
+  const json pod = DesiredPod(job, 1, Settings(), {}, "mnist-worker-1-3fa9c");
+  EXPECT_EQ(pod["metadata"]["name"], "mnist-worker-1-3fa9c");
+  EXPECT_EQ(pod["metadata"]["labels"]["lockstep.io/replica-index"], "1");
+  EXPECT_EQ(pod["spec"]["hostname"], "mnist-worker-1");
+  EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e");
+}
+
 }  // namespace
 }  // namespace lockstep::op::trainingjob
