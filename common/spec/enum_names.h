@@ -73,6 +73,11 @@ struct EnumTable<GangScheduler> {
       {GangScheduler::kSchedulerPlugins, "scheduler-plugins"}};
 };
 template <>
+struct EnumTable<PlacementMode> {
+  static constexpr EnumName<PlacementMode> kEntries[] = {{PlacementMode::kRequired, "required"},
+                                                         {PlacementMode::kPreferred, "preferred"}};
+};
+template <>
 struct EnumTable<GlobalBatch> {
   static constexpr EnumName<GlobalBatch> kEntries[] = {
       {GlobalBatch::kFixed, "fixed"}, {GlobalBatch::kScaleWithWorld, "scaleWithWorld"}};

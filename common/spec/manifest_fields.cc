@@ -18,7 +18,7 @@ const std::vector<ManifestMap>& ManifestMaps() {
         "ownerReferences", "managedFields", "generateName", "selfLink"}},
       {"spec",
        {"replicas", "ranksPerWorker", "elastic", "trainer", "command", "image", "resources",
-        "template", "checkpoint", "network", "runPolicy", "metrics"}},
+        "template", "checkpoint", "network", "runPolicy", "placement", "metrics"}},
       {"spec.elastic", {"minReplicas", "maxReplicas", "globalBatch", "replaceStragglers"}},
       {"spec.trainer",
        {"model", "data", "batchSize", "steps", "epochs", "optimizer", "seed", "device", "allreduce",
@@ -41,6 +41,7 @@ const std::vector<ManifestMap>& ManifestMaps() {
         "suspend", "scheduling", "retryableExitCodes"}},
       {"spec.runPolicy.scheduling",
        {"gang", "queue", "priorityClassName", "scheduleTimeoutSeconds"}},
+      {"spec.placement", {"topology", "mode", "volcanoTier"}},
       {"spec.metrics", {"port"}},
   };
   return kMaps;

@@ -32,6 +32,7 @@ const char* ToString(NetworkMode value) { return internal::EnumToString(value); 
 const char* ToString(RestartPolicy value) { return internal::EnumToString(value); }
 const char* ToString(GangScheduler value) { return internal::EnumToString(value); }
 const char* ToString(GlobalBatch value) { return internal::EnumToString(value); }
+const char* ToString(PlacementMode value) { return internal::EnumToString(value); }
 
 bool operator==(const ObjectMeta& a, const ObjectMeta& b) {
   return std::tie(a.name, a.namespace_, a.labels, a.annotations, a.uid, a.generation) ==
@@ -89,6 +90,10 @@ bool operator==(const SchedulingSpec& a, const SchedulingSpec& b) {
   return std::tie(a.gang, a.queue, a.priority_class_name, a.schedule_timeout_seconds) ==
          std::tie(b.gang, b.queue, b.priority_class_name, b.schedule_timeout_seconds);
 }
+bool operator==(const PlacementSpec& a, const PlacementSpec& b) {
+  return std::tie(a.topology, a.mode, a.volcano_tier) ==
+         std::tie(b.topology, b.mode, b.volcano_tier);
+}
 bool operator==(const RunPolicy& a, const RunPolicy& b) {
   return a.restart_policy == b.restart_policy && a.backoff_limit == b.backoff_limit &&
          a.active_deadline_seconds == b.active_deadline_seconds &&
@@ -101,7 +106,8 @@ bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b) {
          a.elastic == b.elastic && a.elastic_set == b.elastic_set &&
          a.trainer == b.trainer && a.command == b.command && a.image == b.image &&
          a.resources == b.resources && a.template_ == b.template_ && a.checkpoint == b.checkpoint &&
-         a.network == b.network && a.run_policy == b.run_policy && a.metrics == b.metrics;
+         a.network == b.network && a.run_policy == b.run_policy && a.placement == b.placement &&
+         a.metrics == b.metrics;
 }
 bool operator==(const TrainingJob& a, const TrainingJob& b) {
   return a.api_version == b.api_version && a.kind == b.kind && a.metadata == b.metadata &&

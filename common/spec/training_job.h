@@ -37,6 +37,7 @@ enum class NetworkMode { kTcp, kRoce, kInfiniband };
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
 enum class GlobalBatch { kFixed, kScaleWithWorld };
+enum class PlacementMode { kRequired, kPreferred };
 
 const char* ToString(Activation value);     // "relu" | "gelu" | "tanh"
 const char* ToString(DataFormat value);     // "idx" | "csv"
@@ -49,6 +50,7 @@ const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
 const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never"
 const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
 const char* ToString(GlobalBatch value);    // "fixed" | "scaleWithWorld"
+const char* ToString(PlacementMode value);  // "required" | "preferred"
 
 struct ObjectMeta {
   std::string name;                    // required, a DNS-1123 label
@@ -181,6 +183,15 @@ struct SchedulingSpec {
   int64_t schedule_timeout_seconds = 600;
 };
 
+// `placement`: keep the job's pods within one domain of a network level, a node label key such
+// as a rack or block label (`topology`). Required or preferred; Volcano names levels by the tier
+// of its HyperNodes instead (`volcanoTier`, read only with gang volcano).
+struct PlacementSpec {
+  std::string topology;  // a node label key; empty: no placement
+  PlacementMode mode = PlacementMode::kRequired;
+  int32_t volcano_tier = 0;  // >= 1 when set
+};
+
 struct RunPolicy {
   RestartPolicy restart_policy = RestartPolicy::kOnFailure;
   int32_t backoff_limit = 6;                          // >= 0
@@ -220,6 +231,7 @@ struct TrainingJobSpec {
   CheckpointSpec checkpoint;
   NetworkSpec network;
   RunPolicy run_policy;
+  PlacementSpec placement;
   MetricsSpec metrics;
 };
 
@@ -246,6 +258,7 @@ bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
 bool operator==(const RdmaResource& a, const RdmaResource& b);
 bool operator==(const NetworkSpec& a, const NetworkSpec& b);
 bool operator==(const SchedulingSpec& a, const SchedulingSpec& b);
+bool operator==(const PlacementSpec& a, const PlacementSpec& b);
 bool operator==(const RunPolicy& a, const RunPolicy& b);
 bool operator==(const MetricsSpec& a, const MetricsSpec& b);
 bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b);

@@ -121,6 +121,13 @@ nlohmann::json ToJson(const TrainingJob& job) {
   if (spec.trainer) out_spec["trainer"] = TrainerToJson(*spec.trainer);
   if (!spec.command.empty()) out_spec["command"] = spec.command;
   if (!spec.template_.is_null()) out_spec["template"] = spec.template_;
+  if (!spec.placement.topology.empty()) {
+    out_spec["placement"] = {{"topology", spec.placement.topology},
+                             {"mode", EnumToString(spec.placement.mode)}};
+    if (spec.placement.volcano_tier > 0) {
+      out_spec["placement"]["volcanoTier"] = spec.placement.volcano_tier;
+    }
+  }
   return {{"apiVersion", job.api_version},
           {"kind", job.kind},
           {"metadata", MetadataToJson(job.metadata)},

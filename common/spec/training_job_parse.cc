@@ -354,6 +354,55 @@ void ReadRunPolicy(const ObjectReader& spec, RunPolicy* policy) {
   }
 }
 
+// A label key: an optional prefix (a DNS-1123 subdomain of at most 253 characters) and '/',
+// then a name of at most 63 characters of letters, digits, '-', '_' and '.', starting and
+// ending with a letter or digit (Kubernetes' qualified name).
+bool IsLabelKey(const std::string& key) {
+  std::string prefix, name = key;
+  if (const size_t slash = key.find('/'); slash != std::string::npos) {
+    prefix = key.substr(0, slash);
+    name = key.substr(slash + 1);
+    if (prefix.empty() || prefix.size() > 253) return false;
+    auto lower = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
+    for (char c : prefix) {
+      if (!lower(c) && c != '-' && c != '.') return false;
+    }
+    if (!lower(prefix.front()) || !lower(prefix.back())) return false;
+  }
+  if (name.empty() || name.size() > 63) return false;
+  auto alnum = [](char c) {
+    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9');
+  };
+  for (char c : name) {
+    if (!alnum(c) && c != '-' && c != '_' && c != '.') return false;
+  }
+  return alnum(name.front()) && alnum(name.back());
+}
+
+void ReadPlacement(const ObjectReader& spec, TrainingJobSpec* job_spec) {
+  if (!spec.Has("placement")) return;
+  ObjectReader reader = ChildMap(spec, "placement");
+  if (!reader.valid()) return;
+  PlacementSpec& placement = job_spec->placement;
+  std::string topology;
+  if (reader.Require("topology") && reader.ReadString("topology", &topology)) {
+    if (IsLabelKey(topology)) {
+      placement.topology = topology;
+    } else {
+      reader.problems()->Add(reader.PathOf("topology"),
+                             "must be a node label key such as topology.kubernetes.io/zone "
+                             "(got " + Describe(json(topology)) + ")");
+    }
+  }
+  reader.ReadEnum("mode", &placement.mode);
+  if (reader.ReadInt("volcanoTier", &placement.volcano_tier, 1, 64) &&
+      job_spec->run_policy.scheduling.gang != GangScheduler::kVolcano) {
+    reader.problems()->Add(reader.PathOf("volcanoTier"),
+                           "only Volcano reads it: set spec.runPolicy.scheduling.gang to volcano, "
+                           "or leave it out");
+  }
+}
+
 void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* job_spec) {
   ObjectReader reader = ChildMap(spec, "elastic");
   job_spec->elastic_set = spec.Has("elastic") && reader.valid();
@@ -468,6 +517,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ReadCheckpoint(reader, &spec->checkpoint);
   ReadNetwork(reader, &spec->network);
   ReadRunPolicy(reader, &spec->run_policy);
+  ReadPlacement(reader, spec);
   ObjectReader metrics = ChildMap(reader, "metrics");
   metrics.ReadInt("port", &spec->metrics.port, 0, 65535);
 }

@@ -282,7 +282,7 @@ class RestKubeClient : public KubeClient {
       } else {
         for (json& item : items) result.items.push_back(std::move(item));
       }
-    } while (!continue_token.empty());
+    } while (!continue_token.empty() && !options.first_page_only);
     return result;
   }
 

@@ -64,6 +64,8 @@ struct ListOptions {
   // Called with each page as it arrives instead of collecting items into ListResult::items
   // (memory: at most one page parsed at a time). The page's items are moved out of the vector.
   std::function<void(std::vector<json>& page)> on_page;
+  // Only the first page (with limit 1: whether anything matches), however many follow.
+  bool first_page_only = false;
 };
 
 struct ListResult {

@@ -301,6 +301,26 @@ void PreferOtherNodes(json* pod, const std::vector<std::string>& nodes) {
           json::array({{{"key", "metadata.name"}, {"operator", "NotIn"}, {"values", nodes}}})}}}});
 }
 
+// spec.placement without Kueue: a pod-affinity term to the job's own pods across the level's
+// label, added to whatever the template asks. The first pod matches its own term, which the
+// scheduler accepts when no other pod matches (so the job starts), and every later pod follows
+// it into its domain; a node without the label is in no domain.
+void PlaceTogether(json* pod, const spec::TrainingJob& job) {
+  const spec::PlacementSpec& placement = job.spec.placement;
+  json term = {{"labelSelector", {{"matchLabels", {{kJobNameLabel, job.metadata.name}}}}},
+               {"topologyKey", placement.topology}};
+  const bool required = placement.mode == spec::PlacementMode::kRequired;
+  json& terms = (*pod)["spec"]["affinity"]["podAffinity"]
+                    [required ? "requiredDuringSchedulingIgnoredDuringExecution"
+                              : "preferredDuringSchedulingIgnoredDuringExecution"];
+  if (!terms.is_array()) terms = json::array();
+  if (required) {
+    terms.push_back(std::move(term));
+  } else {
+    terms.push_back({{"weight", 100}, {"podAffinityTerm", std::move(term)}});
+  }
+}
+
 }  // namespace
 
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
@@ -333,6 +353,12 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
     labels[kKueueQueueLabel] = queue;
     labels[kKueuePodGroupLabel] = KueuePodGroupName(job);
     annotations[kKueuePodGroupCountAnnotation] = std::to_string(spec.replicas);
+    // Kueue's topology-aware scheduling places the admitted group and pins each pod's node.
+    if (!spec.placement.topology.empty()) {
+      annotations[spec.placement.mode == spec::PlacementMode::kRequired
+                      ? kKueueRequiredTopologyAnnotation
+                      : kKueuePreferredTopologyAnnotation] = spec.placement.topology;
+    }
   }
 
   json env = json::array({
@@ -454,6 +480,11 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
   PreferOtherNodes(&pod, avoid_nodes);
+  // Kueue's and Volcano's own topology scheduling, where they place the job, stand instead.
+  if (!spec.placement.topology.empty() && KueueQueue(job).empty() &&
+      spec.placement.volcano_tier == 0) {
+    PlaceTogether(&pod, job);
+  }
   TolerateNodeLoss(&pod, settings.node_loss_toleration_seconds);
   HardenPod(&pod, rdma);
   PointTerminationLog(&pod);
@@ -479,6 +510,13 @@ std::optional<json> DesiredPodGroup(const spec::TrainingJob& job) {
       if (auto total = MultiplyQuantity(quantity, min_member)) min_resources[name] = *total;
     }
     if (!min_resources.empty()) spec["minResources"] = std::move(min_resources);
+    // Volcano places by its HyperNodes' tiers (Volcano's network topology aware scheduling).
+    const spec::PlacementSpec& placement = job.spec.placement;
+    if (!placement.topology.empty() && placement.volcano_tier > 0) {
+      spec["networkTopology"] = {
+          {"mode", placement.mode == spec::PlacementMode::kRequired ? "hard" : "soft"},
+          {"highestTierAllowed", placement.volcano_tier}};
+    }
   } else {
     api_version = kSchedulerPluginsApiVersion;
     spec["scheduleTimeoutSeconds"] = static_cast<int32_t>(std::min<int64_t>(

@@ -39,6 +39,12 @@ inline constexpr char kKueueQueueLabel[] = "kueue.x-k8s.io/queue-name";
 inline constexpr char kKueuePodGroupLabel[] = "kueue.x-k8s.io/pod-group-name";
 inline constexpr char kKueuePodGroupCountAnnotation[] = "kueue.x-k8s.io/pod-group-total-count";
 inline constexpr char kKueueRetriableAnnotation[] = "kueue.x-k8s.io/retriable-in-group";
+// Kueue's topology-aware scheduling (TAS): the level (a node label key) the group must or should
+// fit in.
+inline constexpr char kKueueRequiredTopologyAnnotation[] =
+    "kueue.x-k8s.io/podset-required-topology";
+inline constexpr char kKueuePreferredTopologyAnnotation[] =
+    "kueue.x-k8s.io/podset-preferred-topology";
 // The LocalQueue the job is labelled with; empty when Kueue does not queue it.
 std::string KueueQueue(const spec::TrainingJob& job);
 // The job's pod group, which is also the name of the Workload Kueue makes for it:
@@ -130,7 +136,9 @@ json DesiredService(const spec::TrainingJob& job);
 // an RDMA worker runs as root with IPC_LOCK alone): HardenPod in pod_security.h.
 // avoid_nodes (a job's status.stragglerNodes): a preferred node-affinity term away from them is
 // added to the template's own affinity. A job Kueue queues (KueueQueue) gets the queue label,
-// the pod group's label and its size (spec.replicas) on every pod.
+// the pod group's label and its size (spec.replicas) on every pod. spec.placement becomes Kueue's
+// topology annotation for such a job, and a pod-affinity term to the job's pods across the
+// level's label otherwise.
 // name: the pod's name when it is not PodName(job, index) (a replacement that cannot take the
 // name of its predecessor); the hostname stays PodName's.
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
@@ -138,7 +146,9 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
 // minResources}; scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup {minMember,
-// scheduleTimeoutSeconds}. minMember = elastic.minReplicas. nullopt when gang is none.
+// scheduleTimeoutSeconds}. minMember = elastic.minReplicas. nullopt when gang is none. A Volcano
+// group gets networkTopology {mode hard|soft, highestTierAllowed} from spec.placement's
+// volcanoTier.
 std::optional<json> DesiredPodGroup(const spec::TrainingJob& job);
 
 }  // namespace lockstep::op::trainingjob

@@ -77,6 +77,7 @@ Status TrainingJobReconciler::Reconcile(const std::string& key, controller::Resu
     deps_.expectations->Forget(key);
     std::lock_guard<std::mutex> lock(mutex_);
     straggler_records_.erase(key);
+    placement_warned_.erase(key);
     auto it = hosted_.find(key);
     if (it != hosted_.end()) {
       if (deps_.rendezvous) (void)deps_.rendezvous->RemoveJob(key);
@@ -199,6 +200,7 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
     return children;
   }
   ReportPlaces(w);
+  CheckPlacementLevel(w);
   Status pods_status = ReconcilePods(w);
   if (JobFinished(w.status)) return pods_status;
 

@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -127,6 +128,12 @@ class TrainingJobReconciler : public controller::Reconciler {
   // The place of node `name` (its --topology-keys values, then its name); none when it cannot
   // be read now (asked again 30 s later). Kept for node_place_ttl_ms.
   std::optional<rendezvous::TopologyPath> NodePlace(const std::string& name);
+  // spec.placement's level that no node carries: why no worker can be placed (required) or the
+  // placement means nothing (preferred), in w.placement_problem, with a Warning Event once.
+  void CheckPlacementLevel(Work& w);
+  // Whether any node carries label `key`: one LIST of a single node, kept for
+  // node_place_ttl_ms when one does and for a minute when none does (or it cannot be read).
+  std::optional<bool> AnyNodeHasLabel(const std::string& key);
   // reconciler_kueue.cc: a job Kueue queues as a plain pod group. KueueGroupSize keeps the
   // group at the size its pods were created with (a plain pod group cannot be resized);
   // MarkKueueGroupDone tells Kueue a finished job's group retries no more.
@@ -158,6 +165,13 @@ class TrainingJobReconciler : public controller::Reconciler {
     double read_at = 0;
   };
   std::map<std::string, NodePlaceEntry> node_places_;
+  // label key -> whether a node carries it and when that was read (CheckPlacementLevel).
+  struct LabelSeenEntry {
+    std::optional<bool> seen;  // none: the nodes could not be listed
+    double read_at = 0;
+  };
+  std::map<std::string, LabelSeenEntry> labels_seen_;
+  std::set<std::string> placement_warned_;  // job keys warned of a level no node has
   double node_places_pruned_at_ = 0;
 };
 

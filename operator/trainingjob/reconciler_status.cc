@@ -177,6 +177,10 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
                                           : 0),
                    w.now);
     }
+  } else if (!w.placement_problem.empty() &&
+             w.job.spec.placement.mode == spec::PlacementMode::kRequired) {
+    SetCondition(&w.status, kRunning, false, "NoNodeHasTopologyLevel", w.placement_problem,
+                 w.now);
   } else if (!stuck.empty()) {
     // A worker that cannot start until someone acts (a root image under runAsNonRoot, an image
     // that cannot be pulled): say so where `kubectl describe tj` shows it.

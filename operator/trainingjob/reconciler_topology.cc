@@ -87,6 +87,59 @@ std::optional<rendezvous::TopologyPath> TrainingJobReconciler::NodePlace(const s
   return place;
 }
 
+std::optional<bool> TrainingJobReconciler::AnyNodeHasLabel(const std::string& key) {
+  constexpr double kAbsentRetrySeconds = 60;
+  const double now = MonotonicSeconds();
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = labels_seen_.find(key);
+    if (it != labels_seen_.end()) {
+      const bool seen = it->second.seen.value_or(false);
+      const double keep = seen ? options_.node_place_ttl_ms / 1000.0 : kAbsentRetrySeconds;
+      if (now - it->second.read_at < keep) return it->second.seen;
+    }
+  }
+  kube::ListOptions options;
+  options.label_selector = key;  // "key": the label exists, whatever its value
+  options.limit = 1;
+  options.first_page_only = true;
+  StatusOr<kube::ListResult> nodes = deps_.client->List(res::kNodes, "", options);
+  std::optional<bool> seen;
+  if (nodes.ok()) {
+    seen = !nodes->items.empty();
+  } else {
+    LOCKSTEP_LOG(WARNING) << "cannot list nodes labelled " << key << ": " << nodes.status();
+  }
+  std::lock_guard<std::mutex> lock(mutex_);
+  labels_seen_[key] = LabelSeenEntry{seen, now};
+  return seen;
+}
+
+// A level no node has leaves every pod of a required placement Pending with the scheduler's
+// "didn't match pod affinity rules" on each node (or Kueue's TAS unable to admit), which does not
+// name the cause; a preferred one is silently meaningless. Say which label is missing.
+void TrainingJobReconciler::CheckPlacementLevel(Work& w) {
+  const spec::PlacementSpec& placement = w.job.spec.placement;
+  if (placement.topology.empty()) return;
+  const std::optional<bool> seen = AnyNodeHasLabel(placement.topology);
+  if (!seen.has_value() || *seen) return;
+  const bool required = placement.mode == spec::PlacementMode::kRequired;
+  w.placement_problem = "spec.placement.topology: no node carries the label " +
+                        placement.topology +
+                        (required ? ", so no worker pod can be placed; label the nodes of each "
+                                    "domain, or name a level they carry"
+                                  : ", so the job's pods are placed as if no level were asked");
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    first = placement_warned_.insert(w.key).second;
+  }
+  if (first) {
+    deps_.events->Record(*w.object, controller::EventType::kWarning, "NoNodeHasTopologyLevel",
+                         w.placement_problem);
+  }
+}
+
 void TrainingJobReconciler::ReportPlaces(Work& w) {
   if (deps_.rendezvous == nullptr || options_.topology_keys.empty()) return;
   // From the cache, before this reconcile deletes or creates pods: a pod it deletes then takes

@@ -30,6 +30,8 @@ struct TrainingJobReconciler::Work {
   // Kueue admitted: when spec.replicas asks for another, job.spec.replicas holds the group's
   // and this the spec's.
   bool kueue = false;
+  // spec.placement asks for a level no node carries (CheckPlacementLevel): why, for status.
+  std::string placement_problem;
   int32_t kueue_spec_replicas = 0;
   Status error;  // the first failure worth retrying
   void RequeueAfter(int64_t ms) {

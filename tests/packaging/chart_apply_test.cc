@@ -261,7 +261,8 @@ TEST_F(ChartApplyTest, OperatorServiceAccountHasExactlyWhatTheOperatorNeeds) {
   EXPECT_FALSE(Allowed("update", "", "services", team));
   EXPECT_FALSE(Allowed("create", "apps", "deployments", team));
   EXPECT_TRUE(Allowed("get", "", "nodes", "")) << "a lost node's pods";
-  EXPECT_FALSE(Allowed("list", "", "nodes", ""));
+  EXPECT_TRUE(Allowed("list", "", "nodes", "")) << "whether any node carries a placement level";
+  EXPECT_FALSE(Allowed("watch", "", "nodes", ""));
   EXPECT_FALSE(Allowed("update", "", "nodes", ""));
   EXPECT_FALSE(Allowed("get", "", "configmaps", own));
   EXPECT_FALSE(Allowed("create", "rbac.authorization.k8s.io", "clusterrolebindings", ""));

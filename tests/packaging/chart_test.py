@@ -40,7 +40,7 @@ EXPECTED_CLUSTER_RULES = {
     ("lockstep.io", "trainingjobs/status", ("get", "patch", "update"), ()),
     ("", "pods", ("create", "delete", "get", "list", "patch", "watch"), ()),
     ("", "services", ("create", "delete", "get", "list", "watch"), ()),
-    ("", "nodes", ("get",), ()),
+    ("", "nodes", ("get", "list"), ()),
     ("", "secrets", ("create",), ()),
     ("", "events", ("create", "patch"), ()),
     ("scheduling.volcano.sh", "podgroups", ("create", "delete", "get", "list", "watch"), ()),

@@ -471,6 +471,41 @@ spec:
               HasSubstr("spec.elastic.replaceStragglers: a command job reports no pace"));
 }
 
+TEST(TrainingJobSpec, PlacementNamesANodeLabelLevelAndSurvivesTheRoundTrip) {
+  StatusOr<TrainingJob> plain = ParseTrainingJobYaml(kMinimal, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_TRUE(plain->spec.placement.topology.empty());
+
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  placement: {topology: topology.lockstep.io/rack, mode: "
+               "preferred}\n");
+  StatusOr<TrainingJob> asked = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  EXPECT_EQ(asked->spec.placement.topology, "topology.lockstep.io/rack");
+  EXPECT_EQ(asked->spec.placement.mode, PlacementMode::kPreferred);
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*asked), "env");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_TRUE(again->spec.placement == asked->spec.placement);
+}
+
+TEST(TrainingJobSpec, APlacementThatIsNoLevelIsRefusedNamingTheField) {
+  auto with = [](const std::string& placement) {
+    std::string yaml = kMinimal;
+    yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  placement: " + placement + "\n");
+    return ParseError(yaml);
+  };
+  EXPECT_THAT(with("{mode: required}"), HasSubstr("spec.placement.topology: required"));
+  EXPECT_THAT(with("{topology: \"rack a\"}"),
+              HasSubstr("spec.placement.topology: must be a node label key"));
+  EXPECT_THAT(with("{topology: example.com/}"),
+              HasSubstr("spec.placement.topology: must be a node label key"));
+  EXPECT_THAT(with("{topology: rack, mode: always}"),
+              HasSubstr("spec.placement.mode: must be one of required, preferred"));
+  EXPECT_THAT(with("{topology: rack, volcanoTier: 2}"),
+              HasSubstr("spec.placement.volcanoTier: only Volcano reads it"));
+}
+
 TEST(TrainingJobSpec, EnumNamesAreTheManifestSpellings) {
   EXPECT_STREQ(ToString(OptimizerType::kAdamW), "adamw");
   EXPECT_STREQ(ToString(RestartPolicy::kOnFailure), "OnFailure");

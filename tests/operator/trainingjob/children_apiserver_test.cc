@@ -266,6 +266,7 @@ spec:
   runPolicy:
     restartPolicy: ExitCode
     scheduling: {gang: volcano, queue: research, priorityClassName: lockstep-high}
+  placement: {topology: topology.lockstep.io/rack, volcanoTier: 2}
   metrics: {port: 9400}
   template:
     metadata:
@@ -313,6 +314,7 @@ spec:
     restartPolicy: OnFailure
     scheduling: {gang: scheduler-plugins, scheduleTimeoutSeconds: 300,
                  priorityClassName: lockstep-high}
+  placement: {topology: topology.kubernetes.io/zone, mode: preferred}
   metrics: {port: 9400}
   template:
     spec:

@@ -829,5 +829,69 @@ TEST(KueuePodGroupTest, AReplacementUnderAnotherNameKeepsItsIndexAndHostname) {
   EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e");
 }
 
+TEST(PlacementTest, ARequiredLevelKeepsEveryPodWithTheJobsOthersAcrossItsLabel) {
+  const json pod = DesiredPod(JobWith("  placement: {topology: topology.lockstep.io/rack}\n"
+                                      "  template: {spec: {affinity: {podAffinity: "
+                                      "{requiredDuringSchedulingIgnoredDuringExecution: "
+                                      "[{topologyKey: kubernetes.io/hostname, labelSelector: "
+                                      "{matchLabels: {app: cache}}}]}}}}\n"),
+                              1, Settings());
+  const json& terms =
+      pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(terms.size(), 2u) << terms.dump();  // the template's term is kept
+  EXPECT_EQ(terms[1]["topologyKey"], "topology.lockstep.io/rack");
+  EXPECT_EQ(terms[1]["labelSelector"]["matchLabels"]["lockstep.io/job-name"], "mnist");
+  EXPECT_FALSE(pod["spec"]["affinity"]["podAffinity"].contains(
+      "preferredDuringSchedulingIgnoredDuringExecution"));
+}
+
+TEST(PlacementTest, APreferredLevelIsAWeightedTermAndNoPlacementAddsNone) {
+  const json pod = DesiredPod(
+      JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"), 0,
+      Settings());
+  const json& terms =
+      pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+  ASSERT_EQ(terms.size(), 1u);
+  EXPECT_EQ(terms[0]["weight"], 100);
+  EXPECT_EQ(terms[0]["podAffinityTerm"]["topologyKey"], "topology.kubernetes.io/zone");
+  const json plain = DesiredPod(JobWith(""), 0, Settings());
+  EXPECT_FALSE(plain["spec"].contains("affinity") &&
+               plain["spec"]["affinity"].contains("podAffinity"));
+}
+
+TEST(PlacementTest, AQueuedJobAsksKueuesTopologyAwareSchedulingInstead) {
+  std::string manifest = kQueuedManifest;
+  manifest += "  placement: {topology: topology.lockstep.io/block}\n";
+  const json required = DesiredPod(ParseJob(manifest), 0, Settings());
+  EXPECT_EQ(required["metadata"]["annotations"]["kueue.x-k8s.io/podset-required-topology"],
+            "topology.lockstep.io/block");
+  EXPECT_FALSE(required["spec"].contains("affinity") &&
+               required["spec"]["affinity"].contains("podAffinity"));
+  const json preferred = DesiredPod(
+      ParseJob(std::string(kQueuedManifest) +
+               "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
+      0, Settings());
+  EXPECT_EQ(preferred["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"],
+            "topology.lockstep.io/block");
+  EXPECT_FALSE(preferred["metadata"]["annotations"].contains(
+      "kueue.x-k8s.io/podset-required-topology"));
+}
+
+TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
+  const spec::TrainingJob job =
+      JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"
+              "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
+  std::optional<json> group = DesiredPodGroup(job);
+  ASSERT_TRUE(group.has_value());
+  EXPECT_EQ((*group)["spec"]["networkTopology"],
+            (json{{"mode", "hard"}, {"highestTierAllowed", 1}}));
+  // Volcano's own topology replaces the affinity term.
+  const json pod = DesiredPod(job, 0, Settings());
+  EXPECT_FALSE(pod["spec"].contains("affinity") && pod["spec"]["affinity"].contains("podAffinity"));
+  std::optional<json> plain = DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
+  ASSERT_TRUE(plain.has_value());
+  EXPECT_FALSE((*plain)["spec"].contains("networkTopology"));
+}
+
 }  // namespace
 }  // namespace lockstep::op::trainingjob

@@ -1,7 +1,8 @@
-// A TrainingJob that Kueue queues, against a real kube-apiserver 1.20.2: the job runs as one of
-// Kueue's plain pod groups. Kueue itself does not run here (it needs Kubernetes 1.27), so these
-// tests play Kueue's documented steps through the API, as Kueue does them (Kueue's "Run Plain
-// Pods" and KEP-976; its pod integration, pkg/controller/jobs/pod):
+// Shared clusters, against a real kube-apiserver 1.20.2: spec.placement, and a TrainingJob that
+// Kueue queues, which runs as one of Kueue's plain pod groups. Kueue itself does not run here
+// (it needs Kubernetes 1.27), so these tests play Kueue's documented steps through the API, as
+// Kueue does them (Kueue's "Run Plain Pods" and KEP-976; its pod integration,
+// pkg/controller/jobs/pod):
 //  - its webhook adds the finalizer kueue.x-k8s.io/managed to every pod of a group, and the
 //    scheduling gate kueue.x-k8s.io/admission. The 1.20 server has no scheduling gates, so a
 //    gated pod is played by what kube-scheduler (1.26+) writes for one: PodScheduled False,
@@ -27,7 +28,7 @@ constexpr int64_t kWaitMs = 30000;
 constexpr char kQueue[] = "team-a";
 constexpr char kFinalizer[] = "kueue.x-k8s.io/managed";
 
-class KueueTest : public ::testing::Test {
+class SharedClusterTest : public ::testing::Test {
  protected:
   void SetUp() override {
     h_ = OperatorHarness::Get();
@@ -130,7 +131,7 @@ class KueueTest : public ::testing::Test {
   std::unique_ptr<OperatorProcess> op_;
 };
 
-TEST_F(KueueTest, AQueuedJobsPodsFormOneGroupAndTheJobIsQueuedUntilKueueAdmitsIt) {
+TEST_F(SharedClusterTest, AQueuedJobsPodsFormOneGroupAndTheJobIsQueuedUntilKueueAdmitsIt) {
   json manifest = QueuedJob("queued", 2);
   manifest["spec"]["runPolicy"] = {{"activeDeadlineSeconds", 3600}};
   auto created = h_->Apply(ns_, manifest);
@@ -168,7 +169,7 @@ TEST_F(KueueTest, AQueuedJobsPodsFormOneGroupAndTheJobIsQueuedUntilKueueAdmitsIt
   EXPECT_TRUE(job["status"].contains("startTime"));
 }
 
-TEST_F(KueueTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAndTheJobFinishes) {
+TEST_F(SharedClusterTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAndTheJobFinishes) {
   json manifest = QueuedJob("preempt", 2);
   // Any failure counted would fail the job.
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 0}};
@@ -219,7 +220,7 @@ TEST_F(KueueTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAndTheJobF
   EXPECT_EQ(names, expected);
 }
 
-TEST_F(KueueTest, AFailedWorkerHeldByKueueIsReplacedAtOnceAndAFailedJobEndsItsGroup) {
+TEST_F(SharedClusterTest, AFailedWorkerHeldByKueueIsReplacedAtOnceAndAFailedJobEndsItsGroup) {
   json manifest = QueuedJob("failing", 2);
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "ExitCode"}, {"backoffLimit", 3}};
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
@@ -266,7 +267,7 @@ TEST_F(KueueTest, AFailedWorkerHeldByKueueIsReplacedAtOnceAndAFailedJobEndsItsGr
   EXPECT_TRUE(marked);
 }
 
-TEST_F(KueueTest, ScalingAQueuedJobKeepsTheGroupKueueAdmittedAndSaysWhy) {
+TEST_F(SharedClusterTest, ScalingAQueuedJobKeepsTheGroupKueueAdmittedAndSaysWhy) {
   ASSERT_EQ(h_->Apply(ns_, QueuedJob("fixed", 2)).status, 201);
   for (const json& pod : WaitForLivePods("fixed", 2))
     ASSERT_TRUE(h_->SetPodRunning(ns_, Name(pod)));
@@ -285,7 +286,7 @@ TEST_F(KueueTest, ScalingAQueuedJobKeepsTheGroupKueueAdmittedAndSaysWhy) {
   EXPECT_EQ(h_->Pods(ns_, "fixed").size(), 2u);
 }
 
-TEST_F(KueueTest, AWorkerTheSchedulerPreemptedIsReplacedWithoutCountingARestart) {
+TEST_F(SharedClusterTest, AWorkerTheSchedulerPreemptedIsReplacedWithoutCountingARestart) {
   json manifest = JobManifest("disrupted", 2);  // not queued: a disruption is never a failure
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 0}};
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
@@ -323,6 +324,61 @@ TEST_F(KueueTest, AWorkerTheSchedulerPreemptedIsReplacedWithoutCountingARestart)
   json job = h_->GetJob(ns_, "disrupted");
   EXPECT_NE(Phase(job), "Failed") << job["status"].dump();
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
+}
+
+TEST_F(SharedClusterTest, APlacementOnALevelNoNodeCarriesSaysSoRatherThanLeavingPodsPending) {
+  json manifest = JobManifest("nolevel", 2);
+  manifest["spec"]["placement"] = {{"topology", "topology.lockstep.io/no-such-level"}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob(
+      "nolevel",
+      [](const json& j) {
+        return Condition(j, "Running").value("reason", "") == "NoNodeHasTopologyLevel";
+      },
+      "said that no node has the level");
+  EXPECT_EQ(Condition(job, "Running")["status"], "False");
+  EXPECT_NE(Condition(job, "Running")["message"].get<std::string>().find(
+                "no node carries the label topology.lockstep.io/no-such-level"),
+            std::string::npos)
+      << Condition(job, "Running").dump();
+  const bool warned = OperatorHarness::WaitFor(
+      [&] {
+        for (const json& e : h_->Events(ns_, "nolevel")) {
+          if (e.value("reason", "") == "NoNodeHasTopologyLevel") return true;
+        }
+        return false;
+      },
+      kWaitMs);
+  EXPECT_TRUE(warned);
+  // The pods ask to stay with each other across the level.
+  for (const json& pod : WaitForLivePods("nolevel", 2)) {
+    const json& terms =
+        pod["spec"]["affinity"]["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"];
+    ASSERT_EQ(terms.size(), 1u) << pod["spec"].dump();
+    EXPECT_EQ(terms[0]["topologyKey"], "topology.lockstep.io/no-such-level");
+  }
+}
+
+TEST_F(SharedClusterTest, APlacementOnALevelANodeCarriesRaisesNoComplaint) {
+  const std::string node = "rack-node-" + ns_;
+  auto created = h_->kube().Request(
+      "POST", "/api/v1/nodes",
+      {{"apiVersion", "v1"},
+       {"kind", "Node"},
+       {"metadata", {{"name", node}, {"labels", {{"topology.lockstep.io/test-rack", "r1"}}}}}});
+  ASSERT_EQ(created.status, 201) << created.raw;
+  json manifest = JobManifest("level", 1);
+  manifest["spec"]["placement"] = {{"topology", "topology.lockstep.io/test-rack"}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  WaitForLivePods("level", 1);
+  // Once its pods exist the job has been reconciled past the check.
+  json job = WaitForJob(
+      "level", [](const json& j) { return Phase(j) == "Created"; }, "Created");
+  EXPECT_NE(Condition(job, "Running").value("reason", ""), "NoNodeHasTopologyLevel");
+  for (const json& e : h_->Events(ns_, "level")) {
+    EXPECT_NE(e.value("reason", ""), "NoNodeHasTopologyLevel") << e.dump();
+  }
+  h_->kube().Request("DELETE", "/api/v1/nodes/" + node);
 }
 
 }  // namespace
