@@ -7,10 +7,15 @@
 # interleaved (r1 r2 r1 r2: pods numbered as they joined). Needs root (ip netns, tc).
 #
 #   bench/topology/run.sh [BUILD_DIR]     RATE=200mbit SIZES_MIB=4,16 ITERS=5 WARMUP=2
+#                                         TRAIN_STEPS=300 HIDDEN=256
 #
 # A ring in rack order crosses the inter-rack link once each way; interleaved, every one of its
 # four steps crosses it, two flows each way sharing it. Expected: about half the bus bandwidth
 # interleaved. Prints busbw (nccl-tests' definition) per size for both orders and their ratio.
+# Then the built-in trainer on the same hosts: 4 pods of one rank training a 784-HIDDEN-10 MLP on
+# Fashion-MNIST (bench/train/mlp_job.sh), its ranks numbered by the rendezvous service from the
+# places train_bench_launcher gives it, as the operator gives it node labels: the racks' order,
+# and an interleaving one. Prints global samples/s for both and their ratio.
 set -euo pipefail
 BUILD_DIR=${1:-$(cd "$(dirname "$0")/../.." && pwd)/build}
 RATE=${RATE:-200mbit}
@@ -18,12 +23,18 @@ SIZES=${SIZES_MIB:-4,16}
 ITERS=${ITERS:-5}
 WARMUP=${WARMUP:-2}
 BIN=$BUILD_DIR/bin
-[[ -x $BIN/allreduce_bench ]] || { echo "no $BIN/allreduce_bench: build it" >&2; exit 1; }
+TRAIN_STEPS=${TRAIN_STEPS:-300}
+HIDDEN=${HIDDEN:-256}
+for tool in allreduce_bench lockstep-worker train_bench_launcher; do
+  [[ -x $BIN/$tool ]] || { echo "no $BIN/$tool: build it" >&2; exit 1; }
+done
 [[ $(id -u) == 0 ]] ||
   { echo "bench/topology/run.sh needs root (network namespaces, tc)" >&2; exit 1; }
 
 # shellcheck source=../netns_hosts.sh
 source "$(dirname "$0")/../netns_hosts.sh"
+# shellcheck source=../train/mlp_job.sh
+source "$(dirname "$0")/../train/mlp_job.sh"
 T=tp$$                          # every name this script makes starts with it
 NET=10.234.$(($$ % 250 + 1))    # its own /24
 WORK=$(mktemp -d /tmp/lockstep-topology-bench.XXXXXX)
@@ -81,3 +92,23 @@ paste -d' ' "$WORK/racks.txt" "$WORK/interleaved.txt" |
     printf '%-8s %18s %22s %8s\n' "$((bytes >> 20))MiB" "$rbw" "$ibw" \
         "$(awk -v r="$rbw" -v i="$ibw" 'BEGIN {printf "%.2f", r / i}')"
   done
+
+# train PLACES: global samples/s of the MLP job with pod h at PLACES[h] (levels joined by '/').
+# The rendezvous service listens in rack r1, on the bridge; rack r2 reaches it over the link.
+train() {
+  OPENBLAS_NUM_THREADS=1 timeout 900 "$BIN/train_bench_launcher" "$BIN/lockstep-worker" \
+      "$WORK/job.yaml" 4 --listen "$NET.1" --pod-netns "${T}n0,${T}n1,${T}n2,${T}n3" \
+      --pod-hosts "$NET.10,$NET.11,$NET.12,$NET.13" --pod-places "$1" | tail -n 1 |
+    python3 -c 'import json, sys; print(json.loads(sys.stdin.read())["samples_per_second"])'
+}
+ip addr add "$NET.1/24" dev "${T}r1"
+write_mlp_job "$WORK/job.yaml" topology-bench 4 1 "$TRAIN_STEPS" "$HIDDEN"
+# Racks: hosts 0 1 | 2 3. Interleaved: the groups x = {0, 2} and y = {1, 3} number the hosts
+# 0 2 1 3, so every ring step crosses between the racks.
+rack_sps=$(train "r1/h0,r1/h1,r2/h2,r2/h3")
+interleaved_sps=$(train "x/h0,y/h1,x/h2,y/h3")
+echo
+echo "MLP 784-$HIDDEN-10 on Fashion-MNIST, 4 pods x 1 rank, batch 64 per rank, $TRAIN_STEPS steps"
+printf '%-8s %18s %22s %8s\n' "" rack_order interleaved ratio
+printf '%-8s %18.0f %22.0f %8s\n' samples/s "$rack_sps" "$interleaved_sps" \
+    "$(awk -v r="$rack_sps" -v i="$interleaved_sps" 'BEGIN {printf "%.2f", r / i}')"

@@ -1,5 +1,6 @@
 // train_bench_launcher WORKER_BINARY MANIFEST REPLICAS [--ranks-per-pod N] [--listen ADDRESS]
 //                     [--pod-netns NS0,NS1,... --pod-hosts ADDRESS0,ADDRESS1,...]
+//                     [--pod-places PLACE0,PLACE1,...]
 //
 // Hosts a rendezvous service on 127.0.0.1 (or ADDRESS), runs REPLICAS `lockstep-worker train`
 // processes (pods) on MANIFEST, waits for them (10 minutes at most) and prints one JSON line with
@@ -7,7 +8,9 @@
 // steps, scaling efficiency (compute / step time) and the exposed-communication share of the
 // step time. --ranks-per-pod must match the manifest's spec.ranksPerWorker. With --pod-netns,
 // pod i runs in network namespace NSi (`ip netns exec`) and announces address i of --pod-hosts
-// (LOCKSTEP_HOST), as pods on separate nodes would (bench/pods/run.sh).
+// (LOCKSTEP_HOST), as pods on separate nodes would (bench/pods/run.sh). With --pod-places, pod i
+// is told to the rendezvous service at PLACEi (levels joined by '/', coarse to fine, as the
+// operator gives a node's topology labels), so ranks follow the places (bench/topology/run.sh).
 #include <signal.h>
 #include <spawn.h>
 #include <sys/wait.h>
@@ -35,12 +38,21 @@ std::vector<std::string> SplitCommas(const std::string& text) {
   return parts;
 }
 
+// "zone-a/rack-1" -> {"zone-a", "rack-1"}.
+std::vector<std::string> SplitPlace(const std::string& place) {
+  std::vector<std::string> levels;
+  std::stringstream stream(place);
+  for (std::string level; std::getline(stream, level, '/');) levels.push_back(level);
+  return levels;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const char* usage =
       "usage: train_bench_launcher WORKER_BINARY MANIFEST REPLICAS [--ranks-per-pod N] "
-      "[--listen ADDRESS] [--pod-netns NS,... --pod-hosts ADDRESS,...]\n";
+      "[--listen ADDRESS] [--pod-netns NS,... --pod-hosts ADDRESS,...] "
+      "[--pod-places PLACE,...]\n";
   if (argc < 4 || (argc - 4) % 2 != 0) {
     std::cerr << usage;
     return 2;
@@ -49,7 +61,7 @@ int main(int argc, char** argv) {
   const int replicas = std::stoi(argv[3]);
   int ranks_per_pod = 1;
   std::string listen = "127.0.0.1";
-  std::vector<std::string> pod_netns, pod_hosts;
+  std::vector<std::string> pod_netns, pod_hosts, pod_places;
   for (int i = 4; i < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--ranks-per-pod") {
@@ -60,6 +72,8 @@ int main(int argc, char** argv) {
       pod_netns = SplitCommas(value);
     } else if (flag == "--pod-hosts") {
       pod_hosts = SplitCommas(value);
+    } else if (flag == "--pod-places") {
+      pod_places = SplitCommas(value);
     } else {
       std::cerr << "unknown flag " << flag << "\n" << usage;
       return 2;
@@ -68,6 +82,10 @@ int main(int argc, char** argv) {
   if (pod_netns.size() != pod_hosts.size() ||
       (!pod_netns.empty() && static_cast<int>(pod_netns.size()) != replicas)) {
     std::cerr << "--pod-netns and --pod-hosts need one entry per replica\n";
+    return 2;
+  }
+  if (!pod_places.empty() && static_cast<int>(pod_places.size()) != replicas) {
+    std::cerr << "--pod-places needs one entry per replica\n";
     return 2;
   }
   const std::string job = "bench/train", token = "bench-token";
@@ -82,9 +100,14 @@ int main(int argc, char** argv) {
   config.min_members = replicas;
   config.max_members = replicas;
   config.ranks_per_pod = ranks_per_pod;
+  config.order_by_topology = !pod_places.empty();
   if (auto status = (*server)->AddJob(config); !status.ok()) {
     std::cerr << status << "\n";
     return 1;
+  }
+  for (size_t i = 0; i < pod_places.size(); ++i) {
+    lockstep::rendezvous::TopologyPath path = SplitPlace(pod_places[i]);
+    (*server)->SetPodTopology(job, "bench-" + std::to_string(i), std::move(path));
   }
 
   std::vector<pid_t> pids;

@@ -363,11 +363,13 @@ bool IsLabelKey(const std::string& key) {
     prefix = key.substr(0, slash);
     name = key.substr(slash + 1);
     if (prefix.empty() || prefix.size() > 253) return false;
-    auto lower = [](char c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); };
-    for (char c : prefix) {
-      if (!lower(c) && c != '-' && c != '.') return false;
+    // A DNS-1123 subdomain: DNS-1123 labels joined by dots.
+    for (size_t begin = 0; begin <= prefix.size();) {
+      size_t dot = prefix.find('.', begin);
+      if (dot == std::string::npos) dot = prefix.size();
+      if (!IsDns1123Label(prefix.substr(begin, dot - begin))) return false;
+      begin = dot + 1;
     }
-    if (!lower(prefix.front()) || !lower(prefix.back())) return false;
   }
   if (name.empty() || name.size() > 63) return false;
   auto alnum = [](char c) {

@@ -231,11 +231,11 @@ std::string KueueQueue(const spec::TrainingJob& job) {
 
 std::string KueuePodGroupName(const spec::TrainingJob& job) {
   constexpr size_t kMaxLabelValue = 63;
-  const std::string uid = job.metadata.uid.substr(0, 8);
-  if (uid.empty()) return job.metadata.name.substr(0, kMaxLabelValue);
-  std::string head = job.metadata.name.substr(0, kMaxLabelValue - 1 - uid.size());
+  std::string tail = job.metadata.uid.substr(0, 8);
+  tail += (tail.empty() ? "" : "-") + std::to_string(job.metadata.generation);
+  std::string head = job.metadata.name.substr(0, kMaxLabelValue - 1 - tail.size());
   while (!head.empty() && head.back() == '-') head.pop_back();
-  return head + "-" + uid;
+  return head + "-" + tail;
 }
 std::string PodSelector(const std::string& job_name) {
   return std::string(kJobNameLabel) + "=" + job_name;
@@ -324,7 +324,8 @@ void PlaceTogether(json* pod, const spec::TrainingJob& job) {
 }  // namespace
 
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
-                const std::vector<std::string>& avoid_nodes, const std::string& name) {
+                const std::vector<std::string>& avoid_nodes, const std::string& name,
+                const std::string& kueue_group) {
   const spec::TrainingJobSpec& spec = job.spec;
   const spec::NetworkSpec& network = spec.network;
   const std::string index_name = PodName(job.metadata.name, index);
@@ -351,7 +352,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   }
   if (const std::string queue = KueueQueue(job); !queue.empty()) {
     labels[kKueueQueueLabel] = queue;
-    labels[kKueuePodGroupLabel] = KueuePodGroupName(job);
+    labels[kKueuePodGroupLabel] = kueue_group.empty() ? KueuePodGroupName(job) : kueue_group;
     annotations[kKueuePodGroupCountAnnotation] = std::to_string(spec.replicas);
     // Kueue's topology-aware scheduling places the admitted group and pins each pod's node.
     if (!spec.placement.topology.empty()) {
@@ -512,7 +513,7 @@ std::optional<json> DesiredPodGroup(const spec::TrainingJob& job) {
     if (!min_resources.empty()) spec["minResources"] = std::move(min_resources);
     // Volcano places by its HyperNodes' tiers (Volcano's network topology aware scheduling).
     const spec::PlacementSpec& placement = job.spec.placement;
-    if (!placement.topology.empty() && placement.volcano_tier > 0) {
+    if (!placement.topology.empty() && placement.volcano_tier > 0 && KueueQueue(job).empty()) {
       spec["networkTopology"] = {
           {"mode", placement.mode == spec::PlacementMode::kRequired ? "hard" : "soft"},
           {"highestTierAllowed", placement.volcano_tier}};

@@ -47,10 +47,11 @@ inline constexpr char kKueuePreferredTopologyAnnotation[] =
     "kueue.x-k8s.io/podset-preferred-topology";
 // The LocalQueue the job is labelled with; empty when Kueue does not queue it.
 std::string KueueQueue(const spec::TrainingJob& job);
-// The job's pod group, which is also the name of the Workload Kueue makes for it:
-// "<job>-<the first 8 characters of its uid>", so that a job created again under the same name
-// never joins the group of its predecessor's lingering pods. At most 63 characters (a label
-// value); the job's name is cut to fit.
+// The name of a pod group the job starts, which is also the name of the Workload Kueue makes for
+// it: "<job>-<the first 8 characters of its uid>-<metadata.generation>". The uid keeps a job
+// created again under the same name out of its predecessor's group, the generation a job resumed
+// after a suspend out of the group it ended. At most 63 characters (a label value); the job's
+// name is cut to fit. A group keeps its name while it has pods (the reconciler reads it back).
 std::string KueuePodGroupName(const spec::TrainingJob& job);
 
 // Where the job's Secret is mounted in every worker (ca.crt; the token comes as an env var).
@@ -140,9 +141,11 @@ json DesiredService(const spec::TrainingJob& job);
 // topology annotation for such a job, and a pod-affinity term to the job's pods across the
 // level's label otherwise.
 // name: the pod's name when it is not PodName(job, index) (a replacement that cannot take the
-// name of its predecessor); the hostname stays PodName's.
+// name of its predecessor); the hostname stays PodName's. kueue_group: the pod group it joins;
+// empty: KueuePodGroupName(job).
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
-                const std::vector<std::string>& avoid_nodes = {}, const std::string& name = "");
+                const std::vector<std::string>& avoid_nodes = {}, const std::string& name = "",
+                const std::string& kueue_group = "");
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
 // minResources}; scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup {minMember,

@@ -61,6 +61,12 @@ bool OwnedBy(const json& pod, const std::string& uid) {
   return false;
 }
 
+std::string LabelOf(const json& pod, const std::string& key) {
+  const json labels = pod["metadata"].value("labels", json::object());
+  if (!labels.is_object() || !labels.contains(key) || !labels[key].is_string()) return "";
+  return labels[key].get<std::string>();
+}
+
 std::string CreationTimestampOf(const json& pod) {
   return pod["metadata"].value("creationTimestamp", "");
 }
@@ -145,7 +151,7 @@ json TrimPod(json pod) {
   }
   if (m.contains("labels") && m["labels"].is_object()) {
     json labels = json::object();
-    for (const char* label : {kJobNameLabel, kReplicaIndexLabel}) {
+    for (const char* label : {kJobNameLabel, kReplicaIndexLabel, kKueuePodGroupLabel}) {
       if (m["labels"].contains(label)) labels[label] = std::move(m["labels"][label]);
     }
     meta["labels"] = std::move(labels);

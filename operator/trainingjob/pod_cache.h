@@ -32,6 +32,8 @@ std::string NodeNameOf(const nlohmann::json& pod);
 bool IsTerminating(const nlohmann::json& pod);
 // Its Ready condition is True.
 bool IsReady(const nlohmann::json& pod);
+// metadata.labels[key]; "" when absent.
+std::string LabelOf(const nlohmann::json& pod, const std::string& key);
 // The replica-index label; -1 when the pod carries no valid index.
 int32_t PodIndex(const nlohmann::json& pod);
 // Its controller ownerReference names `uid` (a pod of this incarnation of the job).

@@ -112,6 +112,10 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
     w.job.metadata.name = object["metadata"].value("name", "");
     w.job.metadata.namespace_ = object["metadata"].value("namespace", "default");
     w.job.metadata.uid = uid;
+    // The labels say whether Kueue holds a group for it (CleanUpFinished ends it).
+    for (const auto& [key, value] : object["metadata"].value("labels", json::object()).items()) {
+      if (value.is_string()) w.job.metadata.labels[key] = value.get<std::string>();
+    }
     Status s = Finish(w, /*succeeded=*/false, "InvalidSpec", message);
     w.result->terminal = s.ok();
     return s;
@@ -126,11 +130,16 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
 
   // 4. Suspend and resume.
   std::vector<ObjectPtr> pods = deps_.pods->ByIndex(kJobIndex, w.key);
-  KueueGroupSize(w, pods);
+  KueueGroup(w, pods);
   if (policy.suspend) {
     if (!deps_.expectations->Satisfied(w.key)) {
       w.RequeueAfter(1000);
       return OkStatus();
+    }
+    // Kueue would hold the group's quota for its pods' replacements; the resume queues anew.
+    if (w.kueue) {
+      Status s = MarkKueueGroupDone(w);
+      if (!s.ok() && w.error.ok()) w.error = s;
     }
     for (const ObjectPtr& pod : pods) {
       if (!IsTerminating(*pod) && PodPhase(*pod) != "Succeeded" && PodPhase(*pod) != "Failed") {

@@ -134,10 +134,10 @@ class TrainingJobReconciler : public controller::Reconciler {
   // Whether any node carries label `key`: one LIST of a single node, kept for
   // node_place_ttl_ms when one does and for a minute when none does (or it cannot be read).
   std::optional<bool> AnyNodeHasLabel(const std::string& key);
-  // reconciler_kueue.cc: a job Kueue queues as a plain pod group. KueueGroupSize keeps the
-  // group at the size its pods were created with (a plain pod group cannot be resized);
-  // MarkKueueGroupDone tells Kueue a finished job's group retries no more.
-  void KueueGroupSize(Work& w, const std::vector<controller::ObjectPtr>& pods);
+  // reconciler_kueue.cc: a job Kueue queues as a plain pod group. KueueGroup finds the group
+  // the job's pods join and keeps it at its size (a plain pod group cannot be resized);
+  // MarkKueueGroupDone tells Kueue a finished or suspended job's group retries no more.
+  void KueueGroup(Work& w, const std::vector<controller::ObjectPtr>& pods);
   Status MarkKueueGroupDone(Work& w);
   // reconciler_status.cc: the Queued condition from the workers a scheduling gate holds back.
   void ReportQueue(Work& w, int32_t gated, int32_t admitted, const std::string& gate);

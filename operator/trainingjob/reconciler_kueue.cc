@@ -32,21 +32,33 @@ int32_t ParseGroupSize(const std::string& text) {
 
 }  // namespace
 
-// A plain pod group has a fixed size: Kueue admitted (and holds quota for) the count its pods
-// carry, deletes pods past it and refuses to build a workload from pods that disagree on it. So
-// the group keeps the size of the pods it has: a changed spec.replicas takes effect only once the
-// group's pods are gone (after a suspend, or a preemption that deleted them all), and until then
-// the job runs as it was admitted, its Scaling condition saying why (ComputeStatus).
-void TrainingJobReconciler::KueueGroupSize(Work& w, const std::vector<ObjectPtr>& pods) {
+// A plain pod group has a name and a fixed size, both written on its pods: Kueue admitted (and
+// holds quota for) the count they carry, deletes pods past it and refuses to build a workload
+// from pods that disagree on it. So the job's pods join the group its pods in the API belong to,
+// at that group's size, until none is left that the group may still count on: a group ends when
+// its pods say it may not retry (MarkKueueGroupDone: at the job's end, and at a suspend, which
+// frees the quota), and the next pods start a new group under a new name (KueuePodGroupName:
+// the generation changed) at spec.replicas. Meanwhile a changed spec.replicas waits, the job
+// running as it was admitted, its Scaling condition saying why (ReportQueue).
+void TrainingJobReconciler::KueueGroup(Work& w, const std::vector<ObjectPtr>& pods) {
   w.kueue = !KueueQueue(w.job).empty();
   if (!w.kueue) return;
   spec::TrainingJobSpec& spec = w.job.spec;
+  std::string group;
   int32_t size = 0;
+  bool counted = false;  // read from a pod Kueue counts: preferred to one it no longer does
   for (const ObjectPtr& pod : pods) {
-    if (!OwnedBy(*pod, w.job.metadata.uid) || !KueueCountsPod(*pod)) continue;
-    size = ParseGroupSize(AnnotationOf(*pod, kKueuePodGroupCountAnnotation));
-    if (size > 0) break;
+    if (!OwnedBy(*pod, w.job.metadata.uid)) continue;
+    if (AnnotationOf(*pod, kKueueRetriableAnnotation) == "false") continue;  // an ended group
+    const std::string name = LabelOf(*pod, kKueuePodGroupLabel);
+    const int32_t count = ParseGroupSize(AnnotationOf(*pod, kKueuePodGroupCountAnnotation));
+    if (name.empty() || count == 0 || (counted && !KueueCountsPod(*pod))) continue;
+    group = name;
+    size = count;
+    counted = KueueCountsPod(*pod);
+    if (counted) break;
   }
+  w.kueue_group = group.empty() ? KueuePodGroupName(w.job) : group;
   if (size == 0 || size == spec.replicas) return;
   w.kueue_spec_replicas = spec.replicas;
   spec.replicas = size;
@@ -60,8 +72,8 @@ void TrainingJobReconciler::KueueGroupSize(Work& w, const std::vector<ObjectPtr>
 
 // Kueue ends a group that did not succeed whole only when a pod says it is not retriable; until
 // then it holds the group's quota for replacements that will never come. Every pod of a
-// finished job says so (the annotation may go on any pod, and a pod deleted at the job's end
-// may be gone before Kueue reads it).
+// finished or suspended job says so (the annotation may go on any pod, and a pod deleted at the
+// job's end may be gone before Kueue reads it).
 Status TrainingJobReconciler::MarkKueueGroupDone(Work& w) {
   Status first;
   for (const ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {

@@ -27,7 +27,10 @@ Status TrainingJobReconciler::DeletePod(Work& w, const json& pod, const std::str
                                         std::optional<int64_t> grace_seconds) {
   const std::string name = pod["metadata"].value("name", "");
   const std::string uid = pod["metadata"].value("uid", "");
-  deps_.expectations->ExpectDeletions(w.key, {uid});
+  // A pod already terminating counted as deleted when it began to (OnPodEvent); deleting it again
+  // (grace 0 on a lost node) may leave it in the API under a finalizer, with no event to wait for.
+  const bool terminating = IsTerminating(pod);
+  if (!terminating) deps_.expectations->ExpectDeletions(w.key, {uid});
   kube::DeleteOptions options;
   options.precondition_uid = uid;
   options.grace_period_seconds = grace_seconds;
@@ -228,7 +231,8 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
   for (const auto& [index, name] : missing) {
     StatusOr<json> created =
         deps_.client->Create(res::kPods, job.metadata.namespace_,
-                             DesiredPod(job, index, options_.settings, avoid_nodes, name));
+                             DesiredPod(job, index, options_.settings, avoid_nodes, name,
+                                        w.kueue_group));
     if (created.ok()) {
       w.created_pods = true;
       w.created_names.push_back(name);

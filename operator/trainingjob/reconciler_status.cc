@@ -157,7 +157,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
                    w.now);
     }
   }
-  if (gated > 0) {
+  if (gated > 0 && admitted == 0) {
     phase = "Queued";
   } else if (HasCondition(w.status, kRestarting)) {
     phase = "Restarting";
@@ -201,22 +201,26 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
 }
 
 // The Queued condition and, under Kueue, the job's start (the run deadline counts from the
-// admission, as a Job's counts from Kueue unsuspending it) and its group's fixed size.
+// admission, as a Job's counts from Kueue unsuspending it) and its group's fixed size. The job
+// is queued while a gate holds its workers and none runs: a replacement waiting at the gate of a
+// group Kueue admitted (Kueue ungates it at once) leaves the job as it is.
 void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted,
                                         const std::string& gate) {
   const std::string queue = KueueQueue(w.job);
-  if (gated > 0) {
+  if (gated > 0 && admitted == 0) {
     const int32_t desired = w.job.spec.replicas;
     SetCondition(&w.status, kQueued, true, "SchedulingGated",
                  std::to_string(gated) + " of " + std::to_string(desired) +
                      " worker pods wait for admission (" + gate + ")" +
-                     (queue.empty() ? "" : " in Kueue's LocalQueue " + queue),
+                     (queue.empty() ? ""
+                                    : " in Kueue's LocalQueue " + queue + ", pod group " +
+                                          w.kueue_group),
                  w.now);
     if (w.kueue) w.status.erase("startTime");  // queued again after a preemption: not run time
   } else if (admitted > 0) {
     if (HasCondition(w.status, kQueued)) {
       SetCondition(&w.status, kQueued, false, "Admitted",
-                   "no scheduling gate holds a worker pod any more", w.now);
+                   "no scheduling gate holds the job's worker pods back any more", w.now);
     }
     if (w.kueue && !w.status.contains("startTime")) {
       w.status["startTime"] = w.now;
@@ -225,6 +229,12 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
       }
     }
   }
+  const json scaling = [&] {
+    for (const json& c : w.status.value("conditions", json::array())) {
+      if (c.value("type", "") == kScaling) return c;
+    }
+    return json::object();
+  }();
   if (w.kueue_spec_replicas != 0) {
     SetCondition(&w.status, kScaling, false, "KueuePodGroupSizeFixed",
                  "spec.replicas is " + std::to_string(w.kueue_spec_replicas) +
@@ -232,8 +242,11 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
                      std::to_string(w.job.spec.replicas) +
                      " pods and cannot resize it: the job runs with " +
                      std::to_string(w.job.spec.replicas) +
-                     " until its pods are gone (suspend it and resume it to queue it again)",
+                     " until its group ends (suspend it and resume it to queue it anew)",
                  w.now);
+  } else if (scaling.value("reason", "") == "KueuePodGroupSizeFixed") {
+    SetCondition(&w.status, kScaling, false, "Scaled",
+                 std::to_string(w.job.spec.replicas) + " workers, as spec.replicas asks", w.now);
   }
 }
 

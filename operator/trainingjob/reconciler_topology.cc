@@ -122,7 +122,12 @@ void TrainingJobReconciler::CheckPlacementLevel(Work& w) {
   const spec::PlacementSpec& placement = w.job.spec.placement;
   if (placement.topology.empty()) return;
   const std::optional<bool> seen = AnyNodeHasLabel(placement.topology);
-  if (!seen.has_value() || *seen) return;
+  if (!seen.has_value()) return;
+  if (*seen) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    placement_warned_.erase(w.key);  // warned again should the label go
+    return;
+  }
   const bool required = placement.mode == spec::PlacementMode::kRequired;
   w.placement_problem = "spec.placement.topology: no node carries the label " +
                         placement.topology +

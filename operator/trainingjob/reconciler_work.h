@@ -30,6 +30,7 @@ struct TrainingJobReconciler::Work {
   // Kueue admitted: when spec.replicas asks for another, job.spec.replicas holds the group's
   // and this the spec's.
   bool kueue = false;
+  std::string kueue_group;  // the pod group the job's pods join
   // spec.placement asks for a level no node carries (CheckPlacementLevel): why, for status.
   std::string placement_problem;
   int32_t kueue_spec_replicas = 0;

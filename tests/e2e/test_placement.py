@@ -10,16 +10,18 @@ import cluster
 RACK = "topology.lockstep.io/rack"
 
 
-def digits(replicas, placement):
-    job = cluster.example("digits.yaml")
+def fashion(replicas, placement):
+    """examples/fashion-mnist.yaml (its data is in the worker image), shortened."""
+    job = cluster.example("fashion-mnist.yaml")
     job["spec"]["replicas"] = replicas
+    job["spec"]["trainer"]["steps"] = 200
     job["spec"]["placement"] = placement
     return job
 
 
 class PlacementOnTwoRacks(unittest.TestCase):
     def test_a_job_asking_for_one_rack_runs_on_one_node_and_succeeds(self):
-        job = digits(4, {"topology": RACK})
+        job = fashion(4, {"topology": RACK})
         name = job["metadata"]["name"]
         with cluster.Namespace("placement") as ns:
             ns.apply(job)
@@ -34,7 +36,7 @@ class PlacementOnTwoRacks(unittest.TestCase):
             self.assertEqual(len(racks), 1, racks)
 
     def test_a_level_no_node_carries_is_named_while_the_pods_wait(self):
-        job = digits(2, {"topology": "topology.lockstep.io/no-such-level"})
+        job = fashion(2, {"topology": "topology.lockstep.io/no-such-level"})
         name = job["metadata"]["name"]
         with cluster.Namespace("nolevel") as ns:
             ns.apply(job)

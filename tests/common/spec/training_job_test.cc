@@ -500,6 +500,8 @@ TEST(TrainingJobSpec, APlacementThatIsNoLevelIsRefusedNamingTheField) {
               HasSubstr("spec.placement.topology: must be a node label key"));
   EXPECT_THAT(with("{topology: example.com/}"),
               HasSubstr("spec.placement.topology: must be a node label key"));
+  EXPECT_THAT(with("{topology: example..com/rack}"),
+              HasSubstr("spec.placement.topology: must be a node label key"));
   EXPECT_THAT(with("{topology: rack, mode: always}"),
               HasSubstr("spec.placement.mode: must be one of required, preferred"));
   EXPECT_THAT(with("{topology: rack, volcanoTier: 2}"),

@@ -95,6 +95,24 @@ class SharedClusterTest : public ::testing::Test {
                                 "application/merge-patch+json");
     ASSERT_EQ(r.status, 200) << r.raw;
   }
+  // kube-scheduler's binding: the pod then has a node, so deleting it leaves it Terminating until
+  // its kubelet (here: the test) has stopped it.
+  void Bind(const std::string& pod) {
+    auto r = h_->kube().Request(
+        "POST", PodPath(pod) + "/binding",
+        {{"apiVersion", "v1"},
+         {"kind", "Binding"},
+         {"metadata", {{"name", pod}}},
+         {"target", {{"apiVersion", "v1"}, {"kind", "Node"}, {"name", "node-a"}}}});
+    ASSERT_EQ(r.status, 201) << r.raw;
+  }
+  // The kubelet's end of a deletion: the containers stopped, the pod deleted with grace 0 (it
+  // goes once no finalizer holds it).
+  void KubeletStops(const std::string& pod) {
+    ASSERT_TRUE(h_->SetPodTerminated(ns_, pod, 143));
+    auto r = h_->kube().Request("DELETE", PodPath(pod), {{"gracePeriodSeconds", 0}});
+    ASSERT_TRUE(r.status == 200 || r.status == 404) << r.raw;
+  }
   // The pod waits behind Kueue's scheduling gate, as kube-scheduler reports it.
   void Gated(const std::string& pod) {
     const json status = {{"phase", "Pending"},
@@ -142,7 +160,7 @@ TEST_F(SharedClusterTest, AQueuedJobsPodsFormOneGroupAndTheJobIsQueuedUntilKueue
   for (const json& pod : pods) {
     const json& labels = pod["metadata"]["labels"];
     EXPECT_EQ(labels["kueue.x-k8s.io/queue-name"], kQueue);
-    EXPECT_EQ(labels["kueue.x-k8s.io/pod-group-name"], "queued-" + uid.substr(0, 8));
+    EXPECT_EQ(labels["kueue.x-k8s.io/pod-group-name"], "queued-" + uid.substr(0, 8) + "-1");
     EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "2");
     KueueManages(Name(pod));
     Gated(Name(pod));
@@ -175,18 +193,28 @@ TEST_F(SharedClusterTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAn
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 0}};
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
   std::set<std::string> preempted;
+  std::string group;
   for (const json& pod : WaitForLivePods("preempt", 2)) {
     KueueManages(Name(pod));
+    Bind(Name(pod));
     ASSERT_TRUE(h_->SetPodRunning(ns_, Name(pod)));
     preempted.insert(Name(pod));
+    group = pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"];
   }
   WaitForJob(
       "preempt", [](const json& j) { return j["status"]["replicas"].value("ready", 0) == 2; },
       "had 2 ready workers");
 
   for (const std::string& pod : preempted) KueuePreempts(pod);
-  // Kueue no longer counts the deleted pods; its finalizer keeps them in the API, so their
-  // replacements take names of their own, at once, and join the group (gated until admitted).
+  // Terminating on their node, the pods still run and Kueue still counts them: the reconcile
+  // that sees none of them active creates nothing (it would count what it created as active).
+  json job = WaitForJob(
+      "preempt", [](const json& j) { return j["status"]["replicas"].value("active", -1) == 0; },
+      "saw its pods terminating");
+  EXPECT_EQ(WaitForLivePods("preempt", 0, preempted).size(), 0u);
+  // Stopped, they are Failed and no longer counted, while Kueue's finalizer keeps them in the
+  // API: their replacements take names of their own and join the group (gated until admitted).
+  for (const std::string& pod : preempted) KubeletStops(pod);
   std::vector<json> replacements = WaitForLivePods("preempt", 2, preempted);
   ASSERT_EQ(replacements.size(), 2u);
   std::set<std::string> indices;
@@ -194,6 +222,7 @@ TEST_F(SharedClusterTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAn
     indices.insert(pod["metadata"]["labels"]["lockstep.io/replica-index"].get<std::string>());
     EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/queue-name"], kQueue);
     EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "2");
+    EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], group);
     EXPECT_EQ(pod["spec"]["hostname"],
               "preempt-worker-" +
                   pod["metadata"]["labels"]["lockstep.io/replica-index"].get<std::string>());
@@ -201,7 +230,7 @@ TEST_F(SharedClusterTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAn
     Gated(Name(pod));
   }
   EXPECT_EQ(indices, (std::set<std::string>{"0", "1"}));
-  json job = WaitForJob(
+  job = WaitForJob(
       "preempt", [](const json& j) { return Phase(j) == "Queued"; }, "queued again");
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
   EXPECT_FALSE(job["status"].contains("startTime"));
@@ -243,7 +272,24 @@ TEST_F(SharedClusterTest, AFailedWorkerHeldByKueueIsReplacedAtOnceAndAFailedJobE
   json job = WaitForJob(
       "failing", [](const json& j) { return j["status"].value("restarts", 0) == 1; },
       "counted the failure");
+  const std::string started = job["status"].value("startTime", "");
+  ASSERT_FALSE(started.empty()) << job["status"].dump();
+  // The replacement waits at the gate of a group Kueue admitted (Kueue lifts it at once): the
+  // job is not queued again and its deadline goes on. Worker 0 turning unready afterwards makes
+  // the reconcile that reports it one that saw the gate.
   KueueManages(replacement);
+  Gated(replacement);
+  auto unready = h_->kube().Request(
+      "PATCH", PodPath("failing-worker-0") + "/status",
+      {{"status", {{"conditions", json::array({{{"type", "Ready"}, {"status", "False"}}})}}}},
+      "application/merge-patch+json");
+  ASSERT_EQ(unready.status, 200) << unready.raw;
+  job = WaitForJob(
+      "failing", [](const json& j) { return j["status"]["replicas"].value("ready", -1) == 0; },
+      "saw worker 0 unready");
+  EXPECT_NE(Phase(job), "Queued");
+  EXPECT_NE(Condition(job, "Queued").value("status", ""), "True");
+  EXPECT_EQ(job["status"].value("startTime", ""), started);
   KueueFinalizes("failing-worker-1");  // Kueue lets the failed pod go once it is replaced
   ASSERT_TRUE(h_->SetPodRunning(ns_, replacement));
 

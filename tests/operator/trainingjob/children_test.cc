@@ -793,7 +793,7 @@ TEST(KueuePodGroupTest, AJobLabelledWithAQueueRunsAsOnePodGroupOfItsReplicas) {
     const json pod = DesiredPod(job, index, Settings());
     const json& labels = pod["metadata"]["labels"];
     EXPECT_EQ(labels["kueue.x-k8s.io/queue-name"], "team-a-queue");
-    EXPECT_EQ(labels["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e");
+    EXPECT_EQ(labels["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e-3");  // generation 3
     EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "3");
     EXPECT_FALSE(pod["metadata"]["annotations"].contains("kueue.x-k8s.io/retriable-in-group"));
   }
@@ -814,9 +814,12 @@ TEST(KueuePodGroupTest, TheGroupNameIsALabelValueAndDiffersBetweenIncarnationsOf
   job.metadata.name = std::string(54, 'a') + "-" + std::string(8, 'b');  // 63 characters
   const std::string first = KueuePodGroupName(job);
   EXPECT_LE(first.size(), 63u);
-  EXPECT_EQ(first.substr(first.size() - 9), "-0b7c4f2e");
+  EXPECT_EQ(first.substr(first.size() - 11), "-0b7c4f2e-3");
   EXPECT_EQ(first.find("--"), std::string::npos) << first;
   job.metadata.uid = "5d1e0a77-02bd";
+  EXPECT_NE(KueuePodGroupName(job), first);
+  job.metadata.uid = "0b7c4f2e-91aa";
+  job.metadata.generation = 4;  // resumed after a suspend: a new group
   EXPECT_NE(KueuePodGroupName(job), first);
 }
 
@@ -826,7 +829,10 @@ TEST(KueuePodGroupTest, AReplacementUnderAnotherNameKeepsItsIndexAndHostname) {
   EXPECT_EQ(pod["metadata"]["name"], "mnist-worker-1-3fa9c");
   EXPECT_EQ(pod["metadata"]["labels"]["lockstep.io/replica-index"], "1");
   EXPECT_EQ(pod["spec"]["hostname"], "mnist-worker-1");
-  EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e");
+  EXPECT_EQ(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e-3");
+  // A pod joining a group that started at an earlier generation keeps that group.
+  const json joining = DesiredPod(job, 1, Settings(), {}, "", "mnist-0b7c4f2e-1");
+  EXPECT_EQ(joining["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], "mnist-0b7c4f2e-1");
 }
 
 TEST(PlacementTest, ARequiredLevelKeepsEveryPodWithTheJobsOthersAcrossItsLabel) {
