@@ -120,6 +120,11 @@ std::string DisruptedBy(const json& pod) {
   return "";
 }
 
+bool StoppedByKueue(const json& pod) {
+  const json c = ConditionOf(pod, "TerminationTarget");
+  return c.is_object() && c.value("status", "") == "True";
+}
+
 bool KueueCountsPod(const json& pod) {
   if (PodPhase(pod) == "Failed") return false;
   return !(IsTerminating(pod) && NodeNameOf(pod).empty());

@@ -52,6 +52,9 @@ std::string SchedulingGatedBy(const nlohmann::json& pod);
 // DeletionByTaintManager, TerminationByKubelet) or of Kueue's TerminationTarget (written before
 // Kueue deletes a preempted or evicted group's pods), when one is True; "" otherwise.
 std::string DisruptedBy(const nlohmann::json& pod);
+// Kueue stopped the pod (its TerminationTarget condition is True): it evicted or preempted the
+// pod's group, which is queued again.
+bool StoppedByKueue(const nlohmann::json& pod);
 // Whether Kueue counts the pod in its group (KEP-976, "runnable or succeeded"): not Failed, and
 // not deleted before it was scheduled. A pod it does not count is replaced at once, while
 // Kueue's finalizer may keep it in the API until the replacement exists.

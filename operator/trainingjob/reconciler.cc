@@ -107,8 +107,6 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
   // off or unreachable (failurePolicy Ignore) and rules newer than the job.
   StatusOr<spec::TrainingJob> parsed = ParseTrainingJobObject(object);
   if (!parsed.ok()) {
-    if (JobFinished(w.old_status)) return OkStatus();
-    const std::string& message = parsed.status().message();
     w.job.metadata.name = object["metadata"].value("name", "");
     w.job.metadata.namespace_ = object["metadata"].value("namespace", "default");
     w.job.metadata.uid = uid;
@@ -116,6 +114,9 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
     for (const auto& [key, value] : object["metadata"].value("labels", json::object()).items()) {
       if (value.is_string()) w.job.metadata.labels[key] = value.get<std::string>();
     }
+    // Finished: what its end left undone (a pod not stopped or not marked, the TTL) is retried.
+    if (JobFinished(w.old_status)) return CleanUpFinished(w);
+    const std::string& message = parsed.status().message();
     Status s = Finish(w, /*succeeded=*/false, "InvalidSpec", message);
     w.result->terminal = s.ok();
     return s;
@@ -137,11 +138,10 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
       return OkStatus();
     }
     // Kueue would hold the group's quota for its pods' replacements; the resume queues anew.
-    if (w.kueue) {
-      Status s = MarkKueueGroupDone(w);
-      if (!s.ok() && w.error.ok()) w.error = s;
-    }
-    for (const ObjectPtr& pod : pods) {
+    // Pods deleted before they say so could leave the group open: they wait for a retry.
+    Status ended = w.kueue ? MarkKueueGroupDone(w) : OkStatus();
+    if (!ended.ok() && w.error.ok()) w.error = ended;
+    for (const ObjectPtr& pod : ended.ok() ? pods : std::vector<ObjectPtr>{}) {
       if (!IsTerminating(*pod) && PodPhase(*pod) != "Succeeded" && PodPhase(*pod) != "Failed") {
         Status s = DeletePod(w, *pod, "the job is suspended");
         if (!s.ok() && w.error.ok()) w.error = s;

@@ -125,6 +125,7 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     // count. Pods of an earlier incarnation go with their owner; others are left alone.
     if (index < 0 || !OwnedBy(*pod, uid)) continue;
     if (PodPhase(*pod) == "Succeeded") w.any_succeeded = true;
+    if (w.kueue && StoppedByKueue(*pod)) w.kueue_stopped = true;
     auto [it, inserted] = w.by_index.emplace(index, pod);
     if (inserted) continue;
     // Two pods for one index: only a released pod and its replacement (Kueue), as every other

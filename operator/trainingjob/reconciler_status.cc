@@ -203,7 +203,9 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
 // The Queued condition and, under Kueue, the job's start (the run deadline counts from the
 // admission, as a Job's counts from Kueue unsuspending it) and its group's fixed size. The job
 // is queued while a gate holds its workers and none runs: a replacement waiting at the gate of a
-// group Kueue admitted (Kueue ungates it at once) leaves the job as it is.
+// group Kueue admitted (Kueue ungates it at once) leaves the job as it is. Only Kueue's stopping
+// the group (an eviction, a preemption: its pods' TerminationTarget) restarts the clock; workers
+// that fail together and wait at the gate of the admitted group do not.
 void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted,
                                         const std::string& gate) {
   const std::string queue = KueueQueue(w.job);
@@ -216,7 +218,6 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
                                     : " in Kueue's LocalQueue " + queue + ", pod group " +
                                           w.kueue_group),
                  w.now);
-    if (w.kueue) w.status.erase("startTime");  // queued again after a preemption: not run time
   } else if (admitted > 0) {
     if (HasCondition(w.status, kQueued)) {
       SetCondition(&w.status, kQueued, false, "Admitted",
@@ -229,6 +230,8 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
       }
     }
   }
+  // Evicted or preempted, the group waits in the queue again: not run time.
+  if (w.kueue && w.kueue_stopped && admitted == 0) w.status.erase("startTime");
   const json scaling = [&] {
     for (const json& c : w.status.value("conditions", json::array())) {
       if (c.value("type", "") == kScaling) return c;

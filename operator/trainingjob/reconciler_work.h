@@ -31,6 +31,7 @@ struct TrainingJobReconciler::Work {
   // and this the spec's.
   bool kueue = false;
   std::string kueue_group;  // the pod group the job's pods join
+  bool kueue_stopped = false;  // a pod Kueue stopped is still in the API: the group was evicted
   // spec.placement asks for a level no node carries (CheckPlacementLevel): why, for status.
   std::string placement_problem;
   int32_t kueue_spec_replicas = 0;

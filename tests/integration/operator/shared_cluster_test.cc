@@ -313,6 +313,47 @@ TEST_F(SharedClusterTest, AFailedWorkerHeldByKueueIsReplacedAtOnceAndAFailedJobE
   EXPECT_TRUE(marked);
 }
 
+TEST_F(SharedClusterTest, ASuspendEndsTheGroupAndTheResumeQueuesANewOneAtTheNewSize) {
+  ASSERT_EQ(h_->Apply(ns_, QueuedJob("pause", 2)).status, 201);
+  std::set<std::string> old;
+  std::string group;
+  for (const json& pod : WaitForLivePods("pause", 2)) {
+    KueueManages(Name(pod));
+    ASSERT_TRUE(h_->SetPodRunning(ns_, Name(pod)));
+    old.insert(Name(pod));
+    group = pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"];
+  }
+  ASSERT_EQ(h_->PatchJobSpec(ns_, "pause", {{"runPolicy", {{"suspend", true}}}}).status, 200);
+  WaitForJob(
+      "pause", [](const json& j) { return Phase(j) == "Suspended"; }, "Suspended");
+  // Every pod says the group may not retry, so that Kueue ends it and frees its quota; Kueue's
+  // finalizer keeps them in the API meanwhile.
+  const bool marked = OperatorHarness::WaitFor(
+      [&] {
+        std::vector<json> pods = h_->Pods(ns_, "pause");
+        if (pods.size() != 2) return false;
+        for (const json& pod : pods) {
+          const json annotations = pod["metadata"].value("annotations", json::object());
+          if (annotations.value("kueue.x-k8s.io/retriable-in-group", "") != "false") return false;
+        }
+        return true;
+      },
+      kWaitMs);
+  ASSERT_TRUE(marked);
+
+  ASSERT_EQ(h_->Scale(ns_, "pause", 3).status, 200);
+  ASSERT_EQ(h_->PatchJobSpec(ns_, "pause", {{"runPolicy", {{"suspend", false}}}}).status, 200);
+  // A new group, at the new size, while the old pods still linger.
+  std::vector<json> fresh = WaitForLivePods("pause", 3, old);
+  ASSERT_EQ(fresh.size(), 3u);
+  for (const json& pod : fresh) {
+    EXPECT_NE(pod["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"], group);
+    EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "3");
+  }
+  EXPECT_EQ(fresh[0]["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"],
+            fresh[2]["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]);
+}
+
 TEST_F(SharedClusterTest, ScalingAQueuedJobKeepsTheGroupKueueAdmittedAndSaysWhy) {
   ASSERT_EQ(h_->Apply(ns_, QueuedJob("fixed", 2)).status, 201);
   for (const json& pod : WaitForLivePods("fixed", 2))
