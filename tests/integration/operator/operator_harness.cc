@@ -313,6 +313,15 @@ bool OperatorHarness::SetPodTerminated(const std::string& ns, const std::string&
   return r.status == 200;
 }
 
+json OperatorHarness::ExpectJob(const std::string& ns, const std::string& name,
+                                const std::function<bool(const json&)>& predicate,
+                                const std::string& what, int64_t timeout_ms) {
+  bool ok = false;
+  json job = WaitForJob(ns, name, predicate, timeout_ms, &ok);
+  EXPECT_TRUE(ok) << "job " << name << " never " << what << "; last: " << job["status"].dump(2);
+  return job;
+}
+
 json OperatorHarness::WaitForJob(const std::string& ns, const std::string& name,
                                  const std::function<bool(const json&)>& predicate,
                                  int64_t timeout_ms, bool* ok) {

@@ -93,6 +93,11 @@ class OperatorHarness {
   // Polls the job until `predicate` holds or timeout_ms passes; returns the last job read.
   json WaitForJob(const std::string& ns, const std::string& name,
                   const std::function<bool(const json&)>& predicate, int64_t timeout_ms, bool* ok);
+  // WaitForJob that fails the calling test when the job never gets there, saying what it never
+  // did (`what`) and its last status.
+  json ExpectJob(const std::string& ns, const std::string& name,
+                 const std::function<bool(const json&)>& predicate, const std::string& what,
+                 int64_t timeout_ms);
   static bool WaitFor(const std::function<bool()>& condition, int64_t timeout_ms) {
     return KubeTestEnv::WaitFor(condition, timeout_ms);
   }

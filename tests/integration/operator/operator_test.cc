@@ -57,10 +57,7 @@ class OperatorTest : public ::testing::Test {
   }
   json WaitForJob(const std::string& name, const std::function<bool(const json&)>& predicate,
                   const std::string& what) {
-    bool ok = false;
-    json job = h_->WaitForJob(ns_, name, predicate, kWaitMs, &ok);
-    EXPECT_TRUE(ok) << "job " << name << " never " << what << "; last: " << job["status"].dump(2);
-    return job;
+    return h_->ExpectJob(ns_, name, predicate, what, kWaitMs);
   }
   std::map<std::string, std::string> UidsByName(const std::vector<json>& pods) {
     std::map<std::string, std::string> uids;

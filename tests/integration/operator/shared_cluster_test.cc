@@ -74,10 +74,7 @@ class SharedClusterTest : public ::testing::Test {
   }
   json WaitForJob(const std::string& name, const std::function<bool(const json&)>& predicate,
                   const std::string& what) {
-    bool ok = false;
-    json job = h_->WaitForJob(ns_, name, predicate, kWaitMs, &ok);
-    EXPECT_TRUE(ok) << "job " << name << " never " << what << "; last: " << job["status"].dump(2);
-    return job;
+    return h_->ExpectJob(ns_, name, predicate, what, kWaitMs);
   }
 
   // Kueue's webhook: the pod is managed, and kept until Kueue has counted it.
