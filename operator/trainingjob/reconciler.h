@@ -8,19 +8,25 @@
 //  1. The job is gone: forget it (rendezvous, expectations). Being deleted: nothing (the garbage
 //     collector deletes its children through their owner references).
 //  2. The spec does not validate (what the CRD schema cannot express): Failed, condition reason
-//     InvalidSpec naming the field; terminal.
-//  3. Finished (Succeeded/Failed): delete pods still running, drop the rendezvous job, and delete
-//     the job ttlSecondsAfterFinished after completionTime.
-//  4. Suspended: delete every pod; resume brings them back (startTime restarts, as a Job's does).
+//     InvalidSpec naming the field; its clean-up (step 3) is retried on later reconciles.
+//  3. Finished (Succeeded/Failed): delete pods still running (a job Kueue queues first tells
+//     Kueue its pod group is over), drop the rendezvous job, and delete the job
+//     ttlSecondsAfterFinished after completionTime.
+//  4. Suspended: delete every pod (ending a Kueue group first); resume brings them back
+//     (startTime restarts, as a Job's does). A job Kueue queues finds its pod group here
+//     (reconciler_kueue.cc).
 //  5. activeDeadlineSeconds passed since startTime: Failed, reason DeadlineExceeded.
 //  6. Expectations not yet satisfied (the pod cache is behind our own writes): wait.
 //  7. Children: Secret (token derived from the operator's master key and the job's uid, so a
 //     restarted operator derives the same one and never reads Secrets back), Service, PodGroup,
 //     rendezvous registration; created when missing (AlreadyExists is success). Then each
-//     bound pod's place in the network goes to the rendezvous service (ranks follow it).
-//  8. Pods: a failed pod is replaced or fails the job by restartPolicy and backoffLimit; pods
-//     whose index is >= spec.replicas are deleted (scale-down touches no other pod); missing
-//     indices are created (scale-up, deleted pods) unless a worker already succeeded.
+//     bound pod's place in the network goes to the rendezvous service (ranks follow it), and
+//     spec.placement's level is looked for on the nodes.
+//  8. Pods: a failed pod is replaced or fails the job by restartPolicy and backoffLimit (one the
+//     cluster disrupted is replaced without counting); pods whose index is >= spec.replicas are
+//     deleted (scale-down touches no other pod); missing indices are created (scale-up, deleted
+//     pods; under Kueue also pods Kueue no longer counts, under names of their own) unless a
+//     worker already succeeded.
 //  9. Status from the pods and the rendezvous snapshot; written with the cached resourceVersion
 //     (a stale cache gets a conflict and a retry, never a lost update); Events for every action.
 //
