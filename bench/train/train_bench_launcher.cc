@@ -31,19 +31,12 @@ extern char** environ;
 
 namespace {
 
-std::vector<std::string> SplitCommas(const std::string& text) {
+// "a,b" -> {"a", "b"} (delimiter ','); "zone-a/rack-1" -> {"zone-a", "rack-1"} (delimiter '/').
+std::vector<std::string> Split(const std::string& text, char delimiter) {
   std::vector<std::string> parts;
   std::stringstream stream(text);
-  for (std::string part; std::getline(stream, part, ',');) parts.push_back(part);
+  for (std::string part; std::getline(stream, part, delimiter);) parts.push_back(part);
   return parts;
-}
-
-// "zone-a/rack-1" -> {"zone-a", "rack-1"}.
-std::vector<std::string> SplitPlace(const std::string& place) {
-  std::vector<std::string> levels;
-  std::stringstream stream(place);
-  for (std::string level; std::getline(stream, level, '/');) levels.push_back(level);
-  return levels;
 }
 
 }  // namespace
@@ -69,11 +62,11 @@ int main(int argc, char** argv) {
     } else if (flag == "--listen") {
       listen = value;
     } else if (flag == "--pod-netns") {
-      pod_netns = SplitCommas(value);
+      pod_netns = Split(value, ',');
     } else if (flag == "--pod-hosts") {
-      pod_hosts = SplitCommas(value);
+      pod_hosts = Split(value, ',');
     } else if (flag == "--pod-places") {
-      pod_places = SplitCommas(value);
+      pod_places = Split(value, ',');
     } else {
       std::cerr << "unknown flag " << flag << "\n" << usage;
       return 2;
@@ -106,8 +99,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   for (size_t i = 0; i < pod_places.size(); ++i) {
-    lockstep::rendezvous::TopologyPath path = SplitPlace(pod_places[i]);
-    (*server)->SetPodTopology(job, "bench-" + std::to_string(i), std::move(path));
+    (*server)->SetPodTopology(job, "bench-" + std::to_string(i), Split(pod_places[i], '/'));
   }
 
   std::vector<pid_t> pids;

@@ -89,17 +89,20 @@ void SetCondition(json* job_status, const std::string& type, bool status, const 
                         {"lastUpdateTime", now}});
 }
 
-bool HasCondition(const json& job_status, const std::string& type) {
+json FindCondition(const json& job_status, const std::string& type) {
   if (!job_status.is_object() || !job_status.contains("conditions") ||
       !job_status["conditions"].is_array()) {
-    return false;
+    return json();
   }
   for (const json& condition : job_status["conditions"]) {
-    if (condition.is_object() && condition.value("type", "") == type) {
-      return condition.value("status", "") == "True";
-    }
+    if (condition.is_object() && condition.value("type", "") == type) return condition;
   }
-  return false;
+  return json();
+}
+
+bool HasCondition(const json& job_status, const std::string& type) {
+  const json condition = FindCondition(job_status, type);
+  return condition.is_object() && condition.value("status", "") == "True";
 }
 
 std::string JobPhase(const json& job_status) { return job_status.value("phase", ""); }

@@ -32,6 +32,8 @@ inline constexpr char kStraggler[] = "Straggler";
 // changes; lastUpdateTime whenever reason or message change. now: RFC 3339 ("2026-11-22T10:00:00Z").
 void SetCondition(json* job_status, const std::string& type, bool status,
                   const std::string& reason, const std::string& message, const std::string& now);
+// status.conditions[type]; null when the job has none of that type.
+json FindCondition(const json& job_status, const std::string& type);
 // The condition's status is "True".
 bool HasCondition(const json& job_status, const std::string& type);
 

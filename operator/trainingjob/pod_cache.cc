@@ -35,12 +35,22 @@ bool IsTerminating(const json& pod) {
          !pod["metadata"]["deletionTimestamp"].is_null();
 }
 
-bool IsReady(const json& pod) {
-  if (!pod.contains("status")) return false;
+namespace {
+
+// status.conditions[type], or null.
+json ConditionOf(const json& pod, const char* type) {
+  if (!pod.contains("status") || !pod["status"].is_object()) return json();
   for (const json& c : pod["status"].value("conditions", json::array())) {
-    if (c.value("type", "") == "Ready") return c.value("status", "") == "True";
+    if (c.value("type", "") == type) return c;
   }
-  return false;
+  return json();
+}
+
+}  // namespace
+
+bool IsReady(const json& pod) {
+  const json ready = ConditionOf(pod, "Ready");
+  return ready.is_object() && ready.value("status", "") == "True";
 }
 
 int32_t PodIndex(const json& pod) {
@@ -61,10 +71,19 @@ bool OwnedBy(const json& pod, const std::string& uid) {
   return false;
 }
 
+namespace {
+
+// metadata.<field>[key] (labels, annotations); "" when absent or not a string.
+std::string MetadataMapValue(const json& pod, const char* field, const std::string& key) {
+  const json map = pod["metadata"].value(field, json::object());
+  if (!map.is_object() || !map.contains(key) || !map[key].is_string()) return "";
+  return map[key].get<std::string>();
+}
+
+}  // namespace
+
 std::string LabelOf(const json& pod, const std::string& key) {
-  const json labels = pod["metadata"].value("labels", json::object());
-  if (!labels.is_object() || !labels.contains(key) || !labels[key].is_string()) return "";
-  return labels[key].get<std::string>();
+  return MetadataMapValue(pod, "labels", key);
 }
 
 std::string CreationTimestampOf(const json& pod) {
@@ -72,25 +91,8 @@ std::string CreationTimestampOf(const json& pod) {
 }
 
 std::string AnnotationOf(const json& pod, const std::string& key) {
-  const json annotations = pod["metadata"].value("annotations", json::object());
-  if (!annotations.is_object() || !annotations.contains(key) || !annotations[key].is_string()) {
-    return "";
-  }
-  return annotations[key].get<std::string>();
+  return MetadataMapValue(pod, "annotations", key);
 }
-
-namespace {
-
-// status.conditions[type], or null.
-json ConditionOf(const json& pod, const char* type) {
-  if (!pod.contains("status") || !pod["status"].is_object()) return json();
-  for (const json& c : pod["status"].value("conditions", json::array())) {
-    if (c.value("type", "") == type) return c;
-  }
-  return json();
-}
-
-}  // namespace
 
 std::string SchedulingGatedBy(const json& pod) {
   std::string gates;

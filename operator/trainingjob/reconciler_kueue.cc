@@ -44,19 +44,18 @@ void TrainingJobReconciler::KueueGroup(Work& w, const std::vector<ObjectPtr>& po
   w.kueue = !KueueQueue(w.job).empty();
   if (!w.kueue) return;
   spec::TrainingJobSpec& spec = w.job.spec;
+  // Read from a pod Kueue counts where there is one, else from any the group has.
   std::string group;
   int32_t size = 0;
-  bool counted = false;  // read from a pod Kueue counts: preferred to one it no longer does
   for (const ObjectPtr& pod : pods) {
     if (!OwnedBy(*pod, w.job.metadata.uid)) continue;
     if (AnnotationOf(*pod, kKueueRetriableAnnotation) == "false") continue;  // an ended group
     const std::string name = LabelOf(*pod, kKueuePodGroupLabel);
     const int32_t count = ParseGroupSize(AnnotationOf(*pod, kKueuePodGroupCountAnnotation));
-    if (name.empty() || count == 0 || (counted && !KueueCountsPod(*pod))) continue;
+    if (name.empty() || count == 0) continue;
     group = name;
     size = count;
-    counted = KueueCountsPod(*pod);
-    if (counted) break;
+    if (KueueCountsPod(*pod)) break;
   }
   w.kueue_group = group.empty() ? KueuePodGroupName(w.job) : group;
   if (size == 0 || size == spec.replicas) return;

@@ -187,11 +187,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
     SetCondition(&w.status, kRunning, false, "WorkerCannotStart", stuck, w.now);
   } else if (HasCondition(w.status, kRunning) || w.status.contains("conditions")) {
     // Keep the Running condition's history: it turns False while restarting or scaling.
-    bool had = false;
-    for (const json& c : w.status.value("conditions", json::array())) {
-      if (c.value("type", "") == kRunning) had = true;
-    }
-    if (had) {
+    if (!FindCondition(w.status, kRunning).is_null()) {
       SetCondition(&w.status, kRunning, false, phase,
                    std::to_string(running) + " of " + std::to_string(desired) + " workers running",
                    w.now);
@@ -232,12 +228,7 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
   }
   // Evicted or preempted, the group waits in the queue again: not run time.
   if (w.kueue && w.kueue_stopped && admitted == 0) w.status.erase("startTime");
-  const json scaling = [&] {
-    for (const json& c : w.status.value("conditions", json::array())) {
-      if (c.value("type", "") == kScaling) return c;
-    }
-    return json::object();
-  }();
+  const json scaling = FindCondition(w.status, kScaling);
   if (w.kueue_spec_replicas != 0) {
     SetCondition(&w.status, kScaling, false, "KueuePodGroupSizeFixed",
                  "spec.replicas is " + std::to_string(w.kueue_spec_replicas) +
@@ -247,7 +238,7 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
                      std::to_string(w.job.spec.replicas) +
                      " until its group ends (suspend it and resume it to queue it anew)",
                  w.now);
-  } else if (scaling.value("reason", "") == "KueuePodGroupSizeFixed") {
+  } else if (scaling.is_object() && scaling.value("reason", "") == "KueuePodGroupSizeFixed") {
     SetCondition(&w.status, kScaling, false, "Scaled",
                  std::to_string(w.job.spec.replicas) + " workers, as spec.replicas asks", w.now);
   }

@@ -72,6 +72,23 @@ class SharedClusterTest : public ::testing::Test {
     EXPECT_TRUE(ok) << "expected " << count << " live pods of " << job << ", have " << live.size();
     return live;
   }
+  // Whether, within kWaitMs, the job's pods (their number accepted by `count_ok`) all carry
+  // kueue.x-k8s.io/retriable-in-group: "false".
+  bool PodsSayTheGroupIsOver(const std::string& job, const std::function<bool(size_t)>& count_ok) {
+    return OperatorHarness::WaitFor(
+        [&] {
+          std::vector<json> pods = h_->Pods(ns_, job);
+          if (!count_ok(pods.size())) return false;
+          for (const json& pod : pods) {
+            const json annotations = pod["metadata"].value("annotations", json::object());
+            if (annotations.value("kueue.x-k8s.io/retriable-in-group", "") != "false") {
+              return false;
+            }
+          }
+          return true;
+        },
+        kWaitMs);
+  }
   json WaitForJob(const std::string& name, const std::function<bool(const json&)>& predicate,
                   const std::string& what) {
     return h_->ExpectJob(ns_, name, predicate, what, kWaitMs);
@@ -296,18 +313,7 @@ TEST_F(SharedClusterTest, AFailedWorkerHeldByKueueIsReplacedAtOnceAndAFailedJobE
   EXPECT_EQ(Condition(job, "Failed")["reason"], "PodFailed");
   EXPECT_EQ(job["status"].value("restarts", 0), 1);
   // Kueue holds the group's quota for replacements until a pod says the group may not retry.
-  const bool marked = OperatorHarness::WaitFor(
-      [&] {
-        std::vector<json> pods = h_->Pods(ns_, "failing");
-        if (pods.empty()) return false;
-        for (const json& pod : pods) {
-          const json annotations = pod["metadata"].value("annotations", json::object());
-          if (annotations.value("kueue.x-k8s.io/retriable-in-group", "") != "false") return false;
-        }
-        return true;
-      },
-      kWaitMs);
-  EXPECT_TRUE(marked);
+  EXPECT_TRUE(PodsSayTheGroupIsOver("failing", [](size_t pods) { return pods > 0; }));
 }
 
 TEST_F(SharedClusterTest, ASuspendEndsTheGroupAndTheResumeQueuesANewOneAtTheNewSize) {
@@ -325,18 +331,7 @@ TEST_F(SharedClusterTest, ASuspendEndsTheGroupAndTheResumeQueuesANewOneAtTheNewS
       "pause", [](const json& j) { return Phase(j) == "Suspended"; }, "Suspended");
   // Every pod says the group may not retry, so that Kueue ends it and frees its quota; Kueue's
   // finalizer keeps them in the API meanwhile.
-  const bool marked = OperatorHarness::WaitFor(
-      [&] {
-        std::vector<json> pods = h_->Pods(ns_, "pause");
-        if (pods.size() != 2) return false;
-        for (const json& pod : pods) {
-          const json annotations = pod["metadata"].value("annotations", json::object());
-          if (annotations.value("kueue.x-k8s.io/retriable-in-group", "") != "false") return false;
-        }
-        return true;
-      },
-      kWaitMs);
-  ASSERT_TRUE(marked);
+  ASSERT_TRUE(PodsSayTheGroupIsOver("pause", [](size_t pods) { return pods == 2; }));
 
   ASSERT_EQ(h_->Scale(ns_, "pause", 3).status, 200);
   ASSERT_EQ(h_->PatchJobSpec(ns_, "pause", {{"runPolicy", {{"suspend", false}}}}).status, 200);
