@@ -5,6 +5,10 @@
 #include "worker/comm/gloo/gloo_communicator.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
 
 #include <chrono>
 #include <cmath>
@@ -147,6 +151,26 @@ TEST(GlooCommunicatorTest, AbortMakesBlockedAndLaterCallsFailWithAbortedAtOnce) 
     return OkStatus();
   });
   EXPECT_TRUE(status.ok()) << status;
+}
+
+// libgloo writes with writev(2): a write on a socket an abort shut down (or a peer reset) must fail
+// with EPIPE, which the collective turns into an error, and not raise SIGPIPE, whose default
+// action would end the whole worker. Creating a communicator sees to it.
+TEST(GlooCommunicatorTest, AWriteToAShutDownSocketFailsInsteadOfEndingTheProcess) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        testing::MemoryKeyValueStore store;
+        auto comm = CreateGlooCommunicator(GlooOptions{0, 1, "127.0.0.1", kTimeoutMs}, store);
+        if (!comm.ok()) _exit(3);
+        int fds[2];
+        if (socketpair(AF_UNIX, SOCK_STREAM, 0, fds) != 0) _exit(4);
+        shutdown(fds[0], SHUT_WR);
+        const char byte = 'x';
+        const bool failed_with_epipe = write(fds[0], &byte, 1) == -1 && errno == EPIPE;
+        _exit(failed_with_epipe ? 0 : 5);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(HalfConversionTest, RoundsToNearestEvenAndKeepsSpecialValues) {

@@ -439,6 +439,7 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
   if (options.connect_timeout_ms <= 0) {
     return InvalidArgumentError("gloo communicator: connect_timeout_ms must be positive");
   }
+  IgnoreSigpipeUnlessHandled();
   const Deadline deadline = Deadline::AfterMs(options.connect_timeout_ms);
   std::shared_ptr<TimeoutSettingContext> context;
   // peer_addresses[r]: rank r's address for its pair with this rank, so an error naming a

@@ -3,6 +3,7 @@
 #include <dirent.h>
 #include <linux/sockios.h>
 #include <netinet/in.h>
+#include <signal.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -99,6 +100,12 @@ bool WaitUntilSentBytesAcknowledged(const std::vector<sockaddr_storage>& local,
     if (deadline.expired()) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
+}
+
+void IgnoreSigpipeUnlessHandled() {
+  struct sigaction current {};
+  if (sigaction(SIGPIPE, nullptr, &current) != 0 || current.sa_handler != SIG_DFL) return;
+  signal(SIGPIPE, SIG_IGN);
 }
 
 }  // namespace lockstep::comm

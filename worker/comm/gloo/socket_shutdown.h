@@ -39,4 +39,10 @@ bool WaitUntilSentBytesAcknowledged(const std::vector<sockaddr_storage>& local,
                                     const std::vector<sockaddr_storage>& remote,
                                     int64_t timeout_ms);
 
+// libgloo writes with writev(2), which raises SIGPIPE on a socket whose own end was shut down
+// (an abort above) or whose peer reset it (a peer's abort). SIGPIPE's default action ends the
+// process, so a survivor would die where the write should fail with EPIPE and the collective
+// throw. Sets SIGPIPE to be ignored, unless the process already handles or ignores it.
+void IgnoreSigpipeUnlessHandled();
+
 }  // namespace lockstep::comm
