@@ -153,6 +153,11 @@ void UnpackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float sca
                             cuda::UnpackHalf(ctx, type, n, scale, in, out));
 }
 
+void RoundToBf16(const ExecutionContext& ctx, int64_t n, const float* in, float* out) {
+  LOCKSTEP_KERNELS_DISPATCH("RoundToBf16", cpu::RoundToBf16(n, in, out),
+                            cuda::RoundToBf16(ctx, n, in, out));
+}
+
 #undef LOCKSTEP_KERNELS_DISPATCH
 
 uint16_t FloatToBf16(float value) { return internal::FloatToBf16Inline(value); }

@@ -112,6 +112,12 @@ void PackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale
 void UnpackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale,
                 const uint16_t* in, float* out);
 
+// out[i] = in[i] rounded to the nearest bf16 (ties to even), kept as a float: the value a bf16
+// tensor would hold. `out` may be `in`. The bf16 mixed-precision path (spec.trainer.precision)
+// rounds with it wherever autocast would cast to bf16; a GEMM whose inputs are such values and
+// whose sums are fp32 computes what a bf16 tensor-core GEMM computes, up to summation order.
+void RoundToBf16(const ExecutionContext& ctx, int64_t n, const float* in, float* out);
+
 // Scalar conversions, shared by the CPU kernels and tests.
 uint16_t FloatToBf16(float value);
 float Bf16ToFloat(uint16_t bits);

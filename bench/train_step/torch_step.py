@@ -3,7 +3,8 @@
 
 The same work as Lockstep's side: an MLP of Linear layers with ReLU between them (none after the
 last), softmax cross-entropy, SGD with momentum 0.9 and learning rate 0.01, fp32 with TF32 off
-(PyTorch's default for matmul, and Lockstep's), inputs and labels random and already resident on
+(PyTorch's default for matmul, and Lockstep's) or, with --precision bf16, the forward pass and
+the loss under torch.autocast(dtype=torch.bfloat16) (Lockstep's `precision: bf16`), inputs and labels random and already resident on
 the device, so that no copy or data loading is timed. Each configuration runs eagerly and under
 torch.compile (mode "default": the model's forward and, through AOTAutograd, its backward are
 compiled; the optimizer step stays eager, foreach).
@@ -22,6 +23,7 @@ Prints one line per configuration and mode, for scripts/gpu-check.sh to collect:
 
   python3 bench/train_step/torch_step.py                          both configurations below
   python3 bench/train_step/torch_step.py --config 784,256,10:64   one
+  python3 bench/train_step/torch_step.py --precision bf16         both, under bf16 autocast
   python3 bench/train_step/torch_step.py --device cpu --steps 5 --warmup 2 --no-compile
                                                                    (a smoke test without a GPU)
 Exit status: 0 when every eager run worked; 1 otherwise (no CUDA device, an error).
@@ -90,9 +92,12 @@ def run(layers, batch, mode, args, device):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     forward = torch.compile(model) if mode == "compile" else model
 
+    bf16 = args.precision == "bf16"
+
     def step():
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(forward(inputs), labels)
+        with torch.autocast(device_type=device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = F.cross_entropy(forward(inputs), labels)
         loss.backward()
         optimizer.step()
 
@@ -106,7 +111,7 @@ def run(layers, batch, mode, args, device):
         compile_s = time.perf_counter() - t0
     median_ms, mean_ms = time_steps(step, args.steps, args.warmup, device)
     line = (f"torch-{mode} layers={','.join(map(str, layers))} batch={batch} "
-            f"step_ms={median_ms:.4f} mean_ms={mean_ms:.4f} steps={args.steps}")
+            f"precision={args.precision} step_ms={median_ms:.4f} mean_ms={mean_ms:.4f} steps={args.steps}")
     if compile_s is not None:
         line += f" compile_s={compile_s:.1f}"
     print(line, flush=True)
@@ -120,6 +125,8 @@ def main():
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument("--device", default="cuda")
     parser.add_argument("--no-compile", action="store_true", help="eager only")
+    parser.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                        help="bf16: forward and loss under torch.autocast(dtype=torch.bfloat16)")
     args = parser.parse_args()
     configs = args.config or [parse_config(c) for c in DEFAULT_CONFIGS]
 
@@ -133,7 +140,7 @@ def main():
     torch.set_float32_matmul_precision("highest")
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     clock = "CUDA event" if device.type == "cuda" else "perf_counter"
-    print(f"# torch {torch.__version__} on {name}; fp32, TF32 off; step_ms: median of per-step "
+    print(f"# torch {torch.__version__} on {name}; {args.precision}, TF32 off; step_ms: median of per-step "
           f"{clock} intervals after {args.warmup} warm-up steps; mean_ms: wall time / steps",
           flush=True)
 

@@ -55,7 +55,7 @@ trainer::Dataset RandomDataset(int64_t samples, int64_t features, int32_t classe
 }
 
 int Main(int argc, char** argv) {
-  std::string device = "cpu", layers_text = "784,256,10";
+  std::string device = "cpu", layers_text = "784,256,10", precision = "fp32";
   int64_t batch = 64, steps = 300, warmup = 50;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
@@ -69,17 +69,19 @@ int Main(int argc, char** argv) {
       steps = std::atoll(value.c_str());
     else if (flag == "--warmup")
       warmup = std::atoll(value.c_str());
+    else if (flag == "--precision")
+      precision = value;
     else {
       std::fprintf(stderr, "train_step_bench: unknown flag %s\n", flag.c_str());
       return 2;
     }
   }
   const std::vector<int32_t> layers = ParseLayers(layers_text);
-  if ((device != "cpu" && device != "cuda") || layers.size() < 2 || batch < 1 || steps < 1 ||
-      warmup < 0) {
+  if ((device != "cpu" && device != "cuda") || (precision != "fp32" && precision != "bf16") ||
+      layers.size() < 2 || batch < 1 || steps < 1 || warmup < 0) {
     std::fprintf(stderr,
                  "usage: train_step_bench [--device cpu|cuda] [--layers 784,256,10] [--batch 64] "
-                 "[--steps 300] [--warmup 50]\n");
+                 "[--steps 300] [--warmup 50] [--precision fp32|bf16]\n");
     return 2;
   }
   SetLogLevel(LogLevel::kWarning);
@@ -96,6 +98,7 @@ int Main(int argc, char** argv) {
   trainer_spec.optimizer.learning_rate = 0.01;
   trainer_spec.optimizer.momentum = 0.9;
   trainer_spec.device = device == "cuda" ? spec::Device::kCuda : spec::Device::kCpu;
+  trainer_spec.precision = precision == "bf16" ? spec::Precision::kBf16 : spec::Precision::kFp32;
   trainer_spec.log_interval_steps = warmup + steps;  // one loss read, at the end
   job.spec.trainer = trainer_spec;
 
@@ -151,9 +154,10 @@ int Main(int argc, char** argv) {
   }
   const double gather_ms = (MonotonicSeconds() - gather_started) * 1000.0 / steps;
   std::printf(
-      "lockstep-%s layers=%s batch=%lld step_ms=%.4f samples_per_s=%.0f loss=%.4f "
+      "lockstep-%s layers=%s batch=%lld precision=%s step_ms=%.4f samples_per_s=%.0f loss=%.4f "
       "gather_ms_one_thread=%.4f\n",
-      device.c_str(), layers_text.c_str(), static_cast<long long>(batch), step_ms,
+      device.c_str(), layers_text.c_str(), static_cast<long long>(batch), precision.c_str(),
+      step_ms,
       static_cast<double>(batch) * steps / seconds, (*trainer)->last_progress().loss, gather_ms);
   return 0;
 }

@@ -43,6 +43,11 @@ struct EnumTable<Device> {
   static constexpr EnumName<Device> kEntries[] = {{Device::kCpu, "cpu"}, {Device::kCuda, "cuda"}};
 };
 template <>
+struct EnumTable<Precision> {
+  static constexpr EnumName<Precision> kEntries[] = {{Precision::kFp32, "fp32"},
+                                                     {Precision::kBf16, "bf16"}};
+};
+template <>
 struct EnumTable<Compression> {
   static constexpr EnumName<Compression> kEntries[] = {
       {Compression::kNone, "none"}, {Compression::kBf16, "bf16"}, {Compression::kFp16, "fp16"}};

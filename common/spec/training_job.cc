@@ -26,6 +26,7 @@ const char* ToString(DataFormat value) { return internal::EnumToString(value); }
 const char* ToString(OptimizerType value) { return internal::EnumToString(value); }
 const char* ToString(LrScaling value) { return internal::EnumToString(value); }
 const char* ToString(Device value) { return internal::EnumToString(value); }
+const char* ToString(Precision value) { return internal::EnumToString(value); }
 const char* ToString(Compression value) { return internal::EnumToString(value); }
 const char* ToString(SyncStrategy value) { return internal::EnumToString(value); }
 const char* ToString(NetworkMode value) { return internal::EnumToString(value); }
@@ -67,7 +68,8 @@ bool operator==(const SyncSpec& a, const SyncSpec& b) {
 bool operator==(const TrainerSpec& a, const TrainerSpec& b) {
   return a.model == b.model && a.data == b.data && a.batch_size == b.batch_size &&
          a.steps == b.steps && a.epochs == b.epochs && a.optimizer == b.optimizer &&
-         a.seed == b.seed && a.device == b.device && a.allreduce == b.allreduce &&
+         a.seed == b.seed && a.device == b.device && a.precision == b.precision &&
+         a.allreduce == b.allreduce &&
          a.sync == b.sync &&
          a.log_interval_steps == b.log_interval_steps;
 }

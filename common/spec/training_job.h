@@ -31,6 +31,7 @@ enum class DataFormat { kIdx, kCsv };
 enum class OptimizerType { kSgd, kAdamW };
 enum class LrScaling { kNone, kLinear };
 enum class Device { kCpu, kCuda };
+enum class Precision { kFp32, kBf16 };
 enum class Compression { kNone, kBf16, kFp16 };
 enum class SyncStrategy { kAllreduce, kLocalSgd, kDgc };
 enum class NetworkMode { kTcp, kRoce, kInfiniband };
@@ -44,6 +45,7 @@ const char* ToString(DataFormat value);     // "idx" | "csv"
 const char* ToString(OptimizerType value);  // "sgd" | "adamw"
 const char* ToString(LrScaling value);      // "none" | "linear"
 const char* ToString(Device value);         // "cpu" | "cuda"
+const char* ToString(Precision value);      // "fp32" | "bf16"
 const char* ToString(Compression value);    // "none" | "bf16" | "fp16"
 const char* ToString(SyncStrategy value);   // "allreduce" | "localSGD" | "dgc"
 const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
@@ -145,6 +147,9 @@ struct TrainerSpec {
   OptimizerSpec optimizer;
   uint64_t seed = 1;
   Device device = Device::kCpu;
+  // `precision`: bf16 computes the layers' matrix products and activations in bf16 and keeps
+  // the parameters, their gradients, the optimizer state and the loss in fp32.
+  Precision precision = Precision::kFp32;
   AllreduceSpec allreduce;
   SyncSpec sync;
   int64_t log_interval_steps = 50;  // `logIntervalSteps`: progress report period

@@ -42,6 +42,7 @@ json TrainerToJson(const TrainerSpec& trainer) {
         {"epsilon", optimizer.epsilon}}},
       {"seed", trainer.seed},
       {"device", EnumToString(trainer.device)},
+      {"precision", EnumToString(trainer.precision)},
       {"allreduce",
        {{"bucketMiB", trainer.allreduce.bucket_mib},
         {"compression", EnumToString(trainer.allreduce.compression)},

@@ -294,6 +294,7 @@ void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
   ReadOptimizer(reader, &trainer->optimizer);
   reader.ReadUint64("seed", &trainer->seed);
   reader.ReadEnum("device", &trainer->device);
+  reader.ReadEnum("precision", &trainer->precision);
   ReadAllreduce(reader, &trainer->allreduce);
   ReadSync(reader, &trainer->sync);
   CheckSyncCombinations(reader, *trainer);

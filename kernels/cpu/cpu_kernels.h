@@ -42,5 +42,6 @@ void SetZero(int64_t n, float* x);
 int64_t CountNonFinite(int64_t n, const float* x);
 void PackHalf(HalfType type, int64_t n, float scale, const float* in, uint16_t* out);
 void UnpackHalf(HalfType type, int64_t n, float scale, const uint16_t* in, float* out);
+void RoundToBf16(int64_t n, const float* in, float* out);
 
 }  // namespace lockstep::kernels::cpu

@@ -1,5 +1,6 @@
-// Elementwise kernels: Scale, SetZero, CountNonFinite, and the half-precision bucket pack/unpack for compressed
-// all-reduce (conversions in kernels/cpu/half_convert.h).
+// Elementwise kernels: Scale, SetZero, CountNonFinite, the half-precision bucket pack/unpack for
+// compressed all-reduce, and RoundToBf16 for bf16 mixed precision (conversions in
+// kernels/cpu/half_convert.h).
 #include <cstdlib>
 #include <cstring>
 
@@ -60,6 +61,13 @@ void UnpackHalf(HalfType type, int64_t n, float scale, const uint16_t* __restric
       return;
   }
   DieUnknownHalfType("UnpackHalf", type);
+}
+
+// No __restrict: in and out may be the same buffer, and each element is read before it is written.
+void RoundToBf16(int64_t n, const float* in, float* out) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = internal::Bf16ToFloatInline(internal::FloatToBf16Inline(in[i]));
+  }
 }
 
 }  // namespace lockstep::kernels::cpu

@@ -62,5 +62,6 @@ void PackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale
               uint16_t* out);
 void UnpackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float scale,
                 const uint16_t* in, float* out);
+void RoundToBf16(const ExecutionContext& ctx, int64_t n, const float* in, float* out);
 
 }  // namespace lockstep::kernels::cuda

@@ -1,4 +1,5 @@
-// The flat elementwise kernels on the GPU: Scale, SetZero, CountNonFinite, half-precision pack/unpack, and the fused
+// The flat elementwise kernels on the GPU: Scale, SetZero, CountNonFinite, half-precision
+// pack/unpack, RoundToBf16, and the fused
 // SGD-momentum and AdamW updates. Each is one pass over its arrays, reading every element once
 // and writing it once, with 16-byte accesses (float4; 8-byte ushort4 for halves) wherever the
 // arrays share their alignment (VectorPrologue), which is what reaches the memory bandwidth.
@@ -133,6 +134,22 @@ struct UnpackOp {
     v.y = __fmul_rn(Format::Convert(h.y), scale);
     v.z = __fmul_rn(Format::Convert(h.z), scale);
     v.w = __fmul_rn(Format::Convert(h.w), scale);
+    Store4(out + i, v);
+  }
+};
+
+// out = float(bf16(in)); out may be in (each element is read before it is written).
+struct RoundToBf16Op {
+  const float* in;
+  float* out;
+  __device__ static float Round(float v) { return FromBf16::Convert(ToBf16::Convert(v)); }
+  __device__ void Scalar(int64_t i) const { out[i] = Round(in[i]); }
+  __device__ void Vector(int64_t i) const {
+    float4 v = Load4(in + i);
+    v.x = Round(v.x);
+    v.y = Round(v.y);
+    v.z = Round(v.z);
+    v.w = Round(v.w);
     Store4(out + i, v);
   }
 };
@@ -276,6 +293,10 @@ void UnpackHalf(const ExecutionContext& ctx, HalfType type, int64_t n, float sca
                                {Halves(in), Floats(out)});
   }
   DieUnknownHalfType("UnpackHalf", type);
+}
+
+void RoundToBf16(const ExecutionContext& ctx, int64_t n, const float* in, float* out) {
+  LaunchElementwise(ctx, n, RoundToBf16Op{in, out}, {Floats(in), Floats(out)});
 }
 
 void SgdMomentumUpdate(const ExecutionContext& ctx, int64_t n, float lr, float momentum,

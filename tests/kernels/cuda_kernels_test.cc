@@ -812,6 +812,31 @@ TEST_P(CudaHalfTest, UnpackIsBitIdenticalToCpuOnEveryHalfPattern) {
   }
 }
 
+TEST_F(CudaKernelsTest, RoundToBf16IsBitIdenticalToCpuInPlaceAndNot) {
+  std::vector<float> in = RandomFloats(100003, NextSeed(), -8.0f, 8.0f);
+  for (uint64_t bits = NextSeed() % 2011; bits <= 0xffffffffu; bits += 2011) {
+    const float value = FromBits(static_cast<uint32_t>(bits));
+    if (!std::isnan(value)) in.push_back(value);
+  }
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<float> cpu(n);
+  RoundToBf16(CpuContext(), n, in.data(), cpu.data());
+  for (size_t offset : {0, 1}) {
+    SCOPED_TRACE(::testing::Message() << "offset=" << offset);
+    auto din = OnDevice(in, offset);
+    DeviceArray<float> out(n, offset);
+    out.Poison();
+    RoundToBf16(ctx_, n, din->get(), out.get());
+    RoundToBf16(ctx_, n, din->get(), din->get());
+    const std::vector<float> gpu = out.Download();
+    const std::vector<float> gpu_in_place = din->Download();
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(Bits(gpu[i]), Bits(cpu[i])) << i << " value " << in[i];
+      ASSERT_EQ(Bits(gpu_in_place[i]), Bits(cpu[i])) << i;
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(BothFormats, CudaHalfTest,
                          ::testing::Values(HalfType::kBf16, HalfType::kFp16), [](const auto& info) {
                            return std::string(info.param == HalfType::kBf16 ? "Bf16" : "Fp16");

@@ -187,6 +187,36 @@ INSTANTIATE_TEST_SUITE_P(BothFormats, PackHalfTest,
                            return std::string(info.param == HalfType::kBf16 ? "Bf16" : "Fp16");
                          });
 
+// What a bf16 tensor holds, as a float: every finite value to its nearest bf16 with ties to even
+// (the scalar conversion, checked above against the format's definition), overflow to inf, NaN
+// kept NaN; out of place and in place alike.
+TEST(RoundToBf16Test, GivesTheNearestBf16OfEveryValueInPlaceOrNot) {
+  std::vector<float> in = RandomFloats(1003, 71, -300.0f, 300.0f);
+  for (float special : {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, FromBits(0x7f7fffff),
+                        0x1p-130f, INFINITY, -INFINITY, NAN}) {
+    in.push_back(special);
+  }
+  const int64_t n = static_cast<int64_t>(in.size());
+  std::vector<float> out = Poisoned(n);
+  RoundToBf16(CpuContext(), n, in.data(), out.data());
+  std::vector<float> in_place = in;
+  RoundToBf16(CpuContext(), n, in_place.data(), in_place.data());
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(in[i])) {
+      ASSERT_TRUE(std::isnan(out[i]) && std::isnan(in_place[i])) << i;
+      continue;
+    }
+    const float expected = Bf16ToFloat(FloatToBf16(in[i]));
+    ASSERT_EQ(Bits(out[i]), Bits(expected)) << i << " value " << in[i];
+    ASSERT_EQ(Bits(in_place[i]), Bits(expected)) << i;
+    ASSERT_EQ(Bits(out[i]) & 0xffffu, 0u) << "not a bf16 value: " << out[i];
+  }
+  EXPECT_EQ(out[n - 7], 1.0f);                // a tie goes to the even neighbour
+  EXPECT_EQ(out[n - 6], 1.0f + 4 * 0x1p-8f);  // and the other tie up to it
+  EXPECT_EQ(out[n - 5], INFINITY);            // the largest float overflows
+  EXPECT_EQ(out[n - 4], 0x1p-130f);           // a subnormal float whose bits are bf16's
+}
+
 TEST(ScaleTest, MultipliesEveryElement) {
   std::vector<float> x = RandomFloats(1001, 61);
   const std::vector<float> original = x;

@@ -64,11 +64,17 @@ MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataSh
   // on a GPU only the host copy is host memory.
   const bool on_gpu = trainer.device == spec::Device::kCuda;
   const double optimizer_slots = trainer.optimizer.type == spec::OptimizerType::kAdamW ? 2 : 1;
-  estimate.model_bytes = parameters * (on_gpu ? 1 : 3 + optimizer_slots) * kFloatBytes;
+  // bf16 precision adds the rounded copies of the parameters and of a batch's features
+  // (model.h), held in fp32.
+  const bool bf16 = trainer.precision == spec::Precision::kBf16;
+  estimate.model_bytes =
+      parameters * (on_gpu ? 1 : 3 + optimizer_slots + (bf16 ? 1 : 0)) * kFloatBytes;
 
   const double rows = static_cast<double>(trainer.batch_size);
   const double staged = kStagedBatches * (static_cast<double>(shape.features) + 1);
-  estimate.batch_bytes = rows * ((on_gpu ? 0 : activations + 2 * widest) + staged) * kFloatBytes;
+  const double rounded_features = bf16 ? static_cast<double>(shape.features) : 0;
+  estimate.batch_bytes =
+      rows * ((on_gpu ? 0 : activations + 2 * widest + rounded_features) + staged) * kFloatBytes;
   return estimate;
 }
 

@@ -29,11 +29,17 @@ StatusOr<MlpWorkspace> MlpWorkspace::Create(const MlpModel& model, int64_t max_r
   }
   LOCKSTEP_RETURN_IF_ERROR(workspace.grad_a_.Allocate(device, max_rows * widest));
   LOCKSTEP_RETURN_IF_ERROR(workspace.grad_b_.Allocate(device, max_rows * widest));
+  if (model.precision() == Precision::kBf16) {
+    LOCKSTEP_RETURN_IF_ERROR(workspace.bf16_params_.Allocate(device, layout.num_params));
+    LOCKSTEP_RETURN_IF_ERROR(
+        workspace.bf16_features_.Allocate(device, max_rows * model.input_features()));
+  }
   return workspace;
 }
 
 StatusOr<MlpModel> MlpModel::Create(int64_t input_features, const std::vector<int32_t>& hidden,
-                                    int64_t num_classes, ActivationType activation) {
+                                    int64_t num_classes, ActivationType activation,
+                                    Precision precision) {
   if (input_features < 1) {
     return InvalidArgumentError("model: input features must be >= 1 (got " +
                                 std::to_string(input_features) + ")");
@@ -70,7 +76,7 @@ StatusOr<MlpModel> MlpModel::Create(int64_t input_features, const std::vector<in
     offset += layer.num_params();
   }
   layout.num_params = offset;
-  return MlpModel(std::move(layout));
+  return MlpModel(std::move(layout), precision);
 }
 
 void MlpModel::InitializeParameters(uint64_t seed, float* params) const {
@@ -89,6 +95,14 @@ void MlpModel::InitializeParameters(uint64_t seed, float* params) const {
 const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float* params,
                                const float* features, int64_t rows, MlpWorkspace& workspace) const {
   const float* input = features;
+  if (bf16() && rows > 0) {
+    float* rounded_params = workspace.bf16_params_.device_data();
+    kernels::RoundToBf16(ctx, layout_.num_params, params, rounded_params);
+    params = rounded_params;
+    float* rounded_features = workspace.bf16_features_.device_data();
+    kernels::RoundToBf16(ctx, rows * input_features(), features, rounded_features);
+    input = rounded_features;
+  }
   for (int l = 0; l < layout_.num_layers(); ++l) {
     const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
     float* out = workspace.outputs_[static_cast<size_t>(l)].device_data();
@@ -101,6 +115,10 @@ const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float
                        : workspace.pre_activations_[static_cast<size_t>(l)].device_data();
       kernels::BiasActivationForward(ctx, layer.activation, rows, layer.out,
                                      params + layer.bias_offset, out, pre);
+      if (bf16()) {
+        kernels::RoundToBf16(ctx, rows * layer.out, out, out);
+        if (pre != nullptr) kernels::RoundToBf16(ctx, rows * layer.out, pre, pre);
+      }
     }
     input = out;
   }
@@ -123,12 +141,19 @@ void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float
     return;
   }
   const float* logits = Forward(ctx, params, features, rows, workspace);
+  if (bf16()) {
+    // What the layers read in Forward: the rounded copies.
+    params = workspace.bf16_params_.device_data();
+    features = workspace.bf16_features_.device_data();
+  }
 
   const LayerLayout& last = layout_.layers.back();
   float* dy = workspace.grad_a_.device_data();
   float* dx = workspace.grad_b_.device_data();
   kernels::SoftmaxCrossEntropyAccumulate(ctx, rows, last.out, logits, labels, grad_scale, dy,
                                          loss_sum);
+  // The gradient of the bf16 logits is bf16.
+  if (bf16()) kernels::RoundToBf16(ctx, rows * last.out, dy, dy);
 
   for (int l = num_layers - 1; l >= 0; --l) {
     const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
@@ -140,6 +165,11 @@ void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float
     // sum.
     kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
                                     grads + layer.bias_offset, accumulate);
+    // relu's and the identity's backward only mask a bf16 dy: still bf16.
+    if (bf16() && (layer.activation == ActivationType::kGelu ||
+                   layer.activation == ActivationType::kTanh)) {
+      kernels::RoundToBf16(ctx, rows * layer.out, dy, dy);
+    }
     const float* input =
         (l == 0) ? features : workspace.outputs_[static_cast<size_t>(l) - 1].device_data();
     // dW[out, in] = dy^T[out, rows] * input[rows, in].
@@ -152,6 +182,7 @@ void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float
       // dx[rows, in] = dy[rows, out] * W[out, in].
       kernels::Gemm(ctx, false, false, rows, layer.in, layer.out, 1.0f, dy,
                     params + layer.weight_offset, 0.0f, dx);
+      if (bf16()) kernels::RoundToBf16(ctx, rows * layer.in, dx, dx);
       std::swap(dy, dx);
     }
   }

@@ -20,6 +20,18 @@
 //                         /*grad_scale=*/1.0f / global_batch, grads, ws,
 //                         [&](int backward_layer) { ... }, loss_sum);  // all device memory
 //
+// Precision (spec.trainer.precision): kBf16 is mixed precision as PyTorch's autocast computes an
+// nn.Linear stack, emulated on fp32 storage: every value autocast would hold in bf16 is rounded to
+// the nearest bf16 and kept as a float (kernels::RoundToBf16), so a GEMM of such values with fp32
+// sums computes what a bf16 tensor-core GEMM computes (each product of two bf16 is exact in fp32).
+// Rounded: the weights and biases a layer reads (a copy; the fp32 master parameters are left as
+// they are), the input features, every layer's pre-activation and output (the logits included),
+// and every activation gradient that enters a GEMM. Kept in fp32: the parameters, the softmax,
+// the loss, and the weight and bias gradients, which are the GEMM's and the column sum's fp32
+// results accumulated into the fp32 gradient buffer (Megatron-LM's main_grad; autocast would
+// round them to bf16 before adding them to .grad). The optimizer and the all-reduce never see a
+// bf16 value.
+//
 // Thread safety: a model is immutable after Create; a workspace is used by one thread at a time.
 #pragma once
 
@@ -32,6 +44,8 @@
 #include "kernels/kernels.h"
 
 namespace lockstep::trainer {
+
+enum class Precision { kFp32, kBf16 };
 
 // One fully connected layer and where its tensors sit in the flat buffers.
 struct LayerLayout {
@@ -71,6 +85,8 @@ class MlpWorkspace {
   std::vector<kernels::DeviceArray<float>> outputs_;  // per layer: [rows, out] post-activation
   std::vector<kernels::DeviceArray<float>> pre_activations_;  // per layer; only for gelu
   kernels::DeviceArray<float> grad_a_, grad_b_;               // ping-pong d(activation) buffers
+  // Precision::kBf16 only: the parameters and the input features rounded to bf16.
+  kernels::DeviceArray<float> bf16_params_, bf16_features_;
 };
 
 class MlpModel {
@@ -81,9 +97,11 @@ class MlpModel {
 
   // InvalidArgument when a size is < 1.
   static StatusOr<MlpModel> Create(int64_t input_features, const std::vector<int32_t>& hidden,
-                                   int64_t num_classes, kernels::ActivationType activation);
+                                   int64_t num_classes, kernels::ActivationType activation,
+                                   Precision precision = Precision::kFp32);
 
   const ParameterLayout& layout() const { return layout_; }
+  Precision precision() const { return precision_; }
   int64_t input_features() const { return layout_.layers.front().in; }
   int64_t num_classes() const { return layout_.layers.back().out; }
 
@@ -112,8 +130,11 @@ class MlpModel {
                        const float* features, int64_t rows, MlpWorkspace& workspace) const;
 
  private:
-  explicit MlpModel(ParameterLayout layout) : layout_(std::move(layout)) {}
+  MlpModel(ParameterLayout layout, Precision precision)
+      : layout_(std::move(layout)), precision_(precision) {}
+  bool bf16() const { return precision_ == Precision::kBf16; }
   ParameterLayout layout_;
+  Precision precision_ = Precision::kFp32;
 };
 
 }  // namespace lockstep::trainer

@@ -60,7 +60,9 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
   LOCKSTEP_ASSIGN_OR_RETURN(
       MlpModel model,
       MlpModel::Create(data.train.num_features, trainer.model.hidden, data.train.num_classes,
-                       ToKernelActivation(trainer.model.activation)));
+                       ToKernelActivation(trainer.model.activation),
+                       trainer.precision == spec::Precision::kBf16 ? Precision::kBf16
+                                                                   : Precision::kFp32));
   // One GPU per rank: `cuda_ordinal` among those visible (the first, for a pod of one rank, to
   // which the launcher or the device plugin gives exactly its GPU; local rank r of a pod of
   // several sees all the pod's GPUs, so that NCCL can use peer-to-peer between them).

@@ -74,6 +74,7 @@ TEST(TrainingJobSpec, MinimalManifestGetsTheDocumentedDefaults) {
   EXPECT_DOUBLE_EQ(trainer.optimizer.momentum, 0.9);
   EXPECT_EQ(trainer.seed, 1u);
   EXPECT_EQ(trainer.device, Device::kCpu);
+  EXPECT_EQ(trainer.precision, Precision::kFp32);
   EXPECT_DOUBLE_EQ(trainer.allreduce.bucket_mib, 25);
   EXPECT_EQ(trainer.allreduce.compression, Compression::kNone);
   EXPECT_EQ(trainer.allreduce.timeout_seconds, 300);
@@ -128,6 +129,7 @@ TEST(TrainingJobSpec, FullManifestRoundTripsThroughToJson) {
   ASSERT_TRUE(job.ok()) << job.status();
   // Every field of the fixture differs from its default, so a dropped field shows here.
   EXPECT_EQ(job->spec.trainer->allreduce.compression, Compression::kBf16);
+  EXPECT_EQ(job->spec.trainer->precision, Precision::kBf16);
   EXPECT_EQ(job->spec.run_policy.ttl_seconds_after_finished, 3600);
   EXPECT_EQ(job->spec.template_["spec"]["nodeSelector"]["gpu"], "h100");
 

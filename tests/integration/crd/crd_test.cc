@@ -263,7 +263,7 @@ TEST_F(CrdTest, EveryFieldOfTheModelSurvivesTheServer) {
         "optimizer": {"type": "adamw", "learningRate": 0.001, "momentum": 0.5, "weightDecay": 0.01,
                       "lrScaling": "linear", "warmupSteps": 100, "beta1": 0.8, "beta2": 0.99,
                       "epsilon": 1e-6},
-        "seed": 42, "device": "cuda",
+        "seed": 42, "device": "cuda", "precision": "bf16",
         "allreduce": {"bucketMiB": 12.5, "compression": "bf16", "timeoutSeconds": 60},
         "logIntervalSteps": 10},
       "image": "registry.example/lockstep-worker:1",
@@ -583,6 +583,7 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"65-sync-dgc-sparsity-one.yaml", {Outcome::kRefused, "spec.trainer.sync.dgc.sparsity"}},
     // Compares two fields (strategy and optimizer.type): left to the webhook.
     {"66-sync-dgc-with-adamw.yaml", {Outcome::kAccepted, ""}},
+    {"67-precision-fp16.yaml", {Outcome::kRefused, "spec.trainer.precision"}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {

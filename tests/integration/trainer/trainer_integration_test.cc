@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -33,7 +34,8 @@ using testing::RunLocalJob;
 using testing::ScratchDir;
 using testing::ReadFloats;
 
-std::string FashionManifest(const std::string& name, int replicas, int batch_size) {
+std::string FashionManifest(const std::string& name, int replicas, int batch_size,
+                            const std::string& precision = "fp32") {
   std::ostringstream m;
   m << "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << name
     << "}\nspec:\n  replicas: " << replicas << "\n  trainer:\n"
@@ -44,6 +46,7 @@ std::string FashionManifest(const std::string& name, int replicas, int batch_siz
     << "    batchSize: " << batch_size << "\n    steps: 20\n"
     << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
     << "    seed: 3\n"
+    << "    precision: " << precision << "\n"
     // 0.005 MiB: the three layers (330, 2080 and 50240 floats) make three buckets, the
     // largest over the cap, so the engine overlaps two all-reduces with backward.
     << "    allreduce: {bucketMiB: 0.005, compression: none, timeoutSeconds: 60}\n"
@@ -54,16 +57,30 @@ std::string FashionManifest(const std::string& name, int replicas, int batch_siz
 
 // Data-parallel equivalence: N workers with per-worker batch B train the same parameters as one
 // worker with batch N x B, since the global batch, its order and the gradient's scaling are the
-// same and only the summation order of the floats differs.
-class DataParallelEquivalenceTest : public ::testing::TestWithParam<int> {
+// same and only the summation order of the floats differs. In fp32 and in bf16 mixed precision,
+// whose rounding of activations is per sample and whose gradients are summed in fp32.
+struct EquivalenceCase {
+  int replicas;
+  const char* precision;
+};
+
+class DataParallelEquivalenceTest : public ::testing::TestWithParam<EquivalenceCase> {
  protected:
   static constexpr int kGlobalBatch = 32;
 
   static void SetUpTestSuite() {
     if (!fs::exists(fs::path(kFashionDir) / "train-images-idx3-ubyte.gz")) return;
     dir_ = testing::MakeTempDir("lockstep-equivalence");
-    reference_ = Train(1);
-    if (!reference_.has_value()) any_failed_ = true;
+  }
+
+  // The one-worker run of `precision`, trained once.
+  static const std::optional<std::vector<float>>& Reference(const std::string& precision) {
+    auto [it, inserted] = references_.try_emplace(precision);
+    if (inserted) {
+      it->second = Train(1, precision);
+      if (!it->second.has_value()) any_failed_ = true;
+    }
+    return it->second;
   }
 
   static void TearDownTestSuite() {
@@ -77,12 +94,13 @@ class DataParallelEquivalenceTest : public ::testing::TestWithParam<int> {
     if (HasFailure()) any_failed_ = true;
   }
 
-  static std::optional<std::vector<float>> Train(int replicas) {
-    const fs::path dump = dir_ / ("params-" + std::to_string(replicas) + ".bin");
-    const std::string name = "equiv-" + std::to_string(replicas);
+  static std::optional<std::vector<float>> Train(int replicas, const std::string& precision) {
+    const std::string name = "equiv-" + std::to_string(replicas) + "-" + precision;
+    const fs::path dump = dir_ / ("params-" + name + ".bin");
     JobRun run = RunLocalJob(dir_,
                              {.job = "default/" + name,
-                              .manifest = FashionManifest(name, replicas, kGlobalBatch / replicas),
+                              .manifest = FashionManifest(name, replicas, kGlobalBatch / replicas,
+                                                          precision),
                               .replicas = replicas,
                               .env = {{"LOCKSTEP_DUMP_PARAMS", dump.string()}}},
                              std::chrono::seconds(60));
@@ -95,33 +113,51 @@ class DataParallelEquivalenceTest : public ::testing::TestWithParam<int> {
 
   static inline fs::path dir_;
   static inline bool any_failed_ = false;
-  static inline std::optional<std::vector<float>> reference_;
+  static inline std::map<std::string, std::optional<std::vector<float>>> references_;
 };
 
 TEST_P(DataParallelEquivalenceTest, WorkersEndWithTheParametersOfOneWorkerWithTheGlobalBatch) {
   if (dir_.empty()) GTEST_SKIP() << "Fashion-MNIST is not installed at " << kFashionDir;
-  ASSERT_TRUE(reference_.has_value()) << "the 1-worker reference run failed";
-  const int replicas = GetParam();
-  std::optional<std::vector<float>> params = replicas == 1 ? reference_ : Train(replicas);
+  const auto [replicas, precision] = GetParam();
+  const std::optional<std::vector<float>>& reference = Reference(precision);
+  ASSERT_TRUE(reference.has_value()) << "the 1-worker reference run failed";
+  std::optional<std::vector<float>> params =
+      replicas == 1 ? reference : Train(replicas, precision);
   ASSERT_TRUE(params.has_value());
-  ASSERT_EQ(params->size(), reference_->size());
+  ASSERT_EQ(params->size(), reference->size());
   ASSERT_EQ(params->size(), 784u * 64 + 64 + 64 * 32 + 32 + 32 * 10 + 10);
   double max_difference = 0, max_magnitude = 0;
   for (size_t i = 0; i < params->size(); ++i) {
     max_difference =
-        std::max(max_difference, std::fabs(double((*params)[i]) - double((*reference_)[i])));
-    max_magnitude = std::max(max_magnitude, std::fabs(double((*reference_)[i])));
+        std::max(max_difference, std::fabs(double((*params)[i]) - double((*reference)[i])));
+    max_magnitude = std::max(max_magnitude, std::fabs(double((*reference)[i])));
   }
-  std::printf("%d workers: max |difference| %.3g, max |parameter| %.3g\n", replicas, max_difference,
-              max_magnitude);
+  std::printf("%d workers, %s: max |difference| %.3g, max |parameter| %.3g\n", replicas, precision,
+              max_difference, max_magnitude);
   // Relative to the largest parameter: per element, values near zero have no meaningful
   // relative error.
   EXPECT_LE(max_difference / max_magnitude, 1e-5)
       << "max |difference| " << max_difference << ", max |parameter| " << max_magnitude;
+  if (std::string(precision) == "bf16") {
+    // The field reached the trainer: bf16 training is not the fp32 one.
+    const std::optional<std::vector<float>>& fp32 = Reference("fp32");
+    ASSERT_TRUE(fp32.has_value());
+    double from_fp32 = 0;
+    for (size_t i = 0; i < params->size(); ++i) {
+      from_fp32 = std::max(from_fp32, std::fabs(double((*params)[i]) - double((*fp32)[i])));
+    }
+    EXPECT_GT(from_fp32 / max_magnitude, 1e-4) << "bf16 trained exactly what fp32 trained";
+  }
 }
 
-INSTANTIATE_TEST_SUITE_P(WorldSizes, DataParallelEquivalenceTest, ::testing::Values(1, 2, 4),
-                         [](const auto& info) { return std::to_string(info.param) + "Workers"; });
+INSTANTIATE_TEST_SUITE_P(WorldSizes, DataParallelEquivalenceTest,
+                         ::testing::Values(EquivalenceCase{1, "fp32"}, EquivalenceCase{2, "fp32"},
+                                           EquivalenceCase{4, "fp32"}, EquivalenceCase{2, "bf16"},
+                                           EquivalenceCase{4, "bf16"}),
+                         [](const auto& info) {
+                           return std::to_string(info.param.replicas) + "Workers" +
+                                  (std::string(info.param.precision) == "bf16" ? "Bf16" : "");
+                         });
 
 // Splits sklearn's digits (1797 rows) into a train file and a held-out test file (every
 // `test_every`-th row; the rows are grouped by writer, so a contiguous tail would test on unseen
@@ -186,6 +222,40 @@ TEST(DigitsTrainingTest, Fp16CompressedGradientsStillReachNinetyFivePercent) {
   ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << run.logs;
   std::printf("digits fp16: held-out accuracy %.4f\n", run.snapshot.final_progress.eval_accuracy);
   EXPECT_GE(run.snapshot.final_progress.eval_accuracy, 0.95) << run.logs;
+}
+
+// bf16 mixed precision learns what fp32 learns: two workers, two epochs of Fashion-MNIST, held-out
+// accuracy on its 10,000 test images within half a point of the same job in fp32.
+TEST(FashionAccuracyTest, Bf16MixedPrecisionIsWithinHalfAPointOfFp32) {
+  if (!fs::exists(fs::path(kFashionDir) / "t10k-images-idx3-ubyte.gz")) {
+    GTEST_SKIP() << "Fashion-MNIST is not installed at " << kFashionDir;
+  }
+  const ScratchDir dir("fashion-precision");
+  double accuracy[2] = {0, 0};
+  const char* precisions[2] = {"fp32", "bf16"};
+  for (int i = 0; i < 2; ++i) {
+    const std::string name = std::string("fashion-") + precisions[i];
+    const std::string manifest =
+        "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: " + name +
+        "}\nspec:\n  replicas: 2\n  trainer:\n"
+        "    model: {type: mlp, hidden: [128], activation: gelu}\n"
+        "    data:\n      format: idx\n"
+        "      train: [" + std::string(kFashionDir) + "/train-images-idx3-ubyte.gz, " + kFashionDir +
+        "/train-labels-idx1-ubyte.gz]\n"
+        "      test: [" + std::string(kFashionDir) + "/t10k-images-idx3-ubyte.gz, " + kFashionDir +
+        "/t10k-labels-idx1-ubyte.gz]\n"
+        "    batchSize: 64\n    epochs: 2\n"
+        "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
+        "    precision: " + precisions[i] + "\n    seed: 2\n    logIntervalSteps: 200\n"
+        "  metrics: {port: 0}\n";
+    JobRun run = RunLocalJob(dir, {.job = "default/" + name, .manifest = manifest, .replicas = 2},
+                             std::chrono::seconds(180));
+    ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << run.logs;
+    accuracy[i] = run.snapshot.final_progress.eval_accuracy;
+  }
+  std::printf("fashion-mnist held-out accuracy: fp32 %.4f, bf16 %.4f\n", accuracy[0], accuracy[1]);
+  EXPECT_GE(accuracy[0], 0.80);
+  EXPECT_NEAR(accuracy[1], accuracy[0], 0.005);
 }
 
 TEST(WorkerSignalTest, SigtermStopsPromptlyWithExitCode143WithoutCompleting) {

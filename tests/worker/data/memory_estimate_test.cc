@@ -39,6 +39,18 @@ TEST(MemoryEstimateTest, AdamWKeepsTwoStateBuffersAndTheBatchScalesWithItsSize) 
   EXPECT_DOUBLE_EQ(big_batch.batch_bytes, 10 * sgd.batch_bytes);
 }
 
+// bf16 mixed precision keeps fp32 storage and adds the rounded copies the model reads: the
+// parameters once, and a batch's features.
+TEST(MemoryEstimateTest, Bf16AddsTheRoundedParametersAndFeatures) {
+  spec::TrainerSpec mixed = Mlp({256}, 64);
+  mixed.precision = spec::Precision::kBf16;
+  const MemoryEstimate fp32 = EstimateRankMemory(Mlp({256}, 64), kFashion);
+  const MemoryEstimate bf16 = EstimateRankMemory(mixed, kFashion);
+  EXPECT_EQ(bf16.model_bytes, fp32.model_bytes * 5 / 4);
+  EXPECT_DOUBLE_EQ(bf16.batch_bytes, fp32.batch_bytes + 64.0 * 784 * 4);
+  EXPECT_EQ(bf16.data_bytes, fp32.data_bytes);
+}
+
 TEST(MemoryEstimateTest, AHostileWidthGivesAFiniteHugeEstimateNotAnOverflow) {
   const MemoryEstimate estimate = EstimateRankMemory(Mlp({2147483647, 2147483647}, 2147483647),
                                                      kFashion);
