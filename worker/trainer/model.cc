@@ -11,6 +11,16 @@ namespace lockstep::trainer {
 
 using kernels::ActivationType;
 
+namespace {
+
+// In bf16, gelu and tanh take the rounded pre-activation and their output is rounded again;
+// relu and the identity commute with rounding, so one fused pass and one rounding suffice.
+bool RoundsBetweenBiasAndActivation(ActivationType activation) {
+  return activation == ActivationType::kGelu || activation == ActivationType::kTanh;
+}
+
+}  // namespace
+
 StatusOr<MlpWorkspace> MlpWorkspace::Create(const MlpModel& model, int64_t max_rows,
                                             kernels::Device& device) {
   const ParameterLayout& layout = model.layout();
@@ -33,6 +43,9 @@ StatusOr<MlpWorkspace> MlpWorkspace::Create(const MlpModel& model, int64_t max_r
     LOCKSTEP_RETURN_IF_ERROR(workspace.bf16_params_.Allocate(device, layout.num_params));
     LOCKSTEP_RETURN_IF_ERROR(
         workspace.bf16_features_.Allocate(device, max_rows * model.input_features()));
+    LOCKSTEP_RETURN_IF_ERROR(workspace.bf16_zero_bias_.Allocate(device, widest));
+    kernels::SetZero(device.compute(), widest, workspace.bf16_zero_bias_.device_data());
+    LOCKSTEP_RETURN_IF_ERROR(workspace.bf16_discarded_dbias_.Allocate(device, widest));
   }
   return workspace;
 }
@@ -113,11 +126,19 @@ const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float
       float* pre = workspace.pre_activations_[static_cast<size_t>(l)].empty()
                        ? nullptr
                        : workspace.pre_activations_[static_cast<size_t>(l)].device_data();
-      kernels::BiasActivationForward(ctx, layer.activation, rows, layer.out,
-                                     params + layer.bias_offset, out, pre);
-      if (bf16()) {
+      if (bf16() && RoundsBetweenBiasAndActivation(layer.activation)) {
+        // z = bf16(x W^T + b), then y = bf16(act(z)), pre = z (z + 0 is z).
+        kernels::BiasActivationForward(ctx, ActivationType::kIdentity, rows, layer.out,
+                                       params + layer.bias_offset, out, nullptr);
         kernels::RoundToBf16(ctx, rows * layer.out, out, out);
-        if (pre != nullptr) kernels::RoundToBf16(ctx, rows * layer.out, pre, pre);
+        kernels::BiasActivationForward(ctx, layer.activation, rows, layer.out,
+                                       workspace.bf16_zero_bias_.device_data(), out, pre);
+        kernels::RoundToBf16(ctx, rows * layer.out, out, out);
+      } else {
+        kernels::BiasActivationForward(ctx, layer.activation, rows, layer.out,
+                                       params + layer.bias_offset, out, pre);
+        // relu and the identity commute with rounding: rounding once after is the same.
+        if (bf16()) kernels::RoundToBf16(ctx, rows * layer.out, out, out);
       }
     }
     input = out;
@@ -163,12 +184,17 @@ void MlpModel::ForwardBackward(const kernels::ExecutionContext& ctx, const float
                            : workspace.pre_activations_[static_cast<size_t>(l)].device_data();
     // dy: d(loss)/d(output) becomes d(loss)/d(pre-activation); the bias gradient is its column
     // sum.
-    kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
-                                    grads + layer.bias_offset, accumulate);
-    // relu's and the identity's backward only mask a bf16 dy: still bf16.
-    if (bf16() && (layer.activation == ActivationType::kGelu ||
-                   layer.activation == ActivationType::kTanh)) {
+    if (bf16() && RoundsBetweenBiasAndActivation(layer.activation)) {
+      // dy * act'(z), rounded; the bias gradient is the sum of the rounded values.
+      kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
+                                      workspace.bf16_discarded_dbias_.device_data());
       kernels::RoundToBf16(ctx, rows * layer.out, dy, dy);
+      kernels::BiasActivationBackward(ctx, ActivationType::kIdentity, rows, layer.out, nullptr,
+                                      nullptr, dy, grads + layer.bias_offset, accumulate);
+    } else {
+      // relu's and the identity's backward only mask a bf16 dy: still bf16.
+      kernels::BiasActivationBackward(ctx, layer.activation, rows, layer.out, y, pre, dy,
+                                      grads + layer.bias_offset, accumulate);
     }
     const float* input =
         (l == 0) ? features : workspace.outputs_[static_cast<size_t>(l) - 1].device_data();

@@ -25,12 +25,12 @@
 // the nearest bf16 and kept as a float (kernels::RoundToBf16), so a GEMM of such values with fp32
 // sums computes what a bf16 tensor-core GEMM computes (each product of two bf16 is exact in fp32).
 // Rounded: the weights and biases a layer reads (a copy; the fp32 master parameters are left as
-// they are), the input features, every layer's pre-activation and output (the logits included),
-// and every activation gradient that enters a GEMM. Kept in fp32: the parameters, the softmax,
-// the loss, and the weight and bias gradients, which are the GEMM's and the column sum's fp32
-// results accumulated into the fp32 gradient buffer (Megatron-LM's main_grad; autocast would
-// round them to bf16 before adding them to .grad). The optimizer and the all-reduce never see a
-// bf16 value.
+// they are), the input features, every layer's pre-activation (before its activation is applied)
+// and output (the logits included), and every activation gradient (before it enters a GEMM or
+// the bias gradient's sum). Kept in fp32: the parameters, the softmax, the loss, and the weight
+// and bias gradients, which are the GEMM's and the column sum's fp32 results accumulated into the
+// fp32 gradient buffer (Megatron-LM's main_grad; autocast would round them to bf16 before adding
+// them to .grad). The optimizer and the all-reduce never see a bf16 value.
 //
 // Thread safety: a model is immutable after Create; a workspace is used by one thread at a time.
 #pragma once
@@ -85,8 +85,11 @@ class MlpWorkspace {
   std::vector<kernels::DeviceArray<float>> outputs_;  // per layer: [rows, out] post-activation
   std::vector<kernels::DeviceArray<float>> pre_activations_;  // per layer; only for gelu
   kernels::DeviceArray<float> grad_a_, grad_b_;               // ping-pong d(activation) buffers
-  // Precision::kBf16 only: the parameters and the input features rounded to bf16.
+  // Precision::kBf16 only: the parameters and the input features rounded to bf16; for gelu and
+  // tanh layers, a zero bias (the activation applied to the rounded pre-activation) and a bias
+  // gradient that is thrown away (the one summed before the activation gradient is rounded).
   kernels::DeviceArray<float> bf16_params_, bf16_features_;
+  kernels::DeviceArray<float> bf16_zero_bias_, bf16_discarded_dbias_;
 };
 
 class MlpModel {

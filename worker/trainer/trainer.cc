@@ -306,7 +306,8 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                      << GlobalSampler::MicroBatchCount(largest_slice, spec_.batch_size)
                      << " micro-batch(es) of at most " << spec_.batch_size << " per rank, "
                      << model_.layout().num_params << " parameters in "
-                     << synchronizer.buckets().size() << " bucket(s), compression "
+                     << synchronizer.buckets().size() << " bucket(s), precision "
+                     << spec::ToString(spec_.precision) << ", compression "
                      << spec::ToString(spec_.allreduce.compression) << ", sync "
                      << spec::ToString(spec_.sync.strategy);
 

@@ -249,7 +249,7 @@ TEST(FashionAccuracyTest, Bf16MixedPrecisionIsWithinHalfAPointOfFp32) {
         "    precision: " + precisions[i] + "\n    seed: 2\n    logIntervalSteps: 200\n"
         "  metrics: {port: 0}\n";
     JobRun run = RunLocalJob(dir, {.job = "default/" + name, .manifest = manifest, .replicas = 2},
-                             std::chrono::seconds(180));
+                             std::chrono::seconds(50));
     ASSERT_EQ(run.exit_codes, (std::vector<int>{0, 0})) << run.logs;
     accuracy[i] = run.snapshot.final_progress.eval_accuracy;
   }
