@@ -261,12 +261,13 @@ Status CheckDevicePlacement(const spec::TrainingJob& job) {
                                    usable.message());
   }
   const int gpus = static_cast<int>(VisibleGpus().size());
-  const int ranks = job.spec.replicas * job.spec.ranks_per_worker;
+  // Standbys hold a GPU each too: they start (and load) before a place is free.
+  const int ranks = spec::WorkersToRun(job.spec) * job.spec.ranks_per_worker;
   if (ranks > gpus) {
     const int most = gpus / job.spec.ranks_per_worker;
     return FailedPreconditionError(
         "spec.trainer.device: cuda with " + std::to_string(ranks) + " ranks (" +
-        std::to_string(job.spec.replicas) + " workers x ranksPerWorker " +
+        std::to_string(spec::WorkersToRun(job.spec)) + " workers x ranksPerWorker " +
         std::to_string(job.spec.ranks_per_worker) + "), but this machine shows " +
         std::to_string(gpus) +
         " GPU(s): each rank needs a GPU of its own (NCCL cannot put two ranks on one GPU); "
@@ -279,7 +280,7 @@ Status CheckDevicePlacement(const spec::TrainingJob& job) {
 // --replicas, and together they must fit in its memory.
 Status CheckLocalCapacity(const spec::TrainingJob& job,
                           const std::optional<trainer::MemoryEstimate>& rank_memory) {
-  const int64_t ranks = int64_t{job.spec.replicas} * job.spec.ranks_per_worker;
+  const int64_t ranks = int64_t{spec::WorkersToRun(job.spec)} * job.spec.ranks_per_worker;
   if (ranks > kMaxLocalRanks) {
     return InvalidArgumentError(
         "spec.replicas: " + std::to_string(job.spec.replicas) + " workers x ranksPerWorker " +
@@ -396,7 +397,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     err << options->manifest_path << ": " << fits.message() << "\n";
     return kExitBadInput;
   }
-  const int32_t workers = job.spec.replicas;
+  const int32_t workers = spec::WorkersToRun(job.spec);
   // The in-process rendezvous service logs every join and generation at info level; on a
   // terminal that would tear the progress line, so only warnings show unless asked for.
   if (EnvString("LOCKSTEP_LOG_LEVEL", "").empty()) SetLogLevel(LogLevel::kWarning);
@@ -457,8 +458,10 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   const bool exec = !job.spec.trainer.has_value();
   job_config.min_members =
       elastic ? job.spec.elastic.min_replicas : (exec ? job.spec.elastic.max_replicas : 1);
-  job_config.max_members = job.spec.elastic.max_replicas;
-  job_config.initial_members = workers;  // every local worker is started at once
+  job_config.max_members = spec::MaxWorld(job.spec);
+  // Every local worker is started at once; the first generation takes replicas of them and any
+  // standbys wait.
+  job_config.initial_members = job.spec.replicas;
   job_config.ranks_per_pod = job.spec.ranks_per_worker;
   job_config.wait_for_initial_members = true;
   job_config.heartbeat_timeout_ms = HeartbeatTimeoutMs();
@@ -508,12 +511,16 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     return kExitFailure;
   }
   const int32_t ranks_per_worker = job.spec.ranks_per_worker;
-  out << "lockstep: running " << job_key << " with " << workers << " worker"
-      << (workers == 1 ? "" : "s")
+  const int32_t replicas = job.spec.replicas, standby = job.spec.elastic.standby;
+  out << "lockstep: running " << job_key << " with " << replicas << " worker"
+      << (replicas == 1 ? "" : "s")
       << (ranks_per_worker == 1
               ? std::string()
               : " x " + std::to_string(ranks_per_worker) + " ranks = " +
-                    std::to_string(workers * ranks_per_worker) + " ranks")
+                    std::to_string(replicas * ranks_per_worker) + " ranks")
+      << (standby == 0 ? std::string()
+                       : " and " + std::to_string(standby) + " standby" +
+                             (standby == 1 ? "" : "s"))
       << "; logs in " << *log_dir << "\n"
       << std::flush;
 

@@ -163,9 +163,10 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
             if (!drain_deadline) drain_deadline = Deadline::AfterMs(options.drain_ms);
             break;
           }
-          if (completing && replaced[event.exit.slot] &&
+          if (completing && (replaced[event.exit.slot] || job.spec.elastic.standby > 0) &&
               !in_final_generation(event.exit.member_id)) {
-            dropped[event.exit.slot] = true;  // a late replacement: the job no longer needs it
+            // A late replacement, or a standby: the job no longer needs it.
+            dropped[event.exit.slot] = true;
             break;
           }
           // The launcher is the failure detector on one machine: the generation ends now, not
@@ -242,7 +243,9 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           dropped[slot] = true;
           continue;
         }
-        if (!replaced[slot]) continue;
+        // Workers of the first start finish on their own, unless the job keeps standbys: a
+        // standby outside the final generation has nothing to finish.
+        if (!replaced[slot] && job.spec.elastic.standby == 0) continue;
         if (in_final_generation(supervisor.command(slot).member_id)) continue;
         if (supervisor.SignalWorker(slot, SIGTERM).ok()) dropped[slot] = true;
       }

@@ -50,9 +50,10 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
   const std::string& token = options.token;
   const std::string& join_timeout_ms = options.join_timeout_ms;
   std::vector<WorkerCommand> commands;
-  const int32_t workers = job.spec.replicas;
+  const int32_t workers = spec::WorkersToRun(job.spec);  // replicas, then the standbys
   const int32_t ranks = job.spec.ranks_per_worker;  // each pod's supervisor starts its ranks
-  const std::string threads = ThreadsPerWorker(workers * ranks);
+  // Threads for the ranks that train: a standby waits, and takes a trainer's place.
+  const std::string threads = ThreadsPerWorker(job.spec.replicas * ranks);
   const std::vector<std::string> gpus = UsesCuda(job) ? VisibleGpus() : std::vector<std::string>{};
   for (int32_t i = 0; i < workers; ++i) {
     WorkerCommand command;

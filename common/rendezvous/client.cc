@@ -407,6 +407,23 @@ StatusOr<int64_t> GenerationScopedStore::Add(const std::string& key, int64_t del
 
 }  // namespace
 
+StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
+                                   int64_t timeout_ms, const std::function<bool()>& keep_waiting,
+                                   const std::function<void()>& on_standby) {
+  bool standing_by = false;
+  while (true) {
+    StatusOr<Assignment> assignment = client.Join(state_step, timeout_ms);
+    const bool full = !assignment.ok() &&
+                      assignment.status().code() == StatusCode::kDeadlineExceeded &&
+                      assignment.status().message().find(kGenerationFullMarker) != std::string::npos;
+    if (!full || (keep_waiting && !keep_waiting())) return assignment;
+    if (!standing_by) {
+      standing_by = true;
+      if (on_standby) on_standby();
+    }
+  }
+}
+
 StatusOr<std::unique_ptr<RendezvousClient>> RendezvousClient::Connect(
     const ClientOptions& options) {
   if (options.address.empty() || options.job.empty() || options.member_id.empty()) {

@@ -136,4 +136,18 @@ class RendezvousClient {
   virtual std::unique_ptr<KeyValueStore> GenerationStore(int64_t generation) = 0;
 };
 
+// What the service's DEADLINE_EXCEEDED answer to a join says when the join waited only because
+// the current generation is active and has no room: the member is a hot standby (a job's
+// `spec.elastic.standby`, or a replacement whose place a standby took).
+inline constexpr char kGenerationFullMarker[] = "is active and full";
+
+// Joins, and joins again for as long as the service answers that the generation is full: a
+// standby waits, process started and data loaded, until a member is lost and the next
+// generation admits it. Each join is bounded by timeout_ms; between them `keep_waiting` is asked
+// (false: the last answer is returned) and, the first time, `on_standby` is called (either may be
+// empty). Any other answer is returned as it is.
+StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
+                                   int64_t timeout_ms, const std::function<bool()>& keep_waiting,
+                                   const std::function<void()>& on_standby = {});
+
 }  // namespace lockstep::rendezvous

@@ -386,7 +386,8 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
                   " ranks per pod; " + bounds + " pods)";
     const std::string message =
         "no generation formed within " + std::to_string(it->timeout_ms) + " ms: " + present +
-        (active_ ? "; generation " + std::to_string(generation_) + " is active and full" : "");
+        (active_ ? "; generation " + std::to_string(generation_) + " " + kGenerationFullMarker
+                 : std::string());
     out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}, nullptr});
     CountPending(*it, -1);
     it = pending_.erase(it);

@@ -19,7 +19,7 @@ const std::vector<ManifestMap>& ManifestMaps() {
       {"spec",
        {"replicas", "ranksPerWorker", "elastic", "trainer", "command", "image", "resources",
         "template", "checkpoint", "network", "runPolicy", "placement", "metrics"}},
-      {"spec.elastic", {"minReplicas", "maxReplicas", "globalBatch", "replaceStragglers"}},
+      {"spec.elastic", {"minReplicas", "maxReplicas", "globalBatch", "replaceStragglers", "standby"}},
       {"spec.trainer",
        {"model", "data", "batchSize", "steps", "epochs", "optimizer", "seed", "device", "precision",
         "allreduce", "sync", "logIntervalSteps"}},

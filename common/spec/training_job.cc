@@ -41,7 +41,8 @@ bool operator==(const ObjectMeta& a, const ObjectMeta& b) {
 }
 bool operator==(const ElasticSpec& a, const ElasticSpec& b) {
   return a.min_replicas == b.min_replicas && a.max_replicas == b.max_replicas &&
-         a.global_batch == b.global_batch && a.replace_stragglers == b.replace_stragglers;
+         a.global_batch == b.global_batch && a.replace_stragglers == b.replace_stragglers &&
+         a.standby == b.standby;
 }
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
   return std::tie(a.type, a.hidden, a.activation) == std::tie(b.type, b.hidden, b.activation);

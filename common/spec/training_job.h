@@ -80,6 +80,11 @@ struct ElasticSpec {
   // (`lockstep run`: its process killed and started again), not counted as a restart. Only the
   // built-in trainer reports the pace stragglers are found by, so a command job may not ask.
   bool replace_stragglers = false;
+  // `standby`: hot-standby workers kept beside the job's `replicas`: scheduled, started and
+  // waiting in the rendezvous, never training. A lost worker's place is taken by a standby in
+  // the generation that re-forms at once, and the failed worker's replacement becomes a standby
+  // in turn. With standbys the world never grows past `replicas` (docs/elastic.md).
+  int32_t standby = 0;
 };
 
 struct ModelSpec {
@@ -239,6 +244,17 @@ struct TrainingJobSpec {
   PlacementSpec placement;
   MetricsSpec metrics;
 };
+
+// Worker pods (or `lockstep run` processes) the job runs: replicas plus its standbys.
+inline int32_t WorkersToRun(const TrainingJobSpec& spec) {
+  return spec.replicas + spec.elastic.standby;
+}
+
+// Most pods a generation admits: maxReplicas, or replicas when the job keeps standbys (they
+// wait for a place to free up rather than train beside the others).
+inline int32_t MaxWorld(const TrainingJobSpec& spec) {
+  return spec.elastic.standby > 0 ? spec.replicas : spec.elastic.max_replicas;
+}
 
 struct TrainingJob {
   std::string api_version = "lockstep.io/v1alpha1";

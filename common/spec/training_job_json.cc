@@ -117,6 +117,7 @@ nlohmann::json ToJson(const TrainingJob& job) {
                            {"maxReplicas", spec.elastic.max_replicas},
                            {"globalBatch", EnumToString(spec.elastic.global_batch)}};
     if (spec.elastic.replace_stragglers) out_spec["elastic"]["replaceStragglers"] = true;
+    if (spec.elastic.standby > 0) out_spec["elastic"]["standby"] = spec.elastic.standby;
   }
   if (spec.ranks_per_worker != 1) out_spec["ranksPerWorker"] = spec.ranks_per_worker;
   if (spec.trainer) out_spec["trainer"] = TrainerToJson(*spec.trainer);

@@ -424,6 +424,14 @@ void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* jo
                                          : GlobalBatch::kFixed;
   }
   reader.ReadBool("replaceStragglers", &job_spec->elastic.replace_stragglers);
+  const bool standby_ok = reader.ReadInt("standby", &job_spec->elastic.standby, 0, kMaxReplicas);
+  if (standby_ok && replicas_ok &&
+      job_spec->replicas + job_spec->elastic.standby > kMaxReplicas) {
+    spec.problems()->Add(reader.PathOf("standby"),
+                         "replicas + standby must be <= " + std::to_string(kMaxReplicas) +
+                             " (got " + std::to_string(job_spec->replicas) + " + " +
+                             std::to_string(job_spec->elastic.standby) + ")");
+  }
   if (!reader.valid() || (min_given && !min_ok) || (max_given && !max_ok)) return;
   const ElasticSpec& elastic = job_spec->elastic;
   if (min_given && max_given && elastic.min_replicas > elastic.max_replicas) {

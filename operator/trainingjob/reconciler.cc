@@ -294,7 +294,7 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.job = w.key;
       config.token = Token(job);
       config.min_members = job.spec.elastic.min_replicas;
-      config.max_members = job.spec.elastic.max_replicas;
+      config.max_members = spec::MaxWorld(job.spec);
       config.initial_members = job.spec.replicas;
       config.ranks_per_pod = job.spec.ranks_per_worker;  // members count pods
       config.last_call_ms = options_.rendezvous_last_call_ms;

@@ -96,7 +96,11 @@ Status TrainingWorker::Run() {
       return CancelledError("stopped before joining a generation");
     }
     joining_ = true;
-    auto assignment = client_->Join(trainer_->state_step(), options_.join_timeout_ms);
+    // A standby (the generation is full) waits here, started and loaded, for a place.
+    auto assignment = rendezvous::JoinOrStandBy(
+        *client_, trainer_->state_step(), options_.join_timeout_ms,
+        [this] { return !stop_.load(); },
+        [] { LOCKSTEP_LOG(INFO) << "standing by: the generation is full; waiting for a place"; });
     joining_ = false;
     if (!assignment.ok()) {
       if (stop_.load()) {

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdlib>
@@ -828,6 +829,68 @@ TEST_F(RendezvousTest, SurvivorsReformAtOnceAfterADeathWithoutTheLastCall) {
   EXPECT_EQ(joined->world_size, 3);
   EXPECT_EQ(Snap().members.at(0).state_step, 45);  // the survivors lead: they hold the state
   for (const auto& result : third) ASSERT_TRUE(result.ok()) << result.status();
+}
+
+// A hot standby: a member beyond max_members is held while the generation is full; each of its
+// joins ends at its deadline saying so, and JoinOrStandBy joins again, so it is still waiting
+// when a member is lost, and the survivors re-form with it at once, at full size.
+TEST_F(RendezvousTest, AStandbyWaitsPastItsJoinDeadlinesAndTakesALostMembersPlace) {
+  JobConfig config = Config(1, 2);
+  config.last_call_ms = 60000;  // the re-formation must not wait for a last call
+  config.initial_members = 2;
+  config.heartbeat_timeout_ms = 10000;  // only the RemoveMember below may end generation 1
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
+  auto first = JoinAll({clients[0].get(), clients[1].get()});
+  for (const auto& result : first) ASSERT_TRUE(result.ok()) << result.status();
+
+  auto standby = NewClient("w-2");
+  std::promise<void> stood_by;
+  std::atomic<int> standby_calls{0};
+  auto promoted = std::async(std::launch::async, [&] {
+    return JoinOrStandBy(
+        *standby, -1, /*timeout_ms=*/1000, [] { return true; },
+        [&] {
+          if (standby_calls.fetch_add(1) == 0) stood_by.set_value();
+        });
+  });
+  // The first join has ended at its deadline and the standby has joined again (between its
+  // joins it is briefly not waiting: a loss in that moment would re-form without it).
+  ASSERT_EQ(stood_by.get_future().wait_for(std::chrono::milliseconds(kBoundedWaitMs)),
+            std::future_status::ready);
+  const Deadline waited = Deadline::AfterMs(kBoundedWaitMs);
+  const auto standby_waits = [&] {
+    const std::vector<std::string> waiting = Snap().waiting_members;
+    return std::find(waiting.begin(), waiting.end(), "w-2") != waiting.end();
+  };
+  while (!standby_waits() && !waited.expired()) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  ASSERT_TRUE(standby_waits());
+  EXPECT_EQ(Snap().generation, 1) << "a standby's join must not end a full generation";
+  server_->RemoveMember(kJob, "w-1", "process exited with signal 9 (SIGKILL)");
+  auto second = JoinWithState({{clients[0].get(), 30}}, kBoundedWaitMs);
+  ASSERT_TRUE(second[0].ok()) << second[0].status();
+  EXPECT_EQ(second[0]->generation, 2);
+  EXPECT_EQ(second[0]->world_size, 2);
+  StatusOr<Assignment> taken = promoted.get();
+  ASSERT_TRUE(taken.ok()) << taken.status();
+  EXPECT_EQ(taken->generation, 2);
+  EXPECT_EQ(taken->world_size, 2);
+  EXPECT_EQ(standby_calls.load(), 1) << "on_standby is called once";
+}
+
+// A join that failed for another reason than a full generation is returned as it is.
+TEST_F(RendezvousTest, JoinOrStandByReturnsADeadlineThatIsNotAFullGeneration) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
+  auto alone = NewClient("w-0");
+  bool stood_by = false;
+  StatusOr<Assignment> result =
+      JoinOrStandBy(*alone, -1, 200, [] { return true; }, [&] { stood_by = true; });
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::kDeadlineExceeded) << result.status();
+  EXPECT_FALSE(stood_by);
 }
 
 TEST_F(RendezvousTest, FirstGenerationWaitsForEveryInitialMemberWhenAsked) {

@@ -124,6 +124,33 @@ TEST(TrainingJobSpec, ElasticEndLeftOutDefaultsToReplicas) {
   EXPECT_EQ(job->spec.elastic.max_replicas, 3);
 }
 
+TEST(TrainingJobSpec, StandbyWorkersRunBesideReplicasAndCapTheWorldAtReplicas) {
+  std::string yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13,
+               "  replicas: 3\n  elastic: {minReplicas: 2, maxReplicas: 5, standby: 2}\n");
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.elastic.standby, 2);
+  EXPECT_EQ(WorkersToRun(job->spec), 5);
+  EXPECT_EQ(MaxWorld(job->spec), 3) << "a standby waits rather than trains";
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*job), "job.json");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->spec, job->spec);
+
+  StatusOr<TrainingJob> plain = ParseTrainingJobYaml(kMinimal, "job.yaml");
+  ASSERT_TRUE(plain.ok());
+  EXPECT_EQ(WorkersToRun(plain->spec), 3);
+  EXPECT_EQ(MaxWorld(plain->spec), 3);
+  EXPECT_FALSE(ToJson(*plain)["spec"].contains("elastic"));
+
+  yaml = kMinimal;
+  yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  elastic: {standby: 49998}\n");
+  StatusOr<TrainingJob> too_many = ParseTrainingJobYaml(yaml, "job.yaml");
+  ASSERT_FALSE(too_many.ok());
+  EXPECT_THAT(too_many.status().message(),
+              HasSubstr("spec.elastic.standby: replicas + standby must be <= 50000 (got 3 + 49998)"));
+}
+
 TEST(TrainingJobSpec, FullManifestRoundTripsThroughToJson) {
   StatusOr<TrainingJob> job = LoadTrainingJobFile(kFullManifest);
   ASSERT_TRUE(job.ok()) << job.status();

@@ -584,6 +584,7 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     // Compares two fields (strategy and optimizer.type): left to the webhook.
     {"66-sync-dgc-with-adamw.yaml", {Outcome::kAccepted, ""}},
     {"67-precision-fp16.yaml", {Outcome::kRefused, "spec.trainer.precision"}},
+    {"68-standby-negative.yaml", {Outcome::kRefused, "spec.elastic.standby"}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {

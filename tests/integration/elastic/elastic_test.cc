@@ -39,6 +39,7 @@ using lockstep::testing::LatestStep;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
+using lockstep::testing::ReadFile;
 using lockstep::testing::ReadFloats;
 using lockstep::testing::ReadRunSummary;
 using lockstep::testing::RelativeParameterDifference;
@@ -393,6 +394,64 @@ TEST(ElasticRunTest, ElasticJobTrainsOnWithAWorkerLessWhileAtLeastMinReplicasAre
   EXPECT_NE(result.out.find("world size 3 -> 2"), std::string::npos) << result.out;
   EXPECT_NE(result.out.find("is not replaced (restartPolicy Never)"), std::string::npos)
       << result.out;
+}
+
+// Hot standby (spec.elastic.standby): a fourth worker waits in the rendezvous, started and
+// loaded. When a training worker is killed, the next generation forms at once with the standby in
+// its place, so the world never drops to 2, and the killed worker's replacement joins as the new
+// standby instead of ending that generation: two generations in all, where a job without a
+// standby has three (smaller while the replacement starts, then whole again). The standby is
+// the worker whose log has not joined a generation; at the end it is stopped, not failed.
+TEST(ElasticRunTest, AStandbyTakesAKilledWorkersPlaceAndItsReplacementStandsBy) {
+  const std::string dir = MakeTempDir("lockstep-elastic");
+  JobOptions job;
+  job.name = "standby-" + std::to_string(getpid());
+  job.elastic = "{standby: 1}";
+  auto env = kRunEnv;
+  env.emplace_back("LOCKSTEP_RUN_RESTART_BACKOFF_MS", "20");
+  ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, job), "--summary",
+                    dir + "/summary.json", "--log-dir", dir + "/logs"},
+                   env);
+  const auto log_of = [&](int worker) {
+    return ReadFile(dir + "/logs/worker-" + std::to_string(worker) + ".log");
+  };
+  const auto joined = [&](int worker, int generation) {
+    return log_of(worker).find("joined generation " + std::to_string(generation) + " ") !=
+           std::string::npos;
+  };
+  int standby = -1;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        if (LatestStep(run.StdoutSoFar()) < 20) return false;
+        std::vector<int> outside;
+        for (int i = 0; i <= kWorkers; ++i) {
+          if (!joined(i, 1)) outside.push_back(i);
+        }
+        if (outside.size() == 1) standby = outside[0];
+        return standby >= 0;
+      },
+      60000, 10))
+      << "standby " << standby << "\n"
+      << run.StdoutSoFar();
+  const int victim = (standby + 1) % (kWorkers + 1);
+  const std::string member = job.name + "-worker-" + std::to_string(victim);
+  const pid_t pid = WorkerOfLauncher(run.pid(), job.name, member);
+  ASSERT_NE(pid, 0) << member;
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ProcessResult result = run.Wait(kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
+  EXPECT_EQ(summary["steps"], kSteps) << summary.dump();
+  EXPECT_EQ(summary["world_size"], kWorkers) << summary.dump();
+  EXPECT_EQ(summary["restarts"], 1) << summary.dump();
+  EXPECT_EQ(summary["generations"], 2) << summary.dump() << "\n" << result.out;
+  EXPECT_NE(result.out.find("with 3 workers and 1 standby"), std::string::npos) << result.out;
+  EXPECT_EQ(result.out.find("world size 3 -> 2"), std::string::npos) << result.out;
+  EXPECT_TRUE(joined(standby, 2)) << log_of(standby);
+  // The replacement shares the killed worker's log: it never joined a generation.
+  EXPECT_FALSE(joined(victim, 2)) << log_of(victim);
+  EXPECT_EQ(result.out.find("exit code 143"), std::string::npos) << result.out;
 }
 
 TEST(ElasticRunTest, ElasticJobFailsClearlyWhenFewerThanMinReplicasRemainPastTheTimeout) {
