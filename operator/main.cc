@@ -602,15 +602,17 @@ class Operator {
     for (const auto& [phase, count] : jobs_->CountByIndex(kPhaseIndex)) {
       by_phase[phase] = static_cast<int>(count);
     }
-    int64_t members = 0, stragglers = 0;
+    int64_t members = 0, stragglers = 0, standby = 0;
     for (const std::string& key : jobs_->Keys()) {
       StatusOr<rendezvous::JobSnapshot> snapshot = rendezvous_->Snapshot(key);
       if (!snapshot.ok()) continue;
       members += static_cast<int64_t>(snapshot->members.size());
       stragglers += static_cast<int64_t>(snapshot->stragglers.size());
+      standby += rendezvous::StandbyCount(*snapshot);
     }
     metrics_.SetJobsByPhase(by_phase);
     metrics_.SetRendezvousMembers(static_cast<double>(members));
+    metrics_.SetStandbyWorkers(static_cast<double>(standby));
     metrics_.SetStragglers(static_cast<double>(stragglers));
   }
 

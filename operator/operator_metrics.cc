@@ -63,6 +63,12 @@ OperatorMetrics::OperatorMetrics() : registry_(std::make_shared<prometheus::Regi
                              .Help("Workers in the current generation of every hosted job")
                              .Register(*registry_)
                              .Add({});
+  standby_workers_ = &prometheus::BuildGauge()
+                          .Name("lockstep_operator_standby_workers")
+                          .Help("Hot-standby workers of every hosted job waiting in its rendezvous "
+                                "for a place in a full generation")
+                          .Register(*registry_)
+                          .Add({});
   stragglers_ = &prometheus::BuildGauge()
                      .Name("lockstep_operator_stragglers")
                      .Help("Workers every hosted job's rendezvous service names stragglers now")
@@ -107,6 +113,7 @@ void OperatorMetrics::StragglerReplaced() { stragglers_replaced_->Increment(); }
 void OperatorMetrics::SetStragglers(double stragglers) { stragglers_->Set(stragglers); }
 void OperatorMetrics::SetLeader(bool leader) { is_leader_->Set(leader ? 1 : 0); }
 void OperatorMetrics::SetRendezvousMembers(double members) { rendezvous_members_->Set(members); }
+void OperatorMetrics::SetStandbyWorkers(double workers) { standby_workers_->Set(workers); }
 void OperatorMetrics::ObserveAdmission(double seconds, const std::string& result) {
   admission_duration_->Observe(seconds);
   auto counter = admission_reviews_.find(result);

@@ -39,6 +39,8 @@ class OperatorMetrics {
   void SetStragglers(double stragglers);
   void SetLeader(bool leader);
   void SetRendezvousMembers(double members);
+  // Hot-standby workers (spec.elastic.standby) waiting for a place, over every hosted job.
+  void SetStandbyWorkers(double workers);
   // One admission review answered: result "allowed", "denied" or "error" (HTTP 4xx/5xx, where the
   // webhook's failurePolicy decides).
   void ObserveAdmission(double seconds, const std::string& result);
@@ -58,6 +60,7 @@ class OperatorMetrics {
   prometheus::Gauge* stragglers_;
   prometheus::Gauge* is_leader_;
   prometheus::Gauge* rendezvous_members_;
+  prometheus::Gauge* standby_workers_;
   prometheus::Histogram* admission_duration_;
   std::map<std::string, prometheus::Counter*> admission_reviews_;
 };

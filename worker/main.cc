@@ -137,13 +137,14 @@ class SignalWatcher {
       LOCKSTEP_SYSCALL_RETRY(got, read(g_signal_pipe[0], &byte, 1));
       if (got != 1) return;
       const int signal_number = byte;
-      LOCKSTEP_LOG(WARNING) << "received signal " << signal_number << "; stopping";
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        signal_ = signal_number;
-      }
-      worker->RequestStop();
+      // Under the lock until the wait: Finish (main, on its way out) waits for it, and once Run
+      // has returned a signal is ignored, since the process is exiting and its globals (the
+      // log context) may already be gone.
       std::unique_lock<std::mutex> lock(mu_);
+      if (done_) return;
+      signal_ = signal_number;
+      LOCKSTEP_LOG(WARNING) << "received signal " << signal_number << "; stopping";
+      worker->RequestStop();
       // Waiting in a Join (e.g. a sibling of a failed rank of the same pod): nothing to finish.
       const auto grace = worker->joining() ? std::chrono::seconds(0) : kStopGrace;
       if (!done_cv_.wait_for(lock, grace, [this] { return done_; })) {
@@ -171,7 +172,9 @@ class SignalWatcher {
 };
 
 int Train(const std::string& manifest_path) {
-  SignalWatcher watcher;
+  // Never destroyed: the detached signal thread may wake after Train returned, while the
+  // process exits, and must still find its mutex.
+  SignalWatcher& watcher = *new SignalWatcher;
   if (!watcher.Install()) return Fail(kExitFailure, "cannot install the signal handlers");
 
   StatusOr<spec::TrainingJob> job = LoadManifest(manifest_path);

@@ -17,7 +17,13 @@ process gets SIGKILL. Recovery is the time from the kill to training again:
 
 Each system runs --reps times; the medians and the ratio are printed. Logs: /tmp/recovery-*/.
 
-  bench/recovery/run.py [--build build-elastic] [--workers 3] [--reps 3]
+With --standby, Lockstep runs twice per rep, without and with one hot standby
+(spec.elastic.standby: 1), and torchrun not at all. What a standby changes is when the job is
+back at full size: "full" is the time from the kill to rank 0's first step in a generation of
+--workers ranks (without a standby: the replacement's start, data load and join, and a second
+re-formation; with one: the standby is already waiting).
+
+  bench/recovery/run.py [--build build-elastic] [--workers 3] [--reps 3] [--standby]
 """
 import argparse
 import datetime
@@ -51,13 +57,14 @@ def wait_for(condition, timeout_s, what, process):
     raise TimeoutError(what)
 
 
-def lockstep_manifest(path, name, workers, steps):
+def lockstep_manifest(path, name, workers, steps, standby=0):
+    elastic = f"\n  elastic: {{standby: {standby}}}" if standby else ""
     with open(path, "w") as f:
         f.write(f"""apiVersion: lockstep.io/v1alpha1
 kind: TrainingJob
 metadata: {{name: {name}}}
 spec:
-  replicas: {workers}
+  replicas: {workers}{elastic}
   trainer:
     model: {{type: mlp, hidden: [128], activation: relu}}
     data:
@@ -79,10 +86,10 @@ def log_time(line):
         tzinfo=datetime.timezone.utc).timestamp()
 
 
-def run_lockstep(build, workers, steps, kill_at_step, work):
+def run_lockstep(build, workers, steps, kill_at_step, work, standby=0):
     name = f"recovery-{os.getpid()}-{int(time.time() * 1000) % 100000}"
     manifest = os.path.join(work, name + ".yaml")
-    lockstep_manifest(manifest, name, workers, steps)
+    lockstep_manifest(manifest, name, workers, steps, standby)
     out_path = os.path.join(work, name + ".out")
     summary_path = os.path.join(work, name + ".json")
     log_dir = os.path.join(work, name + "-logs")
@@ -97,8 +104,15 @@ def run_lockstep(build, workers, steps, kill_at_step, work):
         return max(steps_seen, default=-1)
 
     wait_for(lambda: step() >= kill_at_step, RUN_TIMEOUT_S, "lockstep never reached the step", run)
+    # A worker of the first generation (with a standby, the one that has not joined stands by).
+    trainer = 1
+    if standby:
+        joined = [i for i in range(workers + standby)
+                  if "joined generation 1 " in open(os.path.join(log_dir, f"worker-{i}.log"),
+                                                      errors="replace").read()]
+        trainer = joined[1]
     victim = [p for p, _ in benchlib.processes_with_env(f"LOCKSTEP_JOB=default/{name}",
-                                                        f"LOCKSTEP_POD={name}-worker-1")
+                                                        f"LOCKSTEP_POD={name}-worker-{trainer}")
               if open(f"/proc/{p}/stat").read().split()[3] == str(run.pid)]
     killed_at = time.time()
     os.kill(victim[0], signal.SIGKILL)
@@ -106,19 +120,24 @@ def run_lockstep(build, workers, steps, kill_at_step, work):
     if run.returncode != 0:
         raise RuntimeError(f"lockstep run exited {run.returncode}; see {out_path}")
     summary = json.load(open(summary_path))
-    # Cross-check: the first step logged by rank 0 of a generation formed after the kill.
-    first_step_after = None
+    # Cross-check: the first step logged by rank 0 of a generation formed after the kill; and
+    # the first in a generation of every worker (back at full size).
+    worlds = {}
+    lines = []
     for log in os.listdir(log_dir):
         if not log.startswith("worker-"):
             continue
-        for line in open(os.path.join(log_dir, log)):
+        for line in open(os.path.join(log_dir, log), errors="replace"):
+            joined = re.search(r"joined generation (\d+) as rank \d+ of (\d+)", line)
+            if joined:
+                worlds[int(joined.group(1))] = int(joined.group(2))
             m = re.search(r"rank=0 gen=(\d+)\] step \d+/", line)
             if m and int(m.group(1)) >= 2:
-                t = log_time(line)
-                if t > killed_at and (first_step_after is None or t < first_step_after):
-                    first_step_after = t
-                break
-    from_logs = first_step_after - killed_at if first_step_after else float("nan")
+                lines.append((log_time(line), int(m.group(1))))
+    after = [t for t, _ in lines if t > killed_at]
+    full = [t for t, g in lines if t > killed_at and worlds.get(g) == workers]
+    from_logs = min(after) - killed_at if after else float("nan")
+    summary["full_size_seconds"] = min(full) - killed_at if full else float("nan")
     return summary["recovery_seconds"], from_logs, summary
 
 
@@ -158,6 +177,23 @@ def run_torchrun(workers, steps, kill_at_step, work):
     return min(after) - killed_at
 
 
+def compare_standby(args, work):
+    full = {0: [], 1: []}
+    for rep in range(args.reps):
+        for standby in (0, 1):
+            seconds, from_logs, summary = run_lockstep(args.build, args.workers, args.steps,
+                                                       args.kill_at_step, work, standby)
+            full[standby].append(summary["full_size_seconds"])
+            print(f"standby {standby} rep {rep}: training again {from_logs:.3f} s (service: "
+                  f"{seconds:.3f} s from the generation's end), back at "
+                  f"{args.workers} ranks {summary['full_size_seconds']:.3f} s after the kill; "
+                  f"generations {summary['generations']}, wall {summary['wall_seconds']:.2f} s",
+                  flush=True)
+    without, with_standby = (statistics.median(full[k]) for k in (0, 1))
+    print(f"\nmedian time back at full size: without a standby {without:.3f} s, with one "
+          f"{with_standby:.3f} s ({without / max(with_standby, 1e-6):.1f}x)")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--build", default=os.path.join(REPO, "build"))
@@ -165,10 +201,14 @@ def main():
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--steps", type=int, default=400)
     p.add_argument("--kill-at-step", type=int, default=100)
+    p.add_argument("--standby", action="store_true",
+                   help="Lockstep without and with a hot standby; no torchrun")
     args = p.parse_args()
     work = tempfile.mkdtemp(prefix="recovery-")
     print(f"logs in {work}; {args.workers} workers, kill at step {args.kill_at_step}",
           flush=True)
+    if args.standby:
+        return compare_standby(args, work)
     lockstep, cross, torch_times = [], [], []
     for rep in range(args.reps):
         seconds, from_logs, summary = run_lockstep(args.build, args.workers, args.steps,

@@ -140,6 +140,14 @@ class RendezvousClient {
 // the current generation is active and has no room: the member is a hot standby (a job's
 // `spec.elastic.standby`, or a replacement whose place a standby took).
 inline constexpr char kGenerationFullMarker[] = "is active and full";
+// What the service's FAILED_PRECONDITION answer to a join says once the job has completed
+// training: a standby or a late replacement has nothing to do, and ends as a success.
+inline constexpr char kJobCompletedMarker[] = "has completed; nothing to join";
+// Whether `status` (of a join) is that answer.
+inline bool JobCompletedWhileJoining(const Status& status) {
+  return status.code() == StatusCode::kFailedPrecondition &&
+         status.message().find(kJobCompletedMarker) != std::string::npos;
+}
 
 // Joins, and joins again for as long as the service answers that the generation is full: a
 // standby waits, process started and data loaded, until a member is lost and the next

@@ -317,9 +317,7 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
   if (!completed_ids_.empty() && FindMember(join.member_id) == nullptr && !IsSurvivor(pod)) {
     // Training is over (a member completed it): a newcomer, such as a replacement that started
     // late, has nothing to join. Survivors may still re-form to finish.
-    out.push_back(AnswerJoin{
-        call, FailedPreconditionError("job " + config_.job + " has completed; nothing to join"),
-        {}, nullptr});
+    out.push_back(AnswerJoin{call, CompletedError(), {}, nullptr});
     return;
   }
   const std::string& member_id = join.member_id;
@@ -536,6 +534,17 @@ Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
     if (member != nullptr) member->completed = true;
     if (leave.progress.has_value()) RecordFinalProgress(*leave.progress);
     LOCKSTEP_LOG(INFO) << Describe() << ": member " << member_id << " completed";
+    // Standbys, and replacements that came too late, have nothing to wait for: answered now,
+    // as a newcomer's join is from here on, not at their deadlines.
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (FindMember(it->member_id) != nullptr || IsSurvivor(it->pod)) {
+        ++it;
+        continue;
+      }
+      out.push_back(AnswerJoin{it->call, CompletedError(), {}, nullptr});
+      CountPending(*it, -1);
+      it = pending_.erase(it);
+    }
   } else if (active_ && member != nullptr) {
     LoseMembers("member " + member_id + " left", now, out);
   }
@@ -573,7 +582,13 @@ void JobState::RemoveMember(const std::string& id, const std::string& reason, Ti
     RemoveSurvivor(member.info.pod);
     lost = lost || !member.completed;
   }
-  if (active_ && lost) LoseMembers("member " + id + " removed: " + reason, now, out);
+  if (active_ && lost) {
+    LoseMembers("member " + id + " removed: " + reason, now, out);
+  } else if (!active_) {
+    // The generation already ended (a survivor saw the loss first and rejoined): the next one
+    // may have waited only for this member, which it no longer expects.
+    TryFormGeneration(now, out);
+  }
 }
 
 void JobState::UpdateProgress(const ProgressReport& progress) {
@@ -710,6 +725,10 @@ void JobState::Close(const Status& status, TimePoint now, Actions& out) {
 
 int64_t IdleHeartbeatIntervalMs(const JobConfig& config) {
   return std::max(config.heartbeat_interval_ms, config.heartbeat_timeout_ms / 4);
+}
+
+int32_t StandbyCount(const JobSnapshot& snapshot) {
+  return snapshot.generation_active ? static_cast<int32_t>(snapshot.waiting_members.size()) : 0;
 }
 
 double LongestRecoverySeconds(const std::vector<GenerationRecord>& history) {

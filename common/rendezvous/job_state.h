@@ -118,6 +118,11 @@ struct JobSnapshot {
   std::vector<StragglerInfo> stragglers;
 };
 
+// Members waiting while the generation is active: it is full, so they are hot standbys
+// (spec.elastic.standby). Between generations everyone waiting is about to be admitted or not:
+// none counts.
+int32_t StandbyCount(const JobSnapshot& snapshot);
+
 // A Join as the state machine sees it.
 struct JoinArgs {
   std::string member_id;
@@ -218,6 +223,10 @@ class JobState {
   };
 
   std::string Describe() const { return "job " + config_.job; }
+  // The answer to a newcomer's join once a member completed training.
+  Status CompletedError() const {
+    return FailedPreconditionError("job " + config_.job + " " + kJobCompletedMarker);
+  }
   // The detector's stragglers as members of the current generation.
   std::vector<StragglerInfo> StragglerInfos() const;
   // After the stragglers changed: who they are now.

@@ -353,7 +353,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   if (const std::string queue = KueueQueue(job); !queue.empty()) {
     labels[kKueueQueueLabel] = queue;
     labels[kKueuePodGroupLabel] = kueue_group.empty() ? KueuePodGroupName(job) : kueue_group;
-    annotations[kKueuePodGroupCountAnnotation] = std::to_string(spec.replicas);
+    annotations[kKueuePodGroupCountAnnotation] = std::to_string(spec::WorkersToRun(spec));
     // Kueue's topology-aware scheduling places the admitted group and pins each pod's node.
     if (!spec.placement.topology.empty()) {
       annotations[spec.placement.mode == spec::PlacementMode::kRequired

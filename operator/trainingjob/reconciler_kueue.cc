@@ -58,8 +58,10 @@ void TrainingJobReconciler::KueueGroup(Work& w, const std::vector<ObjectPtr>& po
     if (KueueCountsPod(*pod)) break;
   }
   w.kueue_group = group.empty() ? KueuePodGroupName(w.job) : group;
-  if (size == 0 || size == spec.replicas) return;
+  // The group's pods are the workers and the standbys: the standbys stay what the spec says.
+  if (size == 0 || size == spec::WorkersToRun(spec)) return;
   w.kueue_spec_replicas = spec.replicas;
+  size = std::max(1, size - spec.elastic.standby);
   spec.replicas = size;
   if (spec.elastic_set) {
     spec.elastic.min_replicas = std::min(spec.elastic.min_replicas, size);

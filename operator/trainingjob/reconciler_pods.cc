@@ -110,7 +110,8 @@ void TrainingJobReconciler::DeleteIfNodeLost(Work& w, const json& pod) {
 Status TrainingJobReconciler::ReconcilePods(Work& w) {
   const spec::TrainingJob& job = w.job;
   const spec::RunPolicy& policy = job.spec.run_policy;
-  const int32_t desired = job.spec.replicas;
+  // replicas, then the standbys: every pod is alike, the rendezvous decides which trains.
+  const int32_t desired = spec::WorkersToRun(job.spec);
   const std::string& uid = job.metadata.uid;
 
   // Under Kueue a pod that Kueue no longer counts in its group (failed, or deleted before it
@@ -206,7 +207,9 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     if (index < desired || IsTerminating(*pod)) continue;
     const std::string phase = PodPhase(*pod);
     if (phase == "Succeeded") continue;
-    Status s = DeletePod(w, *pod, "spec.replicas is " + std::to_string(desired) + " (scaled down)");
+    Status s = DeletePod(w, *pod,
+                         "spec.replicas + spec.elastic.standby is " + std::to_string(desired) +
+                             " (scaled down)");
     if (!s.ok() && w.error.ok()) w.error = s;
   }
 

@@ -55,7 +55,7 @@ json ProgressStatus(const rendezvous::ProgressReport& p) {
 }  // namespace
 
 void TrainingJobReconciler::ComputeStatus(Work& w) {
-  const int32_t desired = w.job.spec.replicas;
+  const int32_t desired = spec::WorkersToRun(w.job.spec);  // pods, standbys included
   int32_t active = 0, ready = 0, running = 0, succeeded = 0, failed = 0;
   for (auto& [index, pod] : w.by_index) {
     const std::string phase = PodPhase(*pod);
@@ -89,6 +89,9 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
       const rendezvous::JobSnapshot& s = *snapshot;
       if (s.generation > 0) {
         w.status["rendezvous"] = {{"generation", s.generation}, {"worldSize", s.world_size}};
+        if (w.job.spec.elastic.standby > 0) {
+          w.status["rendezvous"]["standby"] = rendezvous::StandbyCount(s);
+        }
       }
       const rendezvous::ProgressReport& p =
           s.final_progress.step > 0 ? s.final_progress : s.progress;
@@ -140,7 +143,10 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
   std::string phase;
   if (previous_desired != 0 && previous_desired != desired) {
     SetCondition(&w.status, kScaling, true, "ReplicasChanged",
-                 "spec.replicas changed from " + std::to_string(previous_desired) + " to " +
+                 std::string(w.job.spec.elastic.standby > 0
+                                 ? "worker pods (spec.replicas + spec.elastic.standby)"
+                                 : "spec.replicas") +
+                     " changed from " + std::to_string(previous_desired) + " to " +
                      std::to_string(desired),
                  w.now);
     deps_.events->Record(*w.object, controller::EventType::kNormal, "Scaling",
@@ -170,8 +176,11 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
   }
   if (phase == "Running") {
     if (!HasCondition(w.status, kRunning)) {
+      const int32_t standby = w.job.spec.elastic.standby;
       SetCondition(&w.status, kRunning, true, "WorkersRunning",
-                   std::to_string(desired) + " workers running in rendezvous generation " +
+                   std::to_string(desired - standby) + " workers " +
+                       (standby > 0 ? "and " + std::to_string(standby) + " standby " : "") +
+                       "running in rendezvous generation " +
                        std::to_string(w.status.contains("rendezvous")
                                           ? w.status["rendezvous"].value("generation", int64_t{0})
                                           : 0),
@@ -206,7 +215,7 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
                                         const std::string& gate) {
   const std::string queue = KueueQueue(w.job);
   if (gated > 0 && admitted == 0) {
-    const int32_t desired = w.job.spec.replicas;
+    const int32_t desired = spec::WorkersToRun(w.job.spec);
     SetCondition(&w.status, kQueued, true, "SchedulingGated",
                  std::to_string(gated) + " of " + std::to_string(desired) +
                      " worker pods wait for admission (" + gate + ")" +
@@ -233,8 +242,8 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
     SetCondition(&w.status, kScaling, false, "KueuePodGroupSizeFixed",
                  "spec.replicas is " + std::to_string(w.kueue_spec_replicas) +
                      ", but Kueue admitted this job's pod group with " +
-                     std::to_string(w.job.spec.replicas) +
-                     " pods and cannot resize it: the job runs with " +
+                     std::to_string(spec::WorkersToRun(w.job.spec)) +
+                     " pods (standbys included) and cannot resize it: the job runs with " +
                      std::to_string(w.job.spec.replicas) +
                      " until its group ends (suspend it and resume it to queue it anew)",
                  w.now);

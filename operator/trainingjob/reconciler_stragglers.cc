@@ -125,7 +125,7 @@ void TrainingJobReconciler::ReportStragglers(Work& w,
     // and not when it was already made to prefer other nodes and still landed on this one: the
     // cluster has nowhere else for it, and a new pod there would only be named again.
     if (!w.job.spec.elastic.replace_stragglers || w.any_succeeded || object == nullptr ||
-        pod->second.first >= w.job.spec.replicas || IsTerminating(*object) ||
+        pod->second.first >= spec::WorkersToRun(w.job.spec) || IsTerminating(*object) ||
         PodPhase(*object) != "Running") {
       continue;
     }

@@ -215,6 +215,13 @@ int ExecAgent::Run() {
   const std::vector<std::string> inherited = CurrentEnvironment();
   while (true) {
     StatusOr<rendezvous::Assignment> joined = JoinInterruptibly();
+    if (!joined.ok() && rendezvous::JobCompletedWhileJoining(joined.status())) {
+      // A standby, or a replacement that came too late: the others finished the job.
+      FinishStop();
+      client_->StopHeartbeat();
+      LOCKSTEP_LOG(INFO) << "the job completed while this worker waited to join: nothing to do";
+      return kExitOk;
+    }
     if (!joined.ok()) {
       FinishStop();
       client_->StopHeartbeat();

@@ -102,6 +102,11 @@ Status TrainingWorker::Run() {
         [this] { return !stop_.load(); },
         [] { LOCKSTEP_LOG(INFO) << "standing by: the generation is full; waiting for a place"; });
     joining_ = false;
+    if (!assignment.ok() && rendezvous::JobCompletedWhileJoining(assignment.status())) {
+      // A standby, or a replacement that came too late: the others finished the job.
+      LOCKSTEP_LOG(INFO) << "the job completed while this worker waited to join: nothing to do";
+      return OkStatus();
+    }
     if (!assignment.ok()) {
       if (stop_.load()) {
         LeaveNow();

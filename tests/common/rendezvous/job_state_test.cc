@@ -525,6 +525,26 @@ TEST(JobStateTest, RemoveMemberEndsTheGenerationAtOnce) {
   });
 }
 
+// A survivor that sees the loss first (its collective fails, it stops beating and rejoins) ends
+// the generation before the launcher reports the dead member; the next generation then waits for
+// the dead member, a survivor still, until RemoveMember says it is gone: it forms at once, not at
+// the end of the last call.
+TEST(JobStateTest, ARemovalAfterTheGenerationEndedFormsTheNextAtOnce) {
+  Driver job(Config(1, 3));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000"},
+      {"join w2", "wake @10000; w0 joins g1 as 0/3; w1 joins g1 as 1/3; w2 joins g1 as 2/3; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"beat w2 g1", ""},
+      {"drop w0 g1", "w1 ends g1 lost; w2 ends g1 lost"},
+      {"join w0", "wake @10000"},  // no longer a survivor: its stream broke first
+      {"join w2", "wake @10000"},  // w1 is still expected
+      {"remove w1", "w2 joins g2 as 0/2; w0 joins g2 as 1/2; wake @501"},
+  });
+}
+
 TEST(JobStateTest, ALateJoinerEndsTheGenerationWithoutLossAndTheNextIncludesEveryone) {
   Driver job(Config(1, 3));
   job.Run({
@@ -574,6 +594,20 @@ TEST(JobStateTest, CompletingDoesNotEndTheGenerationAndClosesItToNewcomers) {
       {"beat w1 g1", ""},
       {"at 501", "wake @801"},  // w0, completed, is not expected to beat
       {"join w9", "w9 join fails FAILED_PRECONDITION"},
+      {"snapshot", "g1 active [w0 w1] waiting []"},
+  });
+}
+
+// A standby waits for a place in a full generation (max 2); when a member completes, the job is
+// over for it: its join is answered at once, not at its deadline.
+TEST(JobStateTest, AStandbyIsToldAtOnceWhenTheJobCompletes) {
+  Driver job(Config(1, 2));
+  job.Run({
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
+      {"join w2", "wake @10000"},  // the generation is full: w2 waits, ending nothing
+      {"snapshot", "g1 active [w0 w1] waiting [w2]"},
+      {"complete w0 step=100", "w2 join fails FAILED_PRECONDITION"},
       {"snapshot", "g1 active [w0 w1] waiting []"},
   });
 }

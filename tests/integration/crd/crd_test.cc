@@ -360,7 +360,7 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
          {"message", "2/2 workers joined generation 1"},
          {"lastTransitionTime", "2025-01-01T00:00:00Z"}}}},
       {"replicas", {{"desired", 2}, {"active", 2}, {"ready", 2}, {"succeeded", 0}, {"failed", 0}}},
-      {"rendezvous", {{"generation", 1}, {"worldSize", 8}}},
+      {"rendezvous", {{"generation", 1}, {"worldSize", 8}, {"standby", 1}}},
       {"progress",
        {{"step", 120},
         {"totalSteps", 1000},
@@ -393,17 +393,19 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
   for (const json& c : table.body["columnDefinitions"]) {
     if (c.value("priority", 0) == 0) columns.push_back(c["name"]);
   }
-  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks", "Step",
-                                               "Samples/s", "Efficiency", "Age"}));
+  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks",
+                                               "Standby", "Step", "Samples/s", "Efficiency",
+                                               "Age"}));
   ASSERT_EQ(table.body["rows"].size(), 1u) << table.raw;
   const json& cells = table.body["rows"][0]["cells"];
   EXPECT_EQ(cells[1], "Running");
   EXPECT_EQ(cells[2], 2);
   EXPECT_EQ(cells[3], 2);
   EXPECT_EQ(cells[4], 8);  // status.rendezvous.worldSize: 2 pods of 4 ranks
-  EXPECT_EQ(cells[5], 120);
-  EXPECT_EQ(cells[6], 5120.5);
-  EXPECT_EQ(cells[7], 0.93);
+  EXPECT_EQ(cells[5], 1);  // status.rendezvous.standby
+  EXPECT_EQ(cells[6], 120);
+  EXPECT_EQ(cells[7], 5120.5);
+  EXPECT_EQ(cells[8], 0.93);
 }
 
 // The description of the schema property at a dotted path ("spec.elastic.minReplicas"; a list's

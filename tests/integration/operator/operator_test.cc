@@ -678,6 +678,63 @@ TEST_F(OperatorEndToEndTest, KilledWorkerPodIsReplacedAndTheJobFinishesAtTheSame
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
 }
 
+// Hot standby in a cluster: spec.elastic.standby 1 makes a third pod beside the two workers; it
+// starts and waits in the rendezvous (status.rendezvous.standby 1). When a training pod is
+// killed, the standby takes its place in the generation that re-forms at once, the world stays at
+// 2, and the killed pod's replacement waits as the new standby: two generations in all. At the
+// end the standby is told the job completed and succeeds with the others.
+TEST_F(OperatorEndToEndTest, AStandbyPodTakesAKilledWorkersPlaceAndItsReplacementStandsBy) {
+  StartKubelet();
+  json manifest = JobManifest("standby", 2);
+  manifest["spec"]["trainer"]["steps"] = 8000;
+  manifest["spec"]["trainer"]["model"]["hidden"] = {512, 512};
+  manifest["spec"]["elastic"] = {{"standby", 1}};
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  const auto standing_by = [](const json& j) {
+    return j.contains("status") && j["status"].contains("rendezvous") &&
+           j["status"]["rendezvous"].value("standby", 0) == 1;
+  };
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "standby",
+      [&](const json& j) {
+        return standing_by(j) && j["status"].contains("progress") &&
+               j["status"]["progress"].value("step", 0) >= 200;
+      },
+      120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
+  EXPECT_EQ(job["status"]["replicas"]["desired"], 3);
+  // The standby is the pod that has not joined the first generation.
+  std::vector<std::string> trainers, standbys;
+  for (int i = 0; i < 3; ++i) {
+    const std::string pod = "standby-worker-" + std::to_string(i);
+    (kubelet_->LogOf(ns_, pod).find("joined generation 1 ") != std::string::npos ? trainers
+                                                                                  : standbys)
+        .push_back(pod);
+  }
+  ASSERT_EQ(standbys.size(), 1u) << kubelet_->Describe();
+  ASSERT_TRUE(kubelet_->KillContainer(ns_, trainers[0], SIGKILL).ok());
+  job = h_->WaitForJob(
+      ns_, "standby",
+      [&](const json& j) {
+        return standing_by(j) && j["status"]["rendezvous"].value("generation", 0) >= 2;
+      },
+      120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
+  EXPECT_NE(kubelet_->LogOf(ns_, standbys[0]).find("joined generation 2 "), std::string::npos)
+      << kubelet_->LogOf(ns_, standbys[0]);
+  job = h_->WaitForJob(
+      ns_, "standby", [](const json& j) { return Phase(j) == "Succeeded"; }, 180000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
+  EXPECT_EQ(job["status"]["progress"]["step"], 8000);
+  EXPECT_EQ(job["status"]["restarts"], 1);
+  EXPECT_EQ(job["status"]["rendezvous"]["generation"], 2) << "the replacement ended nothing";
+  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 3);
+}
+
 // The straggler tests' job: mostly compute (a 2048-wide layer on 784 Fashion-MNIST inputs), so a
 // slowdown shows in the slowed rank's compute time, 4 workers (the detector compares a worker with
 // its peers' median), `steps` long. Empty when the data set is not installed.

@@ -799,6 +799,17 @@ TEST(KueuePodGroupTest, AJobLabelledWithAQueueRunsAsOnePodGroupOfItsReplicas) {
   }
 }
 
+// Standbys are pods of the group too: Kueue admits (and counts quota for) all of them at once.
+TEST(KueuePodGroupTest, TheGroupCountsTheStandbyPods) {
+  std::string manifest = kQueuedManifest;
+  manifest.replace(manifest.find("  replicas: 3\n"), 14, "  replicas: 3\n  elastic: {standby: 2}\n");
+  const spec::TrainingJob job = ParseJob(manifest, "0b7c4f2e-91aa-4c1e-8d55-0c2f9b1e7a10");
+  for (int32_t index = 0; index < 5; ++index) {
+    const json pod = DesiredPod(job, index, Settings());
+    EXPECT_EQ(pod["metadata"]["annotations"]["kueue.x-k8s.io/pod-group-total-count"], "5");
+  }
+}
+
 TEST(KueuePodGroupTest, AJobWithoutTheQueueLabelCarriesNothingOfKueues) {
   const json pod = DesiredPod(JobWith(""), 0, Settings());
   for (const auto& [key, value] : pod["metadata"]["labels"].items()) {
