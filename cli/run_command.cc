@@ -283,7 +283,8 @@ Status CheckLocalCapacity(const spec::TrainingJob& job,
   const int64_t ranks = int64_t{spec::WorkersToRun(job.spec)} * job.spec.ranks_per_worker;
   if (ranks > kMaxLocalRanks) {
     return InvalidArgumentError(
-        "spec.replicas: " + std::to_string(job.spec.replicas) + " workers x ranksPerWorker " +
+        "spec.replicas: " + std::to_string(spec::WorkersToRun(job.spec)) + " workers" +
+        (job.spec.elastic.standby > 0 ? " (standbys included)" : "") + " x ranksPerWorker " +
         std::to_string(job.spec.ranks_per_worker) + " = " + std::to_string(ranks) +
         " processes, more than lockstep run starts on one machine (" +
         std::to_string(kMaxLocalRanks) + "); use --replicas to run fewer");

@@ -148,7 +148,7 @@ class SignalWatcher {
       // Waiting in a Join (e.g. a sibling of a failed rank of the same pod): nothing to finish.
       const auto grace = worker->joining() ? std::chrono::seconds(0) : kStopGrace;
       if (!done_cv_.wait_for(lock, grace, [this] { return done_; })) {
-        lock.unlock();
+        // Still under the lock: Finish waits, so the worker outlives these calls.
         LOCKSTEP_LOG(WARNING) << "still blocked after the grace period; leaving and exiting";
         worker->LeaveNow();
         std::_Exit(128 + signal_number);

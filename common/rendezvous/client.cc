@@ -413,10 +413,15 @@ StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
   bool standing_by = false;
   while (true) {
     StatusOr<Assignment> assignment = client.Join(state_step, timeout_ms);
-    const bool full = !assignment.ok() &&
-                      assignment.status().code() == StatusCode::kDeadlineExceeded &&
-                      assignment.status().message().find(kGenerationFullMarker) != std::string::npos;
-    if (!full || (keep_waiting && !keep_waiting())) return assignment;
+    const bool deadline =
+        !assignment.ok() && assignment.status().code() == StatusCode::kDeadlineExceeded;
+    const bool full = deadline && assignment.status().message().find(kGenerationFullMarker) !=
+                                      std::string::npos;
+    // Once a standby, a join that ended between generations (the job waiting for replacements
+    // of several lost workers) is waited out too: the standby is one of the members to come.
+    if (!(full || (standing_by && deadline)) || (keep_waiting && !keep_waiting())) {
+      return assignment;
+    }
     if (!standing_by) {
       standing_by = true;
       if (on_standby) on_standby();

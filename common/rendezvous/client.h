@@ -151,7 +151,7 @@ inline bool JobCompletedWhileJoining(const Status& status) {
 
 // Joins, and joins again for as long as the service answers that the generation is full: a
 // standby waits, process started and data loaded, until a member is lost and the next
-// generation admits it. Each join is bounded by timeout_ms; between them `keep_waiting` is asked
+// generation admits it. Once it has stood by, any join past its deadline is joined again. Each join is bounded by timeout_ms; between them `keep_waiting` is asked
 // (false: the last answer is returned) and, the first time, `on_standby` is called (either may be
 // empty). Any other answer is returned as it is.
 StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,

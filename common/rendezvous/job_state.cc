@@ -575,6 +575,7 @@ void JobState::RemoveMember(const std::string& id, const std::string& reason, Ti
   // `id` names a member or a whole pod. A pending Join of it is left alone: it may come from a
   // restarted process, and a dead process's Join is cancelled by its transport anyway.
   places_.erase(id);
+  const size_t survivors_before = survivors_.size();
   RemoveSurvivor(PodOfMember(id));
   bool lost = false;
   for (const auto& member : members_) {
@@ -584,9 +585,10 @@ void JobState::RemoveMember(const std::string& id, const std::string& reason, Ti
   }
   if (active_ && lost) {
     LoseMembers("member " + id + " removed: " + reason, now, out);
-  } else if (!active_) {
+  } else if (!active_ && survivors_.size() < survivors_before && !survivors_.empty()) {
     // The generation already ended (a survivor saw the loss first and rejoined): the next one
-    // may have waited only for this member, which it no longer expects.
+    // may have waited only for this survivor, which it no longer expects. (Not once no survivor
+    // is left: pods deleted one by one at a suspend must not leave a generation of newcomers.)
     TryFormGeneration(now, out);
   }
 }

@@ -272,9 +272,10 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
   if (deps_.rendezvous) {
     std::lock_guard<std::mutex> lock(mutex_);
     // A new incarnation of the name, or new membership bounds (scaling a job that is not
-    // elastic moves both): register again. Members rejoin the new registration with their state.
+    // elastic moves both; with standbys the largest generation is replicas): register again.
+    // Members rejoin the new registration with their state.
     const std::string registration = uid + "|" + std::to_string(job.spec.elastic.min_replicas) +
-                                     "/" + std::to_string(job.spec.elastic.max_replicas);
+                                     "/" + std::to_string(spec::MaxWorld(job.spec));
     auto it = hosted_.find(w.key);
     if (it == hosted_.end() || it->second != registration) {
       // Generations are numbered on from the newest any registration reached: the status (a

@@ -61,7 +61,9 @@ void TrainingJobReconciler::KueueGroup(Work& w, const std::vector<ObjectPtr>& po
   // The group's pods are the workers and the standbys: the standbys stay what the spec says.
   if (size == 0 || size == spec::WorkersToRun(spec)) return;
   w.kueue_spec_replicas = spec.replicas;
-  size = std::max(1, size - spec.elastic.standby);
+  // The group's pods split as the spec says, at least one worker among them.
+  spec.elastic.standby = std::min(spec.elastic.standby, size - 1);
+  size -= spec.elastic.standby;
   spec.replicas = size;
   if (spec.elastic_set) {
     spec.elastic.min_replicas = std::min(spec.elastic.min_replicas, size);

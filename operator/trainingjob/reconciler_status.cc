@@ -2,7 +2,9 @@
 // the status computed from the pods and the rendezvous snapshot, written only when it changed;
 // a job's end (conditions, Event, metrics) and what is cleaned up after it (pods, the
 // rendezvous registration, the job itself after ttlSecondsAfterFinished).
+#include <algorithm>
 #include <cmath>
+#include <set>
 #include <string>
 
 #include "common/logging.h"
@@ -80,7 +82,9 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
                           {"succeeded", succeeded},
                           {"failed", failed}};
 
-  // What the workers report through rendezvous.
+  // What the workers report through rendezvous; with standbys, which pods train.
+  std::set<std::string> training_pods;
+  bool knows_training_pods = false;
   if (deps_.rendezvous) {
     StatusOr<rendezvous::JobSnapshot> snapshot = deps_.rendezvous->Snapshot(w.key);
     // Not hosted (suspended, or not registered yet): nobody trains, so nobody is slow.
@@ -90,9 +94,15 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
       if (s.generation > 0) {
         w.status["rendezvous"] = {{"generation", s.generation}, {"worldSize", s.world_size}};
         if (w.job.spec.elastic.standby > 0) {
-          w.status["rendezvous"]["standby"] = rendezvous::StandbyCount(s);
+          // Pods: a standby pod of several ranks waits with all of them.
+          w.status["rendezvous"]["standby"] =
+              rendezvous::StandbyCount(s) / std::max(1, w.job.spec.ranks_per_worker);
         }
       }
+      for (const rendezvous::MemberInfo& member : s.members) {
+        training_pods.insert(member.pod.empty() ? member.member_id : member.pod);
+      }
+      knows_training_pods = s.generation > 0;
       const rendezvous::ProgressReport& p =
           s.final_progress.step > 0 ? s.final_progress : s.progress;
       if (p.step > 0) w.status["progress"] = ProgressStatus(p);
@@ -108,15 +118,29 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
     }
   }
 
-  // Terminal: every worker that was asked for is done, and one at least completed.
-  if (w.any_succeeded && active == 0) {
+  // Terminal: every worker that was asked for is done, and one at least completed. A standby
+  // pod outside the final generation has nothing to finish: it may not even be scheduled (the
+  // cluster had no room for it), so it is not waited for; Finish stops it.
+  int32_t active_standbys = 0;
+  if (w.job.spec.elastic.standby > 0 && w.any_succeeded && knows_training_pods) {
+    for (auto& [index, pod] : w.by_index) {
+      const std::string phase = PodPhase(*pod);
+      if (phase == "Succeeded" || phase == "Failed" || IsTerminating(*pod) || index >= desired) {
+        continue;
+      }
+      if (training_pods.count((*pod)["metadata"].value("name", "")) == 0) ++active_standbys;
+    }
+  }
+  if (w.any_succeeded && active - active_standbys == 0) {
     (void)Finish(w, true, "WorkersSucceeded",
                  std::to_string(succeeded) + " of " + std::to_string(desired) +
                      " workers completed training");
     return;
   }
 
-  const bool all_running = running == desired && active == desired;
+  // With standbys, the job runs once replicas pods do: a standby still pending changes nothing.
+  const int32_t needed = w.job.spec.elastic.standby > 0 ? w.job.spec.replicas : desired;
+  const bool all_running = running >= needed && active >= needed;
   const bool generation_active =
       !deps_.rendezvous ||
       (w.status.contains("rendezvous") && w.status["rendezvous"].value("worldSize", 0) > 0);

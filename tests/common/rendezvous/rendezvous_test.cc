@@ -850,7 +850,7 @@ TEST_F(RendezvousTest, AStandbyWaitsPastItsJoinDeadlinesAndTakesALostMembersPlac
   std::atomic<int> standby_calls{0};
   auto promoted = std::async(std::launch::async, [&] {
     return JoinOrStandBy(
-        *standby, -1, /*timeout_ms=*/1000, [] { return true; },
+        *standby, -1, /*timeout_ms=*/2000, [] { return true; },
         [&] {
           if (standby_calls.fetch_add(1) == 0) stood_by.set_value();
         });

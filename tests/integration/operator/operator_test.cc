@@ -933,6 +933,27 @@ class RackOrderTest : public OperatorEndToEndTest {
   std::vector<std::unique_ptr<KubeletSimulator>> kubelets_;
 };
 
+// A standby pod the cluster never schedules (no room for it) does not hold the job's end: the
+// two workers train and complete, and the job succeeds with the standby still Pending, which
+// Finish then deletes. (This fixture for its Node, a kubelet that runs only pods bound to it, and
+// the binding.)
+TEST_F(RackOrderTest, AStandbyPodThatIsNeverScheduledDoesNotHoldTheJobsEnd) {
+  AddNode("r1");
+  json manifest = JobManifest("unplaced", 2);
+  manifest["spec"]["trainer"]["steps"] = 300;
+  manifest["spec"]["elastic"] = {{"standby", 1}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  WaitForPods("unplaced", 3);
+  Bind("unplaced-worker-0", nodes_[0]);
+  Bind("unplaced-worker-1", nodes_[0]);
+  bool ok = false;
+  json job = h_->WaitForJob(
+      ns_, "unplaced", [](const json& j) { return Phase(j) == "Succeeded"; }, 120000, &ok);
+  ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelets_[0]->Describe();
+  EXPECT_EQ(job["status"]["progress"]["step"], 300);
+  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
+}
+
 TEST_F(RackOrderTest, RanksAreRackContiguousWhateverOrderThePodsJoinedIn) {
   AddNode("r1");
   AddNode("r2");
