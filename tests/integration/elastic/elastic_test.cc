@@ -253,7 +253,9 @@ ProcessResult RunWithAKill(const std::string& dir, const std::string& manifest,
     const std::string member = job + "-worker-" + std::to_string(victim);
     const pid_t pid = WorkerOfLauncher(run.pid(), job, member);
     EXPECT_NE(pid, 0) << context << ": " << member << " not found";
-    if (pid != 0) EXPECT_EQ(kill(pid, SIGKILL), 0) << context;
+    if (pid != 0) {
+      EXPECT_EQ(kill(pid, SIGKILL), 0) << context;
+    }
   }
   return run.Wait(kRunTimeoutMs);
 }
@@ -400,24 +402,47 @@ TEST(ElasticRunTest, ElasticJobTrainsOnWithAWorkerLessWhileAtLeastMinReplicasAre
 // loaded. When a training worker is killed, the next generation forms at once with the standby in
 // its place, so the world never drops to 2, and the killed worker's replacement joins as the new
 // standby instead of ending that generation: two generations in all, where a job without a
-// standby has three (smaller while the replacement starts, then whole again). The standby is
-// the worker whose log has not joined a generation; at the end it is stopped, not failed.
-TEST(ElasticRunTest, AStandbyTakesAKilledWorkersPlaceAndItsReplacementStandsBy) {
+// standby has three (smaller while the replacement starts, then whole again). Killing the standby
+// first changes nothing for the training workers: its replacement waits in its place and takes
+// the killed worker's. The standby is the worker whose log has not joined a generation; at the
+// end it is told the job completed, not failed. The parameter: the standby is killed first.
+class StandbyRunTest : public ::testing::TestWithParam<bool> {};
+
+int Occurrences(const std::string& text, const std::string& what) {
+  int count = 0;
+  for (size_t at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++count;
+  return count;
+}
+
+TEST_P(StandbyRunTest, AStandbyTakesAKilledWorkersPlaceAndItsReplacementStandsBy) {
+  const bool standby_killed_first = GetParam();
   const std::string dir = MakeTempDir("lockstep-elastic");
   JobOptions job;
-  job.name = "standby-" + std::to_string(getpid());
+  job.name = "standby-" + std::to_string(getpid()) + (standby_killed_first ? "-s" : "-w");
   job.elastic = "{standby: 1}";
+  // Long enough (about 10 s here) that a replacement has started, loaded and joined before the
+  // end, after the standby was killed.
+  job.steps = 4000;
   auto env = kRunEnv;
   env.emplace_back("LOCKSTEP_RUN_RESTART_BACKOFF_MS", "20");
+  env.emplace_back("LOCKSTEP_SAMPLE_ACCOUNTING", dir + "/accounting.jsonl");
+  // The service's own lines ("... waits: generation 1 is at max_members") in the output.
+  env.emplace_back("LOCKSTEP_LOG_LEVEL", "info");
   ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, job), "--summary",
                     dir + "/summary.json", "--log-dir", dir + "/logs"},
-                   env);
+                   env, dir + "/run.out");
   const auto log_of = [&](int worker) {
     return ReadFile(dir + "/logs/worker-" + std::to_string(worker) + ".log");
   };
   const auto joined = [&](int worker, int generation) {
     return log_of(worker).find("joined generation " + std::to_string(generation) + " ") !=
            std::string::npos;
+  };
+  const auto member = [&](int worker) { return job.name + "-worker-" + std::to_string(worker); };
+  const auto kill_worker = [&](int worker) {
+    const pid_t pid = WorkerOfLauncher(run.pid(), job.name, member(worker));
+    ASSERT_NE(pid, 0) << member(worker);
+    ASSERT_EQ(kill(pid, SIGKILL), 0);
   };
   int standby = -1;
   ASSERT_TRUE(PollUntil(
@@ -433,26 +458,38 @@ TEST(ElasticRunTest, AStandbyTakesAKilledWorkersPlaceAndItsReplacementStandsBy) 
       60000, 10))
       << "standby " << standby << "\n"
       << run.StdoutSoFar();
+  if (standby_killed_first) {
+    const std::string waits = member(standby) + " waits: generation 1 ";
+    const int before = Occurrences(run.StdoutSoFar(), waits);
+    ASSERT_GE(before, 1) << run.StdoutSoFar();
+    kill_worker(standby);
+    // Its replacement waits in its place before a training worker is killed.
+    ASSERT_TRUE(PollUntil([&] { return Occurrences(run.StdoutSoFar(), waits) > before; }, 60000,
+                          10))
+        << run.StdoutSoFar();
+  }
   const int victim = (standby + 1) % (kWorkers + 1);
-  const std::string member = job.name + "-worker-" + std::to_string(victim);
-  const pid_t pid = WorkerOfLauncher(run.pid(), job.name, member);
-  ASSERT_NE(pid, 0) << member;
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  kill_worker(victim);
   ProcessResult result = run.Wait(kRunTimeoutMs);
-  ASSERT_FALSE(result.timed_out) << result.out << result.err;
-  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  ASSERT_FALSE(result.timed_out) << result.out;
+  ASSERT_EQ(result.exit_code, 0) << result.out;
   nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
-  EXPECT_EQ(summary["steps"], kSteps) << summary.dump();
+  EXPECT_EQ(summary["steps"], job.steps) << summary.dump();
   EXPECT_EQ(summary["world_size"], kWorkers) << summary.dump();
-  EXPECT_EQ(summary["restarts"], 1) << summary.dump();
+  EXPECT_EQ(summary["restarts"], standby_killed_first ? 2 : 1) << summary.dump();
   EXPECT_EQ(summary["generations"], 2) << summary.dump() << "\n" << result.out;
   EXPECT_NE(result.out.find("with 3 workers and 1 standby"), std::string::npos) << result.out;
   EXPECT_EQ(result.out.find("world size 3 -> 2"), std::string::npos) << result.out;
+  // The standby (or, killed first, its replacement, which shares its log) took the place.
   EXPECT_TRUE(joined(standby, 2)) << log_of(standby);
-  // The replacement shares the killed worker's log: it never joined a generation.
+  // The killed worker's replacement shares its log: it never joined a generation.
   EXPECT_FALSE(joined(victim, 2)) << log_of(victim);
-  EXPECT_EQ(result.out.find("exit code 143"), std::string::npos) << result.out;
+  ExpectExactSampleAccounting(dir + "/accounting.jsonl", job.name);
 }
+
+INSTANTIATE_TEST_SUITE_P(Standby, StandbyRunTest, ::testing::Bool(), [](const auto& info) {
+  return std::string(info.param ? "StandbyKilledFirst" : "WorkerKilled");
+});
 
 TEST(ElasticRunTest, ElasticJobFailsClearlyWhenFewerThanMinReplicasRemainPastTheTimeout) {
   const std::string dir = MakeTempDir("lockstep-elastic");
