@@ -121,19 +121,23 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
   // Terminal: every worker that was asked for is done, and one at least completed. A standby
   // pod outside the final generation has nothing to finish: it may not even be scheduled (the
   // cluster had no room for it), so it is not waited for; Finish stops it.
-  int32_t active_standbys = 0;
+  int32_t active_standbys = 0, trained = succeeded;
   if (w.job.spec.elastic.standby > 0 && w.any_succeeded && knows_training_pods) {
+    trained = 0;  // a standby told the job completed exits 0 too: count the final generation's
     for (auto& [index, pod] : w.by_index) {
       const std::string phase = PodPhase(*pod);
+      const bool training = training_pods.count((*pod)["metadata"].value("name", "")) != 0;
+      if (phase == "Succeeded" && training) ++trained;
       if (phase == "Succeeded" || phase == "Failed" || IsTerminating(*pod) || index >= desired) {
         continue;
       }
-      if (training_pods.count((*pod)["metadata"].value("name", "")) == 0) ++active_standbys;
+      if (!training) ++active_standbys;
     }
   }
   if (w.any_succeeded && active - active_standbys == 0) {
+    const int32_t workers = w.job.spec.elastic.standby > 0 ? w.job.spec.replicas : desired;
     (void)Finish(w, true, "WorkersSucceeded",
-                 std::to_string(succeeded) + " of " + std::to_string(desired) +
+                 std::to_string(trained) + " of " + std::to_string(workers) +
                      " workers completed training");
     return;
   }

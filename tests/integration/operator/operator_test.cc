@@ -733,6 +733,8 @@ TEST_F(OperatorEndToEndTest, AStandbyPodTakesAKilledWorkersPlaceAndItsReplacemen
   EXPECT_EQ(job["status"]["restarts"], 1);
   EXPECT_EQ(job["status"]["rendezvous"]["generation"], 2) << "the replacement ended nothing";
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 3);
+  EXPECT_EQ(Condition(job, "Succeeded").value("message", ""), "2 of 2 workers completed training")
+      << job["status"].dump(2);
 }
 
 // The straggler tests' job: mostly compute (a 2048-wide layer on 784 Fashion-MNIST inputs), so a
