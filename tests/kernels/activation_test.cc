@@ -10,37 +10,10 @@ namespace lockstep::kernels {
 namespace {
 
 using testing::CpuContext;
+using testing::ReferenceActivation;
+using testing::ReferenceDerivative;
 using testing::Poisoned;
 using testing::RandomFloats;
-
-double ReferenceActivation(ActivationType act, double v) {
-  switch (act) {
-    case ActivationType::kIdentity:
-      return v;
-    case ActivationType::kRelu:
-      return v > 0 ? v : 0;
-    case ActivationType::kGelu:
-      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-    case ActivationType::kTanh:
-      return std::tanh(v);
-  }
-  return NAN;
-}
-
-double ReferenceDerivative(ActivationType act, double v) {
-  switch (act) {
-    case ActivationType::kIdentity:
-      return 1;
-    case ActivationType::kRelu:
-      return v > 0 ? 1 : 0;
-    case ActivationType::kGelu:
-      return 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) +
-             v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
-    case ActivationType::kTanh:
-      return 1.0 - std::tanh(v) * std::tanh(v);
-  }
-  return NAN;
-}
 
 class BiasActivationTest : public ::testing::TestWithParam<ActivationType> {
  protected:
@@ -142,19 +115,7 @@ TEST_P(BiasActivationTest, BackwardMatchesFiniteDifferencesOfComposedFunction) {
 INSTANTIATE_TEST_SUITE_P(AllActivations, BiasActivationTest,
                          ::testing::Values(ActivationType::kIdentity, ActivationType::kRelu,
                                            ActivationType::kGelu, ActivationType::kTanh),
-                         [](const auto& info) -> std::string {
-                           switch (info.param) {
-                             case ActivationType::kIdentity:
-                               return "Identity";
-                             case ActivationType::kRelu:
-                               return "Relu";
-                             case ActivationType::kGelu:
-                               return "Gelu";
-                             case ActivationType::kTanh:
-                               return "Tanh";
-                           }
-                           return "Unknown";
-                         });
+                         [](const auto& info) { return testing::ActivationName(info.param); });
 
 TEST(BiasActivationEdgeTest, ReluBackwardNeedsOnlyOutputAndDropsGradientOfDeadUnits) {
   const float y[] = {0.0f, 2.0f, 0.0f, 3.0f};

@@ -37,6 +37,8 @@ namespace lockstep::kernels {
 namespace {
 
 using testing::CpuContext;
+using testing::ReferenceActivation;
+using testing::ReferenceDerivative;
 using testing::RandomFloats;
 using testing::RandomLabels;
 
@@ -248,35 +250,6 @@ TEST_F(CudaKernelsTest, GemmWithEmptyInnerDimensionScalesC) {
 
 // ---- Bias + activation ----
 
-double ReferenceActivation(ActivationType act, double v) {
-  switch (act) {
-    case ActivationType::kIdentity:
-      return v;
-    case ActivationType::kRelu:
-      return v > 0 ? v : 0;
-    case ActivationType::kGelu:
-      return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0)));
-    case ActivationType::kTanh:
-      return std::tanh(v);
-  }
-  return NAN;
-}
-
-double ReferenceDerivative(ActivationType act, double v) {
-  switch (act) {
-    case ActivationType::kIdentity:
-      return 1;
-    case ActivationType::kRelu:
-      return v > 0 ? 1 : 0;
-    case ActivationType::kGelu:
-      return 0.5 * (1.0 + std::erf(v / std::sqrt(2.0))) +
-             v * std::exp(-0.5 * v * v) / std::sqrt(2.0 * M_PI);
-    case ActivationType::kTanh:
-      return 1.0 - std::tanh(v) * std::tanh(v);
-  }
-  return NAN;
-}
-
 // Shapes: cols % 4 == 0 (vector path), odd cols (scalar path), many rows (several row chunks in
 // the bias-gradient reduction), and a misaligned slice (scalar path despite cols % 4 == 0).
 struct ActivationShape {
@@ -399,19 +372,7 @@ TEST_P(CudaActivationTest, BackwardMatchesCpuAndDoubleReferenceWithDeterministic
 INSTANTIATE_TEST_SUITE_P(AllActivations, CudaActivationTest,
                          ::testing::Values(ActivationType::kIdentity, ActivationType::kRelu,
                                            ActivationType::kGelu, ActivationType::kTanh),
-                         [](const auto& info) -> std::string {
-                           switch (info.param) {
-                             case ActivationType::kIdentity:
-                               return "Identity";
-                             case ActivationType::kRelu:
-                               return "Relu";
-                             case ActivationType::kGelu:
-                               return "Gelu";
-                             case ActivationType::kTanh:
-                               return "Tanh";
-                           }
-                           return "Unknown";
-                         });
+                         [](const auto& info) { return testing::ActivationName(info.param); });
 
 TEST_F(CudaKernelsTest, BiasGradientOfZeroRowsIsZero) {
   DeviceArray<float> dbias(5);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "tests/kernels/test_util.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/random.h"
 
@@ -17,6 +18,9 @@ namespace lockstep::trainer {
 namespace {
 
 using kernels::ActivationType;
+using kernels::testing::ActivationName;
+using kernels::testing::ReferenceActivation;
+using kernels::testing::ReferenceDerivative;
 
 float Bf16(float value) { return kernels::Bf16ToFloat(kernels::FloatToBf16(value)); }
 
@@ -26,34 +30,10 @@ bool IsBf16Value(float value) {
   return (bits & 0xffffu) == 0;
 }
 
-double Activate(ActivationType act, double z) {
-  switch (act) {
-    case ActivationType::kRelu:
-      return z > 0 ? z : 0;
-    case ActivationType::kGelu:
-      return 0.5 * z * (1 + std::erf(z / std::sqrt(2.0)));
-    case ActivationType::kTanh:
-      return std::tanh(z);
-    case ActivationType::kIdentity:
-      return z;
-  }
-  return z;
-}
-
-// d(activation)/dz, from the output y for relu and tanh and from z for gelu, as the kernels do.
+// d(activation)/dz as the kernels take it: tanh's from its output y (here rounded to bf16),
+// 1 - y^2; the others from the (rounded) pre-activation z.
 double Derivative(ActivationType act, double z, double y) {
-  switch (act) {
-    case ActivationType::kRelu:
-      return y > 0 ? 1 : 0;
-    case ActivationType::kGelu:
-      return 0.5 * (1 + std::erf(z / std::sqrt(2.0))) +
-             z * std::exp(-0.5 * z * z) / std::sqrt(2 * M_PI);
-    case ActivationType::kTanh:
-      return 1 - y * y;
-    case ActivationType::kIdentity:
-      return 1;
-  }
-  return 1;
+  return act == ActivationType::kTanh ? 1 - y * y : ReferenceDerivative(act, z);
 }
 
 struct Result {
@@ -89,7 +69,7 @@ Result Reference(const MlpModel& model, const std::vector<float>& params,
         }
         const float z = Bf16(sum + p[layer.bias_offset + o]);
         pre[static_cast<size_t>(l)][r * layer.out + o] = z;
-        out[r * layer.out + o] = Bf16(static_cast<float>(Activate(layer.activation, z)));
+        out[r * layer.out + o] = Bf16(static_cast<float>(ReferenceActivation(layer.activation, z)));
       }
     }
   }
@@ -267,16 +247,7 @@ TEST_P(Bf16ModelTest, AccumulatedMicroBatchGradientsEqualTheWholeBatchGradient) 
 INSTANTIATE_TEST_SUITE_P(Activations, Bf16ModelTest,
                          ::testing::Values(ActivationType::kRelu, ActivationType::kGelu,
                                            ActivationType::kTanh),
-                         [](const auto& info) {
-                           switch (info.param) {
-                             case ActivationType::kRelu:
-                               return std::string("Relu");
-                             case ActivationType::kGelu:
-                               return std::string("Gelu");
-                             default:
-                               return std::string("Tanh");
-                           }
-                         });
+                         [](const auto& info) { return ActivationName(info.param); });
 
 }  // namespace
 }  // namespace lockstep::trainer

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <vector>
 
+#include "tests/kernels/test_util.h"
 #include "worker/trainer/random.h"
 
 namespace lockstep::trainer {
@@ -60,16 +61,7 @@ INSTANTIATE_TEST_SUITE_P(Activations, GradientCheckTest,
                          ::testing::Values(ActivationType::kRelu, ActivationType::kGelu,
                                            ActivationType::kTanh),
                          [](const auto& info) {
-                           switch (info.param) {
-                             case ActivationType::kRelu:
-                               return std::string("Relu");
-                             case ActivationType::kGelu:
-                               return std::string("Gelu");
-                             case ActivationType::kTanh:
-                               return std::string("Tanh");
-                             default:
-                               return std::string("Identity");
-                           }
+                           return kernels::testing::ActivationName(info.param);
                          });
 
 TEST(MlpModelTest, ParametersAreLaidOutLastLayerFirst) {
