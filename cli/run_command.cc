@@ -398,7 +398,6 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     err << options->manifest_path << ": " << fits.message() << "\n";
     return kExitBadInput;
   }
-  const int32_t workers = spec::WorkersToRun(job.spec);
   // The in-process rendezvous service logs every join and generation at info level; on a
   // terminal that would tear the progress line, so only warnings show unless asked for.
   if (EnvString("LOCKSTEP_LOG_LEVEL", "").empty()) SetLogLevel(LogLevel::kWarning);

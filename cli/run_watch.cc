@@ -125,9 +125,13 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
   // Once a worker completed training (Leave(completed) or exit 0), replacements are no longer
   // needed: pending restarts are cancelled, a replacement outside the final generation is
   // stopped, and its exit (the rendezvous refuses it, or our SIGTERM) is not a failure.
-  // Workers of the first start are never stopped this way: they finish on their own.
+  // Workers of the first start of a job without standbys are never stopped this way: they finish
+  // on their own. With standbys any worker outside the final generation is let go.
   bool completing = false;
   std::vector<bool> replaced(supervisor.size(), false);
+  auto needed_by_a_completing_job = [&](int slot) {
+    return !replaced[slot] && job.spec.elastic.standby == 0;
+  };
   auto in_final_generation = [&](const std::string& member_id) {
     for (const auto& member : outcome.snapshot.members) {
       if (member.member_id == member_id || member.pod == member_id) return true;
@@ -163,10 +167,9 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
             if (!drain_deadline) drain_deadline = Deadline::AfterMs(options.drain_ms);
             break;
           }
-          if (completing && (replaced[event.exit.slot] || job.spec.elastic.standby > 0) &&
+          if (completing && !needed_by_a_completing_job(event.exit.slot) &&
               !in_final_generation(event.exit.member_id)) {
-            // A late replacement, or a standby: the job no longer needs it.
-            dropped[event.exit.slot] = true;
+            dropped[event.exit.slot] = true;  // a late replacement, or a standby
             break;
           }
           // The launcher is the failure detector on one machine: the generation ends now, not
@@ -243,9 +246,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           dropped[slot] = true;
           continue;
         }
-        // Workers of the first start finish on their own, unless the job keeps standbys: a
-        // standby outside the final generation has nothing to finish.
-        if (!replaced[slot] && job.spec.elastic.standby == 0) continue;
+        if (needed_by_a_completing_job(slot)) continue;
         if (in_final_generation(supervisor.command(slot).member_id)) continue;
         if (supervisor.SignalWorker(slot, SIGTERM).ok()) dropped[slot] = true;
       }

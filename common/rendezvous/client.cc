@@ -424,6 +424,7 @@ StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
     }
     if (!standing_by) {
       standing_by = true;
+      LOCKSTEP_LOG(INFO) << "standing by: the generation is full; waiting for a place";
       if (on_standby) on_standby();
     }
   }

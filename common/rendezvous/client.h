@@ -151,9 +151,10 @@ inline bool JobCompletedWhileJoining(const Status& status) {
 
 // Joins, and joins again for as long as the service answers that the generation is full: a
 // standby waits, process started and data loaded, until a member is lost and the next
-// generation admits it. Once it has stood by, any join past its deadline is joined again. Each join is bounded by timeout_ms; between them `keep_waiting` is asked
-// (false: the last answer is returned) and, the first time, `on_standby` is called (either may be
-// empty). Any other answer is returned as it is.
+// generation admits it. Once it has stood by, any join past its deadline is joined again. Each
+// join is bounded by timeout_ms; between them `keep_waiting` is asked (false: the last answer is
+// returned). The first time it stands by it logs so and calls `on_standby` (either callback may
+// be empty). Any other answer is returned as it is.
 StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
                                    int64_t timeout_ms, const std::function<bool()>& keep_waiting,
                                    const std::function<void()>& on_standby = {});

@@ -70,8 +70,7 @@ bool operator==(const TrainerSpec& a, const TrainerSpec& b) {
   return a.model == b.model && a.data == b.data && a.batch_size == b.batch_size &&
          a.steps == b.steps && a.epochs == b.epochs && a.optimizer == b.optimizer &&
          a.seed == b.seed && a.device == b.device && a.precision == b.precision &&
-         a.allreduce == b.allreduce &&
-         a.sync == b.sync &&
+         a.allreduce == b.allreduce && a.sync == b.sync &&
          a.log_interval_steps == b.log_interval_steps;
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {

@@ -135,15 +135,14 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
     }
   }
   if (w.any_succeeded && active - active_standbys == 0) {
-    const int32_t workers = w.job.spec.elastic.standby > 0 ? w.job.spec.replicas : desired;
     (void)Finish(w, true, "WorkersSucceeded",
-                 std::to_string(trained) + " of " + std::to_string(workers) +
+                 std::to_string(trained) + " of " + std::to_string(w.job.spec.replicas) +
                      " workers completed training");
     return;
   }
 
-  // With standbys, the job runs once replicas pods do: a standby still pending changes nothing.
-  const int32_t needed = w.job.spec.elastic.standby > 0 ? w.job.spec.replicas : desired;
+  // The job runs once replicas pods do: a standby still pending changes nothing.
+  const int32_t needed = w.job.spec.replicas;
   const bool all_running = running >= needed && active >= needed;
   const bool generation_active =
       !deps_.rendezvous ||

@@ -29,10 +29,8 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
   const int64_t timeout_ms = options_.join_timeout_ms;
   std::thread joiner([state, client, timeout_ms] {
     // A standby (the generation is full) waits here for a place; a signal ends the process.
-    StatusOr<rendezvous::Assignment> result = rendezvous::JoinOrStandBy(
-        *client, /*state_step=*/-1, timeout_ms, {}, [] {
-          LOCKSTEP_LOG(INFO) << "standing by: the generation is full; waiting for a place";
-        });
+    StatusOr<rendezvous::Assignment> result =
+        rendezvous::JoinOrStandBy(*client, /*state_step=*/-1, timeout_ms, {});
     {
       std::lock_guard<std::mutex> lock(state->mu);
       state->result = std::move(result);

@@ -97,10 +97,9 @@ Status TrainingWorker::Run() {
     }
     joining_ = true;
     // A standby (the generation is full) waits here, started and loaded, for a place.
-    auto assignment = rendezvous::JoinOrStandBy(
-        *client_, trainer_->state_step(), options_.join_timeout_ms,
-        [this] { return !stop_.load(); },
-        [] { LOCKSTEP_LOG(INFO) << "standing by: the generation is full; waiting for a place"; });
+    auto assignment =
+        rendezvous::JoinOrStandBy(*client_, trainer_->state_step(), options_.join_timeout_ms,
+                                  [this] { return !stop_.load(); });
     joining_ = false;
     if (!assignment.ok() && rendezvous::JobCompletedWhileJoining(assignment.status())) {
       // A standby, or a replacement that came too late: the others finished the job.
