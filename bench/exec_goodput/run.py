@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Goodput under repeated failures: a random training process SIGKILLed every --kill-every s.
 
-Four systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
+Six systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
 then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per failure =
 (disturbed - undisturbed) / kills.
 
@@ -15,11 +15,17 @@ then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per 
                  spare replaces the killed process and receives the state from a survivor.
   exec-in-place-idle-spare  the same with the warm spare waiting under SCHED_IDLE
                  (LOCKSTEP_EXEC_SPARE_IDLE=1).
+  exec-in-place-no-zygote  the same with every warm spare started from nothing (its own
+                 `import torch`) rather than forked from the agent's zygote
+                 (LOCKSTEP_EXEC_ZYGOTE=0).
   torchrun       the same script (without --in-place) under torchrun (c10d, --nproc_per_node=4,
                  restart-all; Debian's torch 1.13 flags).
 
 Every run of the script appends a line per step with its pid to a timeline; the victim is a
-random one of the processes that trained the last step (never an idle warm spare). For
+random one of the processes that trained the last step (never an idle warm spare). Besides the
+goodput of the two runs, the exec systems report what each kill cost in its own run's timeline
+(the steps of the 6 s after it against the rate of the 2 s after those; lost_at_kills), which the
+machine's drift between two runs of 40 s (seconds here) does not enter. For
 exec-in-place the helper's own account of each recovery (rendezvous, group, state) is averaged.
 
   bench/exec_goodput/run.py [--build build] [--kill-every 8] [--systems trainer,exec,...]
@@ -66,7 +72,8 @@ def write_manifest(path, name, spec):
 def start(system, work, args, marker):
     env = dict(os.environ, BENCH_MARKER=marker, OMP_NUM_THREADS="1",
                LOCKSTEP_EXEC_BACKOFF_MS="0",
-               LOCKSTEP_EXEC_SPARE_IDLE="1" if system == "exec-in-place-idle-spare" else "0")
+               LOCKSTEP_EXEC_SPARE_IDLE="1" if system == "exec-in-place-idle-spare" else "0",
+               LOCKSTEP_EXEC_ZYGOTE="0" if system == "exec-in-place-no-zygote" else "1")
     log = open(os.path.join(work, "run.out"), "w")
     if system == "torchrun":
         argv = ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={WORKERS}",
@@ -95,7 +102,39 @@ def start(system, work, args, marker):
                             start_new_session=True, cwd=work)
 
 
-def training_processes(system, work, marker):
+class TimelineTail:
+    """The newest step lines of a growing timeline, read incrementally: re-reading the whole
+    file at every poll costs the bench a core's share that grows with the run, which the
+    disturbed runs (the only ones that poll) would count as lost to the failures."""
+
+    def __init__(self, path):
+        self.path = path
+        self.offset = 0
+        self.partial = ""
+        self.recent = []
+
+    def read(self):
+        try:
+            with open(self.path) as f:
+                f.seek(self.offset)
+                data = f.read()
+                self.offset = f.tell()
+        except FileNotFoundError:
+            return self.recent
+        text = self.partial + data
+        complete, _, self.partial = text.rpartition("\n")
+        for line_text in complete.splitlines():
+            try:
+                line = json.loads(line_text)
+            except ValueError:
+                continue
+            if line.get("event") == "step":
+                self.recent.append(line)
+        del self.recent[:-4 * WORKERS]
+        return self.recent
+
+
+def training_processes(system, tail, marker):
     """Pids that train now (the victims to choose from)."""
     if system == "trainer":
         pids = []
@@ -104,22 +143,11 @@ def training_processes(system, work, marker):
             if argv[0].endswith(b"lockstep-worker") and b"train" in argv[1:2]:
                 pids.append(pid)
         return pids
-    lines = []
-    try:
-        with open(os.path.join(work, "timeline.jsonl")) as f:
-            for text in f:
-                try:
-                    line = json.loads(text)
-                except ValueError:
-                    continue
-                if line.get("event") == "step":
-                    lines.append(line)
-    except FileNotFoundError:
-        return []
+    lines = tail.read()
     if not lines:
         return []
     newest = max(line["step"] for line in lines)
-    recent = [line for line in lines[-4 * WORKERS:] if line["step"] >= newest - 1]
+    recent = [line for line in lines if line["step"] >= newest - 1]
     return sorted({line["pid"] for line in recent if "pid" in line})
 
 
@@ -139,13 +167,45 @@ def cleanup(proc, marker):
                 pass
 
 
+def lost_at_kills(timeline_path, kill_times, window=6.0, base=2.0):
+    """Seconds each kill cost, read from the run's own timeline: the steps completed in the
+    `window` seconds from the kill against the step rate of the `base` seconds after that window
+    (before the next kill at 8 s; a step is complete when its last rank logged it). Local to each
+    kill, so the machine's drift between the undisturbed and the disturbed run (seconds over a
+    run here) does not enter it, nor the start-up the first kill falls into. Kills whose windows
+    reach past the run's end are left out."""
+    done = {}
+    try:
+        with open(timeline_path) as f:
+            for text in f:
+                try:
+                    line = json.loads(text)
+                except ValueError:
+                    continue
+                if line.get("event") == "step":
+                    done[line["step"]] = max(done.get(line["step"], 0.0), line["time"])
+    except FileNotFoundError:
+        return []
+    times = sorted(done.values())
+    lost = []
+    for kill in kill_times:
+        if not times or kill + window + base > times[-1]:
+            continue
+        rate = sum(1 for t in times if kill + window <= t < kill + window + base) / base
+        if rate > 0:
+            lost.append(window - sum(1 for t in times if kill <= t < kill + window) / rate)
+    return lost
+
+
 def run_once(system, args, disturbed):
     marker = f"{system}-{'kill' if disturbed else 'calm'}-{os.getpid()}-{random.randrange(10**6)}"
     work = tempfile.mkdtemp(prefix=f"exec-goodput-{marker}-")
     started = time.time()
     proc = start(system, work, args, marker)
     kills = 0
+    kill_times = []
     next_kill = None
+    tail = TimelineTail(os.path.join(work, "timeline.jsonl"))
     try:
         while proc.poll() is None:
             if time.time() - started > args.timeout:
@@ -153,13 +213,16 @@ def run_once(system, args, disturbed):
             time.sleep(0.05)
             if not disturbed:
                 continue
-            victims = training_processes(system, work, marker)
+            if next_kill is not None and time.time() < next_kill:
+                continue  # look for victims only when one is due: the look costs CPU too
+            victims = training_processes(system, tail, marker)
             if next_kill is None and victims:
                 next_kill = time.time() + args.kill_every  # from the first step trained
             if next_kill is not None and time.time() >= next_kill and victims:
                 try:
                     os.kill(random.choice(victims), signal.SIGKILL)
                     kills += 1
+                    kill_times.append(time.time())
                 except ProcessLookupError:
                     pass
                 next_kill = time.time() + args.kill_every
@@ -176,7 +239,8 @@ def run_once(system, args, disturbed):
             if name.endswith(".log") or name == "run.out":
                 with open(os.path.join(root, name), errors="replace") as f:
                     parts += [tuple(map(float, m.groups())) for m in pattern.finditer(f.read())]
-    return wall, kills, parts, work
+    local = lost_at_kills(os.path.join(work, "timeline.jsonl"), kill_times)
+    return wall, kills, parts, work, local
 
 
 def main():
@@ -194,16 +258,20 @@ def main():
     random.seed(args.seed)
     rows = []
     for system in args.systems.split(","):
-        calm, _, _, _ = run_once(system, args, disturbed=False)
-        hit, kills, parts, work = run_once(system, args, disturbed=True)
+        calm = run_once(system, args, disturbed=False)[0]
+        hit, kills, parts, work, local = run_once(system, args, disturbed=True)
         lost = (hit - calm) / kills if kills else float("nan")
-        rows.append((system, calm, hit, kills, calm / hit, lost, parts))
+        local_lost = statistics.median(local) if local else float("nan")
+        rows.append((system, calm, hit, kills, calm / hit, lost, parts, local))
         print(f"{system:14s} undisturbed {calm:6.1f} s  disturbed {hit:6.1f} s  kills {kills:2d}  "
-              f"goodput {calm / hit:4.2f}  lost per failure {lost:5.2f} s  ({work})", flush=True)
+              f"goodput {calm / hit:4.2f}  lost per failure {lost:5.2f} s  at the kills "
+              f"{' '.join(f'{x:.2f}' for x in local)} s  ({work})", flush=True)
     print()
-    print(f"{'system':14s} {'goodput':>8s} {'lost/failure s':>15s} {'kills':>6s}")
-    for system, calm, hit, kills, goodput, lost, parts in rows:
-        print(f"{system:14s} {goodput:8.2f} {lost:15.2f} {kills:6d}")
+    print(f"{'system':14s} {'goodput':>8s} {'lost/failure s':>15s} {'kills':>6s} "
+          f"{'lost at a kill s (median)':>26s}")
+    for system, calm, hit, kills, goodput, lost, parts, local in rows:
+        local_lost = statistics.median(local) if local else float("nan")
+        print(f"{system:14s} {goodput:8.2f} {lost:15.2f} {kills:6d} {local_lost:26.2f}")
         if parts:
             mean = [statistics.mean(part[i] for part in parts) for i in range(3)]
             print(f"{'':14s} helper's account, mean of {len(parts)} rank-recoveries: rendezvous "
