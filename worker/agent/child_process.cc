@@ -220,6 +220,24 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
   return child;
 }
 
+std::unique_ptr<ChildProcess> ChildProcess::Adopt(pid_t pid, int stdout_fd, int stderr_fd,
+                                                 const Options& options) {
+  std::unique_ptr<ChildProcess> child(new ChildProcess());
+  child->pid_ = pid;
+  child->output_prefix_ = options.output_prefix;
+  child->signal_descendants_ = options.signal_descendants;
+  child->StartRelay(stdout_fd, STDOUT_FILENO);
+  child->StartRelay(stderr_fd, STDERR_FILENO);
+  if (options.idle_priority) {
+    if (Status idle = EnterIdlePriority(pid); idle.ok()) {
+      child->idle_priority_ = true;
+    } else {
+      LOCKSTEP_LOG(WARNING) << "pid " << pid << " runs at normal CPU priority: " << idle;
+    }
+  }
+  return child;
+}
+
 ChildProcess::~ChildProcess() {
   if (pid_ > 0 && running()) {
     kill(-pid_, SIGKILL);
@@ -304,10 +322,17 @@ void ChildProcess::JoinRelays(int64_t timeout_ms) {
 std::optional<ChildExit> ChildProcess::TryReap() {
   if (exit_) return exit_;
   siginfo_t info{};
-  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0 ||
-      info.si_pid == 0) {
-    return std::nullopt;
+  if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    if (errno != ECHILD) return std::nullopt;
+    // Not our child (any more): an adopted process that was reaped before it was adopted.
+    ChildExit lost;
+    lost.exit_code = 255;
+    lost.start_error = "pid " + std::to_string(pid_) + " is not a child of this process";
+    exit_ = lost;
+    JoinRelays(kRelayDrainMs);
+    return exit_;
   }
+  if (info.si_pid == 0) return std::nullopt;
   kill(-pid_, SIGKILL);  // the rest of the group; the zombie leader keeps the group id ours
   int status = 0;
   pid_t got;

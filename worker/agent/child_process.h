@@ -79,6 +79,12 @@ class ChildProcess {
   // Forks and execs. Returns an error only when the agent itself cannot (fork, pipes); a program
   // that cannot be executed is a started child whose exit() already holds the 127/126 exit.
   static StatusOr<std::unique_ptr<ChildProcess>> Start(const Options& options);
+  // Supervises `pid`, a child of this process that it did not fork itself (a warm spare a zygote
+  // forked, zygote.h, reparented to this child subreaper), already the leader of its own process
+  // group, as Start supervises what it starts: relays stdout_fd and stderr_fd (read ends; taken
+  // over) with options.output_prefix, honours signal_descendants and idle_priority.
+  static std::unique_ptr<ChildProcess> Adopt(pid_t pid, int stdout_fd, int stderr_fd,
+                                             const Options& options);
   // Kills the group (SIGKILL) if still running and joins the relay threads.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;

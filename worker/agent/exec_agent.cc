@@ -91,6 +91,7 @@ void ExecAgent::StopEveryProgram() {
   }
   active_.reset();
   spare_.reset();
+  zygote_.reset();
 }
 
 int ExecAgent::GiveUp(int status, const std::string& message) {
@@ -108,23 +109,6 @@ void ExecAgent::LeaveAsFailed() {
   }
   client_->StopHeartbeat();
 }
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
-
 
 int ExecAgent::FinishedBetweenGenerations() {
   LOCKSTEP_LOG(INFO) << "command exited 0 (between generations)";
@@ -212,7 +196,7 @@ int ExecAgent::Run() {
   LOCKSTEP_LOG(INFO) << "exec agent for " << options_.command[0] << " (backoffLimit "
                      << options_.budget.backoff_limit << ", restartPolicy "
                      << spec::ToString(options_.budget.policy) << ")";
-  const std::vector<std::string> inherited = CurrentEnvironment();
+  inherited_env_ = CurrentEnvironment();
   while (true) {
     StatusOr<rendezvous::Assignment> joined = JoinInterruptibly();
     if (!joined.ok() && rendezvous::JobCompletedWhileJoining(joined.status())) {
@@ -316,17 +300,8 @@ int ExecAgent::Run() {
       }
     }
 
-    ExecEnvironmentExtras extras;
-    extras.run_id = options_.job;
-    extras.max_restarts = options_.budget.backoff_limit;
-    extras.progress_file = progress_.path();
-    extras.python_path = options_.python_path;
-    extras.state_snapshot = state_snapshot_;
-    ChildProcess::Options child_options;
-    child_options.argv = options_.command;
-    child_options.env = BuildExecEnvironment(inherited, a, *plan, extras);
-    child_options.output_prefix = "[rank " + std::to_string(a.rank) + "] ";
-    if (Status started = StartOrAssign(a, *plan, child_options, ExecVariables(a, *plan, extras));
+    if (Status started = StartOrAssign(a, *plan, CommandOptions(a, *plan),
+                                       ExecVariables(a, *plan, Extras()));
         !started.ok()) {
       return GiveUp(kExitFailure, started.ToString());
     }

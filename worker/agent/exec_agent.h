@@ -73,6 +73,10 @@ struct ExecAgentOptions {
   // ranks keep every core busy the spare starves, and is promoted before its start-up is done
   // (docs/benchmarks.md, "Goodput under repeated failures").
   bool spare_at_idle_priority = false;
+  // Fork the warm spares of a Python command, and the program of a member whose join waited (a
+  // standby's), from a zygote that did the command's imports once (LOCKSTEP_EXEC_ZYGOTE, default
+  // 1; zygote.h): a replaced spare costs milliseconds of CPU, not the seconds of `import torch`.
+  bool zygote = true;
   // Appended to the command's PYTHONPATH: the pure-Python helpers installed with the worker
   // (FindPythonHelpers); empty: none found.
   std::string python_path;

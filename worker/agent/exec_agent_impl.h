@@ -22,6 +22,7 @@
 #include "common/status.h"
 #include "worker/agent/child_process.h"
 #include "worker/agent/exec_agent.h"
+#include "worker/agent/exec_environment.h"
 #include "worker/agent/exec_metrics.h"
 #include "worker/agent/progress_file.h"
 #include "worker/agent/restart_protocol.h"
@@ -36,6 +37,10 @@ inline constexpr int kExitBadInput = 2;
 // Read from the wake pipe: signal numbers, and these for the agent's own events.
 inline constexpr unsigned char kWakeGenerationEnded = 0xF0;
 inline constexpr unsigned char kWakeJoinDone = 0xF1;
+// A join that waits this long (a standby's, or one whose peers are slow to come) has the
+// command's imports done meanwhile in a zygote (PrepareWhileJoining). Shorter than that, the
+// imports would only compete with the program's own start.
+inline constexpr int64_t kPrepareWhileJoiningMs = 5000;
 // Non-rank-0 agents poll for the plan in slices this long, checking for the generation's end.
 inline constexpr int64_t kPlanPollSliceMs = 500;
 // How long rank 0 waits for the first failure's details (written right after its counter).
@@ -117,7 +122,25 @@ class ExecAgent {
   // Reaps a spare that died unused (it costs no restart; another follows with back-off).
   void ReapDeadSpare();
   void StartSpare();
-  // The programs that go on (active_, spare_): what EndLeftovers and ReapOrphans must spare.
+  // Forks the spare from the zygote (started on first use) where the command allows it; false:
+  // start it the ordinary way. Sets spare_, or leaves it empty while the zygote imports.
+  bool ForkSpare(const ChildProcess::Options& options);
+  // Starts the zygote for the command of `options` once, where the command is Python and
+  // options_.zygote. True: there is a usable zygote (ready or still importing).
+  bool EnsureZygote(const ChildProcess::Options& options);
+  // The command forked from a ready zygote; null when there is none or the fork failed (the
+  // zygote is then dropped).
+  std::unique_ptr<SupervisedCommand> ForkFromZygote(const ChildProcess::Options& options);
+  // This member's join waits (it stands by, or its peers are slow to come): its command's
+  // imports are done ahead in a zygote, so that the program it starts once the join returns
+  // (taking a failed member's place, for a standby) does not wait for them.
+  void PrepareWhileJoining();
+  // The command's options in generation a (its environment: exec_environment.h).
+  ChildProcess::Options CommandOptions(const rendezvous::Assignment& a,
+                                       const GenerationPlan& plan) const;
+  ExecEnvironmentExtras Extras() const;
+  // The programs that go on (active_, spare_, the zygote): what EndLeftovers and ReapOrphans must
+  // spare.
   std::vector<pid_t> LivePrograms() const;
   // The helper program (active_) ended between generations: reaped, or its channel closed (it is
   // ended at once). True when it exited 0; otherwise its failure is recorded in a's store.
@@ -141,6 +164,7 @@ class ExecAgent {
   int GiveUpForGood(int status, const std::string& message);
 
   ExecAgentOptions options_;
+  std::vector<std::string> inherited_env_;  // the agent's own environment, read once in Run
   std::unique_ptr<rendezvous::RendezvousClient> client_;
   std::unique_ptr<ExecMetrics> metrics_;
   ProgressFileReader progress_;
@@ -157,6 +181,8 @@ class ExecAgent {
   ChildProcess::Options spare_options_;        // how the last program was started
   int spare_deaths_ = 0;                       // spares that died unused, in a row
   double spare_not_before_ = 0;                // MonotonicSeconds
+  std::unique_ptr<Zygote> zygote_;             // forks the spares of a Python command
+  bool zygote_tried_ = false;                  // started once; not again after it failed
 };
 
 }  // namespace lockstep::agent::exec_agent_internal

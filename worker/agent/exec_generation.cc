@@ -37,12 +37,22 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
     }
     Wake(kWakeJoinDone);
   });
+  const Deadline prepare = Deadline::AfterMs(kPrepareWhileJoiningMs);
+  bool prepared = false;
   while (true) {
     {
       std::lock_guard<std::mutex> lock(state->mu);
       if (state->result.has_value()) break;
     }
-    int64_t wait_ms = 1000;
+    if (!prepared && prepare.expired()) {
+      prepared = true;
+      PrepareWhileJoining();
+    }
+    // A zygote started meanwhile says when its imports are done (or that it died) only when asked.
+    const bool importing = zygote_ && !zygote_->Ready() && zygote_->Usable();
+    int64_t wait_ms = importing ? 200
+                      : prepared ? 1000
+                                 : std::clamp<int64_t>(prepare.remaining_ms(), 1, 1000);
     if (stopping_ && !stopping_->sigkill_sent()) {
       wait_ms =
           std::clamp<int64_t>(options_.grace_ms - stopping_->MsSinceSigterm() + 1, 1, wait_ms);

@@ -50,6 +50,7 @@ std::vector<pid_t> ExecAgent::LivePrograms() const {
     if (command != nullptr && command->process().running())
       live.push_back(command->process().pid());
   }
+  if (zygote_) live.push_back(zygote_->pid());
   return live;
 }
 
@@ -98,6 +99,7 @@ void ExecAgent::StartSpare() {
   // Its start-up (imports: seconds of a core) takes only CPU time the training ranks leave;
   // promotion undoes it. Where it could not be undone the spare starts at normal priority.
   options.idle_priority = options_.spare_at_idle_priority && IdlePriorityIsReversible();
+  if (ForkSpare(options)) return;
   StatusOr<std::unique_ptr<SupervisedCommand>> spare = SupervisedCommand::Start(options);
   if (!spare.ok()) {
     LOCKSTEP_LOG(WARNING) << "warm spare: " << spare.status();
@@ -106,6 +108,74 @@ void ExecAgent::StartSpare() {
   }
   spare_ = std::move(*spare);
   LOCKSTEP_LOG(INFO) << "started a warm spare (pid " << spare_->process().pid() << ")";
+}
+
+bool ExecAgent::ForkSpare(const ChildProcess::Options& options) {
+  if (!EnsureZygote(options)) return false;
+  if (!zygote_->Ready()) return zygote_->Usable();  // still importing: the spare comes later
+  spare_ = ForkFromZygote(options);
+  if (!spare_) return false;
+  LOCKSTEP_LOG(INFO) << "forked a warm spare (pid " << spare_->process().pid()
+                     << ") from the zygote";
+  return true;
+}
+
+bool ExecAgent::EnsureZygote(const ChildProcess::Options& options) {
+  if (!options_.zygote) return false;
+  if (!zygote_ && !zygote_tried_) {
+    zygote_tried_ = true;
+    std::optional<std::vector<std::string>> argv = ZygoteArgv(options.argv);
+    if (!argv) return false;  // not a Python script or module: spares start from nothing
+    StatusOr<std::unique_ptr<Zygote>> zygote = Zygote::Start(options, *argv);
+    if (!zygote.ok()) {
+      LOCKSTEP_LOG(WARNING) << "zygote: " << zygote.status() << "; processes start without it";
+      return false;
+    }
+    zygote_ = std::move(*zygote);
+    LOCKSTEP_LOG(INFO) << "started a zygote (pid " << zygote_->pid()
+                       << "): the command's imports, done once for the processes it forks";
+  }
+  if (zygote_ && !zygote_->Usable()) zygote_.reset();
+  return zygote_ != nullptr;
+}
+
+std::unique_ptr<SupervisedCommand> ExecAgent::ForkFromZygote(
+    const ChildProcess::Options& options) {
+  if (!zygote_ || !zygote_->Ready()) return nullptr;
+  StatusOr<std::unique_ptr<SupervisedCommand>> forked = SupervisedCommand::Fork(*zygote_, options);
+  if (!forked.ok()) {
+    zygote_.reset();  // it said why (Broken); what follows starts the ordinary way
+    return nullptr;
+  }
+  return std::move(*forked);
+}
+
+void ExecAgent::PrepareWhileJoining() {
+  if (zygote_ || zygote_tried_) return;
+  // The environment of no generation yet: what the imports may read of it is the command's own.
+  if (EnsureZygote(CommandOptions(rendezvous::Assignment{}, GenerationPlan{}))) {
+    LOCKSTEP_LOG(INFO) << "the join waits; the command's imports are done meanwhile (zygote pid "
+                       << zygote_->pid() << ")";
+  }
+}
+
+ChildProcess::Options ExecAgent::CommandOptions(const rendezvous::Assignment& a,
+                                                const GenerationPlan& plan) const {
+  ChildProcess::Options options;
+  options.argv = options_.command;
+  options.env = BuildExecEnvironment(inherited_env_, a, plan, Extras());
+  options.output_prefix = "[rank " + std::to_string(a.rank) + "] ";
+  return options;
+}
+
+ExecEnvironmentExtras ExecAgent::Extras() const {
+  ExecEnvironmentExtras extras;
+  extras.run_id = options_.job;
+  extras.max_restarts = options_.budget.backoff_limit;
+  extras.progress_file = progress_.path();
+  extras.python_path = options_.python_path;
+  extras.state_snapshot = state_snapshot_;
+  return extras;
 }
 
 ExecAgent::Handover ExecAgent::AwaitLeft(const rendezvous::Assignment& a) {
@@ -163,10 +233,16 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
   } else {
     active_.reset();
     tracker_.StartProcess();
-    LOCKSTEP_ASSIGN_OR_RETURN(active_, SupervisedCommand::Start(options));
-    LOCKSTEP_LOG(INFO) << "started " << options_.command[0] << " (pid " << active_->process().pid()
-                       << ", MASTER_ADDR " << plan.master_addr << ", MASTER_PORT "
-                       << plan.master_port << ", restart " << plan.restart_count << ")";
+    // A zygote that is ready (a standby's, or a spare's that died) has the imports done.
+    const char* how = "forked from the zygote";
+    if (!(active_ = ForkFromZygote(options))) {
+      how = "started";
+      LOCKSTEP_ASSIGN_OR_RETURN(active_, SupervisedCommand::Start(options));
+    }
+    LOCKSTEP_LOG(INFO) << how << " " << options_.command[0] << " (pid "
+                       << active_->process().pid() << ", MASTER_ADDR " << plan.master_addr
+                       << ", MASTER_PORT " << plan.master_port << ", restart "
+                       << plan.restart_count << ")";
   }
   if (active_->process().running() && !GenerationEnded(a.generation)) {
     // A program that does not use the helper never reads it; one that does forms the group.

@@ -24,6 +24,18 @@ StatusOr<std::unique_ptr<SupervisedCommand>> SupervisedCommand::Start(
   return command;
 }
 
+StatusOr<std::unique_ptr<SupervisedCommand>> SupervisedCommand::Fork(
+    Zygote& zygote, const ChildProcess::Options& options) {
+  LOCKSTEP_ASSIGN_OR_RETURN(HelperChannel::Pair pair, HelperChannel::Create());
+  StatusOr<std::unique_ptr<ChildProcess>> process = zygote.Fork(options, pair.program_fd);
+  pair.CloseProgramEnd();
+  if (!process.ok()) return process.status();
+  std::unique_ptr<SupervisedCommand> command(new SupervisedCommand());
+  command->channel_ = std::move(pair.channel);
+  command->process_ = std::move(*process);
+  return command;
+}
+
 void SupervisedCommand::Absorb() {
   if (!channel_) return;
   for (const HelperMessage& message : channel_->Drain()) {

@@ -22,6 +22,7 @@
 #include "worker/agent/child_process.h"
 #include "worker/agent/helper_channel.h"
 #include "worker/agent/restart_protocol.h"
+#include "worker/agent/zygote.h"
 
 namespace lockstep::agent {
 
@@ -31,6 +32,10 @@ class SupervisedCommand {
   // environment). A channel that cannot be made (no descriptors left) starts the program
   // without one, as an ordinary command.
   static StatusOr<std::unique_ptr<SupervisedCommand>> Start(ChildProcess::Options options);
+  // The same, forked by `zygote` (zygote.h, which must be Ready()): a process whose imports are
+  // done. Errors: the channel or the fork failed (the zygote is then no longer Usable()).
+  static StatusOr<std::unique_ptr<SupervisedCommand>> Fork(Zygote& zygote,
+                                                           const ChildProcess::Options& options);
 
   ChildProcess& process() { return *process_; }
   const ChildProcess& process() const { return *process_; }
