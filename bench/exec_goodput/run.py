@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Goodput under repeated failures: a random training process SIGKILLed every --kill-every s.
 
-Six systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
+Eight systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
 then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per failure =
 (disturbed - undisturbed) / kills.
 
@@ -18,6 +18,11 @@ then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per 
   exec-in-place-no-zygote  the same with every warm spare started from nothing (its own
                  `import torch`) rather than forked from the agent's zygote
                  (LOCKSTEP_EXEC_ZYGOTE=0).
+  exec-pod-lost  exec-in-place, but the victim's agent is killed (a lost pod: program, warm
+                 spare and zygote go with it); `lockstep run` starts the worker again, and the
+                 fixed-size job waits for it.
+  exec-pod-lost-standby  the same with `elastic: {standby: 1}`: a fifth worker waits with its
+                 imports done and takes the lost one's place; the restarted one stands by.
   torchrun       the same script (without --in-place) under torchrun (c10d, --nproc_per_node=4,
                  restart-all; Debian's torch 1.13 flags).
 
@@ -94,8 +99,10 @@ def start(system, work, args, marker):
     optimizer: {{type: sgd, learningRate: 0.05, momentum: 0.9}}
 """)
         else:
-            command = json.dumps([PYTHON] + script_args(work, args, system.startswith("exec-in-place")))
-            write_manifest(manifest, name, f"  command: {command}\n")
+            in_place = system.startswith("exec-in-place") or system.startswith("exec-pod-lost")
+            command = json.dumps([PYTHON] + script_args(work, args, in_place))
+            standby = "  elastic: {standby: 1}\n" if system == "exec-pod-lost-standby" else ""
+            write_manifest(manifest, name, f"  command: {command}\n{standby}")
         argv = [os.path.join(args.build, "bin", "lockstep"), "run", manifest, "--log-dir",
                 os.path.join(work, "logs"), "--console", "none"]
     return subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -148,7 +155,18 @@ def training_processes(system, tail, marker):
         return []
     newest = max(line["step"] for line in lines)
     recent = [line for line in lines if line["step"] >= newest - 1]
-    return sorted({line["pid"] for line in recent if "pid" in line})
+    pids = sorted({line["pid"] for line in recent if "pid" in line})
+    if system.startswith("exec-pod-lost"):  # their agents: the pod is lost, not the process
+        pids = sorted({parent for parent in map(parent_of, pids) if parent > 1})
+    return pids
+
+
+def parent_of(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def cleanup(proc, marker):

@@ -9,29 +9,36 @@ cores are all training, each failure costs that CPU time a second time, after th
 This module is that start-up paid once per pod. The agent runs it with the command's interpreter
 and flags (`python3 -u -m lockstep.zygote -- train.py --lr 0.1`); it imports the modules named in
 LOCKSTEP_EXEC_PRELOAD (default: torch, torch.distributed, numpy) that the script imports itself
-(all of them for `-m module`) and nothing else, then waits on its control socket. For each
-process the agent asks for (a warm spare; the program of a worker whose join waited, a
-standby's), it forks, and the child runs the command's script (or module) as `python3 train.py
-...` would, with the environment, standard output and error, and helper channel the agent sent
-along; `import torch` in the script then finds the module already loaded. Forking is safe there because importing starts no threads: nothing has run an
-OpenMP or BLAS parallel region, which a forked child could not use (GNU OpenMP's pool does not
-survive a fork), and no process group or CUDA context exists yet. What the zygote imported is
-frozen (gc.freeze) and stays so in the children: they never collect it, which spares them walking
-(and copying, page by page) the zygote's objects in every collection; the first full collection
-in a child that unfroze them took 0.24 s here against 0.04 s in a process started normally.
+(all of them for `-m module`) and nothing else, then waits on its control socket. For each process
+the agent asks for (a warm spare; the program of a worker whose join waited, a standby's), it
+forks, and the child runs the command's script (or module) as `python3 train.py ...` would, with
+the environment, standard output and error, and helper channel the agent sent along; `import torch`
+in the script then finds the module already loaded. Forking is safe there because importing runs no
+parallel work: nothing has run an OpenMP or BLAS parallel region, which a forked child could not
+use (GNU OpenMP's pool does not survive a fork; a child of a process that ran one hangs in its
+first), and no process group or CUDA context exists yet. torch's import leaves one idle thread,
+which the fork does not copy; the "ready" message says how many threads the zygote has. What the
+zygote imported is frozen (gc.freeze) and stays so in the children: they never collect it, which
+spares them walking (and copying, page by page) the zygote's objects in every collection; the first
+full collection in a child that unfroze them took 0.24 s here against 0.04 s in a process started
+normally.
 
 Each spare is the agent's child, like a process it started itself: the zygote forks twice, the
 middle process exits at once, and the spare is reparented to the agent (a child subreaper); the
-zygote tells the agent the spare's pid only after that. The spare then asks for SIGKILL when the
-agent dies (PR_SET_PDEATHSIG), as the agent's own children do.
+zygote tells the agent the spare's pid only after that. The spare runs nothing until the agent,
+having adopted it, writes its go byte (an agent that gave up on the fork closes the pipe and the
+spare exits), then asks for SIGKILL when the agent dies (PR_SET_PDEATHSIG), as the agent's own
+children do.
 
-Protocol (a SOCK_SEQPACKET socketpair, the zygote's end at LOCKSTEP_ZYGOTE_FD; one JSON object
-per message):
-  zygote -> agent  {"ready": true, "preloaded": [...], "not_found": [...]}  once, after imports
-  agent  -> zygote {"env": ["NAME=value", ...]} with three descriptors (SCM_RIGHTS): the spare's
-                   standard output, standard error and helper channel (the spare's
-                   LOCKSTEP_AGENT_FD names where it received the channel)
+Protocol (a SOCK_SEQPACKET socketpair, the zygote's end at LOCKSTEP_ZYGOTE_FD; one message each):
+  zygote -> agent  {"ready": true, "preloaded": [...], "not_found": [...], "threads": N}  once
+  agent  -> zygote the spare's environment, NAME=value entries each ended by a NUL byte (bytes,
+                   as execve takes them), with four descriptors (SCM_RIGHTS): the spare's
+                   standard output, standard error, helper channel (its LOCKSTEP_AGENT_FD names
+                   where it received it) and the read end of the agent's go pipe
   zygote -> agent  {"pid": N}  or  {"error": "..."}
+  agent  -> spare  one byte on the go pipe once it supervises the spare; a spare that reads
+                   end-of-file instead (the agent gave up on this fork, or died) exits at once
 The zygote exits when the agent closes its end.
 """
 import ast
@@ -42,6 +49,8 @@ import os
 import runpy
 import socket
 import sys
+import traceback
+import zipfile
 
 ZYGOTE_FD = "LOCKSTEP_ZYGOTE_FD"
 PRELOAD = "LOCKSTEP_EXEC_PRELOAD"
@@ -50,7 +59,7 @@ AGENT_FD = "LOCKSTEP_AGENT_FD"
 
 # Bounds on what one request may carry.
 MAX_REQUEST_BYTES = 1 << 20
-REQUEST_FDS = 3
+REQUEST_FDS = 4  # stdout, stderr, helper channel, go pipe
 
 PR_SET_PDEATHSIG = 1
 PR_SET_NAME = 15
@@ -75,15 +84,17 @@ class Launch:
     def run(self):
         """Runs the command in this process, as the interpreter would have run it."""
         if self.script is not None:
-            try:
-                open(self.script, "rb").close()
-            except OSError as error:  # as the interpreter says it, with its exit status
-                sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (
-                    sys.executable, os.path.abspath(self.script), error.errno, error.strerror))
+            path = os.path.abspath(self.script)  # __main__.__file__ is absolute since 3.9
+            if not os.path.exists(path):  # as the interpreter says it, with its exit status
+                sys.stderr.write("%s: can't open file %r: [Errno 2] No such file or directory\n"
+                                 % (sys.executable, path))
                 raise SystemExit(2)
             sys.argv = [self.script] + self.args
-            sys.path[0] = os.path.dirname(os.path.realpath(self.script))
-            runpy.run_path(self.script, run_name="__main__")
+            if os.path.isfile(path) and not zipfile.is_zipfile(path):
+                sys.path[0] = os.path.dirname(os.path.realpath(path))
+            else:
+                del sys.path[0]  # run_path puts a directory or zip archive there itself
+            runpy.run_path(path, run_name="__main__")
         else:
             sys.argv = [self.module] + self.args  # run_module puts the file's path in argv[0]
             sys.path[0] = os.getcwd()
@@ -116,8 +127,8 @@ def preload(names):
         try:
             __import__(name)
             preloaded.append(name)
-        except ImportError:
-            not_found.append(name)
+        except Exception as error:  # not installed, or broken: the script will say so itself
+            not_found.append("%s (%s: %s)" % (name, type(error).__name__, error))
     return preloaded, not_found
 
 
@@ -129,20 +140,22 @@ def set_process_name(name):
     ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
 
 
-def become_spare(request, fds, agent_pid, go_read, name):
-    """In the grandchild: waits until it is the agent's child, then takes the spare's place."""
+def become_spare(env, fds, agent_pid, name):
+    """In the grandchild: waits until the agent supervises it, then takes the spare's place."""
     os.setpgid(0, 0)
-    os.read(go_read, 1)  # the zygote reaped the middle process: the agent is our parent
+    out_fd, err_fd, channel_fd, go_read = fds
+    go = os.read(go_read, 1)  # written once the agent adopted this process (it is its child)
     os.close(go_read)
+    if go != b"g":  # the agent gave up on this fork or died: nobody would supervise it
+        os._exit(127)
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0)
     if os.getppid() != agent_pid:  # the agent died before the prctl took effect
         os._exit(127)
     set_process_name(name)
-    out_fd, err_fd, channel_fd = fds
-    env = dict(entry.split("=", 1) for entry in request["env"] if "=" in entry)
-    env[AGENT_FD] = str(channel_fd)  # a number free here, unlike the agent's
-    os.environ.clear()
-    os.environ.update(env)
+    env[AGENT_FD.encode()] = str(channel_fd).encode()  # a number free here, unlike the agent's
+    os.environb.clear()
+    os.environb.update(env)
+    reseed()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
     os.close(null)
@@ -153,37 +166,52 @@ def become_spare(request, fds, agent_pid, go_read, name):
     os.set_inheritable(channel_fd, True)  # as the agent's own children inherit it
 
 
-def fork_spare(control, request, fds, agent_pid, name):
-    """Forks the spare twice over; returns in the spare, returns None in the zygote."""
-    go_read, go_write = os.pipe()
+def reseed():
+    """A process started normally seeds these from the OS at import; a fork would share the
+    zygote's draws with every other spare."""
+    if "random" in sys.modules:
+        sys.modules["random"].seed()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()
+
+
+def parse_env(data):
+    env = {}
+    for entry in data.split(b"\0"):
+        name, equals, value = entry.partition(b"=")
+        if name and equals:
+            env[name] = value
+    return env
+
+
+def fork_spare(control, env, fds, agent_pid, name):
+    """Forks the spare twice over; returns True in the spare, None in the zygote."""
     pid_read, pid_write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
     middle = os.fork()
     if middle == 0:
-        spare = os.fork()
-        if spare == 0:
-            os.close(pid_read)
-            os.close(pid_write)
-            os.close(go_write)
-            control.close()
-            become_spare(request, fds, agent_pid, go_read, name)
-            return True
         try:
+            spare = os.fork()
+            if spare == 0:
+                os.close(pid_read)
+                os.close(pid_write)
+                control.close()
+                become_spare(env, fds, agent_pid, name)
+                return True
             os.setpgid(spare, spare)  # as the spare does: a signal to its group never misses
-        except OSError:
-            pass
-        os.write(pid_write, str(spare).encode())
+            os.write(pid_write, str(spare).encode())
+        except BaseException:  # never unwind into the zygote's loop here
+            traceback.print_exc()
+            os._exit(1)
         os._exit(0)
     for fd in fds:
         os.close(fd)
-    os.close(go_read)
     os.close(pid_write)
     os.waitpid(middle, 0)  # the spare is the agent's child from here on
     spare = os.read(pid_read, 32)
     os.close(pid_read)
-    os.write(go_write, b"g")
-    os.close(go_write)
     if spare:
         send(control, pid=int(spare))
     else:
@@ -200,17 +228,13 @@ def serve(control, agent_pid, name):
             data, fds = b"", []
         if not data:
             raise SystemExit(0)  # the agent closed its end
-        try:
-            request = json.loads(data)
-            if len(fds) != REQUEST_FDS or not isinstance(request.get("env"), list):
-                raise ValueError("expected {\"env\": [...]} and %d descriptors, got %d" %
-                                 (REQUEST_FDS, len(fds)))
-        except ValueError as error:
+        if len(fds) != REQUEST_FDS:
             for fd in fds:
                 os.close(fd)
-            send(control, error="bad fork request: %s" % error)
+            send(control, error="bad fork request: %d descriptors, expected %d" %
+                 (len(fds), REQUEST_FDS))
             continue
-        if fork_spare(control, request, fds, agent_pid, name):
+        if fork_spare(control, parse_env(data), fds, agent_pid, name):
             return
 
 
@@ -232,7 +256,8 @@ def main(argv):
     # The spares never collect what the zygote imported (it lives as long as they do), so their
     # collections neither walk it nor touch the pages they share with the zygote.
     gc.freeze()
-    send(control, ready=True, preloaded=preloaded, not_found=not_found)
+    send(control, ready=True, preloaded=preloaded, not_found=not_found,
+         threads=len(os.listdir("/proc/self/task")))
     serve(control, agent_pid, name)
     launch.run()
 

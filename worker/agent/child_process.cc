@@ -220,8 +220,17 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
   return child;
 }
 
-std::unique_ptr<ChildProcess> ChildProcess::Adopt(pid_t pid, int stdout_fd, int stderr_fd,
-                                                 const Options& options) {
+StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Adopt(pid_t pid, int stdout_fd,
+                                                           int stderr_fd, const Options& options) {
+  siginfo_t info{};
+  if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    const int error = errno;
+    close(stdout_fd);
+    close(stderr_fd);
+    return FailedPreconditionError("adopt: pid " + std::to_string(pid) +
+                                   " is not a child of this process (" + std::strerror(error) +
+                                   ")");
+  }
   std::unique_ptr<ChildProcess> child(new ChildProcess());
   child->pid_ = pid;
   child->output_prefix_ = options.output_prefix;

@@ -83,8 +83,9 @@ class ChildProcess {
   // forked, zygote.h, reparented to this child subreaper), already the leader of its own process
   // group, as Start supervises what it starts: relays stdout_fd and stderr_fd (read ends; taken
   // over) with options.output_prefix, honours signal_descendants and idle_priority.
-  static std::unique_ptr<ChildProcess> Adopt(pid_t pid, int stdout_fd, int stderr_fd,
-                                             const Options& options);
+  // FailedPrecondition (the descriptors closed) when `pid` is not a child of this process.
+  static StatusOr<std::unique_ptr<ChildProcess>> Adopt(pid_t pid, int stdout_fd, int stderr_fd,
+                                                       const Options& options);
   // Kills the group (SIGKILL) if still running and joins the relay threads.
   ~ChildProcess();
   ChildProcess(const ChildProcess&) = delete;

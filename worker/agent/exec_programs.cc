@@ -121,7 +121,8 @@ bool ExecAgent::ForkSpare(const ChildProcess::Options& options) {
 }
 
 bool ExecAgent::EnsureZygote(const ChildProcess::Options& options) {
-  if (!options_.zygote) return false;
+  // A spare at idle priority is the other answer to its imports' cost: each does them idle.
+  if (!options_.zygote || options_.spare_at_idle_priority) return false;
   if (!zygote_ && !zygote_tried_) {
     zygote_tried_ = true;
     std::optional<std::vector<std::string>> argv = ZygoteArgv(options.argv);

@@ -19,7 +19,7 @@ namespace {
 
 // Bounds a zygote's message (its answers are a few dozen bytes; "ready" lists module names).
 constexpr size_t kMaxMessageBytes = 64 * 1024;
-constexpr int kForkedFds = 3;  // stdout, stderr, helper channel
+constexpr int kForkedFds = 4;  // stdout, stderr, helper channel, go pipe
 
 bool IsPythonInterpreter(const std::string& path) {
   static const std::regex name(R"(python[0-9]*(\.[0-9]+)?)");
@@ -71,6 +71,7 @@ StatusOr<std::unique_ptr<Zygote>> Zygote::Start(ChildProcess::Options options,
   close(fds[1]);
   if (!process.ok()) return process.status();  // the destructor closes control_fd_
   zygote->process_ = std::move(*process);
+  zygote->ready_by_ = Deadline::AfterMs(kZygoteReadyTimeoutMs);
   if (!zygote->process_->running()) {
     return FailedPreconditionError("zygote did not start: " + zygote->process_->exit()->Describe());
   }
@@ -107,7 +108,12 @@ bool Zygote::Ready() {
   if (!Usable()) return false;
   StatusOr<std::string> message = Receive(/*timeout_ms=*/0);
   if (!message.ok()) {
-    if (message.status().code() != StatusCode::kDeadlineExceeded) MarkBroken(message.status());
+    if (message.status().code() != StatusCode::kDeadlineExceeded) {
+      MarkBroken(message.status());
+    } else if (ready_by_.expired()) {
+      MarkBroken(DeadlineExceededError("its imports not done within " +
+                                       std::to_string(kZygoteReadyTimeoutMs / 1000) + " s"));
+    }
     return false;
   }
   const nlohmann::json ready = nlohmann::json::parse(*message, nullptr, false);
@@ -117,7 +123,8 @@ bool Zygote::Ready() {
   }
   ready_ = true;
   LOCKSTEP_LOG(INFO) << "zygote (pid " << pid() << ") ready; preloaded "
-                     << ready.value("preloaded", nlohmann::json::array()).dump()
+                     << ready.value("preloaded", nlohmann::json::array()).dump() << " ("
+                     << ready.value("threads", 0) << " thread(s))"
                      << (ready.value("not_found", nlohmann::json::array()).empty()
                              ? std::string()
                              : ", not found " + ready["not_found"].dump());
@@ -145,18 +152,24 @@ StatusOr<std::string> Zygote::Receive(int64_t timeout_ms) {
 StatusOr<std::unique_ptr<ChildProcess>> Zygote::Fork(const ChildProcess::Options& options,
                                                      int channel_fd) {
   if (!ready_ || !Usable()) return FailedPreconditionError("zygote: not ready");
-  int out_pipe[2], err_pipe[2];
-  if (pipe2(out_pipe, O_CLOEXEC) != 0) return ErrnoStatus("zygote: pipe", errno);
-  if (pipe2(err_pipe, O_CLOEXEC) != 0) {
-    const int error = errno;
-    close(out_pipe[0]), close(out_pipe[1]);
-    return ErrnoStatus("zygote: pipe", error);
+  // Pipes: the spare's stdout and stderr, and the go pipe it waits on until it is supervised.
+  int pipes[3][2];
+  for (int i = 0; i < 3; ++i) {
+    if (pipe2(pipes[i], O_CLOEXEC) != 0) {
+      const int error = errno;
+      for (int j = 0; j < i; ++j) close(pipes[j][0]), close(pipes[j][1]);
+      return ErrnoStatus("zygote: pipe", error);
+    }
   }
-  const std::string request = nlohmann::json{{"env", options.env}}.dump();
-  const int passed[kForkedFds] = {out_pipe[1], err_pipe[1], channel_fd};
-  char control[CMSG_SPACE(sizeof(passed))] = {};
+  auto [out_read, out_write] = pipes[0];
+  auto [err_read, err_write] = pipes[1];
+  auto [go_read, go_write] = pipes[2];
+  std::string request;  // the environment as execve takes it: bytes, whatever they are
+  for (const std::string& entry : options.env) request.append(entry).push_back('\0');
+  const int passed[kForkedFds] = {out_write, err_write, channel_fd, go_read};
+  alignas(struct cmsghdr) char control[CMSG_SPACE(sizeof(passed))] = {};
   struct iovec data {
-    const_cast<char*>(request.data()), request.size()
+    request.data(), request.size()
   };
   struct msghdr message {};
   message.msg_iov = &data;
@@ -169,13 +182,16 @@ StatusOr<std::unique_ptr<ChildProcess>> Zygote::Fork(const ChildProcess::Options
   rights->cmsg_len = CMSG_LEN(sizeof(passed));
   std::memcpy(CMSG_DATA(rights), passed, sizeof(passed));
   ssize_t sent;
-  LOCKSTEP_SYSCALL_RETRY(sent, sendmsg(control_fd_, &message, MSG_NOSIGNAL));
+  LOCKSTEP_SYSCALL_RETRY(sent, sendmsg(control_fd_, &message, MSG_NOSIGNAL | MSG_DONTWAIT));
   const int send_error = errno;
-  close(out_pipe[1]);
-  close(err_pipe[1]);
+  close(out_write);
+  close(err_write);
+  close(go_read);
+  // Closing the go pipe unwritten makes a spare that was forked exit before it runs anything.
   auto give_up = [&](Status status) {
-    close(out_pipe[0]);
-    close(err_pipe[0]);
+    close(out_read);
+    close(err_read);
+    close(go_write);
     return Broken(std::move(status));
   };
   if (sent != static_cast<ssize_t>(request.size())) {
@@ -189,7 +205,21 @@ StatusOr<std::unique_ptr<ChildProcess>> Zygote::Fork(const ChildProcess::Options
     return give_up(UnavailableError("fork failed: " + *answer));
   }
   const auto pid = static_cast<pid_t>(reply["pid"].get<int64_t>());
-  return ChildProcess::Adopt(pid, out_pipe[0], err_pipe[0], options);
+  StatusOr<std::unique_ptr<ChildProcess>> spare =
+      ChildProcess::Adopt(pid, out_read, err_read, options);
+  if (!spare.ok()) {
+    close(go_write);
+    return Broken(spare.status());
+  }
+  const char go = 'g';
+  ssize_t written;
+  LOCKSTEP_SYSCALL_RETRY(written, write(go_write, &go, 1));
+  close(go_write);
+  if (written != 1) {
+    // It died before it read the go (a closed pipe): supervised all the same, it is reaped.
+    LOCKSTEP_LOG(WARNING) << "zygote: the spare (pid " << pid << ") did not take its go";
+  }
+  return spare;
 }
 
 }  // namespace lockstep::agent

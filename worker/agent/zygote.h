@@ -9,7 +9,9 @@
 //                             zygote->Fork(spare_options, channel_program_fd));
 //
 // Every spare is this process's child (it must be a child subreaper) and is supervised like one
-// it started itself (ChildProcess::Adopt). Fork waits at most kZygoteForkTimeoutMs for the answer;
+// it started itself (ChildProcess::Adopt); it runs nothing before the agent adopted it (the go
+// pipe). Fork waits at most kZygoteForkTimeoutMs for the answer, Ready gives the imports
+// kZygoteReadyTimeoutMs;
 // a zygote that broke the protocol, timed out or died is done (Usable() turns false) and the
 // caller starts its processes the ordinary way.
 #pragma once
@@ -22,6 +24,7 @@
 #include <string>
 #include <vector>
 
+#include "common/deadline.h"
 #include "common/status.h"
 #include "worker/agent/child_process.h"
 
@@ -29,6 +32,8 @@ namespace lockstep::agent {
 
 inline constexpr char kZygoteFdEnv[] = "LOCKSTEP_ZYGOTE_FD";
 inline constexpr int64_t kZygoteForkTimeoutMs = 5000;
+// A zygote whose imports are not done by then (a hung import) is given up.
+inline constexpr int64_t kZygoteReadyTimeoutMs = 120000;
 
 // The zygote's command line for a command that is a Python interpreter running a script or a
 // module: `python3 -u train.py --lr 0.1` -> `python3 -u -m lockstep.zygote -- train.py --lr 0.1`.
@@ -69,6 +74,7 @@ class Zygote {
   int control_fd_ = -1;
   bool ready_ = false;
   bool broken_ = false;
+  Deadline ready_by_ = Deadline::AfterMs(kZygoteReadyTimeoutMs);
 };
 
 }  // namespace lockstep::agent

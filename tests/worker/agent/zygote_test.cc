@@ -124,6 +124,36 @@ TEST_F(ZygoteTest, AForkedSpareRunsTheScriptAsTheInterpreterWouldAsThisProcesssC
   EXPECT_TRUE(zygote->Usable()) << "the zygote goes on serving";
 }
 
+TEST_F(ZygoteTest, AModuleRunWithDashMIsRunAsTheInterpreterWouldRunIt) {
+  ChildProcess::Options options = Options("", "json");
+  std::ofstream(dir_ + "/trainmod.py") << "import os, sys\n"
+                                          "print(__name__, sys.argv == [__file__, 'x'],\n"
+                                          "      sys.path[0] == os.getcwd())\n";
+  options.argv = {kPython, "-m", "trainmod", "x"};
+  std::unique_ptr<Zygote> zygote = StartReady(options);
+  ASSERT_NE(zygote, nullptr);
+  const std::string out_path = dir_ + "/out";
+  const int saved = dup(STDOUT_FILENO);
+  const int file = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+  ASSERT_GE(file, 0);
+  fflush(stdout);
+  dup2(file, STDOUT_FILENO);
+  ChildExit exit;
+  {
+    auto channel = HelperChannel::Create();
+    ASSERT_TRUE(channel.ok());
+    StatusOr<std::unique_ptr<ChildProcess>> spare = zygote->Fork(options, channel->program_fd);
+    channel->CloseProgramEnd();
+    if (spare.ok()) exit = WaitForExit(**spare);
+    dup2(saved, STDOUT_FILENO);
+    ASSERT_TRUE(spare.ok()) << spare.status();
+  }
+  close(saved);
+  close(file);
+  EXPECT_TRUE(exit.success()) << exit.Describe();
+  EXPECT_EQ(testing::ReadFile(out_path), "[spare] __main__ True True\n");
+}
+
 TEST_F(ZygoteTest, TheImportsAreDoneOnceInTheZygoteAndEverySpareFindsThemDone) {
   // heavy.py stands for torch: it records every process that executes it.
   std::ofstream(dir_ + "/heavy.py") << "import os\n"
