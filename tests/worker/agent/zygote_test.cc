@@ -80,6 +80,37 @@ class ZygoteTest : public ::testing::Test {
     return child.exit().value_or(ChildExit{});
   }
 
+  // Forks a process from `zygote` and waits for its exit; what it wrote to stdout (relayed with
+  // its prefix to this process's stdout) is captured in *out. Fails the test if the fork fails.
+  ChildExit RunForked(Zygote& zygote, const ChildProcess::Options& options,
+                      std::string* out = nullptr) {
+    const std::string out_path = dir_ + "/out";
+    const int saved = dup(STDOUT_FILENO);
+    const int file = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    EXPECT_GE(file, 0);
+    fflush(stdout);
+    dup2(file, STDOUT_FILENO);
+    ChildExit exit;
+    Status forked;
+    {
+      StatusOr<HelperChannel::Pair> channel = HelperChannel::Create();
+      if (!channel.ok()) {
+        forked = channel.status();
+      } else {
+        StatusOr<std::unique_ptr<ChildProcess>> spare = zygote.Fork(options, channel->program_fd);
+        channel->CloseProgramEnd();
+        if (spare.ok()) exit = WaitForExit(**spare);
+        forked = spare.status();
+      }
+    }
+    dup2(saved, STDOUT_FILENO);
+    close(saved);
+    close(file);
+    EXPECT_TRUE(forked.ok()) << forked;
+    if (out != nullptr) *out = testing::ReadFile(out_path);
+    return exit;
+  }
+
   std::string dir_;
 };
 
@@ -95,28 +126,11 @@ TEST_F(ZygoteTest, AForkedSpareRunsTheScriptAsTheInterpreterWouldAsThisProcesssC
   std::unique_ptr<Zygote> zygote = StartReady(options);
   ASSERT_NE(zygote, nullptr);
   options.env.push_back("ROLE=spare-1");
-
-  const std::string out_path = dir_ + "/out";
-  const int saved = dup(STDOUT_FILENO);
-  const int file = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(file, 0);
-  fflush(stdout);
-  dup2(file, STDOUT_FILENO);
-  ChildExit exit;
-  {
-    auto channel = HelperChannel::Create();
-    ASSERT_TRUE(channel.ok()) << channel.status();
-    StatusOr<std::unique_ptr<ChildProcess>> spare = zygote->Fork(options, channel->program_fd);
-    channel->CloseProgramEnd();
-    if (spare.ok()) exit = WaitForExit(**spare);
-    dup2(saved, STDOUT_FILENO);
-    ASSERT_TRUE(spare.ok()) << spare.status();
-  }
-  close(saved);
-  close(file);
+  std::string out;
+  const ChildExit exit = RunForked(*zygote, options, &out);
   EXPECT_FALSE(exit.signaled);
   EXPECT_EQ(exit.exit_code, 3) << "its own exit code, reaped by this process";
-  EXPECT_EQ(testing::ReadFile(out_path),
+  EXPECT_EQ(out,
             "[spare] __main__ ['arg'] spare-1 " + std::to_string(getpid()) + " True python3\n");
   EXPECT_EQ(testing::ReadFile("/proc/" + std::to_string(zygote->pid()) + "/comm"),
             "lockstep-zygote\n")
@@ -132,26 +146,10 @@ TEST_F(ZygoteTest, AModuleRunWithDashMIsRunAsTheInterpreterWouldRunIt) {
   options.argv = {kPython, "-m", "trainmod", "x"};
   std::unique_ptr<Zygote> zygote = StartReady(options);
   ASSERT_NE(zygote, nullptr);
-  const std::string out_path = dir_ + "/out";
-  const int saved = dup(STDOUT_FILENO);
-  const int file = open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  ASSERT_GE(file, 0);
-  fflush(stdout);
-  dup2(file, STDOUT_FILENO);
-  ChildExit exit;
-  {
-    auto channel = HelperChannel::Create();
-    ASSERT_TRUE(channel.ok());
-    StatusOr<std::unique_ptr<ChildProcess>> spare = zygote->Fork(options, channel->program_fd);
-    channel->CloseProgramEnd();
-    if (spare.ok()) exit = WaitForExit(**spare);
-    dup2(saved, STDOUT_FILENO);
-    ASSERT_TRUE(spare.ok()) << spare.status();
-  }
-  close(saved);
-  close(file);
+  std::string out;
+  const ChildExit exit = RunForked(*zygote, options, &out);
   EXPECT_TRUE(exit.success()) << exit.Describe();
-  EXPECT_EQ(testing::ReadFile(out_path), "[spare] __main__ True True\n");
+  EXPECT_EQ(out, "[spare] __main__ True True\n");
 }
 
 TEST_F(ZygoteTest, TheImportsAreDoneOnceInTheZygoteAndEverySpareFindsThemDone) {
@@ -163,14 +161,7 @@ TEST_F(ZygoteTest, TheImportsAreDoneOnceInTheZygoteAndEverySpareFindsThemDone) {
   ChildProcess::Options options = Options("import heavy\n", "heavy");
   std::unique_ptr<Zygote> zygote = StartReady(options);
   ASSERT_NE(zygote, nullptr);
-  for (int i = 0; i < 2; ++i) {
-    auto channel = HelperChannel::Create();
-    ASSERT_TRUE(channel.ok());
-    StatusOr<std::unique_ptr<ChildProcess>> spare = zygote->Fork(options, channel->program_fd);
-    channel->CloseProgramEnd();
-    ASSERT_TRUE(spare.ok()) << spare.status();
-    EXPECT_TRUE(WaitForExit(**spare).success());
-  }
+  for (int i = 0; i < 2; ++i) EXPECT_TRUE(RunForked(*zygote, options).success());
   EXPECT_EQ(testing::ReadFile(dir_ + "/imported"), std::to_string(zygote->pid()) + "\n");
 }
 
@@ -222,12 +213,7 @@ TEST_F(ZygoteTest, AScriptThatCannotBeFoundFailsInTheSpareNotInTheZygote) {
   options.argv = {kPython, dir_ + "/missing.py"};
   std::unique_ptr<Zygote> zygote = StartReady(options);
   ASSERT_NE(zygote, nullptr);
-  auto channel = HelperChannel::Create();
-  ASSERT_TRUE(channel.ok());
-  StatusOr<std::unique_ptr<ChildProcess>> spare = zygote->Fork(options, channel->program_fd);
-  channel->CloseProgramEnd();
-  ASSERT_TRUE(spare.ok()) << spare.status();
-  const ChildExit exit = WaitForExit(**spare);
+  const ChildExit exit = RunForked(*zygote, options);
   EXPECT_EQ(exit.exit_code, 2) << "as `python3 missing.py` fails";
   EXPECT_TRUE(zygote->Usable());
 }
