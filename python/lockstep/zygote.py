@@ -247,11 +247,14 @@ def main(argv):
     with open("/proc/self/comm", "rb") as f:
         name = f.read().strip()
     set_process_name(ZYGOTE_NAME)
-    names = [n.strip() for n in os.environ.get(PRELOAD, DEFAULT_PRELOAD).split(",") if n.strip()]
+    modules = [m.strip() for m in os.environ.get(PRELOAD, DEFAULT_PRELOAD).split(",") if m.strip()]
     imported = imported_by(launch)
     if imported is not None:  # a script that never imports torch does not pay for it here
-        names = [name for name in names if name.split(".")[0] in imported]
-    preloaded, not_found = preload(names)
+        modules = [module for module in modules if module.split(".")[0] in imported]
+    if launch.script is not None and os.path.isfile(launch.script):
+        # Imported from where the script's imports would find them: its directory, not ours.
+        sys.path[0] = os.path.dirname(os.path.realpath(launch.script))
+    preloaded, not_found = preload(modules)
     gc.collect()
     # The spares never collect what the zygote imported (it lives as long as they do), so their
     # collections neither walk it nor touch the pages they share with the zygote.
