@@ -109,6 +109,17 @@ def start(system, work, args, marker):
                             start_new_session=True, cwd=work)
 
 
+def step_lines(texts):
+    """The step lines among a timeline's lines (a line still being written does not parse)."""
+    for text in texts:
+        try:
+            line = json.loads(text)
+        except ValueError:
+            continue
+        if line.get("event") == "step":
+            yield line
+
+
 class TimelineTail:
     """The newest step lines of a growing timeline, read incrementally: re-reading the whole
     file at every poll costs the bench a core's share that grows with the run, which the
@@ -130,13 +141,7 @@ class TimelineTail:
             return self.recent
         text = self.partial + data
         complete, _, self.partial = text.rpartition("\n")
-        for line_text in complete.splitlines():
-            try:
-                line = json.loads(line_text)
-            except ValueError:
-                continue
-            if line.get("event") == "step":
-                self.recent.append(line)
+        self.recent.extend(step_lines(complete.splitlines()))
         del self.recent[:-4 * WORKERS]
         return self.recent
 
@@ -195,13 +200,8 @@ def lost_at_kills(timeline_path, kill_times, window=6.0, base=2.0):
     done = {}
     try:
         with open(timeline_path) as f:
-            for text in f:
-                try:
-                    line = json.loads(text)
-                except ValueError:
-                    continue
-                if line.get("event") == "step":
-                    done[line["step"]] = max(done.get(line["step"], 0.0), line["time"])
+            for line in step_lines(f):
+                done[line["step"]] = max(done.get(line["step"], 0.0), line["time"])
     except FileNotFoundError:
         return []
     times = sorted(done.values())

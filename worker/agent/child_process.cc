@@ -211,11 +211,7 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
       child->exit_ = exit;
     }
   } else if (options.idle_priority && ready > 0) {  // executed: never before its exec
-    if (Status idle = EnterIdlePriority(pid); idle.ok()) {
-      child->idle_priority_ = true;
-    } else {
-      LOCKSTEP_LOG(WARNING) << options.argv[0] << " runs at normal CPU priority: " << idle;
-    }
+    child->EnterIdle(options.argv[0]);
   }
   return child;
 }
@@ -237,14 +233,16 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Adopt(pid_t pid, int stdou
   child->signal_descendants_ = options.signal_descendants;
   child->StartRelay(stdout_fd, STDOUT_FILENO);
   child->StartRelay(stderr_fd, STDERR_FILENO);
-  if (options.idle_priority) {
-    if (Status idle = EnterIdlePriority(pid); idle.ok()) {
-      child->idle_priority_ = true;
-    } else {
-      LOCKSTEP_LOG(WARNING) << "pid " << pid << " runs at normal CPU priority: " << idle;
-    }
-  }
+  if (options.idle_priority) child->EnterIdle("pid " + std::to_string(pid));
   return child;
+}
+
+void ChildProcess::EnterIdle(const std::string& shown) {
+  if (Status idle = EnterIdlePriority(pid_); idle.ok()) {
+    idle_priority_ = true;
+  } else {
+    LOCKSTEP_LOG(WARNING) << shown << " runs at normal CPU priority: " << idle;
+  }
 }
 
 ChildProcess::~ChildProcess() {
@@ -333,7 +331,7 @@ std::optional<ChildExit> ChildProcess::TryReap() {
   siginfo_t info{};
   if (waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
     if (errno != ECHILD) return std::nullopt;
-    // Not our child (any more): an adopted process that was reaped before it was adopted.
+    // Not our child any more: something else reaped it (a waitpid(-1) of another part).
     ChildExit lost;
     lost.exit_code = 255;
     lost.start_error = "pid " + std::to_string(pid_) + " is not a child of this process";

@@ -123,6 +123,9 @@ class ChildProcess {
  private:
   ChildProcess() = default;
   void StartRelay(int fd, int target_fd);
+  // Moves the program under SCHED_IDLE (Options::idle_priority); a failure is logged, naming it
+  // as `shown`, and the program runs at normal priority.
+  void EnterIdle(const std::string& shown);
   // Waits (bounded) for the relays to see end-of-file, then stops them.
   void JoinRelays(int64_t timeout_ms);
 

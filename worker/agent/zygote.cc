@@ -71,7 +71,6 @@ StatusOr<std::unique_ptr<Zygote>> Zygote::Start(ChildProcess::Options options,
   close(fds[1]);
   if (!process.ok()) return process.status();  // the destructor closes control_fd_
   zygote->process_ = std::move(*process);
-  zygote->ready_by_ = Deadline::AfterMs(kZygoteReadyTimeoutMs);
   if (!zygote->process_->running()) {
     return FailedPreconditionError("zygote did not start: " + zygote->process_->exit()->Describe());
   }

@@ -74,7 +74,7 @@ class Zygote {
   int control_fd_ = -1;
   bool ready_ = false;
   bool broken_ = false;
-  Deadline ready_by_ = Deadline::AfterMs(kZygoteReadyTimeoutMs);
+  Deadline ready_by_ = Deadline::AfterMs(kZygoteReadyTimeoutMs);  // from its construction in Start
 };
 
 }  // namespace lockstep::agent
