@@ -45,7 +45,7 @@ RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
       cmake ninja-build g++ pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev \
-      prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev \
+      prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev zlib1g-dev \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 
@@ -118,7 +118,7 @@ RUN apt-get update \
       libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libgcc-s1 libgfortran5 \
       libgloo0 libgrpc++1.51 libgrpc29 libhiredis0.14 libibverbs1 libnl-3-200 \
       libnl-route-3-200 libopenblas0-pthread libprometheus-cpp-core1.0 libprotobuf32 \
-      libquadmath0 libre2-9 libssl3 libstdc++6 libyaml-cpp0.7 zlib1g \
+      libquadmath0 libre2-9 libssl3 libstdc++6 libxxhash0 libyaml-cpp0.7 zlib1g \
       cuda-cudart-${CUDA_PACKAGE_VERSION} libcublas-${CUDA_PACKAGE_VERSION} libnccl2 \
  && rm -rf /var/lib/apt/lists/*
 # loaded at run time (dlopen), so not in ldd: the RDMA providers libibverbs loads for
@@ -158,7 +158,7 @@ RUN apt-get update \
       libabsl20220623 libbrotli1 libc-ares2 libc6 libcpprest2.10 libgcc-s1 libgfortran5 \
       libgloo0 libgrpc++1.51 libgrpc29 libhiredis0.14 libibverbs1 libnl-3-200 \
       libnl-route-3-200 libopenblas0-pthread libprometheus-cpp-core1.0 libprotobuf32 \
-      libquadmath0 libre2-9 libssl3 libstdc++6 libyaml-cpp0.7 zlib1g \
+      libquadmath0 libre2-9 libssl3 libstdc++6 libxxhash0 libyaml-cpp0.7 zlib1g \
  && rm -rf /var/lib/apt/lists/*
 # data and exec mode: the Fashion-MNIST files examples/fashion-mnist.yaml reads; python3
 RUN apt-get update \

@@ -26,7 +26,7 @@ packages=(
   cmake ninja-build g++ pkg-config
   # libraries (docs/architecture.md, "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev
-  prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev zlib1g-dev
+  prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev zlib1g-dev
   # RDMA device discovery (worker/comm/rdma); optional at build time, named here all the same
   libibverbs-dev
   # the build configures the tests and benchmarks too (headers and small libraries; the

@@ -237,8 +237,8 @@ int Main(int argc, char** argv) {
   async_checkpoint(
       1, [](auto wait) { wait(); }, &between_seconds, &report);
 
-  // SHA-256 of the whole state on one thread: the floor of rank 0's persist (its hashing
-  // overlaps its writing, and every shard's checksum is computed there).
+  // The shards' checksums over the whole state on one thread: the floor of rank 0's persist (its
+  // hashing overlaps its writing, and every shard's checksum is computed there).
   std::vector<double> hash_seconds;
   {
     const checkpoint::Manifest manifest = checkpoint::BuildManifest(staging, 1, false);
@@ -247,7 +247,7 @@ int Main(int argc, char** argv) {
       checkpoint::HashShards(staging, manifest);
       hash_seconds.push_back(MonotonicSeconds() - started);
     }
-    std::printf("sha256 of the state on one thread: %.1f ms (median of 3)\n",
+    std::printf("checksums of the state on one thread: %.1f ms (median of 3)\n",
                 SpreadOf(hash_seconds).median * 1e3);
   }
 

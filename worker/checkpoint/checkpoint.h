@@ -56,9 +56,9 @@ struct CheckpointState {
   std::vector<NamedTensor> tensors;
 };
 
-// 2: the manifest carries manifest_sha256 (manifest.h). Version 1 manifests (without it) are
-// still read.
-inline constexpr int kCheckpointFormatVersion = 2;
+// 2: the manifest carries manifest_sha256 (manifest.h). 3: shards are checked with XXH3-128
+// instead of SHA-256 (checksum.h). Versions 1 and 2 are still read.
+inline constexpr int kCheckpointFormatVersion = 3;
 inline constexpr char kManifestFileName[] = "manifest.json";
 
 // Bytes per element of a tensor dtype; 0 for a name that is not one.

@@ -5,7 +5,7 @@
 
 #include "common/logging.h"
 #include "worker/checkpoint/checkpoint_deletion.h"
-#include "worker/checkpoint/sha256.h"
+#include "worker/checkpoint/checksum.h"
 
 namespace lockstep::checkpoint {
 namespace {
@@ -70,11 +70,13 @@ Status CheckStepDir(Storage& storage, const std::string& dir, VerifyLevel level,
                       "size " + std::to_string(bytes->size()) + " bytes, manifest says " +
                           std::to_string(shard.bytes));
       }
-      const std::string sha256 = Sha256Hex(bytes->data(), bytes->size());
-      if (sha256 != shard.sha256) {
+      const ShardChecksum kind = ShardChecksumOf(manifest->format_version);
+      const std::string checksum = ShardChecksumHex(kind, bytes->data(), bytes->size());
+      if (checksum != shard.checksum) {
         return Damage(dir, shard.file,
-                      "sha256 mismatch (manifest " + shard.sha256.substr(0, 16) + "..., file " +
-                          sha256.substr(0, 16) + "...)");
+                      std::string(ShardChecksumField(kind)) + " mismatch (manifest " +
+                          shard.checksum.substr(0, 16) + "..., file " + checksum.substr(0, 16) +
+                          "...)");
       }
       if (state != nullptr) stream.insert(stream.end(), bytes->begin(), bytes->end());
     }

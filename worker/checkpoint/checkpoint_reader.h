@@ -5,7 +5,7 @@
 // wrong SHA-256. Damage is reported as DATA_LOSS with a message naming
 // the part:
 //
-//   step-000000000300/shard-1-of-2.bin: sha256 mismatch (manifest 9f86..., file 2c26...)
+//   step-000000000300/shard-1-of-2.bin: xxh3_128 mismatch (manifest 9f86..., file 2c26...)
 //   step-000000000300/manifest.json: truncated JSON at byte 120 of 120
 //   step-000000000300: missing shard-2-of-4.bin
 //

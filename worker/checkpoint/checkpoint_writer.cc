@@ -124,7 +124,7 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   if (hasher.joinable()) hasher.join();
   LOCKSTEP_RETURN_IF_ERROR(written);
   if (rank_ != 0) return OkStatus();
-  for (size_t rank = 0; rank < hashes.size(); ++rank) manifest.shards[rank].sha256 = hashes[rank];
+  for (size_t rank = 0; rank < hashes.size(); ++rank) manifest.shards[rank].checksum = hashes[rank];
 
   // The manifest's content, in place under the name synced above; the rename (which Rename
   // makes durable) is the commit.

@@ -10,7 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
-#include "worker/checkpoint/sha256.h"
+#include "worker/checkpoint/checksum.h"
 
 namespace lockstep::checkpoint {
 
@@ -102,7 +102,7 @@ Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_s
   if (hash_shards) {
     std::vector<std::string> hashes = HashShards(state, manifest);
     for (int rank = 0; rank < world_size; ++rank) {
-      manifest.shards[rank].sha256 = std::move(hashes[rank]);
+      manifest.shards[rank].checksum = std::move(hashes[rank]);
     }
   }
   return manifest;
@@ -110,9 +110,10 @@ Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_s
 
 std::vector<std::string> HashShards(const CheckpointState& state, const Manifest& manifest) {
   // One pass over the tensors, feeding each byte to the shard that holds it.
-  std::vector<std::unique_ptr<Sha256>> hashers;
+  const ShardChecksum kind = ShardChecksumOf(manifest.format_version);
+  std::vector<std::unique_ptr<ShardHasher>> hashers;
   for (size_t rank = 0; rank < manifest.shards.size(); ++rank) {
-    hashers.push_back(std::make_unique<Sha256>());
+    hashers.push_back(std::make_unique<ShardHasher>(kind));
   }
   size_t shard_index = 0;
   int64_t position = 0;
@@ -228,11 +229,12 @@ std::string SerializeManifest(const Manifest& manifest) {
                                {"bytes", tensor.bytes}});
   }
   json["shards"] = nlohmann::json::array();
+  const char* checksum_field = ShardChecksumField(ShardChecksumOf(manifest.format_version));
   for (const ShardEntry& shard : manifest.shards) {
     json["shards"].push_back({{"file", shard.file},
                               {"offset", shard.offset},
                               {"bytes", shard.bytes},
-                              {"sha256", shard.sha256}});
+                              {checksum_field, shard.checksum}});
   }
   json["created_at"] = manifest.created_at;
   json["lockstep_version"] = manifest.lockstep_version;
@@ -320,12 +322,13 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
       throw std::runtime_error("missing field 'shards'");
     }
     int64_t covered = 0;
+    const char* checksum_field = ShardChecksumField(ShardChecksumOf(manifest.format_version));
     for (const nlohmann::json& entry : json["shards"]) {
       ShardEntry shard;
       Field(entry, "file", &shard.file, "shards[].");
       Field(entry, "offset", &shard.offset, "shards[].");
       Field(entry, "bytes", &shard.bytes, "shards[].");
-      Field(entry, "sha256", &shard.sha256, "shards[].");
+      Field(entry, checksum_field, &shard.checksum, "shards[].");
       if (shard.offset != covered || shard.bytes < 0 || shard.file.empty() ||
           shard.file.find('/') != std::string::npos) {
         throw std::runtime_error("shard '" + shard.file +

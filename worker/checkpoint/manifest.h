@@ -1,17 +1,18 @@
 // manifest.json: the record that makes a checkpoint directory readable and checkable.
 //
-//   {"format_version": 2, "step": 500, "epoch": 1, "data_cursor": {"epoch": 1, "offset": 3200},
+//   {"format_version": 3, "step": 500, "epoch": 1, "data_cursor": {"epoch": 1, "offset": 3200},
 //    "world_size": 2, "rng_state": "...", "optimizer": {"type": "sgd", "step": 500},
 //    "total_bytes": 1048576,
 //    "tensors": [{"name": "w0", "dtype": "f32", "shape": [784, 256], "offset": 0,
 //                 "bytes": 802816}, ...],
 //    "shards": [{"file": "shard-0-of-2.bin", "offset": 0, "bytes": 524288,
-//                "sha256": "9f86d0..."}, ...],
+//                "xxh3_128": "9f86d0..."}, ...],
 //    "created_at": "2026-11-21T21:50:03Z", "lockstep_version": "0.1.0",
 //    "manifest_sha256": "c0ffee..."}
 //
 // Tensor and shard offsets are positions in the state stream (checkpoint.h): tensors cover it
-// contiguously in order, and so do shards in rank order. manifest_sha256 is the SHA-256 of the
+// contiguously in order, and so do shards in rank order. Each shard carries the checksum of its
+// bytes (checksum.h: "xxh3_128" from format 3, "sha256" before). manifest_sha256 is the SHA-256 of the
 // manifest's JSON without that field, compact (nlohmann::json::dump(), keys sorted), so any edit
 // of the manifest after it was written is detected (in the manner of PyTorch DCP's checked
 // metadata).
@@ -39,7 +40,7 @@ struct ShardEntry {
   std::string file;
   int64_t offset = 0;  // in the state stream
   int64_t bytes = 0;
-  std::string sha256;  // lowercase hex; empty until computed
+  std::string checksum;  // lowercase hex, of the manifest's ShardChecksumOf(format_version)
 };
 
 struct Manifest {
@@ -58,10 +59,10 @@ struct Manifest {
 };
 
 // The manifest of `state` split over `world_size` shards. With `hash_shards` every shard's
-// SHA-256 is computed (reads the whole state once); otherwise sha256 stays empty.
+// checksum is computed (reads the whole state once); otherwise it stays empty.
 Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_shards);
 
-// The SHA-256 (lowercase hex) of each shard of `manifest`, which must have been built from
+// The checksum (lowercase hex) of each shard of `manifest`, which must have been built from
 // `state`; one pass over the state.
 std::vector<std::string> HashShards(const CheckpointState& state, const Manifest& manifest);
 

@@ -10,6 +10,7 @@
 
 #include "tests/support/webhdfs/webhdfs_test_server.h"
 #include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/checksum.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage/local/local_storage.h"
@@ -188,14 +189,14 @@ TEST_F(CheckpointTest, EachKindOfDamageIsDetectedNamedAndSkipped) {
          bytes[bytes.size() / 2] ^= 0x01;
          t->Overwrite(dir + "/shard-0-of-2.bin", bytes);
        },
-       "shard-0-of-2.bin: sha256 mismatch"},
+       "shard-0-of-2.bin: xxh3_128 mismatch"},
       {"flip a byte in shard 1",
        [](CheckpointTest* t, Storage& s, const std::string& dir) {
          auto bytes = t->ReadAll(dir + "/shard-1-of-2.bin");
          bytes[0] ^= 0x80;
          t->Overwrite(dir + "/shard-1-of-2.bin", bytes);
        },
-       "shard-1-of-2.bin: sha256 mismatch"},
+       "shard-1-of-2.bin: xxh3_128 mismatch"},
       {"truncate shard 1",
        [](CheckpointTest* t, Storage& s, const std::string& dir) {
          auto bytes = t->ReadAll(dir + "/shard-1-of-2.bin");
@@ -320,16 +321,70 @@ TEST(ManifestTest, TensorTableThatContradictsItselfIsDamageNamingTheTensor) {
   }
 }
 
-TEST_F(CheckpointTest, AVersionOneManifestWithoutChecksumIsStillRead) {
+TEST(ChecksumTest, ShardChecksumsAreTheOnesXxhsumAndSha256sumPrint) {
+  // `xxhsum -H2` and `sha256sum` of an empty file and of a file holding "lockstep".
+  EXPECT_EQ(ShardChecksumHex(ShardChecksum::kXxh3_128, "", 0), "99aa06d3014798d86001c324468d497f");
+  EXPECT_EQ(ShardChecksumHex(ShardChecksum::kXxh3_128, "lockstep", 8),
+            "b4ead11c934f0a1e75345b2b871d8c38");
+  EXPECT_EQ(ShardChecksumHex(ShardChecksum::kSha256, "lockstep", 8),
+            "b3e2087f587654ac1c93325104785b14b1b4033f66016a8d56b67abcc62e0b3d");
+  // Fed in pieces, as a shard that spans several tensors is.
+  ShardHasher hasher(ShardChecksum::kXxh3_128);
+  hasher.Update("lock", 4);
+  hasher.Update("", 0);
+  hasher.Update("step", 4);
+  EXPECT_EQ(hasher.FinishHex(), "b4ead11c934f0a1e75345b2b871d8c38");
+}
+
+TEST_F(CheckpointTest, ANewCheckpointChecksItsShardsWithXxh3) {
   WriteStep(100);
-  EditManifest(JoinPath(root_, StepDirName(100)), [](nlohmann::json& json) {
-    json.erase("manifest_sha256");
-    json["format_version"] = 1;
-  });
-  EXPECT_TRUE(VerifyCheckpoint(storage_, root_, 100, TestDeadline()).ok());
-  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
-  ASSERT_TRUE(loaded.ok()) << loaded.status();
-  ExpectSameState(loaded->state, MakeState(100));
+  const std::vector<uint8_t> text = ReadAll(StepPath(100, "manifest.json"));
+  StatusOr<Manifest> manifest = ParseManifest(std::string(text.begin(), text.end()));
+  ASSERT_TRUE(manifest.ok()) << manifest.status();
+  EXPECT_EQ(manifest->format_version, 3);
+  for (const ShardEntry& shard : manifest->shards) {
+    const std::vector<uint8_t> bytes = ReadAll(StepPath(100, shard.file));
+    EXPECT_EQ(shard.checksum, ShardChecksumHex(ShardChecksum::kXxh3_128, bytes.data(), bytes.size()))
+        << shard.file;
+  }
+  EXPECT_NE(std::string(text.begin(), text.end()).find("\"xxh3_128\""), std::string::npos);
+}
+
+TEST_F(CheckpointTest, CheckpointsOfFormatsOneAndTwoWithSha256ShardsAreStillReadAndChecked) {
+  for (int version : {1, 2}) {
+    SCOPED_TRACE("format_version " + std::to_string(version));
+    const int64_t step = 100 * version;
+    WriteStep(step);
+    // Rewritten as that version's writer wrote it: SHA-256 per shard, and for version 1 no
+    // manifest checksum.
+    const std::vector<uint8_t> text = ReadAll(StepPath(step, "manifest.json"));
+    StatusOr<Manifest> manifest = ParseManifest(std::string(text.begin(), text.end()));
+    ASSERT_TRUE(manifest.ok()) << manifest.status();
+    manifest->format_version = version;
+    std::vector<std::string> hashes = HashShards(MakeState(step), *manifest);
+    for (size_t rank = 0; rank < hashes.size(); ++rank) {
+      EXPECT_EQ(hashes[rank].size(), 64u);
+      manifest->shards[rank].checksum = hashes[rank];
+    }
+    const std::string old = SerializeManifest(*manifest);
+    EXPECT_NE(old.find("\"sha256\""), std::string::npos);
+    EXPECT_EQ(old.find("\"xxh3_128\""), std::string::npos);
+    EXPECT_EQ(old.find("manifest_sha256") != std::string::npos, version == 2);
+    Overwrite(StepPath(step, "manifest.json"), std::vector<uint8_t>(old.begin(), old.end()));
+
+    EXPECT_TRUE(VerifyCheckpoint(storage_, root_, step, TestDeadline()).ok());
+    auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+    ASSERT_TRUE(loaded.ok()) << loaded.status();
+    ExpectSameState(loaded->state, MakeState(step));
+
+    std::vector<uint8_t> shard = ReadAll(StepPath(step, "shard-1-of-2.bin"));
+    shard[3] ^= 0x10;
+    Overwrite(StepPath(step, "shard-1-of-2.bin"), shard);
+    Status damaged = VerifyCheckpoint(storage_, root_, step, TestDeadline());
+    EXPECT_EQ(damaged.code(), StatusCode::kDataLoss) << damaged;
+    EXPECT_NE(damaged.message().find("shard-1-of-2.bin: sha256 mismatch"), std::string::npos)
+        << damaged;
+  }
 }
 
 TEST_F(CheckpointTest, ACheckpointTheLoaderRejectsIsSkippedForTheNewestItAccepts) {
