@@ -1,6 +1,8 @@
 #include "worker/comm/communicator.h"
 
 #include <algorithm>
+#include <string>
+#include <utility>
 
 namespace lockstep::comm {
 
@@ -37,6 +39,29 @@ const char* DataTypeName(DataType type) {
 size_t PartBegin(size_t count, int parts, int part) {
   const size_t per = (count + parts - 1) / parts;
   return std::min(count, per * static_cast<size_t>(part));
+}
+
+Status CheckSendRecv(const std::string& backend, int rank, int size, const void* send,
+                     size_t send_bytes, int send_peer, const void* recv, size_t recv_bytes,
+                     int recv_peer) {
+  const std::string where = backend + " send/recv on rank " + std::to_string(rank) + ": ";
+  if (send_peer < 0 && recv_peer < 0) {
+    return InvalidArgumentError(where + "neither a peer to send to nor one to receive from");
+  }
+  for (const auto& [side, peer] : {std::pair{"send", send_peer}, std::pair{"recv", recv_peer}}) {
+    if (peer == rank || peer < -1 || peer >= size) {
+      return InvalidArgumentError(where + side + " peer " + std::to_string(peer) +
+                                  (peer == rank ? " is this rank itself"
+                                                : " outside world of " + std::to_string(size)));
+    }
+  }
+  if ((send_peer >= 0 && send == nullptr && send_bytes > 0) ||
+      (recv_peer >= 0 && recv == nullptr && recv_bytes > 0)) {
+    return InvalidArgumentError(where + "a null buffer for " +
+                                std::to_string(send == nullptr ? send_bytes : recv_bytes) +
+                                " bytes");
+  }
+  return OkStatus();
 }
 
 }  // namespace lockstep::comm

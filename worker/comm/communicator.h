@@ -30,6 +30,13 @@ const char* DataTypeName(DataType type);
 // elements, in order, the last ones shorter or empty. ReduceScatter's partition.
 size_t PartBegin(size_t count, int parts, int part);
 
+// The arguments of a SendRecv of `backend` on rank `rank` of `size`: INVALID_ARGUMENT naming
+// what is wrong (a peer outside the world or this rank itself, neither side given, a null
+// buffer with bytes). Every backend calls it first.
+Status CheckSendRecv(const std::string& backend, int rank, int size, const void* send,
+                     size_t send_bytes, int send_peer, const void* recv, size_t recv_bytes,
+                     int recv_peer);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -55,6 +62,26 @@ class Communicator {
   virtual Status AllGather(const void* in, size_t bytes_per_rank, void* out,
                            int64_t timeout_ms) = 0;
   virtual Status Barrier(int64_t timeout_ms) = 0;
+
+  // Point to point, between two ranks (pipeline stages pass activations and their gradients):
+  // the n-th message this rank sends to `peer` is the n-th that `peer` receives from this rank,
+  // of the same size, whatever else either of them calls in between. A send completes only
+  // once the peer receives (rendezvous: no unbounded buffering), so two ranks that send to each
+  // other at the same time must do it in one SendRecv each; two plain Sends would each wait for
+  // the other's Recv until their deadline. Only the two ranks take part: the others call
+  // nothing. Same deadlines and errors as the collectives.
+  Status Send(const void* data, size_t bytes, int peer, int64_t timeout_ms) {
+    return SendRecv(data, bytes, peer, nullptr, 0, -1, timeout_ms);
+  }
+  Status Recv(void* data, size_t bytes, int peer, int64_t timeout_ms) {
+    return SendRecv(nullptr, 0, -1, data, bytes, peer, timeout_ms);
+  }
+  // Sends send[0..send_bytes) to send_peer and receives recv[0..recv_bytes) from recv_peer at
+  // once; returns when both are done. A peer of -1 leaves that side out; the two peers may be
+  // the same rank or different ones (a stage's forward to the next and backward from it, or a
+  // ring shift).
+  virtual Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
+                          size_t recv_bytes, int recv_peer, int64_t timeout_ms) = 0;
   // Makes every later call fail with ABORTED at once, and closes this rank's connections so that
   // peers blocked on it fail at once (UNAVAILABLE). A call of this rank that is already blocked
   // returns when a peer closes its side or at its deadline: libgloo 0.5 offers no way to wake a

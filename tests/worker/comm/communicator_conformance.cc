@@ -412,6 +412,178 @@ TEST_P(CommunicatorConformanceTest, BarrierReleasesNoRankBeforeAllArrive) {
   EXPECT_TRUE(status.ok()) << status;
 }
 
+// Pipeline stages in a chain 0 -> 1 -> ... -> W-1: each micro-batch's activations travel
+// forward with Send/Recv, each rank adding its own term, and their gradients travel back; in
+// between, every rank all-reduces (the data-parallel gradients of a stage run beside the
+// pipeline's messages), so the messages must match by order between two ranks alone. Sizes
+// from empty to several shm slots.
+TEST_P(CommunicatorConformanceTest, PipelineStagesPassActivationsForwardAndGradientsBack) {
+  if (!backend().point_to_point_limit.empty()) GTEST_SKIP() << backend().point_to_point_limit;
+  const int world = this->world();
+  if (world == 1) GTEST_SKIP() << "no second stage";
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    const std::vector<size_t> sizes = {0, 1, 13, (size_t{9} << 20) / 4 + 3, size_t{1} << 18};
+    for (size_t m = 0; m < sizes.size(); ++m) {
+      const size_t count = sizes[m];
+      std::vector<float> values(count, 0.0f);
+      SpaceBuffer<float> activations(space, values);
+      if (rank > 0) {
+        LOCKSTEP_RETURN_IF_ERROR(
+            comm.Recv(activations.data(), count * sizeof(float), rank - 1, kTimeoutMs));
+      }
+      values = activations.Read();
+      for (size_t i = 0; i < count && rank > 0; ++i) {
+        const float expected = static_cast<float>(rank * (rank - 1) / 2) + m + (i % 7);
+        if (values[i] != expected) {
+          return InternalError("micro-batch " + std::to_string(m) + " forward: element " +
+                               std::to_string(i) + " is " + std::to_string(values[i]) +
+                               ", expected " + std::to_string(expected));
+        }
+        values[i] += rank;
+      }
+      if (rank == 0) {
+        for (size_t i = 0; i < count; ++i) values[i] = static_cast<float>(m + (i % 7));
+      }
+      SpaceBuffer<float> out(space, values);
+      if (rank + 1 < world) {
+        LOCKSTEP_RETURN_IF_ERROR(
+            comm.Send(out.data(), count * sizeof(float), rank + 1, kTimeoutMs));
+      }
+      SpaceBuffer<float> reduced(space, std::vector<float>(5, 1.0f));
+      LOCKSTEP_RETURN_IF_ERROR(
+          comm.AllReduce(reduced.data(), 5, DataType::kFloat32, ReduceOp::kSum, kTimeoutMs));
+      // Backward: the last stage starts the gradient, each stage passes it on, minus its rank.
+      SpaceBuffer<float> grad(space, std::vector<float>(count, static_cast<float>(1000 + m)));
+      if (rank + 1 < world) {
+        LOCKSTEP_RETURN_IF_ERROR(
+            comm.Recv(grad.data(), count * sizeof(float), rank + 1, kTimeoutMs));
+      }
+      std::vector<float> g = grad.Read();
+      float expected = 1000.0f + m;
+      for (int later = world - 1; later > rank; --later) expected -= later;
+      for (size_t i = 0; i < count; ++i) {
+        if (g[i] != expected) {
+          return InternalError("micro-batch " + std::to_string(m) + " backward: element " +
+                               std::to_string(i) + " is " + std::to_string(g[i]) + ", expected " +
+                               std::to_string(expected));
+        }
+        g[i] -= rank;
+      }
+      SpaceBuffer<float> back(space, g);
+      if (rank > 0) {
+        LOCKSTEP_RETURN_IF_ERROR(
+            comm.Send(back.data(), count * sizeof(float), rank - 1, kTimeoutMs));
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// 1F1B's steady state: a stage sends one micro-batch's activations forward while it receives an
+// earlier one's gradient from the same neighbour, both at once (SendRecv), and a ring shift
+// where every rank sends to its successor and receives from its predecessor. Two plain Sends
+// would each wait for the other's Recv; SendRecv must not.
+TEST_P(CommunicatorConformanceTest, SendRecvExchangesBothWaysAtOnce) {
+  if (!backend().point_to_point_limit.empty()) GTEST_SKIP() << backend().point_to_point_limit;
+  const int world = this->world();
+  if (world == 1) GTEST_SKIP() << "no peer";
+  BufferSpace& space = *backend().space;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    for (size_t bytes : {size_t{1}, size_t{4099}, (size_t{9} << 20) + 1}) {
+      const int next = (rank + 1) % world;
+      const int previous = (rank + world - 1) % world;
+      std::vector<uint8_t> mine(bytes);
+      for (size_t i = 0; i < bytes; ++i) mine[i] = static_cast<uint8_t>(rank * 37 + i);
+      SpaceBuffer<uint8_t> send(space, mine);
+      SpaceBuffer<uint8_t> recv(space, std::vector<uint8_t>(bytes, 0));
+      LOCKSTEP_RETURN_IF_ERROR(
+          comm.SendRecv(send.data(), bytes, next, recv.data(), bytes, previous, kTimeoutMs));
+      std::vector<uint8_t> got = recv.Read();
+      for (size_t i = 0; i < bytes; ++i) {
+        if (got[i] != static_cast<uint8_t>(previous * 37 + i)) {
+          return InternalError("ring shift of " + std::to_string(bytes) + " bytes: byte " +
+                               std::to_string(i) + " is not rank " + std::to_string(previous) +
+                               "'s");
+        }
+      }
+      // Pairs (0,1), (2,3), ...: each sends to the other and receives from it at once, with
+      // different sizes each way.
+      const int partner = rank ^ 1;
+      if (partner >= world) continue;
+      const size_t out_bytes = bytes + rank, in_bytes = bytes + partner;
+      std::vector<uint8_t> out_values(out_bytes, static_cast<uint8_t>(rank + 1));
+      SpaceBuffer<uint8_t> out(space, out_values);
+      SpaceBuffer<uint8_t> in(space, std::vector<uint8_t>(in_bytes, 0));
+      LOCKSTEP_RETURN_IF_ERROR(
+          comm.SendRecv(out.data(), out_bytes, partner, in.data(), in_bytes, partner, kTimeoutMs));
+      if (in.Read() != std::vector<uint8_t>(in_bytes, static_cast<uint8_t>(partner + 1))) {
+        return InternalError("exchange of " + std::to_string(bytes) + " bytes with rank " +
+                             std::to_string(partner) + " received the wrong bytes");
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+// Several messages of different sizes from one rank to another in a row arrive in order, whole.
+// Only the two ranks take part: the others call nothing meanwhile.
+TEST_P(CommunicatorConformanceTest, MessagesBetweenTwoRanksArriveInOrderWhileOthersCallNothing) {
+  if (!backend().point_to_point_limit.empty()) GTEST_SKIP() << backend().point_to_point_limit;
+  const int world = this->world();
+  if (world == 1) GTEST_SKIP() << "no peer";
+  BufferSpace& space = *backend().space;
+  const int last = world - 1;
+  Status status = RunRanks(backend(), world, [&](int rank, Communicator& comm) -> Status {
+    constexpr int kMessages = 6;
+    if (rank == 0) {
+      for (int n = 0; n < kMessages; ++n) {
+        const size_t bytes = 1 + n * 100003;
+        SpaceBuffer<uint8_t> out(space, std::vector<uint8_t>(bytes, static_cast<uint8_t>(n)));
+        LOCKSTEP_RETURN_IF_ERROR(comm.Send(out.data(), bytes, last, kTimeoutMs));
+      }
+    } else if (rank == last) {
+      for (int n = 0; n < kMessages; ++n) {
+        const size_t bytes = 1 + n * 100003;
+        SpaceBuffer<uint8_t> in(space, std::vector<uint8_t>(bytes, 0xEE));
+        LOCKSTEP_RETURN_IF_ERROR(comm.Recv(in.data(), bytes, 0, kTimeoutMs));
+        if (in.Read() != std::vector<uint8_t>(bytes, static_cast<uint8_t>(n))) {
+          return InternalError("message " + std::to_string(n) + " out of order or damaged");
+        }
+      }
+    }
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
+TEST_P(CommunicatorErrorTest, RecvFromAnAbsentPeerReturnsDeadlineExceededWithinTimeout) {
+  constexpr int64_t kShortTimeoutMs = 500;
+  const CommunicatorBackend& backend = this->backend();
+  std::promise<void> rank0_done;
+  auto rank0_done_future = rank0_done.get_future();
+  Status status = RunRanks(backend, 2, [&](int rank, Communicator& comm) -> Status {
+    if (rank == 1) {
+      if (rank0_done_future.wait_for(std::chrono::seconds(30)) != std::future_status::ready) {
+        return InternalError("rank 0 never finished");
+      }
+      return OkStatus();
+    }
+    SpaceBuffer<float> data(*backend.space, std::vector<float>(1000, 1.0f));
+    const auto start = Clock::now();
+    Status result = comm.Recv(data.data(), 4000, 1, kShortTimeoutMs);
+    const int64_t elapsed_ms = MsSince(start);
+    EXPECT_EQ(result.code(), StatusCode::kDeadlineExceeded) << result;
+    EXPECT_GE(elapsed_ms, kShortTimeoutMs - backend.deadline_early_ms);
+    EXPECT_LT(elapsed_ms, kShortTimeoutMs + backend.deadline_late_ms);
+    rank0_done.set_value();
+    return OkStatus();
+  });
+  EXPECT_TRUE(status.ok()) << status;
+}
+
 TEST_P(CommunicatorErrorTest, CollectiveWithAbsentRankReturnsDeadlineExceededWithinTimeout) {
   constexpr int64_t kShortTimeoutMs = 500;
   const CommunicatorBackend& backend = this->backend();
@@ -461,6 +633,15 @@ TEST_P(CommunicatorErrorTest, InvalidArgumentsAreRejected) {
     SpaceBuffer<float> x(*backend().space, {1.0f});
     EXPECT_EQ(comm.Broadcast(x.data(), 4, 1, kTimeoutMs).code(), StatusCode::kInvalidArgument);
     EXPECT_EQ(comm.AllReduce(x.data(), 1, DataType::kFloat32, ReduceOp::kSum, 0).code(),
+              StatusCode::kInvalidArgument);
+    Status to_self = comm.Send(x.data(), 4, 0, kTimeoutMs);
+    EXPECT_EQ(to_self.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(to_self.message().find("send peer 0 is this rank itself"), std::string::npos)
+        << to_self;
+    Status outside = comm.Recv(x.data(), 4, 3, kTimeoutMs);
+    EXPECT_NE(outside.message().find("recv peer 3 outside world of 1"), std::string::npos)
+        << outside;
+    EXPECT_EQ(comm.SendRecv(x.data(), 4, -1, x.data(), 4, -1, kTimeoutMs).code(),
               StatusCode::kInvalidArgument);
     return OkStatus();
   });

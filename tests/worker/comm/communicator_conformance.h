@@ -100,6 +100,9 @@ struct CommunicatorBackend {
   int64_t connect_late_ms = 2000;
   // What a call returns after an earlier call failed; nullopt: any error.
   std::optional<StatusCode> code_after_error;
+  // Why point to point reaches only some pairs of ranks ("" when it reaches every pair): the
+  // suite's point-to-point tests skip, and the backend's own file tests what it reaches.
+  std::string point_to_point_limit;
 };
 
 // Runs body(rank, communicator) on `world` threads, every rank built by `backend` through one

@@ -53,6 +53,9 @@ CommunicatorBackend OverHosts(std::function<std::vector<std::string>(int world)>
       .deadline_late_ms = 2000,
       .connect_late_ms = 2000,
       .code_after_error = std::nullopt,
+      .point_to_point_limit =
+          "shm+gloo connects a rank to its host's ranks and to the same local index on other "
+          "hosts only (HierarchicalCommunicatorTest tests those)",
   };
 }
 
@@ -113,6 +116,37 @@ TEST(HierarchicalCommunicatorTest, InterleavedRanksGatherAndBroadcastByGlobalRan
     LOCKSTEP_RETURN_IF_ERROR(comm.Broadcast(&value, sizeof(value), 3, kConformanceTimeoutMs));
     if (value != 42) return InternalError("broadcast from rank 3 gave " + std::to_string(value));
     return CheckEveryAllReduce(rank, 4, comm);
+  });
+  EXPECT_TRUE(status.ok()) << status.ToString();
+}
+
+// Point to point goes through the communicator that connects the two ranks: a pipeline's
+// stages on one host over shared memory, the same stage of two hosts over Gloo. A pair that
+// neither connects (another host, another local index) is refused, naming both ranks' places.
+TEST(HierarchicalCommunicatorTest, PointToPointReachesTheHostsRanksAndTheSameLocalIndexElsewhere) {
+  // 2 hosts x 2: ranks 0, 1 on 127.0.0.1 and 2, 3 on 127.0.0.2.
+  Status status = RunRanks(Hierarchical(), 4, [](int rank, Communicator& comm) -> Status {
+    const int partner_on_host = rank ^ 1, same_index_elsewhere = rank ^ 2;
+    for (int peer : {partner_on_host, same_index_elsewhere}) {
+      std::vector<int64_t> out(1000, 100 * rank + peer), in(1000, -1);
+      LOCKSTEP_RETURN_IF_ERROR(comm.SendRecv(out.data(), out.size() * 8, peer, in.data(),
+                                             in.size() * 8, peer, kConformanceTimeoutMs));
+      if (in != std::vector<int64_t>(1000, 100 * peer + rank)) {
+        return InternalError("exchange with rank " + std::to_string(peer) + " received " +
+                             std::to_string(in[0]));
+      }
+    }
+    // Rank 0 and 3: another host and another local index.
+    if (rank == 0 || rank == 3) {
+      int64_t value = rank;
+      Status refused = comm.Send(&value, sizeof(value), 3 - rank, kConformanceTimeoutMs);
+      if (refused.code() != StatusCode::kUnimplemented ||
+          refused.message().find("has no connection to rank " + std::to_string(3 - rank)) ==
+              std::string::npos) {
+        return InternalError("unconnected pair: " + refused.ToString());
+      }
+    }
+    return OkStatus();
   });
   EXPECT_TRUE(status.ok()) << status.ToString();
 }

@@ -245,6 +245,43 @@ class GlooCommunicator final : public Communicator {
     });
   }
 
+  // Gloo's unbound buffers: send posts the bytes under a slot, recv the buffer for a slot, and
+  // the transport moves them once both sides are posted. A slot of its own per direction of a
+  // pair and per message keeps the n-th send matched with the n-th recv, whatever collectives
+  // run in between (those use Gloo's own slot prefixes and the shared tag).
+  Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
+                  size_t recv_bytes, int recv_peer, int64_t timeout_ms) override {
+    LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("gloo", options_.rank, options_.size, send,
+                                           send_bytes, send_peer, recv, recv_bytes, recv_peer));
+    LOCKSTEP_RETURN_IF_ERROR(CheckUsable("send/recv", timeout_ms));
+    if (sent_to_.empty()) {
+      sent_to_.assign(options_.size, 0);
+      received_from_.assign(options_.size, 0);
+    }
+    return Run("send/recv", timeout_ms, [&] {
+      const std::chrono::milliseconds timeout(timeout_ms);
+      std::unique_ptr<::gloo::transport::UnboundBuffer> out, in;
+      // Gloo sends nothing for an empty buffer; a zero-byte message still takes its turn.
+      uint8_t empty = 0;
+      if (send_peer >= 0) {
+        out = context_->createUnboundBuffer(
+            send_bytes > 0 ? const_cast<void*>(send) : &empty, send_bytes);
+        out->send(send_peer, P2pSlot(options_.rank, send_peer, sent_to_[send_peer]++));
+      }
+      if (recv_peer >= 0) {
+        in = context_->createUnboundBuffer(recv_bytes > 0 ? recv : &empty, recv_bytes);
+        in->recv(recv_peer, P2pSlot(recv_peer, options_.rank, received_from_[recv_peer]++));
+      }
+      if (out != nullptr && !out->waitSend(timeout)) {
+        throw ::gloo::IoException("send to rank " + std::to_string(send_peer) + " aborted");
+      }
+      if (in != nullptr && !in->waitRecv(timeout)) {
+        throw ::gloo::IoException("receive from rank " + std::to_string(recv_peer) +
+                                  " aborted");
+      }
+    });
+  }
+
   void Abort(const std::string& reason) override {
     {
       std::lock_guard<std::mutex> lock(abort_mu_);
@@ -327,6 +364,13 @@ class GlooCommunicator final : public Communicator {
   }
 
   uint32_t NextTag() { return next_tag_++; }
+
+  // The slot of the n-th message from rank `from` to rank `to`: a prefix no Gloo collective
+  // uses, the direction in the low bit (both directions of a pair may be in flight at once).
+  static uint64_t P2pSlot(int from, int to, uint32_t n) {
+    constexpr uint8_t kPointToPointSlotPrefix = 0x40;
+    return ::gloo::Slot::build(kPointToPointSlotPrefix, (n << 1) | (from < to ? 0u : 1u));
+  }
 
   Status CheckUsable(const char* op, int64_t timeout_ms) {
     if (aborted_.load()) return AbortedStatus(op);
@@ -425,6 +469,8 @@ class GlooCommunicator final : public Communicator {
 
   Status broken_;
   uint32_t next_tag_ = 0;
+  // Messages sent to and received from each rank so far (point to point).
+  std::vector<uint32_t> sent_to_, received_from_;
   std::map<AllreduceKey, std::unique_ptr<gloo::AllreduceOptions>> allreduce_cache_;
 };
 

@@ -129,6 +129,46 @@ class HierarchicalCommunicator : public Communicator {
     return local_->Barrier(deadline.remaining_ms());
   }
 
+  // Through the communicator that connects the two ranks: the host's (shared memory) for a
+  // peer on this host, the cross-host one for the peer of the same local index on another
+  // host. A pipeline laid out with its stages on one host (ranksPerWorker) needs only the
+  // first. Other peers are not connected to this rank: UNIMPLEMENTED, naming them.
+  Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
+                  size_t recv_bytes, int recv_peer, int64_t timeout_ms) override {
+    LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv(backend(), rank_, size(), send, send_bytes, send_peer,
+                                           recv, recv_bytes, recv_peer));
+    const int host = layout_.host_of[rank_];
+    // Which communicator reaches `peer` (0 local, 1 cross, -1 none) and the peer's rank in it.
+    auto route = [&](int peer) -> std::pair<int, int> {
+      if (peer < 0) return {-2, -1};
+      if (layout_.host_of[peer] == host) return {0, layout_.local_of[peer]};
+      if (layout_.local_of[peer] == local_rank_) return {1, layout_.host_of[peer]};
+      return {-1, -1};
+    };
+    const auto [send_via, send_to] = route(send_peer);
+    const auto [recv_via, recv_from] = route(recv_peer);
+    for (const auto& [via, peer] : {std::pair{send_via, send_peer}, std::pair{recv_via, recv_peer}}) {
+      if (via == -1) {
+        return UnimplementedError(
+            "shm+gloo send/recv: rank " + std::to_string(rank_) + " (host " +
+            std::to_string(host) + ", local index " + std::to_string(local_rank_) +
+            ") has no connection to rank " + std::to_string(peer) + " (host " +
+            std::to_string(layout_.host_of[peer]) + ", local index " +
+            std::to_string(layout_.local_of[peer]) +
+            "): point to point reaches the ranks of this host and the same local index on "
+            "other hosts");
+      }
+    }
+    if (send_via >= 0 && recv_via >= 0 && send_via != recv_via) {
+      return UnimplementedError("shm+gloo send/recv: rank " + std::to_string(rank_) +
+                                " would send to rank " + std::to_string(send_peer) +
+                                " and receive from rank " + std::to_string(recv_peer) +
+                                " over different transports at once");
+    }
+    Communicator& via = (send_via >= 0 ? send_via : recv_via) == 0 ? *local_ : *cross_;
+    return via.SendRecv(send, send_bytes, send_to, recv, recv_bytes, recv_from, timeout_ms);
+  }
+
   void Abort(const std::string& reason) override {
     local_->Abort(reason);
     cross_->Abort(reason);

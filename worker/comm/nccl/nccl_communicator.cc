@@ -203,6 +203,35 @@ class NcclCommunicator final : public Communicator {
     });
   }
 
+  // ncclSend/ncclRecv in one group, so that both sides of an exchange progress together (NCCL
+  // matches the n-th send to a peer with that peer's n-th receive from this rank). Host memory
+  // is staged like the collectives'.
+  Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
+                  size_t recv_bytes, int recv_peer, int64_t timeout_ms) override {
+    LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("nccl", options_.rank, options_.size, send,
+                                           send_bytes, send_peer, recv, recv_bytes, recv_peer));
+    auto enqueue = [&](const void* in, void* out) {
+      ncclResult_t result = ncclGroupStart();
+      if (result == ncclSuccess && send_peer >= 0) {
+        result = ncclSend(in, send_bytes, ncclUint8, send_peer, comm_, stream_);
+      }
+      if (result == ncclSuccess && recv_peer >= 0) {
+        result = ncclRecv(out, recv_bytes, ncclUint8, recv_peer, comm_, stream_);
+      }
+      const ncclResult_t ended = ncclGroupEnd();
+      return result != ncclSuccess ? result : ended;
+    };
+    if ((send_peer < 0 || IsDeviceMemory(send)) && (recv_peer < 0 || IsDeviceMemory(recv))) {
+      return Run("send/recv", timeout_ms, [&] { return enqueue(send, recv); });
+    }
+    // One side may be absent: a byte of its own stands in for its buffer.
+    static uint8_t none = 0;
+    return RunStaged("send/recv", timeout_ms, send_peer >= 0 ? send : &none,
+                     send_peer >= 0 ? send_bytes : 0, recv_peer >= 0 ? recv : &none,
+                     recv_peer >= 0 ? recv_bytes : 0,
+                     [&](void* in, void* out) { return enqueue(in, out); });
+  }
+
   void Abort(const std::string& reason) override {
     {
       std::lock_guard<std::mutex> lock(mu_);

@@ -62,6 +62,19 @@
 // in rank order, into region r of its slot and its output; barrier (peers have read the regions
 // before the next round overwrites them). The all-reduce's copy-out (phase 5) is what it saves.
 //
+// Point to point (Send/Recv/SendRecv): after the slots, each rank has a mailbox (a 64-byte
+// header and mailbox_bytes of data) that only it writes. A message travels in pieces of at most
+// mailbox_bytes: the sender waits until its mailbox is empty (taken == posted), copies a piece
+// in, writes the header (recipient, the message's total size, the piece's size) and increments
+// `posted` (release); the recipient waits until the sender's mailbox holds a piece addressed to
+// it (posted != taken, to == itself), copies it out and increments `taken`. Either increment
+// rings the other rank's doorbell (a futex word per rank in the control block, incremented and
+// woken), on which a rank that can make no progress sleeps, re-checking its deadline, the abort
+// flag and the peer's pid every 100 ms as a barrier does. SendRecv moves whichever side can
+// move, so two ranks sending to each other at once both progress. Messages from one rank to
+// another are taken in the order they were posted, so the n-th Send matches the n-th Recv.
+// Only the two ranks take part; the collectives' slots and barriers are untouched.
+//
 // Broadcast: root copies up to W × slot_bytes into the slot area; barrier; the others copy out;
 // barrier (so the root does not overwrite a chunk still being read).
 // All-gather: rank r copies up to slot_bytes of its input into slot r; barrier; everyone copies
@@ -137,8 +150,40 @@ struct ControlBlock {
   char abort_reason[256];
 
   alignas(kAlign) std::atomic<int32_t> pids[kMaxRanks];
+
+  uint64_t mailbox_bytes;
+  // Futex words, one per rank: incremented (and woken) whenever a piece is posted to that rank
+  // or its own piece is taken (the protocol's point to point).
+  alignas(kAlign) std::atomic<uint32_t> doorbells[kMaxRanks];
+  // Which ranks closed their communicator, and whether any rank called Abort(), whoever
+  // claimed the abort reason: point to point between two ranks fails only for these.
+  alignas(kAlign) std::atomic<uint64_t> left[kMaxRanks / 64];
+  std::atomic<uint32_t> abort_called;
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "control block outgrew its page");
+
+// The start of each rank's mailbox; its data follows. At most one piece is in it at a time
+// (posted - taken is 0 or 1). Only the owner writes `posted` and the piece's description, only
+// while the mailbox is empty; only the piece's recipient advances `taken`. A rank reading a
+// mailbox addressed to another rank may race with the owner's next piece, so a reader checks
+// `taken` again after reading the description (as a seqlock's reader does).
+struct alignas(kAlign) MailboxHeader {
+  std::atomic<uint32_t> posted;  // pieces the owner has posted
+  std::atomic<int32_t> to;       // recipient of the posted piece
+  std::atomic<uint64_t> total_bytes;  // of the message it belongs to
+  std::atomic<uint64_t> piece_bytes;
+  alignas(kAlign / 2) std::atomic<uint32_t> taken;  // pieces recipients have taken
+};
+static_assert(sizeof(MailboxHeader) == kAlign, "a mailbox header is one cache line");
+
+// Where the mailboxes begin in the segment (after the slots, cache-line aligned), and the
+// segment's size.
+size_t MailboxesOffset(size_t slot_bytes, int world) {
+  return kControlBytes + (slot_bytes * world + kAlign - 1) / kAlign * kAlign;
+}
+size_t SegmentBytes(size_t slot_bytes, size_t mailbox_bytes, int world) {
+  return MailboxesOffset(slot_bytes, world) + (sizeof(MailboxHeader) + mailbox_bytes) * world;
+}
 
 long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
@@ -283,6 +328,8 @@ class ShmCommunicator final : public Communicator {
     data_ = static_cast<char*>(mapping_->base) + kControlBytes;
     slot_bytes_ = control_->slot_bytes;
     region_bytes_ = control_->region_bytes;
+    mailbox_bytes_ = control_->mailbox_bytes;
+    mailboxes_ = static_cast<char*>(mapping_->base) + MailboxesOffset(slot_bytes_, options_.size);
     for (int r = 0; r < options_.size; ++r) pids_.push_back(control_->pids[r].load());
   }
 
@@ -437,6 +484,75 @@ class ShmCommunicator final : public Communicator {
     return Fail(BarrierWait("barrier", Deadline::AfterMs(timeout_ms)));
   }
 
+  Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
+                  size_t recv_bytes, int recv_peer, int64_t timeout_ms) override {
+    LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("shm", options_.rank, options_.size, send, send_bytes,
+                                           send_peer, recv, recv_bytes, recv_peer));
+    LOCKSTEP_RETURN_IF_ERROR(CheckUsable("send/recv", timeout_ms, /*peers_flag=*/false));
+    const Deadline deadline = Deadline::AfterMs(timeout_ms);
+    // Pieces still to move each way; a message of 0 bytes is one empty piece.
+    auto pieces = [this](size_t bytes) { return std::max<size_t>(1, CeilDiv(bytes, mailbox_bytes_)); };
+    size_t to_send = send_peer >= 0 ? pieces(send_bytes) : 0;
+    size_t to_receive = recv_peer >= 0 ? pieces(recv_bytes) : 0;
+    size_t sent = 0, received = 0;
+    MailboxHeader* mine = Mailbox(options_.rank);
+    MailboxHeader* theirs = recv_peer >= 0 ? Mailbox(recv_peer) : nullptr;
+    std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
+    // The last piece is posted without waiting for it to be taken; a later message waits.
+    while (sent < to_send || received < to_receive) {
+      const uint32_t rung = doorbell->load(std::memory_order_acquire);
+      bool moved = false;
+      const uint32_t posted = mine->posted.load(std::memory_order_relaxed);
+      if (sent < to_send && mine->taken.load(std::memory_order_acquire) == posted) {
+        // Readers of the description that see these stores also see `taken` as it is now.
+        std::atomic_thread_fence(std::memory_order_release);
+        const size_t offset = sent * mailbox_bytes_;
+        const size_t bytes = std::min(mailbox_bytes_, send_bytes - std::min(send_bytes, offset));
+        mine->to.store(send_peer, std::memory_order_relaxed);
+        mine->total_bytes.store(send_bytes, std::memory_order_relaxed);
+        mine->piece_bytes.store(bytes, std::memory_order_relaxed);
+        if (bytes > 0) {
+          std::memcpy(MailboxData(mine), static_cast<const char*>(send) + offset, bytes);
+        }
+        mine->posted.store(posted + 1, std::memory_order_release);
+        Ring(send_peer);
+        ++sent;
+        moved = true;
+      }
+      if (received < to_receive) {
+        const uint32_t taken = theirs->taken.load(std::memory_order_acquire);
+        const uint32_t their_posted = theirs->posted.load(std::memory_order_acquire);
+        if (their_posted == taken + 1 &&
+            theirs->to.load(std::memory_order_relaxed) == options_.rank) {
+          const uint64_t total = theirs->total_bytes.load(std::memory_order_relaxed);
+          const uint64_t piece = theirs->piece_bytes.load(std::memory_order_relaxed);
+          std::atomic_thread_fence(std::memory_order_acquire);
+          // Unchanged `taken`: the description read is this piece's, and it is this rank's to
+          // take, so nobody else changes the mailbox until it does.
+          if (theirs->taken.load(std::memory_order_relaxed) == taken) {
+            if (total != recv_bytes) {
+              return Fail(InvalidArgumentError(
+                  "shm recv on rank " + std::to_string(options_.rank) + ": rank " +
+                  std::to_string(recv_peer) + " sent a message of " + std::to_string(total) +
+                  " bytes where " + std::to_string(recv_bytes) + " were expected"));
+            }
+            const size_t offset = received * mailbox_bytes_;
+            if (piece > 0) {
+              std::memcpy(static_cast<char*>(recv) + offset, MailboxData(theirs), piece);
+            }
+            theirs->taken.store(taken + 1, std::memory_order_release);
+            Ring(recv_peer);
+            ++received;
+            moved = true;
+          }
+        }
+      }
+      if (moved) continue;
+      LOCKSTEP_RETURN_IF_ERROR(Fail(WaitForDoorbell(rung, send_peer, recv_peer, deadline)));
+    }
+    return OkStatus();
+  }
+
   void Abort(const std::string& reason) override {
     {
       std::lock_guard<std::mutex> lock(abort_mu_);
@@ -450,6 +566,67 @@ class ShmCommunicator final : public Communicator {
 
  private:
   char* Slot(int rank) const { return data_ + static_cast<size_t>(rank) * slot_bytes_; }
+  MailboxHeader* Mailbox(int rank) const {
+    return reinterpret_cast<MailboxHeader*>(
+        mailboxes_ + static_cast<size_t>(rank) * (sizeof(MailboxHeader) + mailbox_bytes_));
+  }
+  static char* MailboxData(MailboxHeader* header) {
+    return reinterpret_cast<char*>(header) + sizeof(MailboxHeader);
+  }
+  static size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
+
+  void Ring(int rank) {
+    control_->doorbells[rank].fetch_add(1, std::memory_order_release);
+    WakeAll(&control_->doorbells[rank]);
+  }
+
+  // Sleeps until this rank's doorbell moves past `rung`, spinning briefly first; returns an
+  // error for a passed deadline, a set abort flag or a peer (of this exchange) that is gone.
+  Status WaitForDoorbell(uint32_t rung, int send_peer, int recv_peer, const Deadline& deadline) {
+    std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
+    const int spins = SpinIterations();
+    for (int i = 0; i < spins; ++i) {
+      if (doorbell->load(std::memory_order_acquire) != rung) return OkStatus();
+      CpuRelax();
+    }
+    // Only an Abort() or the departure of one of the two ranks ends an exchange: the other
+    // ranks may be done with the generation.
+    if (control_->abort_called.load() != 0) {
+      Status status = PeerAbortStatus("send/recv");
+      // The reason's claim may be an earlier departure's; the cause here is the Abort().
+      if (status.code() == StatusCode::kAborted) return status;
+      return AbortedError("shm send/recv on rank " + std::to_string(options_.rank) +
+                          ": communicator aborted by a peer");
+    }
+    for (int peer : {send_peer, recv_peer}) {
+      if (peer >= 0 && (control_->left[peer / 64].load() >> (peer % 64) & 1) != 0) {
+        return UnavailableError("shm send/recv on rank " + std::to_string(options_.rank) +
+                                ": rank " + std::to_string(peer) + " closed its communicator");
+      }
+    }
+    const Deadline::Clock::time_point time = Deadline::Clock::now();
+    if (time >= deadline.at()) {
+      return DeadlineExceededError("shm send/recv on rank " + std::to_string(options_.rank) +
+                                   ": the peer did not take part within the deadline");
+    }
+    if (time >= next_liveness_check_) {
+      for (int peer : {send_peer, recv_peer}) {
+        if (peer >= 0 && ProcessIsGone(pids_[peer])) {
+          return UnavailableError("shm send/recv on rank " + std::to_string(options_.rank) +
+                                  ": rank " + std::to_string(peer) + " (pid " +
+                                  std::to_string(pids_[peer]) + ") is gone");
+        }
+      }
+      next_liveness_check_ = time + std::chrono::milliseconds(kLivenessIntervalMs);
+    }
+    const auto sleep = std::min<Deadline::Clock::duration>(
+        deadline.at() - time, std::chrono::milliseconds(kLivenessIntervalMs));
+    const auto sleep_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(sleep).count();
+    timespec timeout{static_cast<time_t>(sleep_ns / 1000000000),
+                     static_cast<long>(sleep_ns % 1000000000)};
+    Futex(doorbell, FUTEX_WAIT, rung, &timeout);  // EAGAIN/EINTR/ETIMEDOUT: the caller re-checks
+    return OkStatus();
+  }
   char* Region(int slot, int region) const {
     return Slot(slot) + static_cast<size_t>(region) * region_bytes_;
   }
@@ -457,6 +634,11 @@ class ShmCommunicator final : public Communicator {
   // Sets the shared abort flag (first caller's reason wins) and wakes every waiter of every
   // rank. Safe from any thread; touches only atomics and, once, the reason.
   void PublishAbort(AbortKind kind, const std::string& reason) {
+    if (kind == kRankLeft) {
+      control_->left[options_.rank / 64].fetch_or(uint64_t{1} << (options_.rank % 64));
+    } else {
+      control_->abort_called.store(1);
+    }
     if (control_->abort_claimed.exchange(1) == 0) {
       control_->abort_rank = options_.rank;
       control_->abort_kind = kind;
@@ -465,12 +647,15 @@ class ShmCommunicator final : public Communicator {
     }
     control_->epoch.fetch_or(1);
     WakeAll(&control_->epoch);
+    for (int r = 0; r < options_.size; ++r) Ring(r);
   }
 
-  Status CheckUsable(const char* op, int64_t timeout_ms) {
+  // With `peers_flag` false the shared abort flag is left to the wait: a point-to-point message
+  // a peer posted before it left can still be taken.
+  Status CheckUsable(const char* op, int64_t timeout_ms, bool peers_flag = true) {
     if (aborted_.load()) return AbortedStatus(op);
     // A peer's Abort() or departure outranks this rank's own earlier error: it is the cause.
-    if ((control_->epoch.load() & 1) != 0) return Fail(PeerAbortStatus(op));
+    if (peers_flag && (control_->epoch.load() & 1) != 0) return Fail(PeerAbortStatus(op));
     if (timeout_ms <= 0) {
       return InvalidArgumentError(std::string("shm ") + op + ": timeout_ms must be positive, got " +
                                   std::to_string(timeout_ms));
@@ -576,6 +761,9 @@ class ShmCommunicator final : public Communicator {
   char* data_ = nullptr;
   size_t slot_bytes_ = 0;
   size_t region_bytes_ = 0;
+  size_t mailbox_bytes_ = 0;
+  char* mailboxes_ = nullptr;
+  Deadline::Clock::time_point next_liveness_check_{};  // of a point-to-point wait
   std::vector<pid_t> pids_;  // by rank, read once at bootstrap
   // The last collective was an all-reduce whose copy-out peers may still be doing (see the
   // protocol). Every rank issues the same collectives, so every rank holds the same value.
@@ -600,8 +788,9 @@ std::string NewSegmentName(const ShmOptions& options) {
 
 // Rank 0's half of bootstrap steps 1: create, size, map, describe.
 StatusOr<std::unique_ptr<Mapping>> CreateSegment(const std::string& name, size_t slot_bytes,
-                                                 size_t region_bytes, int world) {
-  const size_t total = kControlBytes + slot_bytes * world;
+                                                 size_t region_bytes, size_t mailbox_bytes,
+                                                 int world) {
+  const size_t total = SegmentBytes(slot_bytes, mailbox_bytes, world);
   int fd;
   LOCKSTEP_SYSCALL_RETRY(fd, shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600));
   if (fd < 0) return ErrnoStatus("shm_open " + name, errno);
@@ -627,13 +816,14 @@ StatusOr<std::unique_ptr<Mapping>> CreateSegment(const std::string& name, size_t
   control->world_size = static_cast<uint32_t>(world);
   control->slot_bytes = slot_bytes;
   control->region_bytes = region_bytes;
+  control->mailbox_bytes = mailbox_bytes;
   control->magic = kMagic;
   return mapping;
 }
 
 // The other ranks' half of step 2.
 StatusOr<std::unique_ptr<Mapping>> OpenSegment(const std::string& name, size_t slot_bytes,
-                                               int world) {
+                                               size_t mailbox_bytes, int world) {
   int fd;
   LOCKSTEP_SYSCALL_RETRY(fd, shm_open(name.c_str(), O_RDWR, 0600));
   if (fd < 0) {
@@ -648,7 +838,7 @@ StatusOr<std::unique_ptr<Mapping>> OpenSegment(const std::string& name, size_t s
     return status;
   }
   struct stat info;
-  const size_t total = kControlBytes + slot_bytes * world;
+  const size_t total = SegmentBytes(slot_bytes, mailbox_bytes, world);
   if (fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) != total) {
     close(fd);
     return InternalError("shm segment " + name + " has " + std::to_string(info.st_size) +
@@ -662,9 +852,10 @@ StatusOr<std::unique_ptr<Mapping>> OpenSegment(const std::string& name, size_t s
   mapping->bytes = total;
   const ControlBlock* control = mapping->control();
   if (control->magic != kMagic || control->world_size != static_cast<uint32_t>(world) ||
-      control->slot_bytes != slot_bytes) {
+      control->slot_bytes != slot_bytes || control->mailbox_bytes != mailbox_bytes) {
     return FailedPreconditionError("shm segment " + name +
-                                   " was made for another world or slot size (ranks disagree "
+                                   " was made for another world, slot or mailbox size (ranks "
+                                   "disagree "
                                    "on ShmOptions)");
   }
   return mapping;
@@ -706,13 +897,20 @@ StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(const ShmOptions& 
                                 std::to_string(options.slot_bytes) + " too small for " +
                                 std::to_string(options.size) + " ranks");
   }
+  if (options.mailbox_bytes < kAlign) {
+    return InvalidArgumentError("shm communicator: mailbox_bytes " +
+                                std::to_string(options.mailbox_bytes) + " below " +
+                                std::to_string(kAlign));
+  }
+  // Whole cache lines, so that every mailbox header stays aligned.
+  const size_t mailbox_bytes = options.mailbox_bytes / kAlign * kAlign;
   const Deadline deadline = Deadline::AfterMs(options.connect_timeout_ms);
   std::unique_ptr<Mapping> mapping;
   std::string name;
   if (options.rank == 0) {
     name = NewSegmentName(options);
-    LOCKSTEP_ASSIGN_OR_RETURN(mapping,
-                              CreateSegment(name, options.slot_bytes, region_bytes, options.size));
+    LOCKSTEP_ASSIGN_OR_RETURN(mapping, CreateSegment(name, options.slot_bytes, region_bytes,
+                                                     mailbox_bytes, options.size));
     Status published = store.Set(kShmSegmentKey, name, deadline.remaining_ms());
     if (!published.ok()) {
       shm_unlink(name.c_str());
@@ -722,7 +920,8 @@ StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(const ShmOptions& 
     auto values = store.Get({kShmSegmentKey}, deadline.remaining_ms());
     if (!values.ok()) return values.status().WithContext("shm bootstrap: rank 0's segment name");
     name = (*values)[0];
-    LOCKSTEP_ASSIGN_OR_RETURN(mapping, OpenSegment(name, options.slot_bytes, options.size));
+    LOCKSTEP_ASSIGN_OR_RETURN(mapping,
+                              OpenSegment(name, options.slot_bytes, mailbox_bytes, options.size));
   }
   ControlBlock* control = mapping->control();
   control->pids[options.rank].store(static_cast<int32_t>(getpid()));
