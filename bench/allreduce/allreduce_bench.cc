@@ -2,7 +2,7 @@
 //
 //   allreduce_bench --impl lockstep|shm|hierarchical|gloo --rank R --size N --dir /tmp/x
 //                   [--algo ring|bcube] [--sizes-mib 1,16,64] [--iters 20] [--warmup 5]
-//                   [--hosts H0,H1,...]
+//                   [--hosts H0,H1,...] [--op allreduce|sendrecv]
 //
 // lockstep: Lockstep's Communicator (GlooCommunicator), bootstrapped through a file store.
 // shm:      Lockstep's Communicator (ShmCommunicator, shared memory), the same way.
@@ -15,6 +15,9 @@
 // Rank 0 prints one line per size: "<bytes> <seconds per op> <busbw GB/s>", where
 // busbw = 2(n-1)/n * bytes / time (nccl-tests' definition) and time is the slowest rank's mean
 // (each iteration ends on every rank together, so rank 0's mean is that).
+// --op sendrecv (lockstep, shm; 2 ranks): each iteration the two ranks exchange `bytes` both
+// ways at once with SendRecv, as two pipeline stages do in 1F1B's steady state; the third
+// column is then bytes / time, each direction's bandwidth (bench/allreduce/sendrecv.sh).
 #include <gloo/allreduce.h>
 #include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
@@ -42,6 +45,7 @@ namespace {
 struct Args {
   std::string impl = "lockstep";
   std::string algo = "ring";
+  std::string op = "allreduce";
   std::string dir = "/tmp/lockstep-allreduce-bench";
   int rank = 0;
   int size = 2;
@@ -60,6 +64,8 @@ Args Parse(int argc, char** argv) {
       args.impl = value;
     else if (flag == "--algo")
       args.algo = value;
+    else if (flag == "--op")
+      args.op = value;
     else if (flag == "--dir")
       args.dir = value;
     else if (flag == "--rank")
@@ -97,7 +103,8 @@ double MeanSeconds(int warmup, int iters, Fn&& fn) {
 
 void Report(const Args& args, size_t bytes, double seconds) {
   if (args.rank != 0) return;
-  const double busbw = 2.0 * (args.size - 1) / args.size * bytes / seconds / 1e9;
+  const double busbw = (args.op == "sendrecv" ? 1.0 : 2.0 * (args.size - 1) / args.size) *
+                       bytes / seconds / 1e9;
   std::printf("%zu %.6f %.3f\n", bytes, seconds, busbw);
   std::fflush(stdout);
 }
@@ -133,10 +140,16 @@ int RunLockstep(const Args& args) {
   }
   for (double mib : args.sizes_mib) {
     const size_t count = static_cast<size_t>(mib * (1 << 20)) / sizeof(float);
-    std::vector<float> data(count, 1.0f);
+    std::vector<float> data(count, 1.0f), received(count);
+    const int peer = 1 - args.rank;
     Status status;
     const double seconds = MeanSeconds(args.warmup, args.iters, [&] {
-      if (status.ok()) {
+      if (!status.ok()) return;
+      if (args.op == "sendrecv") {
+        status = (*communicator)
+                     ->SendRecv(data.data(), count * sizeof(float), peer, received.data(),
+                                count * sizeof(float), peer, 60000);
+      } else {
         status = (*communicator)
                      ->AllReduce(data.data(), count, comm::DataType::kFloat32, comm::ReduceOp::kSum,
                                  60000);
@@ -183,6 +196,12 @@ int RunGloo(const Args& args) {
 
 int main(int argc, char** argv) {
   const Args args = Parse(argc, argv);
+  if (args.op != "allreduce" && !(args.op == "sendrecv" && args.size == 2 &&
+                                  (args.impl == "lockstep" || args.impl == "shm"))) {
+    std::fprintf(stderr, "--op %s: allreduce, or sendrecv with --impl lockstep|shm and 2 ranks\n",
+                 args.op.c_str());
+    return 2;
+  }
   try {
     if (args.impl == "gloo") return RunGloo(args);
     return RunLockstep(args);

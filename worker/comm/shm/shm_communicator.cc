@@ -62,12 +62,14 @@
 // in rank order, into region r of its slot and its output; barrier (peers have read the regions
 // before the next round overwrites them). The all-reduce's copy-out (phase 5) is what it saves.
 //
-// Point to point (Send/Recv/SendRecv): after the slots, each rank has a mailbox (a 64-byte
-// header and mailbox_bytes of data) that only it writes. A message travels in pieces of at most
-// mailbox_bytes: the sender waits until its mailbox is empty (taken == posted), copies a piece
-// in, writes the header (recipient, the message's total size, the piece's size) and increments
-// `posted` (release); the recipient waits until the sender's mailbox holds a piece addressed to
-// it (posted != taken, to == itself), copies it out and increments `taken`. Either increment
+// Point to point (Send/Recv/SendRecv): after the slots, each rank has a mailbox (a 128-byte
+// header and mailbox_bytes of data in two halves) that only it writes. A message travels in
+// pieces of at most half the mailbox: the sender waits until the half for its next piece is free
+// (posted - taken < 2), copies the piece in, describes it (recipient, the message's total size,
+// the piece's size) and increments `posted` (release); the recipient waits until the sender's
+// next piece to take is addressed to it (posted != taken, to == itself), copies it out and
+// increments `taken`. With two halves the sender's copy of one piece overlaps the recipient's
+// copy of the one before. Either increment
 // rings the other rank's doorbell (a futex word per rank in the control block, incremented and
 // woken), on which a rank that can make no progress sleeps, re-checking its deadline, the abort
 // flag and the peer's pid every 100 ms as a barrier does. SendRecv moves whichever side can
@@ -162,19 +164,26 @@ struct ControlBlock {
 };
 static_assert(sizeof(ControlBlock) <= kControlBytes, "control block outgrew its page");
 
-// The start of each rank's mailbox; its data follows. At most one piece is in it at a time
-// (posted - taken is 0 or 1). Only the owner writes `posted` and the piece's description, only
-// while the mailbox is empty; only the piece's recipient advances `taken`. A rank reading a
-// mailbox addressed to another rank may race with the owner's next piece, so a reader checks
-// `taken` again after reading the description (as a seqlock's reader does).
+// The start of each rank's mailbox; its data follows, in kPiecesInFlight halves. Piece k of
+// the owner's pieces (counted over all its messages) goes into half k % 2, so the owner copies
+// one piece in while the recipient copies the previous one out. Only the owner writes `posted`
+// and a half's description, and only once the piece that half held before was taken
+// (posted - taken < kPiecesInFlight); only a piece's recipient advances `taken`, in order. A rank
+// reading a description may race with the owner's reuse of that half for a later piece (when the
+// piece was another rank's to take), so a reader checks `taken` again after reading it, as a
+// seqlock's reader does.
+constexpr uint32_t kPiecesInFlight = 2;
+struct PieceDescription {
+  std::atomic<int32_t> to;            // recipient
+  std::atomic<uint64_t> total_bytes;  // of the message it belongs to
+  std::atomic<uint64_t> bytes;        // of this piece
+};
 struct alignas(kAlign) MailboxHeader {
   std::atomic<uint32_t> posted;  // pieces the owner has posted
-  std::atomic<int32_t> to;       // recipient of the posted piece
-  std::atomic<uint64_t> total_bytes;  // of the message it belongs to
-  std::atomic<uint64_t> piece_bytes;
-  alignas(kAlign / 2) std::atomic<uint32_t> taken;  // pieces recipients have taken
+  PieceDescription pieces[kPiecesInFlight];
+  alignas(kAlign) std::atomic<uint32_t> taken;  // pieces recipients have taken
 };
-static_assert(sizeof(MailboxHeader) == kAlign, "a mailbox header is one cache line");
+static_assert(sizeof(MailboxHeader) == 2 * kAlign, "a mailbox header is two cache lines");
 
 // Where the mailboxes begin in the segment (after the slots, cache-line aligned), and the
 // segment's size.
@@ -491,28 +500,33 @@ class ShmCommunicator final : public Communicator {
     LOCKSTEP_RETURN_IF_ERROR(CheckUsable("send/recv", timeout_ms, /*peers_flag=*/false));
     const Deadline deadline = Deadline::AfterMs(timeout_ms);
     // Pieces still to move each way; a message of 0 bytes is one empty piece.
-    auto pieces = [this](size_t bytes) { return std::max<size_t>(1, CeilDiv(bytes, mailbox_bytes_)); };
+    const size_t capacity = PieceCapacity();
+    auto pieces = [capacity](size_t bytes) {
+      return std::max<size_t>(1, CeilDiv(bytes, capacity));
+    };
     size_t to_send = send_peer >= 0 ? pieces(send_bytes) : 0;
     size_t to_receive = recv_peer >= 0 ? pieces(recv_bytes) : 0;
     size_t sent = 0, received = 0;
     MailboxHeader* mine = Mailbox(options_.rank);
     MailboxHeader* theirs = recv_peer >= 0 ? Mailbox(recv_peer) : nullptr;
     std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
-    // The last piece is posted without waiting for it to be taken; a later message waits.
+    // The last pieces are posted without waiting for them to be taken; a later message waits.
     while (sent < to_send || received < to_receive) {
       const uint32_t rung = doorbell->load(std::memory_order_acquire);
       bool moved = false;
       const uint32_t posted = mine->posted.load(std::memory_order_relaxed);
-      if (sent < to_send && mine->taken.load(std::memory_order_acquire) == posted) {
+      if (sent < to_send &&
+          posted - mine->taken.load(std::memory_order_acquire) < kPiecesInFlight) {
         // Readers of the description that see these stores also see `taken` as it is now.
         std::atomic_thread_fence(std::memory_order_release);
-        const size_t offset = sent * mailbox_bytes_;
-        const size_t bytes = std::min(mailbox_bytes_, send_bytes - std::min(send_bytes, offset));
-        mine->to.store(send_peer, std::memory_order_relaxed);
-        mine->total_bytes.store(send_bytes, std::memory_order_relaxed);
-        mine->piece_bytes.store(bytes, std::memory_order_relaxed);
+        const size_t offset = sent * capacity;
+        const size_t bytes = std::min(capacity, send_bytes - std::min(send_bytes, offset));
+        PieceDescription& piece = mine->pieces[posted % kPiecesInFlight];
+        piece.to.store(send_peer, std::memory_order_relaxed);
+        piece.total_bytes.store(send_bytes, std::memory_order_relaxed);
+        piece.bytes.store(bytes, std::memory_order_relaxed);
         if (bytes > 0) {
-          std::memcpy(MailboxData(mine), static_cast<const char*>(send) + offset, bytes);
+          std::memcpy(PieceData(mine, posted), static_cast<const char*>(send) + offset, bytes);
         }
         mine->posted.store(posted + 1, std::memory_order_release);
         Ring(send_peer);
@@ -522,13 +536,13 @@ class ShmCommunicator final : public Communicator {
       if (received < to_receive) {
         const uint32_t taken = theirs->taken.load(std::memory_order_acquire);
         const uint32_t their_posted = theirs->posted.load(std::memory_order_acquire);
-        if (their_posted == taken + 1 &&
-            theirs->to.load(std::memory_order_relaxed) == options_.rank) {
-          const uint64_t total = theirs->total_bytes.load(std::memory_order_relaxed);
-          const uint64_t piece = theirs->piece_bytes.load(std::memory_order_relaxed);
+        PieceDescription& next = theirs->pieces[taken % kPiecesInFlight];
+        if (their_posted != taken && next.to.load(std::memory_order_relaxed) == options_.rank) {
+          const uint64_t total = next.total_bytes.load(std::memory_order_relaxed);
+          const uint64_t piece = next.bytes.load(std::memory_order_relaxed);
           std::atomic_thread_fence(std::memory_order_acquire);
           // Unchanged `taken`: the description read is this piece's, and it is this rank's to
-          // take, so nobody else changes the mailbox until it does.
+          // take, so nobody else changes its half until it does.
           if (theirs->taken.load(std::memory_order_relaxed) == taken) {
             if (total != recv_bytes) {
               return Fail(InvalidArgumentError(
@@ -536,9 +550,9 @@ class ShmCommunicator final : public Communicator {
                   std::to_string(recv_peer) + " sent a message of " + std::to_string(total) +
                   " bytes where " + std::to_string(recv_bytes) + " were expected"));
             }
-            const size_t offset = received * mailbox_bytes_;
+            const size_t offset = received * capacity;
             if (piece > 0) {
-              std::memcpy(static_cast<char*>(recv) + offset, MailboxData(theirs), piece);
+              std::memcpy(static_cast<char*>(recv) + offset, PieceData(theirs, taken), piece);
             }
             theirs->taken.store(taken + 1, std::memory_order_release);
             Ring(recv_peer);
@@ -570,8 +584,12 @@ class ShmCommunicator final : public Communicator {
     return reinterpret_cast<MailboxHeader*>(
         mailboxes_ + static_cast<size_t>(rank) * (sizeof(MailboxHeader) + mailbox_bytes_));
   }
-  static char* MailboxData(MailboxHeader* header) {
-    return reinterpret_cast<char*>(header) + sizeof(MailboxHeader);
+  // Bytes of one piece: half the mailbox, in whole cache lines.
+  size_t PieceCapacity() const { return mailbox_bytes_ / kPiecesInFlight / kAlign * kAlign; }
+  // Where piece number `piece` of the mailbox's owner lies.
+  char* PieceData(MailboxHeader* header, uint32_t piece) const {
+    return reinterpret_cast<char*>(header) + sizeof(MailboxHeader) +
+           (piece % kPiecesInFlight) * PieceCapacity();
   }
   static size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
 
@@ -897,10 +915,10 @@ StatusOr<std::unique_ptr<Communicator>> CreateShmCommunicator(const ShmOptions& 
                                 std::to_string(options.slot_bytes) + " too small for " +
                                 std::to_string(options.size) + " ranks");
   }
-  if (options.mailbox_bytes < kAlign) {
+  if (options.mailbox_bytes < kPiecesInFlight * kAlign) {
     return InvalidArgumentError("shm communicator: mailbox_bytes " +
                                 std::to_string(options.mailbox_bytes) + " below " +
-                                std::to_string(kAlign));
+                                std::to_string(kPiecesInFlight * kAlign));
   }
   // Whole cache lines, so that every mailbox header stays aligned.
   const size_t mailbox_bytes = options.mailbox_bytes / kAlign * kAlign;

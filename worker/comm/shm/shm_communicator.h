@@ -24,8 +24,9 @@
 //    at two ranks the results are identical).
 //  - Every element's reduction is computed by exactly one rank in rank order 0..W-1 and copied
 //    to the others, so every rank holds bit-identical results.
-//  - A Send returns once its last piece (ShmOptions::mailbox_bytes) is in the sender's mailbox,
-//    not once the peer took it, so a message of one piece never waits for the peer's Recv.
+//  - A Send returns once its last piece is in the sender's mailbox, not once the peer took it,
+//    so a message of up to one mailbox (ShmOptions::mailbox_bytes) never waits for the peer's
+//    Recv.
 // The shared-memory protocol is described at the top of shm_communicator.cc.
 #pragma once
 
@@ -56,8 +57,9 @@ struct ShmOptions {
   // against ~10 µs of barriers).
   size_t slot_bytes = size_t{8} << 20;
   // Bytes of each rank's mailbox for point-to-point messages (Send/Recv), which travel in
-  // pieces of at most this size; the segment holds size × that more. 1 MiB: a piece's hand-over
-  // costs microseconds against its copy's ~100 µs.
+  // pieces of half this size, two in flight (the sender copies one in while the recipient copies
+  // the other out); the segment holds size × that more. 1 MiB: 512 KiB pieces stay in a core's
+  // cache, and 2 MiB was slower (bench/allreduce/sendrecv.sh, docs/benchmarks.md).
   size_t mailbox_bytes = size_t{1} << 20;
   // Deadline for every rank to attach to the segment at bootstrap.
   int64_t connect_timeout_ms = 30000;
