@@ -12,10 +12,10 @@
 //
 // Tensor and shard offsets are positions in the state stream (checkpoint.h): tensors cover it
 // contiguously in order, and so do shards in rank order. Each shard carries the checksum of its
-// bytes (checksum.h: "xxh3_128" from format 3, "sha256" before). manifest_sha256 is the SHA-256 of the
-// manifest's JSON without that field, compact (nlohmann::json::dump(), keys sorted), so any edit
-// of the manifest after it was written is detected (in the manner of PyTorch DCP's checked
-// metadata).
+// bytes (checksum.h: "xxh3_128" from format 3, "sha256" before). manifest_sha256 is the SHA-256
+// of the manifest's JSON without that field, compact (nlohmann::json::dump(), keys sorted), so
+// any edit of the manifest after it was written is detected (in the manner of PyTorch DCP's
+// checked metadata).
 #pragma once
 
 #include <cstdint>

@@ -50,9 +50,9 @@ Status CheckSendRecv(const std::string& backend, int rank, int size, const void*
   }
   for (const auto& [side, peer] : {std::pair{"send", send_peer}, std::pair{"recv", recv_peer}}) {
     if (peer == rank || peer < -1 || peer >= size) {
-      return InvalidArgumentError(where + side + " peer " + std::to_string(peer) +
-                                  (peer == rank ? " is this rank itself"
-                                                : " outside world of " + std::to_string(size)));
+      return InvalidArgumentError(
+          where + side + " peer " + std::to_string(peer) +
+          (peer == rank ? " is this rank itself" : " outside world of " + std::to_string(size)));
     }
   }
   if ((send_peer >= 0 && send == nullptr && send_bytes > 0) ||

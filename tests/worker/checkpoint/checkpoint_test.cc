@@ -344,7 +344,8 @@ TEST_F(CheckpointTest, ANewCheckpointChecksItsShardsWithXxh3) {
   EXPECT_EQ(manifest->format_version, 3);
   for (const ShardEntry& shard : manifest->shards) {
     const std::vector<uint8_t> bytes = ReadAll(StepPath(100, shard.file));
-    EXPECT_EQ(shard.checksum, ShardChecksumHex(ShardChecksum::kXxh3_128, bytes.data(), bytes.size()))
+    EXPECT_EQ(shard.checksum,
+              ShardChecksumHex(ShardChecksum::kXxh3_128, bytes.data(), bytes.size()))
         << shard.file;
   }
   EXPECT_NE(std::string(text.begin(), text.end()).find("\"xxh3_128\""), std::string::npos);

@@ -147,7 +147,8 @@ class HierarchicalCommunicator : public Communicator {
     };
     const auto [send_via, send_to] = route(send_peer);
     const auto [recv_via, recv_from] = route(recv_peer);
-    for (const auto& [via, peer] : {std::pair{send_via, send_peer}, std::pair{recv_via, recv_peer}}) {
+    for (const auto& [via, peer] :
+         {std::pair{send_via, send_peer}, std::pair{recv_via, recv_peer}}) {
       if (via == -1) {
         return UnimplementedError(
             "shm+gloo send/recv: rank " + std::to_string(rank_) + " (host " +

@@ -493,8 +493,8 @@ class ShmCommunicator final : public Communicator {
     return Fail(BarrierWait("barrier", Deadline::AfterMs(timeout_ms)));
   }
 
-  Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
-                  size_t recv_bytes, int recv_peer, int64_t timeout_ms) override {
+  Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
+                  int recv_peer, int64_t timeout_ms) override {
     LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("shm", options_.rank, options_.size, send, send_bytes,
                                            send_peer, recv, recv_bytes, recv_peer));
     LOCKSTEP_RETURN_IF_ERROR(CheckUsable("send/recv", timeout_ms, /*peers_flag=*/false));
@@ -782,7 +782,7 @@ class ShmCommunicator final : public Communicator {
   size_t mailbox_bytes_ = 0;
   char* mailboxes_ = nullptr;
   Deadline::Clock::time_point next_liveness_check_{};  // of a point-to-point wait
-  std::vector<pid_t> pids_;  // by rank, read once at bootstrap
+  std::vector<pid_t> pids_;                            // by rank, read once at bootstrap
   // The last collective was an all-reduce whose copy-out peers may still be doing (see the
   // protocol). Every rank issues the same collectives, so every rank holds the same value.
   bool copy_out_pending_ = false;
