@@ -171,6 +171,16 @@ def first_training(logs, after=0.0, world=None):
     return None
 
 
+def first_training_of_any_pod(ns, job_name, after, world):
+    """The time of the first "training from step" line at world size `world` at or after `after`
+    in any of the job's pods, or None."""
+    for pod in ns.pods(job_name):
+        found = first_training(ns.logs(pod["metadata"]["name"]), after=after, world=world)
+        if found:
+            return found[0]
+    return None
+
+
 STEP_LINE = re.compile(r" step (\d+)/\d+ loss ")
 
 

@@ -82,14 +82,9 @@ class NodeLost(unittest.TestCase):
             ns.wait(name, "the lost node's workers replaced on the other node", replaced,
                     timeout=300)
 
-            def whole_world():
-                for pod in ns.pods(name):
-                    found = cluster.first_training(ns.logs(pod["metadata"]["name"]),
-                                                   after=lost_at, world=4)
-                    if found:
-                        return found[0]
-                return None
-            whole_at = ns.wait(name, "training at world 4 again", whole_world, timeout=120)
+            whole_at = ns.wait(name, "training at world 4 again", lambda:
+                               cluster.first_training_of_any_pod(ns, name, lost_at, 4),
+                               timeout=120)
             at = ns.wait_job(name, "Running with 4 ranks in its status", lambda j:
                              j["status"].get("rendezvous", {}).get("worldSize") == 4 and
                              cluster.phase(j) == "Running", timeout=60)

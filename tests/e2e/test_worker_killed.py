@@ -46,14 +46,9 @@ class WorkerKilled(unittest.TestCase):
             ns.wait(name, "the killed worker's pod replaced", replaced, timeout=120)
 
             # ... and the whole world trains again (e2e_standby measures the same with a standby).
-            def whole_world():
-                for pod in ns.pods(name):
-                    found = cluster.first_training(ns.logs(pod["metadata"]["name"]),
-                                                   after=killed_at, world=4)
-                    if found:
-                        return found[0]
-                return None
-            whole_at = ns.wait(name, "training at world 4 again", whole_world, timeout=120)
+            whole_at = ns.wait(name, "training at world 4 again", lambda:
+                               cluster.first_training_of_any_pod(ns, name, killed_at, 4),
+                               timeout=120)
 
             done = ns.wait_job(name, "finished", lambda j: cluster.phase(j) in ("Succeeded", "Failed"),
                                timeout=900)
