@@ -55,11 +55,20 @@ Status CheckSendRecv(const std::string& backend, int rank, int size, const void*
           (peer == rank ? " is this rank itself" : " outside world of " + std::to_string(size)));
     }
   }
-  if ((send_peer >= 0 && send == nullptr && send_bytes > 0) ||
-      (recv_peer >= 0 && recv == nullptr && recv_bytes > 0)) {
-    return InvalidArgumentError(where + "a null buffer for " +
-                                std::to_string(send == nullptr ? send_bytes : recv_bytes) +
+  if (send_peer >= 0 && send == nullptr && send_bytes > 0) {
+    return InvalidArgumentError(where + "a null send buffer for " + std::to_string(send_bytes) +
                                 " bytes");
+  }
+  if (recv_peer >= 0 && recv == nullptr && recv_bytes > 0) {
+    return InvalidArgumentError(where + "a null recv buffer for " + std::to_string(recv_bytes) +
+                                " bytes");
+  }
+  if (send_peer >= 0 && recv_peer >= 0 && send_bytes > 0 && recv_bytes > 0) {
+    const auto* send_begin = static_cast<const char*>(send);
+    const auto* recv_begin = static_cast<const char*>(recv);
+    if (send_begin < recv_begin + recv_bytes && recv_begin < send_begin + send_bytes) {
+      return InvalidArgumentError(where + "the send and recv buffers overlap");
+    }
   }
   return OkStatus();
 }

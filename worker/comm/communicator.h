@@ -32,7 +32,7 @@ size_t PartBegin(size_t count, int parts, int part);
 
 // The arguments of a SendRecv of `backend` on rank `rank` of `size`: INVALID_ARGUMENT naming
 // what is wrong (a peer outside the world or this rank itself, neither side given, a null
-// buffer with bytes). Every backend calls it first.
+// buffer with bytes, send and recv buffers that overlap). Every backend calls it first.
 Status CheckSendRecv(const std::string& backend, int rank, int size, const void* send,
                      size_t send_bytes, int send_peer, const void* recv, size_t recv_bytes,
                      int recv_peer);
@@ -69,7 +69,9 @@ class Communicator {
   // once the peer receives (rendezvous: no unbounded buffering), so two ranks that send to each
   // other at the same time must do it in one SendRecv each; two plain Sends would each wait for
   // the other's Recv until their deadline. Only the two ranks take part: the others call
-  // nothing. Same deadlines and errors as the collectives.
+  // nothing. Same deadlines and errors as the collectives. A Recv whose size differs from the
+  // message's is INVALID_ARGUMENT and ends the communicator for both ranks on Gloo and shm;
+  // NCCL cannot tell (its behaviour is undefined), so callers agree on sizes beforehand.
   Status Send(const void* data, size_t bytes, int peer, int64_t timeout_ms) {
     return SendRecv(data, bytes, peer, nullptr, 0, -1, timeout_ms);
   }

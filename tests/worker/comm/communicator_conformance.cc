@@ -609,6 +609,61 @@ TEST_P(CommunicatorErrorTest, RecvFromAnAbsentPeerReturnsDeadlineExceededWithinT
       });
 }
 
+TEST_P(CommunicatorErrorTest, SendToAnAbsentPeerReturnsDeadlineExceededWithinTimeout) {
+  ExpectDeadlineWithAnAbsentPeer(
+      backend(), [](Communicator& comm, BufferSpace& space, int64_t timeout_ms) {
+        SpaceBuffer<float> data(space, std::vector<float>(1000, 1.0f));
+        return comm.Send(data.data(), 4000, 1, timeout_ms);
+      });
+}
+
+// A Recv of another size than the message sent fails with INVALID_ARGUMENT naming both sizes,
+// and the sender fails too, promptly (not at its deadline), whichever is larger; nothing writes
+// past the receiver's buffer. NCCL cannot detect it (its behaviour is undefined).
+TEST_P(CommunicatorErrorTest, AMessageOfAnotherSizeThanTheRecvFailsBothRanksNamingTheSizes) {
+  if (backend().name == "nccl") GTEST_SKIP() << "NCCL cannot detect a size mismatch";
+  for (size_t sent : {size_t{8}, size_t{4096}}) {
+    const size_t expected = sent == 8 ? 4096 : 8;
+    Status status = RunRanks(backend(), 2, [&](int rank, Communicator& comm) -> Status {
+      std::vector<uint8_t> bytes(std::max(sent, expected) + 64, 0xAB);
+      SpaceBuffer<uint8_t> buffer(*backend().space, bytes);
+      const auto start = Clock::now();
+      Status result = rank == 0 ? comm.Send(buffer.data(), sent, 1, kTimeoutMs)
+                                : comm.Recv(buffer.data(), expected, 0, kTimeoutMs);
+      if (result.ok()) return InternalError("a size mismatch went unnoticed");
+      if (MsSince(start) >= kTimeoutMs) return InternalError("failed only at the deadline");
+      if (rank == 1) {
+        if (result.code() != StatusCode::kInvalidArgument ||
+            result.message().find("sent a message of " + std::to_string(sent) + " bytes where " +
+                                  std::to_string(expected) + " were expected") ==
+                std::string::npos) {
+          return InternalError("receiver: " + result.ToString());
+        }
+        const std::vector<uint8_t> after = buffer.Read();
+        for (size_t i = expected; i < after.size(); ++i) {
+          if (after[i] != 0xAB) return InternalError("written past the receive buffer");
+        }
+      }
+      return OkStatus();
+    });
+    EXPECT_TRUE(status.ok()) << "sent " << sent << ": " << status;
+  }
+}
+
+TEST(CheckSendRecvTest, BuffersThatOverlapOrAreMissingAreRefusedNamingWhich) {
+  char bytes[16] = {};
+  Status overlap = CheckSendRecv("gloo", 0, 2, bytes, 8, 1, bytes + 4, 8, 1);
+  EXPECT_EQ(overlap.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.message().find("gloo send/recv on rank 0: the send and recv buffers overlap"),
+            std::string::npos)
+      << overlap;
+  EXPECT_TRUE(CheckSendRecv("gloo", 0, 2, bytes, 8, 1, bytes + 8, 8, 1).ok());
+  EXPECT_NE(CheckSendRecv("shm", 1, 2, bytes, 8, 0, nullptr, 8, 0).message().find(
+                "a null recv buffer for 8 bytes"),
+            std::string::npos);
+  EXPECT_TRUE(CheckSendRecv("shm", 1, 2, nullptr, 0, 0, nullptr, 0, 0).ok()) << "empty messages";
+}
+
 TEST_P(CommunicatorErrorTest, CreateWithoutPeersReturnsDeadlineExceeded) {
   testing::MemoryKeyValueStore store;
   const auto start = Clock::now();
@@ -630,6 +685,7 @@ TEST_P(CommunicatorErrorTest, InvalidArgumentsAreRejected) {
     EXPECT_NE(to_self.message().find("send peer 0 is this rank itself"), std::string::npos)
         << to_self;
     Status outside = comm.Recv(x.data(), 4, 3, kTimeoutMs);
+    EXPECT_EQ(outside.code(), StatusCode::kInvalidArgument);
     EXPECT_NE(outside.message().find("recv peer 3 outside world of 1"), std::string::npos)
         << outside;
     EXPECT_EQ(comm.SendRecv(x.data(), 4, -1, x.data(), 4, -1, kTimeoutMs).code(),

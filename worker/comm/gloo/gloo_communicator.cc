@@ -248,7 +248,9 @@ class GlooCommunicator final : public Communicator {
   // Gloo's unbound buffers: send posts the bytes under a slot, recv the buffer for a slot, and
   // the transport moves them once both sides are posted. A slot of its own per direction of a
   // pair and per message keeps the n-th send matched with the n-th recv, whatever collectives
-  // run in between (those use Gloo's own slot prefixes and the shared tag).
+  // run in between (those use Gloo's own slot prefixes and the shared tag). Each message is
+  // preceded by its size (8 bytes, its own slot): Gloo's TCP transport would fill a longer
+  // buffer silently, and fail an assertion in its event thread on a shorter one.
   Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv,
                   size_t recv_bytes, int recv_peer, int64_t timeout_ms) override {
     LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("gloo", options_.rank, options_.size, send,
@@ -258,28 +260,57 @@ class GlooCommunicator final : public Communicator {
       sent_to_.assign(options_.size, 0);
       received_from_.assign(options_.size, 0);
     }
-    return Run("send/recv", timeout_ms, [&] {
-      const std::chrono::milliseconds timeout(timeout_ms);
-      std::unique_ptr<::gloo::transport::UnboundBuffer> out, in;
-      // Gloo sends nothing for an empty buffer; a zero-byte message still takes its turn.
-      uint8_t empty = 0;
+    Status mismatch;
+    Status status = Run("send/recv", timeout_ms, [&] {
+      const Deadline deadline = Deadline::AfterMs(timeout_ms);
+      auto remaining = [&] {
+        return std::chrono::milliseconds(std::max<int64_t>(1, deadline.remaining_ms()));
+      };
+      auto check = [](bool done, const std::string& what) {
+        if (!done) throw ::gloo::IoException(what + " aborted");
+      };
+      uint64_t out_size = send_bytes, in_size = 0;
+      uint8_t empty = 0;  // Gloo needs a buffer even for an empty message
+      std::unique_ptr<::gloo::transport::UnboundBuffer> out_header, out, in_header, in;
       if (send_peer >= 0) {
+        const uint32_t n = sent_to_[send_peer]++;
+        out_header = context_->createUnboundBuffer(&out_size, sizeof(out_size));
+        out_header->send(send_peer, P2pSlot(options_.rank, send_peer, n, /*payload=*/false));
         out = context_->createUnboundBuffer(
             send_bytes > 0 ? const_cast<void*>(send) : &empty, send_bytes);
-        out->send(send_peer, P2pSlot(options_.rank, send_peer, sent_to_[send_peer]++));
+        out->send(send_peer, P2pSlot(options_.rank, send_peer, n, /*payload=*/true));
       }
       if (recv_peer >= 0) {
+        const uint32_t n = received_from_[recv_peer]++;
+        in_header = context_->createUnboundBuffer(&in_size, sizeof(in_size));
+        in_header->recv(recv_peer, P2pSlot(recv_peer, options_.rank, n, /*payload=*/false));
+        check(in_header->waitRecv(remaining()), "size from rank " + std::to_string(recv_peer));
+        if (in_size != recv_bytes) {
+          mismatch = InvalidArgumentError(
+              "gloo recv on rank " + std::to_string(options_.rank) + ": rank " +
+              std::to_string(recv_peer) + " sent a message of " + std::to_string(in_size) +
+              " bytes where " + std::to_string(recv_bytes) + " were expected");
+          return;
+        }
         in = context_->createUnboundBuffer(recv_bytes > 0 ? recv : &empty, recv_bytes);
-        in->recv(recv_peer, P2pSlot(recv_peer, options_.rank, received_from_[recv_peer]++));
+        in->recv(recv_peer, P2pSlot(recv_peer, options_.rank, n, /*payload=*/true));
       }
-      if (out != nullptr && !out->waitSend(timeout)) {
-        throw ::gloo::IoException("send to rank " + std::to_string(send_peer) + " aborted");
+      if (out != nullptr) {
+        check(out_header->waitSend(remaining()), "send to rank " + std::to_string(send_peer));
+        check(out->waitSend(remaining()), "send to rank " + std::to_string(send_peer));
       }
-      if (in != nullptr && !in->waitRecv(timeout)) {
-        throw ::gloo::IoException("receive from rank " + std::to_string(recv_peer) +
-                                  " aborted");
+      if (in != nullptr) {
+        check(in->waitRecv(remaining()), "receive from rank " + std::to_string(recv_peer));
       }
     });
+    if (!mismatch.ok()) {
+      // The peer's message can never be received: end the communicator for both (its peers'
+      // calls fail at once), naming why.
+      Abort(mismatch.message());
+      broken_ = mismatch;
+      return mismatch;
+    }
+    return status;
   }
 
   void Abort(const std::string& reason) override {
@@ -365,11 +396,13 @@ class GlooCommunicator final : public Communicator {
 
   uint32_t NextTag() { return next_tag_++; }
 
-  // The slot of the n-th message from rank `from` to rank `to`: a prefix no Gloo collective
-  // uses, the direction in the low bit (both directions of a pair may be in flight at once).
-  static uint64_t P2pSlot(int from, int to, uint32_t n) {
+  // The slot of the n-th message from rank `from` to rank `to`, its size or its payload: a
+  // prefix no Gloo collective uses, the direction in the low bit (both directions of a pair may
+  // be in flight at once).
+  static uint64_t P2pSlot(int from, int to, uint32_t n, bool payload) {
     constexpr uint8_t kPointToPointSlotPrefix = 0x40;
-    return ::gloo::Slot::build(kPointToPointSlotPrefix, (n << 1) | (from < to ? 0u : 1u));
+    return ::gloo::Slot::build(kPointToPointSlotPrefix,
+                               (n << 2) | (payload ? 2u : 0u) | (from < to ? 0u : 1u));
   }
 
   Status CheckUsable(const char* op, int64_t timeout_ms) {

@@ -69,7 +69,9 @@
 // the piece's size) and increments `posted` (release); the recipient waits until the sender's
 // next piece to take is addressed to it (posted != taken, to == itself), copies it out and
 // increments `taken`. With two halves the sender's copy of one piece overlaps the recipient's
-// copy of the one before. Either increment
+// copy of the one before. A call returns once its last piece is taken, so a mailbox only ever
+// holds pieces of one message. A size mismatch aborts the communicator (the piece could never be
+// taken). Either increment
 // rings the other rank's doorbell (a futex word per rank in the control block, incremented and
 // woken), on which a rank that can make no progress sleeps, re-checking its deadline, the abort
 // flag and the peer's pid every 100 ms as a barrier does. SendRecv moves whichever side can
@@ -118,7 +120,7 @@ const char kShmSegmentKey[] = "lockstep/shm/segment";
 
 namespace {
 
-constexpr uint64_t kMagic = 0x4c4f434b53484d31ull;  // "LOCKSHM1"
+constexpr uint64_t kMagic = 0x4c4f434b53484d32ull;  // "LOCKSHM2": with mailboxes
 constexpr int kMaxRanks = 256;
 constexpr size_t kControlBytes = 4096;
 constexpr size_t kAlign = 64;
@@ -498,6 +500,9 @@ class ShmCommunicator final : public Communicator {
     LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("shm", options_.rank, options_.size, send, send_bytes,
                                            send_peer, recv, recv_bytes, recv_peer));
     LOCKSTEP_RETURN_IF_ERROR(CheckUsable("send/recv", timeout_ms, /*peers_flag=*/false));
+    if (Status aborted = PointToPointAbortStatus(send_peer, recv_peer); !aborted.ok()) {
+      return Fail(aborted);
+    }
     const Deadline deadline = Deadline::AfterMs(timeout_ms);
     // Pieces still to move each way; a message of 0 bytes is one empty piece.
     const size_t capacity = PieceCapacity();
@@ -510,8 +515,14 @@ class ShmCommunicator final : public Communicator {
     MailboxHeader* mine = Mailbox(options_.rank);
     MailboxHeader* theirs = recv_peer >= 0 ? Mailbox(recv_peer) : nullptr;
     std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
-    // The last pieces are posted without waiting for them to be taken; a later message waits.
-    while (sent < to_send || received < to_receive) {
+    // Done once every piece is received and every piece sent is taken: a Send returns when its
+    // peer has the message, as on Gloo and NCCL, so a mailbox never holds pieces of two calls
+    // (nor for two recipients).
+    const uint32_t first_posted = mine->posted.load(std::memory_order_relaxed);
+    auto all_taken = [&] {
+      return mine->taken.load(std::memory_order_acquire) - first_posted == to_send;
+    };
+    while (sent < to_send || received < to_receive || !all_taken()) {
       const uint32_t rung = doorbell->load(std::memory_order_acquire);
       bool moved = false;
       const uint32_t posted = mine->posted.load(std::memory_order_relaxed);
@@ -545,10 +556,14 @@ class ShmCommunicator final : public Communicator {
           // take, so nobody else changes its half until it does.
           if (theirs->taken.load(std::memory_order_relaxed) == taken) {
             if (total != recv_bytes) {
-              return Fail(InvalidArgumentError(
+              // The piece can never be taken, so its sender would wait for nothing: the
+              // generation's communicator ends here for everyone, naming why.
+              Status mismatch = InvalidArgumentError(
                   "shm recv on rank " + std::to_string(options_.rank) + ": rank " +
                   std::to_string(recv_peer) + " sent a message of " + std::to_string(total) +
-                  " bytes where " + std::to_string(recv_bytes) + " were expected"));
+                  " bytes where " + std::to_string(recv_bytes) + " were expected");
+              Abort(mismatch.message());
+              return Fail(mismatch);
             }
             const size_t offset = received * capacity;
             if (piece > 0) {
@@ -598,17 +613,10 @@ class ShmCommunicator final : public Communicator {
     WakeAll(&control_->doorbells[rank]);
   }
 
-  // Sleeps until this rank's doorbell moves past `rung`, spinning briefly first; returns an
-  // error for a passed deadline, a set abort flag or a peer (of this exchange) that is gone.
-  Status WaitForDoorbell(uint32_t rung, int send_peer, int recv_peer, const Deadline& deadline) {
-    std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
-    const int spins = SpinIterations();
-    for (int i = 0; i < spins; ++i) {
-      if (doorbell->load(std::memory_order_acquire) != rung) return OkStatus();
-      CpuRelax();
-    }
-    // Only an Abort() or the departure of one of the two ranks ends an exchange: the other
-    // ranks may be done with the generation.
+  // What ends an exchange between this rank and its peers: an Abort() of any rank, or the
+  // departure of one of the two (the other ranks may be done with the generation).
+  Status PointToPointAbortStatus(int send_peer, int recv_peer) {
+    if (aborted_.load()) return AbortedStatus("send/recv");
     if (control_->abort_called.load() != 0) {
       Status status = PeerAbortStatus("send/recv");
       // The reason's claim may be an earlier departure's; the cause here is the Abort().
@@ -622,6 +630,19 @@ class ShmCommunicator final : public Communicator {
                                 ": rank " + std::to_string(peer) + " closed its communicator");
       }
     }
+    return OkStatus();
+  }
+
+  // Sleeps until this rank's doorbell moves past `rung`, spinning briefly first; returns an
+  // error for a passed deadline, a set abort flag or a peer (of this exchange) that is gone.
+  Status WaitForDoorbell(uint32_t rung, int send_peer, int recv_peer, const Deadline& deadline) {
+    std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
+    const int spins = SpinIterations();
+    for (int i = 0; i < spins; ++i) {
+      if (doorbell->load(std::memory_order_acquire) != rung) return OkStatus();
+      CpuRelax();
+    }
+    LOCKSTEP_RETURN_IF_ERROR(PointToPointAbortStatus(send_peer, recv_peer));
     const Deadline::Clock::time_point time = Deadline::Clock::now();
     if (time >= deadline.at()) {
       return DeadlineExceededError("shm send/recv on rank " + std::to_string(options_.rank) +

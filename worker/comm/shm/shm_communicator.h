@@ -24,9 +24,6 @@
 //    at two ranks the results are identical).
 //  - Every element's reduction is computed by exactly one rank in rank order 0..W-1 and copied
 //    to the others, so every rank holds bit-identical results.
-//  - A Send returns once its last piece is in the sender's mailbox, not once the peer took it,
-//    so a message of up to one mailbox (ShmOptions::mailbox_bytes) never waits for the peer's
-//    Recv.
 // The shared-memory protocol is described at the top of shm_communicator.cc.
 #pragma once
 
