@@ -62,22 +62,7 @@
 // in rank order, into region r of its slot and its output; barrier (peers have read the regions
 // before the next round overwrites them). The all-reduce's copy-out (phase 5) is what it saves.
 //
-// Point to point (Send/Recv/SendRecv): after the slots, each rank has a mailbox (a 128-byte
-// header and mailbox_bytes of data in two halves) that only it writes. A message travels in
-// pieces of at most half the mailbox: the sender waits until the half for its next piece is free
-// (posted - taken < 2), copies the piece in, describes it (recipient, the message's total size,
-// the piece's size) and increments `posted` (release); the recipient waits until the sender's
-// next piece to take is addressed to it (posted != taken, to == itself), copies it out and
-// increments `taken`. With two halves the sender's copy of one piece overlaps the recipient's
-// copy of the one before. A call returns once its last piece is taken, so a mailbox only ever
-// holds pieces of one message. A size mismatch aborts the communicator (the piece could never be
-// taken). Either increment
-// rings the other rank's doorbell (a futex word per rank in the control block, incremented and
-// woken), on which a rank that can make no progress sleeps, re-checking its deadline, the abort
-// flag and the peer's pid every 100 ms as a barrier does. SendRecv moves whichever side can
-// move, so two ranks sending to each other at once both progress. Messages from one rank to
-// another are taken in the order they were posted, so the n-th Send matches the n-th Recv.
-// Only the two ranks take part; the collectives' slots and barriers are untouched.
+// Point to point (Send/Recv/SendRecv) uses each rank's mailbox after the slots: shm_mailbox.cc.
 //
 // Broadcast: root copies up to W × slot_bytes into the slot area; barrier; the others copy out;
 // barrier (so the root does not overwrite a chunk still being read).
@@ -113,6 +98,8 @@
 #include "common/logging.h"
 #include "common/process_stat.h"
 #include "worker/comm/gloo/half_reduce.h"
+#include "worker/comm/shm/shm_mailbox.h"
+#include "worker/comm/shm/shm_segment.h"
 
 namespace lockstep::comm {
 
@@ -120,115 +107,24 @@ const char kShmSegmentKey[] = "lockstep/shm/segment";
 
 namespace {
 
-constexpr uint64_t kMagic = 0x4c4f434b53484d32ull;  // "LOCKSHM2": with mailboxes
-constexpr int kMaxRanks = 256;
-constexpr size_t kControlBytes = 4096;
-constexpr size_t kAlign = 64;
-// How often a waiter checks its peers' pids, and the longest single futex sleep.
-constexpr int64_t kLivenessIntervalMs = 100;
-
-enum AbortKind : uint32_t { kNotAborted = 0, kAbortCalled = 1, kRankLeft = 2 };
-
-static_assert(std::atomic<uint32_t>::is_always_lock_free, "futex words must be plain words");
-static_assert(sizeof(std::atomic<uint32_t>) == sizeof(uint32_t), "futex words must be 32 bits");
-
-struct ControlBlock {
-  // Geometry, written by rank 0 before it publishes the name; read-only afterwards.
-  uint64_t magic;
-  uint32_t world_size;
-  uint32_t reserved;
-  uint64_t slot_bytes;
-  uint64_t region_bytes;
-
-  alignas(kAlign) std::atomic<uint32_t> attached;
-  alignas(kAlign) std::atomic<uint32_t> arrived;
-  alignas(kAlign) std::atomic<uint32_t> epoch;  // futex word: barrier count << 1 | aborted
-  std::atomic<uint32_t> sleepers;
-
-  // The first aborter claims abort_claimed, writes its rank, kind and reason, then sets
-  // reason_ready; readers that see the flag before reason_ready report "a peer".
-  alignas(kAlign) std::atomic<uint32_t> abort_claimed;
-  std::atomic<uint32_t> reason_ready;
-  int32_t abort_rank;
-  uint32_t abort_kind;
-  char abort_reason[256];
-
-  alignas(kAlign) std::atomic<int32_t> pids[kMaxRanks];
-
-  uint64_t mailbox_bytes;
-  // Futex words, one per rank: incremented (and woken) whenever a piece is posted to that rank
-  // or its own piece is taken (the protocol's point to point).
-  alignas(kAlign) std::atomic<uint32_t> doorbells[kMaxRanks];
-  // Which ranks closed their communicator, and whether any rank called Abort(), whoever
-  // claimed the abort reason: point to point between two ranks fails only for these.
-  alignas(kAlign) std::atomic<uint64_t> left[kMaxRanks / 64];
-  std::atomic<uint32_t> abort_called;
-};
-static_assert(sizeof(ControlBlock) <= kControlBytes, "control block outgrew its page");
-
-// The start of each rank's mailbox; its data follows, in kPiecesInFlight halves. Piece k of
-// the owner's pieces (counted over all its messages) goes into half k % 2, so the owner copies
-// one piece in while the recipient copies the previous one out. Only the owner writes `posted`
-// and a half's description, and only once the piece that half held before was taken
-// (posted - taken < kPiecesInFlight); only a piece's recipient advances `taken`, in order. A rank
-// reading a description may race with the owner's reuse of that half for a later piece (when the
-// piece was another rank's to take), so a reader checks `taken` again after reading it, as a
-// seqlock's reader does.
-constexpr uint32_t kPiecesInFlight = 2;
-struct PieceDescription {
-  std::atomic<int32_t> to;            // recipient
-  std::atomic<uint64_t> total_bytes;  // of the message it belongs to
-  std::atomic<uint64_t> bytes;        // of this piece
-};
-struct alignas(kAlign) MailboxHeader {
-  std::atomic<uint32_t> posted;  // pieces the owner has posted
-  PieceDescription pieces[kPiecesInFlight];
-  alignas(kAlign) std::atomic<uint32_t> taken;  // pieces recipients have taken
-};
-static_assert(sizeof(MailboxHeader) == 2 * kAlign, "a mailbox header is two cache lines");
-
-// Where the mailboxes begin in the segment (after the slots, cache-line aligned), and the
-// segment's size.
-size_t MailboxesOffset(size_t slot_bytes, int world) {
-  return kControlBytes + (slot_bytes * world + kAlign - 1) / kAlign * kAlign;
-}
-size_t SegmentBytes(size_t slot_bytes, size_t mailbox_bytes, int world) {
-  return MailboxesOffset(slot_bytes, world) + (sizeof(MailboxHeader) + mailbox_bytes) * world;
-}
-
-long Futex(std::atomic<uint32_t>* word, int op, uint32_t value, const timespec* timeout) {
-  return syscall(SYS_futex, reinterpret_cast<uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-void WakeAll(std::atomic<uint32_t>* word) { Futex(word, FUTEX_WAKE, INT_MAX, nullptr); }
-
-inline void CpuRelax() {
-#if defined(__x86_64__) || defined(__i386__)
-  __builtin_ia32_pause();
-#elif defined(__aarch64__)
-  asm volatile("yield" ::: "memory");
-#endif
-}
-
-// Spin iterations before a waiter sleeps in the kernel. A peer is usually microseconds away in
-// a tight loop of collectives, and a futex round trip costs ~5-10 µs; but on a machine with
-// fewer cores than threads a long spin steals the CPU from the very peer (or from this
-// process's backward pass) being waited for. Read once; LOCKSTEP_SHM_SPIN overrides.
-int SpinIterations() {
-  static const int spins = [] {
-    const char* value = std::getenv("LOCKSTEP_SHM_SPIN");
-    if (value != nullptr && *value != '\0') return std::max(0, std::atoi(value));
-    return 2000;
-  }();
-  return spins;
-}
-
-// True when `pid` no longer runs: gone (ESRCH) or a zombie its parent has not reaped yet.
-bool ProcessIsGone(pid_t pid) {
-  if (kill(pid, 0) != 0) return errno == ESRCH;
-  const std::optional<ProcessStat> stat = ReadProcessStat(pid);
-  return stat && (stat->state == 'Z' || stat->state == 'X');
-}
+using shm::AbortKind;
+using shm::ControlBlock;
+using shm::CpuRelax;
+using shm::Futex;
+using shm::kAbortCalled;
+using shm::kAlign;
+using shm::kControlBytes;
+using shm::kLivenessIntervalMs;
+using shm::kMagic;
+using shm::kMaxRanks;
+using shm::kPiecesInFlight;
+using shm::kRankLeft;
+using shm::MailboxesOffset;
+using shm::Mapping;
+using shm::ProcessIsGone;
+using shm::SegmentBytes;
+using shm::SpinIterations;
+using shm::WakeAll;
 
 std::string SanitizedForName(const std::string& text) {
   std::string out;
@@ -319,19 +215,6 @@ void Reduce(DataType type, ReduceOp op, const void* const* sources, int world, v
   }
 }
 
-// A mapped segment; unmaps on destruction.
-struct Mapping {
-  void* base = MAP_FAILED;
-  size_t bytes = 0;
-  Mapping() = default;
-  Mapping(const Mapping&) = delete;
-  Mapping& operator=(const Mapping&) = delete;
-  ~Mapping() {
-    if (base != MAP_FAILED) munmap(base, bytes);
-  }
-  ControlBlock* control() const { return static_cast<ControlBlock*>(base); }
-};
-
 class ShmCommunicator final : public Communicator {
  public:
   ShmCommunicator(const ShmOptions& options, std::unique_ptr<Mapping> mapping)
@@ -339,9 +222,10 @@ class ShmCommunicator final : public Communicator {
     data_ = static_cast<char*>(mapping_->base) + kControlBytes;
     slot_bytes_ = control_->slot_bytes;
     region_bytes_ = control_->region_bytes;
-    mailbox_bytes_ = control_->mailbox_bytes;
-    mailboxes_ = static_cast<char*>(mapping_->base) + MailboxesOffset(slot_bytes_, options_.size);
     for (int r = 0; r < options_.size; ++r) pids_.push_back(control_->pids[r].load());
+    mailboxes_ = std::make_unique<shm::ShmMailboxes>(
+        control_, static_cast<char*>(mapping_->base) + MailboxesOffset(slot_bytes_, options_.size),
+        control_->mailbox_bytes, options_.rank, pids_, [this] { return PointToPointAbort(); });
   }
 
   // Tells peers still blocked in a collective with this rank that it is gone (UNAVAILABLE),
@@ -495,91 +379,21 @@ class ShmCommunicator final : public Communicator {
     return Fail(BarrierWait("barrier", Deadline::AfterMs(timeout_ms)));
   }
 
+  // Point to point through the mailboxes (shm_mailbox.cc): only the two ranks take part, so a
+  // rank that left does not end it unless it is one of them (the abort flag is not checked).
   Status SendRecv(const void* send, size_t send_bytes, int send_peer, void* recv, size_t recv_bytes,
                   int recv_peer, int64_t timeout_ms) override {
     LOCKSTEP_RETURN_IF_ERROR(CheckSendRecv("shm", options_.rank, options_.size, send, send_bytes,
                                            send_peer, recv, recv_bytes, recv_peer));
     LOCKSTEP_RETURN_IF_ERROR(CheckUsable("send/recv", timeout_ms, /*peers_flag=*/false));
-    if (Status aborted = PointToPointAbortStatus(send_peer, recv_peer); !aborted.ok()) {
-      return Fail(aborted);
+    Status status = mailboxes_->Exchange(send, send_bytes, send_peer, recv, recv_bytes, recv_peer,
+                                         Deadline::AfterMs(timeout_ms));
+    if (status.code() == StatusCode::kInvalidArgument) {
+      // A message of another size can never be taken, so its sender would wait for nothing:
+      // the generation's communicator ends here for everyone, naming why.
+      Abort(status.message());
     }
-    const Deadline deadline = Deadline::AfterMs(timeout_ms);
-    // Pieces still to move each way; a message of 0 bytes is one empty piece.
-    const size_t capacity = PieceCapacity();
-    auto pieces = [capacity](size_t bytes) {
-      return std::max<size_t>(1, CeilDiv(bytes, capacity));
-    };
-    size_t to_send = send_peer >= 0 ? pieces(send_bytes) : 0;
-    size_t to_receive = recv_peer >= 0 ? pieces(recv_bytes) : 0;
-    size_t sent = 0, received = 0;
-    MailboxHeader* mine = Mailbox(options_.rank);
-    MailboxHeader* theirs = recv_peer >= 0 ? Mailbox(recv_peer) : nullptr;
-    std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
-    // Done once every piece is received and every piece sent is taken: a Send returns when its
-    // peer has the message, as on Gloo and NCCL, so a mailbox never holds pieces of two calls
-    // (nor for two recipients).
-    const uint32_t first_posted = mine->posted.load(std::memory_order_relaxed);
-    auto all_taken = [&] {
-      return mine->taken.load(std::memory_order_acquire) - first_posted == to_send;
-    };
-    while (sent < to_send || received < to_receive || !all_taken()) {
-      const uint32_t rung = doorbell->load(std::memory_order_acquire);
-      bool moved = false;
-      const uint32_t posted = mine->posted.load(std::memory_order_relaxed);
-      if (sent < to_send &&
-          posted - mine->taken.load(std::memory_order_acquire) < kPiecesInFlight) {
-        // Readers of the description that see these stores also see `taken` as it is now.
-        std::atomic_thread_fence(std::memory_order_release);
-        const size_t offset = sent * capacity;
-        const size_t bytes = std::min(capacity, send_bytes - std::min(send_bytes, offset));
-        PieceDescription& piece = mine->pieces[posted % kPiecesInFlight];
-        piece.to.store(send_peer, std::memory_order_relaxed);
-        piece.total_bytes.store(send_bytes, std::memory_order_relaxed);
-        piece.bytes.store(bytes, std::memory_order_relaxed);
-        if (bytes > 0) {
-          std::memcpy(PieceData(mine, posted), static_cast<const char*>(send) + offset, bytes);
-        }
-        mine->posted.store(posted + 1, std::memory_order_release);
-        Ring(send_peer);
-        ++sent;
-        moved = true;
-      }
-      if (received < to_receive) {
-        const uint32_t taken = theirs->taken.load(std::memory_order_acquire);
-        const uint32_t their_posted = theirs->posted.load(std::memory_order_acquire);
-        PieceDescription& next = theirs->pieces[taken % kPiecesInFlight];
-        if (their_posted != taken && next.to.load(std::memory_order_relaxed) == options_.rank) {
-          const uint64_t total = next.total_bytes.load(std::memory_order_relaxed);
-          const uint64_t piece = next.bytes.load(std::memory_order_relaxed);
-          std::atomic_thread_fence(std::memory_order_acquire);
-          // Unchanged `taken`: the description read is this piece's, and it is this rank's to
-          // take, so nobody else changes its half until it does.
-          if (theirs->taken.load(std::memory_order_relaxed) == taken) {
-            if (total != recv_bytes) {
-              // The piece can never be taken, so its sender would wait for nothing: the
-              // generation's communicator ends here for everyone, naming why.
-              Status mismatch = InvalidArgumentError(
-                  "shm recv on rank " + std::to_string(options_.rank) + ": rank " +
-                  std::to_string(recv_peer) + " sent a message of " + std::to_string(total) +
-                  " bytes where " + std::to_string(recv_bytes) + " were expected");
-              Abort(mismatch.message());
-              return Fail(mismatch);
-            }
-            const size_t offset = received * capacity;
-            if (piece > 0) {
-              std::memcpy(static_cast<char*>(recv) + offset, PieceData(theirs, taken), piece);
-            }
-            theirs->taken.store(taken + 1, std::memory_order_release);
-            Ring(recv_peer);
-            ++received;
-            moved = true;
-          }
-        }
-      }
-      if (moved) continue;
-      LOCKSTEP_RETURN_IF_ERROR(Fail(WaitForDoorbell(rung, send_peer, recv_peer, deadline)));
-    }
-    return OkStatus();
+    return Fail(status);
   }
 
   void Abort(const std::string& reason) override {
@@ -595,77 +409,6 @@ class ShmCommunicator final : public Communicator {
 
  private:
   char* Slot(int rank) const { return data_ + static_cast<size_t>(rank) * slot_bytes_; }
-  MailboxHeader* Mailbox(int rank) const {
-    return reinterpret_cast<MailboxHeader*>(
-        mailboxes_ + static_cast<size_t>(rank) * (sizeof(MailboxHeader) + mailbox_bytes_));
-  }
-  // Bytes of one piece: half the mailbox, in whole cache lines.
-  size_t PieceCapacity() const { return mailbox_bytes_ / kPiecesInFlight / kAlign * kAlign; }
-  // Where piece number `piece` of the mailbox's owner lies.
-  char* PieceData(MailboxHeader* header, uint32_t piece) const {
-    return reinterpret_cast<char*>(header) + sizeof(MailboxHeader) +
-           (piece % kPiecesInFlight) * PieceCapacity();
-  }
-  static size_t CeilDiv(size_t a, size_t b) { return (a + b - 1) / b; }
-
-  void Ring(int rank) {
-    control_->doorbells[rank].fetch_add(1, std::memory_order_release);
-    WakeAll(&control_->doorbells[rank]);
-  }
-
-  // What ends an exchange between this rank and its peers: an Abort() of any rank, or the
-  // departure of one of the two (the other ranks may be done with the generation).
-  Status PointToPointAbortStatus(int send_peer, int recv_peer) {
-    if (aborted_.load()) return AbortedStatus("send/recv");
-    if (control_->abort_called.load() != 0) {
-      Status status = PeerAbortStatus("send/recv");
-      // The reason's claim may be an earlier departure's; the cause here is the Abort().
-      if (status.code() == StatusCode::kAborted) return status;
-      return AbortedError("shm send/recv on rank " + std::to_string(options_.rank) +
-                          ": communicator aborted by a peer");
-    }
-    for (int peer : {send_peer, recv_peer}) {
-      if (peer >= 0 && (control_->left[peer / 64].load() >> (peer % 64) & 1) != 0) {
-        return UnavailableError("shm send/recv on rank " + std::to_string(options_.rank) +
-                                ": rank " + std::to_string(peer) + " closed its communicator");
-      }
-    }
-    return OkStatus();
-  }
-
-  // Sleeps until this rank's doorbell moves past `rung`, spinning briefly first; returns an
-  // error for a passed deadline, a set abort flag or a peer (of this exchange) that is gone.
-  Status WaitForDoorbell(uint32_t rung, int send_peer, int recv_peer, const Deadline& deadline) {
-    std::atomic<uint32_t>* doorbell = &control_->doorbells[options_.rank];
-    const int spins = SpinIterations();
-    for (int i = 0; i < spins; ++i) {
-      if (doorbell->load(std::memory_order_acquire) != rung) return OkStatus();
-      CpuRelax();
-    }
-    LOCKSTEP_RETURN_IF_ERROR(PointToPointAbortStatus(send_peer, recv_peer));
-    const Deadline::Clock::time_point time = Deadline::Clock::now();
-    if (time >= deadline.at()) {
-      return DeadlineExceededError("shm send/recv on rank " + std::to_string(options_.rank) +
-                                   ": the peer did not take part within the deadline");
-    }
-    if (time >= next_liveness_check_) {
-      for (int peer : {send_peer, recv_peer}) {
-        if (peer >= 0 && ProcessIsGone(pids_[peer])) {
-          return UnavailableError("shm send/recv on rank " + std::to_string(options_.rank) +
-                                  ": rank " + std::to_string(peer) + " (pid " +
-                                  std::to_string(pids_[peer]) + ") is gone");
-        }
-      }
-      next_liveness_check_ = time + std::chrono::milliseconds(kLivenessIntervalMs);
-    }
-    const auto sleep = std::min<Deadline::Clock::duration>(
-        deadline.at() - time, std::chrono::milliseconds(kLivenessIntervalMs));
-    const auto sleep_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(sleep).count();
-    timespec timeout{static_cast<time_t>(sleep_ns / 1000000000),
-                     static_cast<long>(sleep_ns % 1000000000)};
-    Futex(doorbell, FUTEX_WAIT, rung, &timeout);  // EAGAIN/EINTR/ETIMEDOUT: the caller re-checks
-    return OkStatus();
-  }
   char* Region(int slot, int region) const {
     return Slot(slot) + static_cast<size_t>(region) * region_bytes_;
   }
@@ -686,7 +429,7 @@ class ShmCommunicator final : public Communicator {
     }
     control_->epoch.fetch_or(1);
     WakeAll(&control_->epoch);
-    for (int r = 0; r < options_.size; ++r) Ring(r);
+    mailboxes_->RingAll(options_.size);
   }
 
   // With `peers_flag` false the shared abort flag is left to the wait: a point-to-point message
@@ -705,6 +448,18 @@ class ShmCommunicator final : public Communicator {
                                      broken_.ToString() + "); build a new one");
     }
     return OkStatus();
+  }
+
+  // Why point to point must stop: this rank's Abort() or any rank's (a departure alone ends
+  // only the exchanges with the rank that left, which the mailboxes check).
+  Status PointToPointAbort() {
+    if (aborted_.load()) return AbortedStatus("send/recv");
+    if (control_->abort_called.load() == 0) return OkStatus();
+    Status status = PeerAbortStatus("send/recv");
+    // The reason's claim may be an earlier departure's; the cause here is the Abort().
+    if (status.code() == StatusCode::kAborted) return status;
+    return AbortedError("shm send/recv on rank " + std::to_string(options_.rank) +
+                        ": communicator aborted by a peer");
   }
 
   Status AbortedStatus(const char* op) {
@@ -800,10 +555,8 @@ class ShmCommunicator final : public Communicator {
   char* data_ = nullptr;
   size_t slot_bytes_ = 0;
   size_t region_bytes_ = 0;
-  size_t mailbox_bytes_ = 0;
-  char* mailboxes_ = nullptr;
-  Deadline::Clock::time_point next_liveness_check_{};  // of a point-to-point wait
-  std::vector<pid_t> pids_;                            // by rank, read once at bootstrap
+  std::vector<pid_t> pids_;  // by rank, read once at bootstrap
+  std::unique_ptr<shm::ShmMailboxes> mailboxes_;
   // The last collective was an all-reduce whose copy-out peers may still be doing (see the
   // protocol). Every rank issues the same collectives, so every rank holds the same value.
   bool copy_out_pending_ = false;
