@@ -181,6 +181,28 @@ TEST(ShmCommunicatorTest, SlotsTooSmallForTheWorldAreRejected) {
   EXPECT_EQ(CreateShmCommunicator(tiny, store).status().code(), StatusCode::kInvalidArgument);
 }
 
+// Ranks built with different options are told which one differs, not a size that follows
+// from it.
+TEST(ShmCommunicatorTest, RanksThatDisagreeOnTheMailboxSizeAreToldWhichValueDiffers) {
+  testing::MemoryKeyValueStore store;
+  ShmOptions first = TestOptions(0, 2);
+  ShmOptions second = TestOptions(1, 2);
+  second.mailbox_bytes = first.mailbox_bytes * 2;
+  first.connect_timeout_ms = second.connect_timeout_ms = 2000;
+  StatusOr<std::unique_ptr<Communicator>> rank0 = InternalError("not run");
+  std::thread creator([&] { rank0 = CreateShmCommunicator(first, store); });
+  StatusOr<std::unique_ptr<Communicator>> rank1 = CreateShmCommunicator(second, store);
+  creator.join();
+  EXPECT_EQ(rank1.status().code(), StatusCode::kFailedPrecondition) << rank1.status();
+  EXPECT_NE(rank1.status().message().find("was made with mailbox_bytes " +
+                                          std::to_string(first.mailbox_bytes) +
+                                          ", this rank has " +
+                                          std::to_string(second.mailbox_bytes)),
+            std::string::npos)
+      << rank1.status();
+  EXPECT_EQ(rank0.status().code(), StatusCode::kDeadlineExceeded) << rank0.status();
+}
+
 // --- Ranks as processes -------------------------------------------------------------------
 
 class TempDir {

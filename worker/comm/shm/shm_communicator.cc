@@ -629,26 +629,43 @@ StatusOr<std::unique_ptr<Mapping>> OpenSegment(const std::string& name, size_t s
     }
     return status;
   }
+  // The control block first: ranks that disagree on the options (or run builds with another
+  // layout) are told which value differs, before the size that follows from it.
   struct stat info;
-  const size_t total = SegmentBytes(slot_bytes, mailbox_bytes, world);
-  if (fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) != total) {
+  if (fstat(fd, &info) != 0 || static_cast<size_t>(info.st_size) < kControlBytes) {
     close(fd);
     return InternalError("shm segment " + name + " has " + std::to_string(info.st_size) +
-                         " bytes, expected " + std::to_string(total));
+                         " bytes, less than its control block");
   }
+  const size_t mapped = static_cast<size_t>(info.st_size);
   auto mapping = std::make_unique<Mapping>();
-  mapping->base = mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  mapping->base = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   const int error = errno;
   close(fd);
   if (mapping->base == MAP_FAILED) return ErrnoStatus("mmap " + name, error);
-  mapping->bytes = total;
+  mapping->bytes = mapped;
   const ControlBlock* control = mapping->control();
-  if (control->magic != kMagic || control->world_size != static_cast<uint32_t>(world) ||
-      control->slot_bytes != slot_bytes || control->mailbox_bytes != mailbox_bytes) {
+  auto differs = [&](const char* what, uint64_t here, uint64_t there) {
+    return FailedPreconditionError("shm segment " + name + " was made with " + what + " " +
+                                   std::to_string(there) + ", this rank has " +
+                                   std::to_string(here) + " (ranks disagree on ShmOptions)");
+  };
+  if (control->magic != kMagic) {
     return FailedPreconditionError("shm segment " + name +
-                                   " was made for another world, slot or mailbox size (ranks "
-                                   "disagree "
-                                   "on ShmOptions)");
+                                   " has another layout (a build of another version made it)");
+  }
+  if (control->world_size != static_cast<uint32_t>(world)) {
+    return differs("world size", world, control->world_size);
+  }
+  if (control->slot_bytes != slot_bytes)
+    return differs("slot_bytes", slot_bytes, control->slot_bytes);
+  if (control->mailbox_bytes != mailbox_bytes) {
+    return differs("mailbox_bytes", mailbox_bytes, control->mailbox_bytes);
+  }
+  const size_t total = SegmentBytes(slot_bytes, mailbox_bytes, world);
+  if (mapped != total) {
+    return InternalError("shm segment " + name + " has " + std::to_string(mapped) +
+                         " bytes, expected " + std::to_string(total));
   }
   return mapping;
 }
