@@ -75,7 +75,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
-#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -432,8 +431,8 @@ class ShmCommunicator final : public Communicator {
     mailboxes_->RingAll(options_.size);
   }
 
-  // With `peers_flag` false the shared abort flag is left to the wait: a point-to-point message
-  // a peer posted before it left can still be taken.
+  // With `peers_flag` false the shared abort flag is left to the mailboxes' wait: point to point
+  // involves two ranks, so another rank that left (done with the generation) must not end it.
   Status CheckUsable(const char* op, int64_t timeout_ms, bool peers_flag = true) {
     if (aborted_.load()) return AbortedStatus(op);
     // A peer's Abort() or departure outranks this rank's own earlier error: it is the cause.
