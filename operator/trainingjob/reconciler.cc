@@ -78,6 +78,7 @@ Status TrainingJobReconciler::Reconcile(const std::string& key, controller::Resu
     std::lock_guard<std::mutex> lock(mutex_);
     straggler_records_.erase(key);
     placement_warned_.erase(key);
+    counted_failures_.erase(key);
     auto it = hosted_.find(key);
     if (it != hosted_.end()) {
       if (deps_.rendezvous) (void)deps_.rendezvous->RemoveJob(key);
@@ -216,6 +217,7 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
   // 9.
   ComputeStatus(w);
   Status write = WriteStatus(w);
+  if (write.ok()) ReplaceRestartedPods(w);
   if (!w.error.ok()) return w.error;
   if (!pods_status.ok()) return pods_status;
   if (!JobFinished(w.status)) {

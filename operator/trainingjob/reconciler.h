@@ -119,6 +119,8 @@ class TrainingJobReconciler : public controller::Reconciler {
   // grace_seconds: the deletion's grace period; unset, the pod's own.
   Status DeletePod(Work& w, const nlohmann::json& pod, const std::string& why,
                    std::optional<int64_t> grace_seconds = std::nullopt);
+  // The pods of w.restarts, deleted once the status that counts them is stored.
+  void ReplaceRestartedPods(Work& w);
   // A worker pod stuck terminating because its node stopped answering: deleted with grace 0.
   void DeleteIfNodeLost(Work& w, const nlohmann::json& pod);
   // reconciler_stragglers.cc: status.stragglers, the Straggler condition and Events from the
@@ -178,6 +180,9 @@ class TrainingJobReconciler : public controller::Reconciler {
   };
   std::map<std::string, LabelSeenEntry> labels_seen_;
   std::set<std::string> placement_warned_;  // job keys warned of a level no node has
+  // job key -> failed pods (uids) whose restart is stored but whose deletion failed: deleted
+  // again without another count.
+  std::map<std::string, std::set<std::string>> counted_failures_;
   double node_places_pruned_at_ = 0;
 };
 

@@ -53,6 +53,34 @@ Status TrainingJobReconciler::DeletePod(Work& w, const json& pod, const std::str
   return s;
 }
 
+void TrainingJobReconciler::ReplaceRestartedPods(Work& w) {
+  const int64_t limit = w.job.spec.run_policy.backoff_limit;
+  for (const Work::Restart& restart : w.restarts) {
+    const std::string uid = (*restart.pod)["metadata"].value("uid", "");
+    const std::string number = std::to_string(restart.number);
+    if (restart.number > 0) {
+      deps_.events->Record(*w.object, controller::EventType::kWarning, "RestartingWorker",
+                           restart.what + "; restart " + number + "/" + std::to_string(limit));
+      if (deps_.metrics) deps_.metrics->JobRestarted();
+    }
+    Status s = DeletePod(w, *restart.pod,
+                         restart.what + (restart.number > 0
+                                             ? "; replacing it (restart " + number +
+                                                   " of at most " + std::to_string(limit) + ")"
+                                             : "; replacing it (its restart is counted)"));
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (s.ok()) {
+      auto it = counted_failures_.find(w.key);
+      if (it != counted_failures_.end() && it->second.erase(uid) && it->second.empty()) {
+        counted_failures_.erase(it);
+      }
+      continue;
+    }
+    counted_failures_[w.key].insert(uid);
+    if (w.error.ok()) w.error = s;
+  }
+}
+
 // A pod being deleted stays in the API until its kubelet confirms that its containers are gone;
 // on a node that stopped answering that never happens, and a pod evicted from it (the not-ready
 // and unreachable taints, after the tolerationSeconds DesiredPod sets) stays Terminating for
@@ -179,6 +207,17 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
                     what + "; spec.runPolicy.restartPolicy " +
                         spec::ToString(policy.restart_policy) + " does not retry it");
     }
+    bool counted = false;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      auto it = counted_failures_.find(w.key);
+      counted = it != counted_failures_.end() &&
+                it->second.count((*pod)["metadata"].value("uid", "")) > 0;
+    }
+    if (counted) {  // its restart is stored; an earlier deletion failed
+      w.restarts.push_back({pod, what, 0});
+      continue;
+    }
     const int64_t restarts = w.status.value("restarts", int64_t{0});
     if (restarts >= policy.backoff_limit) {
       return Finish(w, false, "BackoffLimitExceeded",
@@ -186,19 +225,12 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
                         " times, spec.runPolicy.backoffLimit is " +
                         std::to_string(policy.backoff_limit));
     }
-    // Count first, in the status written below with the cached resourceVersion: if that write
-    // conflicts the reconcile runs again on fresh data, and the pending deletion expectation
-    // keeps this failure from being counted twice meanwhile.
+    // Counted in the status written at the end of this reconcile, with the cached
+    // resourceVersion; the pod goes only once that write is stored (ReplaceRestartedPods). A
+    // write that conflicts (the cache was stale) leaves the failed pod in place for the next
+    // reconcile to count on fresh data; deleting it first would lose the count with the pod.
     w.status["restarts"] = restarts + 1;
-    Status s = DeletePod(w, *pod,
-                         what + "; replacing it (restart " + std::to_string(restarts + 1) +
-                             " of at most " + std::to_string(policy.backoff_limit) + ")");
-    if (!s.ok() && w.error.ok()) w.error = s;
-    deps_.events->Record(*w.object, controller::EventType::kWarning, "RestartingWorker",
-                         what + "; restart " + std::to_string(restarts + 1) + "/" +
-                             std::to_string(policy.backoff_limit));
-    if (deps_.metrics) deps_.metrics->JobRestarted();
-    w.restarted = true;
+    w.restarts.push_back({pod, what, restarts + 1});
     SetCondition(&w.status, kRestarting, true, "WorkerFailed", what, w.now);
   }
 

@@ -25,7 +25,15 @@ struct TrainingJobReconciler::Work {
   bool any_succeeded = false;
   bool created_pods = false;
   std::vector<std::string> created_names;  // pods this reconcile created (not yet cached)
-  bool restarted = false;
+  // Failed workers this reconcile counts as restarts (status.restarts in `status`): their pods
+  // are deleted only once that status is stored (ReplaceRestartedPods), so that a write that
+  // conflicts with a stale cache loses no count.
+  struct Restart {
+    controller::ObjectPtr pod;
+    std::string what;  // "pod x failed with exit code 137"
+    int64_t number = 0;
+  };
+  std::vector<Restart> restarts;
   // Kueue queues the job (a plain pod group, reconciler_kueue.cc). Its group keeps the size
   // Kueue admitted: when spec.replicas asks for another, job.spec.replicas holds the group's
   // and this the spec's.
