@@ -37,6 +37,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
@@ -68,27 +69,49 @@ struct ParameterLayout {
   int64_t SegmentOffset(int forward_index) const { return layers[forward_index].weight_offset; }
 };
 
+// Layers [first, last) in forward order: what one pipeline stage holds (all of them without a
+// pipeline). Their tensors are one contiguous slice of the flat buffers, as layers are stored
+// in backward order.
+struct LayerRange {
+  int first = 0;
+  int last = 0;  // exclusive
+  int size() const { return last - first; }
+  bool operator==(const LayerRange& other) const {
+    return first == other.first && last == other.last;
+  }
+};
+// The slice [offset, offset + count) of the flat buffers that `range` of `layout` occupies.
+int64_t RangeOffset(const ParameterLayout& layout, LayerRange range);
+int64_t RangeCount(const ParameterLayout& layout, LayerRange range);
+
 class MlpModel;
 
-// Activations and scratch for up to max_rows samples per call, in one device's memory.
+// Activations and scratch for up to max_rows samples per call of layers `layers()`, in one
+// device's memory. A pipeline stage keeps one per micro-batch whose activations it holds.
 class MlpWorkspace {
  public:
-  // RESOURCE_EXHAUSTED when the buffers do not fit on the device.
+  // RESOURCE_EXHAUSTED when the buffers do not fit on the device; INVALID_ARGUMENT for a range
+  // outside the model or an empty one. Without `layers`, all of the model's.
   static StatusOr<MlpWorkspace> Create(const MlpModel& model, int64_t max_rows,
-                                       kernels::Device& device);
+                                       kernels::Device& device,
+                                       std::optional<LayerRange> layers = std::nullopt);
   int64_t max_rows() const { return max_rows_; }
+  LayerRange layers() const { return layers_; }
 
  private:
   friend class MlpModel;
   MlpWorkspace() = default;
   int64_t max_rows_ = 0;
-  std::vector<kernels::DeviceArray<float>> outputs_;  // per layer: [rows, out] post-activation
-  std::vector<kernels::DeviceArray<float>> pre_activations_;  // per layer; only for gelu
-  kernels::DeviceArray<float> grad_a_, grad_b_;               // ping-pong d(activation) buffers
-  // Precision::kBf16 only: the parameters and the input features rounded to bf16; for gelu and
+  LayerRange layers_;
+  // Per layer of layers_ (index l - layers_.first): [rows, out] post-activation, and the
+  // pre-activation (gelu only).
+  std::vector<kernels::DeviceArray<float>> outputs_;
+  std::vector<kernels::DeviceArray<float>> pre_activations_;
+  kernels::DeviceArray<float> grad_a_, grad_b_;  // ping-pong d(activation) buffers
+  // Precision::kBf16 only: the range's parameters and its input rounded to bf16; for gelu and
   // tanh layers, a zero bias (the activation applied to the rounded pre-activation) and a bias
   // gradient that is thrown away (the one summed before the activation gradient is rounded).
-  kernels::DeviceArray<float> bf16_params_, bf16_features_;
+  kernels::DeviceArray<float> bf16_params_, bf16_input_;
   kernels::DeviceArray<float> bf16_zero_bias_, bf16_discarded_dbias_;
 };
 
@@ -113,7 +136,8 @@ class MlpModel {
   // function of (seed, architecture), identical on every rank and platform.
   void InitializeParameters(uint64_t seed, float* params) const;
 
-  // Forward and backward over `rows` samples (0 <= rows <= workspace.max_rows()): loss =
+  // Forward and backward over `rows` samples (0 <= rows <= workspace.max_rows()) with a
+  // whole-model workspace: loss =
   // grad_scale * sum of per-sample cross-entropy. Overwrites grads with d(loss)/d(params), or
   // with `accumulate` adds d(loss)/d(params) to them (the micro-batches of one step: the sum is
   // the gradient of the micro-batches together, up to float rounding), and
@@ -128,14 +152,43 @@ class MlpModel {
                        float* grads, MlpWorkspace& workspace, const LayerReadyFn& on_layer_ready,
                        double* loss_sum, bool accumulate = false) const;
 
-  // Forward only; returns a pointer to the logits [rows, classes] inside the workspace.
+  // Forward only, over the workspace's layers: `input` is [rows, in] of its first layer (the
+  // features, or the previous pipeline stage's output); `params` is their slice of the flat
+  // buffer (params[0] is flat offset RangeOffset(layout(), workspace.layers()): the whole buffer
+  // for a whole-model workspace), so that a pipeline stage holds only its own layers. Returns a
+  // pointer to the last layer's output [rows, out] inside the workspace (the logits when that is
+  // the model's last layer), which Backward then reads.
   const float* Forward(const kernels::ExecutionContext& ctx, const float* params,
-                       const float* features, int64_t rows, MlpWorkspace& workspace) const;
+                       const float* input, int64_t rows, MlpWorkspace& workspace) const;
+
+  // Where backward over a workspace's layers starts: the gradient of their output from the next
+  // pipeline stage, or, for the layers that end with the model's last one, the loss.
+  struct OutputGradient {
+    // d(loss)/d(output) [rows, out]; Backward overwrites it (it becomes scratch).
+    float* grad_output = nullptr;
+    // Without grad_output: loss = grad_scale * sum of the rows' cross-entropy, whose unscaled
+    // sum is ADDED to *loss_sum (device memory).
+    const int32_t* labels = nullptr;
+    float grad_scale = 1.0f;
+    double* loss_sum = nullptr;
+  };
+
+  // Backward over the workspace's layers, after Forward of the same `input` and rows with the
+  // same workspace (and parameters): writes (or with `accumulate` adds) d(loss)/d(params) to
+  // `grads`, the layers' slice as `params` is, calling on_layer_ready as ForwardBackward does, and
+  // with `grad_input` writes d(loss)/d(input) [rows, in] there (what the previous stage's backward
+  // starts from). rows == 0 behaves as in ForwardBackward and leaves grad_input alone.
+  void Backward(const kernels::ExecutionContext& ctx, const float* params, const float* input,
+                int64_t rows, const OutputGradient& from, float* grads, MlpWorkspace& workspace,
+                const LayerReadyFn& on_layer_ready, bool accumulate,
+                float* grad_input = nullptr) const;
 
  private:
   MlpModel(ParameterLayout layout, Precision precision)
       : layout_(std::move(layout)), precision_(precision) {}
   bool bf16() const { return precision_ == Precision::kBf16; }
+  struct LayerParams;
+  LayerParams ReadParams(const float* params, const MlpWorkspace& workspace) const;
   ParameterLayout layout_;
   Precision precision_ = Precision::kFp32;
 };
