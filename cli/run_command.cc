@@ -453,11 +453,13 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   // on without the worker is the restart policy's decision (WatchUntilDone). A fixed-size exec
   // job forms only at its full size, as in a cluster: a program need not cope with another world
   // size, and a generation formed without a member that is still stopping its command would end
-  // as soon as it came back. An elastic job's range is the spec's.
+  // as soon as it came back. So does a pipeline job: every replica of the pipeline needs all its
+  // stages (docs/pipeline.md). An elastic job's range is the spec's.
   const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
   const bool exec = !job.spec.trainer.has_value();
+  const bool whole_world = exec || job.spec.trainer->pipeline.stages > 1;
   job_config.min_members =
-      elastic ? job.spec.elastic.min_replicas : (exec ? job.spec.elastic.max_replicas : 1);
+      elastic ? job.spec.elastic.min_replicas : (whole_world ? job.spec.elastic.max_replicas : 1);
   job_config.max_members = spec::MaxWorld(job.spec);
   // Every local worker is started at once; the first generation takes replicas of them and any
   // standbys wait.

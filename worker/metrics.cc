@@ -119,6 +119,26 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
            .Help("Steps skipped because fp16-compressed gradients overflowed (loss scale halved)")
            .Register(registry);
 
+  m.pipeline_stage_family_ = &BuildGauge()
+                                  .Name("lockstep_pipeline_stage")
+                                  .Help("The pipeline stage this rank runs (pipeline jobs)")
+                                  .Register(registry);
+  m.pipeline_compute_family_ =
+      &BuildCounter()
+           .Name("lockstep_pipeline_compute_seconds_total")
+           .Help("Time this pipeline stage spent in forward and backward passes")
+           .Register(registry);
+  m.pipeline_bubble_family_ =
+      &BuildCounter()
+           .Name("lockstep_pipeline_bubble_seconds_total")
+           .Help("Time this pipeline stage waited on its neighbours: the bubble and the transfers")
+           .Register(registry);
+  m.pipeline_bytes_family_ =
+      &BuildCounter()
+           .Name("lockstep_pipeline_activation_bytes_total")
+           .Help("Activation and activation-gradient bytes this pipeline stage sent")
+           .Register(registry);
+
   const std::map<std::string, std::string> job_labels{{"job", job}};
   m.world_size_ = &m.world_size_family_->Add(job_labels);
   m.generation_ = &m.generation_family_->Add(job_labels);
@@ -159,6 +179,13 @@ void WorkerMetrics::BindRank(int rank) {
   metrics::MoveSeries(loss_family_, &loss_, labels);
   metrics::MoveSeries(bus_bandwidth_family_, &bus_bandwidth_, labels);
   metrics::MoveSeries(scaling_efficiency_family_, &scaling_efficiency_, labels);
+  // The pipeline's series exist only in pipeline jobs (SetPipelineStage creates them).
+  if (pipeline_stage_ != nullptr) {
+    metrics::MoveSeries(pipeline_stage_family_, &pipeline_stage_, labels);
+    metrics::MoveSeries(pipeline_compute_family_, &pipeline_compute_, labels);
+    metrics::MoveSeries(pipeline_bubble_family_, &pipeline_bubble_, labels);
+    metrics::MoveSeries(pipeline_bytes_family_, &pipeline_bytes_, labels);
+  }
   step_duration_ = &step_duration_family_->Add(labels, DurationBuckets());
   allreduce_duration_ = &allreduce_duration_family_->Add(labels, DurationBuckets());
   comm_exposed_ = &comm_exposed_family_->Add(labels, DurationBuckets());
@@ -230,6 +257,27 @@ void WorkerMetrics::IncrementCheckpointFailures() {
 void WorkerMetrics::IncrementSkippedSteps() {
   std::lock_guard<std::mutex> lock(mu_);
   skipped_steps_->Increment();
+}
+
+void WorkerMetrics::SetPipelineStage(int stage) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pipeline_stage_ == nullptr) {
+    const std::map<std::string, std::string> labels{{"job", job_}, {"rank", std::to_string(rank_)}};
+    pipeline_stage_ = &pipeline_stage_family_->Add(labels);
+    pipeline_compute_ = &pipeline_compute_family_->Add(labels);
+    pipeline_bubble_ = &pipeline_bubble_family_->Add(labels);
+    pipeline_bytes_ = &pipeline_bytes_family_->Add(labels);
+  }
+  pipeline_stage_->Set(stage);
+}
+
+void WorkerMetrics::ObservePipelineStep(double compute_seconds, double bubble_seconds,
+                                        int64_t bytes_sent) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (pipeline_compute_ == nullptr) return;  // SetPipelineStage first
+  pipeline_compute_->Increment(compute_seconds);
+  pipeline_bubble_->Increment(bubble_seconds);
+  pipeline_bytes_->Increment(static_cast<double>(bytes_sent));
 }
 
 std::string WorkerMetrics::Scrape() const {

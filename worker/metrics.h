@@ -68,6 +68,11 @@ class WorkerMetrics {
   // lockstep_train_skipped_steps_total: steps whose fp16-compressed gradients overflowed and were
   // skipped (every rank skips the same steps; the loss scale was halved).
   void IncrementSkippedSteps();
+  // Pipeline parallelism, per rank: the stage it runs, and per step the time its forward and
+  // backward passes took, the time it waited on its neighbours (the pipeline's bubble and the
+  // transfers) and the activation bytes (and their gradients) it sent.
+  void SetPipelineStage(int stage);
+  void ObservePipelineStep(double compute_seconds, double bubble_seconds, int64_t bytes_sent);
 
   // The text exposition of the registry (what /metrics serves), for tests.
   std::string Scrape() const;
@@ -102,9 +107,17 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Gauge>* checkpoint_last_success_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* checkpoint_failures_family_ = nullptr;
   prometheus::Family<prometheus::Counter>* skipped_steps_family_ = nullptr;
+  prometheus::Family<prometheus::Gauge>* pipeline_stage_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* pipeline_compute_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* pipeline_bubble_family_ = nullptr;
+  prometheus::Family<prometheus::Counter>* pipeline_bytes_family_ = nullptr;
   // Series of the current rank.
   prometheus::Counter* steps_total_ = nullptr;
   prometheus::Counter* samples_total_ = nullptr;
+  prometheus::Gauge* pipeline_stage_ = nullptr;
+  prometheus::Counter* pipeline_compute_ = nullptr;
+  prometheus::Counter* pipeline_bubble_ = nullptr;
+  prometheus::Counter* pipeline_bytes_ = nullptr;
   prometheus::Gauge* samples_per_second_ = nullptr;
   prometheus::Gauge* loss_ = nullptr;
   prometheus::Histogram* step_duration_ = nullptr;

@@ -48,6 +48,11 @@ struct EnumTable<Precision> {
                                                      {Precision::kBf16, "bf16"}};
 };
 template <>
+struct EnumTable<PipelineSchedule> {
+  static constexpr EnumName<PipelineSchedule> kEntries[] = {{PipelineSchedule::kGpipe, "gpipe"},
+                                                            {PipelineSchedule::k1F1B, "1f1b"}};
+};
+template <>
 struct EnumTable<Compression> {
   static constexpr EnumName<Compression> kEntries[] = {
       {Compression::kNone, "none"}, {Compression::kBf16, "bf16"}, {Compression::kFp16, "fp16"}};

@@ -27,6 +27,7 @@ const char* ToString(OptimizerType value) { return internal::EnumToString(value)
 const char* ToString(LrScaling value) { return internal::EnumToString(value); }
 const char* ToString(Device value) { return internal::EnumToString(value); }
 const char* ToString(Precision value) { return internal::EnumToString(value); }
+const char* ToString(PipelineSchedule value) { return internal::EnumToString(value); }
 const char* ToString(Compression value) { return internal::EnumToString(value); }
 const char* ToString(SyncStrategy value) { return internal::EnumToString(value); }
 const char* ToString(NetworkMode value) { return internal::EnumToString(value); }
@@ -66,11 +67,15 @@ bool operator==(const SyncSpec& a, const SyncSpec& b) {
          std::tie(b.strategy, b.local_sgd.period, b.local_sgd.start_step, b.dgc.sparsity,
                   b.dgc.warmup_steps, b.dgc.min_bucket_elements);
 }
+bool operator==(const PipelineSpec& a, const PipelineSpec& b) {
+  return std::tie(a.stages, a.micro_batches, a.schedule, a.recompute, a.stage_layers) ==
+         std::tie(b.stages, b.micro_batches, b.schedule, b.recompute, b.stage_layers);
+}
 bool operator==(const TrainerSpec& a, const TrainerSpec& b) {
   return a.model == b.model && a.data == b.data && a.batch_size == b.batch_size &&
          a.steps == b.steps && a.epochs == b.epochs && a.optimizer == b.optimizer &&
          a.seed == b.seed && a.device == b.device && a.precision == b.precision &&
-         a.allreduce == b.allreduce && a.sync == b.sync &&
+         a.allreduce == b.allreduce && a.sync == b.sync && a.pipeline == b.pipeline &&
          a.log_interval_steps == b.log_interval_steps;
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
@@ -259,7 +264,9 @@ int64_t GlobalBatchSize(const TrainingJobSpec& spec, int32_t world_size) {
   const int64_t ranks = spec.elastic.global_batch == GlobalBatch::kFixed
                             ? int64_t{spec.replicas} * spec.ranks_per_worker
                             : int64_t{world_size};
-  return std::max<int64_t>(1, spec.trainer->batch_size * ranks);
+  // A pipeline's stages train one batch together: one batchSize per replica of the pipeline.
+  const int64_t stages = std::max<int64_t>(1, spec.trainer->pipeline.stages);
+  return std::max<int64_t>(1, spec.trainer->batch_size * (ranks / stages));
 }
 
 int64_t TotalSteps(const TrainingJobSpec& spec, int64_t train_samples, int32_t world_size) {

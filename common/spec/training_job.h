@@ -39,6 +39,7 @@ enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
 enum class GlobalBatch { kFixed, kScaleWithWorld };
 enum class PlacementMode { kRequired, kPreferred };
+enum class PipelineSchedule { kGpipe, k1F1B };
 
 const char* ToString(Activation value);     // "relu" | "gelu" | "tanh"
 const char* ToString(DataFormat value);     // "idx" | "csv"
@@ -53,6 +54,7 @@ const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never
 const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
 const char* ToString(GlobalBatch value);    // "fixed" | "scaleWithWorld"
 const char* ToString(PlacementMode value);  // "required" | "preferred"
+const char* ToString(PipelineSchedule value);  // "gpipe" | "1f1b"
 
 struct ObjectMeta {
   std::string name;                    // required, a DNS-1123 label
@@ -143,6 +145,19 @@ struct SyncSpec {
   DgcSpec dgc;
 };
 
+// `pipeline`: the model's layers split into `stages` consecutive stages on consecutive ranks;
+// the world is stages x D data-parallel replicas of the pipeline, and batchSize stays the batch
+// of one replica, cut into `microBatches` (docs/pipeline.md).
+struct PipelineSpec {
+  int32_t stages = 1;  // 1: no pipeline
+  int32_t micro_batches = 1;
+  PipelineSchedule schedule = PipelineSchedule::k1F1B;
+  bool recompute = false;
+  // `stageLayers`: the layers of each stage (stages entries summing to the model's layers);
+  // empty: the trainer balances the stages' compute.
+  std::vector<int32_t> stage_layers;
+};
+
 struct TrainerSpec {
   ModelSpec model;
   DataSpec data;
@@ -157,6 +172,7 @@ struct TrainerSpec {
   Precision precision = Precision::kFp32;
   AllreduceSpec allreduce;
   SyncSpec sync;
+  PipelineSpec pipeline;
   int64_t log_interval_steps = 50;  // `logIntervalSteps`: progress report period
 };
 
@@ -223,6 +239,10 @@ struct MetricsSpec {
 // sized from replicas (pods, rendezvous slots, local processes) stays small at this bound.
 inline constexpr int32_t kMaxReplicas = 50000;
 
+// Most stages of a pipeline (`trainer.pipeline.stages`): Megatron-LM's largest runs use a few
+// dozen; past this a typo.
+inline constexpr int32_t kMaxPipelineStages = 1024;
+
 // Most ranks one worker pod may run (`ranksPerWorker`): a node's GPUs or cores, with room.
 inline constexpr int32_t kMaxRanksPerWorker = 256;
 
@@ -273,6 +293,7 @@ bool operator==(const ModelSpec& a, const ModelSpec& b);
 bool operator==(const DataSpec& a, const DataSpec& b);
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b);
 bool operator==(const AllreduceSpec& a, const AllreduceSpec& b);
+bool operator==(const PipelineSpec& a, const PipelineSpec& b);
 bool operator==(const TrainerSpec& a, const TrainerSpec& b);
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
@@ -322,7 +343,8 @@ nlohmann::json ToJson(const TrainingJob& job);
 
 // Samples one step of the built-in trainer trains at `world_size` ranks (see
 // ElasticSpec::global_batch): replicas x ranksPerWorker x batchSize for globalBatch fixed,
-// world_size x batchSize for scaleWithWorld; at least 1. Requires spec.trainer.
+// world_size x batchSize for scaleWithWorld; divided by trainer.pipeline.stages (a replica of
+// the pipeline trains one batchSize); at least 1. Requires spec.trainer.
 int64_t GlobalBatchSize(const TrainingJobSpec& spec, int32_t world_size);
 
 // Total steps the trainer will run for a given dataset size and world size (steps, or epochs

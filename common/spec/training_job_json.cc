@@ -56,6 +56,12 @@ json TrainerToJson(const TrainerSpec& trainer) {
          {{"sparsity", trainer.sync.dgc.sparsity},
           {"warmupSteps", trainer.sync.dgc.warmup_steps},
           {"minBucketElements", trainer.sync.dgc.min_bucket_elements}}}}},
+      {"pipeline",
+       {{"stages", trainer.pipeline.stages},
+        {"microBatches", trainer.pipeline.micro_batches},
+        {"schedule", EnumToString(trainer.pipeline.schedule)},
+        {"recompute", trainer.pipeline.recompute},
+        {"stageLayers", trainer.pipeline.stage_layers}}},
       {"logIntervalSteps", trainer.log_interval_steps},
   };
   // Zero means "not set" for both; writing only the one in use keeps the output valid.

@@ -274,6 +274,106 @@ void CheckSyncCombinations(const ObjectReader& reader, const TrainerSpec& traine
   }
 }
 
+// `pipeline`, checked against the model and batch it splits (read before it).
+void ReadPipeline(const ObjectReader& trainer_reader, TrainerSpec* trainer) {
+  ObjectReader reader = ChildMap(trainer_reader, "pipeline");
+  if (!reader.valid()) return;
+  PipelineSpec& pipeline = trainer->pipeline;
+  const bool stages_ok =
+      reader.ReadInt("stages", &pipeline.stages, 1, kMaxPipelineStages) || !reader.Has("stages");
+  const bool micro_ok = reader.ReadInt("microBatches", &pipeline.micro_batches, 1, kMaxInt32) ||
+                        !reader.Has("microBatches");
+  reader.ReadEnum("schedule", &pipeline.schedule);
+  reader.ReadBool("recompute", &pipeline.recompute);
+  const int64_t layers = static_cast<int64_t>(trainer->model.hidden.size()) + 1;
+  const std::string model_layers = "the model has " + std::to_string(layers) + " layers (" +
+                                   std::to_string(trainer->model.hidden.size()) +
+                                   " hidden and the output layer)";
+  if (stages_ok && pipeline.stages > layers) {
+    reader.problems()->Add(reader.PathOf("stages"), std::to_string(pipeline.stages) +
+                                                        " stages, but " + model_layers +
+                                                        ": a stage holds at least one layer");
+  }
+  if (micro_ok && trainer->batch_size >= 1 && trainer->batch_size % pipeline.micro_batches != 0) {
+    reader.problems()->Add(reader.PathOf("microBatches"),
+                           "must divide batchSize " + std::to_string(trainer->batch_size) +
+                               " (got " + std::to_string(pipeline.micro_batches) + ")");
+  }
+  if (stages_ok && pipeline.stages == 1) {
+    // One stage is the data-parallel trainer, which cuts nothing into micro-batches. (The API
+    // server fills in every default, so only values that would change something are refused.)
+    if (micro_ok && pipeline.micro_batches > 1) {
+      reader.problems()->Add(reader.PathOf("microBatches"),
+                             "applies to a pipeline of 2 or more stages (stages is 1)");
+    }
+    if (pipeline.recompute) {
+      reader.problems()->Add(reader.PathOf("recompute"),
+                             "applies to a pipeline of 2 or more stages (stages is 1)");
+    }
+  }
+  std::vector<int64_t> stage_layers;
+  // Empty, as ToJson writes an unset list: balanced.
+  if (reader.ReadIntList("stageLayers", 1, kMaxInt32, &stage_layers) && stages_ok &&
+      !stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int64_t count : stage_layers) sum += count;
+    if (static_cast<int64_t>(stage_layers.size()) != pipeline.stages) {
+      reader.problems()->Add(reader.PathOf("stageLayers"),
+                             "must have one entry per stage: " + std::to_string(pipeline.stages) +
+                                 " (got " + std::to_string(stage_layers.size()) + ")");
+    } else if (sum != layers) {
+      reader.problems()->Add(reader.PathOf("stageLayers"),
+                             "must add up to the model's layers: " + model_layers + " (got " +
+                                 std::to_string(sum) + ")");
+    } else {
+      pipeline.stage_layers.assign(stage_layers.begin(), stage_layers.end());
+    }
+  }
+}
+
+// What a pipeline cannot be combined with, named by the field that conflicts; and the world it
+// needs (every rank of a replica is one stage).
+void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec) {
+  if (!spec.trainer.has_value() || spec.trainer->pipeline.stages <= 1) return;
+  const TrainerSpec& trainer = *spec.trainer;
+  const int32_t stages = trainer.pipeline.stages;
+  const std::string trainer_path = spec_reader.PathOf("trainer");
+  const std::string why =
+      " (" + trainer_path + ".pipeline.stages is " + std::to_string(stages) + ")";
+  const int64_t world = static_cast<int64_t>(spec.replicas) * spec.ranks_per_worker;
+  if (world % stages != 0) {
+    spec_reader.problems()->Add(
+        spec_reader.PathOf("replicas"),
+        "replicas x ranksPerWorker (" + std::to_string(world) +
+            ") must be a multiple of the pipeline's stages: every replica of the pipeline has "
+            "one rank per stage" +
+            why);
+  }
+  if (trainer.sync.strategy != SyncStrategy::kAllreduce) {
+    spec_reader.problems()->Add(trainer_path + ".sync.strategy",
+                                std::string("a pipeline's stages all-reduce their gradients "
+                                            "among their replicas: only allreduce (got ") +
+                                    ToString(trainer.sync.strategy) + ")" + why);
+  }
+  if (trainer.device == Device::kCuda) {
+    spec_reader.problems()->Add(trainer_path + ".device",
+                                "pipeline stages run on device cpu (got cuda)" + why);
+  }
+  if (!spec.checkpoint.uri.empty()) {
+    spec_reader.problems()->Add(spec_reader.PathOf("checkpoint") + ".uri",
+                                "a pipeline job does not write checkpoints yet: it recovers a lost "
+                                "rank from its stage's other replicas (docs/pipeline.md)" +
+                                    why);
+  }
+  if (spec.elastic.min_replicas != spec.elastic.max_replicas || spec.elastic.standby > 0) {
+    spec_reader.problems()->Add(spec_reader.PathOf("elastic"),
+                                "a pipeline job has a fixed world (replicas x ranksPerWorker "
+                                "ranks); minReplicas, maxReplicas and standby must be left "
+                                "out or equal to replicas" +
+                                    why);
+  }
+}
+
 void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
   ObjectReader reader = ChildMap(spec, "trainer");
   if (!reader.valid()) return;
@@ -298,6 +398,7 @@ void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
   ReadAllreduce(reader, &trainer->allreduce);
   ReadSync(reader, &trainer->sync);
   CheckSyncCombinations(reader, *trainer);
+  ReadPipeline(reader, trainer);
   reader.ReadInt("logIntervalSteps", &trainer->log_interval_steps, 1);
 }
 
@@ -529,6 +630,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ReadNetwork(reader, &spec->network);
   ReadRunPolicy(reader, &spec->run_policy);
   ReadPlacement(reader, spec);
+  if (replicas_ok) CheckPipeline(reader, *spec);
   ObjectReader metrics = ChildMap(reader, "metrics");
   metrics.ReadInt("port", &spec->metrics.port, 0, 65535);
 }

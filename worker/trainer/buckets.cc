@@ -4,12 +4,16 @@
 
 namespace lockstep::trainer {
 
-std::vector<GradientBucket> AssignBuckets(const ParameterLayout& layout, int64_t cap_bytes) {
+std::vector<GradientBucket> AssignBuckets(const ParameterLayout& layout, int64_t cap_bytes,
+                                          std::optional<LayerRange> layers) {
   std::vector<GradientBucket> buckets;
   const int64_t cap_floats = cap_bytes / static_cast<int64_t>(sizeof(float));
+  const LayerRange range = layers.value_or(LayerRange{0, layout.num_layers()});
+  const int64_t shift = RangeOffset(layout, range);
   bool open = false;
   GradientBucket current;
-  for (int b = 0; b < layout.num_layers(); ++b) {
+  // Backward indices of the range's layers: its last layer first.
+  for (int b = layout.ForwardIndex(range.last - 1); b <= layout.ForwardIndex(range.first); ++b) {
     const LayerLayout& layer = layout.layers[static_cast<size_t>(layout.ForwardIndex(b))];
     const int64_t count = layer.num_params();
     if (open && current.count + count > cap_floats) {
@@ -17,7 +21,7 @@ std::vector<GradientBucket> AssignBuckets(const ParameterLayout& layout, int64_t
       open = false;
     }
     if (!open) {
-      current = GradientBucket{layer.weight_offset, 0, b, b};
+      current = GradientBucket{layer.weight_offset - shift, 0, b, b};
       open = true;
     }
     current.count += count;

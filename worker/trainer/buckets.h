@@ -14,6 +14,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "worker/trainer/model.h"
@@ -34,8 +35,10 @@ struct ParamRange {
   int64_t count = 0;
 };
 
-// cap_bytes <= 0 means one bucket per layer.
-std::vector<GradientBucket> AssignBuckets(const ParameterLayout& layout, int64_t cap_bytes);
+// cap_bytes <= 0 means one bucket per layer. With `layers` (a pipeline stage), only those
+// layers, with offsets into their slice of the flat buffers (RangeOffset is 0).
+std::vector<GradientBucket> AssignBuckets(const ParameterLayout& layout, int64_t cap_bytes,
+                                          std::optional<LayerRange> layers = std::nullopt);
 
 // Bytes of a MiB count from the manifest (allreduce.bucketMiB may be fractional).
 int64_t BucketCapBytes(double bucket_mib);

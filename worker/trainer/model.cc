@@ -111,15 +111,18 @@ StatusOr<MlpModel> MlpModel::Create(int64_t input_features, const std::vector<in
   return MlpModel(std::move(layout), precision);
 }
 
-void MlpModel::InitializeParameters(uint64_t seed, float* params) const {
-  for (int l = 0; l < layout_.num_layers(); ++l) {
+void MlpModel::InitializeParameters(uint64_t seed, float* params,
+                                    std::optional<LayerRange> layers) const {
+  const LayerRange range = layers.value_or(LayerRange{0, layout_.num_layers()});
+  const int64_t shift = RangeOffset(layout_, range);
+  for (int l = range.first; l < range.last; ++l) {
     const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
     // One stream per layer: a layer's values do not depend on the other layers' sizes.
     SplitMix64 rng(MixSeed(seed, static_cast<uint64_t>(l)));
     const float bound = 1.0f / std::sqrt(static_cast<float>(layer.in));
-    float* weight = params + layer.weight_offset;
+    float* weight = params + (layer.weight_offset - shift);
     for (int64_t i = 0; i < layer.in * layer.out; ++i) weight[i] = rng.UniformFloat(-bound, bound);
-    float* bias = params + layer.bias_offset;
+    float* bias = params + (layer.bias_offset - shift);
     for (int64_t i = 0; i < layer.out; ++i) bias[i] = rng.UniformFloat(-bound, bound);
   }
 }

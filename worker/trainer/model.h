@@ -134,7 +134,10 @@ class MlpModel {
   // PyTorch Linear's default initialisation, weights and biases both drawn from
   // U(-1/sqrt(fan_in), 1/sqrt(fan_in)), from a private splitmix64 stream per layer: a pure
   // function of (seed, architecture), identical on every rank and platform.
-  void InitializeParameters(uint64_t seed, float* params) const;
+  // With `layers`, only theirs, into their slice (params[0] is flat offset RangeOffset): the
+  // values the whole model's initialisation gives them.
+  void InitializeParameters(uint64_t seed, float* params,
+                            std::optional<LayerRange> layers = std::nullopt) const;
 
   // Forward and backward over `rows` samples (0 <= rows <= workspace.max_rows()) with a
   // whole-model workspace: loss =

@@ -53,6 +53,13 @@ struct PipelinePlan {
   bool recompute = false;
 };
 
+// Where a rank sits in a pipeline-parallel world: rank = replica * stages + stage, so that a
+// replica's stages are consecutive ranks (the same pod or node where ranksPerWorker allows).
+struct PipelinePlace {
+  int stage = 0;
+  int replica = 0;
+};
+
 // Where one step's time went on a stage.
 struct StageStepTimes {
   double compute_seconds = 0;  // forward and backward passes (recomputed forwards included)

@@ -77,17 +77,22 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
   std::unique_ptr<Trainer> created(
       new Trainer(job, std::move(data), std::move(model), std::move(device).value(), metrics));
   created->cuda_ordinal_ = cuda ? cuda_ordinal : 0;
+  if (trainer.pipeline.stages > 1) {
+    LOCKSTEP_ASSIGN_OR_RETURN(created->plan_, MakePipelinePlan(trainer.pipeline, created->model_));
+  }
   LOCKSTEP_RETURN_IF_ERROR(created->AllocateState().WithContext("spec.trainer.device: " +
                                                                 created->device_->name()));
   return created;
 }
 
 Status Trainer::AllocateState() {
+  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.Allocate(*device_, 1));
+  // A stage's state is allocated once its stage is known (AgreeOnPipelineState).
+  if (pipelined()) return OkStatus();
   const int64_t num_params = model_.layout().num_params;
   LOCKSTEP_RETURN_IF_ERROR(state_.params.Allocate(*device_, num_params));
   LOCKSTEP_RETURN_IF_ERROR(state_.optimizer.Allocate(*device_));
   LOCKSTEP_RETURN_IF_ERROR(grads_.Allocate(*device_, num_params));
-  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.Allocate(*device_, 1));
   // The initialisation is a host-side pure function of the seed: identical on every device.
   std::vector<float> initial(static_cast<size_t>(num_params));
   model_.InitializeParameters(spec_.seed, initial.data());
@@ -176,6 +181,7 @@ Status Trainer::AgreeOnReplicas(comm::Communicator& communicator, int64_t timeou
 Status Trainer::AgreeOnState(comm::Communicator& communicator, const GenerationInfo& generation,
                              const RestoreFn& restore) {
   if (before_state_change_) before_state_change_();
+  if (pipelined()) return AgreeOnPipelineState(communicator, generation);
   const double started = MonotonicSeconds();
   const int64_t timeout_ms = collective_timeout_ms();
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> steps,
@@ -240,6 +246,10 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                       const StepFn& on_step, const std::atomic<bool>* leave_requested,
                       bool* left_generation) {
   if (left_generation != nullptr) *left_generation = false;
+  if (pipelined()) {
+    return TrainPipeline(communicator, generation, stop, on_progress, on_step, leave_requested,
+                         left_generation);
+  }
   const int world = generation.world_size;
   const int rank = generation.rank;
   const int64_t timeout_ms = collective_timeout_ms();
@@ -312,10 +322,8 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
                      << spec::ToString(spec_.sync.strategy);
 
   // Interval accumulators (reset at every log step); the loss sum is on the device (loss_sum_).
-  int64_t interval_samples = 0;
-  double interval_started = MonotonicSeconds();
-  double interval_step_seconds = 0;
-  double interval_exposed_seconds = 0;
+  Interval interval;
+  interval.started = MonotonicSeconds();
   StepCommStats comm_stats;
   const MlpModel::LayerReadyFn on_layer_ready = [&synchronizer](int backward_layer) {
     synchronizer.OnLayerReady(backward_layer);
@@ -374,24 +382,9 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
 
     // Up to here the step has only read state_; from here on it changes it.
     if (before_state_change_) before_state_change_();
-    if (comm_stats.overflow) {
-      // Every rank holds the same reduced gradients, so every rank skips this same step.
-      state_.loss_scale = std::max(kMinLossScale, state_.loss_scale * 0.5f);
-      state_.loss_scale_good_steps = 0;
-      LOCKSTEP_LOG(WARNING) << "fp16 gradient overflow at step " << state_.step
-                            << ": step skipped, loss scale now " << state_.loss_scale;
-      if (metrics_ != nullptr) metrics_->IncrementSkippedSteps();
-    } else {
-      const float lr =
-          static_cast<float>(LearningRate(spec_.optimizer, state_.step, batches_per_step));
-      state_.optimizer.Step(ctx, lr, state_.params.device_data(), grads_.device_data(),
-                            synchronizer.MomentumFreeRanges());
-      if (local) local_sgd->MarkLocalStep();
-      if (spec_.allreduce.compression == spec::Compression::kFp16 &&
-          ++state_.loss_scale_good_steps >= kLossScaleGrowthInterval) {
-        state_.loss_scale = std::min(kMaxLossScale, state_.loss_scale * 2.0f);
-        state_.loss_scale_good_steps = 0;
-      }
+    if (ApplyGradients(comm_stats.overflow, batches_per_step, synchronizer.MomentumFreeRanges()) &&
+        local) {
+      local_sgd->MarkLocalStep();
     }
     state_.cursor = sampler_.Advance(state_.cursor, batch);
     ++state_.step;
@@ -432,9 +425,9 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     totals_.step_seconds += step_seconds;
     totals_.exposed_seconds += comm_stats.exposed_seconds;
     totals_.wire_bytes += comm_stats.wire_bytes;
-    interval_samples += batch.size();
-    interval_step_seconds += step_seconds;
-    interval_exposed_seconds += comm_stats.exposed_seconds;
+    interval.samples += batch.size();
+    interval.step_seconds += step_seconds;
+    interval.exposed_seconds += comm_stats.exposed_seconds;
     if (report_pace_) report_pace_(totals_.steps, totals_.step_seconds - totals_.exposed_seconds);
     if (metrics_ != nullptr) {
       metrics_->ObserveStep({step_seconds, comm_stats.exposed_seconds, batch.size(),
@@ -446,45 +439,7 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
     }
 
     if (state_.step % log_interval == 0 || Finished()) {
-      // Every rank takes this branch at the same steps (the state is identical everywhere), so
-      // the small all-reduce of the interval's loss sum is issued in the same order by all. The
-      // read waits for the device: the one host synchronisation of the interval.
-      double reduced_loss = 0;
-      LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyToHost(&reduced_loss, 1));
-      LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
-      LOCKSTEP_RETURN_IF_ERROR(communicator
-                                   .AllReduce(&reduced_loss, 1, comm::DataType::kFloat64,
-                                              comm::ReduceOp::kSum, timeout_ms)
-                                   .WithContext("all-reduce of the training loss"));
-      const double now = MonotonicSeconds();
-      TrainingProgress progress;
-      progress.step = state_.step;
-      progress.total_steps = TotalSteps(world);
-      progress.samples = state_.samples;
-      progress.loss = interval_samples > 0 ? reduced_loss / interval_samples : 0;
-      progress.samples_per_second =
-          now > interval_started ? interval_samples / (now - interval_started) : 0;
-      progress.scaling_efficiency =
-          interval_step_seconds > 0 ? 1.0 - interval_exposed_seconds / interval_step_seconds : 0;
-      progress.comm_exposed_fraction =
-          interval_step_seconds > 0 ? interval_exposed_seconds / interval_step_seconds : 0;
-      last_progress_ = progress;
-      if (metrics_ != nullptr) {
-        metrics_->SetLoss(progress.loss);
-        metrics_->SetSamplesPerSecond(progress.samples_per_second);
-        metrics_->SetScalingEfficiency(progress.scaling_efficiency);
-      }
-      if (rank == 0) {
-        LOCKSTEP_LOG(INFO) << "step " << progress.step << "/" << progress.total_steps << " loss "
-                           << std::fixed << std::setprecision(4) << progress.loss << " samples/s "
-                           << std::setprecision(0) << progress.samples_per_second << " efficiency "
-                           << std::setprecision(3) << progress.scaling_efficiency;
-      }
-      if (on_progress) on_progress(progress);
-      interval_samples = 0;
-      interval_step_seconds = 0;
-      interval_exposed_seconds = 0;
-      interval_started = MonotonicSeconds();
+      LOCKSTEP_RETURN_IF_ERROR(ReportProgress(communicator, generation, interval, on_progress));
     }
     if (on_step && consistent) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
     if (comm_stats.leave_agreed && !Finished()) {
@@ -502,8 +457,74 @@ Status Trainer::Train(comm::Communicator& communicator, const GenerationInfo& ge
   return OkStatus();
 }
 
+bool Trainer::ApplyGradients(bool overflow, int64_t batches_per_step,
+                             const std::vector<ParamRange>& momentum_free) {
+  if (overflow) {
+    // Every rank holds the same reduced gradients, so every rank skips this same step.
+    state_.loss_scale = std::max(kMinLossScale, state_.loss_scale * 0.5f);
+    state_.loss_scale_good_steps = 0;
+    LOCKSTEP_LOG(WARNING) << "fp16 gradient overflow at step " << state_.step
+                          << ": step skipped, loss scale now " << state_.loss_scale;
+    if (metrics_ != nullptr) metrics_->IncrementSkippedSteps();
+    return false;
+  }
+  const float lr = static_cast<float>(LearningRate(spec_.optimizer, state_.step, batches_per_step));
+  state_.optimizer.Step(device_->compute(), lr, state_.params.device_data(), grads_.device_data(),
+                        momentum_free);
+  if (spec_.allreduce.compression == spec::Compression::kFp16 &&
+      ++state_.loss_scale_good_steps >= kLossScaleGrowthInterval) {
+    state_.loss_scale = std::min(kMaxLossScale, state_.loss_scale * 2.0f);
+    state_.loss_scale_good_steps = 0;
+  }
+  return true;
+}
+
+Status Trainer::ReportProgress(comm::Communicator& communicator, const GenerationInfo& generation,
+                               Interval& interval, const ProgressFn& on_progress) {
+  // Every rank reports at the same steps (the state is identical everywhere), so the small
+  // all-reduce of the interval's loss sum is issued in the same order by all. The read waits for
+  // the device: the one host synchronisation of the interval.
+  double reduced_loss = 0;
+  const double zero = 0;
+  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyToHost(&reduced_loss, 1));
+  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
+  LOCKSTEP_RETURN_IF_ERROR(communicator
+                               .AllReduce(&reduced_loss, 1, comm::DataType::kFloat64,
+                                          comm::ReduceOp::kSum, collective_timeout_ms())
+                               .WithContext("all-reduce of the training loss"));
+  const double now = MonotonicSeconds();
+  TrainingProgress progress;
+  progress.step = state_.step;
+  progress.total_steps = TotalSteps(generation.world_size);
+  progress.samples = state_.samples;
+  progress.loss = interval.samples > 0 ? reduced_loss / interval.samples : 0;
+  progress.samples_per_second =
+      now > interval.started ? interval.samples / (now - interval.started) : 0;
+  progress.scaling_efficiency =
+      interval.step_seconds > 0 ? 1.0 - interval.exposed_seconds / interval.step_seconds : 0;
+  progress.comm_exposed_fraction =
+      interval.step_seconds > 0 ? interval.exposed_seconds / interval.step_seconds : 0;
+  last_progress_ = progress;
+  if (metrics_ != nullptr) {
+    metrics_->SetLoss(progress.loss);
+    metrics_->SetSamplesPerSecond(progress.samples_per_second);
+    metrics_->SetScalingEfficiency(progress.scaling_efficiency);
+  }
+  if (generation.rank == 0) {
+    LOCKSTEP_LOG(INFO) << "step " << progress.step << "/" << progress.total_steps << " loss "
+                       << std::fixed << std::setprecision(4) << progress.loss << " samples/s "
+                       << std::setprecision(0) << progress.samples_per_second << " efficiency "
+                       << std::setprecision(3) << progress.scaling_efficiency;
+  }
+  if (on_progress) on_progress(progress);
+  interval = Interval{};
+  interval.started = MonotonicSeconds();
+  return OkStatus();
+}
+
 StatusOr<EvalResult> Trainer::Evaluate(comm::Communicator& communicator,
                                        const GenerationInfo& generation) {
+  if (pipelined()) return EvaluatePipeline(communicator, generation);
   if (!data_.test.has_value()) {
     return FailedPreconditionError("evaluation: the manifest has no test split");
   }
@@ -546,7 +567,10 @@ StatusOr<EvalResult> Trainer::Evaluate(comm::Communicator& communicator,
   return result;
 }
 
-Status Trainer::DumpParameters(const std::string& path) const {
+Status Trainer::DumpParameters(const std::string& path, comm::Communicator& communicator,
+                               const GenerationInfo& generation) const {
+  if (pipelined()) return DumpPipelineParameters(path, communicator, generation);
+  if (generation.rank != 0) return OkStatus();
   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<float> params, state_.params.ToHost());
   // Raw float32 in host order; every supported host is little-endian (x86-64, aarch64).
   std::FILE* file = std::fopen(path.c_str(), "wb");

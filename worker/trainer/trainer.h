@@ -39,6 +39,13 @@
 // back except at log intervals (the loss), with fp16 compression (the overflow check) and at
 // state agreements and checkpoints, so on a GPU the host runs ahead and the device stays busy.
 //
+// Pipeline parallelism (spec.trainer.pipeline, docs/pipeline.md; trainer_pipeline.cc): rank r
+// is stage r % P of replica r / P; its state holds only its stage's layers. Each step, the
+// replica's batch slice runs through the stages (PipelineStage over the pipeline's
+// communicator), each stage's gradient is all-reduced over its stage group (the same stage of
+// every replica) and every rank steps its own layers. The caller builds both communicators for
+// each generation and hands them over with SetPipelineCommunicators before AgreeOnState.
+//
 // Thread safety: one thread drives a Trainer; `stop` may be set from any thread.
 #pragma once
 
@@ -53,9 +60,11 @@
 #include "kernels/device.h"
 #include "worker/comm/communicator.h"
 #include "worker/metrics.h"
+#include "worker/trainer/buckets.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/dgc.h"
 #include "worker/trainer/model.h"
+#include "worker/trainer/pipeline_stage.h"
 #include "worker/trainer/sampler.h"
 #include "worker/trainer/training_state.h"
 
@@ -193,8 +202,26 @@ class Trainer {
   // Evaluation on the test split (see above). FailedPrecondition without a test split.
   StatusOr<EvalResult> Evaluate(comm::Communicator& communicator, const GenerationInfo& generation);
 
-  // Writes the flat parameter buffer as raw little-endian float32.
-  Status DumpParameters(const std::string& path) const;
+  // Writes the whole model's flat parameter buffer to `path` as raw little-endian float32: rank
+  // 0 alone, or in a pipeline each stage of replica 0 its slice (every rank calls it, on the
+  // generation's communicator).
+  Status DumpParameters(const std::string& path, comm::Communicator& communicator,
+                        const GenerationInfo& generation) const;
+
+  // Pipeline parallelism: whether the job has one, its plan (the stages' layers, micro-batches,
+  // schedule), and where rank `rank` sits in it.
+  bool pipelined() const { return plan_.stages.size() > 1; }
+  const PipelinePlan& pipeline_plan() const { return plan_; }
+  static PipelinePlace PlaceInPipeline(int rank, int stages) {
+    return {rank % stages, rank / stages};
+  }
+  // This generation's pipeline communicator (the replica's stages as ranks 0..P-1) and stage
+  // group (that stage of every replica, by replica); both outlive the generation's calls. Set
+  // before AgreeOnState; nullptr to clear.
+  void SetPipelineCommunicators(comm::Communicator* pipe, comm::Communicator* stage_group) {
+    pipe_ = pipe;
+    stage_group_ = stage_group;
+  }
 
  private:
   Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
@@ -204,6 +231,34 @@ class Trainer {
   Status AgreeOnReplicas(comm::Communicator& communicator, int64_t timeout_ms);
   // Whether the job's steps or epochs are done after `step` steps with the data at `cursor`.
   bool FinishedAt(int64_t step, const DataCursor& cursor) const;
+  // The interval's progress report (every log interval and after the last step): the loss
+  // all-reduced over every rank, rates, metrics, the log line and on_progress.
+  struct Interval {
+    int64_t samples = 0;
+    double started = 0;
+    double step_seconds = 0;
+    double exposed_seconds = 0;
+  };
+  Status ReportProgress(comm::Communicator& communicator, const GenerationInfo& generation,
+                        Interval& interval, const ProgressFn& on_progress);
+  // Applies the step's reduced gradients (grads_) to state_ with the optimizer, or on an fp16
+  // overflow skips the step and halves the loss scale. Returns whether the optimizer stepped.
+  bool ApplyGradients(bool overflow, int64_t batches_per_step,
+                      const std::vector<ParamRange>& momentum_free);
+  // trainer_pipeline.cc: the pipeline's plan, state agreement, training and evaluation.
+  static StatusOr<PipelinePlan> MakePipelinePlan(const spec::PipelineSpec& spec,
+                                                 const MlpModel& model);
+  Status AgreeOnPipelineState(comm::Communicator& communicator, const GenerationInfo& generation);
+  // A state for stage `stage` from the seed (step 0).
+  StatusOr<TrainingState> SeedStageState(int stage) const;
+  Status TrainPipeline(comm::Communicator& communicator, const GenerationInfo& generation,
+                       const std::atomic<bool>& stop, const ProgressFn& on_progress,
+                       const StepFn& on_step, const std::atomic<bool>* leave_requested,
+                       bool* left_generation);
+  StatusOr<EvalResult> EvaluatePipeline(comm::Communicator& communicator,
+                                        const GenerationInfo& generation);
+  Status DumpPipelineParameters(const std::string& path, comm::Communicator& communicator,
+                                const GenerationInfo& generation) const;
 
   spec::TrainerSpec spec_;
   spec::TrainingJobSpec job_spec_;           // for the global batch size; replicas as agreed
@@ -225,6 +280,13 @@ class Trainer {
   kernels::DeviceArray<double> loss_sum_;  // the training loss summed since the last log step
   TrainingTotals totals_;
   TrainingProgress last_progress_;
+  // Pipeline parallelism (empty plan_.stages: none). stage_: the stage whose layers state_ and
+  // grads_ hold (-1 before the first agreement); runner_: its PipelineStage.
+  PipelinePlan plan_;
+  int stage_ = -1;
+  std::unique_ptr<PipelineStage> runner_;
+  comm::Communicator* pipe_ = nullptr;
+  comm::Communicator* stage_group_ = nullptr;
 };
 
 }  // namespace lockstep::trainer

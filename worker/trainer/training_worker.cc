@@ -1,6 +1,7 @@
 #include "worker/trainer/training_worker.h"
 
 #include <cstdio>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <utility>
@@ -8,6 +9,7 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "worker/comm/communicator_factory.h"
+#include "worker/comm/prefixed_store.h"
 
 namespace lockstep::trainer {
 namespace {
@@ -16,6 +18,60 @@ std::string LogContext(const std::string& job, int rank, int64_t generation) {
   std::ostringstream context;
   context << "job=" << job << " rank=" << rank << " gen=" << generation;
   return context.str();
+}
+
+// A pipeline job's communicators for one generation: this rank's replica of the pipeline (its
+// stages as ranks 0..P-1) and its stage's group (that stage of every replica, by replica), each
+// bootstrapped through the generation's store under a prefix of its own. Each group's placement
+// comes from its members' hosts, which the ranks exchange over the world first, so that a
+// replica on one host uses shared memory whatever the rest of the world does.
+struct PipelineCommunicators {
+  std::unique_ptr<rendezvous::KeyValueStore> pipe_store, group_store;
+  std::unique_ptr<comm::Communicator> pipe, group;
+};
+
+StatusOr<PipelineCommunicators> ConnectPipeline(comm::Communicator& world,
+                                                rendezvous::KeyValueStore& store,
+                                                const comm::CommunicatorOptions& world_options,
+                                                int stages, int64_t timeout_ms) {
+  constexpr size_t kHostBytes = 256;  // a DNS name is at most 253 characters
+  std::vector<char> mine(kHostBytes, '\0');
+  world_options.host.copy(mine.data(), kHostBytes - 1);
+  std::vector<char> gathered(kHostBytes * static_cast<size_t>(world.size()));
+  LOCKSTEP_RETURN_IF_ERROR(world.AllGather(mine.data(), kHostBytes, gathered.data(), timeout_ms)
+                               .WithContext("pipeline: all-gather of the ranks' hosts"));
+  const PipelinePlace place = Trainer::PlaceInPipeline(world.rank(), stages);
+  const int replicas = world.size() / stages;
+  auto connect = [&](const std::vector<int>& members, int index, const std::string& name,
+                     std::unique_ptr<rendezvous::KeyValueStore>* scoped)
+      -> StatusOr<std::unique_ptr<comm::Communicator>> {
+    std::vector<std::string> hosts;
+    for (int rank : members) {
+      hosts.emplace_back(&gathered[kHostBytes * static_cast<size_t>(rank)]);
+    }
+    comm::CommunicatorOptions options = world_options;
+    options.rank = index;
+    options.size = static_cast<int>(members.size());
+    options.placement = rendezvous::PlaceOnHosts(hosts)[static_cast<size_t>(index)];
+    options.job_name = world_options.job_name + "-" + name;
+    *scoped = std::make_unique<comm::PrefixedStore>(store, "pipeline/" + name + "/");
+    auto made = comm::CreateCommunicator(options, **scoped);
+    if (!made.ok()) return made.status().WithContext("pipeline: the " + name + " communicator");
+    return made;
+  };
+  std::vector<int> pipe_members, group_members;
+  for (int s = 0; s < stages; ++s) pipe_members.push_back(place.replica * stages + s);
+  for (int d = 0; d < replicas; ++d) group_members.push_back(d * stages + place.stage);
+  PipelineCommunicators made;
+  // Every rank connects its replica's first, then its stage group's: the two never wait on
+  // each other.
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      made.pipe, connect(pipe_members, place.stage, "replica-" + std::to_string(place.replica),
+                         &made.pipe_store));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      made.group, connect(group_members, place.replica, "stage-" + std::to_string(place.stage),
+                          &made.group_store));
+  return made;
 }
 
 }  // namespace
@@ -27,7 +83,12 @@ TrainingWorker::TrainingWorker(TrainingWorkerOptions options, std::unique_ptr<Tr
 void TrainingWorker::RequestStop() {
   stop_ = true;
   std::lock_guard<std::mutex> lock(mu_);
-  if (communicator_ != nullptr) communicator_->Abort("worker stopping");
+  AbortCommunicators("worker stopping");
+}
+
+void TrainingWorker::AbortCommunicators(const std::string& reason) {
+  if (communicator_ != nullptr) communicator_->Abort(reason);
+  for (comm::Communicator* communicator : pipeline_communicators_) communicator->Abort(reason);
 }
 
 void TrainingWorker::LeaveNow() {
@@ -186,7 +247,7 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
         if (end.member_lost) {
           // A member is gone: collectives with it cannot complete. Abort makes them fail
           // promptly, and the training thread then joins the next generation.
-          if (communicator_ != nullptr) communicator_->Abort("generation ended: " + end.reason);
+          AbortCommunicators("generation ended: " + end.reason);
         } else {
           // A member joined and everyone is alive: vote to leave at the next step boundary, so
           // every rank completes the same step and nothing is lost (gradient_synchronizer.h).
@@ -220,14 +281,33 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
     if (generation_ended_ && end_member_lost_) comm->Abort("generation ended: " + end_reason_);
     if (stop_.load()) comm->Abort("worker stopping");
   }
+  // Declared before `unpublish`, so that they outlive their publication.
+  std::optional<PipelineCommunicators> pipeline;
   // Whatever happens below, the heartbeat thread must not see a dangling communicator.
   struct Unpublish {
     TrainingWorker* worker;
     ~Unpublish() {
+      worker->trainer_->SetPipelineCommunicators(nullptr, nullptr);
       std::lock_guard<std::mutex> lock(worker->mu_);
       worker->communicator_ = nullptr;
+      worker->pipeline_communicators_.clear();
     }
   } unpublish{this};
+  if (trainer_->pipelined()) {
+    auto connected = ConnectPipeline(*comm, *store, comm_options,
+                                     static_cast<int>(trainer_->pipeline_plan().stages.size()),
+                                     trainer_->collective_timeout_ms());
+    if (!connected.ok()) return connected.status().WithContext("communicator bootstrap");
+    pipeline.emplace(std::move(connected).value());
+    std::lock_guard<std::mutex> lock(mu_);
+    pipeline_communicators_ = {pipeline->pipe.get(), pipeline->group.get()};
+    if (generation_ended_ && end_member_lost_)
+      AbortCommunicators("generation ended: " + end_reason_);
+    if (stop_.load()) AbortCommunicators("worker stopping");
+  }
+  if (pipeline.has_value()) {
+    trainer_->SetPipelineCommunicators(pipeline->pipe.get(), pipeline->group.get());
+  }
 
   Trainer::RestoreFn restore;
   if (checkpointer_ != nullptr) {
@@ -288,8 +368,8 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
                      << totals.samples_per_second() << " samples/s, scaling efficiency "
                      << totals.scaling_efficiency() << ", " << totals.wire_bytes_per_step()
                      << " bytes sent per step";
-  if (info.rank == 0 && !options_.dump_params_path.empty()) {
-    LOCKSTEP_RETURN_IF_ERROR(trainer_->DumpParameters(options_.dump_params_path));
+  if (!options_.dump_params_path.empty()) {
+    LOCKSTEP_RETURN_IF_ERROR(trainer_->DumpParameters(options_.dump_params_path, *comm, info));
   }
   if (checkpointer_ != nullptr) {
     Status persisted =

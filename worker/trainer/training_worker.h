@@ -77,6 +77,9 @@ class TrainingWorker {
   rendezvous::ProgressReport MakeReport(const TrainingProgress& progress) const;
   Status LeaveOnce(bool completed, const rendezvous::ProgressReport& report);
 
+  // Aborts communicator_ and the pipeline's communicators; mu_ held.
+  void AbortCommunicators(const std::string& reason);
+
   TrainingWorkerOptions options_;
   std::unique_ptr<Trainer> trainer_;
   WorkerMetrics* metrics_;
@@ -86,6 +89,8 @@ class TrainingWorker {
 
   std::mutex mu_;  // guards the fields below (the heartbeat and signal threads read them)
   comm::Communicator* communicator_ = nullptr;
+  // A pipeline job's: this rank's pipeline and stage group (aborted with communicator_).
+  std::vector<comm::Communicator*> pipeline_communicators_;
   int64_t current_generation_ = -1;
   bool generation_ended_ = false;
   bool end_member_lost_ = false;  // why it ended: a member lost (abort) or joined (vote)

@@ -546,5 +546,76 @@ TEST(TrainingJobSpec, EnumNamesAreTheManifestSpellings) {
   EXPECT_STREQ(ToString(GlobalBatch::kScaleWithWorld), "scaleWithWorld");
 }
 
+// kMinimal with a pipeline: 4 hidden layers (5 layers), 2 replicas of 2 ranks, batch 64.
+std::string PipelineJob(const std::string& pipeline, const std::string& extra = "") {
+  return "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: pipe}\n"
+         "spec:\n  replicas: 2\n  ranksPerWorker: 2\n" +
+         extra +
+         "  trainer:\n    model: {hidden: [64, 64, 64, 64]}\n    data:\n"
+         "      train: [images.gz, labels.gz]\n    batchSize: 64\n    steps: 10\n"
+         "    pipeline: " +
+         pipeline + "\n";
+}
+
+TEST(TrainingJobSpec, PipelineIsReadWithItsDefaultsAndRoundTrips) {
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(PipelineJob("{stages: 2}"), "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  const PipelineSpec& pipeline = job->spec.trainer->pipeline;
+  EXPECT_EQ(pipeline.stages, 2);
+  EXPECT_EQ(pipeline.micro_batches, 1);
+  EXPECT_EQ(pipeline.schedule, PipelineSchedule::k1F1B);
+  EXPECT_FALSE(pipeline.recompute);
+  EXPECT_TRUE(pipeline.stage_layers.empty());
+
+  job = ParseTrainingJobYaml(
+      PipelineJob("{stages: 4, microBatches: 8, schedule: gpipe, recompute: true, "
+                  "stageLayers: [2, 1, 1, 1]}"),
+      "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.trainer->pipeline.schedule, PipelineSchedule::kGpipe);
+  EXPECT_THAT(job->spec.trainer->pipeline.stage_layers, ElementsAre(2, 1, 1, 1));
+  nlohmann::json json = ToJson(*job);
+  EXPECT_EQ(json["spec"]["trainer"]["pipeline"]["schedule"], "gpipe");
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(json, "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status();
+  again->base_dir = job->base_dir;
+  EXPECT_TRUE(*again == *job) << json.dump(2);
+}
+
+TEST(TrainingJobSpec, APipelineTheModelOrWorldCannotHaveIsRefusedNamingTheField) {
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 6}")),
+              HasSubstr("spec.trainer.pipeline.stages: 6 stages, but the model has 5 layers (4 "
+                        "hidden and the output layer): a stage holds at least one layer"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2, microBatches: 3}")),
+              HasSubstr("spec.trainer.pipeline.microBatches: must divide batchSize 64 (got 3)"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2, stageLayers: [2, 2]}")),
+              HasSubstr("spec.trainer.pipeline.stageLayers: must add up to the model's layers: "
+                        "the model has 5 layers"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2, stageLayers: [5]}")),
+              HasSubstr("spec.trainer.pipeline.stageLayers: must have one entry per stage: 2 "
+                        "(got 1)"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2, stageLayers: [5, 0]}")),
+              HasSubstr("spec.trainer.pipeline.stageLayers[1]"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 0}")), HasSubstr("spec.trainer.pipeline.stages"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2, schedule: interleaved}")),
+              HasSubstr("spec.trainer.pipeline.schedule: must be one of gpipe, 1f1b"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 1, microBatches: 4}")),
+              HasSubstr("spec.trainer.pipeline.microBatches: applies to a pipeline of 2 or more "
+                        "stages (stages is 1)"));
+  // 2 replicas x 2 ranks = 4 ranks: not 3 stages per replica.
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 3}")),
+              HasSubstr("spec.replicas: replicas x ranksPerWorker (4) must be a multiple of the "
+                        "pipeline's stages"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}", "  elastic: {minReplicas: 1}\n")),
+              HasSubstr("spec.elastic: a pipeline job has a fixed world"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}\n    sync: {strategy: localSGD}")),
+              HasSubstr("spec.trainer.sync.strategy: a pipeline's stages all-reduce their "
+                        "gradients among their replicas: only allreduce (got localSGD)"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}", "  checkpoint: {uri: file:///tmp/ckpt}\n")),
+              HasSubstr("spec.checkpoint.uri: a pipeline job does not write checkpoints yet"));
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}\n    device: cuda")),
+              HasSubstr("spec.trainer.device: pipeline stages run on device cpu (got cuda)"));
+}
+
 }  // namespace
 }  // namespace lockstep::spec

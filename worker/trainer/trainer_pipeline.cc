@@ -1,0 +1,437 @@
+// The Trainer with pipeline parallelism (spec.trainer.pipeline.stages > 1; see trainer.h and
+// docs/pipeline.md): the plan, the state agreement of a world whose ranks hold different
+// stages, the training step and evaluation through the stages, and the parameter dump.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/logging.h"
+#include "worker/trainer/batch_stager.h"
+#include "worker/trainer/buckets.h"
+#include "worker/trainer/gradient_synchronizer.h"
+#include "worker/trainer/sample_accounting.h"
+#include "worker/trainer/trainer.h"
+
+namespace lockstep::trainer {
+
+namespace {
+
+PipelineSchedule ToSchedule(spec::PipelineSchedule schedule) {
+  return schedule == spec::PipelineSchedule::kGpipe ? PipelineSchedule::kGPipe
+                                                    : PipelineSchedule::k1F1B;
+}
+
+// What one rank held when a generation formed: the stage its state is of (-1: none) and the
+// step it reflects.
+struct HeldState {
+  int64_t stage = -1;
+  int64_t step = -1;
+};
+
+}  // namespace
+
+StatusOr<PipelinePlan> Trainer::MakePipelinePlan(const spec::PipelineSpec& spec,
+                                                 const MlpModel& model) {
+  const ParameterLayout& layout = model.layout();
+  std::vector<int> first;
+  if (!spec.stage_layers.empty()) {
+    first.push_back(0);
+    for (int32_t count : spec.stage_layers) first.push_back(first.back() + count);
+    if (first.back() != layout.num_layers()) {
+      return InvalidArgumentError("spec.trainer.pipeline.stageLayers: must add up to the model's " +
+                                  std::to_string(layout.num_layers()) + " layers");
+    }
+  } else {
+    // A layer's cost: its forward and backward GEMMs, 3 x in x out multiply-adds per sample;
+    // the bias, activation and messages are small beside them.
+    std::vector<double> costs;
+    for (const LayerLayout& layer : layout.layers) {
+      costs.push_back(3.0 * static_cast<double>(layer.in) * static_cast<double>(layer.out));
+    }
+    StatusOr<std::vector<int>> balanced = BalanceStages(costs, spec.stages);
+    if (!balanced.ok()) {
+      return InvalidArgumentError("spec.trainer.pipeline.stages: " + balanced.status().message());
+    }
+    first = *std::move(balanced);
+  }
+  PipelinePlan plan;
+  for (size_t s = 0; s + 1 < first.size(); ++s) plan.stages.push_back({first[s], first[s + 1]});
+  plan.micro_batches = spec.micro_batches;
+  plan.schedule = ToSchedule(spec.schedule);
+  plan.recompute = spec.recompute;
+  return plan;
+}
+
+StatusOr<TrainingState> Trainer::SeedStageState(int stage) const {
+  const LayerRange layers = plan_.stages[static_cast<size_t>(stage)];
+  const int64_t count = RangeCount(model_.layout(), layers);
+  LOCKSTEP_ASSIGN_OR_RETURN(TrainingState state,
+                            MakeTrainingState(count, spec_.optimizer, *device_));
+  // The values the whole model's initialisation gives these layers: a pipeline starts where one
+  // rank would.
+  std::vector<float> initial(static_cast<size_t>(count));
+  model_.InitializeParameters(spec_.seed, initial.data(), layers);
+  LOCKSTEP_RETURN_IF_ERROR(state.params.CopyFromHost(initial.data(), count));
+  if (!accounting_path_.empty()) {
+    state.sample_counts.assign(static_cast<size_t>(data_.train.num_samples), 0);
+  }
+  return state;
+}
+
+// Every stage's state must come from a rank that holds that stage at the newest step T. Ranks
+// keep their places in the rendezvous while nobody leaves, so each stage group usually holds
+// its own stage: it is broadcast within the group. After a loss the rendezvous renumbers the
+// survivors and a rank may now be another stage than the one it holds: then each stage's state
+// is broadcast over the whole world from one of its holders, and the ranks of that stage keep
+// it. A stage that nobody holds at T (every replica of it was lost) cannot be rebuilt: every
+// stage starts again from the seed, with a warning.
+Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
+                                     const GenerationInfo& generation) {
+  if (pipe_ == nullptr || stage_group_ == nullptr) {
+    return FailedPreconditionError("pipeline: no pipeline communicators for this generation");
+  }
+  const double started = MonotonicSeconds();
+  const int64_t timeout_ms = collective_timeout_ms();
+  const int stages = static_cast<int>(plan_.stages.size());
+  const int world = generation.world_size;
+  if (world % stages != 0) {
+    // The rendezvous forms whole worlds for a pipeline job; another generation may.
+    return UnavailableError("pipeline: a world of " + std::to_string(world) +
+                            " ranks is not a multiple of the pipeline's " + std::to_string(stages) +
+                            " stages");
+  }
+  const PipelinePlace place = PlaceInPipeline(generation.rank, stages);
+  const HeldState mine{has_state_ ? stage_ : -1, has_state_ ? state_.step : -1};
+  std::vector<HeldState> held(static_cast<size_t>(world));
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator.AllGather(&mine, sizeof(mine), held.data(), timeout_ms)
+          .WithContext("pipeline state agreement: all-gather of the stages held"));
+  int64_t newest = -1;
+  for (const HeldState& h : held) newest = std::max(newest, h.stage >= 0 ? h.step : -1);
+  // Per stage: the lowest rank holding it at the newest step, and whether one in its group does.
+  std::vector<int> source(static_cast<size_t>(stages), -1), group_source(source);
+  for (int r = 0; r < world; ++r) {
+    const HeldState& h = held[static_cast<size_t>(r)];
+    if (h.stage < 0 || h.step != newest) continue;
+    const auto s = static_cast<size_t>(h.stage);
+    if (source[s] < 0) source[s] = r;
+    const PipelinePlace there = PlaceInPipeline(r, stages);
+    if (there.stage == h.stage && group_source[s] < 0) group_source[s] = there.replica;
+  }
+  const bool every_stage_held =
+      newest >= 0 && std::find(source.begin(), source.end(), -1) == source.end();
+  const bool in_groups = every_stage_held && std::find(group_source.begin(), group_source.end(),
+                                                       -1) == group_source.end();
+
+  if (!every_stage_held) {
+    if (newest >= 0 && generation.rank == 0) {
+      LOCKSTEP_LOG(WARNING) << "pipeline: no rank holds the state of every stage at step " << newest
+                            << " (every replica of a stage was lost): every stage "
+                            << "starts again from the seed at step 0";
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
+    resumed_from_step_ = -1;
+  } else if (in_groups) {
+    // This rank's stage comes from a replica of it; the state travels within the group.
+    if (stage_ != place.stage || state_.step != newest) {
+      LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
+    }
+    LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(
+        *stage_group_, group_source[static_cast<size_t>(place.stage)], state_, timeout_ms));
+  } else {
+    // Each stage from its holder to every rank; this rank keeps its own stage's. A holder sends
+    // from the state it holds, which it replaces only at the end.
+    std::optional<TrainingState> mine_now;
+    for (int s = 0; s < stages; ++s) {
+      const int from = source[static_cast<size_t>(s)];
+      if (from == generation.rank) {
+        // Its own stage (s == place.stage) it simply keeps.
+        LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(communicator, from, state_, timeout_ms));
+        continue;
+      }
+      LOCKSTEP_ASSIGN_OR_RETURN(TrainingState incoming, SeedStageState(s));
+      LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(communicator, from, incoming, timeout_ms));
+      if (s == place.stage) mine_now.emplace(std::move(incoming));
+    }
+    if (mine_now.has_value()) state_ = std::move(*mine_now);
+  }
+  stage_ = place.stage;
+  LOCKSTEP_RETURN_IF_ERROR(AgreeOnReplicas(communicator, timeout_ms));
+  const LayerRange layers = plan_.stages[static_cast<size_t>(stage_)];
+  const int64_t count = RangeCount(model_.layout(), layers);
+  if (grads_.size() != count) {
+    grads_ = kernels::DeviceArray<float>();
+    LOCKSTEP_RETURN_IF_ERROR(grads_.Allocate(*device_, count));
+  }
+  if (runner_ == nullptr || runner_->stage() != stage_) {
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        runner_, PipelineStage::Create(model_, plan_, stage_, spec_.batch_size, *device_));
+  }
+  has_state_ = true;
+  if (metrics_ != nullptr) metrics_->SetPipelineStage(stage_);
+  LOCKSTEP_LOG(INFO) << "agreed on pipeline state at step " << state_.step << ": stage " << stage_
+                     << " of " << stages << " (layers " << layers.first << ".." << layers.last - 1
+                     << ", " << count << " parameters), replica " << place.replica << " of "
+                     << world / stages << ", "
+                     << (!every_stage_held ? "from the seed"
+                         : in_groups       ? "within the stage groups"
+                                           : "across the world")
+                     << " in " << static_cast<int64_t>((MonotonicSeconds() - started) * 1000)
+                     << " ms";
+  return OkStatus();
+}
+
+Status Trainer::TrainPipeline(comm::Communicator& communicator, const GenerationInfo& generation,
+                              const std::atomic<bool>& stop, const ProgressFn& on_progress,
+                              const StepFn& on_step, const std::atomic<bool>* leave_requested,
+                              bool* left_generation) {
+  if (runner_ == nullptr || pipe_ == nullptr || stage_group_ == nullptr) {
+    return FailedPreconditionError("pipeline: training before the state agreement");
+  }
+  const int world = generation.world_size;
+  const int stages = static_cast<int>(plan_.stages.size());
+  const PipelinePlace place = PlaceInPipeline(generation.rank, stages);
+  const int replicas = world / stages;
+  const int64_t timeout_ms = collective_timeout_ms();
+  const int64_t global_batch_size = GlobalBatchSize(world);
+  const int64_t batches_per_step = std::max<int64_t>(1, global_batch_size / spec_.batch_size);
+  const int64_t log_interval = std::max<int64_t>(1, spec_.log_interval_steps);
+  const LayerRange layers = runner_->layers();
+  // Only the first stage reads features and only the last labels.
+  std::optional<BatchStager> stager;
+  if (runner_->first() || runner_->last()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(BatchStager created, BatchStager::Create(*device_, spec_.batch_size,
+                                                                       data_.train.num_features));
+    stager.emplace(std::move(created));
+  }
+  SynchronizerOptions sync_options;
+  sync_options.compression = spec_.allreduce.compression;
+  sync_options.timeout_ms = timeout_ms;
+  GradientSynchronizer synchronizer(
+      *stage_group_, *device_,
+      AssignBuckets(model_.layout(), BucketCapBytes(spec_.allreduce.bucket_mib), layers),
+      sync_options);
+  const double zero = 0;
+  LOCKSTEP_RETURN_IF_ERROR(loss_sum_.CopyFromHost(&zero, 1));
+  LOCKSTEP_LOG(INFO) << "training from step " << state_.step << " as stage " << place.stage
+                     << " of " << stages << " (layers " << layers.first << ".." << layers.last - 1
+                     << "), replica " << place.replica << " of " << replicas << ": global batch "
+                     << global_batch_size << ", " << plan_.micro_batches
+                     << " micro-batch(es) of the replica's " << spec_.batch_size << ", schedule "
+                     << PipelineScheduleName(plan_.schedule)
+                     << (plan_.recompute ? " with recompute" : "") << ", "
+                     << runner_->activation_slots() << " activation slot(s)";
+
+  Interval interval;
+  interval.started = MonotonicSeconds();
+  while (!Finished()) {
+    if (stop.load()) return CancelledError("training stopped");
+    const double step_started = MonotonicSeconds();
+    const GlobalSampler::GlobalBatch batch = sampler_.Next(state_.cursor, global_batch_size);
+    const auto [lo, hi] = GlobalSampler::RankSlice(batch, replicas, place.replica);
+    const std::vector<int64_t>& order = sampler_.Permutation(batch.epoch);
+    const int64_t rows = hi - lo;
+    BatchStager::DeviceBatch device_batch{};
+    if (stager.has_value()) device_batch = stager->Stage(data_.train, order.data() + lo, rows);
+
+    StageStepTimes times;
+    LOCKSTEP_RETURN_IF_ERROR(
+        runner_->RunStep(*pipe_, state_.params.device_data(), device_batch.features,
+                         device_batch.labels, rows, 1.0f / static_cast<float>(batch.size()),
+                         grads_.device_data(), loss_sum_.device_data(), timeout_ms, &times));
+    // The stage's replicas sum their gradients; every layer of the stage is final now.
+    synchronizer.BeginStep(grads_.device_data(), state_.loss_scale, false, state_.step,
+                           state_.params.device_data());
+    for (int b = model_.layout().ForwardIndex(layers.last - 1);
+         b <= model_.layout().ForwardIndex(layers.first); ++b) {
+      synchronizer.OnLayerReady(b);
+    }
+    StepCommStats comm_stats;
+    LOCKSTEP_RETURN_IF_ERROR(synchronizer.Wait(&comm_stats));
+    // fp16 compression: every stage must skip an overflowing step together, whichever stage's
+    // gradients overflowed.
+    bool overflow = comm_stats.overflow;
+    if (spec_.allreduce.compression == spec::Compression::kFp16) {
+      double any = overflow ? 1 : 0;
+      LOCKSTEP_RETURN_IF_ERROR(
+          communicator
+              .AllReduce(&any, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
+              .WithContext("pipeline: the fp16 overflow vote"));
+      overflow = any > 0;
+    }
+
+    if (before_state_change_) before_state_change_();
+    ApplyGradients(overflow, batches_per_step, synchronizer.MomentumFreeRanges());
+    state_.cursor = sampler_.Advance(state_.cursor, batch);
+    ++state_.step;
+    state_.samples += batch.size();
+    if (!state_.sample_counts.empty()) {
+      CountGlobalBatch(order, batch.begin, batch.end, state_.sample_counts);
+      if (state_.cursor.epoch != batch.epoch) {
+        if (generation.rank == 0 && !accounting_path_.empty()) {
+          AppendEpochAccounting(accounting_path_, batch.epoch, state_.step, /*partial=*/false,
+                                order, order.size(), state_.sample_counts);
+        }
+        std::fill(state_.sample_counts.begin(), state_.sample_counts.end(), 0);
+      }
+    }
+
+    // Exposed: the stage's waits on its neighbours (the bubble and the transfers) and on its
+    // group's all-reduce.
+    const double step_seconds = MonotonicSeconds() - step_started;
+    const double exposed = times.wait_seconds + comm_stats.exposed_seconds;
+    ++totals_.steps;
+    totals_.samples += batch.size();
+    totals_.step_seconds += step_seconds;
+    totals_.exposed_seconds += exposed;
+    totals_.wire_bytes += comm_stats.wire_bytes + times.bytes_sent;
+    interval.samples += batch.size();
+    interval.step_seconds += step_seconds;
+    interval.exposed_seconds += exposed;
+    if (report_pace_) report_pace_(totals_.steps, totals_.step_seconds - totals_.exposed_seconds);
+    if (metrics_ != nullptr) {
+      metrics_->ObserveStep({step_seconds, exposed, batch.size(),
+                             comm_stats.wire_bytes + times.bytes_sent,
+                             comm_stats.allreduce_seconds});
+      metrics_->ObservePipelineStep(times.compute_seconds, times.wait_seconds, times.bytes_sent);
+    }
+    // Leaving together is decided over the whole world (the stage groups' all-reduces do not
+    // reach every rank), at the progress reports: a joining member waits at most an interval.
+    bool leave_agreed = false;
+    if (state_.step % log_interval == 0 || Finished()) {
+      LOCKSTEP_RETURN_IF_ERROR(ReportProgress(communicator, generation, interval, on_progress));
+      double vote = leave_requested != nullptr && leave_requested->load() ? 1 : 0;
+      LOCKSTEP_RETURN_IF_ERROR(
+          communicator
+              .AllReduce(&vote, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
+              .WithContext("pipeline: the vote to leave the generation"));
+      leave_agreed = vote > 0;
+    }
+    if (on_step) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
+    if (leave_agreed && !Finished()) {
+      if (left_generation != nullptr) *left_generation = true;
+      return AbortedError("leaving generation " + std::to_string(generation.generation) +
+                          " together after step " + std::to_string(state_.step));
+    }
+  }
+  return OkStatus();
+}
+
+// The test split is sharded over the replicas; each chunk runs forward through the replica's
+// stages and the last stage counts the loss and the correct answers.
+StatusOr<EvalResult> Trainer::EvaluatePipeline(comm::Communicator& communicator,
+                                               const GenerationInfo& generation) {
+  if (!data_.test.has_value()) {
+    return FailedPreconditionError("evaluation: the manifest has no test split");
+  }
+  if (runner_ == nullptr || pipe_ == nullptr) {
+    return FailedPreconditionError("pipeline: evaluation before the state agreement");
+  }
+  const Dataset& test = *data_.test;
+  const kernels::ExecutionContext& ctx = device_->compute();
+  const int stages = static_cast<int>(plan_.stages.size());
+  const PipelinePlace place = PlaceInPipeline(generation.rank, stages);
+  const int replicas = generation.world_size / stages;
+  const int64_t timeout_ms = collective_timeout_ms();
+  const LayerRange layers = runner_->layers();
+  const ParameterLayout& layout = model_.layout();
+  const int64_t in = layout.layers[static_cast<size_t>(layers.first)].in;
+  const int64_t out = layout.layers[static_cast<size_t>(layers.last) - 1].out;
+  const int64_t lo = test.num_samples * place.replica / replicas;
+  const int64_t hi = test.num_samples * (place.replica + 1) / replicas;
+  const int64_t chunk_rows = std::min<int64_t>(1024, std::max<int64_t>(1, hi - lo));
+  LOCKSTEP_ASSIGN_OR_RETURN(MlpWorkspace workspace,
+                            MlpWorkspace::Create(model_, chunk_rows, *device_, layers));
+  kernels::DeviceArray<float> input, dlogits;
+  kernels::DeviceArray<int32_t> labels;
+  LOCKSTEP_RETURN_IF_ERROR(input.Allocate(*device_, chunk_rows * in));
+  if (runner_->last()) {
+    LOCKSTEP_RETURN_IF_ERROR(labels.Allocate(*device_, chunk_rows));
+    LOCKSTEP_RETURN_IF_ERROR(dlogits.Allocate(*device_, chunk_rows * out));
+  }
+  double totals[3] = {0, 0, 0};  // loss sum, correct, samples: counted by the last stages
+  for (int64_t begin = lo; begin < hi; begin += chunk_rows) {
+    const int64_t rows = std::min(chunk_rows, hi - begin);
+    const size_t in_bytes = static_cast<size_t>(rows * in) * sizeof(float);
+    if (runner_->first()) {
+      LOCKSTEP_RETURN_IF_ERROR(input.CopyFromHost(test.features.data() + begin * test.num_features,
+                                                  rows * test.num_features));
+    } else {
+      LOCKSTEP_RETURN_IF_ERROR(
+          pipe_->Recv(input.device_data(), in_bytes, place.stage - 1, timeout_ms)
+              .WithContext("evaluation: activations from stage " +
+                           std::to_string(place.stage - 1)));
+    }
+    const float* output =
+        model_.Forward(ctx, state_.params.device_data(), input.device_data(), rows, workspace);
+    if (!runner_->last()) {
+      LOCKSTEP_RETURN_IF_ERROR(
+          pipe_
+              ->Send(output, static_cast<size_t>(rows * out) * sizeof(float), place.stage + 1,
+                     timeout_ms)
+              .WithContext("evaluation: activations to stage " + std::to_string(place.stage + 1)));
+      continue;
+    }
+    LOCKSTEP_RETURN_IF_ERROR(labels.CopyFromHost(test.labels.data() + begin, rows));
+    double loss_sum = 0;
+    int64_t correct = 0;
+    kernels::SoftmaxCrossEntropy(ctx, rows, out, output, labels.device_data(), 0.0f,
+                                 dlogits.device_data(), &loss_sum, &correct);
+    totals[0] += loss_sum;
+    totals[1] += static_cast<double>(correct);
+    totals[2] += static_cast<double>(rows);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator.AllReduce(totals, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum, timeout_ms)
+          .WithContext("evaluation: all-reduce of the counts"));
+  EvalResult result;
+  result.samples = static_cast<int64_t>(totals[2]);
+  result.correct = static_cast<int64_t>(totals[1]);
+  result.loss = result.samples > 0 ? totals[0] / result.samples : 0;
+  return result;
+}
+
+// Rank 0 sizes the file to the whole model; then each stage of replica 0 writes its slice at
+// its place in the flat buffer.
+Status Trainer::DumpPipelineParameters(const std::string& path, comm::Communicator& communicator,
+                                       const GenerationInfo& generation) const {
+  const int64_t timeout_ms = collective_timeout_ms();
+  const PipelinePlace place =
+      PlaceInPipeline(generation.rank, static_cast<int>(plan_.stages.size()));
+  auto failed = [&path](const std::string& what) {
+    return UnavailableError("cannot write parameters to " + path + ": " + what);
+  };
+  Status sized = OkStatus();
+  if (generation.rank == 0) {
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0 ||
+        ::ftruncate(fd, model_.layout().num_params * static_cast<off_t>(sizeof(float))) != 0) {
+      sized = failed(std::strerror(errno));
+    }
+    if (fd >= 0) ::close(fd);
+  }
+  LOCKSTEP_RETURN_IF_ERROR(communicator.Barrier(timeout_ms).WithContext("parameter dump"));
+  LOCKSTEP_RETURN_IF_ERROR(sized);
+  Status written = OkStatus();
+  if (place.replica == 0) {
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<float> params, state_.params.ToHost());
+    const int64_t offset = RangeOffset(model_.layout(), runner_->layers());
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CLOEXEC);
+    const auto bytes = static_cast<ssize_t>(params.size() * sizeof(float));
+    if (fd < 0 || ::pwrite(fd, params.data(), static_cast<size_t>(bytes),
+                           offset * static_cast<off_t>(sizeof(float))) != bytes) {
+      written = failed(fd < 0 ? std::strerror(errno) : "short write");
+    }
+    if (fd >= 0 && ::close(fd) != 0 && written.ok()) written = failed(std::strerror(errno));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(communicator.Barrier(timeout_ms).WithContext("parameter dump"));
+  return written;
+}
+
+}  // namespace lockstep::trainer
