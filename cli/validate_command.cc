@@ -69,6 +69,8 @@ ManifestCheck CheckManifest(const std::string& path) {
       AddProblemLines(path, data.message(), &check.problems);
     } else {
       check.rank_memory = trainer::EstimateRankMemory(*job->spec.trainer, shape);
+      check.memory_without_pipeline =
+          trainer::EstimateRankMemoryWithoutPipeline(*job->spec.trainer, shape);
       std::string problem = CheckPodMemory(job->spec, *check.rank_memory);
       if (!problem.empty()) check.problems.push_back(path + ": " + problem);
     }
@@ -116,6 +118,10 @@ int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, 
   }
   out << path << ": valid\n";
   const spec::TrainingJob& job = *check.job;
+  if (check.rank_memory.has_value() && check.rank_memory->stages > 1) {
+    out << path << ": estimated memory per rank: " << check.rank_memory->Describe()
+        << " with the pipeline; " << check.memory_without_pipeline->Describe() << " without\n";
+  }
   if (job.spec.trainer.has_value() && job.spec.trainer->device == spec::Device::kCuda) {
     // Not a problem of the manifest: where it runs decides (a cluster's GPU nodes).
     out << path << ": note: spec.trainer.device is cuda: every worker needs a GPU of its own ("

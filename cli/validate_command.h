@@ -22,7 +22,8 @@ struct ManifestCheck {
   // One per line, each starting with "<path>: " and naming the field or file.
   std::vector<std::string> problems;
   // What one rank of the built-in trainer is estimated to hold; set when the data loaded.
-  std::optional<trainer::MemoryEstimate> rank_memory;
+  std::optional<trainer::MemoryEstimate> rank_memory;  // with a pipeline: its largest stage's
+  std::optional<trainer::MemoryEstimate> memory_without_pipeline;
   bool ok() const { return job.has_value() && problems.empty(); }
 };
 

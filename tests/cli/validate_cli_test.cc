@@ -90,12 +90,26 @@ TEST(ValidateCommandTest, EveryBadManifestExits2WithItsExpectedMessage) {
 }
 
 TEST(ValidateCommandTest, ExamplesAreValid) {
-  for (const char* name : {"fashion-mnist.yaml", "digits.yaml"}) {
+  for (const char* name : {"fashion-mnist.yaml", "digits.yaml", "pipeline.yaml"}) {
     const std::string path = std::string(LOCKSTEP_SOURCE_DIR) + "/examples/" + name;
     ProcessResult result = Validate(path);
     EXPECT_EQ(result.exit_code, 0) << path << "\n" << result.out << result.err;
     EXPECT_NE(result.out.find(path + ": valid"), std::string::npos) << result.out;
   }
+}
+
+TEST(ValidateCommandTest, APipelineJobIsToldItsMemoryPerRankWithAndWithoutThePipeline) {
+  const std::string path = std::string(LOCKSTEP_SOURCE_DIR) + "/examples/pipeline.yaml";
+  ProcessResult result = Validate(path);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  // 784-512-256-256-128-10 in 2 balanced stages: the first holds the 784 x 512 layer.
+  EXPECT_TRUE(SomeLineContains(result.out, "estimated memory per rank: "));
+  EXPECT_TRUE(SomeLineContains(result.out, "(stage 0 of 2: model 6.1 MiB for 401920 parameters"))
+      << result.out;
+  EXPECT_TRUE(SomeLineContains(result.out,
+                               "with the pipeline; 220 MiB (model 9.7 MiB for 633226 "
+                               "parameters"))
+      << result.out;
 }
 
 TEST(ValidateCommandTest, MissingFileExits2NamingIt) {

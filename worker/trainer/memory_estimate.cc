@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "worker/trainer/pipeline_schedule.h"
+
 namespace lockstep::trainer {
 namespace {
 
@@ -38,12 +40,98 @@ std::string MemoryEstimate::Describe() const {
   const std::string parameters_text =
       parameters == std::numeric_limits<int64_t>::max() ? "more than 2^63"
                                                         : std::to_string(parameters);
-  return FormatBytes(total()) + " (model " + FormatBytes(model_bytes) + " for " +
-         parameters_text + " parameters; batch " + FormatBytes(batch_bytes) + "; data " +
-         FormatBytes(data_bytes) + ")";
+  return FormatBytes(total()) + " (" +
+         (stages > 1 ? "stage " + std::to_string(stage) + " of " + std::to_string(stages) + ": "
+                     : std::string()) +
+         "model " + FormatBytes(model_bytes) + " for " + parameters_text + " parameters; batch " +
+         FormatBytes(batch_bytes) + "; data " + FormatBytes(data_bytes) + ")";
 }
 
+namespace {
+
+// One stage of a pipeline: layers [first, last) of `widths` (widths[l] feeds layer l), the
+// micro-batches whose activations it keeps (workspaces: one each, or one in all with recompute,
+// which keeps inputs instead), and whether it reads features (the first) or labels (the last).
+MemoryEstimate EstimateStage(const spec::TrainerSpec& trainer, const DataShape& shape,
+                             const std::vector<double>& widths, int first, int last, int slots) {
+  MemoryEstimate estimate;
+  const double samples = static_cast<double>(shape.train_samples + shape.test_samples);
+  estimate.data_bytes = samples * (static_cast<double>(shape.features) + 1) * kFloatBytes;
+  const int layers = static_cast<int>(widths.size()) - 1;
+  const double activation_copies = trainer.model.activation == spec::Activation::kGelu ? 2 : 1;
+  double parameters = 0, activations = 0, widest = 0;
+  for (int l = first; l < last; ++l) {
+    const double in = widths[static_cast<size_t>(l)], out = widths[static_cast<size_t>(l) + 1];
+    parameters += in * out + out;
+    activations += out * (l + 1 < layers ? activation_copies : 1);
+    widest = std::max({widest, in, out});
+  }
+  estimate.parameters =
+      parameters >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(parameters);
+  const bool on_gpu = trainer.device == spec::Device::kCuda;
+  const double optimizer_slots = trainer.optimizer.type == spec::OptimizerType::kAdamW ? 2 : 1;
+  const bool bf16 = trainer.precision == spec::Precision::kBf16;
+  estimate.model_bytes =
+      parameters * (on_gpu ? 1 : 3 + optimizer_slots + (bf16 ? 1 : 0)) * kFloatBytes;
+  const bool pipelined = trainer.pipeline.stages > 1;
+  const double rows = static_cast<double>(trainer.batch_size) /
+                      (pipelined ? std::max(1, trainer.pipeline.micro_batches) : 1);
+  const double input = widths[static_cast<size_t>(first)];
+  const double output = widths[static_cast<size_t>(last)];
+  const double workspaces = pipelined && trainer.pipeline.recompute ? 1 : slots;
+  // Per workspace: the layers' outputs, two activation-gradient buffers, bf16's rounded input.
+  const double workspace = activations + 2 * widest + (bf16 ? input : 0);
+  // A later stage keeps each micro-batch's input and sends its gradient; an earlier one
+  // receives its output's gradient.
+  const double messages = (first > 0 ? (slots + 1) * input : 0) + (last < layers ? output : 0);
+  const bool reads_batch = first == 0 || last == layers;
+  const double staged = reads_batch ? kStagedBatches * static_cast<double>(trainer.batch_size) *
+                                          (static_cast<double>(shape.features) + 1)
+                                    : 0;
+  estimate.batch_bytes =
+      ((on_gpu ? 0 : rows * (workspaces * workspace + messages)) + staged) * kFloatBytes;
+  return estimate;
+}
+
+std::vector<double> Widths(const spec::TrainerSpec& trainer, const DataShape& shape) {
+  std::vector<double> widths{static_cast<double>(shape.features)};
+  for (int32_t width : trainer.model.hidden) widths.push_back(width);
+  widths.push_back(std::max<int32_t>(shape.classes, 2));
+  return widths;
+}
+
+}  // namespace
+
 MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataShape& shape) {
+  if (trainer.pipeline.stages <= 1) return EstimateRankMemoryWithoutPipeline(trainer, shape);
+  const std::vector<double> widths = Widths(trainer, shape);
+  // The stages' layers as the trainer splits them (pipeline_schedule.h).
+  std::vector<int64_t> ins, outs;
+  for (size_t l = 0; l + 1 < widths.size(); ++l) {
+    ins.push_back(static_cast<int64_t>(widths[l]));
+    outs.push_back(static_cast<int64_t>(widths[l + 1]));
+  }
+  StatusOr<std::vector<int>> first = PipelineStageBoundaries(trainer.pipeline, ins, outs);
+  if (!first.ok()) return EstimateRankMemoryWithoutPipeline(trainer, shape);
+  const PipelineSchedule schedule = trainer.pipeline.schedule == spec::PipelineSchedule::kGpipe
+                                        ? PipelineSchedule::kGPipe
+                                        : PipelineSchedule::k1F1B;
+  MemoryEstimate largest;
+  const int stages = static_cast<int>(first->size()) - 1;
+  for (int s = 0; s < stages; ++s) {
+    const int slots =
+        PeakActivationsHeld(StageSchedule(schedule, stages, s, trainer.pipeline.micro_batches));
+    MemoryEstimate stage = EstimateStage(trainer, shape, widths, (*first)[static_cast<size_t>(s)],
+                                         (*first)[static_cast<size_t>(s) + 1], slots);
+    stage.stage = s;
+    stage.stages = stages;
+    if (s == 0 || stage.total() > largest.total()) largest = stage;
+  }
+  return largest;
+}
+
+MemoryEstimate EstimateRankMemoryWithoutPipeline(const spec::TrainerSpec& trainer,
+                                                 const DataShape& shape) {
   MemoryEstimate estimate;
   const double samples = static_cast<double>(shape.train_samples + shape.test_samples);
   estimate.data_bytes = samples * (static_cast<double>(shape.features) + 1) * kFloatBytes;

@@ -14,6 +14,10 @@
 // communicator's fixed buffers), so it is a lower bound: what it refuses cannot run. It is of host
 // memory: for `device: cuda` the parameters, gradients, optimizer state and activations live on
 // the GPU and are left out (only the host copy and the staged batches count).
+//
+// With a pipeline (spec.trainer.pipeline.stages > 1) a rank holds its stage's layers, their
+// state, and the activations of the micro-batches its schedule keeps (pipeline_stage.h): the
+// estimate is that of the stage that needs the most.
 #pragma once
 
 #include <cstdint>
@@ -30,13 +34,19 @@ struct MemoryEstimate {
   double model_bytes = 0;  // parameters, gradients, optimizer state, host copy
   double batch_bytes = 0;  // activations, backward scratch, staged input batches
   int64_t parameters = 0;  // saturates at INT64_MAX
+  int stage = -1;          // with a pipeline: the stage estimated (the largest), of `stages`
+  int stages = 1;
 
   double total() const { return data_bytes + model_bytes + batch_bytes; }
-  // "214 MiB (model 3.1 MiB for 203530 parameters; batch 851 KiB; data 210 MiB)".
+  // "214 MiB (model 3.1 MiB for 203530 parameters; batch 851 KiB; data 210 MiB)", with a
+  // pipeline "... (stage 0 of 2: model ...".
   std::string Describe() const;
 };
 
 MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataShape& shape);
+// The same model and batch trained without a pipeline (what the pipeline saves).
+MemoryEstimate EstimateRankMemoryWithoutPipeline(const spec::TrainerSpec& trainer,
+                                                 const DataShape& shape);
 
 // Physical memory of this machine, or the cgroup v2 memory.max when that is lower (a container's
 // limit); 0 when neither can be read.

@@ -88,4 +88,30 @@ StatusOr<std::vector<int>> BalanceStages(const std::vector<double>& layer_costs,
   return first;
 }
 
+StatusOr<std::vector<int>> PipelineStageBoundaries(const spec::PipelineSpec& spec,
+                                                   const std::vector<int64_t>& layer_ins,
+                                                   const std::vector<int64_t>& layer_outs) {
+  const int layers = static_cast<int>(layer_ins.size());
+  if (!spec.stage_layers.empty()) {
+    std::vector<int> first{0};
+    for (int32_t count : spec.stage_layers) first.push_back(first.back() + count);
+    if (static_cast<int>(spec.stage_layers.size()) != spec.stages || first.back() != layers) {
+      return InvalidArgumentError("spec.trainer.pipeline.stageLayers: must have " +
+                                  std::to_string(spec.stages) + " entries adding up to the " +
+                                  "model's " + std::to_string(layers) + " layers");
+    }
+    return first;
+  }
+  std::vector<double> costs;
+  for (int l = 0; l < layers; ++l) {
+    costs.push_back(3.0 * static_cast<double>(layer_ins[static_cast<size_t>(l)]) *
+                    static_cast<double>(layer_outs[static_cast<size_t>(l)]));
+  }
+  StatusOr<std::vector<int>> balanced = BalanceStages(costs, spec.stages);
+  if (!balanced.ok()) {
+    return InvalidArgumentError("spec.trainer.pipeline.stages: " + balanced.status().message());
+  }
+  return balanced;
+}
+
 }  // namespace lockstep::trainer

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spec/training_job.h"
 #include "common/status.h"
 
 namespace lockstep::trainer {
@@ -54,5 +55,14 @@ int PeakActivationsHeld(const std::vector<PipelineAction>& actions);
 // indices: stage s holds layers [first[s], first[s + 1]). INVALID_ARGUMENT for more stages than
 // layers, fewer than one stage, or a negative cost.
 StatusOr<std::vector<int>> BalanceStages(const std::vector<double>& layer_costs, int stages);
+
+// Where each stage of spec.trainer.pipeline begins, as BalanceStages returns it, for a model of
+// layers with `layer_ins[l]` inputs and `layer_outs[l]` outputs: its stageLayers, or stages that
+// balance the layers' compute (3 x in x out multiply-adds per sample: the forward and backward
+// GEMMs; bias, activation and messages are small beside them). INVALID_ARGUMENT naming the field
+// for a split the model cannot have.
+StatusOr<std::vector<int>> PipelineStageBoundaries(const spec::PipelineSpec& spec,
+                                                   const std::vector<int64_t>& layer_ins,
+                                                   const std::vector<int64_t>& layer_outs);
 
 }  // namespace lockstep::trainer

@@ -9,6 +9,11 @@ namespace lockstep::trainer {
 
 namespace {
 
+PipelineSchedule ToSchedule(spec::PipelineSchedule schedule) {
+  return schedule == spec::PipelineSchedule::kGpipe ? PipelineSchedule::kGPipe
+                                                    : PipelineSchedule::k1F1B;
+}
+
 // Micro-batch m of `rows` split into `count`: its first row and its rows.
 struct MicroBatch {
   int64_t offset = 0;
@@ -20,6 +25,22 @@ MicroBatch MicroBatchOf(int64_t rows, int count, int m) {
 }
 
 }  // namespace
+
+StatusOr<PipelinePlan> MakePipelinePlan(const spec::PipelineSpec& spec,
+                                        const ParameterLayout& layout) {
+  std::vector<int64_t> ins, outs;
+  for (const LayerLayout& layer : layout.layers) {
+    ins.push_back(layer.in);
+    outs.push_back(layer.out);
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int> first, PipelineStageBoundaries(spec, ins, outs));
+  PipelinePlan plan;
+  for (size_t s = 0; s + 1 < first.size(); ++s) plan.stages.push_back({first[s], first[s + 1]});
+  plan.micro_batches = spec.micro_batches;
+  plan.schedule = ToSchedule(spec.schedule);
+  plan.recompute = spec.recompute;
+  return plan;
+}
 
 StatusOr<std::unique_ptr<PipelineStage>> PipelineStage::Create(const MlpModel& model,
                                                                const PipelinePlan& plan, int stage,

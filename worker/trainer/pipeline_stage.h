@@ -37,6 +37,7 @@
 #include <memory>
 #include <vector>
 
+#include "common/spec/training_job.h"
 #include "common/status.h"
 #include "kernels/device.h"
 #include "worker/comm/communicator.h"
@@ -52,6 +53,13 @@ struct PipelinePlan {
   PipelineSchedule schedule = PipelineSchedule::k1F1B;
   bool recompute = false;
 };
+
+// The plan of spec.trainer.pipeline for a model of `layout`: its stageLayers, or stages that
+// balance the layers' compute (BalanceStages over each layer's 3 x in x out multiply-adds per
+// sample: forward and backward GEMMs). INVALID_ARGUMENT naming the field for a plan the model
+// cannot have.
+StatusOr<PipelinePlan> MakePipelinePlan(const spec::PipelineSpec& spec,
+                                        const ParameterLayout& layout);
 
 // Where a rank sits in a pipeline-parallel world: rank = replica * stages + stage, so that a
 // replica's stages are consecutive ranks (the same pod or node where ranksPerWorker allows).

@@ -78,7 +78,8 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
       new Trainer(job, std::move(data), std::move(model), std::move(device).value(), metrics));
   created->cuda_ordinal_ = cuda ? cuda_ordinal : 0;
   if (trainer.pipeline.stages > 1) {
-    LOCKSTEP_ASSIGN_OR_RETURN(created->plan_, MakePipelinePlan(trainer.pipeline, created->model_));
+    LOCKSTEP_ASSIGN_OR_RETURN(created->plan_,
+                              MakePipelinePlan(trainer.pipeline, created->model_.layout()));
   }
   LOCKSTEP_RETURN_IF_ERROR(created->AllocateState().WithContext("spec.trainer.device: " +
                                                                 created->device_->name()));

@@ -245,9 +245,7 @@ class Trainer {
   // overflow skips the step and halves the loss scale. Returns whether the optimizer stepped.
   bool ApplyGradients(bool overflow, int64_t batches_per_step,
                       const std::vector<ParamRange>& momentum_free);
-  // trainer_pipeline.cc: the pipeline's plan, state agreement, training and evaluation.
-  static StatusOr<PipelinePlan> MakePipelinePlan(const spec::PipelineSpec& spec,
-                                                 const MlpModel& model);
+  // trainer_pipeline.cc: the pipeline's state agreement, training and evaluation.
   Status AgreeOnPipelineState(comm::Communicator& communicator, const GenerationInfo& generation);
   // A state for stage `stage` from the seed (step 0).
   StatusOr<TrainingState> SeedStageState(int stage) const;

@@ -22,11 +22,6 @@ namespace lockstep::trainer {
 
 namespace {
 
-PipelineSchedule ToSchedule(spec::PipelineSchedule schedule) {
-  return schedule == spec::PipelineSchedule::kGpipe ? PipelineSchedule::kGPipe
-                                                    : PipelineSchedule::k1F1B;
-}
-
 // What one rank held when a generation formed: the stage its state is of (-1: none) and the
 // step it reflects.
 struct HeldState {
@@ -35,38 +30,6 @@ struct HeldState {
 };
 
 }  // namespace
-
-StatusOr<PipelinePlan> Trainer::MakePipelinePlan(const spec::PipelineSpec& spec,
-                                                 const MlpModel& model) {
-  const ParameterLayout& layout = model.layout();
-  std::vector<int> first;
-  if (!spec.stage_layers.empty()) {
-    first.push_back(0);
-    for (int32_t count : spec.stage_layers) first.push_back(first.back() + count);
-    if (first.back() != layout.num_layers()) {
-      return InvalidArgumentError("spec.trainer.pipeline.stageLayers: must add up to the model's " +
-                                  std::to_string(layout.num_layers()) + " layers");
-    }
-  } else {
-    // A layer's cost: its forward and backward GEMMs, 3 x in x out multiply-adds per sample;
-    // the bias, activation and messages are small beside them.
-    std::vector<double> costs;
-    for (const LayerLayout& layer : layout.layers) {
-      costs.push_back(3.0 * static_cast<double>(layer.in) * static_cast<double>(layer.out));
-    }
-    StatusOr<std::vector<int>> balanced = BalanceStages(costs, spec.stages);
-    if (!balanced.ok()) {
-      return InvalidArgumentError("spec.trainer.pipeline.stages: " + balanced.status().message());
-    }
-    first = *std::move(balanced);
-  }
-  PipelinePlan plan;
-  for (size_t s = 0; s + 1 < first.size(); ++s) plan.stages.push_back({first[s], first[s + 1]});
-  plan.micro_batches = spec.micro_batches;
-  plan.schedule = ToSchedule(spec.schedule);
-  plan.recompute = spec.recompute;
-  return plan;
-}
 
 StatusOr<TrainingState> Trainer::SeedStageState(int stage) const {
   const LayerRange layers = plan_.stages[static_cast<size_t>(stage)];

@@ -587,6 +587,11 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"66-sync-dgc-with-adamw.yaml", {Outcome::kAccepted, ""}},
     {"67-precision-fp16.yaml", {Outcome::kRefused, "spec.trainer.precision"}},
     {"68-standby-negative.yaml", {Outcome::kRefused, "spec.elastic.standby"}},
+    // Compares stages with the model's layers: left to the webhook.
+    {"69-pipeline-more-stages-than-layers.yaml", {Outcome::kAccepted, ""}},
+    {"70-pipeline-schedule-unknown.yaml", {Outcome::kRefused, "spec.trainer.pipeline.schedule"}},
+    // Compares microBatches with batchSize: left to the webhook.
+    {"71-pipeline-micro-batches-not-dividing.yaml", {Outcome::kAccepted, ""}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {

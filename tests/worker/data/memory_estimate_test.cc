@@ -51,6 +51,31 @@ TEST(MemoryEstimateTest, Bf16AddsTheRoundedParametersAndFeatures) {
   EXPECT_EQ(bf16.data_bytes, fp32.data_bytes);
 }
 
+// Four equal hidden layers split in two stages: a rank holds about half the model, and its
+// schedule decides how many micro-batches' activations it keeps.
+TEST(MemoryEstimateTest, APipelineStageHoldsItsLayersAndTheActivationsItsScheduleKeeps) {
+  spec::TrainerSpec trainer = Mlp({1024, 1024, 1024, 1024}, 256);
+  const MemoryEstimate whole = EstimateRankMemory(trainer, kFashion);
+  EXPECT_EQ(whole.stages, 1);
+  trainer.pipeline.stages = 2;
+  trainer.pipeline.micro_batches = 8;
+  const MemoryEstimate one_f_one_b = EstimateRankMemory(trainer, kFashion);
+  EXPECT_EQ(one_f_one_b.stages, 2);
+  EXPECT_LT(one_f_one_b.parameters, whole.parameters * 0.6);
+  EXPECT_GT(one_f_one_b.parameters, whole.parameters * 0.4);
+  EXPECT_LT(one_f_one_b.model_bytes, whole.model_bytes * 0.6);
+  EXPECT_EQ(EstimateRankMemoryWithoutPipeline(trainer, kFashion).total(), whole.total());
+  EXPECT_NE(one_f_one_b.Describe().find("of 2: model"), std::string::npos)
+      << one_f_one_b.Describe();
+  // GPipe keeps all 8 micro-batches' activations; 1F1B at most 2 on the first stage.
+  trainer.pipeline.schedule = spec::PipelineSchedule::kGpipe;
+  const MemoryEstimate gpipe = EstimateRankMemory(trainer, kFashion);
+  EXPECT_GT(gpipe.batch_bytes, 2 * one_f_one_b.batch_bytes);
+  // Recompute keeps one workspace, and the micro-batches' inputs.
+  trainer.pipeline.recompute = true;
+  EXPECT_LT(EstimateRankMemory(trainer, kFashion).batch_bytes, gpipe.batch_bytes);
+}
+
 TEST(MemoryEstimateTest, AHostileWidthGivesAFiniteHugeEstimateNotAnOverflow) {
   const MemoryEstimate estimate = EstimateRankMemory(Mlp({2147483647, 2147483647}, 2147483647),
                                                      kFashion);
