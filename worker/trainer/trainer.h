@@ -249,6 +249,10 @@ class Trainer {
   Status AgreeOnPipelineState(comm::Communicator& communicator, const GenerationInfo& generation);
   // A state for stage `stage` from the seed (step 0).
   StatusOr<TrainingState> SeedStageState(int stage) const;
+  // Steps the optimizer with the reduced gradients in grads_ and moves the cursor past the
+  // global batch of `global_batch_size` (the step's commit); `account`: this rank writes the
+  // sample accounting.
+  void CommitPipelineStep(int64_t global_batch_size, bool overflow, bool account);
   Status TrainPipeline(comm::Communicator& communicator, const GenerationInfo& generation,
                        const std::atomic<bool>& stop, const ProgressFn& on_progress,
                        const StepFn& on_step, const std::atomic<bool>* leave_requested,
@@ -282,6 +286,10 @@ class Trainer {
   // grads_ hold (-1 before the first agreement); runner_: its PipelineStage.
   PipelinePlan plan_;
   int stage_ = -1;
+  // The step whose reduced gradients grads_ holds while its commit was in flight (-1: none), and
+  // whether the last committed step overflowed.
+  int64_t pending_step_ = -1;
+  bool last_overflow_ = false;
   std::unique_ptr<PipelineStage> runner_;
   comm::Communicator* pipe_ = nullptr;
   comm::Communicator* stage_group_ = nullptr;

@@ -22,11 +22,14 @@ namespace lockstep::trainer {
 
 namespace {
 
-// What one rank held when a generation formed: the stage its state is of (-1: none) and the
-// step it reflects.
+// What one rank held when a generation formed: the stage its state is of (-1: none), the step
+// it reflects, whether it also holds that step's reduced gradients (its commit failed), and
+// whether the last step it committed overflowed (fp16: skipped).
 struct HeldState {
   int64_t stage = -1;
   int64_t step = -1;
+  int64_t pending = 0;
+  int64_t overflow = 0;
 };
 
 }  // namespace
@@ -70,13 +73,31 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
                             " stages");
   }
   const PipelinePlace place = PlaceInPipeline(generation.rank, stages);
-  const HeldState mine{has_state_ ? stage_ : -1, has_state_ ? state_.step : -1};
+  const bool pending = has_state_ && pending_step_ == state_.step;
+  pending_step_ = -1;
+  const HeldState mine{has_state_ ? stage_ : -1, has_state_ ? state_.step : -1, pending ? 1 : 0,
+                       last_overflow_ ? 1 : 0};
   std::vector<HeldState> held(static_cast<size_t>(world));
   LOCKSTEP_RETURN_IF_ERROR(
       communicator.AllGather(&mine, sizeof(mine), held.data(), timeout_ms)
           .WithContext("pipeline state agreement: all-gather of the stages held"));
   int64_t newest = -1;
   for (const HeldState& h : held) newest = std::max(newest, h.stage >= 0 ? h.step : -1);
+  // A generation that ended in a step's commit may leave some ranks past it and others before
+  // it. Those before it hold its reduced gradients (no rank completes the commit before every
+  // rank has them): they step now, as the others did, with the others' overflow verdict.
+  int64_t overflow = 0;
+  for (const HeldState& h : held) {
+    if (h.stage >= 0 && h.step == newest) overflow = std::max(overflow, h.overflow);
+  }
+  for (HeldState& h : held) {
+    if (h.stage >= 0 && h.pending != 0 && h.step + 1 == newest) h.step = newest;
+  }
+  if (pending && state_.step + 1 == newest) {
+    CommitPipelineStep(GlobalBatchSize(world), overflow != 0, generation.rank == 0);
+    LOCKSTEP_LOG(INFO) << "pipeline: completed step " << newest - 1
+                       << " with the gradients held: other ranks had committed it";
+  }
   // Per stage: the lowest rank holding it at the newest step, and whether one in its group does.
   std::vector<int> source(static_cast<size_t>(stages), -1), group_source(source);
   for (int r = 0; r < world; ++r) {
@@ -163,7 +184,6 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
   const int replicas = world / stages;
   const int64_t timeout_ms = collective_timeout_ms();
   const int64_t global_batch_size = GlobalBatchSize(world);
-  const int64_t batches_per_step = std::max<int64_t>(1, global_batch_size / spec_.batch_size);
   const int64_t log_interval = std::max<int64_t>(1, spec_.log_interval_steps);
   const LayerRange layers = runner_->layers();
   // Only the first stage reads features and only the last labels.
@@ -217,34 +237,20 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
     }
     StepCommStats comm_stats;
     LOCKSTEP_RETURN_IF_ERROR(synchronizer.Wait(&comm_stats));
-    // fp16 compression: every stage must skip an overflowing step together, whichever stage's
-    // gradients overflowed.
-    bool overflow = comm_stats.overflow;
-    if (spec_.allreduce.compression == spec::Compression::kFp16) {
-      double any = overflow ? 1 : 0;
-      LOCKSTEP_RETURN_IF_ERROR(
-          communicator
-              .AllReduce(&any, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
-              .WithContext("pipeline: the fp16 overflow vote"));
-      overflow = any > 0;
-    }
-
-    if (before_state_change_) before_state_change_();
-    ApplyGradients(overflow, batches_per_step, synchronizer.MomentumFreeRanges());
-    state_.cursor = sampler_.Advance(state_.cursor, batch);
-    ++state_.step;
-    state_.samples += batch.size();
-    if (!state_.sample_counts.empty()) {
-      CountGlobalBatch(order, batch.begin, batch.end, state_.sample_counts);
-      if (state_.cursor.epoch != batch.epoch) {
-        if (generation.rank == 0 && !accounting_path_.empty()) {
-          AppendEpochAccounting(accounting_path_, batch.epoch, state_.step, /*partial=*/false,
-                                order, order.size(), state_.sample_counts);
-        }
-        std::fill(state_.sample_counts.begin(), state_.sample_counts.end(), 0);
-      }
-    }
-
+    // The commit: one small all-reduce over the whole world, which no rank can complete before
+    // every rank has its stage's reduced gradients. It carries the vote to leave and the fp16
+    // overflow flag (every stage skips an overflowing step together). If it fails, this rank
+    // still holds the step's gradients: should another rank have completed it and stepped, the
+    // next state agreement steps this one too (AgreeOnPipelineState), so that the stages never
+    // stay a step apart.
+    pending_step_ = state_.step;
+    double flags[2] = {leave_requested != nullptr && leave_requested->load() ? 1.0 : 0.0,
+                       comm_stats.overflow ? 1.0 : 0.0};
+    LOCKSTEP_RETURN_IF_ERROR(
+        communicator.AllReduce(flags, 2, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
+            .WithContext("pipeline: the step's commit"));
+    const bool leave_agreed = flags[0] > 0;
+    CommitPipelineStep(global_batch_size, flags[1] > 0, generation.rank == 0);
     // Exposed: the stage's waits on its neighbours (the bubble and the transfers) and on its
     // group's all-reduce.
     const double step_seconds = MonotonicSeconds() - step_started;
@@ -264,17 +270,8 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
                              comm_stats.allreduce_seconds});
       metrics_->ObservePipelineStep(times.compute_seconds, times.wait_seconds, times.bytes_sent);
     }
-    // Leaving together is decided over the whole world (the stage groups' all-reduces do not
-    // reach every rank), at the progress reports: a joining member waits at most an interval.
-    bool leave_agreed = false;
     if (state_.step % log_interval == 0 || Finished()) {
       LOCKSTEP_RETURN_IF_ERROR(ReportProgress(communicator, generation, interval, on_progress));
-      double vote = leave_requested != nullptr && leave_requested->load() ? 1 : 0;
-      LOCKSTEP_RETURN_IF_ERROR(
-          communicator
-              .AllReduce(&vote, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
-              .WithContext("pipeline: the vote to leave the generation"));
-      leave_agreed = vote > 0;
     }
     if (on_step) LOCKSTEP_RETURN_IF_ERROR(on_step(state_));
     if (leave_agreed && !Finished()) {
@@ -284,6 +281,28 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
     }
   }
   return OkStatus();
+}
+
+void Trainer::CommitPipelineStep(int64_t global_batch_size, bool overflow, bool account) {
+  const GlobalSampler::GlobalBatch batch = sampler_.Next(state_.cursor, global_batch_size);
+  if (before_state_change_) before_state_change_();
+  ApplyGradients(overflow, std::max<int64_t>(1, global_batch_size / spec_.batch_size), {});
+  last_overflow_ = overflow;
+  pending_step_ = -1;
+  state_.cursor = sampler_.Advance(state_.cursor, batch);
+  ++state_.step;
+  state_.samples += batch.size();
+  if (!state_.sample_counts.empty()) {
+    const std::vector<int64_t>& order = sampler_.Permutation(batch.epoch);
+    CountGlobalBatch(order, batch.begin, batch.end, state_.sample_counts);
+    if (state_.cursor.epoch != batch.epoch) {
+      if (account && !accounting_path_.empty()) {
+        AppendEpochAccounting(accounting_path_, batch.epoch, state_.step, /*partial=*/false, order,
+                              order.size(), state_.sample_counts);
+      }
+      std::fill(state_.sample_counts.begin(), state_.sample_counts.end(), 0);
+    }
+  }
 }
 
 // The test split is sharded over the replicas; each chunk runs forward through the replica's

@@ -63,6 +63,8 @@ struct JobOptions {
   // started after a kill can rejoin before training ends.
   std::string model = "{type: mlp, hidden: [256], activation: relu}";
   int64_t batch_size = 16;
+  int replicas = kWorkers;
+  std::string pipeline;  // "" or "{stages: 2, microBatches: 4}"
 };
 
 // A small, fast digits job: 3 workers, progress every step (so the test can follow the step
@@ -74,7 +76,7 @@ std::string WriteManifest(const std::string& dir, const JobOptions& job) {
        << "kind: TrainingJob\n"
        << "metadata: {name: " << job.name << "}\n"
        << "spec:\n"
-       << "  replicas: " << kWorkers << "\n";
+       << "  replicas: " << job.replicas << "\n";
   if (!job.elastic.empty()) yaml << "  elastic: " << job.elastic << "\n";
   yaml << "  trainer:\n"
        << "    model: " << job.model << "\n"
@@ -85,6 +87,7 @@ std::string WriteManifest(const std::string& dir, const JobOptions& job) {
        << "    optimizer: {type: sgd, learningRate: 0.05, momentum: 0.9}\n"
        << "    seed: 7\n"
        << "    logIntervalSteps: 1\n";
+  if (!job.pipeline.empty()) yaml << "    pipeline: " << job.pipeline << "\n";
   if (!job.checkpoint_dir.empty()) {
     yaml << "  checkpoint: {uri: \"file://" << job.checkpoint_dir
          << "\", intervalSteps: " << kCheckpointIntervalSteps << ", keep: 3}\n";
@@ -324,6 +327,46 @@ TEST(ElasticRunTest,
   EXPECT_NEAR(shrunk.loss, undisturbed.loss, kLossTolerance * undisturbed.loss);
   EXPECT_LE(RelativeParameterDifference(undisturbed.params, shrunk.params), kParameterTolerance);
   ExpectExactSampleAccounting(dir + "/shrunk-accounting.jsonl", "elastic job, fixed batch");
+}
+
+// A pipeline of 2 stages x 2 replicas: the killed rank's stage is rebuilt from the same stage of
+// the other replica once its replacement joins (the whole world: a replica cannot train without
+// a stage), and the run ends as an undisturbed one. Nothing is restored from storage.
+TEST(ElasticRunTest, PipelineJobKilledMidRunRebuildsTheStageFromItsOtherReplica) {
+  const std::string dir = MakeTempDir("lockstep-pipeline-kill");
+  JobOptions job = EquivalenceJob("pipeline-" + std::to_string(getpid()));
+  job.replicas = 4;
+  job.model = "{type: mlp, hidden: [256, 128, 128, 64], activation: relu}";
+  job.pipeline = "{stages: 2, microBatches: 4}";
+  job.steps = 600;
+  const std::string manifest = WriteManifest(dir, job);
+  const FinalModel undisturbed = RunUndisturbed(dir, manifest, "undisturbed");
+  ASSERT_FALSE(undisturbed.params.empty());
+
+  ProcessResult result = RunWithAKill(dir, manifest, job.name, "killed", 1, 150, "worker-1");
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json summary = ReadRunSummary(dir + "/killed.json");
+  EXPECT_EQ(summary["steps"], 600) << summary.dump();
+  EXPECT_EQ(summary["restarts"], 1) << summary.dump();
+  EXPECT_EQ(summary["world_size"], 4) << summary.dump();
+  // Every rank of the second generation agreed on the state in memory, at the step the first
+  // one reached.
+  int rebuilt = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(dir + "/killed")) {
+    std::istringstream log(ReadFile(entry.path().string()));
+    for (std::string line; std::getline(log, line);) {
+      if (line.find("gen=2] agreed on pipeline state at step ") == std::string::npos) continue;
+      EXPECT_EQ(line.find("at step 0:"), std::string::npos) << line;
+      EXPECT_EQ(line.find("from the seed"), std::string::npos) << line;
+      ++rebuilt;
+    }
+  }
+  EXPECT_EQ(rebuilt, 4);
+  const FinalModel killed = ReadFinalModel(dir + "/killed.json", dir + "/killed.params");
+  EXPECT_NEAR(killed.loss, undisturbed.loss, kLossTolerance * undisturbed.loss);
+  EXPECT_LE(RelativeParameterDifference(undisturbed.params, killed.params), kParameterTolerance);
+  ExpectExactSampleAccounting(dir + "/killed-accounting.jsonl", "pipeline job, worker-1 killed");
 }
 
 TEST(ElasticRunTest, WholeJobKilledMidRunResumesFromTheNewestCheckpoint) {
