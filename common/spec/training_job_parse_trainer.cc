@@ -1,0 +1,269 @@
+// The manifest walker's trainer section (spec.trainer): the model, data, optimizer, gradient
+// synchronisation and pipeline, and the checks that compare them with each other and with the
+// rest of the spec. training_job_parse.cc walks the rest of the manifest.
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/spec/field_reader.h"
+#include "common/spec/parse_sections.h"
+#include "common/spec/problems.h"
+#include "common/spec/training_job.h"
+
+namespace lockstep::spec::internal {
+namespace {
+
+using json = nlohmann::json;
+
+// Data URIs are local: file:///abs/path or a plain path. Other schemes are reported here because
+// the files layer could only say "not found" about them.
+void CheckDataUris(const ObjectReader& reader, std::string_view key,
+                   const std::vector<std::string>& uris) {
+  for (size_t i = 0; i < uris.size(); ++i) {
+    const std::string& uri = uris[i];
+    std::string path = internal::IndexPath(reader.PathOf(key), i);
+    size_t scheme_end = uri.find("://");
+    if (uri.empty()) {
+      reader.problems()->Add(path, "must not be empty");
+    } else if (scheme_end != std::string::npos && uri.rfind("file://", 0) != 0) {
+      reader.problems()->Add(
+          path, "must be a file:// URI or a plain path (got " + Describe(json(uri)) + ")");
+    }
+  }
+}
+
+void CheckDataFileCount(const ObjectReader& reader, std::string_view key, DataFormat format,
+                        size_t count) {
+  size_t expected = format == DataFormat::kIdx ? 2 : 1;
+  if (count == expected) return;
+  std::string rule = format == DataFormat::kIdx ? "format idx needs 2 files [images, labels]"
+                                                : "format csv needs 1 file";
+  reader.problems()->Add(reader.PathOf(key), rule + " (got " + std::to_string(count) + ")");
+}
+
+void ReadData(const ObjectReader& trainer, DataSpec* data) {
+  ObjectReader reader = ChildMap(trainer, "data");
+  if (!reader.valid()) return;
+  bool format_ok = reader.ReadEnum("format", &data->format) || !reader.Has("format");
+  if (reader.Require("train") && reader.ReadStringList("train", &data->train)) {
+    CheckDataUris(reader, "train", data->train);
+    if (format_ok) CheckDataFileCount(reader, "train", data->format, data->train.size());
+  }
+  // An empty test list means no evaluation, like an absent one.
+  if (reader.ReadStringList("test", &data->test) && !data->test.empty()) {
+    CheckDataUris(reader, "test", data->test);
+    if (format_ok) CheckDataFileCount(reader, "test", data->format, data->test.size());
+  }
+}
+
+void ReadModel(const ObjectReader& trainer, ModelSpec* model) {
+  ObjectReader reader = ChildMap(trainer, "model");
+  if (!reader.valid()) return;
+  std::string type;
+  if (reader.ReadString("type", &type)) {
+    if (type == "mlp") {
+      model->type = type;
+    } else {
+      reader.problems()->Add(reader.PathOf("type"),
+                             "must be one of mlp (got " + Describe(json(type)) + ")");
+    }
+  }
+  std::vector<int64_t> hidden;
+  if (reader.ReadIntList("hidden", 1, kMaxInt32, &hidden)) {
+    model->hidden.assign(hidden.begin(), hidden.end());
+  }
+  reader.ReadEnum("activation", &model->activation);
+}
+
+void ReadOptimizer(const ObjectReader& trainer, OptimizerSpec* optimizer) {
+  ObjectReader reader = ChildMap(trainer, "optimizer");
+  if (!reader.valid()) return;
+  const Bound kAboveZero{0, false}, kZeroOrMore{0, true}, kBelowOne{1, false};
+  reader.ReadEnum("type", &optimizer->type);
+  reader.ReadDouble("learningRate", &optimizer->learning_rate, &kAboveZero);
+  reader.ReadDouble("momentum", &optimizer->momentum, &kZeroOrMore, &kBelowOne);
+  reader.ReadDouble("weightDecay", &optimizer->weight_decay, &kZeroOrMore);
+  reader.ReadEnum("lrScaling", &optimizer->lr_scaling);
+  reader.ReadInt("warmupSteps", &optimizer->warmup_steps, 0);
+  reader.ReadDouble("beta1", &optimizer->beta1, &kZeroOrMore, &kBelowOne);
+  reader.ReadDouble("beta2", &optimizer->beta2, &kZeroOrMore, &kBelowOne);
+  reader.ReadDouble("epsilon", &optimizer->epsilon, &kAboveZero);
+}
+
+void ReadAllreduce(const ObjectReader& trainer, AllreduceSpec* allreduce) {
+  ObjectReader reader = ChildMap(trainer, "allreduce");
+  if (!reader.valid()) return;
+  const Bound kAboveZero{0, false};
+  reader.ReadDouble("bucketMiB", &allreduce->bucket_mib, &kAboveZero);
+  reader.ReadEnum("compression", &allreduce->compression);
+  reader.ReadInt("timeoutSeconds", &allreduce->timeout_seconds, 1);
+}
+
+void ReadSync(const ObjectReader& trainer, SyncSpec* sync) {
+  ObjectReader reader = ChildMap(trainer, "sync");
+  if (!reader.valid()) return;
+  reader.ReadEnum("strategy", &sync->strategy);
+  ObjectReader local_sgd = ChildMap(reader, "localSGD");
+  local_sgd.ReadInt("period", &sync->local_sgd.period, 1);
+  local_sgd.ReadInt("startStep", &sync->local_sgd.start_step, 0);
+  ObjectReader dgc = ChildMap(reader, "dgc");
+  const Bound kZeroOrMore{0, true};
+  const Bound kBelowOne{1, false};
+  dgc.ReadDouble("sparsity", &sync->dgc.sparsity, &kZeroOrMore, &kBelowOne);
+  dgc.ReadInt("warmupSteps", &sync->dgc.warmup_steps, 0);
+  dgc.ReadInt("minBucketElements", &sync->dgc.min_bucket_elements, 1);
+}
+
+// What dgc cannot be combined with, named by the field that conflicts.
+void CheckSyncCombinations(const ObjectReader& reader, const TrainerSpec& trainer) {
+  if (trainer.sync.strategy != SyncStrategy::kDgc) return;
+  const std::string strategy = reader.PathOf("sync") + ".strategy";
+  if (trainer.optimizer.type != OptimizerType::kSgd) {
+    reader.problems()->Add(strategy,
+                           "dgc needs optimizer.type sgd: its momentum correction takes the place "
+                           "of the optimizer's momentum (got " +
+                               std::string(ToString(trainer.optimizer.type)) + ")");
+  }
+  if (trainer.allreduce.compression == Compression::kFp16) {
+    reader.problems()->Add(strategy,
+                           "dgc cannot be combined with allreduce.compression fp16: a step "
+                           "skipped on overflow would leave the residuals advanced (use bf16)");
+  }
+  if (trainer.device == Device::kCuda) {
+    reader.problems()->Add(strategy,
+                           "dgc selects gradients in host memory and runs on device cpu only; "
+                           "on cuda use allreduce or localSGD");
+  }
+}
+
+// `pipeline`, checked against the model and batch it splits (read before it).
+void ReadPipeline(const ObjectReader& trainer_reader, TrainerSpec* trainer) {
+  ObjectReader reader = ChildMap(trainer_reader, "pipeline");
+  if (!reader.valid()) return;
+  PipelineSpec& pipeline = trainer->pipeline;
+  const bool stages_ok =
+      reader.ReadInt("stages", &pipeline.stages, 1, kMaxPipelineStages) || !reader.Has("stages");
+  const bool micro_ok = reader.ReadInt("microBatches", &pipeline.micro_batches, 1, kMaxInt32) ||
+                        !reader.Has("microBatches");
+  reader.ReadEnum("schedule", &pipeline.schedule);
+  reader.ReadBool("recompute", &pipeline.recompute);
+  const int64_t layers = static_cast<int64_t>(trainer->model.hidden.size()) + 1;
+  const std::string model_layers = "the model has " + std::to_string(layers) + " layers (" +
+                                   std::to_string(trainer->model.hidden.size()) +
+                                   " hidden and the output layer)";
+  if (stages_ok && pipeline.stages > layers) {
+    reader.problems()->Add(reader.PathOf("stages"), std::to_string(pipeline.stages) +
+                                                        " stages, but " + model_layers +
+                                                        ": a stage holds at least one layer");
+  }
+  if (micro_ok && trainer->batch_size >= 1 && trainer->batch_size % pipeline.micro_batches != 0) {
+    reader.problems()->Add(reader.PathOf("microBatches"),
+                           "must divide batchSize " + std::to_string(trainer->batch_size) +
+                               " (got " + std::to_string(pipeline.micro_batches) + ")");
+  }
+  if (stages_ok && pipeline.stages == 1) {
+    // One stage is the data-parallel trainer, which cuts nothing into micro-batches. (The API
+    // server fills in every default, so only values that would change something are refused.)
+    if (micro_ok && pipeline.micro_batches > 1) {
+      reader.problems()->Add(reader.PathOf("microBatches"),
+                             "applies to a pipeline of 2 or more stages (stages is 1)");
+    }
+    if (pipeline.recompute) {
+      reader.problems()->Add(reader.PathOf("recompute"),
+                             "applies to a pipeline of 2 or more stages (stages is 1)");
+    }
+  }
+  std::vector<int64_t> stage_layers;
+  // Empty, as ToJson writes an unset list: balanced.
+  if (reader.ReadIntList("stageLayers", 1, kMaxInt32, &stage_layers) && stages_ok &&
+      !stage_layers.empty()) {
+    int64_t sum = 0;
+    for (int64_t count : stage_layers) sum += count;
+    if (static_cast<int64_t>(stage_layers.size()) != pipeline.stages) {
+      reader.problems()->Add(reader.PathOf("stageLayers"),
+                             "must have one entry per stage: " + std::to_string(pipeline.stages) +
+                                 " (got " + std::to_string(stage_layers.size()) + ")");
+    } else if (sum != layers) {
+      reader.problems()->Add(reader.PathOf("stageLayers"),
+                             "must add up to the model's layers: " + model_layers + " (got " +
+                                 std::to_string(sum) + ")");
+    } else {
+      pipeline.stage_layers.assign(stage_layers.begin(), stage_layers.end());
+    }
+  }
+}
+
+}  // namespace
+
+// What a pipeline cannot be combined with, named by the field that conflicts; and the world it
+// needs (every rank of a replica is one stage).
+void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec) {
+  if (!spec.trainer.has_value() || spec.trainer->pipeline.stages <= 1) return;
+  const TrainerSpec& trainer = *spec.trainer;
+  const int32_t stages = trainer.pipeline.stages;
+  const std::string trainer_path = spec_reader.PathOf("trainer");
+  const std::string why =
+      " (" + trainer_path + ".pipeline.stages is " + std::to_string(stages) + ")";
+  const int64_t world = static_cast<int64_t>(spec.replicas) * spec.ranks_per_worker;
+  if (world % stages != 0) {
+    spec_reader.problems()->Add(
+        spec_reader.PathOf("replicas"),
+        "replicas x ranksPerWorker (" + std::to_string(world) +
+            ") must be a multiple of the pipeline's stages: every replica of the pipeline has "
+            "one rank per stage" +
+            why);
+  }
+  if (trainer.sync.strategy != SyncStrategy::kAllreduce) {
+    spec_reader.problems()->Add(trainer_path + ".sync.strategy",
+                                std::string("a pipeline's stages all-reduce their gradients "
+                                            "among their replicas: only allreduce (got ") +
+                                    ToString(trainer.sync.strategy) + ")" + why);
+  }
+  if (trainer.device == Device::kCuda) {
+    spec_reader.problems()->Add(trainer_path + ".device",
+                                "pipeline stages run on device cpu (got cuda)" + why);
+  }
+  if (!spec.checkpoint.uri.empty()) {
+    spec_reader.problems()->Add(spec_reader.PathOf("checkpoint") + ".uri",
+                                "a pipeline job does not write checkpoints yet: it recovers a lost "
+                                "rank from its stage's other replicas (docs/pipeline.md)" +
+                                    why);
+  }
+  if (spec.elastic.min_replicas != spec.elastic.max_replicas || spec.elastic.standby > 0) {
+    spec_reader.problems()->Add(spec_reader.PathOf("elastic"),
+                                "a pipeline job has a fixed world (replicas x ranksPerWorker "
+                                "ranks); minReplicas, maxReplicas and standby must be left "
+                                "out or equal to replicas" +
+                                    why);
+  }
+}
+
+void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer) {
+  ObjectReader reader = ChildMap(spec, "trainer");
+  if (!reader.valid()) return;
+  ReadModel(reader, &trainer->model);
+  ReadData(reader, &trainer->data);
+  reader.ReadInt("batchSize", &trainer->batch_size, 1);
+  bool steps_ok = reader.ReadInt("steps", &trainer->steps, 0) || !reader.Has("steps");
+  bool epochs_ok = reader.ReadInt("epochs", &trainer->epochs, 0) || !reader.Has("epochs");
+  if (steps_ok && epochs_ok && (trainer->steps > 0) == (trainer->epochs > 0)) {
+    reader.problems()->Add(
+        reader.path(),
+        "exactly one of steps and epochs must be > 0 (got " +
+            (trainer->steps > 0 ? "steps " + std::to_string(trainer->steps) + " and epochs " +
+                                      std::to_string(trainer->epochs)
+                                : std::string("neither")) +
+            ")");
+  }
+  ReadOptimizer(reader, &trainer->optimizer);
+  reader.ReadUint64("seed", &trainer->seed);
+  reader.ReadEnum("device", &trainer->device);
+  reader.ReadEnum("precision", &trainer->precision);
+  ReadAllreduce(reader, &trainer->allreduce);
+  ReadSync(reader, &trainer->sync);
+  CheckSyncCombinations(reader, *trainer);
+  ReadPipeline(reader, trainer);
+  reader.ReadInt("logIntervalSteps", &trainer->log_interval_steps, 1);
+}
+
+}  // namespace lockstep::spec::internal
