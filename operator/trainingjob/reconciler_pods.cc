@@ -165,6 +165,22 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     }
   }
 
+  // A counted failure whose pod is gone needs no more deleting.
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto counted = counted_failures_.find(w.key);
+    if (counted != counted_failures_.end()) {
+      std::set<std::string> present;
+      for (const auto& [index, pod] : w.by_index) {
+        present.insert((*pod)["metadata"].value("uid", ""));
+      }
+      for (auto uid = counted->second.begin(); uid != counted->second.end();) {
+        uid = present.count(*uid) > 0 ? std::next(uid) : counted->second.erase(uid);
+      }
+      if (counted->second.empty()) counted_failures_.erase(counted);
+    }
+  }
+
   // Pods whose deletion no kubelet will confirm (their node is lost) hold their names, which
   // their replacements need.
   for (auto& [index, pod] : w.by_index) {

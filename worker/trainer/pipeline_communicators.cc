@@ -13,6 +13,12 @@ StatusOr<PipelineCommunicators> ConnectPipeline(comm::Communicator& world,
                                                 rendezvous::KeyValueStore& store,
                                                 const comm::CommunicatorOptions& world_options,
                                                 int stages, int64_t timeout_ms) {
+  if (stages < 1 || world.size() % stages != 0) {
+    // The rendezvous forms whole worlds for a pipeline job; another generation may.
+    return UnavailableError("pipeline: a world of " + std::to_string(world.size()) +
+                            " ranks is not a multiple of the pipeline's " +
+                            std::to_string(stages) + " stages");
+  }
   constexpr size_t kHostBytes = 256;  // a DNS name is at most 253 characters
   std::vector<char> mine(kHostBytes, '\0');
   world_options.host.copy(mine.data(), kHostBytes - 1);

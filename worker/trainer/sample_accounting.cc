@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 #include <sstream>
 
 #include "common/logging.h"
@@ -53,6 +54,17 @@ std::string FormatEpochAccount(int64_t epoch, int64_t step, bool partial, size_t
        << ", \"partial\": " << (partial ? "true" : "false") << ", \"consumed\": " << consumed
        << ", \"step\": " << step << "}";
   return line.str();
+}
+
+bool EpochAccounted(const std::string& path, int64_t epoch) {
+  std::ifstream in(path);
+  const std::string prefix = "{\"epoch\": " + std::to_string(epoch) + ",";
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind(prefix, 0) == 0 && line.find("\"partial\": false") != std::string::npos) {
+      return true;
+    }
+  }
+  return false;
 }
 
 void AppendEpochAccounting(const std::string& path, int64_t epoch, int64_t step, bool partial,

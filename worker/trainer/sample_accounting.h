@@ -60,6 +60,10 @@ std::string FormatEpochAccount(int64_t epoch, int64_t step, bool partial, size_t
 
 // Summarises and appends the line to `path`; failures are logged (accounting never stops
 // training).
+// Whether `path` already holds the complete (not partial) line of `epoch`: a step's commit
+// completed again from held gradients (trainer_pipeline.cc) must not account its epoch twice.
+bool EpochAccounted(const std::string& path, int64_t epoch);
+
 void AppendEpochAccounting(const std::string& path, int64_t epoch, int64_t step, bool partial,
                            const std::vector<int64_t>& order, size_t consumed,
                            const std::vector<int32_t>& counts);

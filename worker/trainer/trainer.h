@@ -203,8 +203,9 @@ class Trainer {
   StatusOr<EvalResult> Evaluate(comm::Communicator& communicator, const GenerationInfo& generation);
 
   // Writes the whole model's flat parameter buffer to `path` as raw little-endian float32: rank
-  // 0 alone, or in a pipeline each stage of replica 0 its slice (every rank calls it, on the
-  // generation's communicator).
+  // 0 alone, or in a pipeline each stage of replica 0 its slice into the file rank 0 sized
+  // (every rank calls it, on the generation's communicator; whole only where replica 0's ranks
+  // share a filesystem, as under `lockstep run`).
   Status DumpParameters(const std::string& path, comm::Communicator& communicator,
                         const GenerationInfo& generation) const;
 

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <iomanip>
 #include <string>
 #include <vector>
 
@@ -74,7 +75,6 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
   }
   const PipelinePlace place = PlaceInPipeline(generation.rank, stages);
   const bool pending = has_state_ && pending_step_ == state_.step;
-  pending_step_ = -1;
   const HeldState mine{has_state_ ? stage_ : -1, has_state_ ? state_.step : -1, pending ? 1 : 0,
                        last_overflow_ ? 1 : 0};
   std::vector<HeldState> held(static_cast<size_t>(world));
@@ -94,10 +94,17 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
     if (h.stage >= 0 && h.pending != 0 && h.step + 1 == newest) h.step = newest;
   }
   if (pending && state_.step + 1 == newest) {
-    CommitPipelineStep(GlobalBatchSize(world), overflow != 0, generation.rank == 0);
+    // The epoch's accounting, if the step ended one, was written by the old rank 0 unless it
+    // was one of those that missed the commit.
+    const bool account = generation.rank == 0 && !accounting_path_.empty() &&
+                         !EpochAccounted(accounting_path_, state_.cursor.epoch);
+    CommitPipelineStep(GlobalBatchSize(world), overflow != 0, account);
     LOCKSTEP_LOG(INFO) << "pipeline: completed step " << newest - 1
                        << " with the gradients held: other ranks had committed it";
   }
+  // Held gradients serve this agreement only; a rank whose state is replaced below holds none
+  // until the agreement succeeds (a failure midway must not leave it claiming a step).
+  pending_step_ = -1;
   // Per stage: the lowest rank holding it at the newest step, and whether one in its group does.
   std::vector<int> source(static_cast<size_t>(stages), -1), group_source(source);
   for (int r = 0; r < world; ++r) {
@@ -114,6 +121,7 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
                                                        -1) == group_source.end();
 
   if (!every_stage_held) {
+    has_state_ = false;
     if (newest >= 0 && generation.rank == 0) {
       LOCKSTEP_LOG(WARNING) << "pipeline: no rank holds the state of every stage at step " << newest
                             << " (every replica of a stage was lost): every stage "
@@ -124,6 +132,7 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
   } else if (in_groups) {
     // This rank's stage comes from a replica of it; the state travels within the group.
     if (stage_ != place.stage || state_.step != newest) {
+      has_state_ = false;
       LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
     }
     LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(
@@ -213,6 +222,8 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
 
   Interval interval;
   interval.started = MonotonicSeconds();
+  double stage_compute_seconds = 0, stage_wait_seconds = 0;
+  int64_t stage_bytes_sent = 0;
   while (!Finished()) {
     if (stop.load()) return CancelledError("training stopped");
     const double step_started = MonotonicSeconds();
@@ -251,6 +262,9 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
             .WithContext("pipeline: the step's commit"));
     const bool leave_agreed = flags[0] > 0;
     CommitPipelineStep(global_batch_size, flags[1] > 0, generation.rank == 0);
+    stage_compute_seconds += times.compute_seconds;
+    stage_wait_seconds += times.wait_seconds;
+    stage_bytes_sent += times.bytes_sent;
     // Exposed: the stage's waits on its neighbours (the bubble and the transfers) and on its
     // group's all-reduce.
     const double step_seconds = MonotonicSeconds() - step_started;
@@ -280,6 +294,16 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
                           " together after step " + std::to_string(state_.step));
     }
   }
+  // Where this stage's time went (bench/pipeline reads it): the bubble is the share of the
+  // stage's pipeline time spent waiting on its neighbours.
+  const double pipeline_seconds = stage_compute_seconds + stage_wait_seconds;
+  LOCKSTEP_LOG(INFO) << "pipeline stage " << place.stage << " of " << stages << ": "
+                     << std::fixed << std::setprecision(3) << stage_compute_seconds
+                     << " s computing, " << stage_wait_seconds << " s waiting on neighbours (bubble "
+                     << (pipeline_seconds > 0 ? stage_wait_seconds / pipeline_seconds : 0)
+                     << "), " << stage_bytes_sent << " activation bytes sent, "
+                     << runner_->activation_slots() << " activation slot(s) of "
+                     << runner_->workspace_bytes() << " bytes";
   return OkStatus();
 }
 
@@ -389,17 +413,24 @@ Status Trainer::DumpPipelineParameters(const std::string& path, comm::Communicat
   auto failed = [&path](const std::string& what) {
     return UnavailableError("cannot write parameters to " + path + ": " + what);
   };
-  Status sized = OkStatus();
+  // Rank 0 sizes the file; every rank learns whether it could before anyone writes.
+  double failed_to_size = 0;
+  std::string why;
   if (generation.rank == 0) {
     const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0 ||
-        ::ftruncate(fd, model_.layout().num_params * static_cast<off_t>(sizeof(float))) != 0) {
-      sized = failed(std::strerror(errno));
+    const off_t bytes = model_.layout().num_params * static_cast<off_t>(sizeof(float));
+    if (fd < 0 || ::ftruncate(fd, bytes) != 0) {
+      failed_to_size = 1;
+      why = std::strerror(errno);
     }
     if (fd >= 0) ::close(fd);
   }
-  LOCKSTEP_RETURN_IF_ERROR(communicator.Barrier(timeout_ms).WithContext("parameter dump"));
-  LOCKSTEP_RETURN_IF_ERROR(sized);
+  LOCKSTEP_RETURN_IF_ERROR(
+      communicator
+          .AllReduce(&failed_to_size, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax,
+                     timeout_ms)
+          .WithContext("parameter dump"));
+  if (failed_to_size > 0) return failed(why.empty() ? "rank 0 could not create it" : why);
   Status written = OkStatus();
   if (place.replica == 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(std::vector<float> params, state_.params.ToHost());

@@ -180,17 +180,17 @@ void ExpectSlicesOf(const std::vector<float>& expected,
   }
 }
 
-// backend, stages, replicas, schedule, recompute
-using PipelineCase = std::tuple<Backend, int, int, PipelineSchedule, bool>;
+// backend, stages, replicas, schedule, recompute, micro-batches
+using PipelineCase = std::tuple<Backend, int, int, PipelineSchedule, bool, int>;
 
 class PipelineEquivalenceTest : public ::testing::TestWithParam<PipelineCase> {};
 
 TEST_P(PipelineEquivalenceTest, StagesAndReplicasEndWithTheParametersOfOneRankOnTheGlobalBatch) {
-  const auto& [backend, stages, replicas, schedule, recompute] = GetParam();
+  const auto& [backend, stages, replicas, schedule, recompute, micro_batches] = GetParam();
   const Data data = MakeData(replicas);
   PipelinePlan plan;
   plan.stages = EvenStages(stages);
-  plan.micro_batches = 4;
+  plan.micro_batches = micro_batches;
   plan.schedule = schedule;
   plan.recompute = recompute;
   const std::vector<float> expected = OneRank(data, replicas);
@@ -199,10 +199,11 @@ TEST_P(PipelineEquivalenceTest, StagesAndReplicasEndWithTheParametersOfOneRankOn
 }
 
 std::string CaseName(const ::testing::TestParamInfo<PipelineCase>& info) {
-  const auto& [backend, stages, replicas, schedule, recompute] = info.param;
+  const auto& [backend, stages, replicas, schedule, recompute, micro_batches] = info.param;
   return std::string(backend == Backend::kShm ? "Shm" : "Gloo") + std::to_string(stages) +
          "Stages" + std::to_string(replicas) + "Replicas" +
-         (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") + (recompute ? "Recompute" : "");
+         (schedule == PipelineSchedule::kGPipe ? "GPipe" : "1F1B") +
+         (recompute ? "Recompute" : "") + std::to_string(micro_batches) + "Micro";
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, PipelineEquivalenceTest,
@@ -210,24 +211,29 @@ INSTANTIATE_TEST_SUITE_P(Layouts, PipelineEquivalenceTest,
                                             ::testing::Values(2, 4), ::testing::Values(1, 2),
                                             ::testing::Values(PipelineSchedule::kGPipe,
                                                               PipelineSchedule::k1F1B),
-                                            ::testing::Bool()),
+                                            ::testing::Bool(), ::testing::Values(1, 4, 8)),
                          CaseName);
 
 TEST(PipelineStageTest, AShortBatchSplitsIntoUnevenMicroBatchesAndStillMatches) {
-  // The last batch of an epoch: 7 samples in 4 micro-batches of 2, 2, 2 and 1.
-  const Data data = MakeData(2);
-  PipelinePlan plan;
-  plan.stages = EvenStages(2);
-  plan.micro_batches = 4;
-  const std::vector<float> expected = OneRank(data, 2, 7);
-  std::vector<StageStepTimes> times;
-  const std::vector<std::vector<float>> slices =
-      Pipelined(Backend::kShm, data, 2, 2, plan, 7, &times);
-  ExpectSlicesOf(expected, slices, plan);
-  // Stage 0's output and stage 1's input gradient are both 7 rows of layer 2's 8 outputs.
-  for (const StageStepTimes& stage : times) {
-    EXPECT_EQ(stage.bytes_sent, 7 * 8 * static_cast<int64_t>(sizeof(float)));
-    EXPECT_GT(stage.compute_seconds, 0);
+  // The last batch of an epoch: 7 samples in 4 micro-batches of 2, 2, 2 and 1; and 3 samples,
+  // whose last micro-batch is empty (its messages carry no bytes).
+  for (const int64_t rows : {7, 3}) {
+    SCOPED_TRACE(std::to_string(rows) + " rows");
+    const Data data = MakeData(2);
+    PipelinePlan plan;
+    plan.stages = EvenStages(2);
+    plan.micro_batches = 4;
+    plan.schedule = rows == 7 ? PipelineSchedule::k1F1B : PipelineSchedule::kGPipe;
+    const std::vector<float> expected = OneRank(data, 2, rows);
+    std::vector<StageStepTimes> times;
+    const std::vector<std::vector<float>> slices =
+        Pipelined(Backend::kShm, data, 2, 2, plan, rows, &times);
+    ExpectSlicesOf(expected, slices, plan);
+    // Stage 0's output and stage 1's input gradient are both `rows` rows of layer 2's 8 outputs.
+    for (const StageStepTimes& stage : times) {
+      EXPECT_EQ(stage.bytes_sent, rows * 8 * static_cast<int64_t>(sizeof(float)));
+      EXPECT_GT(stage.compute_seconds, 0);
+    }
   }
 }
 
