@@ -118,9 +118,12 @@ int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, 
   }
   out << path << ": valid\n";
   const spec::TrainingJob& job = *check.job;
-  if (check.rank_memory.has_value() && check.rank_memory->stages > 1) {
-    out << path << ": estimated memory per rank: " << check.rank_memory->Describe()
-        << " with the pipeline; " << check.memory_without_pipeline->Describe() << " without\n";
+  if (check.rank_memory.has_value()) {
+    out << path << ": estimated memory per rank: " << check.rank_memory->Describe();
+    if (check.rank_memory->stages > 1) {
+      out << " with the pipeline; " << check.memory_without_pipeline->Describe() << " without";
+    }
+    out << "\n";
   }
   if (job.spec.trainer.has_value() && job.spec.trainer->device == spec::Device::kCuda) {
     // Not a problem of the manifest: where it runs decides (a cluster's GPU nodes).

@@ -69,6 +69,14 @@ StatusOr<MlpWorkspace> MlpWorkspace::Create(const MlpModel& model, int64_t max_r
   return workspace;
 }
 
+int64_t MlpWorkspace::floats() const {
+  int64_t total = grad_a_.size() + grad_b_.size() + bf16_params_.size() + bf16_input_.size() +
+                  bf16_zero_bias_.size() + bf16_discarded_dbias_.size();
+  for (const auto& output : outputs_) total += output.size();
+  for (const auto& pre : pre_activations_) total += pre.size();
+  return total;
+}
+
 StatusOr<MlpModel> MlpModel::Create(int64_t input_features, const std::vector<int32_t>& hidden,
                                     int64_t num_classes, ActivationType activation,
                                     Precision precision) {

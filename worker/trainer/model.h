@@ -97,6 +97,8 @@ class MlpWorkspace {
                                        std::optional<LayerRange> layers = std::nullopt);
   int64_t max_rows() const { return max_rows_; }
   LayerRange layers() const { return layers_; }
+  // Floats it holds on its device.
+  int64_t floats() const;
 
  private:
   friend class MlpModel;

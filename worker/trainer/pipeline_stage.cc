@@ -91,6 +91,10 @@ StatusOr<std::unique_ptr<PipelineStage>> PipelineStage::Create(const MlpModel& m
   if (!self->last()) {
     LOCKSTEP_RETURN_IF_ERROR(self->grad_output_.Allocate(device, self->max_micro_rows_ * out));
   }
+  int64_t floats = self->grad_input_.size() + self->grad_output_.size();
+  for (const kernels::DeviceArray<float>& input : self->inputs_) floats += input.size();
+  for (const MlpWorkspace& workspace : self->workspaces_) floats += workspace.floats();
+  self->workspace_bytes_ = floats * static_cast<int64_t>(sizeof(float));
   return self;
 }
 

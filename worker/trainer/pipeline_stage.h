@@ -91,6 +91,9 @@ class PipelineStage {
   bool last() const { return stage_ + 1 == static_cast<int>(plan_.stages.size()); }
   // Micro-batches whose activations (or, with recompute, inputs) this stage holds at most.
   int activation_slots() const { return slots_; }
+  // Bytes of the stage's activation buffers: its workspaces, kept inputs and message buffers
+  // (what the schedule and recompute change).
+  int64_t workspace_bytes() const { return workspace_bytes_; }
 
   // One step over `rows` (<= max_rows) samples. `features` ([rows, input features]) is read by
   // the first stage only and `labels` ([rows]) by the last only; the others may pass nullptr.
@@ -112,6 +115,7 @@ class PipelineStage {
   kernels::Device& device_;
   int64_t max_micro_rows_ = 0;
   int slots_ = 0;
+  int64_t workspace_bytes_ = 0;
   std::vector<PipelineAction> actions_;
   // Per slot: a workspace (one in all with recompute) and the received input (not for the first
   // stage, which reads `features`).
