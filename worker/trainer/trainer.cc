@@ -557,6 +557,11 @@ StatusOr<EvalResult> Trainer::Evaluate(comm::Communicator& communicator,
     totals[0] += loss_sum;
     totals[1] += static_cast<double>(correct);
   }
+  return ReduceEvaluation(communicator, totals);
+}
+
+StatusOr<EvalResult> Trainer::ReduceEvaluation(comm::Communicator& communicator,
+                                               double totals[3]) const {
   LOCKSTEP_RETURN_IF_ERROR(communicator
                                .AllReduce(totals, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum,
                                           collective_timeout_ms())

@@ -246,6 +246,8 @@ class Trainer {
   // overflow skips the step and halves the loss scale. Returns whether the optimizer stepped.
   bool ApplyGradients(bool overflow, int64_t batches_per_step,
                       const std::vector<ParamRange>& momentum_free);
+  // Sums (loss sum, correct, samples) over every rank into the evaluation's result.
+  StatusOr<EvalResult> ReduceEvaluation(comm::Communicator& communicator, double totals[3]) const;
   // trainer_pipeline.cc: the pipeline's state agreement, training and evaluation.
   Status AgreeOnPipelineState(comm::Communicator& communicator, const GenerationInfo& generation);
   // A state for stage `stage` from the seed (step 0).

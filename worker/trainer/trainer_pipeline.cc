@@ -393,14 +393,7 @@ StatusOr<EvalResult> Trainer::EvaluatePipeline(comm::Communicator& communicator,
     totals[1] += static_cast<double>(correct);
     totals[2] += static_cast<double>(rows);
   }
-  LOCKSTEP_RETURN_IF_ERROR(
-      communicator.AllReduce(totals, 3, comm::DataType::kFloat64, comm::ReduceOp::kSum, timeout_ms)
-          .WithContext("evaluation: all-reduce of the counts"));
-  EvalResult result;
-  result.samples = static_cast<int64_t>(totals[2]);
-  result.correct = static_cast<int64_t>(totals[1]);
-  result.loss = result.samples > 0 ? totals[0] / result.samples : 0;
-  return result;
+  return ReduceEvaluation(communicator, totals);
 }
 
 // Rank 0 sizes the file to the whole model; then each stage of replica 0 writes its slice at
