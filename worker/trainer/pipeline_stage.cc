@@ -100,7 +100,8 @@ StatusOr<std::unique_ptr<PipelineStage>> PipelineStage::Create(const MlpModel& m
 
 Status PipelineStage::RunStep(comm::Communicator& pipe, const float* params, const float* features,
                               const int32_t* labels, int64_t rows, float grad_scale, float* grads,
-                              double* loss_sum, int64_t timeout_ms, StageStepTimes* times) {
+                              double* loss_sum, int64_t timeout_ms, StageStepTimes* times,
+                              const MlpModel::LayerReadyFn& on_layer_ready) {
   const int stages = static_cast<int>(plan_.stages.size());
   if (pipe.size() != stages || pipe.rank() != stage_) {
     return InvalidArgumentError("pipeline: stage " + std::to_string(stage_) + " of " +
@@ -206,7 +207,10 @@ Status PipelineStage::RunStep(comm::Communicator& pipe, const float* params, con
       } else {
         from.grad_output = grad_output_.device_data();
       }
-      model_.Backward(ctx, params, input_of(m), micro.rows, from, grads, workspace_of(m), nullptr,
+      // Every schedule ends with a backward: the one that makes the gradients final.
+      const bool final_backward = i + 1 == actions_.size();
+      model_.Backward(ctx, params, input_of(m), micro.rows, from, grads, workspace_of(m),
+                      final_backward ? on_layer_ready : MlpModel::LayerReadyFn(),
                       /*accumulate=*/backwards++ > 0,
                       first() ? nullptr : grad_input_.device_data());
       holder[static_cast<size_t>(slot_of[static_cast<size_t>(m)])] = -1;

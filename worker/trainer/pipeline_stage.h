@@ -101,9 +101,13 @@ class PipelineStage {
   // *loss_sum (device memory). `pipe` holds the pipeline's stages as ranks 0..stages-1. Errors:
   // the communicator's (the step is lost: grads are partial); INVALID_ARGUMENT when pipe does
   // not match the plan.
+  // `on_layer_ready` (may be empty) is called as MlpModel::Backward calls it, during the step's
+  // last backward, once each of the stage's layers has its final gradient: the stage group's
+  // all-reduce of a bucket may start while the rest of that backward runs.
   Status RunStep(comm::Communicator& pipe, const float* params, const float* features,
                  const int32_t* labels, int64_t rows, float grad_scale, float* grads,
-                 double* loss_sum, int64_t timeout_ms, StageStepTimes* times = nullptr);
+                 double* loss_sum, int64_t timeout_ms, StageStepTimes* times = nullptr,
+                 const MlpModel::LayerReadyFn& on_layer_ready = nullptr);
 
  private:
   PipelineStage(const MlpModel& model, PipelinePlan plan, int stage, kernels::Device& device)

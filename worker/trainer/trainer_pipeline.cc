@@ -234,18 +234,15 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
     BatchStager::DeviceBatch device_batch{};
     if (stager.has_value()) device_batch = stager->Stage(data_.train, order.data() + lo, rows);
 
-    StageStepTimes times;
-    LOCKSTEP_RETURN_IF_ERROR(
-        runner_->RunStep(*pipe_, state_.params.device_data(), device_batch.features,
-                         device_batch.labels, rows, 1.0f / static_cast<float>(batch.size()),
-                         grads_.device_data(), loss_sum_.device_data(), timeout_ms, &times));
-    // The stage's replicas sum their gradients; every layer of the stage is final now.
+    // The stage's replicas sum their gradients, bucket by bucket as the step's last backward
+    // finishes the bucket's layers (as in data parallelism).
     synchronizer.BeginStep(grads_.device_data(), state_.loss_scale, false, state_.step,
                            state_.params.device_data());
-    for (int b = model_.layout().ForwardIndex(layers.last - 1);
-         b <= model_.layout().ForwardIndex(layers.first); ++b) {
-      synchronizer.OnLayerReady(b);
-    }
+    StageStepTimes times;
+    LOCKSTEP_RETURN_IF_ERROR(runner_->RunStep(
+        *pipe_, state_.params.device_data(), device_batch.features, device_batch.labels, rows,
+        1.0f / static_cast<float>(batch.size()), grads_.device_data(), loss_sum_.device_data(),
+        timeout_ms, &times, [&synchronizer](int layer) { synchronizer.OnLayerReady(layer); }));
     StepCommStats comm_stats;
     LOCKSTEP_RETURN_IF_ERROR(synchronizer.Wait(&comm_stats));
     // The commit: one small all-reduce over the whole world, which no rank can complete before

@@ -237,6 +237,50 @@ TEST(PipelineStageTest, AShortBatchSplitsIntoUnevenMicroBatchesAndStillMatches) 
   }
 }
 
+// The stage group's all-reduce overlaps the step's last backward: each layer is reported once,
+// in backward order, when its gradient is final.
+TEST(PipelineStageTest, TheLastBackwardReportsEachLayerOnceWithItsFinalGradient) {
+  MlpModel model = Model();
+  PipelinePlan plan;
+  plan.stages = {{0, 5}};  // one stage: every action is this rank's
+  plan.micro_batches = 4;
+  for (PipelineSchedule schedule : {PipelineSchedule::kGPipe, PipelineSchedule::k1F1B}) {
+    plan.schedule = schedule;
+    auto stage = PipelineStage::Create(model, plan, 0, kBatch, kernels::CpuDevice());
+    ASSERT_TRUE(stage.ok()) << stage.status();
+    testing::MemoryKeyValueStore store;
+    auto alone = Connect(Backend::kShm, 0, 1, store);
+    ASSERT_TRUE(alone.ok()) << alone.status();
+    const Data data = MakeData(1);
+    std::vector<float> params(static_cast<size_t>(model.layout().num_params));
+    model.InitializeParameters(3, params.data());
+    std::vector<float> grads(params.size());
+    std::vector<int> reported;
+    std::vector<std::vector<float>> at_report;
+    double loss = 0;
+    Status s = (*stage)->RunStep(
+        **alone, params.data(), data.x.data(), data.y.data(), kBatch, 1.0f / kBatch, grads.data(),
+        &loss, kTimeoutMs, nullptr, [&](int backward_layer) {
+          reported.push_back(backward_layer);
+          const LayerLayout& layer =
+              model.layout()
+                  .layers[static_cast<size_t>(model.layout().ForwardIndex(backward_layer))];
+          at_report.emplace_back(grads.begin() + layer.weight_offset,
+                                 grads.begin() + layer.weight_offset + layer.num_params());
+        });
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ(reported, (std::vector<int>{0, 1, 2, 3, 4}));
+    for (size_t i = 0; i < reported.size(); ++i) {
+      const LayerLayout& layer =
+          model.layout().layers[static_cast<size_t>(model.layout().ForwardIndex(reported[i]))];
+      EXPECT_EQ(at_report[i],
+                std::vector<float>(grads.begin() + layer.weight_offset,
+                                   grads.begin() + layer.weight_offset + layer.num_params()))
+          << "layer " << reported[i];
+    }
+  }
+}
+
 TEST(PipelineStageTest, OneFOneBHoldsFewerActivationsThanGPipe) {
   MlpModel model = Model();
   PipelinePlan plan;
