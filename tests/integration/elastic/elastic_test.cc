@@ -289,9 +289,12 @@ TEST(ElasticRunTest, FixedSizeJobKilledAtRandomStepsEndsWithTheLossOfAnUndisturb
     EXPECT_EQ(summary["steps"], kEquivalenceSteps) << context << ": " << summary.dump();
     // Replaced, unless the survivors finished first.
     EXPECT_LE(summary["restarts"].get<int64_t>(), 1) << context << ": " << summary.dump();
-    // The survivors trained on without the victim.
-    ASSERT_NE(result.out.find("world size 3 -> 2"), std::string::npos) << context << "\n"
-                                                                       << result.out;
+    // The survivors trained on without the victim: both at once, or, on a loaded machine where
+    // one of them rejoins after the rendezvous' last call (1 s), first the one alone.
+    ASSERT_TRUE(result.out.find("world size 3 -> 2") != std::string::npos ||
+                result.out.find("world size 3 -> 1") != std::string::npos)
+        << context << "\n"
+        << result.out;
     const FinalModel disturbed =
         ReadFinalModel(dir + "/" + name + ".json", dir + "/" + name + ".params");
     const double parameter_difference =
