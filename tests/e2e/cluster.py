@@ -136,7 +136,8 @@ class Namespace:
             raise Timeout("%s\n%s" % (error, self.describe(name))) from None
 
     def describe(self, name):
-        """The job, its pods, the namespace's events and the operators' recent log lines."""
+        """The job, its pods, the namespace's events, the operators' recent log lines, the nodes
+        and what the node lifecycle controller did (why a lost node's pods were not evicted)."""
         parts = []
         for args in (("get", "trainingjob", name, "-o", "yaml"),
                      ("get", "pods", "-o", "wide"),
@@ -146,6 +147,16 @@ class Namespace:
         args = ("logs", "-n", "lockstep-system", "-l", "app.kubernetes.io/component=operator",
                 "--tail=60", "--prefix")
         parts.append("$ kubectl %s\n%s" % (" ".join(args), kubectl(*args, check=False)))
+        parts.append("$ kubectl get nodes -o wide\n%s" % kubectl("get", "nodes", "-o", "wide",
+                                                                 check=False))
+        log = os.path.join(STATE, "logs", "kube-controller-manager.log")
+        try:
+            with open(log, errors="replace") as f:
+                lines = [line.rstrip() for line in f
+                         if "node_lifecycle" in line or "taint" in line.lower()]
+        except OSError as error:
+            lines = ["(cannot read %s: %s)" % (log, error)]
+        parts.append("$ grep node_lifecycle|taint %s | tail -40\n%s" % (log, "\n".join(lines[-40:])))
         return "\n".join(parts)
 
     def logs(self, pod, previous=False):
