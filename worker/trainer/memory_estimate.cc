@@ -49,11 +49,13 @@ std::string MemoryEstimate::Describe() const {
 
 namespace {
 
-// One stage of a pipeline: layers [first, last) of `widths` (widths[l] feeds layer l), the
-// micro-batches whose activations it keeps (workspaces: one each, or one in all with recompute,
-// which keeps inputs instead), and whether it reads features (the first) or labels (the last).
-MemoryEstimate EstimateStage(const spec::TrainerSpec& trainer, const DataShape& shape,
-                             const std::vector<double>& widths, int first, int last, int slots) {
+// Layers [first, last) of `widths` (widths[l] feeds layer l; all of them without a pipeline):
+// their state, and `workspaces` sets of activations for `rows` samples each. A pipeline stage
+// also keeps `slots` micro-batches' inputs (a later stage) and message buffers; only the stages
+// holding the first or last layer stage batches (features, labels).
+MemoryEstimate EstimateLayers(const spec::TrainerSpec& trainer, const DataShape& shape,
+                              const std::vector<double>& widths, int first, int last, double rows,
+                              double workspaces, int slots) {
   MemoryEstimate estimate;
   const double samples = static_cast<double>(shape.train_samples + shape.test_samples);
   estimate.data_bytes = samples * (static_cast<double>(shape.features) + 1) * kFloatBytes;
@@ -68,17 +70,16 @@ MemoryEstimate EstimateStage(const spec::TrainerSpec& trainer, const DataShape& 
   }
   estimate.parameters =
       parameters >= 9.2e18 ? std::numeric_limits<int64_t>::max() : static_cast<int64_t>(parameters);
+  // Parameters, gradients, one host copy (initial values, checkpoint snapshots), optimizer state;
+  // on a GPU only the host copy is host memory. bf16 precision adds the rounded copies of the
+  // parameters and of a batch's input (model.h), held in fp32.
   const bool on_gpu = trainer.device == spec::Device::kCuda;
   const double optimizer_slots = trainer.optimizer.type == spec::OptimizerType::kAdamW ? 2 : 1;
   const bool bf16 = trainer.precision == spec::Precision::kBf16;
   estimate.model_bytes =
       parameters * (on_gpu ? 1 : 3 + optimizer_slots + (bf16 ? 1 : 0)) * kFloatBytes;
-  const bool pipelined = trainer.pipeline.stages > 1;
-  const double rows = static_cast<double>(trainer.batch_size) /
-                      (pipelined ? std::max(1, trainer.pipeline.micro_batches) : 1);
   const double input = widths[static_cast<size_t>(first)];
   const double output = widths[static_cast<size_t>(last)];
-  const double workspaces = pipelined && trainer.pipeline.recompute ? 1 : slots;
   // Per workspace: the layers' outputs, two activation-gradient buffers, bf16's rounded input.
   const double workspace = activations + 2 * widest + (bf16 ? input : 0);
   // A later stage keeps each micro-batch's input and sends its gradient; an earlier one
@@ -121,8 +122,12 @@ MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataSh
   for (int s = 0; s < stages; ++s) {
     const int slots =
         PeakActivationsHeld(StageSchedule(schedule, stages, s, trainer.pipeline.micro_batches));
-    MemoryEstimate stage = EstimateStage(trainer, shape, widths, (*first)[static_cast<size_t>(s)],
-                                         (*first)[static_cast<size_t>(s) + 1], slots);
+    // With recompute, one workspace serves every micro-batch.
+    MemoryEstimate stage = EstimateLayers(
+        trainer, shape, widths, (*first)[static_cast<size_t>(s)],
+        (*first)[static_cast<size_t>(s) + 1],
+        static_cast<double>(trainer.batch_size) / std::max(1, trainer.pipeline.micro_batches),
+        trainer.pipeline.recompute ? 1 : slots, slots);
     stage.stage = s;
     stage.stages = stages;
     if (s == 0 || stage.total() > largest.total()) largest = stage;
@@ -132,38 +137,9 @@ MemoryEstimate EstimateRankMemory(const spec::TrainerSpec& trainer, const DataSh
 
 MemoryEstimate EstimateRankMemoryWithoutPipeline(const spec::TrainerSpec& trainer,
                                                  const DataShape& shape) {
-  MemoryEstimate estimate;
-  const double samples = static_cast<double>(shape.train_samples + shape.test_samples);
-  estimate.data_bytes = samples * (static_cast<double>(shape.features) + 1) * kFloatBytes;
-
-  std::vector<double> widths{static_cast<double>(shape.features)};
-  for (int32_t width : trainer.model.hidden) widths.push_back(width);
-  widths.push_back(std::max<int32_t>(shape.classes, 2));
-  double parameters = 0, activations = 0, widest = 0;
-  const double activation_copies = trainer.model.activation == spec::Activation::kGelu ? 2 : 1;
-  for (size_t l = 1; l < widths.size(); ++l) {
-    parameters += widths[l - 1] * widths[l] + widths[l];
-    activations += widths[l] * (l + 1 < widths.size() ? activation_copies : 1);
-    widest = std::max({widest, widths[l - 1], widths[l]});
-  }
-  estimate.parameters = parameters >= 9.2e18 ? std::numeric_limits<int64_t>::max()
-                                             : static_cast<int64_t>(parameters);
-  // Parameters, gradients, one host copy (initial values, checkpoint snapshots), optimizer state;
-  // on a GPU only the host copy is host memory.
-  const bool on_gpu = trainer.device == spec::Device::kCuda;
-  const double optimizer_slots = trainer.optimizer.type == spec::OptimizerType::kAdamW ? 2 : 1;
-  // bf16 precision adds the rounded copies of the parameters and of a batch's features
-  // (model.h), held in fp32.
-  const bool bf16 = trainer.precision == spec::Precision::kBf16;
-  estimate.model_bytes =
-      parameters * (on_gpu ? 1 : 3 + optimizer_slots + (bf16 ? 1 : 0)) * kFloatBytes;
-
-  const double rows = static_cast<double>(trainer.batch_size);
-  const double staged = kStagedBatches * (static_cast<double>(shape.features) + 1);
-  const double rounded_features = bf16 ? static_cast<double>(shape.features) : 0;
-  estimate.batch_bytes =
-      rows * ((on_gpu ? 0 : activations + 2 * widest + rounded_features) + staged) * kFloatBytes;
-  return estimate;
+  const std::vector<double> widths = Widths(trainer, shape);
+  return EstimateLayers(trainer, shape, widths, 0, static_cast<int>(widths.size()) - 1,
+                        static_cast<double>(trainer.batch_size), 1, 1);
 }
 
 double MachineMemoryBytes() {
