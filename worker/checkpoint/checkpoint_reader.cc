@@ -15,6 +15,41 @@ Status Damage(const std::string& dir, const std::string& part, const std::string
   return DataLossError(BaseName(dir) + (part.empty() ? "" : "/" + part) + ": " + problem);
 }
 
+// Shard `shard` of the checkpoint in `dir`, read whole and checked against its size and checksum.
+StatusOr<std::vector<uint8_t>> ReadShard(Storage& storage, const std::string& dir,
+                                         const Manifest& manifest, const ShardEntry& shard,
+                                         Deadline deadline) {
+  StatusOr<std::vector<uint8_t>> bytes = storage.Read(JoinPath(dir, shard.file), 0, -1, deadline);
+  if (bytes.status().code() == StatusCode::kNotFound) {
+    return Damage(dir, "", "missing " + shard.file);
+  }
+  if (!bytes.ok()) return bytes.status();
+  if (static_cast<int64_t>(bytes->size()) != shard.bytes) {
+    return Damage(dir, shard.file,
+                  "size " + std::to_string(bytes->size()) + " bytes, manifest says " +
+                      std::to_string(shard.bytes));
+  }
+  const ShardChecksum kind = ShardChecksumOf(manifest.format_version);
+  const std::string checksum = ShardChecksumHex(kind, bytes->data(), bytes->size());
+  if (checksum != shard.checksum) {
+    return Damage(dir, shard.file,
+                  std::string(ShardChecksumField(kind)) + " mismatch (manifest " +
+                      shard.checksum.substr(0, 16) + "..., file " + checksum.substr(0, 16) +
+                      "...)");
+  }
+  return bytes;
+}
+
+// The manifest's metadata in `state`, with no tensors.
+void SetMetadata(const Manifest& manifest, CheckpointState* state) {
+  state->step = manifest.step;
+  state->epoch = manifest.epoch;
+  state->cursor = manifest.cursor;
+  state->rng_state = manifest.rng_state;
+  state->optimizer = manifest.optimizer;
+  state->tensors.clear();
+}
+
 }  // namespace
 
 Status CheckStepDir(Storage& storage, const std::string& dir, VerifyLevel level,
@@ -59,34 +94,12 @@ Status CheckStepDir(Storage& storage, const std::string& dir, VerifyLevel level,
     std::vector<uint8_t> stream;
     if (state != nullptr) stream.reserve(static_cast<size_t>(manifest->total_bytes));
     for (const ShardEntry& shard : manifest->shards) {
-      StatusOr<std::vector<uint8_t>> bytes =
-          storage.Read(JoinPath(dir, shard.file), 0, -1, deadline);
-      if (bytes.status().code() == StatusCode::kNotFound) {
-        return Damage(dir, "", "missing " + shard.file);
-      }
-      if (!bytes.ok()) return bytes.status();
-      if (static_cast<int64_t>(bytes->size()) != shard.bytes) {
-        return Damage(dir, shard.file,
-                      "size " + std::to_string(bytes->size()) + " bytes, manifest says " +
-                          std::to_string(shard.bytes));
-      }
-      const ShardChecksum kind = ShardChecksumOf(manifest->format_version);
-      const std::string checksum = ShardChecksumHex(kind, bytes->data(), bytes->size());
-      if (checksum != shard.checksum) {
-        return Damage(dir, shard.file,
-                      std::string(ShardChecksumField(kind)) + " mismatch (manifest " +
-                          shard.checksum.substr(0, 16) + "..., file " + checksum.substr(0, 16) +
-                          "...)");
-      }
-      if (state != nullptr) stream.insert(stream.end(), bytes->begin(), bytes->end());
+      LOCKSTEP_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                                ReadShard(storage, dir, *manifest, shard, deadline));
+      if (state != nullptr) stream.insert(stream.end(), bytes.begin(), bytes.end());
     }
     if (state != nullptr) {
-      state->step = manifest->step;
-      state->epoch = manifest->epoch;
-      state->cursor = manifest->cursor;
-      state->rng_state = manifest->rng_state;
-      state->optimizer = manifest->optimizer;
-      state->tensors.clear();
+      SetMetadata(*manifest, state);
       for (const TensorEntry& entry : manifest->tensors) {
         NamedTensor tensor;
         tensor.name = entry.name;
@@ -120,6 +133,7 @@ StatusOr<std::vector<CheckpointInfo>> ListCheckpoints(Storage& storage, const st
     if (status.ok()) {
       info.valid = true;
       info.world_size = manifest.world_size;
+      info.stages = manifest.stages;
       info.total_bytes = manifest.total_bytes;
       info.created_at = manifest.created_at;
     } else if (status.code() == StatusCode::kDataLoss) {
@@ -181,6 +195,51 @@ StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& 
   std::string message = "no valid checkpoint under " + root;
   for (const SkippedCheckpoint& skipped : loaded.skipped) message += "; " + skipped.problem;
   return NotFoundError(message);
+}
+
+StatusOr<CheckpointState> ReadTensors(Storage& storage, const std::string& dir,
+                                      const Manifest& manifest, const std::set<std::string>& wanted,
+                                      Deadline deadline) {
+  std::set<std::string> missing = wanted;
+  // The shards that hold a wanted tensor's bytes: shards and tensors both cover the stream in
+  // order, so one pass pairs them.
+  std::vector<bool> needed(manifest.shards.size(), false);
+  for (const TensorEntry& tensor : manifest.tensors) {
+    if (missing.erase(tensor.name) == 0) continue;
+    for (size_t k = 0; k < manifest.shards.size(); ++k) {
+      const ShardEntry& shard = manifest.shards[k];
+      if (shard.offset < tensor.offset + tensor.bytes && tensor.offset < shard.offset + shard.bytes)
+        needed[k] = true;
+    }
+  }
+  if (!missing.empty()) {
+    return NotFoundError(BaseName(dir) + " has no tensor " + *missing.begin());
+  }
+  std::map<size_t, std::vector<uint8_t>> shards;
+  for (size_t k = 0; k < needed.size(); ++k) {
+    if (!needed[k]) continue;
+    LOCKSTEP_ASSIGN_OR_RETURN(shards[k],
+                              ReadShard(storage, dir, manifest, manifest.shards[k], deadline));
+  }
+  CheckpointState state;
+  SetMetadata(manifest, &state);
+  for (const TensorEntry& entry : manifest.tensors) {
+    if (wanted.count(entry.name) == 0) continue;
+    NamedTensor tensor{entry.name, entry.dtype, entry.shape, {}};
+    tensor.bytes.reserve(static_cast<size_t>(entry.bytes));
+    // A tensor may span shards (a data-parallel checkpoint splits the stream evenly).
+    for (const auto& [k, bytes] : shards) {
+      const ShardEntry& shard = manifest.shards[k];
+      const int64_t from = std::max(entry.offset, shard.offset);
+      const int64_t to = std::min(entry.offset + entry.bytes, shard.offset + shard.bytes);
+      if (from < to) {
+        tensor.bytes.insert(tensor.bytes.end(), bytes.begin() + (from - shard.offset),
+                            bytes.begin() + (to - shard.offset));
+      }
+    }
+    state.tensors.push_back(std::move(tensor));
+  }
+  return state;
 }
 
 }  // namespace lockstep::checkpoint

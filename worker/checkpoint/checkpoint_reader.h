@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -41,6 +42,7 @@ struct CheckpointInfo {
   std::string problem;  // why not valid
   // From the manifest, when it parsed:
   int world_size = 0;
+  int stages = 1;  // pipeline stages that wrote it
   int64_t total_bytes = 0;
   std::string created_at;
 };
@@ -78,6 +80,16 @@ using ManifestCheck = std::function<Status(const Manifest&)>;
 // none is valid (the message lists the damage).
 StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& root,
                                            Deadline deadline, const ManifestCheck& accept = {});
+
+// Reads the tensors named in `wanted` from the checkpoint in `dir` that `manifest` describes (as
+// CheckStepDir gave it): only the shards holding their bytes are read, each checked against its
+// size and checksum. A pipeline stage reads its layers this way, from a checkpoint written by any
+// number of stages. The state carries the manifest's metadata and those tensors, in the
+// manifest's order. DATA_LOSS naming a damaged shard, NOT_FOUND naming a tensor the checkpoint
+// lacks, or the storage's errors.
+StatusOr<CheckpointState> ReadTensors(Storage& storage, const std::string& dir,
+                                      const Manifest& manifest, const std::set<std::string>& wanted,
+                                      Deadline deadline);
 
 // Checks the step directory `dir` at `level` (and with `accept`, when given). On success fills
 // `manifest` and, when `state` is given (requires kChecksums), the tensors and metadata read back.

@@ -2,27 +2,59 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <optional>
 #include <thread>
 
 #include "common/logging.h"
 #include "worker/checkpoint/checkpoint_deletion.h"
 #include "worker/checkpoint/checkpoint_reader.h"
-#include "worker/checkpoint/manifest.h"
+#include "worker/checkpoint/checksum.h"
 
 namespace lockstep::checkpoint {
 namespace {
 
-// Whether two manifests list the same tensors (names, dtypes, shapes, sizes, in order).
+// Whether two manifests list the same tensors (names, dtypes, shapes), in whatever order: a
+// step written by a pipeline of another depth holds the same state. The sample counts are left
+// out: only the writer of the part that holds them knows whether it keeps them, and every writer
+// must come to the same verdict.
 bool SameTensors(const Manifest& a, const Manifest& b) {
-  if (a.tensors.size() != b.tensors.size()) return false;
-  for (size_t i = 0; i < a.tensors.size(); ++i) {
-    const TensorEntry& x = a.tensors[i];
-    const TensorEntry& y = b.tensors[i];
-    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.bytes != y.bytes) {
-      return false;
+  auto table = [](const Manifest& m) {
+    std::map<std::string, std::pair<std::string, std::vector<int64_t>>> tensors;
+    for (const TensorEntry& t : m.tensors) {
+      if (t.name != "accounting/sample_counts") tensors[t.name] = {t.dtype, t.shape};
+    }
+    return tensors;
+  };
+  return table(a) == table(b);
+}
+
+// Whether `table` lists the same tensors as `expected`, in order; the first difference otherwise.
+std::string PartMismatch(const std::vector<TensorEntry>& table,
+                         const std::vector<TensorEntry>& expected) {
+  for (size_t i = 0; i < std::max(table.size(), expected.size()); ++i) {
+    if (i >= table.size()) return "it lacks tensor '" + expected[i].name + "'";
+    if (i >= expected.size()) return "it has tensor '" + table[i].name + "' beyond the part's";
+    const TensorEntry& x = table[i];
+    const TensorEntry& y = expected[i];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape) {
+      return "its tensor " + std::to_string(i) + " is '" + x.name + "' " + x.dtype +
+             ShapeText(x.shape) + ", the part's '" + y.name + "' " + y.dtype + ShapeText(y.shape);
     }
   }
-  return true;
+  return "";
+}
+
+// A checksum file's content: the hex and a newline, nothing else (a file still being written
+// in place, as on HDFS, is not yet one).
+std::optional<std::string> ParseChecksumFile(const std::vector<uint8_t>& bytes) {
+  const std::string text(bytes.begin(), bytes.end());
+  const size_t digits = ShardChecksumHex(ShardChecksumOf(kCheckpointFormatVersion), "", 0).size();
+  if (text.size() != digits + 1 || text.back() != '\n' ||
+      text.find_first_not_of("0123456789abcdef") != digits) {
+    return std::nullopt;
+  }
+  return text.substr(0, digits);
 }
 
 }  // namespace
@@ -49,11 +81,28 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   const std::string final_dir = JoinPath(root_, StepDirName(state.step));
   const std::string temp_dir = JoinPath(root_, TempDirName(state.step, options_.attempt_id));
 
-  Manifest manifest = BuildManifest(state, world_size_, /*hash_shards=*/false);
+  if (parted()) {
+    if (options_.parts.size() != static_cast<size_t>(world_size_)) {
+      return InvalidArgumentError("checkpoint writer: " + std::to_string(options_.parts.size()) +
+                                  " parts for " + std::to_string(world_size_) + " writers");
+    }
+    const std::string mismatch =
+        PartMismatch(TensorTable(state), options_.parts[static_cast<size_t>(rank_)]);
+    if (!mismatch.empty()) {
+      return InvalidArgumentError("checkpoint step " + std::to_string(state.step) + ": part " +
+                                  std::to_string(rank_) + "'s state does not match: " + mismatch);
+    }
+  }
+  Manifest manifest = parted() ? BuildPartedManifest(state, options_.parts)
+                               : BuildManifest(state, world_size_, /*hash_shards=*/false);
   if (Status table = CheckTensorTable(manifest); !table.ok()) {
     return InvalidArgumentError("checkpoint step " + std::to_string(state.step) + ": " +
                                 table.message());
   }
+  // This rank's shard, as a range of the state it holds: the state's own stream is a part's
+  // (from byte 0) when written in parts, else the whole one.
+  ShardEntry own_shard = manifest.shards[static_cast<size_t>(rank_)];
+  if (parted()) own_shard.offset = 0;
 
   // A step committed earlier (a retry whose first attempt got through, or a resumed job passing
   // the same step again) needs nothing more if it checks out and holds this state's tensors.
@@ -87,12 +136,17 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   manifest_options.overwrite = true;
   manifest_options.sync_directory = false;
   manifest_options.atomic = false;
-  // Only rank 0 needs the checksums (for the manifest). It computes them on a helper thread while
-  // it writes its own shard and waits for the others', so a persist costs the longer of hashing
-  // and writing, not their sum.
+  // Rank 0 needs every checksum (for the manifest): it hashes the whole state, or in parts its
+  // own, the others hashing theirs. Hashing runs on a helper thread while the rank writes its
+  // shard (and rank 0 waits for the others'), so a persist costs the longer of hashing and
+  // writing, not their sum.
   std::vector<std::string> hashes;
   std::thread hasher;
-  if (rank_ == 0) hasher = std::thread([&] { hashes = HashShards(state, manifest); });
+  if (parted()) {
+    hasher = std::thread([&] { hashes = HashShards(state, BuildManifest(state, 1, false)); });
+  } else if (rank_ == 0) {
+    hasher = std::thread([&] { hashes = HashShards(state, manifest); });
+  }
   Status written;
   if (rank_ == 0) {
     // The manifest's name is created now, empty, so that the directory sync below, which runs
@@ -102,7 +156,6 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   }
   if (written.ok()) {
     // Written straight from the snapshot's tensors: no gathered copy of the shard.
-    const ShardEntry& own_shard = manifest.shards[rank_];
     WriteOptions shard_options;
     shard_options.overwrite = true;  // a retry of the same snapshot rewrites its shard
     // The shard's content is durable before its name appears (rank 0 may commit as soon as it
@@ -123,8 +176,24 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   // Hashing is bounded by the state's size (no storage involved), so this join needs no deadline.
   if (hasher.joinable()) hasher.join();
   LOCKSTEP_RETURN_IF_ERROR(written);
+  if (parted() && rank_ != 0) {
+    // After the shard, so that rank 0, which waits for this file, finds the shard whole.
+    WriteOptions checksum_options;
+    checksum_options.overwrite = true;
+    checksum_options.sync_directory = false;
+    return storage_
+        .Write(JoinPath(temp_dir, ShardChecksumFileName(own_shard.file)), hashes[0] + "\n",
+               checksum_options, deadline)
+        .WithContext("checkpoint step " + std::to_string(state.step));
+  }
   if (rank_ != 0) return OkStatus();
-  for (size_t rank = 0; rank < hashes.size(); ++rank) manifest.shards[rank].checksum = hashes[rank];
+  if (parted()) {
+    manifest.shards[0].checksum = hashes[0];
+  } else {
+    for (size_t rank = 0; rank < hashes.size(); ++rank) {
+      manifest.shards[rank].checksum = hashes[rank];
+    }
+  }
 
   // The manifest's content, in place under the name synced above; the rename (which Rename
   // makes durable) is the commit.
@@ -148,18 +217,31 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
   return OkStatus();
 }
 
-Status CheckpointWriter::WaitForShards(const std::string& temp_dir, const Manifest& manifest,
+Status CheckpointWriter::WaitForShards(const std::string& temp_dir, Manifest& manifest,
                                        Deadline deadline) {
   int64_t pause_ms = std::max<int64_t>(1, options_.poll_initial_ms);
+  // Whether the shard is there whole: its checksum file written (parts), then its size.
+  auto arrived = [&](ShardEntry& shard) -> StatusOr<bool> {
+    if (parted()) {
+      StatusOr<std::vector<uint8_t>> text =
+          storage_.Read(JoinPath(temp_dir, ShardChecksumFileName(shard.file)), 0, -1, deadline);
+      if (!text.ok()) return text.status();
+      const std::optional<std::string> checksum = ParseChecksumFile(*text);
+      if (!checksum) return false;
+      shard.checksum = *checksum;
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(FileInfo info,
+                              storage_.Stat(JoinPath(temp_dir, shard.file), deadline));
+    return info.size_bytes == shard.bytes;
+  };
   for (size_t rank = 1; rank < manifest.shards.size(); ++rank) {
-    const ShardEntry& shard = manifest.shards[rank];
-    const std::string path = JoinPath(temp_dir, shard.file);
+    ShardEntry& shard = manifest.shards[rank];
     for (;;) {
-      StatusOr<FileInfo> info = storage_.Stat(path, deadline);
-      if (info.ok() && info->size_bytes == shard.bytes) break;
-      if (!info.ok() && info.status().code() != StatusCode::kNotFound &&
-          info.status().code() != StatusCode::kDeadlineExceeded) {
-        return info.status();
+      StatusOr<bool> there = arrived(shard);
+      if (there.ok() && *there) break;
+      if (!there.ok() && there.status().code() != StatusCode::kNotFound &&
+          there.status().code() != StatusCode::kDeadlineExceeded) {
+        return there.status();
       }
       if (deadline.remaining_ms() <= pause_ms) {
         return DeadlineExceededError("checkpoint step " + std::to_string(manifest.step) +

@@ -8,6 +8,13 @@
 //     manifest.json, renames the directory to R/step-<N>, then applies retention.
 // Ranks other than 0 return once their shard is written; only rank 0's OK means "committed".
 //
+// A pipeline's ranks hold different tensors (a stage's layers each), so its checkpoint is
+// written in parts (options.parts; manifest.h): the writer of part p (one rank per stage) writes
+// its tensors as shard p, hashes them and leaves the checksum beside the shard
+// (ShardChecksumFileName); rank 0 waits for every part's checksum file, checks the shard's size
+// and builds the manifest from the parts' tables and those checksums. Nothing but storage passes
+// between the writers either way.
+//
 //   CheckpointWriter writer(*storage, "/ckpt/job", rank, world_size, {.keep = 3,
 //                           .attempt_id = "g" + std::to_string(generation)});
 //   LOCKSTEP_RETURN_IF_ERROR(writer.Write(state, Deadline::AfterMs(600000)));
@@ -29,6 +36,7 @@
 #include "common/deadline.h"
 #include "common/status.h"
 #include "worker/checkpoint/checkpoint.h"
+#include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage/storage.h"
 
 namespace lockstep::checkpoint {
@@ -43,6 +51,11 @@ struct CheckpointWriterOptions {
   // Rank 0's polling for the other ranks' shards: first and largest pause.
   int64_t poll_initial_ms = 10;
   int64_t poll_max_ms = 500;
+  // A checkpoint written in parts: every part's tensors (names, dtypes, shapes), in part order.
+  // This writer's `rank` is then its part and `world_size` their number, and the state it writes
+  // holds its own part's tensors only. Empty: every rank holds the whole state and writes the
+  // byte range of its shard.
+  std::vector<std::vector<TensorEntry>> parts = {};
 };
 
 class CheckpointWriter {
@@ -71,8 +84,10 @@ class CheckpointWriter {
   const std::string& root() const { return root_; }
 
  private:
-  Status WaitForShards(const std::string& temp_dir, const struct Manifest& manifest,
-                       Deadline deadline);
+  // Rank 0: until every other shard is in `temp_dir` with its size and, for a checkpoint written
+  // in parts, its checksum file, whose checksums it then fills into `manifest`.
+  Status WaitForShards(const std::string& temp_dir, Manifest& manifest, Deadline deadline);
+  bool parted() const { return !options_.parts.empty(); }
 
   Storage& storage_;
   std::string root_;

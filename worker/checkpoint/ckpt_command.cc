@@ -85,18 +85,18 @@ int RunCkptCommand(const std::vector<std::string>& args, std::ostream& out, std:
     return 1;
   }
   char line[256];
-  std::snprintf(line, sizeof(line), "%-14s %-8s %6s %12s  %s\n", "STEP", "STATE", "WORLD", "SIZE",
-                "CREATED");
+  std::snprintf(line, sizeof(line), "%-14s %-8s %6s %6s %12s  %s\n", "STEP", "STATE", "WORLD",
+                "STAGES", "SIZE", "CREATED");
   out << line;
   for (const CheckpointInfo& info : *checkpoints) {
     if (info.valid) {
-      std::snprintf(line, sizeof(line), "%-14lld %-8s %6d %12s  %s\n",
-                    static_cast<long long>(info.step), "valid", info.world_size,
+      std::snprintf(line, sizeof(line), "%-14lld %-8s %6d %6d %12s  %s\n",
+                    static_cast<long long>(info.step), "valid", info.world_size, info.stages,
                     HumanBytes(info.total_bytes).c_str(), info.created_at.c_str());
       out << line;
     } else {
-      std::snprintf(line, sizeof(line), "%-14lld %-8s %6s %12s  %s\n",
-                    static_cast<long long>(info.step), "damaged", "-", "-", "-");
+      std::snprintf(line, sizeof(line), "%-14lld %-8s %6s %6s %12s  %s\n",
+                    static_cast<long long>(info.step), "damaged", "-", "-", "-", "-");
       out << line << "    " << info.problem << "\n";
     }
   }

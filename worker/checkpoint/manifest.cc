@@ -85,13 +85,9 @@ Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_s
   manifest.optimizer = state.optimizer;
   manifest.created_at = UtcTimestampNow();
   manifest.lockstep_version = LOCKSTEP_VERSION;
-  int64_t offset = 0;
-  for (const NamedTensor& tensor : state.tensors) {
-    const int64_t size = static_cast<int64_t>(tensor.bytes.size());
-    manifest.tensors.push_back({tensor.name, tensor.dtype, tensor.shape, offset, size});
-    offset += size;
-  }
-  manifest.total_bytes = offset;
+  manifest.tensors = TensorTable(state);
+  manifest.total_bytes =
+      manifest.tensors.empty() ? 0 : manifest.tensors.back().offset + manifest.tensors.back().bytes;
   for (int rank = 0; rank < world_size; ++rank) {
     ShardEntry shard;
     shard.file = ShardFileName(rank, world_size);
@@ -106,6 +102,46 @@ Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_s
     }
   }
   return manifest;
+}
+
+std::vector<TensorEntry> TensorTable(const CheckpointState& state) {
+  std::vector<TensorEntry> table;
+  int64_t offset = 0;
+  for (const NamedTensor& tensor : state.tensors) {
+    const auto size = static_cast<int64_t>(tensor.bytes.size());
+    table.push_back({tensor.name, tensor.dtype, tensor.shape, offset, size});
+    offset += size;
+  }
+  return table;
+}
+
+Manifest BuildPartedManifest(const CheckpointState& state,
+                             const std::vector<std::vector<TensorEntry>>& parts) {
+  CheckpointState metadata;
+  metadata.step = state.step;
+  metadata.epoch = state.epoch;
+  metadata.cursor = state.cursor;
+  metadata.rng_state = state.rng_state;
+  metadata.optimizer = state.optimizer;
+  const int count = static_cast<int>(parts.size());
+  Manifest manifest = BuildManifest(metadata, count, /*hash_shards=*/false);
+  manifest.stages = count;
+  int64_t offset = 0;
+  for (int part = 0; part < count; ++part) {
+    ShardEntry& shard = manifest.shards[static_cast<size_t>(part)];
+    shard.offset = offset;
+    for (const TensorEntry& tensor : parts[static_cast<size_t>(part)]) {
+      manifest.tensors.push_back({tensor.name, tensor.dtype, tensor.shape, offset, tensor.bytes});
+      offset += tensor.bytes;
+    }
+    shard.bytes = offset - shard.offset;
+  }
+  manifest.total_bytes = offset;
+  return manifest;
+}
+
+std::string ShardChecksumFileName(const std::string& shard_file) {
+  return shard_file + "." + ShardChecksumField(ShardChecksumOf(kCheckpointFormatVersion));
 }
 
 std::vector<std::string> HashShards(const CheckpointState& state, const Manifest& manifest) {
@@ -217,6 +253,8 @@ std::string SerializeManifest(const Manifest& manifest) {
   json["epoch"] = manifest.epoch;
   json["data_cursor"] = {{"epoch", manifest.cursor.epoch}, {"offset", manifest.cursor.offset}};
   json["world_size"] = manifest.world_size;
+  // Only a pipeline's: a data-parallel manifest is what it always was.
+  if (manifest.stages != 1) json["stages"] = manifest.stages;
   json["rng_state"] = manifest.rng_state;
   json["optimizer"] = {{"type", manifest.optimizer.type}, {"step", manifest.optimizer.step}};
   json["total_bytes"] = manifest.total_bytes;
@@ -294,6 +332,12 @@ StatusOr<Manifest> ParseManifest(std::string_view text) {
     Field(json["data_cursor"], "epoch", &manifest.cursor.epoch, "data_cursor.");
     Field(json["data_cursor"], "offset", &manifest.cursor.offset, "data_cursor.");
     Field(json, "world_size", &manifest.world_size, "");
+    if (json.contains("stages")) Field(json, "stages", &manifest.stages, "");
+    if (manifest.stages < 1 || (manifest.stages > 1 && manifest.stages != manifest.world_size)) {
+      throw std::runtime_error("stages " + std::to_string(manifest.stages) +
+                               " does not match world size " + std::to_string(manifest.world_size) +
+                               " (each stage writes one shard)");
+    }
     Field(json, "rng_state", &manifest.rng_state, "");
     if (!json.contains("optimizer")) throw std::runtime_error("missing field 'optimizer'");
     Field(json["optimizer"], "type", &manifest.optimizer.type, "optimizer.");

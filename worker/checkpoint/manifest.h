@@ -10,6 +10,12 @@
 //    "created_at": "2026-11-21T21:50:03Z", "lockstep_version": "0.1.0",
 //    "manifest_sha256": "c0ffee..."}
 //
+// A pipeline's checkpoint adds "stages": P (absent: 1). Its shards are not an even split of the
+// stream but the stages' parts: shard s holds stage s's tensors (stage 0's also the trainer's),
+// written by that stage of replica 0, so world_size (the writers) is P. Tensors are named by
+// layer either way, so a reader takes them by name whatever wrote them: a checkpoint written with
+// P stages resumes with any other number, data parallelism included, and older readers read it.
+//
 // Tensor and shard offsets are positions in the state stream (checkpoint.h): tensors cover it
 // contiguously in order, and so do shards in rank order. Each shard carries the checksum of its
 // bytes (checksum.h: "xxh3_128" from format 3, "sha256" before). manifest_sha256 is the SHA-256
@@ -49,6 +55,7 @@ struct Manifest {
   int64_t epoch = 0;
   DataCursor cursor;
   int world_size = 1;
+  int stages = 1;  // pipeline stages that wrote it (shard s: stage s), 1 without a pipeline
   std::string rng_state;
   OptimizerInfo optimizer;
   int64_t total_bytes = 0;
@@ -61,6 +68,20 @@ struct Manifest {
 // The manifest of `state` split over `world_size` shards. With `hash_shards` every shard's
 // checksum is computed (reads the whole state once); otherwise it stays empty.
 Manifest BuildManifest(const CheckpointState& state, int world_size, bool hash_shards);
+
+// The manifest of a checkpoint written in parts (a pipeline's stages): part p holds the tensors
+// `parts[p]` lists (names, dtypes and shapes; their offsets are recomputed), in that order, and is
+// shard p of parts.size(); `stages` is parts.size(). Metadata from `state`; checksums empty.
+Manifest BuildPartedManifest(const CheckpointState& state,
+                             const std::vector<std::vector<TensorEntry>>& parts);
+
+// The tensor entries of `state`, in order, offsets from 0 (the table of a part, or of a whole
+// state).
+std::vector<TensorEntry> TensorTable(const CheckpointState& state);
+
+// "shard-1-of-4.bin.xxh3_128": the file in which the writer of a part leaves its shard's
+// checksum for rank 0, which builds the manifest (checkpoint_writer.h); left in the checkpoint.
+std::string ShardChecksumFileName(const std::string& shard_file);
 
 // The checksum (lowercase hex) of each shard of `manifest`, which must have been built from
 // `state`; one pass over the state.

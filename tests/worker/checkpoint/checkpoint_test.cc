@@ -1,17 +1,19 @@
+#include <gmock/gmock.h>
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "tests/support/webhdfs/webhdfs_test_server.h"
 #include "worker/checkpoint/checkpoint_reader.h"
-#include "worker/checkpoint/checksum.h"
 #include "worker/checkpoint/checkpoint_writer.h"
+#include "worker/checkpoint/checksum.h"
 #include "worker/checkpoint/manifest.h"
 #include "worker/checkpoint/storage/local/local_storage.h"
 
@@ -546,6 +548,160 @@ TEST_F(CheckpointTest, RewritingACommittedStepIsOk) {
   auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
   ASSERT_TRUE(loaded.ok());
   EXPECT_EQ(loaded->state.step, 100);
+}
+
+// A pipeline's checkpoint: part p holds the tensors of stage p only (names distinct across the
+// parts), of sizes that differ from part to part.
+std::vector<CheckpointState> MakeParts(int64_t step, int parts) {
+  std::vector<CheckpointState> states;
+  for (int p = 0; p < parts; ++p) {
+    CheckpointState part = MakeState(step, 500 + 300 * static_cast<size_t>(p));
+    for (NamedTensor& tensor : part.tensors)
+      tensor.name = "stage" + std::to_string(p) + "/" + tensor.name;
+    states.push_back(std::move(part));
+  }
+  return states;
+}
+
+// Every part's writer in its own thread, as the stages' ranks would; each rank's status.
+std::vector<Status> WriteParts(Storage& storage, const std::string& root,
+                               const std::vector<CheckpointState>& parts) {
+  CheckpointWriterOptions options;
+  options.keep = 0;
+  options.attempt_id = "p";
+  for (const CheckpointState& part : parts) options.parts.push_back(TensorTable(part));
+  const int count = static_cast<int>(parts.size());
+  std::vector<Status> statuses(parts.size());
+  std::vector<std::thread> threads;
+  for (int p = 0; p < count; ++p) {
+    threads.emplace_back([&, p] {
+      CheckpointWriter writer(storage, root, p, count, options);
+      statuses[static_cast<size_t>(p)] =
+          writer.Write(parts[static_cast<size_t>(p)], TestDeadline());
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return statuses;
+}
+
+TEST_F(CheckpointTest, APipelinesStagesWriteOneCheckpointEachShardItsStagesTensors) {
+  const std::vector<CheckpointState> parts = MakeParts(40, 3);
+  for (const Status& status : WriteParts(storage_, root_, parts))
+    ASSERT_TRUE(status.ok()) << status;
+
+  auto listed = ListCheckpoints(storage_, root_, VerifyLevel::kChecksums, TestDeadline());
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  ASSERT_EQ(listed->size(), 1u);
+  EXPECT_TRUE((*listed)[0].valid) << (*listed)[0].problem;
+  EXPECT_EQ((*listed)[0].stages, 3);
+  EXPECT_EQ((*listed)[0].world_size, 3);
+  EXPECT_TRUE(VerifyCheckpoint(storage_, root_, std::nullopt, TestDeadline()).ok());
+
+  // Read whole, it is every stage's tensors in stage order, under the metadata all stages share;
+  // shard p is stage p's bytes exactly.
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->manifest.stages, 3);
+  CheckpointState whole = parts[0];
+  for (size_t p = 1; p < parts.size(); ++p) {
+    whole.tensors.insert(whole.tensors.end(), parts[p].tensors.begin(), parts[p].tensors.end());
+  }
+  ExpectSameState(loaded->state, whole);
+  for (size_t p = 0; p < parts.size(); ++p) {
+    EXPECT_EQ(loaded->manifest.shards[p].bytes, BuildManifest(parts[p], 1, false).total_bytes);
+  }
+}
+
+TEST_F(CheckpointTest, AStageReadsOnlyTheShardsThatHoldItsTensors) {
+  const std::vector<CheckpointState> parts = MakeParts(40, 3);
+  for (const Status& status : WriteParts(storage_, root_, parts))
+    ASSERT_TRUE(status.ok()) << status;
+  const std::string dir = JoinPath(root_, StepDirName(40));
+  Manifest manifest;
+  ASSERT_TRUE(
+      CheckStepDir(storage_, dir, VerifyLevel::kSizes, &manifest, nullptr, TestDeadline()).ok());
+  // Damage the other stages' shards: stage 1 still reads its own tensors.
+  for (const char* other : {"shard-0-of-3.bin", "shard-2-of-3.bin"}) {
+    std::vector<uint8_t> bytes = ReadAll(JoinPath(dir, other));
+    bytes[0] ^= 0x01;
+    Overwrite(JoinPath(dir, other), bytes);
+  }
+  std::set<std::string> wanted;
+  for (const NamedTensor& tensor : parts[1].tensors) wanted.insert(tensor.name);
+  auto read = ReadTensors(storage_, dir, manifest, wanted, TestDeadline());
+  ASSERT_TRUE(read.ok()) << read.status();
+  CheckpointState expected = parts[1];
+  ExpectSameState(*read, expected);
+
+  // A tensor in a damaged shard is damage named by the shard; one nobody wrote is not found.
+  auto damaged = ReadTensors(storage_, dir, manifest, {parts[0].tensors[0].name}, TestDeadline());
+  EXPECT_EQ(damaged.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(damaged.status().message(), ::testing::HasSubstr("shard-0-of-3.bin: xxh3_128"));
+  auto missing = ReadTensors(storage_, dir, manifest, {"layers.9.weight"}, TestDeadline());
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), ::testing::HasSubstr("no tensor layers.9.weight"));
+}
+
+TEST_F(CheckpointTest, TensorsSplitAcrossADataParallelCheckpointsShardsReadWhole) {
+  // Three ranks split the stream evenly, so tensors straddle shard boundaries.
+  const CheckpointState state = MakeState(70);
+  for (const Status& status : WriteFromAllRanks(storage_, root_, state, 3, 0)) {
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  const std::string dir = JoinPath(root_, StepDirName(70));
+  Manifest manifest;
+  ASSERT_TRUE(
+      CheckStepDir(storage_, dir, VerifyLevel::kSizes, &manifest, nullptr, TestDeadline()).ok());
+  auto read = ReadTensors(storage_, dir, manifest, {"w1", "optimizer/w2"}, TestDeadline());
+  ASSERT_TRUE(read.ok()) << read.status();
+  ASSERT_EQ(read->tensors.size(), 2u);
+  EXPECT_EQ(read->tensors[0].bytes, state.tensors[1].bytes);
+  EXPECT_EQ(read->tensors[1].bytes, state.tensors[2].bytes);
+  EXPECT_EQ(read->step, 70);
+}
+
+TEST_F(CheckpointTest, APartWhoseStateIsNotItsTableIsNotWritten) {
+  std::vector<CheckpointState> parts = MakeParts(50, 2);
+  CheckpointWriterOptions options;
+  options.attempt_id = "p";
+  for (const CheckpointState& part : parts) options.parts.push_back(TensorTable(part));
+  parts[1].tensors.pop_back();
+  CheckpointWriter writer(storage_, root_, 1, 2, options);
+  Status status = writer.Write(parts[1], TestDeadline());
+  EXPECT_EQ(status.code(), StatusCode::kInvalidArgument);
+  EXPECT_THAT(status.message(), ::testing::HasSubstr("part 1's state does not match: it lacks "
+                                                     "tensor 'stage1/optimizer/w2'"));
+}
+
+TEST_F(CheckpointTest, AStepWrittenByAnotherNumberOfStagesIsNotWrittenAgain) {
+  // The same tensors written as two parts and then as one: the second write finds the step
+  // committed with the same tensors and leaves it.
+  const std::vector<CheckpointState> parts = MakeParts(60, 2);
+  for (const Status& status : WriteParts(storage_, root_, parts))
+    ASSERT_TRUE(status.ok()) << status;
+  CheckpointState whole = parts[0];
+  whole.tensors.insert(whole.tensors.end(), parts[1].tensors.begin(), parts[1].tensors.end());
+  for (const Status& status : WriteFromAllRanks(storage_, root_, whole, 1, 0)) {
+    ASSERT_TRUE(status.ok()) << status;
+  }
+  auto loaded = LoadNewestValid(storage_, root_, TestDeadline());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(loaded->manifest.stages, 2);
+}
+
+TEST(ManifestTest, StagesThatDoNotMatchTheWritersAreDamage) {
+  CheckpointState part = MakeState(5);
+  Manifest manifest = BuildPartedManifest(part, {TensorTable(part), {}});
+  EXPECT_EQ(manifest.stages, 2);
+  EXPECT_TRUE(ParseManifest(SerializeManifest(manifest)).ok());
+  manifest.world_size = 3;
+  manifest.shards.push_back({"shard-2-of-3.bin", manifest.total_bytes, 0, ""});
+  auto parsed = ParseManifest(SerializeManifest(manifest));
+  EXPECT_EQ(parsed.status().code(), StatusCode::kDataLoss);
+  EXPECT_THAT(parsed.status().message(),
+              ::testing::HasSubstr("stages 2 does not match world size 3"));
+  // A data-parallel manifest does not mention stages at all.
+  EXPECT_EQ(SerializeManifest(BuildManifest(part, 2, true)).find("stages"), std::string::npos);
 }
 
 TEST(CheckpointOverWebHdfsTest, MultiRankWriteAndLoadThroughTheTestServer) {

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 
 #include <sstream>
+#include <thread>
 
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/checkpoint/storage/local/local_storage.h"
@@ -43,6 +44,43 @@ TEST_F(CkptCommandTest, LsListsEveryCheckpointWithItsState) {
   EXPECT_NE(out_.str().find("100"), std::string::npos);
   EXPECT_NE(out_.str().find("200"), std::string::npos);
   EXPECT_NE(out_.str().find("valid"), std::string::npos);
+}
+
+TEST_F(CkptCommandTest, LsSaysHowManyPipelineStagesWroteEachCheckpoint) {
+  // Step 300 written by a pipeline of two stages, each its own tensors.
+  CheckpointState stages[2];
+  CheckpointWriterOptions options;
+  for (int s = 0; s < 2; ++s) {
+    stages[s].step = 300;
+    stages[s].tensors.push_back({"layers." + std::to_string(s) + ".weight",
+                                 "u8",
+                                 {32},
+                                 std::vector<uint8_t>(32, static_cast<uint8_t>(s))});
+    options.parts.push_back(TensorTable(stages[s]));
+  }
+  Status written[2];
+  std::thread stage1([&] {
+    written[1] =
+        CheckpointWriter(storage_, root_, 1, 2, options).Write(stages[1], Deadline::AfterMs(10000));
+  });
+  written[0] =
+      CheckpointWriter(storage_, root_, 0, 2, options).Write(stages[0], Deadline::AfterMs(10000));
+  stage1.join();
+  ASSERT_TRUE(written[0].ok() && written[1].ok()) << written[0] << " " << written[1];
+  EXPECT_EQ(Run({"ls", root_}), 0) << err_.str();
+  std::istringstream lines(out_.str());
+  std::string header, line, last;
+  std::getline(lines, header);
+  EXPECT_NE(header.find("WORLD STAGES"), std::string::npos) << header;
+  while (std::getline(lines, line)) last = line;
+  std::istringstream fields(last);
+  std::string step, state, world, stage_count;
+  fields >> step >> state >> world >> stage_count;
+  EXPECT_EQ(step, "300");
+  EXPECT_EQ(state, "valid");
+  EXPECT_EQ(world, "2");
+  EXPECT_EQ(stage_count, "2");
+  EXPECT_EQ(Run({"verify", root_}), 0) << err_.str();
 }
 
 TEST_F(CkptCommandTest, VerifyExitsOneNamingTheDamage) {
