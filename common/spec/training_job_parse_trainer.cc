@@ -223,12 +223,6 @@ void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec)
     spec_reader.problems()->Add(trainer_path + ".device",
                                 "pipeline stages run on device cpu (got cuda)" + why);
   }
-  if (!spec.checkpoint.uri.empty()) {
-    spec_reader.problems()->Add(spec_reader.PathOf("checkpoint") + ".uri",
-                                "a pipeline job does not write checkpoints yet: it recovers a lost "
-                                "rank from its stage's other replicas (docs/pipeline.md)" +
-                                    why);
-  }
   if (spec.elastic.min_replicas != spec.elastic.max_replicas || spec.elastic.standby > 0) {
     spec_reader.problems()->Add(spec_reader.PathOf("elastic"),
                                 "a pipeline job has a fixed world (replicas x ranksPerWorker "

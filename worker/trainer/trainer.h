@@ -223,6 +223,18 @@ class Trainer {
     pipe_ = pipe;
     stage_group_ = stage_group;
   }
+  // Pipeline: the checkpoints the state agreement restores from when the ranks do not hold every
+  // stage at one step (TrainingCheckpointer's NewestFitting and RestoreStage). Unset: the seed.
+  struct StageCheckpoints {
+    // Rank 0: the newest checkpoint step below `below` that fits the whole model (-1: none),
+    // given the stage state this rank holds.
+    std::function<StatusOr<int64_t>(int64_t below, const TrainingState& state)> newest;
+    // A rank of replica 0: `state`, stage `stage`'s, from the checkpoint of `step`.
+    std::function<Status(int64_t step, int stage, TrainingState& state)> restore;
+  };
+  void SetStageCheckpoints(StageCheckpoints checkpoints) {
+    stage_checkpoints_ = std::move(checkpoints);
+  }
 
  private:
   Trainer(const spec::TrainingJob& job, DataSplits data, MlpModel model,
@@ -252,6 +264,11 @@ class Trainer {
   Status AgreeOnPipelineState(comm::Communicator& communicator, const GenerationInfo& generation);
   // A state for stage `stage` from the seed (step 0).
   StatusOr<TrainingState> SeedStageState(int stage) const;
+  // The agreement when no step has every stage held (a fresh start, or every replica of a stage
+  // lost): every stage from the newest checkpoint that serves, else the seed. `held_step`: the
+  // newest step any rank held (-1: none).
+  Status RestorePipelineState(comm::Communicator& communicator, const GenerationInfo& generation,
+                              int64_t held_step);
   // Steps the optimizer with the reduced gradients in grads_ and moves the cursor past the
   // global batch of `global_batch_size` (the step's commit); `account`: this rank writes the
   // sample accounting.
@@ -296,6 +313,7 @@ class Trainer {
   std::unique_ptr<PipelineStage> runner_;
   comm::Communicator* pipe_ = nullptr;
   comm::Communicator* stage_group_ = nullptr;
+  StageCheckpoints stage_checkpoints_;
 };
 
 }  // namespace lockstep::trainer

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <iomanip>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -122,13 +123,7 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
 
   if (!every_stage_held) {
     has_state_ = false;
-    if (newest >= 0 && generation.rank == 0) {
-      LOCKSTEP_LOG(WARNING) << "pipeline: no rank holds the state of every stage at step " << newest
-                            << " (every replica of a stage was lost): every stage "
-                            << "starts again from the seed at step 0";
-    }
-    LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
-    resumed_from_step_ = -1;
+    LOCKSTEP_RETURN_IF_ERROR(RestorePipelineState(communicator, generation, newest));
   } else if (in_groups) {
     // This rank's stage comes from a replica of it; the state travels within the group.
     if (stage_ != place.stage || state_.step != newest) {
@@ -172,11 +167,107 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
                      << " of " << stages << " (layers " << layers.first << ".." << layers.last - 1
                      << ", " << count << " parameters), replica " << place.replica << " of "
                      << world / stages << ", "
-                     << (!every_stage_held ? "from the seed"
-                         : in_groups       ? "within the stage groups"
-                                           : "across the world")
+                     << (!every_stage_held
+                             ? (resumed_from_step_ >= 0
+                                    ? "from checkpoint step " + std::to_string(resumed_from_step_)
+                                    : std::string("from the seed"))
+                         : in_groups ? "within the stage groups"
+                                     : "across the world")
                      << " in " << static_cast<int64_t>((MonotonicSeconds() - started) * 1000)
                      << " ms";
+  return OkStatus();
+}
+
+Status Trainer::RestorePipelineState(comm::Communicator& communicator,
+                                     const GenerationInfo& generation, int64_t held_step) {
+  const int64_t timeout_ms = collective_timeout_ms();
+  const PipelinePlace place =
+      PlaceInPipeline(generation.rank, static_cast<int>(plan_.stages.size()));
+  LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
+  resumed_from_step_ = -1;
+  // Rank 0 picks the checkpoint, so that every stage reads the same step even while a writer
+  // adds one; replica 0's rank of each stage reads its layers of it and the stage group passes
+  // them on. A checkpoint that some stage finds damaged is given up by all, for the next older.
+  int64_t below = std::numeric_limits<int64_t>::max();
+  for (;;) {
+    int64_t step = -1;  // -1: none; -2: rank 0 could not read the checkpoints
+    if (generation.rank == 0 && stage_checkpoints_.newest) {
+      StatusOr<int64_t> found = stage_checkpoints_.newest(below, state_);
+      if (!found.ok()) {
+        LOCKSTEP_LOG(ERROR) << "pipeline: the checkpoints cannot be read: " << found.status();
+      }
+      step = found.ok() ? *found : -2;
+    }
+    LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&step, sizeof(step), 0, timeout_ms)
+                                 .WithContext("pipeline state agreement: the checkpoint's step"));
+    if (step == -2) {
+      return UnavailableError("pipeline state agreement: rank 0 could not read the checkpoints");
+    }
+    if (step < 0) {
+      if (generation.rank == 0) {
+        if (held_step >= 0) {
+          LOCKSTEP_LOG(WARNING) << "pipeline: no rank holds the state of every stage at step "
+                                << held_step << " (every replica of a stage was lost) and no "
+                                << "checkpoint serves: every stage starts again from the seed";
+        } else {
+          LOCKSTEP_LOG(INFO) << "no member holds state and there is no checkpoint: starting from "
+                                "the seed at step 0";
+        }
+      }
+      return OkStatus();
+    }
+    // 0: read; 1: this checkpoint cannot serve some stage; 2: a stage's storage failed.
+    double verdict = 0;
+    if (place.replica == 0) {
+      Status read = stage_checkpoints_.restore(step, place.stage, state_);
+      if (!read.ok()) {
+        LOCKSTEP_LOG(WARNING) << "pipeline: stage " << place.stage << " cannot restore checkpoint "
+                              << "step " << step << ": " << read;
+        const StatusCode code = read.code();
+        verdict = code == StatusCode::kDataLoss || code == StatusCode::kFailedPrecondition ||
+                          code == StatusCode::kNotFound
+                      ? 1
+                      : 2;
+      }
+    }
+    LOCKSTEP_RETURN_IF_ERROR(
+        communicator
+            .AllReduce(&verdict, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
+            .WithContext("pipeline state agreement: the stages' restore"));
+    if (verdict == 0) break;
+    if (verdict > 1) {
+      return UnavailableError("pipeline state agreement: a stage could not read checkpoint step " +
+                              std::to_string(step));
+    }
+    below = step;
+    if (place.replica == 0) {
+      LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
+    }
+  }
+  // The trainer's own counters are in stage 0's part only: rank 0 read them.
+  struct {
+    int64_t samples;
+    float loss_scale;
+    int64_t loss_scale_good_steps;
+    int64_t sample_counts;
+  } counters{state_.samples, state_.loss_scale, state_.loss_scale_good_steps,
+             static_cast<int64_t>(state_.sample_counts.size())};
+  LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&counters, sizeof(counters), 0, timeout_ms)
+                               .WithContext("pipeline state agreement: the trainer's counters"));
+  state_.samples = counters.samples;
+  state_.loss_scale = counters.loss_scale;
+  state_.loss_scale_good_steps = counters.loss_scale_good_steps;
+  state_.sample_counts.resize(static_cast<size_t>(counters.sample_counts));
+  if (counters.sample_counts > 0) {
+    LOCKSTEP_RETURN_IF_ERROR(communicator
+                                 .Broadcast(state_.sample_counts.data(),
+                                            state_.sample_counts.size() * sizeof(int32_t), 0,
+                                            timeout_ms)
+                                 .WithContext("pipeline state agreement: the sample counts"));
+  }
+  // Replica 0 read the stage; its other replicas take it from there.
+  LOCKSTEP_RETURN_IF_ERROR(BroadcastTrainingState(*stage_group_, 0, state_, timeout_ms));
+  resumed_from_step_ = state_.step;
   return OkStatus();
 }
 

@@ -1,5 +1,8 @@
 #include "worker/trainer/training_checkpointer.h"
 
+#include <algorithm>
+#include <limits>
+#include <set>
 #include <utility>
 
 #include "common/logging.h"
@@ -74,15 +77,104 @@ StatusOr<int64_t> TrainingCheckpointer::Restore(TrainingState& state) {
   return loaded->state.step;
 }
 
-void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int rank,
-                                           int world_size) {
+void TrainingCheckpointer::SetPipelineStages(std::vector<LayerRange> stages) {
+  stages_ = std::move(stages);
+}
+
+StatusOr<int64_t> TrainingCheckpointer::NewestFitting(int64_t below, const TrainingState& state) {
+  const Deadline deadline = Deadline::AfterMs(options_.restore_timeout_ms);
+  StatusOr<std::vector<checkpoint::CheckpointInfo>> checkpoints =
+      checkpoint::ListCheckpoints(*storage_, uri_.path, checkpoint::VerifyLevel::kSizes, deadline);
+  if (!checkpoints.ok()) {
+    return checkpoints.status().WithContext("reading " + options_.checkpoint.uri);
+  }
+  // The whole model's tensors: every stage's part must be there.
+  const std::vector<checkpoint::TensorEntry> wanted =
+      CheckpointTable(layout_, WholeScope(layout_), state.optimizer,
+                      static_cast<int64_t>(state.sample_counts.size()));
+  for (auto it = checkpoints->rbegin(); it != checkpoints->rend(); ++it) {
+    if (it->step >= below) continue;
+    Status fits = checkpoint::CheckStepDir(
+        *storage_, it->dir, checkpoint::VerifyLevel::kSizes, nullptr, nullptr, deadline,
+        [&](const checkpoint::Manifest& manifest) {
+          return CheckpointFitsTable(manifest, wanted, state.optimizer.TypeName());
+        });
+    if (fits.ok()) return it->step;
+    if (fits.code() != StatusCode::kDataLoss) {
+      return fits.WithContext("reading " + options_.checkpoint.uri);
+    }
+    LOCKSTEP_LOG(WARNING) << "skipped checkpoint of step " << it->step << ": " << fits.message();
+  }
+  LOCKSTEP_LOG(INFO) << "no valid checkpoint under " << options_.checkpoint.uri
+                     << (below < std::numeric_limits<int64_t>::max()
+                             ? " below step " + std::to_string(below)
+                             : std::string());
+  return int64_t{-1};
+}
+
+Status TrainingCheckpointer::RestoreStage(int64_t step, int stage, TrainingState& state) {
+  WaitForCapture();  // `state` is about to change
+  const double started = MonotonicSeconds();
+  const Deadline deadline = Deadline::AfterMs(options_.restore_timeout_ms);
+  const std::string dir = checkpoint::JoinPath(uri_.path, checkpoint::StepDirName(step));
+  const CheckpointScope scope = StageScope(stages_, stage);
+  const std::vector<checkpoint::TensorEntry> wanted = CheckpointTable(
+      layout_, scope, state.optimizer, static_cast<int64_t>(state.sample_counts.size()));
+  checkpoint::Manifest manifest;
+  LOCKSTEP_RETURN_IF_ERROR(
+      checkpoint::CheckStepDir(*storage_, dir, checkpoint::VerifyLevel::kSizes, &manifest, nullptr,
+                               deadline, [&](const checkpoint::Manifest& m) {
+                                 return CheckpointFitsTable(m, wanted, state.optimizer.TypeName());
+                               }));
+  std::set<std::string> names;
+  for (const checkpoint::TensorEntry& tensor : wanted) {
+    // Counts the checkpoint lacks are reset, as in RestoreFromCheckpointState.
+    if (tensor.name != "accounting/sample_counts" ||
+        std::any_of(manifest.tensors.begin(), manifest.tensors.end(),
+                    [&](const checkpoint::TensorEntry& t) { return t.name == tensor.name; })) {
+      names.insert(tensor.name);
+    }
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(checkpoint::CheckpointState read,
+                            checkpoint::ReadTensors(*storage_, dir, manifest, names, deadline));
+  LOCKSTEP_RETURN_IF_ERROR(RestoreFromCheckpointState(read, layout_, spec_, &state, scope));
+  last_step_ = step;
+  int64_t bytes = 0;
+  for (const checkpoint::NamedTensor& tensor : read.tensors) bytes += tensor.bytes.size();
+  LOCKSTEP_LOG(INFO) << "restored stage " << stage << " (layers " << scope.layers.first << ".."
+                     << scope.layers.last - 1 << ") of step " << step << " from " << dir << " ("
+                     << bytes << " of its " << manifest.total_bytes << " bytes, written by "
+                     << manifest.stages << " stage(s)) in "
+                     << static_cast<int64_t>((MonotonicSeconds() - started) * 1000) << " ms";
+  return OkStatus();
+}
+
+void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int rank, int world_size,
+                                           const TrainingState& state) {
   EndGeneration();
   rank_ = rank;
   checkpoint::CheckpointWriterOptions writer_options;
   writer_options.keep = options_.checkpoint.keep;
   writer_options.attempt_id = attempt_id;
-  auto writer = std::make_unique<checkpoint::CheckpointWriter>(*storage_, uri_.path, rank,
-                                                               world_size, writer_options);
+  int writer_rank = rank;
+  int writers = world_size;
+  scope_.reset();
+  if (stages_.size() > 1) {
+    // Replica 0's rank of each stage writes that stage's part; the other replicas hold copies.
+    const int stages = static_cast<int>(stages_.size());
+    const int stage = rank % stages;
+    if (rank / stages != 0) return;
+    scope_ = StageScope(stages_, stage);
+    for (int s = 0; s < stages; ++s) {
+      writer_options.parts.push_back(
+          CheckpointTable(layout_, StageScope(stages_, s), state.optimizer,
+                          static_cast<int64_t>(state.sample_counts.size())));
+    }
+    writer_rank = stage;
+    writers = stages;
+  }
+  auto writer = std::make_unique<checkpoint::CheckpointWriter>(*storage_, uri_.path, writer_rank,
+                                                               writers, writer_options);
   checkpoint::AsyncCheckpointerOptions async_options;
   async_options.attempt_timeout_ms = options_.attempt_timeout_ms;
   async_options.max_attempts = options_.max_attempts;
@@ -92,7 +184,8 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
   std::atomic<int64_t>* last_step = &last_step_;
   current_ = std::make_unique<checkpoint::AsyncCheckpointer>(
       std::move(writer), async_options,
-      [metrics, last_step, rank, attempt_id](const checkpoint::PersistReport& report) {
+      [metrics, last_step, rank = writer_rank,
+       attempt_id](const checkpoint::PersistReport& report) {
         // Background thread of the checkpointer (also after it was retired): touches only what
         // outlives it (metrics and this object's atomic; the destructor joins retired ones).
         if (metrics != nullptr) metrics->ObserveCheckpoint("persist", report.persist_seconds);
@@ -163,16 +256,15 @@ void TrainingCheckpointer::Snapshot(const TrainingState& state) {
     kernels::Device& device = *state.params.device();
     if (!state_ready_) state_ready_ = device.CreateEvent();
     device.Record(*state_ready_, device.compute());
-    current_->SnapshotInBackground(std::move(staging),
-                                   [this, &state](checkpoint::CheckpointState* out) {
-                                     FillCheckpointState(state, layout_, spec_, out,
-                                                         state_ready_.get());
-                                   });
+    current_->SnapshotInBackground(
+        std::move(staging), [this, &state](checkpoint::CheckpointState* out) {
+          FillCheckpointState(state, layout_, spec_, out, state_ready_.get(), scope_);
+        });
     capture_pending_ = true;
     capture_handover_seconds_ = MonotonicSeconds() - started;
     return;
   }
-  FillCheckpointState(state, layout_, spec_, &staging);
+  FillCheckpointState(state, layout_, spec_, &staging, nullptr, scope_);
   current_->Snapshot(std::move(staging));
   if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", MonotonicSeconds() - started);
   // Synchronous checkpoints: training waits for the write (and its retries), but never longer

@@ -13,6 +13,10 @@
 //     generation and differs between generations and between incarnations of the job.
 //   - SnapshotFinal / WaitForFinal: the state at the end of training, persisted before Leave
 //     (bounded wait).
+//   - Pipelines (SetPipelineStages): replica 0's rank of each stage writes that stage's part of
+//     the checkpoint (checkpoint_state.h, checkpoint_writer.h); the other replicas write nothing.
+//     NewestFitting and RestoreStage serve the pipeline's state agreement: rank 0 picks the
+//     checkpoint and each stage reads only its own tensors of it.
 // A failed persist is retried with back-off and reported (log, lockstep_checkpoint_failures_total)
 // and never stops training; nothing is ever renamed over a complete checkpoint, so the previous
 // one stays valid. When a generation ends (EndGeneration), its AsyncCheckpointer is retired on a
@@ -29,6 +33,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,11 +41,12 @@
 #include "common/deadline.h"
 #include "common/spec/training_job.h"
 #include "common/status.h"
+#include "kernels/device.h"
 #include "worker/checkpoint/async_checkpointer.h"
 #include "worker/checkpoint/storage/storage.h"
-#include "kernels/device.h"
 #include "worker/comm/communicator.h"
 #include "worker/metrics.h"
+#include "worker/trainer/checkpoint_state.h"
 #include "worker/trainer/model.h"
 #include "worker/trainer/training_state.h"
 
@@ -75,9 +81,26 @@ class TrainingCheckpointer {
   // checkpoint does not fit the manifest's model.
   StatusOr<int64_t> Restore(TrainingState& state);
 
+  // The pipeline's stages (Trainer::pipeline_plan), before the first generation. Without it (or
+  // with one stage) every rank holds the whole state.
+  void SetPipelineStages(std::vector<LayerRange> stages);
+
   // A generation formed with this process as `rank` of `world_size`; `attempt_id` must be the
-  // same on every member and unique to the generation.
-  void BeginGeneration(const std::string& attempt_id, int rank, int world_size);
+  // same on every member and unique to the generation. `state` is what this rank holds after the
+  // state agreement (a pipeline stage's: the parts' tables come from it).
+  void BeginGeneration(const std::string& attempt_id, int rank, int world_size,
+                       const TrainingState& state);
+
+  // Pipeline, rank 0: the newest valid-looking checkpoint (its shards' sizes are checked, their
+  // checksums by the stages that read them) of a step below `below` that fits the whole model,
+  // -1 when there is none. Damaged or unfitting ones are skipped with a warning; errors are the
+  // storage's.
+  StatusOr<int64_t> NewestFitting(int64_t below, const TrainingState& state);
+  // Pipeline: fills `state`, stage `stage`'s, with that stage's tensors of the checkpoint of
+  // `step` (only the shards holding them are read, and checked). DATA_LOSS or
+  // FAILED_PRECONDITION when that checkpoint cannot serve (the caller tries an older one), else
+  // the storage's errors. `state` is unchanged on any error.
+  Status RestoreStage(int64_t step, int stage, TrainingState& state);
   // The generation ended (or training did): retires its AsyncCheckpointer.
   void EndGeneration();
 
@@ -115,6 +138,9 @@ class TrainingCheckpointer {
   WorkerMetrics* metrics_;
 
   int rank_ = 0;
+  std::vector<LayerRange> stages_;  // empty or one: no pipeline
+  // What this rank's snapshots hold: its stage's part (pipeline) or the whole state.
+  std::optional<CheckpointScope> scope_;
   std::unique_ptr<checkpoint::AsyncCheckpointer> current_;
   // A background copy was started and WaitForCapture has not yet seen it end; the hand-over's
   // seconds, to which the wait is added for the snapshot stall metric.

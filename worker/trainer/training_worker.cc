@@ -88,6 +88,16 @@ Status TrainingWorker::Run() {
     // An asynchronous snapshot is copied while the next step's forward and backward run; the
     // trainer waits for the copy before it changes the state.
     trainer_->SetBeforeStateChange([this] { checkpointer_->WaitForCapture(); });
+    if (trainer_->pipelined()) {
+      // Each stage writes its part of a checkpoint and reads its layers back.
+      checkpointer_->SetPipelineStages(trainer_->pipeline_plan().stages);
+      trainer_->SetStageCheckpoints({[this](int64_t below, const TrainingState& state) {
+                                       return checkpointer_->NewestFitting(below, state);
+                                     },
+                                     [this](int64_t step, int stage, TrainingState& state) {
+                                       return checkpointer_->RestoreStage(step, stage, state);
+                                     }});
+    }
   }
 
   // Every rank's pace rides on its heartbeats: the service names stragglers from it.
@@ -272,7 +282,7 @@ Status TrainingWorker::RunGeneration(const rendezvous::Assignment& assignment, b
     char attempt_id[40];
     std::snprintf(attempt_id, sizeof(attempt_id), "g%lld-%016llx",
                   static_cast<long long>(generation), static_cast<unsigned long long>(nonce));
-    checkpointer_->BeginGeneration(attempt_id, info.rank, info.world_size);
+    checkpointer_->BeginGeneration(attempt_id, info.rank, info.world_size, trainer_->state());
   }
   const double train_started = MonotonicSeconds();
   Trainer::StepFn on_step;

@@ -611,8 +611,6 @@ TEST(TrainingJobSpec, APipelineTheModelOrWorldCannotHaveIsRefusedNamingTheField)
   EXPECT_THAT(ParseError(PipelineJob("{stages: 2}\n    sync: {strategy: localSGD}")),
               HasSubstr("spec.trainer.sync.strategy: a pipeline's stages all-reduce their "
                         "gradients among their replicas: only allreduce (got localSGD)"));
-  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}", "  checkpoint: {uri: file:///tmp/ckpt}\n")),
-              HasSubstr("spec.checkpoint.uri: a pipeline job does not write checkpoints yet"));
   EXPECT_THAT(ParseError(PipelineJob("{stages: 2}\n    device: cuda")),
               HasSubstr("spec.trainer.device: pipeline stages run on device cpu (got cuda)"));
 }

@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -139,6 +141,66 @@ TEST_F(AnotherModelTest, ManifestOfAnotherModelOrOptimizerDoesNotFitNamingTheDif
   EXPECT_EQ(optimizer.code(), StatusCode::kFailedPrecondition);
   EXPECT_NE(optimizer.message().find("holds adamw optimizer state"), std::string::npos)
       << optimizer;
+}
+
+TEST(CheckpointStateTest, StagesCheckpointTheWholeStateBetweenThemEachItsLayersByName) {
+  const spec::TrainerSpec spec = AdamWSpec();
+  auto model = MlpModel::Create(20, {16, 12, 8}, 4, kernels::ActivationType::kRelu);
+  ASSERT_TRUE(model.ok());
+  const ParameterLayout& layout = model->layout();
+  const TrainingState whole = DistinctState(spec, layout, 3);
+  checkpoint::CheckpointState written;
+  FillCheckpointState(whole, layout, spec, &written);
+
+  // Two stages: layers 0..1 and 2..3. Each stage's state is its slice of the whole one.
+  const std::vector<LayerRange> stages = {{0, 2}, {2, 4}};
+  std::map<std::string, std::vector<uint8_t>> by_stage;
+  for (int s = 0; s < 2; ++s) {
+    const LayerRange layers = stages[static_cast<size_t>(s)];
+    const int64_t offset = RangeOffset(layout, layers), count = RangeCount(layout, layers);
+    TrainingState stage = *MakeTrainingState(count, spec.optimizer, kernels::CpuDevice());
+    stage.samples = whole.samples;
+    stage.loss_scale = whole.loss_scale;
+    stage.loss_scale_good_steps = whole.loss_scale_good_steps;
+    stage.sample_counts = whole.sample_counts;
+    std::vector<float> slice = *whole.params.ToHost();
+    ASSERT_TRUE(stage.params.CopyFromHost(slice.data() + offset, count).ok());
+    const auto from = whole.optimizer.StateBuffers();
+    const auto to = stage.optimizer.StateBuffers();
+    for (size_t k = 0; k < from.size(); ++k) {
+      std::copy(from[k].first + offset, from[k].first + offset + count, to[k].first);
+    }
+    checkpoint::CheckpointState part;
+    FillCheckpointState(stage, layout, spec, &part, nullptr, StageScope(stages, s));
+    // What the stage fills is what every rank computes its table to be.
+    const std::vector<checkpoint::TensorEntry> table =
+        CheckpointTable(layout, StageScope(stages, s), stage.optimizer,
+                        static_cast<int64_t>(stage.sample_counts.size()));
+    ASSERT_EQ(part.tensors.size(), table.size());
+    for (size_t k = 0; k < table.size(); ++k) {
+      EXPECT_EQ(part.tensors[k].name, table[k].name);
+      EXPECT_EQ(part.tensors[k].shape, table[k].shape);
+      EXPECT_EQ(static_cast<int64_t>(part.tensors[k].bytes.size()), table[k].bytes);
+      EXPECT_TRUE(by_stage.emplace(part.tensors[k].name, part.tensors[k].bytes).second)
+          << part.tensors[k].name << " in two stages";
+    }
+    // Only stage 0 holds the trainer's own tensors.
+    const bool has_samples = std::any_of(part.tensors.begin(), part.tensors.end(),
+                                         [](const auto& t) { return t.name == "trainer/samples"; });
+    EXPECT_EQ(has_samples, s == 0);
+
+    // And a stage restores its layers from the whole model's checkpoint.
+    TrainingState restored = *MakeTrainingState(count, spec.optimizer, kernels::CpuDevice());
+    ASSERT_TRUE(
+        RestoreFromCheckpointState(written, layout, spec, &restored, StageScope(stages, s)).ok());
+    EXPECT_EQ(*restored.params.ToHost(), *stage.params.ToHost());
+    EXPECT_EQ(restored.step, whole.step);
+  }
+  // Between them, the stages hold every tensor of the whole state, byte for byte.
+  ASSERT_EQ(by_stage.size(), written.tensors.size());
+  for (const checkpoint::NamedTensor& tensor : written.tensors) {
+    EXPECT_EQ(by_stage[tensor.name], tensor.bytes) << tensor.name;
+  }
 }
 
 }  // namespace
