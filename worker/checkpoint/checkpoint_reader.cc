@@ -19,7 +19,9 @@ Status Damage(const std::string& dir, const std::string& part, const std::string
 StatusOr<std::vector<uint8_t>> ReadShard(Storage& storage, const std::string& dir,
                                          const Manifest& manifest, const ShardEntry& shard,
                                          Deadline deadline) {
-  StatusOr<std::vector<uint8_t>> bytes = storage.Read(JoinPath(dir, shard.file), 0, -1, deadline);
+  // One byte past the manifest's size tells a longer file from a whole one, without reading it all.
+  StatusOr<std::vector<uint8_t>> bytes =
+      storage.Read(JoinPath(dir, shard.file), 0, shard.bytes + 1, deadline);
   if (bytes.status().code() == StatusCode::kNotFound) {
     return Damage(dir, "", "missing " + shard.file);
   }
@@ -215,29 +217,31 @@ StatusOr<CheckpointState> ReadTensors(Storage& storage, const std::string& dir,
   if (!missing.empty()) {
     return NotFoundError(BaseName(dir) + " has no tensor " + *missing.begin());
   }
-  std::map<size_t, std::vector<uint8_t>> shards;
-  for (size_t k = 0; k < needed.size(); ++k) {
-    if (!needed[k]) continue;
-    LOCKSTEP_ASSIGN_OR_RETURN(shards[k],
-                              ReadShard(storage, dir, manifest, manifest.shards[k], deadline));
-  }
   CheckpointState state;
   SetMetadata(manifest, &state);
+  std::vector<const TensorEntry*> entries;
   for (const TensorEntry& entry : manifest.tensors) {
     if (wanted.count(entry.name) == 0) continue;
-    NamedTensor tensor{entry.name, entry.dtype, entry.shape, {}};
-    tensor.bytes.reserve(static_cast<size_t>(entry.bytes));
-    // A tensor may span shards (a data-parallel checkpoint splits the stream evenly).
-    for (const auto& [k, bytes] : shards) {
-      const ShardEntry& shard = manifest.shards[k];
+    entries.push_back(&entry);
+    state.tensors.push_back(NamedTensor{entry.name, entry.dtype, entry.shape, {}});
+    state.tensors.back().bytes.resize(static_cast<size_t>(entry.bytes));
+  }
+  // One shard at a time, checked, its part of each wanted tensor copied out and the shard let go:
+  // at most one shard beside the tensors (a tensor may span shards when the stream was split
+  // evenly over data-parallel ranks).
+  for (size_t k = 0; k < needed.size(); ++k) {
+    if (!needed[k]) continue;
+    const ShardEntry& shard = manifest.shards[k];
+    LOCKSTEP_ASSIGN_OR_RETURN(std::vector<uint8_t> bytes,
+                              ReadShard(storage, dir, manifest, shard, deadline));
+    for (size_t t = 0; t < entries.size(); ++t) {
+      const TensorEntry& entry = *entries[t];
       const int64_t from = std::max(entry.offset, shard.offset);
       const int64_t to = std::min(entry.offset + entry.bytes, shard.offset + shard.bytes);
-      if (from < to) {
-        tensor.bytes.insert(tensor.bytes.end(), bytes.begin() + (from - shard.offset),
-                            bytes.begin() + (to - shard.offset));
-      }
+      if (from >= to) continue;
+      std::copy(bytes.begin() + (from - shard.offset), bytes.begin() + (to - shard.offset),
+                state.tensors[t].bytes.begin() + (from - entry.offset));
     }
-    state.tensors.push_back(std::move(tensor));
   }
   return state;
 }

@@ -15,14 +15,14 @@ namespace lockstep::checkpoint {
 namespace {
 
 // Whether two manifests list the same tensors (names, dtypes, shapes), in whatever order: a
-// step written by a pipeline of another depth holds the same state. The sample counts are left
-// out: only the writer of the part that holds them knows whether it keeps them, and every writer
-// must come to the same verdict.
-bool SameTensors(const Manifest& a, const Manifest& b) {
-  auto table = [](const Manifest& m) {
+// step written by a pipeline of another depth holds the same state. With `parted`, the sample
+// counts are left out: only the writer of the part that holds them knows whether it keeps them,
+// and every writer must come to the same verdict.
+bool SameTensors(const Manifest& a, const Manifest& b, bool parted) {
+  auto table = [parted](const Manifest& m) {
     std::map<std::string, std::pair<std::string, std::vector<int64_t>>> tensors;
     for (const TensorEntry& t : m.tensors) {
-      if (t.name != "accounting/sample_counts") tensors[t.name] = {t.dtype, t.shape};
+      if (!parted || t.name != "accounting/sample_counts") tensors[t.name] = {t.dtype, t.shape};
     }
     return tensors;
   };
@@ -45,16 +45,19 @@ std::string PartMismatch(const std::vector<TensorEntry>& table,
   return "";
 }
 
-// A checksum file's content: the hex and a newline, nothing else (a file still being written
-// in place, as on HDFS, is not yet one).
-std::optional<std::string> ParseChecksumFile(const std::vector<uint8_t>& bytes) {
+// A checksum file's content: the hex and a newline, nothing else. Shorter is a file still being
+// written in place (as on HDFS): nullopt, wait. Anything else is DATA_LOSS naming `path`.
+StatusOr<std::optional<std::string>> ParseChecksumFile(const std::vector<uint8_t>& bytes,
+                                                       const std::string& path) {
   const std::string text(bytes.begin(), bytes.end());
   const size_t digits = ShardChecksumHex(ShardChecksumOf(kCheckpointFormatVersion), "", 0).size();
+  if (text.size() < digits + 1) return std::optional<std::string>();
   if (text.size() != digits + 1 || text.back() != '\n' ||
       text.find_first_not_of("0123456789abcdef") != digits) {
-    return std::nullopt;
+    return DataLossError(path + ": not a checksum (" + std::to_string(digits) +
+                         " hex digits and a newline)");
   }
-  return text.substr(0, digits);
+  return std::optional<std::string>(text.substr(0, digits));
 }
 
 }  // namespace
@@ -114,15 +117,20 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
     Manifest committed;
     Status verified =
         CheckStepDir(storage_, final_dir, VerifyLevel::kSizes, &committed, nullptr, deadline);
-    if (verified.ok() && SameTensors(committed, manifest)) return OkStatus();
+    if (verified.ok() && SameTensors(committed, manifest, parted()) &&
+        options_.replace_steps.count(state.step) == 0) {
+      return OkStatus();
+    }
     if (!verified.ok() && verified.code() != StatusCode::kDataLoss &&
         verified.code() != StatusCode::kNotFound) {
       return verified;
     }
     if (rank_ == 0) {
       LOCKSTEP_LOG(WARNING) << "replacing checkpoint of step " << state.step << ": "
-                            << (verified.ok() ? "it holds other tensors than this model's"
-                                              : verified.message());
+                            << (!verified.ok() ? verified.message()
+                                : options_.replace_steps.count(state.step) != 0
+                                    ? "a reader found it damaged"
+                                    : "it holds other tensors than this model's");
       LOCKSTEP_RETURN_IF_ERROR(DeleteStepDir(storage_, root_, state.step, deadline));
     }
   } else if (existing.status().code() != StatusCode::kNotFound) {
@@ -223,10 +231,12 @@ Status CheckpointWriter::WaitForShards(const std::string& temp_dir, Manifest& ma
   // Whether the shard is there whole: its checksum file written (parts), then its size.
   auto arrived = [&](ShardEntry& shard) -> StatusOr<bool> {
     if (parted()) {
-      StatusOr<std::vector<uint8_t>> text =
-          storage_.Read(JoinPath(temp_dir, ShardChecksumFileName(shard.file)), 0, -1, deadline);
+      const std::string path = JoinPath(temp_dir, ShardChecksumFileName(shard.file));
+      // A checksum file is a line; more than a page is not one.
+      StatusOr<std::vector<uint8_t>> text = storage_.Read(path, 0, 4096, deadline);
       if (!text.ok()) return text.status();
-      const std::optional<std::string> checksum = ParseChecksumFile(*text);
+      LOCKSTEP_ASSIGN_OR_RETURN(std::optional<std::string> checksum,
+                                ParseChecksumFile(*text, path));
       if (!checksum) return false;
       shard.checksum = *checksum;
     }
@@ -244,9 +254,10 @@ Status CheckpointWriter::WaitForShards(const std::string& temp_dir, Manifest& ma
         return there.status();
       }
       if (deadline.remaining_ms() <= pause_ms) {
-        return DeadlineExceededError("checkpoint step " + std::to_string(manifest.step) +
-                                     ": rank " + std::to_string(rank) + " did not write " +
-                                     shard.file + " in time");
+        return DeadlineExceededError("checkpoint step " + std::to_string(manifest.step) + ": " +
+                                     (parted() ? "the writer of part " : "rank ") +
+                                     std::to_string(rank) + " did not write " + shard.file +
+                                     (parted() ? " and its checksum" : "") + " in time");
       }
       // Polling stands in for a message from rank `rank`: the writers share nothing but storage.
       std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));

@@ -31,7 +31,9 @@
 #pragma once
 
 #include <cstdint>
+#include <set>
 #include <string>
+#include <vector>
 
 #include "common/deadline.h"
 #include "common/status.h"
@@ -56,6 +58,9 @@ struct CheckpointWriterOptions {
   // holds its own part's tensors only. Empty: every rank holds the whole state and writes the
   // byte range of its shard.
   std::vector<std::vector<TensorEntry>> parts = {};
+  // Steps a reader found damaged: written again even where they look whole by size (every rank
+  // of the write must be given the same set).
+  std::set<int64_t> replace_steps = {};
 };
 
 class CheckpointWriter {

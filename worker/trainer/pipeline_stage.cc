@@ -68,6 +68,7 @@ StatusOr<std::unique_ptr<PipelineStage>> PipelineStage::Create(const MlpModel& m
                                 ": every micro-batch needs a sample");
   }
   std::unique_ptr<PipelineStage> self(new PipelineStage(model, plan, stage, device));
+  self->max_rows_ = max_rows;
   self->max_micro_rows_ = MicroBatchOf(max_rows, plan.micro_batches, 0).rows;
   self->actions_ = StageSchedule(plan.schedule, stages, stage, plan.micro_batches);
   self->slots_ = PeakActivationsHeld(self->actions_);

@@ -87,6 +87,8 @@ class PipelineStage {
 
   LayerRange layers() const { return plan_.stages[static_cast<size_t>(stage_)]; }
   int stage() const { return stage_; }
+  // The largest batch a step may have (Create's max_rows).
+  int64_t max_rows() const { return max_rows_; }
   bool first() const { return stage_ == 0; }
   bool last() const { return stage_ + 1 == static_cast<int>(plan_.stages.size()); }
   // Micro-batches whose activations (or, with recompute, inputs) this stage holds at most.
@@ -117,6 +119,7 @@ class PipelineStage {
   PipelinePlan plan_;
   int stage_ = 0;
   kernels::Device& device_;
+  int64_t max_rows_ = 0;
   int64_t max_micro_rows_ = 0;
   int slots_ = 0;
   int64_t workspace_bytes_ = 0;

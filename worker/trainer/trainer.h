@@ -231,6 +231,12 @@ class Trainer {
     std::function<StatusOr<int64_t>(int64_t below, const TrainingState& state)> newest;
     // A rank of replica 0: `state`, stage `stage`'s, from the checkpoint of `step`.
     std::function<Status(int64_t step, int stage, TrainingState& state)> restore;
+    // Every rank: a stage could not restore the checkpoint of `step` (damaged, or not this
+    // model's); the next write of that step replaces it.
+    std::function<void(int64_t step)> rejected;
+    // How long `newest` and `restore` may take: the ranks waiting on them wait this much longer
+    // than a collective's timeout.
+    int64_t timeout_ms = 0;
   };
   void SetStageCheckpoints(StageCheckpoints checkpoints) {
     stage_checkpoints_ = std::move(checkpoints);
@@ -262,6 +268,9 @@ class Trainer {
   StatusOr<EvalResult> ReduceEvaluation(comm::Communicator& communicator, double totals[3]) const;
   // trainer_pipeline.cc: the pipeline's state agreement, training and evaluation.
   Status AgreeOnPipelineState(comm::Communicator& communicator, const GenerationInfo& generation);
+  // The most samples a pipeline replica trains per step at `world_size` ranks: its share of the
+  // global batch (batchSize while every replica is there).
+  int64_t ReplicaRows(int world_size) const;
   // A state for stage `stage` from the seed (step 0).
   StatusOr<TrainingState> SeedStageState(int stage) const;
   // The agreement when no step has every stage held (a fresh start, or every replica of a stage

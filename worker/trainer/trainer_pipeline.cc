@@ -57,8 +57,8 @@ StatusOr<TrainingState> Trainer::SeedStageState(int stage) const {
 // its own stage: it is broadcast within the group. After a loss the rendezvous renumbers the
 // survivors and a rank may now be another stage than the one it holds: then each stage's state
 // is broadcast over the whole world from one of its holders, and the ranks of that stage keep
-// it. A stage that nobody holds at T (every replica of it was lost) cannot be rebuilt: every
-// stage starts again from the seed, with a warning.
+// it. When a stage has no holder at T (every replica of it was lost, or nobody holds state yet),
+// every stage comes from the newest checkpoint, or the seed (RestorePipelineState).
 Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
                                      const GenerationInfo& generation) {
   if (pipe_ == nullptr || stage_group_ == nullptr) {
@@ -157,9 +157,12 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
     grads_ = kernels::DeviceArray<float>();
     LOCKSTEP_RETURN_IF_ERROR(grads_.Allocate(*device_, count));
   }
-  if (runner_ == nullptr || runner_->stage() != stage_) {
-    LOCKSTEP_ASSIGN_OR_RETURN(
-        runner_, PipelineStage::Create(model_, plan_, stage_, spec_.batch_size, *device_));
+  // A replica trains its share of the global batch: more than batchSize while replicas are
+  // missing from an elastic pipeline (the global batch stays fixed).
+  const int64_t rows = ReplicaRows(world);
+  if (runner_ == nullptr || runner_->stage() != stage_ || runner_->max_rows() != rows) {
+    LOCKSTEP_ASSIGN_OR_RETURN(runner_,
+                              PipelineStage::Create(model_, plan_, stage_, rows, *device_));
   }
   has_state_ = true;
   if (metrics_ != nullptr) metrics_->SetPipelineStage(stage_);
@@ -178,9 +181,16 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
   return OkStatus();
 }
 
+int64_t Trainer::ReplicaRows(int world_size) const {
+  const int64_t replicas = std::max<int64_t>(1, world_size / static_cast<int>(plan_.stages.size()));
+  return (GlobalBatchSize(world_size) + replicas - 1) / replicas;
+}
+
 Status Trainer::RestorePipelineState(comm::Communicator& communicator,
                                      const GenerationInfo& generation, int64_t held_step) {
   const int64_t timeout_ms = collective_timeout_ms();
+  // The collectives that wait for a rank reading storage.
+  const int64_t read_timeout_ms = timeout_ms + stage_checkpoints_.timeout_ms;
   const PipelinePlace place =
       PlaceInPipeline(generation.rank, static_cast<int>(plan_.stages.size()));
   LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
@@ -198,7 +208,7 @@ Status Trainer::RestorePipelineState(comm::Communicator& communicator,
       }
       step = found.ok() ? *found : -2;
     }
-    LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&step, sizeof(step), 0, timeout_ms)
+    LOCKSTEP_RETURN_IF_ERROR(communicator.Broadcast(&step, sizeof(step), 0, read_timeout_ms)
                                  .WithContext("pipeline state agreement: the checkpoint's step"));
     if (step == -2) {
       return UnavailableError("pipeline state agreement: rank 0 could not read the checkpoints");
@@ -232,13 +242,15 @@ Status Trainer::RestorePipelineState(comm::Communicator& communicator,
     }
     LOCKSTEP_RETURN_IF_ERROR(
         communicator
-            .AllReduce(&verdict, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, timeout_ms)
+            .AllReduce(&verdict, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, read_timeout_ms)
             .WithContext("pipeline state agreement: the stages' restore"));
     if (verdict == 0) break;
     if (verdict > 1) {
       return UnavailableError("pipeline state agreement: a stage could not read checkpoint step " +
                               std::to_string(step));
     }
+    // Every rank knows it now, so every writer of that step later agrees to replace it.
+    if (stage_checkpoints_.rejected) stage_checkpoints_.rejected(step);
     below = step;
     if (place.replica == 0) {
       LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
@@ -289,8 +301,9 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
   // Only the first stage reads features and only the last labels.
   std::optional<BatchStager> stager;
   if (runner_->first() || runner_->last()) {
-    LOCKSTEP_ASSIGN_OR_RETURN(BatchStager created, BatchStager::Create(*device_, spec_.batch_size,
-                                                                       data_.train.num_features));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        BatchStager created,
+        BatchStager::Create(*device_, runner_->max_rows(), data_.train.num_features));
     stager.emplace(std::move(created));
   }
   SynchronizerOptions sync_options;
@@ -306,7 +319,7 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
                      << " of " << stages << " (layers " << layers.first << ".." << layers.last - 1
                      << "), replica " << place.replica << " of " << replicas << ": global batch "
                      << global_batch_size << ", " << plan_.micro_batches
-                     << " micro-batch(es) of the replica's " << spec_.batch_size << ", schedule "
+                     << " micro-batch(es) of the replica's " << runner_->max_rows() << ", schedule "
                      << PipelineScheduleName(plan_.schedule)
                      << (plan_.recompute ? " with recompute" : "") << ", "
                      << runner_->activation_slots() << " activation slot(s)";

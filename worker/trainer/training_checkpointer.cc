@@ -83,27 +83,31 @@ void TrainingCheckpointer::SetPipelineStages(std::vector<LayerRange> stages) {
 
 StatusOr<int64_t> TrainingCheckpointer::NewestFitting(int64_t below, const TrainingState& state) {
   const Deadline deadline = Deadline::AfterMs(options_.restore_timeout_ms);
-  StatusOr<std::vector<checkpoint::CheckpointInfo>> checkpoints =
-      checkpoint::ListCheckpoints(*storage_, uri_.path, checkpoint::VerifyLevel::kSizes, deadline);
-  if (!checkpoints.ok()) {
-    return checkpoints.status().WithContext("reading " + options_.checkpoint.uri);
+  StatusOr<std::vector<checkpoint::FileInfo>> entries = storage_->List(uri_.path, deadline);
+  if (entries.status().code() == StatusCode::kNotFound) return int64_t{-1};
+  if (!entries.ok()) return entries.status().WithContext("reading " + options_.checkpoint.uri);
+  std::vector<int64_t> steps;
+  for (const checkpoint::FileInfo& entry : *entries) {
+    const std::optional<int64_t> step = checkpoint::ParseStepDirName(entry.name);
+    if (entry.is_dir && step && *step < below) steps.push_back(*step);
   }
+  std::sort(steps.rbegin(), steps.rend());
   // The whole model's tensors: every stage's part must be there.
   const std::vector<checkpoint::TensorEntry> wanted =
       CheckpointTable(layout_, WholeScope(layout_), state.optimizer,
                       static_cast<int64_t>(state.sample_counts.size()));
-  for (auto it = checkpoints->rbegin(); it != checkpoints->rend(); ++it) {
-    if (it->step >= below) continue;
+  for (int64_t step : steps) {
     Status fits = checkpoint::CheckStepDir(
-        *storage_, it->dir, checkpoint::VerifyLevel::kSizes, nullptr, nullptr, deadline,
+        *storage_, checkpoint::JoinPath(uri_.path, checkpoint::StepDirName(step)),
+        checkpoint::VerifyLevel::kSizes, nullptr, nullptr, deadline,
         [&](const checkpoint::Manifest& manifest) {
           return CheckpointFitsTable(manifest, wanted, state.optimizer.TypeName());
         });
-    if (fits.ok()) return it->step;
+    if (fits.ok()) return step;
     if (fits.code() != StatusCode::kDataLoss) {
       return fits.WithContext("reading " + options_.checkpoint.uri);
     }
-    LOCKSTEP_LOG(WARNING) << "skipped checkpoint of step " << it->step << ": " << fits.message();
+    LOCKSTEP_LOG(WARNING) << "skipped checkpoint of step " << step << ": " << fits.message();
   }
   LOCKSTEP_LOG(INFO) << "no valid checkpoint under " << options_.checkpoint.uri
                      << (below < std::numeric_limits<int64_t>::max()
@@ -156,6 +160,7 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
   checkpoint::CheckpointWriterOptions writer_options;
   writer_options.keep = options_.checkpoint.keep;
   writer_options.attempt_id = attempt_id;
+  writer_options.replace_steps = rejected_steps_;
   int writer_rank = rank;
   int writers = world_size;
   scope_.reset();

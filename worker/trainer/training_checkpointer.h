@@ -34,6 +34,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -101,6 +102,10 @@ class TrainingCheckpointer {
   // FAILED_PRECONDITION when that checkpoint cannot serve (the caller tries an older one), else
   // the storage's errors. `state` is unchanged on any error.
   Status RestoreStage(int64_t step, int stage, TrainingState& state);
+  // Pipeline, every rank alike: the checkpoint of `step` could not serve a restore; the writes
+  // of later generations replace it rather than keep it as committed.
+  void RejectStep(int64_t step) { rejected_steps_.insert(step); }
+  int64_t restore_timeout_ms() const { return options_.restore_timeout_ms; }
   // The generation ended (or training did): retires its AsyncCheckpointer.
   void EndGeneration();
 
@@ -141,6 +146,7 @@ class TrainingCheckpointer {
   std::vector<LayerRange> stages_;  // empty or one: no pipeline
   // What this rank's snapshots hold: its stage's part (pipeline) or the whole state.
   std::optional<CheckpointScope> scope_;
+  std::set<int64_t> rejected_steps_;
   std::unique_ptr<checkpoint::AsyncCheckpointer> current_;
   // A background copy was started and WaitForCapture has not yet seen it end; the hand-over's
   // seconds, to which the wait is added for the snapshot stall metric.

@@ -96,7 +96,9 @@ Status TrainingWorker::Run() {
                                      },
                                      [this](int64_t step, int stage, TrainingState& state) {
                                        return checkpointer_->RestoreStage(step, stage, state);
-                                     }});
+                                     },
+                                     [this](int64_t step) { checkpointer_->RejectStep(step); },
+                                     checkpointer_->restore_timeout_ms()});
     }
   }
 

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "tests/support/job/job.h"
+#include "worker/checkpoint/checkpoint_reader.h"
+#include "worker/checkpoint/storage/local/local_storage.h"
 
 namespace lockstep {
 namespace {
@@ -236,6 +238,13 @@ TEST_F(PipelineCheckpointTest, AStageThatFindsItsShardDamagedSendsEveryStageToTh
   EXPECT_THAT(logs, ::testing::HasSubstr("from checkpoint step 10")) << logs;
   // Steps 11 to 20 again, as the same stages computed them the first time.
   EXPECT_EQ(*retrained, *written);
+  // And step 20 was written again rather than kept as committed: it checks out now.
+  checkpoint::LocalStorage storage;
+  Status verified =
+      checkpoint::VerifyCheckpoint(storage, root.string(), 20, Deadline::AfterMs(60000));
+  EXPECT_TRUE(verified.ok()) << verified;
+  EXPECT_THAT(logs, ::testing::HasSubstr("replacing checkpoint of step 20: a reader found it "
+                                         "damaged"));
 }
 
 TEST_F(PipelineCheckpointTest, DataParallelReplicasCheckpointTrainsOnAsStagesLikeOneWorker) {
