@@ -53,7 +53,8 @@ print_result() {
 }
 
 # Bump when the build changes what the binaries do: cached binaries of another recipe are rebuilt.
-readonly recipe=3  # 2: the empty-string validation fix; 3: the node programs and pause
+# 2: the empty-string validation fix; 3: the node programs and pause; 4: the NoExecute taint fix
+readonly recipe=4
 
 is_built() {
   local program
@@ -153,6 +154,15 @@ do_build() {
     grep -q 'if data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data)) {' "$file"
     sed -i 's/if data == nil || reflect.DeepEqual(reflect.Zero(reflect.TypeOf(data)), reflect.ValueOf(data)) {/if data == nil {/' "$file"
   done
+
+  # A lost node never tainted NoExecute, so its pods never evicted (kubernetes#94183, fixed by
+  # kubernetes#96876 in 1.21 and backported; Debian's 1.20.2 predates it): markNodeForTainting
+  # dropped a node from the tainting queue's set but not from its heap, so nodes that were
+  # NotReady while the cluster came up could leave stale entries that the tainting pass never
+  # removes, and a node lost later was never tainted. The fix removes both.
+  file=pkg/controller/nodelifecycle/node_lifecycle_controller.go
+  [[ $(grep -c 'zoneNoExecuteTainter\[utilnode.GetZoneKey(node)\].SetRemove(node.Name)' "$file") == 2 ]]
+  sed -i 's/zoneNoExecuteTainter\[utilnode.GetZoneKey(node)\].SetRemove(node.Name)/zoneNoExecuteTainter[utilnode.GetZoneKey(node)].Remove(node.Name)/' "$file"
 
   # GOPATH mode, as Debian's own build (debian/rules) does.
   export GOPATH="$PWD/.go" GO111MODULE=off CGO_ENABLED=0 GOFLAGS=-p=2 GOCACHE="$build/gocache"
