@@ -453,8 +453,9 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   // on without the worker is the restart policy's decision (WatchUntilDone). A fixed-size exec
   // job forms only at its full size, as in a cluster: a program need not cope with another world
   // size, and a generation formed without a member that is still stopping its command would end
-  // as soon as it came back. So does a pipeline job: every replica of the pipeline needs all its
-  // stages (docs/pipeline.md). An elastic job's range is the spec's.
+  // as soon as it came back. So does a fixed-size pipeline job: every replica of the pipeline
+  // needs all its stages (docs/pipeline.md). An elastic job's range is the spec's (a pipeline's
+  // generations in whole replicas).
   const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
   const bool exec = !job.spec.trainer.has_value();
   const bool whole_world = exec || job.spec.trainer->pipeline.stages > 1;
@@ -465,6 +466,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   // standbys wait.
   job_config.initial_members = job.spec.replicas;
   job_config.ranks_per_pod = job.spec.ranks_per_worker;
+  job_config.pods_multiple = spec::PodsPerPipelineReplicas(job.spec);
   job_config.wait_for_initial_members = true;
   job_config.heartbeat_timeout_ms = HeartbeatTimeoutMs();
   if (Status status = (*server)->AddJob(job_config); !status.ok()) {

@@ -125,8 +125,24 @@ bool JobState::AllExpectedJoined() const {
 void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   if (active_ || !closed_status_.ok()) return;
   if (complete_pods_ < config_.min_members) return;
+  // Whole pods left over beyond a multiple of pods_multiple wait for the next generation.
+  const int32_t multiple = std::max<int32_t>(1, config_.pods_multiple);
+  if (std::min(complete_pods_, config_.max_members) / multiple * multiple < config_.min_members) {
+    return;
+  }
   bool ready = AllExpectedJoined();
   if (BeforeFirstGeneration() && config_.wait_for_initial_members && !ready) return;
+  // Whole groups of pods: a generation with none of the last one's groups whole, but with pods
+  // of it, may be missing a pod that closed its stream when it saw the loss and is rejoining
+  // (a pipeline would lose a stage): it forms at the last call, not at once.
+  if (ready && config_.pods_multiple > 1 && !BeforeFirstGeneration()) {
+    size_t in_place = 0;
+    const std::vector<std::string> pods = AdmissiblePods(&in_place);
+    const bool any_old = std::any_of(pods.begin(), pods.end(), [&](const std::string& pod) {
+      return last_places_.count(pod) != 0;
+    });
+    if (in_place == 0 && any_old) ready = false;
+  }
   // A place not reported yet is waited for as a late joiner is (checked only once everyone has
   // joined, so that a storm of joins does not look at every pod each time).
   if (ready && config_.order_by_topology && !EveryAdmissiblePodPlaced()) ready = false;
@@ -143,9 +159,9 @@ void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   FormGeneration(now, out);
 }
 
-std::vector<std::string> JobState::AdmissiblePods() const {
+std::vector<std::string> JobState::AdmissiblePods(size_t* in_place) const {
   // Survivors keep their relative order, newcomers follow in order of first arrival; only whole
-  // pods, at most max_members of them.
+  // pods, at most max_members of them, and a multiple of pods_multiple.
   std::vector<std::string> pods;
   for (const auto& survivor : survivors_) {
     if (PodComplete(survivor)) pods.push_back(survivor);
@@ -153,7 +169,31 @@ std::vector<std::string> JobState::AdmissiblePods() const {
   for (const auto& pod : PendingPods()) {
     if (!IsSurvivor(pod) && PodComplete(pod)) pods.push_back(pod);
   }
-  pods.resize(std::min(pods.size(), static_cast<size_t>(config_.max_members)));
+  const int32_t multiple = std::max<int32_t>(1, config_.pods_multiple);
+  if (multiple > 1) {
+    // Groups of the last generation whose every pod is back go first, each pod in its old place:
+    // a pipeline replica keeps its stages. A pod of the last generation counts whether it
+    // survived or rejoined as a newcomer (its stream may have closed before the loss was known).
+    auto group_of = [&](const std::string& pod) {
+      auto it = last_places_.find(pod);
+      return it == last_places_.end() ? -1 : it->second / multiple;
+    };
+    std::map<int32_t, int32_t> group_sizes;
+    for (const auto& pod : pods) {
+      if (group_of(pod) >= 0) ++group_sizes[group_of(pod)];
+    }
+    auto whole = [&](const std::string& pod) {
+      return group_of(pod) >= 0 && group_sizes[group_of(pod)] == multiple;
+    };
+    const auto rest = std::stable_partition(pods.begin(), pods.end(), whole);
+    std::sort(pods.begin(), rest, [&](const std::string& a, const std::string& b) {
+      return last_places_.at(a) < last_places_.at(b);
+    });
+    if (in_place != nullptr) *in_place = static_cast<size_t>(rest - pods.begin());
+  }
+  const size_t admitted = std::min(pods.size(), static_cast<size_t>(config_.max_members));
+  pods.resize(admitted / static_cast<size_t>(multiple) * static_cast<size_t>(multiple));
+  if (in_place != nullptr) *in_place = std::min(*in_place, pods.size());
   return pods;
 }
 
@@ -176,8 +216,13 @@ void JobState::SetPodTopology(const std::string& pod, TopologyPath path, TimePoi
 
 void JobState::FormGeneration(TimePoint now, Actions& out) {
   // Ranks go pod by pod (in the network's order when the job asks for it), local ranks in order.
-  std::vector<std::string> pods = AdmissiblePods();
-  if (config_.order_by_topology) pods = OrderByTopology(pods, places_);
+  size_t in_place = 0;  // leading pods that keep their places (whole surviving groups)
+  std::vector<std::string> pods = AdmissiblePods(&in_place);
+  if (config_.order_by_topology) {
+    std::vector<std::string> rest(pods.begin() + static_cast<std::ptrdiff_t>(in_place), pods.end());
+    rest = OrderByTopology(rest, places_);
+    std::copy(rest.begin(), rest.end(), pods.begin() + static_cast<std::ptrdiff_t>(in_place));
+  }
   const int32_t per_pod = config_.ranks_per_pod;
   std::map<std::pair<std::string, int32_t>, size_t> place;  // (pod, local rank) -> pending_ index
   for (size_t i = 0; i < pending_.size(); ++i) {
@@ -198,6 +243,8 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   stragglers_ = StragglerDetector(config_.stragglers);  // paces compare within a world
   survivors_ = pods;
   survivor_set_ = std::unordered_set<std::string>(pods.begin(), pods.end());
+  last_places_.clear();
+  for (size_t i = 0; i < pods.size(); ++i) last_places_[pods[i]] = static_cast<int32_t>(i);
   Assignment assignment;
   assignment.generation = generation_;
   assignment.world_size = static_cast<int32_t>(world);
@@ -341,11 +388,14 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
     const bool is_member = FindMember(member_id) != nullptr;
     const auto pods_in_generation =
         static_cast<int32_t>(members_.size()) / config_.ranks_per_pod;
-    if (is_member || pods_in_generation < config_.max_members) {
+    if (is_member || CouldGrow(pod, pods_in_generation)) {
       EndGeneration("member " + member_id + " joined", /*lost=*/false, now, out);
     } else {
-      LOCKSTEP_LOG(INFO) << Describe() << ": " << member_id << " waits: generation "
-                         << generation_ << " is at max_members";
+      LOCKSTEP_LOG(INFO) << Describe() << ": " << member_id << " waits: generation " << generation_
+                         << (pods_in_generation < config_.max_members
+                                 ? " admits pods in whole groups of " +
+                                       std::to_string(config_.pods_multiple)
+                                 : std::string(" is at max_members"));
     }
   }
   PendingJoin pending;
@@ -363,6 +413,20 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
   CountPending(pending, +1);
   pending_.push_back(std::move(pending));
   TryFormGeneration(now, out);
+}
+
+bool JobState::CouldGrow(const std::string& joining_pod, int32_t pods_in_generation) const {
+  if (pods_in_generation >= config_.max_members) return false;
+  const int32_t multiple = std::max<int32_t>(1, config_.pods_multiple);
+  if (multiple == 1) return true;
+  // The pods waiting outside the generation, this one included: a re-formation admits them only
+  // in whole groups, so ending the generation for fewer would only stall it.
+  std::unordered_set<std::string> waiting{joining_pod};
+  for (const auto& join : pending_) waiting.insert(join.pod);
+  for (const auto& member : members_) waiting.erase(member.info.pod);
+  const int32_t pods =
+      std::min(config_.max_members, pods_in_generation + static_cast<int32_t>(waiting.size()));
+  return pods / multiple * multiple > pods_in_generation;
 }
 
 void JobState::ExpireJoins(TimePoint now, Actions& out) {

@@ -42,6 +42,11 @@ struct JobConfig {
   int32_t min_members = 1;
   int32_t max_members = 1;
   int32_t ranks_per_pod = 1;
+  // Every generation holds a multiple of this many pods (a pipeline's replicas are whole: its
+  // stages / gcd(stages, ranks_per_pod)); the pods left over wait for the next. Survivors whose
+  // group of this many pods (by their places in the last generation) survived whole go first and
+  // keep their places within it, so a pipeline replica that lost nobody keeps its stages.
+  int32_t pods_multiple = 1;
   // How many members the first generation expects (no generation before it has survivors):
   // it forms at once when this many have joined, else last_call_ms after the latest arrival
   // once min_members have. 0: max_members.
@@ -250,8 +255,15 @@ class JobState {
   int32_t ExpectedPods() const;
   bool AllExpectedJoined() const;
   // The pods the next generation would admit, in order: surviving pods, then newcomers by first
-  // arrival; whole pods only, at most max_members.
-  std::vector<std::string> AdmissiblePods() const;
+  // arrival (whole groups of survivors first when pods_multiple > 1); whole pods only, at most
+  // max_members, a multiple of pods_multiple.
+  // `in_place`, when given: how many leading pods are whole surviving groups, which keep their
+  // places (topology ordering orders the rest).
+  std::vector<std::string> AdmissiblePods(size_t* in_place = nullptr) const;
+  // Whether a re-formation would admit more pods than the active generation's
+  // `pods_in_generation`, now that `joining_pod` joins: below max_members, by whole groups of
+  // pods_multiple.
+  bool CouldGrow(const std::string& joining_pod, int32_t pods_in_generation) const;
   // Whether every one of them has a place (SetPodTopology).
   bool EveryAdmissiblePodPlaced() const;
   void TryFormGeneration(TimePoint now, Actions& out);
@@ -278,6 +290,9 @@ class JobState {
   std::unordered_map<std::string, size_t> member_index_;  // member id -> index in members_
   std::vector<std::string> survivors_;  // pods expected in the next generation, by previous rank
   std::unordered_set<std::string> survivor_set_;  // the same pods, to look up
+  // Each pod's place in the last generation (0 = its first pod): its group is place /
+  // pods_multiple.
+  std::unordered_map<std::string, int32_t> last_places_;
   std::vector<PendingJoin> pending_;    // in join order
   std::unordered_map<std::string, TopologyPath> places_;  // pod -> its place (SetPodTopology)
   // Indexes of pending_ (CountPending): ranks pending per pod, how many pods (and surviving

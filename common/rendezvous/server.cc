@@ -200,6 +200,13 @@ Status RendezvousServerImpl::AddJob(const JobConfig& config) {
     return InvalidArgumentError("rendezvous job " + config.job + ": ranks_per_pod must be >= 1, got " +
                                 std::to_string(config.ranks_per_pod));
   }
+  if (config.pods_multiple < 1 || config.min_members % config.pods_multiple != 0 ||
+      config.max_members < config.pods_multiple) {
+    return InvalidArgumentError(
+        "rendezvous job " + config.job + ": pods_multiple " + std::to_string(config.pods_multiple) +
+        " must be >= 1, divide min_members (" + std::to_string(config.min_members) +
+        ") and not exceed max_members");
+  }
   if (config.heartbeat_interval_ms <= 0 ||
       config.heartbeat_timeout_ms <= config.heartbeat_interval_ms || config.last_call_ms < 0) {
     return InvalidArgumentError("rendezvous job " + config.job +

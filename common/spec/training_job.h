@@ -15,11 +15,13 @@
 // manifest_fields.h by tests/common/spec/crd_schema_test.cc).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -274,6 +276,16 @@ inline int32_t WorkersToRun(const TrainingJobSpec& spec) {
 // wait for a place to free up rather than train beside the others).
 inline int32_t MaxWorld(const TrainingJobSpec& spec) {
   return spec.elastic.standby > 0 ? spec.replicas : spec.elastic.max_replicas;
+}
+
+// Pods that hold whole pipeline replicas: every generation is a multiple of this many pods
+// (stages / gcd(stages, ranksPerWorker)); 1 without a pipeline.
+inline int32_t PodsPerPipelineReplicas(const TrainingJobSpec& spec) {
+  const int32_t stages = spec.trainer.has_value() ? spec.trainer->pipeline.stages : 1;
+  if (stages <= 1) return 1;
+  int32_t a = stages, b = std::max<int32_t>(1, spec.ranks_per_worker);
+  while (b != 0) a = std::exchange(b, a % b);
+  return stages / a;
 }
 
 struct TrainingJob {

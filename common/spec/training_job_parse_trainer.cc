@@ -223,12 +223,25 @@ void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec)
     spec_reader.problems()->Add(trainer_path + ".device",
                                 "pipeline stages run on device cpu (got cuda)" + why);
   }
-  if (spec.elastic.min_replicas != spec.elastic.max_replicas || spec.elastic.standby > 0) {
-    spec_reader.problems()->Add(spec_reader.PathOf("elastic"),
-                                "a pipeline job has a fixed world (replicas x ranksPerWorker "
-                                "ranks); minReplicas, maxReplicas and standby must be left "
-                                "out or equal to replicas" +
+  if (spec.elastic.standby > 0) {
+    spec_reader.problems()->Add(spec_reader.PathOf("elastic") + ".standby",
+                                "a pipeline job keeps no standbys (a lost rank's replica goes "
+                                "out and comes back whole)" +
                                     why);
+  }
+  // Generations hold whole replicas of the pipeline: a multiple of this many workers.
+  const int32_t whole = PodsPerPipelineReplicas(spec);
+  for (const auto& [field, value] :
+       {std::pair<const char*, int32_t>{"minReplicas", spec.elastic.min_replicas},
+        {"maxReplicas", spec.elastic.max_replicas}}) {
+    if (whole > 1 && value % whole != 0) {
+      spec_reader.problems()->Add(
+          spec_reader.PathOf("elastic") + "." + field,
+          "a pipeline's generations hold whole replicas of it (" + std::to_string(whole) +
+              " workers of " + std::to_string(spec.ranks_per_worker) +
+              " rank(s) each): must be a multiple of " + std::to_string(whole) + " (got " +
+              std::to_string(value) + ")" + why);
+    }
   }
 }
 

@@ -300,6 +300,7 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.max_members = spec::MaxWorld(job.spec);
       config.initial_members = job.spec.replicas;
       config.ranks_per_pod = job.spec.ranks_per_worker;  // members count pods
+      config.pods_multiple = spec::PodsPerPipelineReplicas(job.spec);
       config.last_call_ms = options_.rendezvous_last_call_ms;
       config.heartbeat_interval_ms = options_.rendezvous_heartbeat_interval_ms;
       config.heartbeat_timeout_ms = options_.rendezvous_heartbeat_timeout_ms;

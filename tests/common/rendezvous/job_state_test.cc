@@ -559,6 +559,71 @@ TEST(JobStateTest, ALateJoinerEndsTheGenerationWithoutLossAndTheNextIncludesEver
   });
 }
 
+// Pipeline replicas of 2 pods: a generation holds whole replicas. A replica that lost nobody
+// goes first and keeps its places; the lone survivor of the other waits for a partner, and its
+// own re-joins end nothing; the replacement's join does, and the world is whole again.
+TEST(JobStateTest, GenerationsHoldWholeGroupsOfPodsAndAWholeSurvivingGroupKeepsItsPlaces) {
+  JobConfig config = Config(2, 4);
+  config.pods_multiple = 2;
+  Driver job(config);
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; wake @1000"},
+      {"join w2", "wake @10000"},
+      {"join w3",
+       "wake @10000; w0 joins g1 as 0/4; w1 joins g1 as 1/4; w2 joins g1 as 2/4; w3 joins g1 as "
+       "3/4; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w1 g1", ""},
+      {"beat w2 g1", ""},
+      {"beat w3 g1", ""},
+      {"drop w1 g1", "w0 ends g1 lost; w2 ends g1 lost; w3 ends g1 lost"},
+      {"join w0", "wake @10000"},
+      {"join w3", "wake @10000"},
+      // The replica of w2 and w3 survived whole: it forms at once, in its places; w0 waits.
+      {"join w2", "wake @10000; w2 joins g2 as 0/2; w3 joins g2 as 1/2; wake @501"},
+      {"beat w2 g2", ""},
+      {"beat w3 g2", ""},
+      {"join w0", "w0 join fails ABORTED; wake @10000"},
+      {"join w1", "w2 ends g2 joined; w3 ends g2 joined; wake @10000"},
+      {"join w2", "wake @10000"},
+      {"join w3",
+       "wake @10000; w2 joins g3 as 0/4; w3 joins g3 as 1/4; w0 joins g3 as 2/4; w1 joins g3 as "
+       "3/4; wake @501"},
+  });
+}
+
+// A member that saw the loss first closes its stream and so counts as lost; it rejoins as a
+// newcomer. Its group is still whole once it is back: the survivors, none of whose groups is
+// whole without it, wait for it (the last call) rather than forming a generation in which a
+// pipeline would miss a stage; it forms the moment the group is whole again.
+TEST(JobStateTest, APodThatClosedItsStreamFirstIsWaitedForToMakeItsGroupWhole) {
+  JobConfig config = Config(2, 4);
+  config.pods_multiple = 2;
+  Driver job(config);
+  job.Run({
+      {"join w0", "wake @10000"},
+      {"join w3", "wake @10000; wake @1000"},
+      {"join w1", "wake @10000"},
+      {"join w2",
+       "wake @10000; w0 joins g1 as 0/4; w3 joins g1 as 1/4; w1 joins g1 as 2/4; w2 joins g1 as "
+       "3/4; wake @501"},
+      {"beat w0 g1", ""},
+      {"beat w3 g1", ""},
+      {"beat w1 g1", ""},
+      {"beat w2 g1", ""},
+      // w1 dies; w0 notices first and closes its stream.
+      {"drop w0 g1", "w3 ends g1 lost; w1 ends g1 lost; w2 ends g1 lost"},
+      // The launcher reports w1's death.
+      {"remove w1", ""},
+      {"at 100", ""},
+      {"join w3", "wake @10100"},
+      // Every survivor is back, but neither group is whole: the last call, not a generation.
+      {"join w2", "wake @10100; wake @1100"},
+      {"join w0", "wake @10100; w0 joins g2 as 0/2; w3 joins g2 as 1/2; wake @601"},
+  });
+}
+
 TEST(JobStateTest, AMemberJoiningAgainEndsItsGenerationEvenWhenFull) {
   Driver job(Config(2, 2));
   job.Run({

@@ -606,8 +606,15 @@ TEST(TrainingJobSpec, APipelineTheModelOrWorldCannotHaveIsRefusedNamingTheField)
   EXPECT_THAT(ParseError(PipelineJob("{stages: 3}")),
               HasSubstr("spec.replicas: replicas x ranksPerWorker (4) must be a multiple of the "
                         "pipeline's stages"));
-  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}", "  elastic: {minReplicas: 1}\n")),
-              HasSubstr("spec.elastic: a pipeline job has a fixed world"));
+  // 2 ranks per worker: a replica of 4 stages is 2 workers, one of 2 stages is 1.
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 4}", "  elastic: {minReplicas: 1}\n")),
+              HasSubstr("spec.elastic.minReplicas: a pipeline's generations hold whole replicas "
+                        "of it (2 workers of 2 rank(s) each): must be a multiple of 2 (got 1)"));
+  EXPECT_TRUE(
+      ParseTrainingJobYaml(PipelineJob("{stages: 2}", "  elastic: {minReplicas: 1}\n"), "job.yaml")
+          .ok());
+  EXPECT_THAT(ParseError(PipelineJob("{stages: 2}", "  elastic: {standby: 1}\n")),
+              HasSubstr("spec.elastic.standby: a pipeline job keeps no standbys"));
   EXPECT_THAT(ParseError(PipelineJob("{stages: 2}\n    sync: {strategy: localSGD}")),
               HasSubstr("spec.trainer.sync.strategy: a pipeline's stages all-reduce their "
                         "gradients among their replicas: only allreduce (got localSGD)"));
