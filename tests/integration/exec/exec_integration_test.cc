@@ -245,6 +245,37 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
   }
 }
 
+// A pipeline-parallel PyTorch program (examples/pytorch/train_pipeline.py) on the ranks the
+// rendezvous gives: 2 replicas of 2 stages, activations and their gradients over
+// torch.distributed send/recv, and it ends with the parameters one process training the whole
+// model reaches (the script checks, on rank 0).
+TEST(ExecIntegration, APipelineProgramOnTheRendezvousRanksEndsAsOneProcessWould) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const std::string dir = MakeTempDir("exec-pipeline");
+  const std::string manifest =
+      WriteExecManifest(dir, "pytorch-pipeline", 4,
+                        {kPython, lockstep::testing::kPipelineScript, "--stages", "2",
+                         "--micro-batches", "4", "--steps", "30", "--check"},
+                        "  runPolicy: {backoffLimit: 0}\n");
+  const ProcessResult result =
+      lockstep::testing::RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs",
+                                     "--summary", dir + "/summary.json"},
+                                    {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
+  EXPECT_EQ(summary["status"], "succeeded");
+  EXPECT_EQ(summary["world_size"], 4);
+  EXPECT_EQ(summary["steps"], 30) << summary.dump();
+  EXPECT_NE(result.out.find("[rank 0] pipeline matches one process"), std::string::npos)
+      << result.out;
+  // Every rank sits where Lockstep's own pipelines put it: stage rank % 2, replica rank / 2.
+  for (const std::string line : {"[rank 0] rank 0: stage 0 of 2", "[rank 1] rank 1: stage 1 of 2",
+                                 "[rank 2] rank 2: stage 0 of 2 (modules 0..3), replica 1 of 2",
+                                 "[rank 3] rank 3: stage 1 of 2 (modules 4..8), replica 1 of 2"}) {
+    EXPECT_NE(result.out.find(line), std::string::npos) << line << "\n" << result.out;
+  }
+}
+
 // A program that reports nothing: the console still carries its lines (here rank 0's only), and
 // the summary claims no steps, loss or rate for it.
 TEST(ExecIntegration, LockstepRunShowsTheProgramsLinesAndClaimsNoProgressItDidNotReport) {

@@ -11,6 +11,8 @@ namespace lockstep::testing {
 
 inline const std::string kDdpScript =
     std::string(LOCKSTEP_SOURCE_DIR) + "/examples/pytorch/train_ddp.py";
+inline const std::string kPipelineScript =
+    std::string(LOCKSTEP_SOURCE_DIR) + "/examples/pytorch/train_pipeline.py";
 inline const std::string kTestPython = "/usr/bin/python3";
 
 inline bool TorchAvailable() {
