@@ -16,8 +16,7 @@ in the same pod and node (docs/pipeline.md). Each step
     process group, and steps the optimizer.
 
 Plain point-to-point calls, so it runs on any torch with torch.distributed (Debian's 1.13
-included); torch.distributed.pipelining (torch >= 2.4) schedules the same stages with the same
-rank layout. With --check, rank 0 also trains the whole model in one process on the same global
+included, which predates torch.distributed.pipelining). With --check, rank 0 also trains the whole model in one process on the same global
 batches and compares: the pipeline must end with its parameters, up to the order of the sums.
 Progress goes through Lockstep's helper when it is there (`from lockstep import progress`).
 
