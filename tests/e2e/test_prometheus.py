@@ -3,7 +3,9 @@ the relabeling the chart's PodMonitor makes the Prometheus Operator generate (it
 endpoint's keep on the metrics port names, honorLabels, the namespace and pod target labels), and
 every worker expression of the Grafana dashboard, evaluated by Debian's Prometheus, returns data
 from that discovery: the dashboard's queries hold against real pods, not only against static
-targets (tests/packaging/prometheus_scrape_test.py).
+targets (tests/packaging/prometheus_scrape_test.py). The job is a pipeline of 2 stages x 2
+replicas, so that the pipeline row has data as well as the data-parallel ones (each stage's
+replicas all-reduce their gradients): 4 pods on 2 nodes, activations between pods.
 
 Debian builds Prometheus 2.42 without its Kubernetes discovery (the config field
 kubernetes_sd_configs is unknown to /usr/bin/prometheus). So Debian's vmagent (VictoriaMetrics'
@@ -122,6 +124,7 @@ class PrometheusDiscovery(unittest.TestCase):
         try:
             job = cluster.spread_over_nodes(cluster.example("fashion-mnist.yaml"))
             job["spec"]["trainer"]["steps"] = 40000  # outlasts the queries
+            job["spec"]["trainer"]["pipeline"] = {"stages": 2, "microBatches": 2}
             job["spec"]["checkpoint"] = {"intervalSteps": 500, "keep": 2}
             with cluster.Namespace("prometheus") as ns:
                 cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))

@@ -9,8 +9,9 @@ of the rules returns data.
 What it does:
   1. starts kube_testenv_server (kube-apiserver 1.20.2 + etcd on loopback, the TrainingJob CRD
      installed; a first run builds kube-apiserver, minutes) and, meanwhile, `lockstep run` on a
-     manifest derived from examples/digits.yaml: 2 workers, enough steps to outlast the test,
-     hidden [1024, 1024] so that steps take milliseconds, checkpoints every 200 steps (about
+     manifest derived from examples/digits.yaml: 4 workers as a pipeline of 2 stages x 2
+     replicas, enough steps to outlast the test, hidden [1024, 1024] so that steps take
+     milliseconds, checkpoints every 200 steps (about
      one a second), metrics on free ports;
   2. starts lockstep-operator against that API server (no leader election, metrics, rendezvous on
      free loopback ports, progress written every second) and waits for its /readyz;
@@ -49,7 +50,9 @@ import urllib.request
 
 import yaml
 
-WORKERS = 2
+# A pipeline of 2 stages x 2 replicas: every data-parallel panel has data (each stage's replicas
+# all-reduce their gradients) and so does the pipeline row.
+WORKERS = 4
 
 
 def scrape_targets(worker_ports, operator_metrics_port):
@@ -327,6 +330,8 @@ def main():
         # A model big enough that steps take milliseconds: a run of tiny steps ends (or floods its
         # log) before the test is done, however many steps it is given. Stopped by the test.
         manifest["spec"]["trainer"]["model"]["hidden"] = [1024, 1024]
+        manifest["spec"]["replicas"] = WORKERS
+        manifest["spec"]["trainer"]["pipeline"] = {"stages": 2, "microBatches": 2}
         manifest["spec"]["trainer"]["steps"] = 10000000
         manifest["spec"]["trainer"]["logIntervalSteps"] = 50
         manifest["spec"]["checkpoint"] = {"uri": "file://" + os.path.join(work, "ckpt"),
@@ -386,7 +391,7 @@ def main():
                     return False
             return committed
         try:
-            wait_for(training, 120, "both workers training and a first checkpoint")
+            wait_for(training, 120, "every worker training and a first checkpoint")
         except RuntimeError:
             with open(run_log.name) as f:
                 print(f.read()[-3000:])

@@ -384,6 +384,11 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
                              comm_stats.wire_bytes + times.bytes_sent,
                              comm_stats.allreduce_seconds});
       metrics_->ObservePipelineStep(times.compute_seconds, times.wait_seconds, times.bytes_sent);
+      // The stage group's all-reduces, among the stage's replicas.
+      for (size_t i = 0; i < comm_stats.bucket_seconds.size(); ++i) {
+        metrics_->ObserveAllreduce(comm_stats.bucket_seconds[i], comm_stats.bucket_wire_bytes[i],
+                                   replicas);
+      }
     }
     if (state_.step % log_interval == 0 || Finished()) {
       LOCKSTEP_RETURN_IF_ERROR(ReportProgress(communicator, generation, interval, on_progress));
