@@ -117,20 +117,15 @@ Status CheckpointWriter::Commit(const CheckpointState& state, Deadline deadline)
     Manifest committed;
     Status verified =
         CheckStepDir(storage_, final_dir, VerifyLevel::kSizes, &committed, nullptr, deadline);
-    if (verified.ok() && SameTensors(committed, manifest, parted()) &&
-        options_.replace_steps.count(state.step) == 0) {
-      return OkStatus();
-    }
+    if (verified.ok() && SameTensors(committed, manifest, parted())) return OkStatus();
     if (!verified.ok() && verified.code() != StatusCode::kDataLoss &&
         verified.code() != StatusCode::kNotFound) {
       return verified;
     }
     if (rank_ == 0) {
       LOCKSTEP_LOG(WARNING) << "replacing checkpoint of step " << state.step << ": "
-                            << (!verified.ok() ? verified.message()
-                                : options_.replace_steps.count(state.step) != 0
-                                    ? "a reader found it damaged"
-                                    : "it holds other tensors than this model's");
+                            << (verified.ok() ? "it holds other tensors than this model's"
+                                              : verified.message());
       LOCKSTEP_RETURN_IF_ERROR(DeleteStepDir(storage_, root_, state.step, deadline));
     }
   } else if (existing.status().code() != StatusCode::kNotFound) {

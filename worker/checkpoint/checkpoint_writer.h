@@ -31,7 +31,6 @@
 #pragma once
 
 #include <cstdint>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -58,9 +57,6 @@ struct CheckpointWriterOptions {
   // holds its own part's tensors only. Empty: every rank holds the whole state and writes the
   // byte range of its shard.
   std::vector<std::vector<TensorEntry>> parts = {};
-  // Steps a reader found damaged: written again even where they look whole by size (every rank
-  // of the write must be given the same set).
-  std::set<int64_t> replace_steps = {};
 };
 
 class CheckpointWriter {

@@ -231,9 +231,8 @@ class Trainer {
     std::function<StatusOr<int64_t>(int64_t below, const TrainingState& state)> newest;
     // A rank of replica 0: `state`, stage `stage`'s, from the checkpoint of `step`.
     std::function<Status(int64_t step, int stage, TrainingState& state)> restore;
-    // Every rank: a stage could not restore the checkpoint of `step` (damaged, or not this
-    // model's); the next write of that step replaces it.
-    std::function<void(int64_t step)> rejected;
+    // Rank 0: a stage found the checkpoint of `step` damaged; delete it.
+    std::function<Status(int64_t step)> discard;
     // How long `newest` and `restore` may take: the ranks waiting on them wait this much longer
     // than a collective's timeout.
     int64_t timeout_ms = 0;
@@ -318,6 +317,7 @@ class Trainer {
   // The step whose reduced gradients grads_ holds while its commit was in flight (-1: none), and
   // whether the last committed step overflowed.
   int64_t pending_step_ = -1;
+  int64_t pending_global_batch_ = 0;  // the global batch that step was trained with
   bool last_overflow_ = false;
   std::unique_ptr<PipelineStage> runner_;
   comm::Communicator* pipe_ = nullptr;

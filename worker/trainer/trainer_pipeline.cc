@@ -99,7 +99,8 @@ Status Trainer::AgreeOnPipelineState(comm::Communicator& communicator,
     // was one of those that missed the commit.
     const bool account = generation.rank == 0 && !accounting_path_.empty() &&
                          !EpochAccounted(accounting_path_, state_.cursor.epoch);
-    CommitPipelineStep(GlobalBatchSize(world), overflow != 0, account);
+    // The step's own global batch: the world that trained it may not be this one.
+    CommitPipelineStep(pending_global_batch_, overflow != 0, account);
     LOCKSTEP_LOG(INFO) << "pipeline: completed step " << newest - 1
                        << " with the gradients held: other ranks had committed it";
   }
@@ -226,7 +227,8 @@ Status Trainer::RestorePipelineState(comm::Communicator& communicator,
       }
       return OkStatus();
     }
-    // 0: read; 1: this checkpoint cannot serve some stage; 2: a stage's storage failed.
+    // 0: read; 1: it does not fit some stage; 2: some stage found it damaged; 3: a stage's
+    // storage failed.
     double verdict = 0;
     if (place.replica == 0) {
       Status read = stage_checkpoints_.restore(step, place.stage, state_);
@@ -234,10 +236,10 @@ Status Trainer::RestorePipelineState(comm::Communicator& communicator,
         LOCKSTEP_LOG(WARNING) << "pipeline: stage " << place.stage << " cannot restore checkpoint "
                               << "step " << step << ": " << read;
         const StatusCode code = read.code();
-        verdict = code == StatusCode::kDataLoss || code == StatusCode::kFailedPrecondition ||
-                          code == StatusCode::kNotFound
+        verdict = code == StatusCode::kDataLoss ? 2
+                  : code == StatusCode::kFailedPrecondition || code == StatusCode::kNotFound
                       ? 1
-                      : 2;
+                      : 3;
       }
     }
     LOCKSTEP_RETURN_IF_ERROR(
@@ -245,12 +247,19 @@ Status Trainer::RestorePipelineState(comm::Communicator& communicator,
             .AllReduce(&verdict, 1, comm::DataType::kFloat64, comm::ReduceOp::kMax, read_timeout_ms)
             .WithContext("pipeline state agreement: the stages' restore"));
     if (verdict == 0) break;
-    if (verdict > 1) {
+    if (verdict > 2) {
       return UnavailableError("pipeline state agreement: a stage could not read checkpoint step " +
                               std::to_string(step));
     }
-    // Every rank knows it now, so every writer of that step later agrees to replace it.
-    if (stage_checkpoints_.rejected) stage_checkpoints_.rejected(step);
+    if (verdict == 2 && generation.rank == 0 && stage_checkpoints_.discard) {
+      // Its sizes check out, so a later write of the step would keep it as committed, and
+      // retention would count it: it goes now, from storage, where every writer sees it gone.
+      Status discarded = stage_checkpoints_.discard(step);
+      if (!discarded.ok()) {
+        LOCKSTEP_LOG(WARNING) << "pipeline: cannot delete the damaged checkpoint of step " << step
+                              << ": " << discarded;
+      }
+    }
     below = step;
     if (place.replica == 0) {
       LOCKSTEP_ASSIGN_OR_RETURN(state_, SeedStageState(place.stage));
@@ -356,6 +365,7 @@ Status Trainer::TrainPipeline(comm::Communicator& communicator, const Generation
     // next state agreement steps this one too (AgreeOnPipelineState), so that the stages never
     // stay a step apart.
     pending_step_ = state_.step;
+    pending_global_batch_ = global_batch_size;
     double flags[2] = {leave_requested != nullptr && leave_requested->load() ? 1.0 : 0.0,
                        comm_stats.overflow ? 1.0 : 0.0};
     LOCKSTEP_RETURN_IF_ERROR(

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "common/logging.h"
+#include "worker/checkpoint/checkpoint_deletion.h"
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/checkpoint_writer.h"
 #include "worker/trainer/checkpoint_state.h"
@@ -125,11 +126,11 @@ Status TrainingCheckpointer::RestoreStage(int64_t step, int stage, TrainingState
   const std::vector<checkpoint::TensorEntry> wanted = CheckpointTable(
       layout_, scope, state.optimizer, static_cast<int64_t>(state.sample_counts.size()));
   checkpoint::Manifest manifest;
-  LOCKSTEP_RETURN_IF_ERROR(
-      checkpoint::CheckStepDir(*storage_, dir, checkpoint::VerifyLevel::kSizes, &manifest, nullptr,
-                               deadline, [&](const checkpoint::Manifest& m) {
-                                 return CheckpointFitsTable(m, wanted, state.optimizer.TypeName());
-                               }));
+  // DATA_LOSS only for damage; a checkpoint of another model is FAILED_PRECONDITION.
+  LOCKSTEP_RETURN_IF_ERROR(checkpoint::CheckStepDir(*storage_, dir, checkpoint::VerifyLevel::kSizes,
+                                                    &manifest, nullptr, deadline));
+  LOCKSTEP_RETURN_IF_ERROR(CheckpointFitsTable(manifest, wanted, state.optimizer.TypeName())
+                               .WithContext("checkpoint of step " + std::to_string(step)));
   std::set<std::string> names;
   for (const checkpoint::TensorEntry& tensor : wanted) {
     // Counts the checkpoint lacks are reset, as in RestoreFromCheckpointState.
@@ -153,6 +154,14 @@ Status TrainingCheckpointer::RestoreStage(int64_t step, int stage, TrainingState
   return OkStatus();
 }
 
+Status TrainingCheckpointer::DiscardStep(int64_t step) {
+  LOCKSTEP_RETURN_IF_ERROR(checkpoint::DeleteStepDir(
+      *storage_, uri_.path, step, Deadline::AfterMs(options_.restore_timeout_ms)));
+  LOCKSTEP_LOG(WARNING) << "deleted the damaged checkpoint of step " << step << " under "
+                        << options_.checkpoint.uri;
+  return OkStatus();
+}
+
 void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int rank, int world_size,
                                            const TrainingState& state) {
   EndGeneration();
@@ -160,7 +169,6 @@ void TrainingCheckpointer::BeginGeneration(const std::string& attempt_id, int ra
   checkpoint::CheckpointWriterOptions writer_options;
   writer_options.keep = options_.checkpoint.keep;
   writer_options.attempt_id = attempt_id;
-  writer_options.replace_steps = rejected_steps_;
   int writer_rank = rank;
   int writers = world_size;
   scope_.reset();

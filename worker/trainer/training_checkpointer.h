@@ -34,7 +34,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -98,13 +97,14 @@ class TrainingCheckpointer {
   // storage's.
   StatusOr<int64_t> NewestFitting(int64_t below, const TrainingState& state);
   // Pipeline: fills `state`, stage `stage`'s, with that stage's tensors of the checkpoint of
-  // `step` (only the shards holding them are read, and checked). DATA_LOSS or
-  // FAILED_PRECONDITION when that checkpoint cannot serve (the caller tries an older one), else
-  // the storage's errors. `state` is unchanged on any error.
+  // `step` (only the shards holding them are read, and checked). DATA_LOSS when it is damaged,
+  // FAILED_PRECONDITION when it is not this model's (the caller tries an older one either way),
+  // else the storage's errors. `state` is unchanged on any error.
   Status RestoreStage(int64_t step, int stage, TrainingState& state);
-  // Pipeline, every rank alike: the checkpoint of `step` could not serve a restore; the writes
-  // of later generations replace it rather than keep it as committed.
-  void RejectStep(int64_t step) { rejected_steps_.insert(step); }
+  // Pipeline, rank 0: a stage found the checkpoint of `step` damaged: it is deleted (as
+  // retention deletes, checkpoint_deletion.h), so that no later write of that step keeps it as
+  // committed because its sizes check out. Errors are the storage's (logged by the caller).
+  Status DiscardStep(int64_t step);
   int64_t restore_timeout_ms() const { return options_.restore_timeout_ms; }
   // The generation ended (or training did): retires its AsyncCheckpointer.
   void EndGeneration();
@@ -146,7 +146,6 @@ class TrainingCheckpointer {
   std::vector<LayerRange> stages_;  // empty or one: no pipeline
   // What this rank's snapshots hold: its stage's part (pipeline) or the whole state.
   std::optional<CheckpointScope> scope_;
-  std::set<int64_t> rejected_steps_;
   std::unique_ptr<checkpoint::AsyncCheckpointer> current_;
   // A background copy was started and WaitForCapture has not yet seen it end; the hand-over's
   // seconds, to which the wait is added for the snapshot stall metric.

@@ -97,7 +97,9 @@ Status TrainingWorker::Run() {
                                      [this](int64_t step, int stage, TrainingState& state) {
                                        return checkpointer_->RestoreStage(step, stage, state);
                                      },
-                                     [this](int64_t step) { checkpointer_->RejectStep(step); },
+                                     [this](int64_t step) {
+                                       return checkpointer_->DiscardStep(step);
+                                     },
                                      checkpointer_->restore_timeout_ms()});
     }
   }
