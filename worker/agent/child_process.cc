@@ -242,6 +242,16 @@ void ChildProcess::EnterIdle(const std::string& shown) {
     idle_priority_ = true;
   } else {
     LOCKSTEP_LOG(WARNING) << shown << " runs at normal CPU priority: " << idle;
+    return;
+  }
+  // What the program started between its exec and this call did not inherit the policy (a shell
+  // forks at once); what it starts from now on does.
+  for (pid_t started : DescendantsOf(pid_)) {
+    Status idle = EnterIdlePriority(started);
+    if (!idle.ok() && idle.code() != StatusCode::kNotFound) {
+      LOCKSTEP_LOG(WARNING) << shown << ": process " << started
+                            << " runs at normal CPU priority: " << idle;
+    }
   }
 }
 
