@@ -419,10 +419,14 @@ bool JobState::CouldGrow(const std::string& joining_pod, int32_t pods_in_generat
   if (pods_in_generation >= config_.max_members) return false;
   const int32_t multiple = std::max<int32_t>(1, config_.pods_multiple);
   if (multiple == 1) return true;
-  // The pods waiting outside the generation, this one included: a re-formation admits them only
-  // in whole groups, so ending the generation for fewer would only stall it.
-  std::unordered_set<std::string> waiting{joining_pod};
-  for (const auto& join : pending_) waiting.insert(join.pod);
+  // The whole pods waiting outside the generation, this one included once its join completes it:
+  // a re-formation admits them only in whole groups, so ending the generation for fewer (or for
+  // a pod some of whose ranks are missing) would only stall it.
+  std::unordered_set<std::string> waiting;
+  for (const auto& [pod, ranks] : pending_ranks_) {
+    if (ranks + (pod == joining_pod ? 1 : 0) >= config_.ranks_per_pod) waiting.insert(pod);
+  }
+  if (config_.ranks_per_pod == 1) waiting.insert(joining_pod);
   for (const auto& member : members_) waiting.erase(member.info.pod);
   const int32_t pods =
       std::min(config_.max_members, pods_in_generation + static_cast<int32_t>(waiting.size()));

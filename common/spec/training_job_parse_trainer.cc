@@ -229,6 +229,21 @@ void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec)
                                 "out and comes back whole)" +
                                     why);
   }
+  // With a fixed global batch, more replicas than `replicas` each train a smaller share of it;
+  // every share must still give each micro-batch a sample.
+  if (spec.elastic.global_batch == GlobalBatch::kFixed &&
+      spec.elastic.max_replicas > spec.replicas && spec.elastic.max_replicas > 0) {
+    const int64_t share = static_cast<int64_t>(trainer.batch_size) * spec.replicas /
+                          spec.elastic.max_replicas;
+    if (share < trainer.pipeline.micro_batches) {
+      spec_reader.problems()->Add(
+          spec_reader.PathOf("elastic") + ".maxReplicas",
+          "with globalBatch fixed, " + std::to_string(spec.elastic.max_replicas) +
+              " workers give each pipeline replica " + std::to_string(share) +
+              " samples of the global batch, fewer than microBatches (" +
+              std::to_string(trainer.pipeline.micro_batches) + ")" + why);
+    }
+  }
   // Generations hold whole replicas of the pipeline: a multiple of this many workers.
   const int32_t whole = PodsPerPipelineReplicas(spec);
   for (const auto& [field, value] :

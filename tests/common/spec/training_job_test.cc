@@ -615,6 +615,12 @@ TEST(TrainingJobSpec, APipelineTheModelOrWorldCannotHaveIsRefusedNamingTheField)
           .ok());
   EXPECT_THAT(ParseError(PipelineJob("{stages: 2}", "  elastic: {standby: 1}\n")),
               HasSubstr("spec.elastic.standby: a pipeline job keeps no standbys"));
+  // batchSize 64 x 2 workers / 16 workers: 8 samples per replica, for 16 micro-batches.
+  EXPECT_THAT(
+      ParseError(PipelineJob("{stages: 2, microBatches: 16}",
+                             "  elastic: {minReplicas: 2, maxReplicas: 16, globalBatch: fixed}\n")),
+      HasSubstr("spec.elastic.maxReplicas: with globalBatch fixed, 16 workers give each pipeline "
+                "replica 8 samples of the global batch, fewer than microBatches (16)"));
   EXPECT_THAT(ParseError(PipelineJob("{stages: 2}\n    sync: {strategy: localSGD}")),
               HasSubstr("spec.trainer.sync.strategy: a pipeline's stages all-reduce their "
                         "gradients among their replicas: only allreduce (got localSGD)"));
