@@ -233,8 +233,8 @@ void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec)
   // every share must still give each micro-batch a sample.
   if (spec.elastic.global_batch == GlobalBatch::kFixed &&
       spec.elastic.max_replicas > spec.replicas && spec.elastic.max_replicas > 0) {
-    const int64_t share = static_cast<int64_t>(trainer.batch_size) * spec.replicas /
-                          spec.elastic.max_replicas;
+    const int64_t share =
+        static_cast<int64_t>(trainer.batch_size) * spec.replicas / spec.elastic.max_replicas;
     if (share < trainer.pipeline.micro_batches) {
       spec_reader.problems()->Add(
           spec_reader.PathOf("elastic") + ".maxReplicas",

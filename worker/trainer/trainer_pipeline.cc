@@ -236,10 +236,9 @@ Status Trainer::RestorePipelineState(comm::Communicator& communicator,
         LOCKSTEP_LOG(WARNING) << "pipeline: stage " << place.stage << " cannot restore checkpoint "
                               << "step " << step << ": " << read;
         const StatusCode code = read.code();
-        verdict = code == StatusCode::kDataLoss ? 2
-                  : code == StatusCode::kFailedPrecondition || code == StatusCode::kNotFound
-                      ? 1
-                      : 3;
+        verdict = code == StatusCode::kDataLoss                                              ? 2
+                  : code == StatusCode::kFailedPrecondition || code == StatusCode::kNotFound ? 1
+                                                                                             : 3;
       }
     }
     LOCKSTEP_RETURN_IF_ERROR(

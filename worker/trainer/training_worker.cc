@@ -91,16 +91,15 @@ Status TrainingWorker::Run() {
     if (trainer_->pipelined()) {
       // Each stage writes its part of a checkpoint and reads its layers back.
       checkpointer_->SetPipelineStages(trainer_->pipeline_plan().stages);
-      trainer_->SetStageCheckpoints({[this](int64_t below, const TrainingState& state) {
-                                       return checkpointer_->NewestFitting(below, state);
-                                     },
-                                     [this](int64_t step, int stage, TrainingState& state) {
-                                       return checkpointer_->RestoreStage(step, stage, state);
-                                     },
-                                     [this](int64_t step) {
-                                       return checkpointer_->DiscardStep(step);
-                                     },
-                                     checkpointer_->restore_timeout_ms()});
+      trainer_->SetStageCheckpoints(
+          {[this](int64_t below, const TrainingState& state) {
+             return checkpointer_->NewestFitting(below, state);
+           },
+           [this](int64_t step, int stage, TrainingState& state) {
+             return checkpointer_->RestoreStage(step, stage, state);
+           },
+           [this](int64_t step) { return checkpointer_->DiscardStep(step); },
+           checkpointer_->restore_timeout_ms()});
     }
   }
 
