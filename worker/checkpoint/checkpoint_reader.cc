@@ -167,8 +167,8 @@ Status VerifyCheckpoint(Storage& storage, const std::string& root, std::optional
   return CheckStepDir(storage, dir, VerifyLevel::kChecksums, nullptr, nullptr, deadline);
 }
 
-StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& root,
-                                           Deadline deadline, const ManifestCheck& accept) {
+StatusOr<std::vector<int64_t>> StepsNewestFirst(Storage& storage, const std::string& root,
+                                                Deadline deadline) {
   StatusOr<std::vector<FileInfo>> entries = storage.List(root, deadline);
   if (entries.status().code() == StatusCode::kNotFound) {
     return NotFoundError("no checkpoint under " + root + " (it does not exist)");
@@ -181,6 +181,12 @@ StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& 
     if (entry.is_dir && step) steps.push_back(*step);
   }
   std::sort(steps.rbegin(), steps.rend());
+  return steps;
+}
+
+StatusOr<LoadedCheckpoint> LoadNewestValid(Storage& storage, const std::string& root,
+                                           Deadline deadline, const ManifestCheck& accept) {
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<int64_t> steps, StepsNewestFirst(storage, root, deadline));
   LoadedCheckpoint loaded;
   for (int64_t step : steps) {
     const std::string dir = JoinPath(root, StepDirName(step));

@@ -70,6 +70,11 @@ struct LoadedCheckpoint {
   std::vector<SkippedCheckpoint> skipped;  // newer checkpoints found damaged, newest first
 };
 
+// The steps of every step-<N> directory under `root`, newest first, unchecked (finishing
+// interrupted deletes, as ListCheckpoints does). NOT_FOUND when `root` does not exist.
+StatusOr<std::vector<int64_t>> StepsNewestFirst(Storage& storage, const std::string& root,
+                                                Deadline deadline);
+
 // What a loader requires of a checkpoint beyond its own consistency, e.g. that its tensors are
 // the model's (same names, dtypes and shapes): OK, or the mismatch in words. A checkpoint it
 // rejects is treated as damaged (skipped and named), before any shard is read.

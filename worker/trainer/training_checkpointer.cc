@@ -84,20 +84,16 @@ void TrainingCheckpointer::SetPipelineStages(std::vector<LayerRange> stages) {
 
 StatusOr<int64_t> TrainingCheckpointer::NewestFitting(int64_t below, const TrainingState& state) {
   const Deadline deadline = Deadline::AfterMs(options_.restore_timeout_ms);
-  StatusOr<std::vector<checkpoint::FileInfo>> entries = storage_->List(uri_.path, deadline);
-  if (entries.status().code() == StatusCode::kNotFound) return int64_t{-1};
-  if (!entries.ok()) return entries.status().WithContext("reading " + options_.checkpoint.uri);
-  std::vector<int64_t> steps;
-  for (const checkpoint::FileInfo& entry : *entries) {
-    const std::optional<int64_t> step = checkpoint::ParseStepDirName(entry.name);
-    if (entry.is_dir && step && *step < below) steps.push_back(*step);
-  }
-  std::sort(steps.rbegin(), steps.rend());
+  StatusOr<std::vector<int64_t>> steps =
+      checkpoint::StepsNewestFirst(*storage_, uri_.path, deadline);
+  if (steps.status().code() == StatusCode::kNotFound) return int64_t{-1};
+  if (!steps.ok()) return steps.status().WithContext("reading " + options_.checkpoint.uri);
   // The whole model's tensors: every stage's part must be there.
   const std::vector<checkpoint::TensorEntry> wanted =
       CheckpointTable(layout_, WholeScope(layout_), state.optimizer,
                       static_cast<int64_t>(state.sample_counts.size()));
-  for (int64_t step : steps) {
+  for (int64_t step : *steps) {
+    if (step >= below) continue;
     Status fits = checkpoint::CheckStepDir(
         *storage_, checkpoint::JoinPath(uri_.path, checkpoint::StepDirName(step)),
         checkpoint::VerifyLevel::kSizes, nullptr, nullptr, deadline,
