@@ -37,6 +37,12 @@ struct ExecutionContext {
   // several times faster on large layers, ~1e-3 relative error). Off by default, so the GPU
   // matches the CPU path and PyTorch's default within fp32 rounding. The CPU path ignores it.
   bool allow_tf32 = false;
+  // CUDA Gemm only: the caller promises that every value of both operands is a bf16 held in a
+  // float (trainer::Precision::kBf16 rounds them with RoundToBf16), so cuBLAS may run bf16
+  // tensor cores (CUBLAS_COMPUTE_32F_FAST_16BF): the down-conversion is then exact and the result
+  // is the fp32 sum of exact products, what the CPU's fp32 GEMM of the same values computes up to
+  // summation order. The CPU path ignores it. Takes precedence over allow_tf32.
+  bool bf16_operands = false;
 };
 
 // C[M,N] = alpha * op(A) * op(B) + beta * C, row-major; op(X) is X or X^T.

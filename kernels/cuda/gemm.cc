@@ -5,7 +5,9 @@
 // C^T = op(B)^T op(A)^T: cuBLAS gets B first, then A, with n and m swapped and the same
 // leading dimensions the row-major layout has.
 //
-// Precision: CUBLAS_COMPUTE_32F, full fp32 products, unless ctx.allow_tf32 (TF32 tensor cores,
+// Precision: CUBLAS_COMPUTE_32F, full fp32 products, unless ctx.bf16_operands (operands that are
+// bf16 values already: CUBLAS_COMPUTE_32F_FAST_16BF, bf16 tensor cores with fp32 sums, exact
+// because converting such a float to bf16 changes nothing) or ctx.allow_tf32 (TF32 tensor cores,
 // CUBLAS_COMPUTE_32F_FAST_TF32: ~10-bit mantissa inputs, several times faster on large layers),
 // so that by default the GPU path matches the CPU path and PyTorch's default
 // (torch.backends.cuda.matmul.allow_tf32 = False) within fp32 rounding. The handle's math mode is
@@ -63,8 +65,9 @@ void Gemm(const ExecutionContext& ctx, bool transpose_a, bool transpose_b, int64
   const int ldb = transpose_b ? blas_k : blas_n;
   const cublasHandle_t handle = BlasHandleOf(ctx);
   LOCKSTEP_CUBLAS_CHECK(cublasSetStream(handle, StreamOf(ctx)));
-  const cublasComputeType_t compute =
-      ctx.allow_tf32 ? CUBLAS_COMPUTE_32F_FAST_TF32 : CUBLAS_COMPUTE_32F;
+  const cublasComputeType_t compute = ctx.bf16_operands ? CUBLAS_COMPUTE_32F_FAST_16BF
+                                      : ctx.allow_tf32  ? CUBLAS_COMPUTE_32F_FAST_TF32
+                                                        : CUBLAS_COMPUTE_32F;
   LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                                      transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, blas_n, blas_m,
                                      blas_k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta,

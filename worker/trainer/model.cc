@@ -19,6 +19,15 @@ bool RoundsBetweenBiasAndActivation(ActivationType activation) {
   return activation == ActivationType::kGelu || activation == ActivationType::kTanh;
 }
 
+// The context the layers' GEMMs run in: in bf16 both operands of every GEMM are rounded values
+// (rounded weights, input, outputs and activation gradients), which lets a GPU use its bf16
+// tensor cores for them (kernels::ExecutionContext::bf16_operands).
+kernels::ExecutionContext GemmContext(const kernels::ExecutionContext& ctx, bool bf16) {
+  kernels::ExecutionContext gemm = ctx;
+  gemm.bf16_operands = bf16;
+  return gemm;
+}
+
 }  // namespace
 
 int64_t RangeOffset(const ParameterLayout& layout, LayerRange range) {
@@ -165,14 +174,15 @@ const float* MlpModel::Forward(const kernels::ExecutionContext& ctx, const float
     input = workspace.bf16_input_.device_data();
   }
   const LayerParams p = ReadParams(params, workspace);
+  const kernels::ExecutionContext gemm = GemmContext(ctx, bf16());
   for (int l = range.first; l < range.last; ++l) {
     const LayerLayout& layer = layout_.layers[static_cast<size_t>(l)];
     const auto i = static_cast<size_t>(l - range.first);
     float* out = workspace.outputs_[i].device_data();
     if (rows > 0) {
       // out[rows, out] = input[rows, in] * W^T, W being [out, in].
-      kernels::Gemm(ctx, false, true, rows, layer.out, layer.in, 1.0f, input, p.weight(layer), 0.0f,
-                    out);
+      kernels::Gemm(gemm, false, true, rows, layer.out, layer.in, 1.0f, input, p.weight(layer),
+                    0.0f, out);
       float* pre = workspace.pre_activations_[i].empty()
                        ? nullptr
                        : workspace.pre_activations_[i].device_data();
@@ -228,6 +238,7 @@ void MlpModel::Backward(const kernels::ExecutionContext& ctx, const float* param
   const LayerParams p = ReadParams(params, workspace);
   if (bf16()) input = workspace.bf16_input_.device_data();
   const int64_t shift = p.shift;  // grads is the range's slice too
+  const kernels::ExecutionContext gemm = GemmContext(ctx, bf16());
 
   const LayerLayout& top = layout_.layers[static_cast<size_t>(range.last) - 1];
   float* dy = from.grad_output;
@@ -264,7 +275,7 @@ void MlpModel::Backward(const kernels::ExecutionContext& ctx, const float* param
     }
     const float* x = (l == range.first) ? input : workspace.outputs_[i - 1].device_data();
     // dW[out, in] = dy^T[out, rows] * x[rows, in].
-    kernels::Gemm(ctx, true, false, layer.out, layer.in, rows, 1.0f, dy, x,
+    kernels::Gemm(gemm, true, false, layer.out, layer.in, rows, 1.0f, dy, x,
                   accumulate ? 1.0f : 0.0f, grads + (layer.weight_offset - shift));
     // The layer's gradients are final: its bucket may go on the wire while the rest of
     // backward runs.
@@ -273,7 +284,7 @@ void MlpModel::Backward(const kernels::ExecutionContext& ctx, const float* param
     if (last && grad_input == nullptr) break;
     // dx[rows, in] = dy[rows, out] * W[out, in]; the range's input gradient goes to grad_input.
     float* target = last ? grad_input : dx;
-    kernels::Gemm(ctx, false, false, rows, layer.in, layer.out, 1.0f, dy, p.weight(layer), 0.0f,
+    kernels::Gemm(gemm, false, false, rows, layer.in, layer.out, 1.0f, dy, p.weight(layer), 0.0f,
                   target);
     if (bf16()) kernels::RoundToBf16(ctx, rows * layer.in, target, target);
     if (!last) {

@@ -23,7 +23,8 @@
 // Precision (spec.trainer.precision): kBf16 is mixed precision as PyTorch's autocast computes an
 // nn.Linear stack, emulated on fp32 storage: every value autocast would hold in bf16 is rounded to
 // the nearest bf16 and kept as a float (kernels::RoundToBf16), so a GEMM of such values with fp32
-// sums computes what a bf16 tensor-core GEMM computes (each product of two bf16 is exact in fp32).
+// sums computes what a bf16 tensor-core GEMM computes (each product of two bf16 is exact in fp32);
+// on a GPU the GEMMs do run on bf16 tensor cores (kernels::ExecutionContext::bf16_operands).
 // Rounded: the weights and biases a layer reads (a copy; the fp32 master parameters are left as
 // they are), the input features, every layer's pre-activation (before its activation is applied)
 // and output (the logits included), and every activation gradient (before it enters a GEMM or
