@@ -26,7 +26,7 @@
 #                        them to the search path only when the GPU machine's own are missing or
 #                        too old (see "The GCC runtime" below)
 #   data/fashion-mnist/  the four .gz files of Debian's dataset-fashion-mnist
-#   examples/fashion-mnist.yaml, bench/train_step/torch_step.py
+#   examples/, bench/, tests/python/  the files of extra_files below, at their repository paths
 #   BUNDLE-INFO          key=value lines: commit, programs, bundled libraries, the CUDA libraries
 #                        the GPU machine must provide, the newest glibc symbol version needed
 #
@@ -57,11 +57,17 @@ readonly max_archive_mib=60
 # only with nvcc, trainer_device_test and train_step_bench are new).
 readonly required_programs=(lockstep lockstep-worker)
 readonly optional_programs=(cuda_kernels_test comm_nccl_communicator_test kernels_test
-  kernels_cuda_bench trainer_device_test train_step_bench)
+  kernels_cuda_bench trainer_device_test train_step_bench in_place_recovery_test)
 readonly dataset_dir=/usr/share/datasets/fashion-mnist
 readonly dataset_files=(train-images-idx3-ubyte.gz train-labels-idx1-ubyte.gz
   t10k-images-idx3-ubyte.gz t10k-labels-idx1-ubyte.gz)
-readonly extra_files=(examples/fashion-mnist.yaml bench/train_step/torch_step.py)
+# Exec mode on the GPU machine's PyTorch: the DDP example, the helpers' Python tests (which
+# import them from ../../python) and the goodput benchmark (scripts/gpu_check, step g).
+readonly extra_files=(examples/fashion-mnist.yaml bench/train_step/torch_step.py
+  examples/pytorch/train_ddp.py tests/python/test_elastic.py tests/python/test_progress.py
+  tests/python/test_zygote.py python/lockstep/__init__.py python/lockstep/elastic.py
+  python/lockstep/progress.py python/lockstep/zygote.py bench/exec_goodput/run.py
+  bench/benchlib.py)
 
 # Temporary folders, removed however the script ends. (Not created in a $(...) subshell: the
 # list must grow in this shell for the trap to see it.)

@@ -23,8 +23,8 @@ then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per 
                  fixed-size job waits for it.
   exec-pod-lost-standby  the same with `elastic: {standby: 1}`: a fifth worker waits with its
                  imports done and takes the lost one's place; the restarted one stands by.
-  torchrun       the same script (without --in-place) under torchrun (c10d, --nproc_per_node=4,
-                 restart-all; Debian's torch 1.13 flags).
+  torchrun       the same script (without --in-place) under torchrun (`python3 -m
+                 torch.distributed.run`: c10d, --nproc_per_node=4, restart-all).
 
 Every run of the script appends a line per step with its pid to a timeline; the victim is a
 random one of the processes that trained the last step (never an idle warm spare). Besides the
@@ -34,6 +34,7 @@ machine's drift between two runs of 40 s (seconds here) does not enter. For
 exec-in-place the helper's own account of each recovery (rendezvous, group, state) is averaged.
 
   bench/exec_goodput/run.py [--build build] [--kill-every 8] [--systems trainer,exec,...]
+                            [--python /usr/bin/python3]
 
 Logs stay in /tmp/exec-goodput-*/.
 """
@@ -54,8 +55,6 @@ import benchlib  # noqa: E402  (bench/benchlib.py)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SCRIPT = os.path.join(REPO, "examples", "pytorch", "train_ddp.py")
-FASHION = "/usr/share/datasets/fashion-mnist"
-PYTHON = "/usr/bin/python3"
 WORKERS = 4
 
 
@@ -81,7 +80,7 @@ def start(system, work, args, marker):
                LOCKSTEP_EXEC_ZYGOTE="0" if system == "exec-in-place-no-zygote" else "1")
     log = open(os.path.join(work, "run.out"), "w")
     if system == "torchrun":
-        argv = ["/usr/bin/torchrun", "--nnodes=1", f"--nproc_per_node={WORKERS}",
+        argv = [args.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={WORKERS}",
                 "--rdzv_backend=c10d", f"--rdzv_endpoint=127.0.0.1:{benchlib.free_port()}",
                 "--max_restarts=100", "--redirects", "2", "--tee", "1"] + \
             script_args(work, args, False)
@@ -93,14 +92,14 @@ def start(system, work, args, marker):
     model: {{type: mlp, hidden: [128], activation: relu}}
     data:
       format: idx
-      train: [file://{FASHION}/train-images-idx3-ubyte.gz, file://{FASHION}/train-labels-idx1-ubyte.gz]
+      train: [file://{args.fashion}/train-images-idx3-ubyte.gz, file://{args.fashion}/train-labels-idx1-ubyte.gz]
     batchSize: 64
     steps: {args.trainer_steps}
     optimizer: {{type: sgd, learningRate: 0.05, momentum: 0.9}}
 """)
         else:
             in_place = system.startswith("exec-in-place") or system.startswith("exec-pod-lost")
-            command = json.dumps([PYTHON] + script_args(work, args, in_place))
+            command = json.dumps([args.python] + script_args(work, args, in_place))
             standby = "  elastic: {standby: 1}\n" if system == "exec-pod-lost-standby" else ""
             write_manifest(manifest, name, f"  command: {command}\n{standby}")
         argv = [os.path.join(args.build, "bin", "lockstep"), "run", manifest, "--log-dir",
@@ -271,6 +270,10 @@ def main():
     p.add_argument("--step-delay", type=float, default=0.0)
     p.add_argument("--timeout", type=float, default=900)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--python", default="/usr/bin/python3",
+                   help="the interpreter of the PyTorch programs (and of torchrun)")
+    p.add_argument("--fashion", default="/usr/share/datasets/fashion-mnist",
+                   help="the folder of the Fashion-MNIST files (the trainer system)")
     args = p.parse_args()
     args.build = os.path.abspath(args.build)
     random.seed(args.seed)

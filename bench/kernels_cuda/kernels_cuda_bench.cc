@@ -1,15 +1,19 @@
 // Effective bandwidth of the memory-bound CUDA kernels against the device's own copy bandwidth,
 // measured in the same run.
 //
-//   kernels_cuda_bench [elements]      (default 64 Mi elements: 256 MiB per float array, far
-//                                       beyond L2, so every pass goes to device memory)
+//   kernels_cuda_bench [elements] [--only NAME]
+//       elements: default 64 Mi (256 MiB per float array, far beyond L2, so every pass goes to
+//       device memory); --only: just the kernels whose row name contains NAME (to profile one
+//       kernel with Nsight Compute: `ncu --launch-skip 3 --launch-count 1 ... --only Softmax`)
 //
 // For each kernel: the bytes it must move (each input read once, each output written once), the
 // median time of kRepetitions runs timed with CUDA events after kWarmup untimed runs, and the
 // bandwidth that makes; next to it a cudaMemcpyAsync device-to-device of the same traffic (half
 // the bytes copied: a copy reads and writes each byte), timed the same way just before the
 // kernel. The goal is >= 85% of the copy. Inputs are random, never zeros. GEMM is reported in
-// TFLOP/s (fp32 and TF32) for reference: it is compute-bound, not a bandwidth kernel.
+// TFLOP/s for reference (compute-bound, not a bandwidth kernel), at the 4096-wide layer's shape
+// and a larger one: fp32, TF32, bf16 operands held in floats (what precision bf16 runs:
+// CUBLAS_COMPUTE_32F_FAST_16BF) and bf16 storage (CUDA_R_16BF operands, what autocast runs).
 //
 // Exit status: 0 when measured or when there is no GPU (with a message), 1 on a CUDA error.
 #include <cublas_v2.h>
@@ -103,7 +107,10 @@ void PrintTable(const std::vector<Row>& rows) {
   }
 }
 
-int Run(int64_t n) {
+int Run(int64_t n, const std::string& only) {
+  const auto wanted = [&](const std::string& name) {
+    return only.empty() || name.find(only) != std::string::npos;
+  };
   int device = 0;
   BENCH_CUDA(cudaGetDevice(&device));
   cudaDeviceProp props;
@@ -160,6 +167,7 @@ int Run(int64_t n) {
                      const std::string& name, double bytes_per_element, int64_t elements,
                      const std::function<void()>& run,
                      const std::function<void()>& prepare = [] {}) {
+    if (!wanted(name)) return;
     const double traffic = bytes_per_element * elements;
     const size_t copy_bytes = static_cast<size_t>(traffic / 2);
     const double copy_ms = MedianMs(stream, [&] {
@@ -221,16 +229,48 @@ int Run(int64_t n) {
   });
   PrintTable(rows_out);
 
-  // GEMM for reference (compute-bound): the GEMM-bound layer shape of the issue, batch 512.
-  const int64_t m = 512, k = 4096, gemm_n = 4096;
-  std::printf("\n%-34s %10s %10s\n", "gemm (m=512, n=4096, k=4096)", "time us", "TFLOP/s");
-  for (bool tf32 : {false, true}) {
-    ExecutionContext gemm_ctx = ctx;
-    gemm_ctx.allow_tf32 = tf32;
-    const double ms =
-        MedianMs(stream, [&] { Gemm(gemm_ctx, false, false, m, gemm_n, k, 1.0f, a, b, 0.0f, c); });
-    std::printf("%-34s %10.1f %10.1f\n", tf32 ? "Gemm tf32" : "Gemm fp32", ms * 1e3,
-                2.0 * m * gemm_n * k / (ms * 1e-3) / 1e12);
+  // GEMM for reference (compute-bound): the 4096-wide layer at batch 512, and a larger layer
+  // (8192 out, 4096 in, batch 4096) where the tensor cores' rate shows. bf16 storage: A and B as
+  // bf16 in `halves` (n elements hold both), C in fp32.
+  PackHalf(ctx, HalfType::kBf16, n, 1.0f, a, halves);
+  const struct {
+    int64_t m, n, k;
+  } shapes[] = {{512, 4096, 4096}, {4096, 8192, 4096}};
+  const char* variants[] = {"fp32", "tf32", "bf16 operands", "bf16 storage"};
+  if (wanted("Gemm")) {
+    std::printf("\n%-44s %10s %10s\n", "Gemm (m x n x k)", "time us", "TFLOP/s");
+  }
+  for (const auto& shape : shapes) {
+    if (!wanted("Gemm") || shape.m * shape.k + shape.k * shape.n > n ||
+        shape.m * shape.n > n) {
+      continue;
+    }
+    for (const char* variant : variants) {
+      const std::string name = std::string(variant);
+      ExecutionContext gemm_ctx = ctx;
+      gemm_ctx.allow_tf32 = name == "tf32";
+      gemm_ctx.bf16_operands = name == "bf16 operands";
+      const double ms = MedianMs(stream, [&] {
+        if (name != "bf16 storage") {
+          Gemm(gemm_ctx, false, false, shape.m, shape.n, shape.k, 1.0f, a, b, 0.0f, c);
+          return;
+        }
+        // Row-major C = A B as column-major C^T = B^T A^T (kernels/cuda/gemm.cc).
+        const float alpha = 1.0f, beta = 0.0f;
+        cublasSetStream(blas, stream);
+        cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(shape.n),
+                     static_cast<int>(shape.m), static_cast<int>(shape.k), &alpha,
+                     halves + shape.m * shape.k, CUDA_R_16BF, static_cast<int>(shape.n), halves,
+                     CUDA_R_16BF, static_cast<int>(shape.k), &beta, c, CUDA_R_32F,
+                     static_cast<int>(shape.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      });
+      char label[96];
+      std::snprintf(label, sizeof(label), "Gemm %s %lldx%lldx%lld", variant,
+                    static_cast<long long>(shape.m), static_cast<long long>(shape.n),
+                    static_cast<long long>(shape.k));
+      std::printf("%-44s %10.1f %10.1f\n", label, ms * 1e3,
+                  2.0 * shape.m * shape.n * shape.k / (ms * 1e-3) / 1e12);
+    }
   }
 
   BENCH_CUDA(cudaStreamSynchronize(stream));
@@ -254,12 +294,23 @@ int main(int argc, char** argv) {
     return 0;
   }
   int64_t n = int64_t{64} << 20;
-  if (argc > 1) n = std::strtoll(argv[1], nullptr, 10);
-  if (n < (1 << 20)) {
-    std::fprintf(stderr, "kernels_cuda_bench: use at least 1048576 elements (got %s)\n",
-                 argc > 1 ? argv[1] : "");
-    return 1;
+  std::string only;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--only" && i + 1 < argc) {
+      only = argv[++i];
+      continue;
+    }
+    char* end = nullptr;
+    n = std::strtoll(argv[i], &end, 10);
+    if (end == argv[i] || *end != '\0' || n < (1 << 20)) {
+      std::fprintf(stderr,
+                   "kernels_cuda_bench: usage: kernels_cuda_bench [elements >= 1048576] "
+                   "[--only NAME] (got %s)\n",
+                   argv[i]);
+      return 1;
+    }
   }
   n = n / 1024 * 1024;  // whole rows for the activation and softmax shapes
-  return lockstep::kernels::Run(n);
+  return lockstep::kernels::Run(n, only);
 }

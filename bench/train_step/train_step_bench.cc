@@ -10,6 +10,11 @@
 // end of the last step, which includes the final device synchronisation (the loss read of the
 // last log interval). step_ms is that wall time over the timed steps: on a GPU the host queues
 // ahead, so per-step host timestamps would measure queueing, not the device.
+//
+// With --checkpoint-every N (and --checkpoint-dir DIR, a local folder): asynchronous checkpoints
+// every N steps as `lockstep run` takes them (TrainingCheckpointer: the state copied off the
+// device while the next steps run, then persisted on a helper thread), printed as
+// lockstep-<device>-ckpt; the step time against the run without is what a checkpoint costs.
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -25,6 +30,7 @@
 #include "worker/comm/communicator_factory.h"
 #include "worker/trainer/random.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/training_checkpointer.h"
 
 namespace lockstep {
 namespace {
@@ -56,7 +62,8 @@ trainer::Dataset RandomDataset(int64_t samples, int64_t features, int32_t classe
 
 int Main(int argc, char** argv) {
   std::string device = "cpu", layers_text = "784,256,10", precision = "fp32";
-  int64_t batch = 64, steps = 300, warmup = 50;
+  std::string checkpoint_dir;
+  int64_t batch = 64, steps = 300, warmup = 50, checkpoint_every = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i], value = argv[i + 1];
     if (flag == "--device")
@@ -71,6 +78,10 @@ int Main(int argc, char** argv) {
       warmup = std::atoll(value.c_str());
     else if (flag == "--precision")
       precision = value;
+    else if (flag == "--checkpoint-every")
+      checkpoint_every = std::atoll(value.c_str());
+    else if (flag == "--checkpoint-dir")
+      checkpoint_dir = value;
     else {
       std::fprintf(stderr, "train_step_bench: unknown flag %s\n", flag.c_str());
       return 2;
@@ -78,10 +89,12 @@ int Main(int argc, char** argv) {
   }
   const std::vector<int32_t> layers = ParseLayers(layers_text);
   if ((device != "cpu" && device != "cuda") || (precision != "fp32" && precision != "bf16") ||
-      layers.size() < 2 || batch < 1 || steps < 1 || warmup < 0) {
+      layers.size() < 2 || batch < 1 || steps < 1 || warmup < 0 || checkpoint_every < 0 ||
+      (checkpoint_every > 0) != !checkpoint_dir.empty()) {
     std::fprintf(stderr,
                  "usage: train_step_bench [--device cpu|cuda] [--layers 784,256,10] [--batch 64] "
-                 "[--steps 300] [--warmup 50] [--precision fp32|bf16]\n");
+                 "[--steps 300] [--warmup 50] [--precision fp32|bf16] "
+                 "[--checkpoint-every N --checkpoint-dir DIR]\n");
     return 2;
   }
   SetLogLevel(LogLevel::kWarning);
@@ -127,13 +140,31 @@ int Main(int argc, char** argv) {
     std::fprintf(stderr, "train_step_bench: %s\n", agreed.ToString().c_str());
     return 1;
   }
+  std::unique_ptr<trainer::TrainingCheckpointer> checkpointer;
+  if (checkpoint_every > 0) {
+    trainer::TrainingCheckpointerOptions options;
+    options.checkpoint.uri = "file://" + checkpoint_dir;
+    options.checkpoint.interval_steps = checkpoint_every;
+    options.checkpoint.keep = 2;
+    options.checkpoint.async = true;
+    auto created = trainer::TrainingCheckpointer::Create(options, (*trainer)->spec(),
+                                                         (*trainer)->model().layout(), nullptr);
+    if (!created.ok()) {
+      std::fprintf(stderr, "train_step_bench: %s\n", created.status().ToString().c_str());
+      return 1;
+    }
+    checkpointer = std::move(created).value();
+    (*trainer)->SetBeforeStateChange([&] { checkpointer->WaitForCapture(); });
+    checkpointer->BeginGeneration("bench", 0, 1, (*trainer)->state());
+  }
   std::atomic<bool> stop{false};
   double timed_from = MonotonicSeconds();
-  Status trained = (*trainer)->Train(**communicator, info, stop, nullptr,
-                                     [&](const trainer::TrainingState& state) {
-                                       if (state.step == warmup) timed_from = MonotonicSeconds();
-                                       return OkStatus();
-                                     });
+  Status trained = (*trainer)->Train(
+      **communicator, info, stop, nullptr, [&](const trainer::TrainingState& state) {
+        if (state.step == warmup) timed_from = MonotonicSeconds();
+        if (checkpointer == nullptr) return OkStatus();
+        return checkpointer->OnStep(state, **communicator, 60000);
+      });
   const double seconds = MonotonicSeconds() - timed_from;
   if (!trained.ok()) {
     std::fprintf(stderr, "train_step_bench: %s\n", trained.ToString().c_str());
@@ -154,11 +185,17 @@ int Main(int argc, char** argv) {
   }
   const double gather_ms = (MonotonicSeconds() - gather_started) * 1000.0 / steps;
   std::printf(
-      "lockstep-%s layers=%s batch=%lld precision=%s step_ms=%.4f samples_per_s=%.0f loss=%.4f "
-      "gather_ms_one_thread=%.4f\n",
-      device.c_str(), layers_text.c_str(), static_cast<long long>(batch), precision.c_str(),
-      step_ms,
+      "lockstep-%s%s layers=%s batch=%lld precision=%s step_ms=%.4f samples_per_s=%.0f loss=%.4f "
+      "gather_ms_one_thread=%.4f",
+      device.c_str(), checkpointer ? "-ckpt" : "", layers_text.c_str(),
+      static_cast<long long>(batch), precision.c_str(), step_ms,
       static_cast<double>(batch) * steps / seconds, (*trainer)->last_progress().loss, gather_ms);
+  if (checkpointer) {
+    std::printf(" checkpoint_every=%lld last_checkpoint_step=%lld",
+                static_cast<long long>(checkpoint_every),
+                static_cast<long long>(checkpointer->last_checkpoint_step()));
+  }
+  std::printf("\n");
   return 0;
 }
 

@@ -1,7 +1,7 @@
 """The training manifests of steps b, c and d: the bundle's examples/fashion-mnist.yaml, rewritten.
 
 Rewritten as text (the GPU machine has no YAML library, and the rewrites are few): the bundle's
-copy of the data, one replica, the device, the step count, the metrics endpoint on a free port
+copy of the data, one replica, the device (and precision, when given), the step count, the metrics endpoint on a free port
 (the example's 9400 is also dcgm-exporter's, which GPU machines often run), and for the kill test
 checkpoints every 200 steps with restartPolicy OnFailure. Every rewrite must match exactly once
 (the data paths four times), or the example changed under us and ManifestError says so.
@@ -26,7 +26,7 @@ def free_port() -> int:
 
 
 def rewrite_manifest(text: str, work: str, device: str, steps: Optional[int], port: int,
-                     checkpoint: bool = False) -> str:
+                     checkpoint: bool = False, precision: Optional[str] = None) -> str:
     """The example's text for one run: steps None keeps the example's own step count."""
 
     def rewrite(pattern, replacement, count=1):
@@ -37,7 +37,8 @@ def rewrite_manifest(text: str, work: str, device: str, steps: Optional[int], po
 
     rewrite(re.escape(DATASET_URI), f"file://{work}/data/fashion-mnist/", count=4)
     rewrite(r"^(\s+)replicas:\s*\d+.*$", r"\g<1>replicas: 1")
-    rewrite(r"^(\s+)device:\s*\w+.*$", rf"\g<1>device: {device}")
+    rewrite(r"^(\s+)device:\s*\w+.*$", rf"\g<1>device: {device}"
+            + (rf"\n\g<1>precision: {precision}" if precision else ""))
     if steps is not None:
         rewrite(r"^(\s+)steps:\s*\d+.*$", rf"\g<1>steps: {steps}")
     rewrite(r"^(\s+)metrics:.*$", rf"\g<1>metrics: {{port: {port}}}")
@@ -50,10 +51,10 @@ def rewrite_manifest(text: str, work: str, device: str, steps: Optional[int], po
 
 
 def make_manifest(example: str, out: str, work: str, device: str, steps: Optional[int],
-                  checkpoint: bool = False) -> None:
+                  checkpoint: bool = False, precision: Optional[str] = None) -> None:
     """Writes the rewritten example to out; ManifestError (or OSError) when it cannot."""
     with open(example) as f:
         text = f.read()
-    text = rewrite_manifest(text, work, device, steps, free_port(), checkpoint)
+    text = rewrite_manifest(text, work, device, steps, free_port(), checkpoint, precision)
     with open(out, "w") as f:
         f.write(text)

@@ -7,11 +7,12 @@ what it did. The format is what docs/gpu.md and docs/benchmarks.md quote:
     =============== Lockstep GPU check (2026-11-24T10:00:00Z) ===============
     <machine lines>
 
-    step                                         state   secs  detail
-    a. cuda_kernels_test                         PASS       4  29 passed, 0 failed, 0 skipped
+    step                                                 state   secs  detail
+    a. cuda_kernels_test                                 PASS       4  29 passed, 0 failed, 0 skipped
     ...
 
-    <each section, in the order of its key: b-training, c-kill, e-kernels, f-step-time>
+    <each section, in the order of its key: b-training, c-kill, e-kernels, f-step-time,
+     g-goodput>
 
     total 312 s of a 540 s budget; 0 step(s) failed; logs: $OUT/logs.tar.gz
 """
@@ -41,7 +42,7 @@ def say(text: str) -> None:
 
 
 def table_line(name: str, state: str, seconds, detail: str) -> str:
-    return f"{name:<44} {state:<5} {seconds!s:>6}  {detail}"
+    return f"{name:<52} {state:<5} {seconds!s:>6}  {detail}"
 
 
 def render_summary(rows: Sequence[Row], machine_lines: Sequence[str], sections: Dict[str, str],

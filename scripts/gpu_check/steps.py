@@ -2,15 +2,20 @@
 
   a. the gtest programs: cuda_kernels_test, comm_nccl_communicator_test, trainer_device_test
      (label gpu) and kernels_test (the CPU kernels, for comparison)
-  b. `lockstep run` of examples/fashion-mnist.yaml with one worker, on cpu and on cuda; cuda's
-     accuracy within 0.5 points of cpu's
+  b. `lockstep run` of examples/fashion-mnist.yaml with one worker, on cpu, on cuda and on cuda
+     in bf16; cuda's accuracy within 0.5 points of cpu's, bf16's within 0.5 points of fp32's
   c. the kill test: the cuda run with checkpoints and restartPolicy OnFailure; once a checkpoint
      is committed its worker is SIGKILLed, and the replacement must resume from a checkpoint and
      finish at the manifest's step count
   e. kernels_cuda_bench: each kernel's bandwidth against a device-to-device copy
   f. train_step_bench (Lockstep) against bench/train_step/torch_step.py (PyTorch eager and
-     torch.compile)
+     torch.compile), fp32 and bf16 (autocast), and a larger GEMM-bound model in bf16
+  g. exec mode on the machine's PyTorch: the Python helpers' tests, in_place_recovery_test (gloo,
+     4 ranks on the CPU) and bench/exec_goodput/run.py (exec-in-place, a kill every 8 s)
   d. compute-sanitizer, last because it is the slowest and least predictable step
+
+They run in the order a, b, f, g, e, c, d: what has been proven on earlier machines (the kernel
+benchmark, the kill test, the sanitizer) comes last, to take what the budget has left.
 
 The self-test (--cpu-selftest, on a machine without a GPU) runs b and c only, with device cpu.
 Every program runs under the limit the budget gives its step (LIMITS below); a step the budget
@@ -24,7 +29,7 @@ import shutil
 import signal
 import time
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from . import verdicts
 from .budget import Budget, Limit
@@ -49,7 +54,21 @@ SANITIZER_KERNEL_TESTS = Limit(120, 30)  # per tool
 SANITIZER_TRAINING = Limit(150, 45)
 VALIDATE_TIMEOUT_S = 60
 
-TRAIN_STEP_CONFIGS = ["784,256,10:64", "4096,4096,4096,10:512"]  # LAYERS:BATCH
+# (LAYERS:BATCH, precision). The larger model is bf16 only: in fp32 its steps would take the
+# budget (~50 ms each), and what it shows is the tensor cores' rate.
+TORCH_FP32_CONFIGS = ["784,256,10:64", "4096,4096,4096,10:512"]
+TORCH_BF16_CONFIGS = TORCH_FP32_CONFIGS + ["1024,8192,8192,8192,10:4096"]
+TRAIN_STEP_CONFIGS = ([(config, "fp32") for config in TORCH_FP32_CONFIGS]
+                      + [(config, "bf16") for config in TORCH_BF16_CONFIGS])
+CHECKPOINT_EVERY = 50  # step f's checkpointed runs
+EXEC_UNITTEST = Limit(90, 20)
+IN_PLACE_RECOVERY = Limit(240, 60)
+EXEC_GOODPUT = Limit(150, 60)
+# The exec tests' PyTorch programs: the in-place recovery tests without the two that only
+# repeat the first with other failures (time), and the goodput benchmark's one system.
+IN_PLACE_RECOVERY_FILTER = ("--gtest_filter=*KilledProcessesAreReplaced*:*AStandbyTakes*")
+GOODPUT_ARGS = ["--systems", "exec-in-place", "--kill-every", "8", "--ddp-steps", "2400",
+                "--step-delay", "0.01", "--timeout", "120"]
 SANITIZER_STEPS = 50
 # Death tests, the out-of-range label test and the allocation beyond the card make CUDA fail on
 # purpose: the tool would rightly report those errors.
@@ -108,24 +127,27 @@ def plan(selftest: bool) -> List[Tuple[str, Step]]:
         (f"a. {program}", functools.partial(gtest_step, program=program, gpu_program=gpu_program,
                                             limit=limit))
         for program, gpu_program, limit in GTEST_PROGRAMS]
-    steps += [("b", train_step), ("c", kill_step), ("e", kernel_bench_step),
-              ("f", step_time_step), ("d", sanitizer_step)]
+    steps += [("b", train_step), ("f", step_time_step), ("g", exec_step),
+              ("e", kernel_bench_step), ("c", kill_step), ("d", sanitizer_step)]
     return steps
 
 
 # ---------------------------------------------------------------------------------------------
 # a. gtest programs.
 
-def gtest_step(ctx: Context, program: str, gpu_program: bool, limit: Limit) -> None:
-    name = f"a. {program}"
+def gtest_step(ctx: Context, program: str, gpu_program: bool, limit: Limit, step: str = "a",
+               prefix: Sequence[str] = (), extra_args: Sequence[str] = ()) -> None:
+    """Runs a gtest program of the bundle (after `prefix`, e.g. an `env` with variables)."""
+    name = f"{step}. {program}"
     if not ctx.built(name, program):
         return
     seconds = ctx.time_for(name, limit)
     if seconds is None:
         return
     log, xml = ctx.log(f"{program}.log"), ctx.log(f"{program}.xml")
-    status = run_logged(seconds, log, [ctx.program(program), "--gtest_brief=1",
-                                       f"--gtest_output=xml:{xml}"])
+    status = run_logged(seconds, log, list(prefix) + [ctx.program(program), "--gtest_brief=1",
+                                                      f"--gtest_output=xml:{xml}"]
+                        + list(extra_args))
     state, detail = verdicts.gtest_verdict(status, seconds, verdicts.gtest_summary(xml),
                                            gpu_program, os.path.exists(xml),
                                            verdicts.read_text(log))
@@ -136,14 +158,15 @@ def gtest_step(ctx: Context, program: str, gpu_program: bool, limit: Limit) -> N
 # b and c: training runs of the Fashion-MNIST manifest, rewritten for the bundle.
 
 def prepare_manifest(ctx: Context, run_dir: str, device: str, steps: Optional[int],
-                     checkpoint: bool = False, validate: bool = True) -> bool:
+                     checkpoint: bool = False, validate: bool = True,
+                     precision: Optional[str] = None) -> bool:
     """run_dir/manifest.yaml (manifest.py), checked by `lockstep validate` when asked; False when
     either failed (make-manifest.log or validate.log says why)."""
     manifest = os.path.join(run_dir, "manifest.yaml")
     with open(os.path.join(run_dir, "make-manifest.log"), "w") as log:
         try:
             make_manifest(os.path.join(ctx.work, "examples", "fashion-mnist.yaml"), manifest,
-                          ctx.work, device, steps, checkpoint)
+                          ctx.work, device, steps, checkpoint, precision)
         except (ManifestError, OSError) as error:
             log.write(f"make_manifest: error: {error}\n")
             return False
@@ -159,11 +182,12 @@ def lockstep_run_argv(ctx: Context, run_dir: str) -> List[str]:
             "--log-dir", os.path.join(run_dir, "run")]
 
 
-def train_run(ctx: Context, device: str, run_dir: str, steps: Optional[int], limit: Limit) -> int:
+def train_run(ctx: Context, device: str, run_dir: str, steps: Optional[int], limit: Limit,
+              precision: Optional[str] = None) -> int:
     """Writes and validates run_dir/manifest.yaml, then runs it. Returns lockstep's status, or
     verdicts.MANIFEST_FAILED, or verdicts.NO_TIME_LEFT."""
     os.makedirs(run_dir, exist_ok=True)
-    if not prepare_manifest(ctx, run_dir, device, steps):
+    if not prepare_manifest(ctx, run_dir, device, steps, precision=precision):
         return verdicts.MANIFEST_FAILED
     seconds = ctx.budget.limit_for(limit)
     if seconds is None:
@@ -172,20 +196,34 @@ def train_run(ctx: Context, device: str, run_dir: str, steps: Optional[int], lim
                       lockstep_run_argv(ctx, run_dir))
 
 
+TRAIN_RUNS = [  # (folder under the logs, device, precision, row name, column label)
+    ("train-cpu", "cpu", None, "b. lockstep run, device cpu", "cpu"),
+    ("train-cuda", "cuda", None, "b. lockstep run, device cuda", "cuda"),
+    ("train-cuda-bf16", "cuda", "bf16", "b. lockstep run, device cuda, bf16", "cuda bf16"),
+]
+
+
 def train_step(ctx: Context) -> None:  # b.
-    for device in (["cpu"] if ctx.selftest else ["cpu", "cuda"]):
-        run_dir = ctx.log(f"train-{device}")
-        status = train_run(ctx, device, run_dir, None, TRAIN_RUN)
+    runs = TRAIN_RUNS[:1] if ctx.selftest else TRAIN_RUNS
+    for folder, device, precision, row, _ in runs:
+        run_dir = ctx.log(folder)
+        status = train_run(ctx, device, run_dir, None, TRAIN_RUN, precision)
         summary = verdicts.load_run_summary(os.path.join(run_dir, "summary.json"))
         state, detail = verdicts.train_run_verdict(status, summary,
                                                    verdicts.failure_reason(run_dir))
-        ctx.record(f"b. lockstep run, device {device}", state, detail)
-    # Side by side; the verdict needs both (the self-test has only cpu).
-    cpu = verdicts.load_run_summary(ctx.log("train-cpu", "summary.json"))
-    cuda = verdicts.load_run_summary(ctx.log("train-cuda", "summary.json"))
-    ctx.report.add_section("b-training", verdicts.training_section(cpu, cuda))
-    state, detail = verdicts.accuracy_verdict(cpu, cuda)
+        ctx.record(row, state, detail)
+    # Side by side; the verdicts need both of their runs (the self-test has only cpu).
+    summaries = {folder: verdicts.load_run_summary(ctx.log(folder, "summary.json"))
+                 for folder, *_ in TRAIN_RUNS}
+    ctx.report.add_section("b-training", verdicts.training_section(
+        [(label, summaries[folder]) for folder, _, _, _, label in runs]))
+    state, detail = verdicts.accuracy_verdict(summaries["train-cpu"], summaries["train-cuda"])
     ctx.record("b. cuda accuracy within 0.5 points of cpu", state, detail)
+    if not ctx.selftest:
+        state, detail = verdicts.accuracy_verdict(summaries["train-cuda"],
+                                                  summaries["train-cuda-bf16"],
+                                                  ("cuda fp32", "cuda bf16"))
+        ctx.record("b. bf16 accuracy within 0.5 points of fp32", state, detail)
 
 
 def names_matching(folder: str, pattern: str) -> List[str]:
@@ -274,45 +312,62 @@ def kernel_bench_step(ctx: Context) -> None:  # e.
 def step_time_step(ctx: Context) -> None:  # f.
     collected: List[str] = []  # every measurement line, also kept as train_step.txt
     if ctx.built("f. train_step_bench", "train_step_bench"):
-        for config in TRAIN_STEP_CONFIGS:
-            collected += train_step_bench_config(ctx, config)
-    if ctx.torch_version is None:
-        ctx.record("f. torch_step.py", SKIP, "no PyTorch for python3 here")
-    else:
-        seconds = ctx.time_for("f. torch_step.py", TORCH_STEP)
-        if seconds is not None:
-            log = ctx.log("torch_step.log")
-            status = run_logged(seconds, log, [
-                "python3", os.path.join(ctx.work, "bench", "train_step", "torch_step.py"),
-                "--steps", "300", "--warmup", "50"])
-            text = verdicts.read_text(log)
-            collected += verdicts.lines_starting(text, "torch-")
-            state, detail = verdicts.torch_step_verdict(status, text)
-            ctx.record("f. torch_step.py", state, detail)
+        for config, precision in TRAIN_STEP_CONFIGS:
+            collected += train_step_bench_config(ctx, config, precision)
+    for precision, configs in (("fp32", TORCH_FP32_CONFIGS), ("bf16", TORCH_BF16_CONFIGS)):
+        name = f"f. torch_step.py {precision}"
+        if ctx.torch_version is None:
+            ctx.record(name, SKIP, "no PyTorch for python3 here")
+            continue
+        seconds = ctx.time_for(name, TORCH_STEP)
+        if seconds is None:
+            continue
+        log = ctx.log(f"torch_step-{precision}.log")
+        argv = ["python3", os.path.join(ctx.work, "bench", "train_step", "torch_step.py"),
+                "--steps", "300", "--warmup", "50", "--precision", precision]
+        for config in configs:
+            argv += ["--config", config]
+        status = run_logged(seconds, log, argv)
+        text = verdicts.read_text(log)
+        collected += verdicts.lines_starting(text, "torch-")
+        state, detail = verdicts.torch_step_verdict(status, text)
+        ctx.record(name, state, detail)
     with open(ctx.log("train_step.txt"), "w") as f:
         f.write("".join(line + "\n" for line in collected))
     ctx.report.add_section("f-step-time", verdicts.step_time_section(collected))
 
 
-def train_step_bench_config(ctx: Context, config: str) -> List[str]:
+def train_step_bench_config(ctx: Context, config: str, precision: str) -> List[str]:
     """Three runs of one configuration (a lent machine's host and GPU vary from run to run: the
     table shows the median and the spread), then one with a single gather thread, to show what
-    the host's share of a step is. Returns its measurement lines."""
-    name = f"f. train_step_bench {config}"
+    the host's share of a step is, and for the fp32 models three with asynchronous checkpoints
+    every CHECKPOINT_EVERY steps, to show what a checkpoint costs. Returns its measurement
+    lines."""
+    name = f"f. train_step_bench {config} {precision}"
     seconds = ctx.time_for(name, TRAIN_STEP_BENCH)
     if seconds is None:
         return []
     layers, _, batch = config.partition(":")
     bench_argv = [ctx.program("train_step_bench"), "--device", "cuda", "--layers", layers,
-                  "--batch", batch, "--steps", "300", "--warmup", "50"]
-    bench_log = ctx.log(f"train_step_bench-{config.replace(',', '_').replace(':', '_')}.log")
+                  "--batch", batch, "--steps", "300", "--warmup", "50", "--precision", precision]
+    bench_log = ctx.log(f"train_step_bench-{config.replace(',', '_').replace(':', '_')}"
+                        f"-{precision}.log")
     combined, failed = "", 0
-    for repeat in ["1", "2", "3", "single"]:
+    ckpt_dir = os.path.join(ctx.work, "ckpt-bench")
+    repeats = ["1", "2", "3", "single"] + (["ckpt1", "ckpt2", "ckpt3"]
+                                            if precision == "fp32" else [])
+    for repeat in repeats:
         run_log = f"{bench_log}.{repeat}"
         if repeat == "single":
             status = run_logged(seconds, run_log,
                                 ["env", "LOCKSTEP_GATHER_THREADS=1"] + bench_argv)
             combined += verdicts.single_thread_lines(verdicts.read_text(run_log))
+        elif repeat.startswith("ckpt"):
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
+            status = run_logged(seconds, run_log, bench_argv + [
+                "--checkpoint-every", str(CHECKPOINT_EVERY), "--checkpoint-dir", ckpt_dir])
+            combined += verdicts.read_text(run_log)
+            shutil.rmtree(ckpt_dir, ignore_errors=True)
         else:
             status = run_logged(seconds, run_log, bench_argv)
             combined += verdicts.read_text(run_log)
@@ -326,6 +381,46 @@ def train_step_bench_config(ctx: Context, config: str) -> List[str]:
     else:
         ctx.record(name, FAIL, f"exit {failed} (see its log)")
     return verdicts.lines_starting(combined, "lockstep-cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# g. Exec mode on the machine's PyTorch (the newest PyTorch users have; the build machine's is
+# Debian's 1.13), with the CPU's gloo: every rank has a core of its own here.
+
+def exec_step(ctx: Context) -> None:  # g.
+    if ctx.torch_version is None:
+        ctx.record("g. exec mode", SKIP, "no PyTorch for python3 here")
+        return
+    python = shutil.which("python3") or "python3"
+    helpers = os.path.join(ctx.work, "lib", "lockstep", "python")
+    name = f"g. lockstep.elastic tests, torch {ctx.torch_version}"
+    seconds = ctx.time_for(name, EXEC_UNITTEST)
+    if seconds is not None:
+        log = ctx.log("exec-unittest.log")
+        status = run_logged(seconds, log, [
+            "env", f"PYTHONPATH={helpers}", python, "-m", "unittest", "discover", "-v",
+            "-s", os.path.join(ctx.work, "tests", "python"), "-p", "test_[epz]*.py"])
+        state, detail = verdicts.unittest_verdict(status, verdicts.read_text(log))
+        ctx.record(name, state, detail)
+    env = ["env", f"LOCKSTEP_TEST_PYTHON={python}", f"LOCKSTEP_TEST_SOURCE_DIR={ctx.work}",
+           f"LOCKSTEP_TEST_LOCKSTEP={ctx.program('lockstep')}"]
+    gtest_step(ctx, "in_place_recovery_test", gpu_program=False, limit=IN_PLACE_RECOVERY,
+               step="g", prefix=env, extra_args=[IN_PLACE_RECOVERY_FILTER])
+    name = "g. exec goodput, a kill every 8 s"
+    seconds = ctx.time_for(name, EXEC_GOODPUT)
+    if seconds is None:
+        return
+    log = ctx.log("exec-goodput.log")
+    status = run_logged(seconds, log, [
+        python, os.path.join(ctx.work, "bench", "exec_goodput", "run.py"), "--build", ctx.work,
+        "--python", python, "--fashion", os.path.join(ctx.work, "data", "fashion-mnist")]
+        + GOODPUT_ARGS)
+    text = verdicts.read_text(log)
+    ctx.report.add_section("g-goodput", "g. exec goodput (bench/exec_goodput/run.py "
+                           + " ".join(GOODPUT_ARGS) + "):\n"
+                           + "".join(f"  {line}\n" for line in text.splitlines()[-6:]))
+    state, detail = verdicts.goodput_verdict(status, text)
+    ctx.record(name, state, detail)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -160,36 +160,40 @@ def train_run_verdict(status: int, summary: dict, reason: str) -> Verdict:
         return SKIP, "no time left in the budget"
     return FAIL, f"exit {status}: {reason}"
 
-ACCURACY_TOLERANCE = 0.005  # cuda's test accuracy may be at most 0.5 points below cpu's
+ACCURACY_TOLERANCE = 0.005  # a run's test accuracy may be at most 0.5 points below its reference's
 
 
-def accuracy_verdict(cpu: dict, cuda: dict) -> Verdict:
-    """cuda's test accuracy within 0.5 points of cpu's; SKIP unless both runs succeeded."""
-    if cpu.get("status") != "succeeded" or cuda.get("status") != "succeeded":
+def accuracy_verdict(reference: dict, candidate: dict, names: Tuple[str, str] = ("cpu", "cuda")
+                     ) -> Verdict:
+    """The candidate run's test accuracy within 0.5 points of the reference run's (cuda against
+    cpu; cuda bf16 against cuda fp32); SKIP unless both runs succeeded."""
+    ref_name, cand_name = names
+    if reference.get("status") != "succeeded" or candidate.get("status") != "succeeded":
         return SKIP, "needs both runs to have succeeded"
-    cpu_acc, cuda_acc = cpu.get("eval_accuracy"), cuda.get("eval_accuracy")
-    if not _is_number(cpu_acc) or not _is_number(cuda_acc):
-        return FAIL, f"no test accuracy to compare (cpu {cpu_acc}, cuda {cuda_acc})"
-    if cuda_acc < cpu_acc - ACCURACY_TOLERANCE:
-        return FAIL, (f"cuda accuracy {cuda_acc:.4f} is more than 0.5 points below cpu's "
-                      f"{cpu_acc:.4f}")
-    return PASS, f"cuda accuracy {cuda_acc:.4f} vs cpu {cpu_acc:.4f} (within 0.5 points)"
+    ref_acc, cand_acc = reference.get("eval_accuracy"), candidate.get("eval_accuracy")
+    if not _is_number(ref_acc) or not _is_number(cand_acc):
+        return FAIL, f"no test accuracy to compare ({ref_name} {ref_acc}, {cand_name} {cand_acc})"
+    if cand_acc < ref_acc - ACCURACY_TOLERANCE:
+        return FAIL, (f"{cand_name} accuracy {cand_acc:.4f} is more than 0.5 points below "
+                      f"{ref_name}'s {ref_acc:.4f}")
+    return PASS, f"{cand_name} accuracy {cand_acc:.4f} vs {ref_name} {ref_acc:.4f} (within 0.5 points)"
 
 
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
-def training_section(cpu: dict, cuda: dict) -> str:
-    """Step b's figures, cpu and cuda side by side ("-" where a run has no such figure)."""
+def training_section(runs: Sequence[Tuple[str, dict]]) -> str:
+    """Step b's figures, one column per run (cpu, cuda, cuda bf16), side by side ("-" where a run
+    has no such figure)."""
     rows = [("status", "status", "{}"), ("steps", "steps", "{}"),
             ("final loss", "final_loss", "{:.4f}"), ("test accuracy", "eval_accuracy", "{:.4f}"),
             ("samples/s", "samples_per_second", "{:.0f}"), ("wall s", "wall_seconds", "{:.1f}")]
     lines = ["b. Fashion-MNIST, examples/fashion-mnist.yaml, 1 worker, batch 64:",
-             f"  {'':16}{'cpu':>12}{'cuda':>12}"]
+             f"  {'':16}" + "".join(f"{label:>12}" for label, _ in runs)]
     for label, key, form in rows:
         cells = []
-        for run in (cpu, cuda):
+        for _, run in runs:
             value = run.get(key)
             if value is None:
                 cells.append("-")
@@ -197,7 +201,7 @@ def training_section(cpu: dict, cuda: dict) -> str:
                 cells.append(form.format(value))
             else:
                 cells.append(str(value))
-        lines.append(f"  {label:16}{cells[0]:>12}{cells[1]:>12}")
+        lines.append(f"  {label:16}" + "".join(f"{cell:>12}" for cell in cells))
     return "\n".join(lines) + "\n"
 
 
@@ -309,19 +313,21 @@ def torch_step_verdict(status: int, log_text: str) -> Verdict:
     return FAIL, f"exit {status}: {last_line(log_text)}"
 
 
-STEP_TIME_COLUMNS = ["lockstep-cuda", "lockstep-cuda-1thread", "torch-eager", "torch-compile"]
+STEP_TIME_COLUMNS = ["lockstep-cuda", "lockstep-cuda-1thread", "lockstep-cuda-ckpt", "torch-eager",
+                     "torch-compile"]
 
 
 def step_time_section(lines: Iterable[str]) -> str:
     """Step f's table: one row per (layers, batch), one column per implementation, the median
     (and min-max when there are several runs) of its step_ms; "-" for a measurement that failed
     or is missing; the gather column is one host thread's gather of one batch."""
-    rows: Dict[Tuple[str, str], Dict[str, List[float]]] = {}
-    gather: Dict[Tuple[str, str], List[float]] = {}
+    rows: Dict[Tuple[str, str, str], Dict[str, List[float]]] = {}
+    gather: Dict[Tuple[str, str, str], List[float]] = {}
     for line in lines:
         fields = dict(re.findall(r"(\w+)=(\S+)", line))
         name = line.split()[0] if line.strip() else ""
-        key = (fields.get("layers", "?"), fields.get("batch", "?"))
+        key = (fields.get("layers", "?"), fields.get("batch", "?"),
+               fields.get("precision", "fp32"))
         if name in STEP_TIME_COLUMNS and "step_ms" in fields:
             rows.setdefault(key, {}).setdefault(name, []).append(float(fields["step_ms"]))
         elif name in STEP_TIME_COLUMNS and "error" in fields:
@@ -336,18 +342,19 @@ def step_time_section(lines: Iterable[str]) -> str:
             return f"{values[0]:.4f}"
         return f"{statistics.median(values):.4f} ({min(values):.3f}-{max(values):.3f})"
 
-    out = ["f. training step, ms (fp32, TF32 off; SGD momentum 0.9). torch: median of 300 per-step "
-           "CUDA",
+    out = ["f. training step, ms (TF32 off; bf16: autocast's rounding points; SGD momentum 0.9). "
+           "torch: median of 300 per-step CUDA",
            "   events, inputs already on the GPU. lockstep: wall time over 300 steps of its real "
            "loop,",
            "   batches gathered on the host and copied each step; median (min-max) of 3 runs;",
-           "   -1thread: one gather thread; gather: one host thread's gather of one batch.",
-           f"  {'layers':18}{'batch':>6}" + "".join(f"{c:>26}" for c in STEP_TIME_COLUMNS)
-           + f"{'gather':>22}"]
-    for (layers, batch), cells in rows.items():
-        out.append(f"  {layers:18}{batch:>6}"
+           "   -1thread: one gather thread; -ckpt: asynchronous checkpoints every 50 steps;",
+           "   gather: one host thread's gather of one batch.",
+           f"  {'layers':28}{'batch':>6}{'prec':>6}"
+           + "".join(f"{c:>26}" for c in STEP_TIME_COLUMNS) + f"{'gather':>22}"]
+    for (layers, batch, precision), cells in rows.items():
+        out.append(f"  {layers:28}{batch:>6}{precision:>6}"
                    + "".join(f"{cell(cells.get(c, [])):>26}" for c in STEP_TIME_COLUMNS)
-                   + f"{cell(gather.get((layers, batch), [])):>22}")
+                   + f"{cell(gather.get((layers, batch, precision), [])):>22}")
     if not rows:
         out.append("  (no figures)")
     return "\n".join(out) + "\n"
@@ -390,3 +397,41 @@ def sanitizer_verdict(status: int, limit_s: int, texts: Sequence[str]) -> Verdic
     if status != 0:
         return FAIL, f"ERROR SUMMARY: 0 errors, but exit {status}"
     return PASS, f"ERROR SUMMARY: 0 errors ({processes} processes)"
+
+
+# ---------------------------------------------------------------------------------------------
+# g. Exec mode on the machine's PyTorch: the helpers' unittest run and the goodput benchmark.
+
+_UNITTEST_RAN = re.compile(r"^Ran ([0-9]+) tests? in", re.M)
+_UNITTEST_SKIPPED = re.compile(r"^(?:OK|FAILED) \(.*?skipped=([0-9]+)", re.M)
+
+
+def unittest_verdict(status: int, log_text: str) -> Verdict:
+    """`python3 -m unittest`: PASS when it exited 0 having run at least one test."""
+    ran = _UNITTEST_RAN.search(log_text)
+    count = int(ran.group(1)) if ran else 0
+    skipped = _UNITTEST_SKIPPED.search(log_text)
+    detail = f"{count} tests, {skipped.group(1) if skipped else 0} skipped"
+    if status != 0:
+        return FAIL, f"exit {status}: {detail}; {last_line(log_text)}"
+    if count == 0:
+        return FAIL, "no test ran"
+    return PASS, detail
+
+
+# bench/exec_goodput/run.py's table row: system, goodput, lost per failure, kills, lost at a kill.
+_GOODPUT_ROW = re.compile(r"^(\S+)\s+([0-9.]+|nan)\s+([0-9.-]+|nan)\s+([0-9]+)\s+([0-9.-]+|nan)$",
+                          re.M)
+
+
+def goodput_rows(log_text: str) -> List[Tuple[str, str, str, str, str]]:
+    return [match.groups() for match in _GOODPUT_ROW.finditer(log_text)]
+
+
+def goodput_verdict(status: int, log_text: str) -> Verdict:
+    """A measurement, not a goal: PASS when the benchmark ran to its table."""
+    rows = goodput_rows(log_text)
+    if status != 0 or not rows:
+        return FAIL, f"exit {status}: {last_line(log_text)}"
+    return PASS, "; ".join(f"{system} goodput {goodput}, lost/failure {lost} s, kills {kills}"
+                           for system, goodput, lost, kills, _ in rows)

@@ -54,13 +54,15 @@ grep -q '^gpu-bundle: loader check passed' "$work/pack.log" ||
 mkdir "$work/unpacked"
 tar -C "$work/unpacked" -xJf "$archive"
 for path in bin/lockstep bin/lockstep-worker BUNDLE-INFO examples/fashion-mnist.yaml \
-  bench/train_step/torch_step.py data/fashion-mnist/train-images-idx3-ubyte.gz \
+  bench/train_step/torch_step.py examples/pytorch/train_ddp.py tests/python/test_elastic.py \
+  bench/exec_goodput/run.py bench/benchlib.py lib/lockstep/python/lockstep/elastic.py \
+  data/fashion-mnist/train-images-idx3-ubyte.gz \
   data/fashion-mnist/train-labels-idx1-ubyte.gz data/fashion-mnist/t10k-images-idx3-ubyte.gz \
   data/fashion-mnist/t10k-labels-idx1-ubyte.gz lib/gcc-fallback/libstdc++.so.6; do
   [[ -e $work/unpacked/$path ]] || fail "the archive has no $path"
 done
 for program in cuda_kernels_test comm_nccl_communicator_test kernels_test kernels_cuda_bench \
-  trainer_device_test train_step_bench; do
+  trainer_device_test train_step_bench in_place_recovery_test; do
   if [[ -x $build_dir/bin/$program && ! -x $work/unpacked/bin/$program ]]; then
     fail "$program is built but not in the archive"
   fi

@@ -73,10 +73,11 @@ class BudgetTest(unittest.TestCase):
 
 
 class PlanTest(unittest.TestCase):
-    def test_the_steps_run_in_the_order_a_b_c_e_f_d(self):
+    def test_the_steps_run_in_the_order_a_b_f_g_e_c_d(self):
         self.assertEqual([label for label, _ in steps.plan(selftest=False)],
                          ["a. cuda_kernels_test", "a. comm_nccl_communicator_test",
-                          "a. trainer_device_test", "a. kernels_test", "b", "c", "e", "f", "d"])
+                          "a. trainer_device_test", "a. kernels_test", "b", "f", "g", "e", "c",
+                          "d"])
 
     def test_the_cpu_selftest_runs_b_and_c_only(self):
         self.assertEqual([label for label, _ in steps.plan(selftest=True)], ["b", "c"])
@@ -180,18 +181,27 @@ class StepsUnderTheBudgetTest(unittest.TestCase):
         ctx = self.context(elapsed_s=540 - RESERVE_S - 29)
         steps.step_time_step(ctx)
         rows = self.rows(ctx)
-        self.assertEqual(rows[-1], ("f. torch_step.py", "SKIP", "no time left in the budget"))
-        self.assertEqual([r[1] for r in rows[:2]], ["PASS", "PASS"])  # 29 s >= 10 s: both ran
-        self.assertEqual(self.programs_run(), ["train_step_bench"] * 8)  # 3 runs + 1 single, x2
+        self.assertEqual(rows[-2:], [("f. torch_step.py fp32", "SKIP", "no time left in the budget"),
+                                     ("f. torch_step.py bf16", "SKIP", "no time left in the budget")])
+        self.assertEqual([r[1] for r in rows[:5]], ["PASS"] * 5)  # 29 s >= 10 s: all ran
+        # 3 runs + 1 single for each of the 5, + 3 with checkpoints for the 2 in fp32
+        self.assertEqual(self.programs_run(), ["train_step_bench"] * 26)
 
     def test_nothing_of_step_f_runs_with_no_time_left(self):
         self.program("train_step_bench")
         ctx = self.context(elapsed_s=540)
         steps.step_time_step(ctx)
         self.assertEqual(self.rows(ctx), [
-            ("f. train_step_bench 784,256,10:64", "SKIP", "no time left in the budget"),
-            ("f. train_step_bench 4096,4096,4096,10:512", "SKIP", "no time left in the budget"),
-            ("f. torch_step.py", "SKIP", "no time left in the budget")])
+            ("f. train_step_bench 784,256,10:64 fp32", "SKIP", "no time left in the budget"),
+            ("f. train_step_bench 4096,4096,4096,10:512 fp32", "SKIP",
+             "no time left in the budget"),
+            ("f. train_step_bench 784,256,10:64 bf16", "SKIP", "no time left in the budget"),
+            ("f. train_step_bench 4096,4096,4096,10:512 bf16", "SKIP",
+             "no time left in the budget"),
+            ("f. train_step_bench 1024,8192,8192,8192,10:4096 bf16", "SKIP",
+             "no time left in the budget"),
+            ("f. torch_step.py fp32", "SKIP", "no time left in the budget"),
+            ("f. torch_step.py bf16", "SKIP", "no time left in the budget")])
         self.assertEqual(self.programs_run(), [])
 
     def test_the_training_runs_of_step_b_are_skipped_after_their_manifest_is_checked(self):
@@ -207,9 +217,12 @@ class StepsUnderTheBudgetTest(unittest.TestCase):
         self.assertEqual(self.rows(ctx), [
             ("b. lockstep run, device cpu", "SKIP", "no time left in the budget"),
             ("b. lockstep run, device cuda", "SKIP", "no time left in the budget"),
+            ("b. lockstep run, device cuda, bf16", "SKIP", "no time left in the budget"),
             ("b. cuda accuracy within 0.5 points of cpu", "SKIP",
+             "needs both runs to have succeeded"),
+            ("b. bf16 accuracy within 0.5 points of fp32", "SKIP",
              "needs both runs to have succeeded")])
-        self.assertEqual(self.programs_run(), ["lockstep", "validate"] * 2)
+        self.assertEqual(self.programs_run(), ["lockstep", "validate"] * 3)
 
 
 if __name__ == "__main__":

@@ -45,11 +45,11 @@ class RenderTest(unittest.TestCase):
 bundle: x.tar.xz (commit abc)
 host: 6.8.0, 16 cores
 
-step                                         state   secs  detail
-loader: every program's libraries            PASS       0  all resolve (bundle, CUDA, glibc)
-a. cuda_kernels_test                         PASS      12  29 passed, 0 failed, 2 skipped
-b. lockstep run, device cuda                 FAIL       3  exit 1: boom
-d. compute-sanitizer                         SKIP       0  not found
+step                                                 state   secs  detail
+loader: every program's libraries                    PASS       0  all resolve (bundle, CUDA, glibc)
+a. cuda_kernels_test                                 PASS      12  29 passed, 0 failed, 2 skipped
+b. lockstep run, device cuda                         FAIL       3  exit 1: boom
+d. compute-sanitizer                                 SKIP       0  not found
 
 b. table
 
@@ -60,7 +60,7 @@ total 312 s of a 540 s budget; 1 step(s) failed; logs: $OUT/logs.tar.gz
 """)
 
     def test_a_long_step_name_is_not_cut(self):
-        name = "d. memcheck lockstep run (cuda, 50 steps) and more words"
+        name = "d. memcheck lockstep run (cuda, 50 steps) and more words to pass 52"
         line = report.table_line(name, "PASS", 7, "ok")
         self.assertEqual(line, name + " PASS       7  ok")
 
@@ -100,7 +100,7 @@ class ReportTest(unittest.TestCase):
         r.machine_lines = ["bundle: b"]
         r.record("a. one", "PASS", "3 passed")
         self.assertEqual(self.printed.getvalue(), "gpu-check: [PASS] a. one: 3 passed\n")
-        self.assertIn("a. one                                       PASS       0  3 passed\n",
+        self.assertIn("a. one                                               PASS       0  3 passed\n",
                       self.summary())
         self.assertIn("; 0 step(s) failed; logs: $OUT/logs.tar.gz\n", self.summary())
         r.record("a. two", "FAIL", "exit 1")

@@ -107,17 +107,44 @@ FAKE_TRAIN_STEP_BENCH = PYTHON + textwrap.dedent('''
     import os, sys
     a = sys.argv
     one = os.environ.get("LOCKSTEP_GATHER_THREADS") == "1"
-    print("lockstep-cuda layers=%s batch=%s step_ms=%s samples_per_s=1 loss=2.3 "
+    ckpt = "-ckpt" if "--checkpoint-every" in a else ""
+    print("lockstep-cuda" + ckpt + " layers=%s batch=%s precision=%s step_ms=%s samples_per_s=1 loss=2.3 "
           "gather_ms_one_thread=0.0120" % (a[a.index("--layers") + 1], a[a.index("--batch") + 1],
+                                           a[a.index("--precision") + 1],
                                            "0.2000" if one else "0.1410"))
 ''')
 
 FAKE_TORCH_STEP = PYTHON + textwrap.dedent('''
-    for layers, batch in (("784,256,10", 64), ("4096,4096,4096,10", 512)):
-        print("torch-eager layers=%s batch=%d step_ms=1.1510 mean_ms=1.2 steps=300"
-              % (layers, batch))
-        print("torch-compile layers=%s batch=%d step_ms=1.3710 mean_ms=1.4 steps=300"
-              % (layers, batch))
+    import sys
+    a = sys.argv
+    precision = a[a.index("--precision") + 1]
+    for i, arg in enumerate(a):
+        if arg != "--config":
+            continue
+        layers, batch = a[i + 1].split(":")
+        print("torch-eager layers=%s batch=%s precision=%s step_ms=1.1510 mean_ms=1.2 steps=300"
+              % (layers, batch, precision))
+        print("torch-compile layers=%s batch=%s precision=%s step_ms=1.3710 mean_ms=1.4 "
+              "steps=300" % (layers, batch, precision))
+''')
+
+# The helpers' tests as the bundle carries them (tests/python), run by the real unittest.
+FAKE_HELPER_TESTS = textwrap.dedent('''
+    import unittest
+    class HelperTest(unittest.TestCase):
+        def test_a(self):
+            pass
+        def test_b(self):
+            pass
+''')
+
+FAKE_EXEC_GOODPUT = PYTHON + textwrap.dedent('''
+    import sys
+    assert "--python" in sys.argv and "--build" in sys.argv, sys.argv
+    print("exec-in-place  undisturbed   24.0 s  disturbed   25.5 s  kills  3")
+    print()
+    print("system          goodput  lost/failure s  kills  lost at a kill s (median)")
+    print("exec-in-place      0.94            0.50      3                       0.31")
 ''')
 
 FAKE_NVIDIA_SMI = "#!/bin/sh\n" + textwrap.dedent('''
@@ -160,10 +187,12 @@ def make_bundle(folder, archive):
                 "cuda_kernels_test": FAKE_GTEST, "comm_nccl_communicator_test": FAKE_GTEST,
                 "trainer_device_test": FAKE_GTEST, "kernels_test": FAKE_GTEST,
                 "kernels_cuda_bench": FAKE_KERNEL_BENCH,
-                "train_step_bench": FAKE_TRAIN_STEP_BENCH}
+                "train_step_bench": FAKE_TRAIN_STEP_BENCH, "in_place_recovery_test": FAKE_GTEST}
     for name, text in programs.items():
         write_program(os.path.join(stage, "bin", name), text)
     write_program(os.path.join(stage, "bench", "train_step", "torch_step.py"), FAKE_TORCH_STEP)
+    write_program(os.path.join(stage, "bench", "exec_goodput", "run.py"), FAKE_EXEC_GOODPUT)
+    write_program(os.path.join(stage, "tests", "python", "test_elastic.py"), FAKE_HELPER_TESTS)
     os.makedirs(os.path.join(stage, "lib", "gcc-fallback"))
     os.makedirs(os.path.join(stage, "examples"))
     with open(os.path.join(SCRIPTS, "..", "examples", "fashion-mnist.yaml")) as source, \
@@ -218,7 +247,7 @@ class EndToEndTest(unittest.TestCase):
 
     def rows(self, summary):
         table = summary.split("\nstep ", 1)[1].split("\n\n", 1)[0].splitlines()[1:]
-        return [(line[:44].rstrip(), line[45:50].rstrip(), line[59:]) for line in table]
+        return [(line[:52].rstrip(), line[53:58].rstrip(), line[67:]) for line in table]
 
     def test_the_gpu_run_runs_every_step_in_order_and_reports_to_out(self):
         status, printed, errors, out, case = self.run_check("--bundle", self.bundle)
@@ -236,12 +265,21 @@ class EndToEndTest(unittest.TestCase):
             ("a. kernels_test", "PASS"),
             ("b. lockstep run, device cpu", "PASS"),
             ("b. lockstep run, device cuda", "PASS"),
+            ("b. lockstep run, device cuda, bf16", "PASS"),
             ("b. cuda accuracy within 0.5 points of cpu", "PASS"),
-            ("c. kill test, device cuda", "PASS"),
+            ("b. bf16 accuracy within 0.5 points of fp32", "PASS"),
+            ("f. train_step_bench 784,256,10:64 fp32", "PASS"),
+            ("f. train_step_bench 4096,4096,4096,10:512 fp32", "PASS"),
+            ("f. train_step_bench 784,256,10:64 bf16", "PASS"),
+            ("f. train_step_bench 4096,4096,4096,10:512 bf16", "PASS"),
+            ("f. train_step_bench 1024,8192,8192,8192,10:4096 bf16", "PASS"),
+            ("f. torch_step.py fp32", "PASS"),
+            ("f. torch_step.py bf16", "PASS"),
+            ("g. lockstep.elastic tests, torch 2.11.0+cu130", "PASS"),
+            ("g. in_place_recovery_test", "PASS"),
+            ("g. exec goodput, a kill every 8 s", "PASS"),
             ("e. kernels_cuda_bench", "PASS"),
-            ("f. train_step_bench 784,256,10:64", "PASS"),
-            ("f. train_step_bench 4096,4096,4096,10:512", "PASS"),
-            ("f. torch_step.py", "PASS"),
+            ("c. kill test, device cuda", "PASS"),
             ("d. memcheck cuda_kernels_test", "PASS"),
             ("d. racecheck cuda_kernels_test", "PASS"),
             ("d. memcheck lockstep run (cuda, 50 steps)", "PASS")])
@@ -251,9 +289,16 @@ class EndToEndTest(unittest.TestCase):
         # 2000 steps in 7.52 s: about 25 s of training is 6600 steps.
         self.assertEqual(details["c. kill test, device cuda"],
                          "steps 6600/6600, resumed_from_step 200, restarts 1, exit 0")
-        self.assertEqual(details["f. train_step_bench 784,256,10:64"],
+        self.assertEqual(details["f. train_step_bench 784,256,10:64 fp32"],
                          "step_ms=0.1410 step_ms=0.1410 step_ms=0.1410")
-        self.assertEqual(details["f. torch_step.py"], "4 figures; 0 errors")
+        self.assertEqual(details["f. torch_step.py fp32"], "4 figures; 0 errors")
+        self.assertEqual(details["f. torch_step.py bf16"], "6 figures; 0 errors")
+        self.assertEqual(details["b. bf16 accuracy within 0.5 points of fp32"],
+                         "cuda bf16 accuracy 0.8503 vs cuda fp32 0.8503 (within 0.5 points)")
+        self.assertEqual(details["g. lockstep.elastic tests, torch 2.11.0+cu130"],
+                         "2 tests, 0 skipped")
+        self.assertEqual(details["g. exec goodput, a kill every 8 s"],
+                         "exec-in-place goodput 0.94, lost/failure 0.50 s, kills 3")
         self.assertEqual(details["d. racecheck cuda_kernels_test"],
                          "ERROR SUMMARY: 0 errors (1 processes)")
         self.assertIn("\ngpu: Stand-in H200, 580.159.04, 143771 MiB, 9.0\n", summary)
@@ -272,7 +317,8 @@ class EndToEndTest(unittest.TestCase):
             names = set(tar.getnames())
         for name in ("logs/machine.txt", "logs/cuda_kernels_test.xml",
                      "logs/train-cpu/summary.json",
-                     "logs/kill-cuda/kill.log", "logs/train_step.txt", "logs/torch_step.log",
+                     "logs/kill-cuda/kill.log", "logs/train_step.txt", "logs/torch_step-bf16.log",
+                     "logs/train-cuda-bf16/manifest.yaml", "logs/in_place_recovery_test.xml",
                      "logs/report-f-step-time.txt", "logs/sanitizer-train/sanitizer.log"):
             self.assertIn(name, names)
         # The bundle was unpacked for LD_LIBRARY_PATH to name; the test leaves os.environ alone.

@@ -134,17 +134,25 @@ class TrainingTest(unittest.TestCase):
         self.assertEqual(verdicts.accuracy_verdict(CPU, dict(CUDA, eval_accuracy=None))[0], "FAIL")
 
     def test_the_side_by_side_table(self):
-        self.assertEqual(verdicts.training_section(CPU, CUDA),
+        bf16 = dict(CUDA, eval_accuracy=0.8487)
+        self.assertEqual(verdicts.training_section([("cpu", CPU), ("cuda", CUDA),
+                                                    ("cuda bf16", bf16)]),
                          "b. Fashion-MNIST, examples/fashion-mnist.yaml, 1 worker, batch 64:\n"
-                         "                           cpu        cuda\n"
-                         "  status             succeeded   succeeded\n"
-                         "  steps                   2000        2000\n"
-                         "  final loss            0.3834      0.3802\n"
-                         "  test accuracy         0.8513      0.8503\n"
-                         "  samples/s              19207      298072\n"
-                         "  wall s                   7.5         2.0\n")
+                         "                           cpu        cuda   cuda bf16\n"
+                         "  status             succeeded   succeeded   succeeded\n"
+                         "  steps                   2000        2000        2000\n"
+                         "  final loss            0.3834      0.3802      0.3802\n"
+                         "  test accuracy         0.8513      0.8503      0.8487\n"
+                         "  samples/s              19207      298072      298072\n"
+                         "  wall s                   7.5         2.0         2.0\n")
         self.assertIn("  test accuracy         0.8513           -\n",
-                      verdicts.training_section(CPU, {}))
+                      verdicts.training_section([("cpu", CPU), ("cuda", {})]))
+
+    def test_bf16_is_compared_with_fp32_under_their_names(self):
+        self.assertEqual(verdicts.accuracy_verdict(CUDA, dict(CUDA, eval_accuracy=0.8440),
+                                                   ("cuda fp32", "cuda bf16")),
+                         ("FAIL", "cuda bf16 accuracy 0.8440 is more than 0.5 points below "
+                                  "cuda fp32's 0.8503"))
 
     def test_a_run_row_says_the_accuracy_or_why_it_failed(self):
         self.assertEqual(verdicts.train_run_verdict(0, CUDA, ""), ("PASS", "accuracy 0.8503"))
@@ -295,23 +303,31 @@ class BenchmarkTest(unittest.TestCase):
             "lockstep-cuda layers=784,256,10 batch=64 step_ms=0.1450 gather_ms_one_thread=0.0130",
             "lockstep-cuda-1thread layers=784,256,10 batch=64 step_ms=0.1500 "
             "gather_ms_one_thread=0.0500",
+            "lockstep-cuda-ckpt layers=784,256,10 batch=64 step_ms=0.1520 checkpoint_every=50",
             "torch-eager layers=784,256,10 batch=64 step_ms=1.1510 mean_ms=1.2 steps=300",
             "torch-compile layers=784,256,10 batch=64 error=RuntimeError: no triton",
             "torch-eager layers=4096,4096,4096,10 batch=512 step_ms=2.3610 mean_ms=2.4 steps=300",
+            "torch-eager layers=4096,4096,4096,10 batch=512 precision=bf16 step_ms=0.4000 "
+            "mean_ms=0.41 steps=300",
+            "lockstep-cuda layers=4096,4096,4096,10 batch=512 precision=bf16 step_ms=0.3000",
         ]
         section = verdicts.step_time_section(lines).splitlines()
-        self.assertEqual(section[0], "f. training step, ms (fp32, TF32 off; SGD momentum 0.9). "
-                                     "torch: median of 300 per-step CUDA")
-        self.assertEqual(section[4].split(), ["layers", "batch", "lockstep-cuda",
-                                              "lockstep-cuda-1thread", "torch-eager",
-                                              "torch-compile", "gather"])
-        self.assertEqual(section[5],
-                         "  784,256,10            64" + "0.1410 (0.139-0.145)".rjust(26)
-                         + "0.1500".rjust(26) + "1.1510".rjust(26) + "-".rjust(26)
+        self.assertEqual(section[0], "f. training step, ms (TF32 off; bf16: autocast's rounding "
+                                     "points; SGD momentum 0.9). torch: median of 300 per-step CUDA")
+        self.assertEqual(section[5].split(), ["layers", "batch", "prec", "lockstep-cuda",
+                                              "lockstep-cuda-1thread", "lockstep-cuda-ckpt",
+                                              "torch-eager", "torch-compile", "gather"])
+        self.assertEqual(section[6],
+                         "  784,256,10                      64  fp32"
+                         + "0.1410 (0.139-0.145)".rjust(26) + "0.1500".rjust(26)
+                         + "0.1520".rjust(26) + "1.1510".rjust(26) + "-".rjust(26)
                          + "0.0120 (0.011-0.013)".rjust(22))
-        self.assertEqual(section[6].split(), ["4096,4096,4096,10", "512", "-", "-", "2.3610", "-",
-                                              "-"])
-        self.assertEqual(len(section), 7)
+        self.assertEqual(section[7].split(), ["4096,4096,4096,10", "512", "fp32", "-", "-", "-",
+                                              "2.3610", "-", "-"])
+        # The same model in bf16 is a row of its own.
+        self.assertEqual(section[8].split(), ["4096,4096,4096,10", "512", "bf16", "0.3000", "-",
+                                              "-", "0.4000", "-", "-"])
+        self.assertEqual(len(section), 9)
 
     def test_no_figures_says_so(self):
         self.assertEqual(verdicts.step_time_section([]).splitlines()[-1], "  (no figures)")
@@ -324,6 +340,27 @@ class BenchmarkTest(unittest.TestCase):
         self.assertEqual(verdicts.torch_step_verdict(0, log), ("PASS", "2 figures; 1 errors"))
         self.assertEqual(verdicts.torch_step_verdict(1, log + "RuntimeError: no CUDA\n"),
                          ("FAIL", "exit 1: RuntimeError: no CUDA"))
+
+
+class ExecTest(unittest.TestCase):
+    def test_the_helpers_tests_pass_when_some_ran_and_all_passed(self):
+        self.assertEqual(verdicts.unittest_verdict(0, "...\nRan 41 tests in 3.2s\n\nOK (skipped=2)\n"),
+                         ("PASS", "41 tests, 2 skipped"))
+        self.assertEqual(verdicts.unittest_verdict(0, "\nRan 0 tests in 0.0s\n\nOK\n"),
+                         ("FAIL", "no test ran"))
+        self.assertEqual(verdicts.unittest_verdict(1, "Ran 3 tests in 1s\n\nFAILED (failures=1)\n"),
+                         ("FAIL", "exit 1: 3 tests, 0 skipped; FAILED (failures=1)"))
+
+    def test_the_goodput_row_is_read_from_the_benchmarks_table(self):
+        text = ("exec-in-place  undisturbed   24.0 s  disturbed   25.5 s  kills  3\n\n"
+                "system          goodput  lost/failure s  kills  lost at a kill s (median)\n"
+                "exec-in-place      0.94            0.50      3                       0.31\n"
+                "               helper's account, mean of 3 rank-recoveries: rendezvous 0.1 s\n")
+        self.assertEqual(verdicts.goodput_verdict(0, text),
+                         ("PASS", "exec-in-place goodput 0.94, lost/failure 0.50 s, kills 3"))
+        self.assertEqual(verdicts.goodput_verdict(1, text + "Traceback: boom\n"),
+                         ("FAIL", "exit 1: Traceback: boom"))
+        self.assertEqual(verdicts.goodput_verdict(0, "no table\n")[0], "FAIL")
 
 
 class SanitizerTest(unittest.TestCase):
@@ -393,6 +430,10 @@ class ManifestTest(unittest.TestCase):
         self.assertIn("\n    restartPolicy: OnFailure\n    backoffLimit: 3\n", text)
         self.assertTrue(text.endswith("\n  checkpoint: {uri: file:///tmp/w/ckpt, intervalSteps: "
                                       "200, keep: 3, async: true}\n"))
+
+    def test_a_bf16_run_names_its_precision_beside_the_device(self):
+        text = rewrite_manifest(self.example(), "/tmp/w", "cuda", None, 1, precision="bf16")
+        self.assertIn("\n    device: cuda\n    precision: bf16\n", text)
 
     def test_an_example_that_changed_under_us_is_refused(self):
         with self.assertRaisesRegex(ManifestError, "matched 0 times"):

@@ -98,7 +98,7 @@ class InPlaceRun {
                         "  command: " + command.dump() + "\n"
                         "  metrics: {port: 0}\n");
     run_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir_ + "/logs",
+        std::vector<std::string>{lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir_ + "/logs",
                                  "--summary", dir_ + "/summary.json", "--console", "none"},
         lockstep::testing::Environment{{"OMP_NUM_THREADS", "1"}});
   }
