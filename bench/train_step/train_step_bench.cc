@@ -102,6 +102,7 @@ int Main(int argc, char** argv) {
 
   spec::TrainingJob job;
   job.metadata.name = "train-step-bench";
+  job.spec.replicas = 1;  // the global batch is batchSize x replicas
   spec::TrainerSpec trainer_spec;
   trainer_spec.model.hidden.assign(layers.begin() + 1, layers.end() - 1);
   trainer_spec.model.activation = spec::Activation::kRelu;

@@ -20,6 +20,8 @@ Lockstep's checks on a GPU machine, in one command and under 10 minutes.
   scripts/gpu-check.sh --bundle ARCHIVE   another archive
   scripts/gpu-check.sh --cpu-selftest     on a machine without a GPU: only steps b and c, with
                                           device cpu, to check this script and the bundle
+  scripts/gpu-check.sh --steps a,b,f      only these steps (a letter, or a whole label such as
+                                          "a. trainer_device_test"), e.g. to check a fix again
 """
 
 EXIT_PASSED, EXIT_FAILED, EXIT_REFUSED = 0, 1, 2
@@ -37,6 +39,12 @@ class Options(NamedTuple):
     bundle: str
     selftest: bool
     help: bool = False
+    steps: Optional[List[str]] = None  # None: every step
+
+
+def selected(label: str, wanted: Optional[List[str]]) -> bool:
+    """Whether the step of `label` ("b", "a. kernels_test") is among --steps' `wanted`."""
+    return wanted is None or label in wanted or label.split(".")[0] in wanted
 
 
 def repository_root() -> str:
@@ -46,6 +54,7 @@ def repository_root() -> str:
 def parse_arguments(argv: List[str], root: str) -> Options:
     bundle = os.path.join(root, "gpu-bundle", "lockstep-gpu-bundle.tar.xz")
     selftest = False
+    wanted: Optional[List[str]] = None
     i = 0
     while i < len(argv):
         argument = argv[i]
@@ -54,6 +63,11 @@ def parse_arguments(argv: List[str], root: str) -> Options:
                 raise UsageError("--bundle needs an archive")
             bundle = argv[i + 1]
             i += 2
+        elif argument == "--steps":
+            if i + 1 >= len(argv) or not argv[i + 1].strip(","):
+                raise UsageError("--steps needs a list of steps, e.g. a,b,f")
+            wanted = [item.strip() for item in argv[i + 1].split(",") if item.strip()]
+            i += 2
         elif argument == "--cpu-selftest":
             selftest = True
             i += 1
@@ -61,7 +75,14 @@ def parse_arguments(argv: List[str], root: str) -> Options:
             return Options(bundle, selftest, help=True)
         else:
             raise UsageError(f"unknown argument {argument} (see --help)")
-    return Options(bundle, selftest)
+    if wanted is not None:
+        known = {label for label, _ in steps.plan(selftest)}
+        known |= {label.split(".")[0] for label in known}
+        unknown = [item for item in wanted if item not in known]
+        if unknown:
+            raise UsageError(f"--steps: no step {', '.join(unknown)} (steps: "
+                             f"{', '.join(sorted(known))})")
+    return Options(bundle, selftest, steps=wanted)
 
 
 def main(argv: Optional[List[str]] = None, environ=None, work: str = WORK,
@@ -139,8 +160,9 @@ def _run(argv: List[str], environ, work: str, root: str) -> int:
     ctx = steps.Context(work=work, log_dir=log_dir, selftest=options.selftest, budget=budget,
                         report=report)
     prepare_machine(ctx, options)
-    for _, step in steps.plan(options.selftest):
-        step(ctx)
+    for label, step in steps.plan(options.selftest):
+        if selected(label, options.steps):
+            step(ctx)
 
     report.publish()
     if device_tool:

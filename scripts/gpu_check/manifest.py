@@ -1,7 +1,7 @@
 """The training manifests of steps b, c and d: the bundle's examples/fashion-mnist.yaml, rewritten.
 
 Rewritten as text (the GPU machine has no YAML library, and the rewrites are few): the bundle's
-copy of the data, one replica, the device (and precision, when given), the step count, the metrics endpoint on a free port
+copy of the data, one replica, the device (and precision and seed, when given), the step count, the metrics endpoint on a free port
 (the example's 9400 is also dcgm-exporter's, which GPU machines often run), and for the kill test
 checkpoints every 200 steps with restartPolicy OnFailure. Every rewrite must match exactly once
 (the data paths four times), or the example changed under us and ManifestError says so.
@@ -26,7 +26,8 @@ def free_port() -> int:
 
 
 def rewrite_manifest(text: str, work: str, device: str, steps: Optional[int], port: int,
-                     checkpoint: bool = False, precision: Optional[str] = None) -> str:
+                     checkpoint: bool = False, precision: Optional[str] = None,
+                     seed: Optional[int] = None) -> str:
     """The example's text for one run: steps None keeps the example's own step count."""
 
     def rewrite(pattern, replacement, count=1):
@@ -41,6 +42,8 @@ def rewrite_manifest(text: str, work: str, device: str, steps: Optional[int], po
             + (rf"\n\g<1>precision: {precision}" if precision else ""))
     if steps is not None:
         rewrite(r"^(\s+)steps:\s*\d+.*$", rf"\g<1>steps: {steps}")
+    if seed is not None:
+        rewrite(r"^(\s+)seed:\s*\d+.*$", rf"\g<1>seed: {seed}")
     rewrite(r"^(\s+)metrics:.*$", rf"\g<1>metrics: {{port: {port}}}")
     if checkpoint:
         rewrite(r"^(\s+)restartPolicy:\s*\w+.*$",
@@ -51,10 +54,11 @@ def rewrite_manifest(text: str, work: str, device: str, steps: Optional[int], po
 
 
 def make_manifest(example: str, out: str, work: str, device: str, steps: Optional[int],
-                  checkpoint: bool = False, precision: Optional[str] = None) -> None:
+                  checkpoint: bool = False, precision: Optional[str] = None,
+                  seed: Optional[int] = None) -> None:
     """Writes the rewritten example to out; ManifestError (or OSError) when it cannot."""
     with open(example) as f:
         text = f.read()
-    text = rewrite_manifest(text, work, device, steps, free_port(), checkpoint, precision)
+    text = rewrite_manifest(text, work, device, steps, free_port(), checkpoint, precision, seed)
     with open(out, "w") as f:
         f.write(text)

@@ -179,6 +179,29 @@ def accuracy_verdict(reference: dict, candidate: dict, names: Tuple[str, str] = 
     return PASS, f"{cand_name} accuracy {cand_acc:.4f} vs {ref_name} {ref_acc:.4f} (within 0.5 points)"
 
 
+def mean_accuracy_verdict(references: Sequence[dict], candidates: Sequence[dict],
+                          names: Tuple[str, str]) -> Verdict:
+    """The candidate runs' mean test accuracy within 0.5 points of the reference runs' mean (the
+    same seeds on both sides: one run's accuracy after a constant learning rate moves by a point
+    or more with any change of rounding, a different CPU's BLAS included); SKIP unless every run
+    succeeded."""
+    runs = list(references) + list(candidates)
+    if not runs or any(run.get("status") != "succeeded" for run in runs):
+        return SKIP, "needs every run to have succeeded"
+    accuracies = [run.get("eval_accuracy") for run in runs]
+    if not all(_is_number(value) for value in accuracies):
+        return FAIL, f"no test accuracy to compare ({accuracies})"
+    ref_runs, cand_runs = accuracies[:len(references)], accuracies[len(references):]
+    ref, cand = statistics.mean(ref_runs), statistics.mean(cand_runs)
+    each = (f"{names[0]}: {' '.join(f'{v:.4f}' for v in ref_runs)}; "
+            f"{names[1]}: {' '.join(f'{v:.4f}' for v in cand_runs)}")
+    if cand < ref - ACCURACY_TOLERANCE:
+        return FAIL, (f"{names[1]} mean accuracy {cand:.4f} is more than 0.5 points below "
+                      f"{names[0]}'s {ref:.4f} ({each})")
+    return PASS, (f"{names[1]} mean {cand:.4f} vs {names[0]} {ref:.4f} over {len(ref_runs)} "
+                  f"seeds ({each})")
+
+
 def _is_number(value) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 

@@ -294,7 +294,8 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(details["f. torch_step.py fp32"], "4 figures; 0 errors")
         self.assertEqual(details["f. torch_step.py bf16"], "6 figures; 0 errors")
         self.assertEqual(details["b. bf16 accuracy within 0.5 points of fp32"],
-                         "cuda bf16 accuracy 0.8503 vs cuda fp32 0.8503 (within 0.5 points)")
+                         "cuda bf16 mean 0.8503 vs cuda fp32 0.8503 over 4 seeds (cuda fp32: "
+                         "0.8503 0.8503 0.8503 0.8503; cuda bf16: 0.8503 0.8503 0.8503 0.8503)")
         self.assertEqual(details["g. lockstep.elastic tests, torch 2.11.0+cu130"],
                          "2 tests, 0 skipped")
         self.assertEqual(details["g. exec goodput, a kill every 8 s"],
@@ -342,6 +343,20 @@ class EndToEndTest(unittest.TestCase):
             ("b. lockstep run, device cpu", "PASS"),
             ("b. cuda accuracy within 0.5 points of cpu", "SKIP"),
             ("c. kill test, device cpu", "PASS")])
+
+    def test_steps_chosen_by_letter_or_label_run_alone(self):
+        status, printed, errors, out, _ = self.run_check(
+            "--bundle", self.bundle, "--steps", "a. kernels_test,e")
+        with open(os.path.join(out, "summary.txt")) as f:
+            summary = f.read()
+        self.assertEqual(status, 0, summary)
+        self.assertEqual([name for name, _, _ in self.rows(summary)], [
+            "loader: every program's libraries", "a. kernels_test", "e. kernels_cuda_bench"])
+
+    def test_a_step_that_does_not_exist_is_refused(self):
+        status, _, errors, _, _ = self.run_check("--bundle", self.bundle, "--steps", "b,x")
+        self.assertEqual(status, 2)
+        self.assertIn("--steps: no step x (steps: ", errors)
 
     def test_a_failed_step_makes_the_exit_status_1(self):
         with mock.patch.object(main.steps, "plan", return_value=[

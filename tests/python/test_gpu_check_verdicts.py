@@ -154,6 +154,19 @@ class TrainingTest(unittest.TestCase):
                          ("FAIL", "cuda bf16 accuracy 0.8440 is more than 0.5 points below "
                                   "cuda fp32's 0.8503"))
 
+    def test_bf16_is_judged_by_its_mean_over_seeds(self):
+        fp32 = [dict(CUDA, eval_accuracy=a) for a in (0.8503, 0.8470, 0.8520, 0.8491)]
+        bf16 = [dict(CUDA, eval_accuracy=a) for a in (0.8447, 0.8499, 0.8480, 0.8530)]
+        self.assertEqual(verdicts.mean_accuracy_verdict(fp32, bf16, ("cuda fp32", "cuda bf16")),
+                         ("PASS", "cuda bf16 mean 0.8489 vs cuda fp32 0.8496 over 4 seeds "
+                                  "(cuda fp32: 0.8503 0.8470 0.8520 0.8491; cuda bf16: 0.8447 "
+                                  "0.8499 0.8480 0.8530)"))
+        low = [dict(CUDA, eval_accuracy=a) for a in (0.8400, 0.8440, 0.8450, 0.8430)]
+        self.assertEqual(verdicts.mean_accuracy_verdict(fp32, low, ("cuda fp32", "cuda bf16"))[0],
+                         "FAIL")
+        self.assertEqual(verdicts.mean_accuracy_verdict(fp32, bf16[:3] + [{}], ("a", "b")),
+                         ("SKIP", "needs every run to have succeeded"))
+
     def test_a_run_row_says_the_accuracy_or_why_it_failed(self):
         self.assertEqual(verdicts.train_run_verdict(0, CUDA, ""), ("PASS", "accuracy 0.8503"))
         self.assertEqual(verdicts.train_run_verdict(0, {}, ""), ("PASS", "accuracy ?"))
@@ -434,6 +447,11 @@ class ManifestTest(unittest.TestCase):
     def test_a_bf16_run_names_its_precision_beside_the_device(self):
         text = rewrite_manifest(self.example(), "/tmp/w", "cuda", None, 1, precision="bf16")
         self.assertIn("\n    device: cuda\n    precision: bf16\n", text)
+
+    def test_another_seed_replaces_the_examples(self):
+        text = rewrite_manifest(self.example(), "/tmp/w", "cuda", None, 1, seed=3)
+        self.assertIn("\n    seed: 3\n", text)
+        self.assertNotIn("seed: 1", text)
 
     def test_an_example_that_changed_under_us_is_refused(self):
         with self.assertRaisesRegex(ManifestError, "matched 0 times"):

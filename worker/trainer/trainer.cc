@@ -52,6 +52,13 @@ StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const spec::TrainingJob& job,
     return InvalidArgumentError("spec.trainer.batchSize: must be >= 1 (got " +
                                 std::to_string(trainer.batch_size) + ")");
   }
+  // A fixed global batch is batchSize x replicas: a job built in code without replicas would
+  // silently train on one sample per step.
+  if (job.spec.replicas < 1) {
+    return InvalidArgumentError("spec.replicas: must be >= 1 (got " +
+                                std::to_string(job.spec.replicas) +
+                                "); the global batch is batchSize x replicas");
+  }
   if (data.test.has_value() && data.test->num_features != data.train.num_features) {
     return InvalidArgumentError(
         "spec.trainer.data.test: " + std::to_string(data.test->num_features) +
