@@ -1,0 +1,264 @@
+// Parameter servers and their client over real gRPC on loopback (worker/ps/ps_server.h,
+// worker/ps/ps_client.h): two shards of a job's tables, as a job with two parameter servers has.
+#include <grpcpp/grpcpp.h>
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "proto/parameter_server.grpc.pb.h"
+#include "worker/ps/ps_client.h"
+#include "worker/ps/ps_server.h"
+
+namespace lockstep::ps {
+namespace {
+
+namespace v1 = ::lockstep::ps::v1;
+
+constexpr char kJob[] = "default/ctr";
+constexpr char kToken[] = "secret-token";
+
+TableSpec Table(const std::string& name, int64_t rows, int32_t dim) {
+  TableSpec spec;
+  spec.name = name;
+  spec.rows = rows;
+  spec.dim = dim;
+  spec.learning_rate = 0.5f;
+  spec.seed = 11;
+  spec.init_scale = 0.1f;
+  return spec;
+}
+
+class PsServiceTest : public ::testing::Test {
+ protected:
+  void StartServers(std::vector<TableSpec> tables, int64_t max_rows = int64_t{1} << 16) {
+    for (int shard = 0; shard < 2; ++shard) {
+      ShardServerOptions options;
+      options.job = kJob;
+      options.token = kToken;
+      options.shard = shard;
+      options.shards = 2;
+      options.tables = tables;
+      options.max_rows_per_request = max_rows;
+      auto server = ShardServer::Start(options);
+      ASSERT_TRUE(server.ok()) << server.status();
+      addresses_.push_back("127.0.0.1:" + std::to_string((*server)->port()));
+      servers_.push_back(std::move(server).value());
+    }
+  }
+
+  std::unique_ptr<PsClient> Client(const std::string& token = kToken,
+                                   int64_t max_rows = int64_t{1} << 16) {
+    PsClientOptions options;
+    options.servers = addresses_;
+    options.job = kJob;
+    options.token = token;
+    options.timeout_ms = 10000;
+    options.max_rows_per_request = max_rows;
+    auto client = PsClient::Connect(options);
+    EXPECT_TRUE(client.ok()) << client.status();
+    return client.ok() ? std::move(client).value() : nullptr;
+  }
+
+  // What the servers hold of `rows`, read from their tables directly.
+  std::vector<float> Held(const std::string& table, const std::vector<uint64_t>& rows) {
+    const int32_t dim = servers_[0]->table(table)->spec().dim;
+    std::vector<float> out(rows.size() * static_cast<size_t>(dim));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const ShardTable* shard = servers_[static_cast<size_t>(ShardOfRow(rows[i], 2))]->table(table);
+      EXPECT_TRUE(shard->Pull(&rows[i], 1, out.data() + i * static_cast<size_t>(dim)).ok());
+    }
+    return out;
+  }
+
+  std::vector<std::string> addresses_;
+  std::vector<std::unique_ptr<ShardServer>> servers_;
+};
+
+TEST_F(PsServiceTest, APullReturnsEachRowInTheCallersOrderFromTheServerThatHoldsIt) {
+  StartServers({Table("emb", 1000, 8)});
+  auto client = Client();
+  const std::vector<uint64_t> rows = {5, 998, 5, 0, 13};
+  std::vector<float> out(rows.size() * 8);
+  ASSERT_TRUE(client->Pull("emb", 8, rows, out.data()).ok());
+  const TableSpec spec = Table("emb", 1000, 8);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    for (int32_t j = 0; j < 8; ++j) {
+      EXPECT_EQ(out[i * 8 + static_cast<size_t>(j)], InitialValue(spec, rows[i], j))
+          << "row " << rows[i] << " element " << j;
+    }
+  }
+  // Row 5 once: 4 distinct rows travelled, two per server (5 and 13 odd, 998 and 0 even).
+  EXPECT_EQ(client->traffic().rows, 4u);
+  EXPECT_EQ(servers_[0]->stats().rows_pulled, 2u);
+  EXPECT_EQ(servers_[1]->stats().rows_pulled, 2u);
+}
+
+TEST_F(PsServiceTest, APushChangesTheRowsOnTheirServersWithRepeatedRowsSummed) {
+  StartServers({Table("emb", 1000, 2)});
+  auto client = Client();
+  const std::vector<uint64_t> rows = {1, 2, 2, 3};
+  const std::vector<uint64_t> distinct = {1, 2, 3};
+  const std::vector<float> before = Held("emb", distinct);
+  const std::vector<float> gradient = {1, 2, 0.5f, 0.5f, 0.25f, 0.25f, -4, 8};
+  ASSERT_TRUE(client->Push("emb", 2, rows, gradient.data(), PushKind::kGradient).ok());
+  const std::vector<float> after = Held("emb", distinct);
+  const std::vector<float> summed = {1, 2, 0.75f, 0.75f, -4, 8};
+  for (size_t i = 0; i < summed.size(); ++i) {
+    EXPECT_EQ(after[i], before[i] - 0.5f * summed[i]) << i;
+  }
+  EXPECT_EQ(servers_[0]->stats().rows_pushed + servers_[1]->stats().rows_pushed, 3u);
+
+  const std::vector<float> delta = {1, 1, 1, 1, 1, 1, 1, 1};
+  ASSERT_TRUE(client->Push("emb", 2, rows, delta.data(), PushKind::kDelta).ok());
+  const std::vector<float> last = Held("emb", distinct);
+  EXPECT_EQ(last[2], after[2] + 2.0f);  // row 2, named twice
+  EXPECT_EQ(last[0], after[0] + 1.0f);
+}
+
+TEST_F(PsServiceTest, AWrongTokenOrJobIsNotFoundAndChangesNothing) {
+  StartServers({Table("emb", 100, 2)});
+  const std::vector<uint64_t> rows = {0, 1, 2, 3};
+  const std::vector<float> before = Held("emb", rows);
+  const std::vector<float> values(8, 1.0f);
+  std::vector<float> out(8);
+
+  auto intruder = Client("not-the-token");
+  Status pulled = intruder->Pull("emb", 2, rows, out.data());
+  EXPECT_EQ(pulled.code(), StatusCode::kNotFound) << pulled;
+  EXPECT_NE(pulled.message().find("no job default/ctr on this parameter server"), std::string::npos)
+      << pulled;
+  EXPECT_EQ(intruder->Push("emb", 2, rows, values.data(), PushKind::kDelta).code(),
+            StatusCode::kNotFound);
+
+  PsClientOptions other_job;
+  other_job.servers = addresses_;
+  other_job.job = "default/other";
+  other_job.token = kToken;
+  auto stranger = PsClient::Connect(other_job);
+  ASSERT_TRUE(stranger.ok());
+  EXPECT_EQ((*stranger)->Push("emb", 2, rows, values.data(), PushKind::kDelta).code(),
+            StatusCode::kNotFound);
+
+  EXPECT_EQ(Held("emb", rows), before);
+  EXPECT_EQ(servers_[0]->table("emb")->version() + servers_[1]->table("emb")->version(), 0u);
+  EXPECT_GE(servers_[0]->stats().refused, 3u);
+}
+
+TEST_F(PsServiceTest, AnUnknownTableIsNotFoundNamingIt) {
+  StartServers({Table("emb", 100, 2)});
+  std::vector<float> out(2);
+  Status pulled = Client()->Pull("missing", 2, {4}, out.data());
+  EXPECT_EQ(pulled.code(), StatusCode::kNotFound);
+  EXPECT_NE(pulled.message().find("has no table missing"), std::string::npos) << pulled;
+}
+
+TEST_F(PsServiceTest, ARequestOfMoreRowsThanTheServerTakesIsRefusedAndSmallerPiecesPass) {
+  StartServers({Table("emb", 1000, 2)}, /*max_rows=*/4);
+  std::vector<uint64_t> rows;
+  for (uint64_t r = 0; r < 20; r += 2) rows.push_back(r);  // 10 rows, all on server 0
+  const std::vector<float> before = Held("emb", rows);
+  const std::vector<float> values(rows.size() * 2, 1.0f);
+  Status pushed =
+      Client(kToken, /*max_rows=*/100)->Push("emb", 2, rows, values.data(), PushKind::kDelta);
+  EXPECT_EQ(pushed.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(pushed.message().find("rows: 10 in one request, more than this server's 4"),
+            std::string::npos)
+      << pushed;
+  EXPECT_EQ(Held("emb", rows), before);
+
+  // A client that cuts its requests to the servers' bound gets through in three pieces.
+  auto client = Client(kToken, /*max_rows=*/4);
+  ASSERT_TRUE(client->Push("emb", 2, rows, values.data(), PushKind::kDelta).ok());
+  EXPECT_EQ(client->traffic().requests, 3u);
+  const std::vector<float> after = Held("emb", rows);
+  for (size_t i = 0; i < after.size(); ++i) EXPECT_EQ(after[i], before[i] + 1.0f);
+}
+
+// What the client never sends, sent by hand: rows of the other shard or beyond the table, and
+// values of the wrong size.
+TEST_F(PsServiceTest, MalformedRequestsAreRefusedNamingWhatIsWrongAndChangeNothing) {
+  StartServers({Table("emb", 100, 2)});
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(addresses_[0], grpc::InsecureChannelCredentials()));
+  const std::vector<uint64_t> all = {0, 2, 4, 6};
+  const std::vector<float> before = Held("emb", all);
+  auto push = [&](std::vector<uint64_t> rows, size_t value_bytes) {
+    grpc::ClientContext context;
+    context.AddMetadata("x-lockstep-token", kToken);
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    v1::PushRequest request;
+    request.set_job(kJob);
+    request.set_table("emb");
+    for (uint64_t row : rows) request.add_rows(row);
+    request.set_kind(v1::PushRequest::DELTA);
+    request.set_values(std::string(value_bytes, '\0'));
+    v1::PushResponse response;
+    return stub->Push(&context, request, &response);
+  };
+  grpc::Status status = push({0, 3}, 16);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("rows[1] = 3 of table emb is held by server 1"),
+            std::string::npos)
+      << status.error_message();
+  status = push({0, 100}, 16);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("rows[1] = 100 is beyond table emb's 100 rows"),
+            std::string::npos)
+      << status.error_message();
+  status = push({0, 2}, 12);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_NE(status.error_message().find("values: 12 bytes for 2 rows of table emb, which need 16"),
+            std::string::npos)
+      << status.error_message();
+  EXPECT_EQ(Held("emb", all), before);
+}
+
+// The rows of a batch drawn from `distinct` different rows of a `rows`-row table, each repeated.
+std::vector<uint64_t> Batch(size_t size, size_t distinct, int64_t rows) {
+  std::vector<uint64_t> batch;
+  for (size_t i = 0; i < size; ++i) batch.push_back(RowOfId(i % distinct, rows));
+  return batch;
+}
+
+TEST_F(PsServiceTest, APullsBytesGrowWithTheBatchsDistinctRowsNotWithTheTable) {
+  StartServers({Table("big", 1'000'000, 16), Table("small", 5000, 16)});
+  auto measure = [&](const std::string& table, int64_t rows, size_t distinct) {
+    auto client = Client();
+    const std::vector<uint64_t> batch = Batch(4096, distinct, rows);
+    std::vector<float> out(batch.size() * 16);
+    EXPECT_TRUE(client->Pull(table, 16, batch, out.data()).ok());
+    const size_t unique = std::set<uint64_t>(batch.begin(), batch.end()).size();
+    EXPECT_EQ(client->traffic().rows, unique);
+    return client->traffic().response_bytes;
+  };
+  const uint64_t big_256 = measure("big", 1'000'000, 256);
+  const uint64_t small_256 = measure("small", 5000, 256);
+  const uint64_t big_2048 = measure("big", 1'000'000, 2048);
+  // 256 distinct rows of 16 floats are 16 KiB of values whichever table they come from (the
+  // small table's hash may fold a few ids together); the request's 4096 ids never travel.
+  EXPECT_GE(big_256, 256u * 64u);
+  EXPECT_LT(big_256, 256u * 64u + 64u);
+  EXPECT_NEAR(static_cast<double>(small_256), static_cast<double>(big_256), 0.05 * big_256);
+  // Eight times the distinct rows, eight times the bytes.
+  EXPECT_NEAR(static_cast<double>(big_2048) / big_256, 8.0, 0.1);
+}
+
+TEST(PsServerOptionsTest, AServerWithoutATokenOrWithTwoTablesOfOneNameDoesNotStart) {
+  ShardServerOptions options;
+  options.job = kJob;
+  options.tables = {Table("emb", 10, 2)};
+  EXPECT_EQ(ShardServer::Start(options).status().code(), StatusCode::kInvalidArgument);
+  options.token = kToken;
+  options.tables.push_back(Table("emb", 20, 2));
+  Status started = ShardServer::Start(options).status();
+  EXPECT_EQ(started.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(started.message().find("two tables are named emb"), std::string::npos) << started;
+}
+
+}  // namespace
+}  // namespace lockstep::ps

@@ -1,0 +1,254 @@
+#include "worker/ps/ps_client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <unordered_map>
+#include <utility>
+
+#include "common/rendezvous/wire.h"
+#include "proto/parameter_server.grpc.pb.h"
+
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire's floats are little-endian");
+
+namespace lockstep::ps {
+namespace {
+
+namespace v1 = ::lockstep::ps::v1;
+
+// Each distinct row once, and where every requested row finds it: rows[i] == distinct[slot[i]].
+struct Distinct {
+  std::vector<uint64_t> rows;
+  std::vector<size_t> slot;
+};
+
+Distinct DistinctRows(const std::vector<uint64_t>& rows) {
+  Distinct out;
+  out.slot.reserve(rows.size());
+  std::unordered_map<uint64_t, size_t> seen;
+  seen.reserve(rows.size());
+  for (uint64_t row : rows) {
+    auto [it, added] = seen.emplace(row, out.rows.size());
+    if (added) out.rows.push_back(row);
+    out.slot.push_back(it->second);
+  }
+  return out;
+}
+
+// The requests of one call: for each server, its distinct rows (as indices into Distinct::rows)
+// cut into pieces of at most max_rows.
+std::vector<std::pair<int, std::vector<size_t>>> Pieces(const Distinct& distinct, int shards,
+                                                        int64_t max_rows) {
+  std::vector<std::vector<size_t>> by_shard(static_cast<size_t>(shards));
+  for (size_t d = 0; d < distinct.rows.size(); ++d) {
+    by_shard[static_cast<size_t>(ShardOfRow(distinct.rows[d], shards))].push_back(d);
+  }
+  std::vector<std::pair<int, std::vector<size_t>>> pieces;
+  for (int s = 0; s < shards; ++s) {
+    const std::vector<size_t>& mine = by_shard[static_cast<size_t>(s)];
+    for (size_t begin = 0; begin < mine.size(); begin += static_cast<size_t>(max_rows)) {
+      const size_t end = std::min(mine.size(), begin + static_cast<size_t>(max_rows));
+      pieces.emplace_back(s, std::vector<size_t>(mine.begin() + static_cast<std::ptrdiff_t>(begin),
+                                                 mine.begin() + static_cast<std::ptrdiff_t>(end)));
+    }
+  }
+  return pieces;
+}
+
+template <typename Request, typename Response>
+struct Call {
+  int shard = 0;
+  std::vector<size_t> distinct;  // which distinct rows this request carries
+  grpc::ClientContext context;
+  Request request;
+  Response response;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
+};
+
+}  // namespace
+
+struct PsClient::Stubs {
+  std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
+
+  // Starts every call, then waits for all of them (each has the same deadline, so the wait is
+  // bounded). Returns the first failure, naming its server.
+  template <typename Request, typename Response, typename Prepare>
+  Status RunAll(std::vector<std::unique_ptr<Call<Request, Response>>>& calls,
+                const PsClientOptions& options, Prepare prepare) {
+    grpc::CompletionQueue queue;
+    const auto deadline =
+        std::chrono::system_clock::now() + std::chrono::milliseconds(options.timeout_ms);
+    for (size_t i = 0; i < calls.size(); ++i) {
+      Call<Request, Response>& call = *calls[i];
+      call.context.AddMetadata(rendezvous::kTokenMetadataKey, options.token);
+      call.context.set_deadline(deadline);
+      call.reader =
+          prepare(*stubs[static_cast<size_t>(call.shard)], &call.context, call.request, &queue);
+      call.reader->StartCall();
+      call.reader->Finish(&call.response, &call.status, reinterpret_cast<void*>(i));
+    }
+    for (size_t done = 0; done < calls.size(); ++done) {
+      void* tag = nullptr;
+      bool ok = false;
+      if (!queue.Next(&tag, &ok)) break;  // not reached: the queue is shut down below
+    }
+    queue.Shutdown();
+    void* tag = nullptr;
+    bool ok = false;
+    while (queue.Next(&tag, &ok)) {
+    }
+    for (const auto& call : calls) {
+      if (!call->status.ok()) {
+        return rendezvous::FromGrpcStatus(call->status)
+            .WithContext("parameter server " + std::to_string(call->shard) + " (" +
+                         options.servers[static_cast<size_t>(call->shard)] + ")");
+      }
+    }
+    return OkStatus();
+  }
+};
+
+StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
+  if (options.servers.empty()) return InvalidArgumentError("parameter servers: none given");
+  if (options.job.empty() || options.token.empty()) {
+    return InvalidArgumentError("parameter servers: a client needs the job and its token");
+  }
+  if (options.timeout_ms < 1 || options.max_rows_per_request < 1) {
+    return InvalidArgumentError(
+        "parameter servers: timeout_ms and max_rows_per_request must be "
+        ">= 1");
+  }
+  std::unique_ptr<PsClient> client(new PsClient(std::move(options)));
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  if (!client->options_.tls_ca_pem.empty()) {
+    grpc::SslCredentialsOptions ssl;
+    ssl.pem_root_certs = client->options_.tls_ca_pem;
+    credentials = grpc::SslCredentials(ssl);
+  } else {
+    credentials = grpc::InsecureChannelCredentials();
+  }
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());  // rows are bounded per request
+  for (const std::string& address : client->options_.servers) {
+    client->stubs_->stubs.push_back(
+        v1::ParameterServer::NewStub(grpc::CreateCustomChannel(address, credentials, args)));
+  }
+  return client;
+}
+
+PsClient::PsClient(PsClientOptions options)
+    : options_(std::move(options)), stubs_(std::make_unique<Stubs>()) {}
+
+PsClient::~PsClient() = default;
+
+Status PsClient::Pull(const std::string& table, int32_t dim, const std::vector<uint64_t>& rows,
+                      float* out) {
+  if (dim < 1) return InvalidArgumentError("Pull: dim must be >= 1");
+  if (rows.empty()) return OkStatus();
+  const Distinct distinct = DistinctRows(rows);
+  using PullCall = Call<v1::PullRequest, v1::PullResponse>;
+  std::vector<std::unique_ptr<PullCall>> calls;
+  for (auto& [shard, piece] : Pieces(distinct, shards(), options_.max_rows_per_request)) {
+    auto call = std::make_unique<PullCall>();
+    call->shard = shard;
+    call->request.set_job(options_.job);
+    call->request.set_table(table);
+    for (size_t d : piece) call->request.add_rows(distinct.rows[d]);
+    call->distinct = std::move(piece);
+    calls.push_back(std::move(call));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(stubs_->RunAll(
+      calls, options_,
+      [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
+         const v1::PullRequest& request,
+         grpc::CompletionQueue* queue) { return stub.PrepareAsyncPull(context, request, queue); }));
+  // Every distinct row's values, then each requested row's copy of them.
+  std::vector<float> values(distinct.rows.size() * static_cast<size_t>(dim));
+  PsTraffic traffic;
+  for (const auto& call : calls) {
+    const std::string& bytes = call->response.values();
+    const size_t want = call->distinct.size() * static_cast<size_t>(dim) * sizeof(float);
+    if (call->response.dim() != static_cast<uint32_t>(dim) || bytes.size() != want) {
+      return DataLossError("parameter server " + std::to_string(call->shard) + " answered " +
+                           std::to_string(bytes.size()) + " bytes of dim " +
+                           std::to_string(call->response.dim()) + " for table " + table +
+                           "; asked for " + std::to_string(call->distinct.size()) +
+                           " rows of dim " + std::to_string(dim));
+    }
+    for (size_t k = 0; k < call->distinct.size(); ++k) {
+      std::memcpy(values.data() + call->distinct[k] * static_cast<size_t>(dim),
+                  bytes.data() + k * static_cast<size_t>(dim) * sizeof(float),
+                  static_cast<size_t>(dim) * sizeof(float));
+    }
+    ++traffic.requests;
+    traffic.request_bytes += call->request.ByteSizeLong();
+    traffic.response_bytes += call->response.ByteSizeLong();
+    traffic.rows += call->distinct.size();
+  }
+  for (size_t i = 0; i < rows.size(); ++i) {
+    std::memcpy(out + i * static_cast<size_t>(dim),
+                values.data() + distinct.slot[i] * static_cast<size_t>(dim),
+                static_cast<size_t>(dim) * sizeof(float));
+  }
+  std::lock_guard<std::mutex> lock(traffic_mu_);
+  traffic_.requests += traffic.requests;
+  traffic_.request_bytes += traffic.request_bytes;
+  traffic_.response_bytes += traffic.response_bytes;
+  traffic_.rows += traffic.rows;
+  return OkStatus();
+}
+
+Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<uint64_t>& rows,
+                      const float* values, PushKind kind) {
+  if (dim < 1) return InvalidArgumentError("Push: dim must be >= 1");
+  if (rows.empty()) return OkStatus();
+  const Distinct distinct = DistinctRows(rows);
+  std::vector<float> summed(distinct.rows.size() * static_cast<size_t>(dim), 0.0f);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    float* target = summed.data() + distinct.slot[i] * static_cast<size_t>(dim);
+    const float* value = values + i * static_cast<size_t>(dim);
+    for (int32_t j = 0; j < dim; ++j) target[j] += value[j];
+  }
+  using PushCall = Call<v1::PushRequest, v1::PushResponse>;
+  std::vector<std::unique_ptr<PushCall>> calls;
+  for (auto& [shard, piece] : Pieces(distinct, shards(), options_.max_rows_per_request)) {
+    auto call = std::make_unique<PushCall>();
+    call->shard = shard;
+    call->request.set_job(options_.job);
+    call->request.set_table(table);
+    call->request.set_kind(kind == PushKind::kDelta ? v1::PushRequest::DELTA
+                                                    : v1::PushRequest::GRADIENT);
+    std::string* bytes = call->request.mutable_values();
+    bytes->resize(piece.size() * static_cast<size_t>(dim) * sizeof(float));
+    for (size_t k = 0; k < piece.size(); ++k) {
+      call->request.add_rows(distinct.rows[piece[k]]);
+      std::memcpy(bytes->data() + k * static_cast<size_t>(dim) * sizeof(float),
+                  summed.data() + piece[k] * static_cast<size_t>(dim),
+                  static_cast<size_t>(dim) * sizeof(float));
+    }
+    call->distinct = std::move(piece);
+    calls.push_back(std::move(call));
+  }
+  Status pushed = stubs_->RunAll(calls, options_,
+                                 [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
+                                    const v1::PushRequest& request, grpc::CompletionQueue* queue) {
+                                   return stub.PrepareAsyncPush(context, request, queue);
+                                 });
+  std::lock_guard<std::mutex> lock(traffic_mu_);
+  for (const auto& call : calls) {
+    ++traffic_.requests;
+    traffic_.request_bytes += call->request.ByteSizeLong();
+    traffic_.response_bytes += call->response.ByteSizeLong();
+    traffic_.rows += call->distinct.size();
+  }
+  return pushed;
+}
+
+PsTraffic PsClient::traffic() const {
+  std::lock_guard<std::mutex> lock(traffic_mu_);
+  return traffic_;
+}
+
+}  // namespace lockstep::ps

@@ -1,0 +1,81 @@
+// PsClient: a worker's side of a job's parameter servers (proto/parameter_server.proto). It
+// sends each server only the rows its shard holds, each distinct row once, to all servers at
+// once, and waits for them under one deadline.
+//
+//   PsClientOptions options;
+//   options.servers = {"10.0.0.5:7000", "10.0.0.6:7000"};  // server s at index s
+//   options.job = "default/ctr";
+//   options.token = token;
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto client, PsClient::Connect(options));
+//   std::vector<uint64_t> rows;                    // the rows a batch's ids fall in (RowOfId)
+//   std::vector<float> embeddings(rows.size() * 16);
+//   LOCKSTEP_RETURN_IF_ERROR(client->Pull("ads", 16, rows, embeddings.data()));
+//   LOCKSTEP_RETURN_IF_ERROR(client->Push("ads", 16, rows, gradients.data(), PushKind::kGradient));
+//
+// A push to several servers is not atomic across them: when one fails, the others may have
+// applied their rows (the error names the server).
+//
+// Thread safety: Pull and Push may be called from several threads at once.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "worker/ps/shard_table.h"
+
+namespace lockstep::ps {
+
+struct PsClientOptions {
+  std::vector<std::string> servers;  // host:port of server s at index s
+  std::string job;
+  std::string token;
+  std::string tls_ca_pem;  // PEM of the CA that signed the servers' certificates; empty: plaintext
+  int64_t timeout_ms = 10000;  // one Pull or Push, all its requests together
+  // Rows per request: a shard's rows beyond this go in several requests (the servers'
+  // max_rows_per_request must be at least this).
+  int64_t max_rows_per_request = int64_t{1} << 16;
+};
+
+// What went over the wire, summed over calls (serialized message sizes, without gRPC framing).
+struct PsTraffic {
+  uint64_t requests = 0;
+  uint64_t request_bytes = 0;
+  uint64_t response_bytes = 0;
+  uint64_t rows = 0;  // distinct rows sent or received
+};
+
+class PsClient {
+ public:
+  // INVALID_ARGUMENT without servers, job or token, or with bounds < 1.
+  static StatusOr<std::unique_ptr<PsClient>> Connect(PsClientOptions options);
+  ~PsClient();
+
+  int shards() const { return static_cast<int>(options_.servers.size()); }
+
+  // out[i * dim ...] = row rows[i] of `table` (rows in any order, repeats allowed). Errors: the
+  // first server's that failed, naming it; DEADLINE_EXCEEDED after timeout_ms.
+  Status Pull(const std::string& table, int32_t dim, const std::vector<uint64_t>& rows, float* out);
+  // Applies values[i * dim ...] to row rows[i] (proto: GRADIENT or DELTA); the values of a row
+  // named more than once are summed first, in order, so each row travels once.
+  Status Push(const std::string& table, int32_t dim, const std::vector<uint64_t>& rows,
+              const float* values, PushKind kind);
+
+  PsTraffic traffic() const;
+
+ private:
+  struct Stubs;
+  explicit PsClient(PsClientOptions options);
+
+  const PsClientOptions options_;
+  std::unique_ptr<Stubs> stubs_;
+  mutable std::mutex traffic_mu_;
+  PsTraffic traffic_;
+};
+
+}  // namespace lockstep::ps

@@ -1,0 +1,194 @@
+#include "worker/ps/ps_server.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
+#include <utility>
+
+#include "common/rendezvous/wire.h"
+#include "proto/parameter_server.grpc.pb.h"
+
+// The wire carries float32 little-endian (proto/parameter_server.proto); values are copied as
+// they lie in memory.
+static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "the wire's floats are little-endian");
+
+namespace lockstep::ps {
+namespace {
+
+namespace v1 = ::lockstep::ps::v1;
+using rendezvous::kTokenMetadataKey;
+using rendezvous::ToGrpcStatus;
+using rendezvous::TokensEqual;
+
+class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Service {
+ public:
+  explicit ShardServerImpl(ShardServerOptions options) : options_(std::move(options)) {}
+  ~ShardServerImpl() override { Shutdown(/*deadline_ms=*/1000); }
+
+  Status Init() {
+    for (const TableSpec& spec : options_.tables) {
+      LOCKSTEP_ASSIGN_OR_RETURN(auto table,
+                                ShardTable::Create(spec, options_.shard, options_.shards));
+      if (!tables_.emplace(spec.name, std::move(table)).second) {
+        return InvalidArgumentError("two tables are named " + spec.name);
+      }
+    }
+    std::shared_ptr<grpc::ServerCredentials> credentials;
+    if (!options_.tls_cert_pem.empty()) {
+      grpc::SslServerCredentialsOptions ssl;
+      ssl.pem_key_cert_pairs.push_back({options_.tls_key_pem, options_.tls_cert_pem});
+      credentials = grpc::SslServerCredentials(ssl);
+    } else {
+      credentials = grpc::InsecureServerCredentials();
+    }
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(options_.listen_address, credentials, &port_);
+    builder.RegisterService(this);
+    builder.SetMaxReceiveMessageSize(static_cast<int>(options_.max_message_bytes));
+    builder.SetMaxSendMessageSize(static_cast<int>(options_.max_message_bytes));
+    server_ = builder.BuildAndStart();
+    if (server_ == nullptr || port_ == 0) {
+      return UnavailableError("parameter server: cannot listen on " + options_.listen_address);
+    }
+    return OkStatus();
+  }
+
+  int port() const override { return port_; }
+
+  ShardServerStats stats() const override {
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    return stats_;
+  }
+
+  const ShardTable* table(const std::string& name) const override {
+    auto found = tables_.find(name);
+    return found == tables_.end() ? nullptr : found->second.get();
+  }
+
+  void Shutdown(int64_t deadline_ms) override {
+    std::lock_guard<std::mutex> lock(shutdown_mu_);
+    if (server_ == nullptr) return;
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
+    server_.reset();
+  }
+
+  grpc::Status Pull(grpc::ServerContext* context, const v1::PullRequest* request,
+                    v1::PullResponse* response) override {
+    auto table = Admit(*context, request->job(), request->table(), request->rows_size());
+    if (!table.ok()) return Refuse(table.status());
+    const size_t count = static_cast<size_t>(request->rows_size());
+    const int32_t dim = (*table)->spec().dim;
+    std::vector<float> values(count * static_cast<size_t>(dim));
+    Status pulled = (*table)->Pull(request->rows().data(), count, values.data());
+    if (!pulled.ok()) return Refuse(pulled);
+    response->set_values(reinterpret_cast<const char*>(values.data()),
+                         values.size() * sizeof(float));
+    response->set_dim(static_cast<uint32_t>(dim));
+    response->set_version((*table)->version());
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.pulls;
+    stats_.rows_pulled += count;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
+                    v1::PushResponse* response) override {
+    auto table = Admit(*context, request->job(), request->table(), request->rows_size());
+    if (!table.ok()) return Refuse(table.status());
+    const size_t count = static_cast<size_t>(request->rows_size());
+    const size_t want = count * static_cast<size_t>((*table)->spec().dim) * sizeof(float);
+    if (request->values().size() != want) {
+      return Refuse(InvalidArgumentError("values: " + std::to_string(request->values().size()) +
+                                         " bytes for " + std::to_string(count) + " rows of table " +
+                                         request->table() + ", which need " + std::to_string(want) +
+                                         " (rows x dim x 4)"));
+    }
+    // The bytes of a protobuf string need not be aligned for floats: copy them.
+    std::vector<float> values(want / sizeof(float));
+    if (want > 0) std::memcpy(values.data(), request->values().data(), want);
+    const PushKind kind =
+        request->kind() == v1::PushRequest::DELTA ? PushKind::kDelta : PushKind::kGradient;
+    auto version = (*table)->Push(request->rows().data(), count, values.data(), kind);
+    if (!version.ok()) return Refuse(version.status());
+    response->set_version(*version);
+    std::lock_guard<std::mutex> lock(stats_mu_);
+    ++stats_.pushes;
+    stats_.rows_pushed += count;
+    return grpc::Status::OK;
+  }
+
+ private:
+  // The table a call may use: the token and the job first (a wrong one of either gets the same
+  // NOT_FOUND, as the rendezvous service answers), then the table and the request's row count.
+  StatusOr<ShardTable*> Admit(const grpc::ServerContext& context, const std::string& job,
+                              const std::string& table_name, int rows) const {
+    const auto& metadata = context.client_metadata();
+    auto token = metadata.find(kTokenMetadataKey);
+    const std::string presented = token == metadata.end()
+                                      ? std::string()
+                                      : std::string(token->second.data(), token->second.size());
+    const bool token_ok = TokensEqual(options_.token, presented);
+    if (!token_ok || job != options_.job) {
+      return NotFoundError("no job " + job + " on this parameter server");
+    }
+    auto found = tables_.find(table_name);
+    if (found == tables_.end()) {
+      return NotFoundError("job " + job + " has no table " + table_name);
+    }
+    if (rows > options_.max_rows_per_request) {
+      return InvalidArgumentError("rows: " + std::to_string(rows) +
+                                  " in one request, more than "
+                                  "this server's " +
+                                  std::to_string(options_.max_rows_per_request));
+    }
+    return found->second.get();
+  }
+
+  grpc::Status Refuse(const Status& status) {
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      ++stats_.refused;
+    }
+    return ToGrpcStatus(status);
+  }
+
+  const ShardServerOptions options_;
+  std::map<std::string, std::unique_ptr<ShardTable>> tables_;  // fixed after Init
+  int port_ = 0;
+  std::mutex shutdown_mu_;
+  std::unique_ptr<grpc::Server> server_;
+  mutable std::mutex stats_mu_;
+  ShardServerStats stats_;
+};
+
+Status CheckOptions(const ShardServerOptions& options) {
+  if (options.job.empty()) return InvalidArgumentError("parameter server: no job");
+  if (options.token.empty()) {
+    return InvalidArgumentError("parameter server: job " + options.job + " has no token");
+  }
+  if (options.max_rows_per_request < 1 || options.max_message_bytes < 1 ||
+      options.max_message_bytes > std::numeric_limits<int>::max()) {
+    return InvalidArgumentError(
+        "parameter server: max_rows_per_request must be >= 1 and max_message_bytes in [1, 2 GiB)");
+  }
+  if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
+    return InvalidArgumentError("parameter server: TLS needs both a certificate and its key");
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+StatusOr<std::unique_ptr<ShardServer>> ShardServer::Start(const ShardServerOptions& options) {
+  LOCKSTEP_RETURN_IF_ERROR(CheckOptions(options));
+  auto server = std::make_unique<ShardServerImpl>(options);
+  LOCKSTEP_RETURN_IF_ERROR(server->Init());
+  return std::unique_ptr<ShardServer>(std::move(server));
+}
+
+}  // namespace lockstep::ps
