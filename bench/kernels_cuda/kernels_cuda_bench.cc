@@ -233,16 +233,13 @@ int Run(int64_t n, const std::string& only) {
   // (8192 out, 4096 in, batch 4096) where the tensor cores' rate shows. bf16 storage: A and B as
   // bf16 in `halves` (n elements hold both), C in fp32.
   PackHalf(ctx, HalfType::kBf16, n, 1.0f, a, halves);
-  const struct {
-    int64_t m, n, k;
-  } shapes[] = {{512, 4096, 4096}, {4096, 8192, 4096}};
+  const struct { int64_t m, n, k; } shapes[] = {{512, 4096, 4096}, {4096, 8192, 4096}};
   const char* variants[] = {"fp32", "tf32", "bf16 operands", "bf16 storage"};
   if (wanted("Gemm")) {
     std::printf("\n%-44s %10s %10s\n", "Gemm (m x n x k)", "time us", "TFLOP/s");
   }
   for (const auto& shape : shapes) {
-    if (!wanted("Gemm") || shape.m * shape.k + shape.k * shape.n > n ||
-        shape.m * shape.n > n) {
+    if (!wanted("Gemm") || shape.m * shape.k + shape.k * shape.n > n || shape.m * shape.n > n) {
       continue;
     }
     for (const char* variant : variants) {

@@ -160,12 +160,12 @@ int Main(int argc, char** argv) {
   }
   std::atomic<bool> stop{false};
   double timed_from = MonotonicSeconds();
-  Status trained = (*trainer)->Train(
-      **communicator, info, stop, nullptr, [&](const trainer::TrainingState& state) {
-        if (state.step == warmup) timed_from = MonotonicSeconds();
-        if (checkpointer == nullptr) return OkStatus();
-        return checkpointer->OnStep(state, **communicator, 60000);
-      });
+  Status trained = (*trainer)->Train(**communicator, info, stop, nullptr,
+                                     [&](const trainer::TrainingState& state) {
+                                       if (state.step == warmup) timed_from = MonotonicSeconds();
+                                       if (checkpointer == nullptr) return OkStatus();
+                                       return checkpointer->OnStep(state, **communicator, 60000);
+                                     });
   const double seconds = MonotonicSeconds() - timed_from;
   if (!trained.ok()) {
     std::fprintf(stderr, "train_step_bench: %s\n", trained.ToString().c_str());

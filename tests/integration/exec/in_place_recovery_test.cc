@@ -98,8 +98,9 @@ class InPlaceRun {
                         "  command: " + command.dump() + "\n"
                         "  metrics: {port: 0}\n");
     run_ = std::make_unique<ChildProcess>(
-        std::vector<std::string>{lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir_ + "/logs",
-                                 "--summary", dir_ + "/summary.json", "--console", "none"},
+        std::vector<std::string>{lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir",
+                                 dir_ + "/logs", "--summary", dir_ + "/summary.json", "--console",
+                                 "none"},
         lockstep::testing::Environment{{"OMP_NUM_THREADS", "1"}});
   }
 

@@ -26,7 +26,8 @@ inline const std::string kTestSourceDir =
 inline const std::string kDdpScript = kTestSourceDir + "/examples/pytorch/train_ddp.py";
 inline const std::string kPipelineScript = kTestSourceDir + "/examples/pytorch/train_pipeline.py";
 inline const std::string kTestPython = FromEnvironment("LOCKSTEP_TEST_PYTHON", "/usr/bin/python3");
-inline const std::string kLockstepBinary = FromEnvironment("LOCKSTEP_TEST_LOCKSTEP", LOCKSTEP_BINARY);
+inline const std::string kLockstepBinary =
+    FromEnvironment("LOCKSTEP_TEST_LOCKSTEP", LOCKSTEP_BINARY);
 
 inline bool TorchAvailable() {
   return RunProcess({kTestPython, "-c", "import torch.distributed"}, {}, 60000).exit_code == 0;
