@@ -11,8 +11,8 @@
 // bandwidth that makes; next to it a cudaMemcpyAsync device-to-device of the same traffic (half
 // the bytes copied: a copy reads and writes each byte), timed the same way just before the
 // kernel. The goal is >= 85% of the copy. Inputs are random, never zeros. GEMM is reported in
-// TFLOP/s for reference (compute-bound, not a bandwidth kernel), at the 4096-wide layer's shape
-// and a larger one: fp32, TF32, bf16 operands held in floats (what precision bf16 runs:
+// TFLOP/s for reference (compute-bound, not a bandwidth kernel), for a layer's three products at
+// two shapes: fp32, TF32, bf16 operands held in floats (what precision bf16 runs:
 // CUBLAS_COMPUTE_32F_FAST_16BF) and bf16 storage (CUDA_R_16BF operands, what autocast runs).
 //
 // Exit status: 0 when measured or when there is no GPU (with a message), 1 on a CUDA error.
@@ -229,46 +229,67 @@ int Run(int64_t n, const std::string& only) {
   });
   PrintTable(rows_out);
 
-  // GEMM for reference (compute-bound): the 4096-wide layer at batch 512, and a larger layer
-  // (8192 out, 4096 in, batch 4096) where the tensor cores' rate shows. bf16 storage: A and B as
-  // bf16 in `halves` (n elements hold both), C in fp32.
+  // GEMM for reference (compute-bound), as a layer's three products call it (model.cc): forward
+  // y = x W^T, weight gradient dW = dy^T x, input gradient dx = dy W, for the 4096-wide layer at
+  // batch 512 and a 4096-in, 8192-out layer at batch 4096, in fp32, TF32, bf16 operands held in
+  // floats (what precision bf16 runs) and bf16 storage (what autocast runs: A and B as bf16, C in
+  // fp32).
+  uint16_t* halves_b = nullptr;
+  BENCH_CUDA(cudaMalloc(&halves_b, n * sizeof(uint16_t)));
   PackHalf(ctx, HalfType::kBf16, n, 1.0f, a, halves);
-  const struct { int64_t m, n, k; } shapes[] = {{512, 4096, 4096}, {4096, 8192, 4096}};
+  PackHalf(ctx, HalfType::kBf16, n, 1.0f, b, halves_b);
+  const struct { int64_t rows, in, out; } layers[] = {{512, 4096, 4096}, {4096, 4096, 8192}};
+  const struct {
+    const char* name;
+    bool transpose_a, transpose_b;
+  } products[] = {{"forward", false, true}, {"wgrad", true, false}, {"dgrad", false, false}};
   const char* variants[] = {"fp32", "tf32", "bf16 operands", "bf16 storage"};
   if (wanted("Gemm")) {
-    std::printf("\n%-44s %10s %10s\n", "Gemm (m x n x k)", "time us", "TFLOP/s");
+    std::printf("\n%-50s %10s %10s\n", "Gemm variant product rows x in x out", "time us",
+                "TFLOP/s");
   }
-  for (const auto& shape : shapes) {
-    if (!wanted("Gemm") || shape.m * shape.k + shape.k * shape.n > n || shape.m * shape.n > n) {
+  for (const auto& layer : layers) {
+    if (!wanted("Gemm") || layer.in * layer.out > n ||
+        layer.rows * std::max(layer.in, layer.out) > n) {
       continue;
     }
-    for (const char* variant : variants) {
-      const std::string name = std::string(variant);
-      ExecutionContext gemm_ctx = ctx;
-      gemm_ctx.allow_tf32 = name == "tf32";
-      gemm_ctx.bf16_operands = name == "bf16 operands";
-      const double ms = MedianMs(stream, [&] {
-        if (name != "bf16 storage") {
-          Gemm(gemm_ctx, false, false, shape.m, shape.n, shape.k, 1.0f, a, b, 0.0f, c);
-          return;
-        }
-        // Row-major C = A B as column-major C^T = B^T A^T (kernels/cuda/gemm.cc).
-        const float alpha = 1.0f, beta = 0.0f;
-        cublasSetStream(blas, stream);
-        cublasGemmEx(blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(shape.n),
-                     static_cast<int>(shape.m), static_cast<int>(shape.k), &alpha,
-                     halves + shape.m * shape.k, CUDA_R_16BF, static_cast<int>(shape.n), halves,
-                     CUDA_R_16BF, static_cast<int>(shape.k), &beta, c, CUDA_R_32F,
-                     static_cast<int>(shape.n), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
-      });
-      char label[96];
-      std::snprintf(label, sizeof(label), "Gemm %s %lldx%lldx%lld", variant,
-                    static_cast<long long>(shape.m), static_cast<long long>(shape.n),
-                    static_cast<long long>(shape.k));
-      std::printf("%-44s %10.1f %10.1f\n", label, ms * 1e3,
-                  2.0 * shape.m * shape.n * shape.k / (ms * 1e-3) / 1e12);
+    for (const auto& product : products) {
+      // C[m, n] = op(A) op(B) with the layer's shapes (kernels.h's Gemm convention).
+      int64_t m = layer.rows, cols = layer.out, k = layer.in;  // forward
+      if (std::string(product.name) == "wgrad") m = layer.out, cols = layer.in, k = layer.rows;
+      if (std::string(product.name) == "dgrad") m = layer.rows, cols = layer.in, k = layer.out;
+      for (const char* variant : variants) {
+        const std::string name = std::string(variant);
+        ExecutionContext gemm_ctx = ctx;
+        gemm_ctx.allow_tf32 = name == "tf32";
+        gemm_ctx.bf16_operands = name == "bf16 operands";
+        const double ms = MedianMs(stream, [&] {
+          if (name != "bf16 storage") {
+            Gemm(gemm_ctx, product.transpose_a, product.transpose_b, m, cols, k, 1.0f, a, b, 0.0f,
+                 c);
+            return;
+          }
+          // Row-major C = op(A) op(B) as column-major C^T = op(B)^T op(A)^T (kernels/cuda/gemm.cc).
+          const float alpha = 1.0f, beta = 0.0f;
+          const int lda = static_cast<int>(product.transpose_a ? m : k);
+          const int ldb = static_cast<int>(product.transpose_b ? k : cols);
+          cublasSetStream(blas, stream);
+          cublasGemmEx(blas, product.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                       product.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(cols),
+                       static_cast<int>(m), static_cast<int>(k), &alpha, halves_b, CUDA_R_16BF, ldb,
+                       halves, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, static_cast<int>(cols),
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+        });
+        char label[96];
+        std::snprintf(label, sizeof(label), "Gemm %s %s %lldx%lldx%lld", variant, product.name,
+                      static_cast<long long>(layer.rows), static_cast<long long>(layer.in),
+                      static_cast<long long>(layer.out));
+        std::printf("%-50s %10.1f %10.1f\n", label, ms * 1e3,
+                    2.0 * m * cols * k / (ms * 1e-3) / 1e12);
+      }
     }
   }
+  BENCH_CUDA(cudaFree(halves_b));
 
   BENCH_CUDA(cudaStreamSynchronize(stream));
   for (void* p :
