@@ -10,12 +10,14 @@
 //   kernels::Scale(device->compute(), n, 0.5f, params.device_data());
 //   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<float> back, params.ToHost());
 //
-// Streams. A device has two queues of work, each named by an ExecutionContext:
+// Streams. A device has three queues of work, each named by an ExecutionContext:
 //  - compute(): every kernel of forward, backward and the optimizer, and the batch copies;
 //  - side(): work that must not wait behind compute: the copies of the next training batch (while
 //    the current step computes), packing and unpacking gradient buckets around the collectives
-//    while backward runs on (the NCCL communicator orders itself after this queue), and the
-//    device-to-host copies of a checkpoint snapshot.
+//    while backward runs on (the NCCL communicator orders itself after this queue);
+//  - background(): long copies that nothing in a step waits for: a checkpoint snapshot's
+//    device-to-host copies (hundreds of MB, tens of ms), which on the side queue would hold the
+//    next batch's copy, and so the step, behind them.
 // Work on one queue runs in the order it was queued; across queues, an Event orders it. On the CPU
 // both contexts run synchronously on the calling thread, so events are no-ops and every copy has
 // completed when the call returns.
@@ -31,8 +33,9 @@
 // thread-safe, but work that several threads queue on one context runs in the order the calls
 // happened to be made, so each thread orders what it depends on with events, never with call
 // order; and Synchronize(on) waits for everybody's work on `on`, not only the caller's. (Today
-// the side context serves all three threads: the batch copy, the bucket packing and the
-// checkpoint copies each wait on their own events.) DeviceArray is not thread-safe.
+// the side context serves two threads: the batch copy and the bucket packing each wait on their
+// own events; the checkpoint's copies have the background context.) DeviceArray is not
+// thread-safe.
 //
 // Errors: allocation returns RESOURCE_EXHAUSTED naming the bytes and the device. Like the kernels,
 // a failed copy or event call aborts naming the call (kernels/cuda/cuda_check.h): CUDA errors in
@@ -67,6 +70,7 @@ class Device {
 
   virtual const ExecutionContext& compute() const = 0;
   virtual const ExecutionContext& side() const = 0;
+  virtual const ExecutionContext& background() const = 0;
 
   // Device memory, `bytes` > 0, zero-filled. RESOURCE_EXHAUSTED when it does not fit.
   virtual StatusOr<void*> Allocate(size_t bytes) = 0;

@@ -20,6 +20,7 @@ class CpuDeviceImpl final : public Device {
   std::string name() const override { return "cpu"; }
   const ExecutionContext& compute() const override { return context_; }
   const ExecutionContext& side() const override { return context_; }
+  const ExecutionContext& background() const override { return context_; }
 
   StatusOr<void*> Allocate(size_t bytes) override {
     const size_t rounded = (bytes + kAlignment - 1) / kAlignment * kAlignment;

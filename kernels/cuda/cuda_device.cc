@@ -1,5 +1,6 @@
-// The CUDA device of kernels/device.h: cudaMalloc'd memory, page-locked host staging, two
-// non-blocking streams (compute and side) and a cuBLAS handle bound to the compute stream. Host
+// The CUDA device of kernels/device.h: cudaMalloc'd memory, page-locked host staging, three
+// non-blocking streams (compute, side, background) and a cuBLAS handle bound to the compute
+// stream. Host
 // code only, so g++ compiles it.
 //
 // Every call first makes the device current on the calling thread (cudaSetDevice is per thread,
@@ -34,7 +35,7 @@ cudaEvent_t EventOf(const DeviceEvent& event) { return static_cast<const CudaEve
 class CudaDeviceImpl final : public Device {
  public:
   CudaDeviceImpl(int ordinal, std::string name, cudaStream_t compute, cudaStream_t side,
-                 cublasHandle_t blas, bool allow_tf32)
+                 cudaStream_t background, cublasHandle_t blas, bool allow_tf32)
       : ordinal_(ordinal), name_(std::move(name)), blas_(blas) {
     compute_.device = DeviceType::kCuda;
     compute_.cuda_stream = compute;
@@ -43,13 +44,17 @@ class CudaDeviceImpl final : public Device {
     // The side queue runs no Gemm: no handle, so a Gemm queued there fails loudly.
     side_.device = DeviceType::kCuda;
     side_.cuda_stream = side;
+    background_.device = DeviceType::kCuda;
+    background_.cuda_stream = background;
   }
 
   ~CudaDeviceImpl() override {
     cudaSetDevice(ordinal_);
     cudaStreamSynchronize(StreamOf(compute_));
     cudaStreamSynchronize(StreamOf(side_));
+    cudaStreamSynchronize(StreamOf(background_));
     cublasDestroy(blas_);
+    cudaStreamDestroy(StreamOf(background_));
     cudaStreamDestroy(StreamOf(side_));
     cudaStreamDestroy(StreamOf(compute_));
   }
@@ -58,6 +63,7 @@ class CudaDeviceImpl final : public Device {
   std::string name() const override { return name_; }
   const ExecutionContext& compute() const override { return compute_; }
   const ExecutionContext& side() const override { return side_; }
+  const ExecutionContext& background() const override { return background_; }
 
   StatusOr<void*> Allocate(size_t bytes) override {
     Bind();
@@ -146,6 +152,7 @@ class CudaDeviceImpl final : public Device {
   cublasHandle_t blas_;
   ExecutionContext compute_;
   ExecutionContext side_;
+  ExecutionContext background_;
 };
 
 }  // namespace
@@ -167,12 +174,16 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, bool allow_tf32)
         ") has compute capability " + std::to_string(properties.major) + "." +
         std::to_string(properties.minor) + "; Lockstep's kernels need 8.0 or newer");
   }
-  cudaStream_t compute = nullptr, side = nullptr;
+  cudaStream_t compute = nullptr, side = nullptr, background = nullptr;
   cublasHandle_t blas = nullptr;
   Status status = CudaStatus(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking),
                              "cudaStreamCreateWithFlags", __FILE__, __LINE__);
   if (status.ok()) {
     status = CudaStatus(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking),
+                        "cudaStreamCreateWithFlags", __FILE__, __LINE__);
+  }
+  if (status.ok()) {
+    status = CudaStatus(cudaStreamCreateWithFlags(&background, cudaStreamNonBlocking),
                         "cudaStreamCreateWithFlags", __FILE__, __LINE__);
   }
   if (status.ok()) status = CublasStatus(cublasCreate(&blas), "cublasCreate", __FILE__, __LINE__);
@@ -181,6 +192,7 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, bool allow_tf32)
   }
   if (!status.ok()) {
     if (blas != nullptr) cublasDestroy(blas);
+    if (background != nullptr) cudaStreamDestroy(background);
     if (side != nullptr) cudaStreamDestroy(side);
     if (compute != nullptr) cudaStreamDestroy(compute);
     return status;
@@ -188,7 +200,7 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, bool allow_tf32)
   const std::string name =
       "cuda:" + std::to_string(ordinal) + " (" + std::string(properties.name) + ")";
   return std::unique_ptr<Device>(
-      new CudaDeviceImpl(ordinal, name, compute, side, blas, allow_tf32));
+      new CudaDeviceImpl(ordinal, name, compute, side, background, blas, allow_tf32));
 }
 
 }  // namespace lockstep::kernels::cuda

@@ -159,7 +159,7 @@ void FillCheckpointState(const TrainingState& state, const ParameterLayout& layo
                          const kernels::DeviceEvent* ready,
                          const std::optional<CheckpointScope>& scope) {
   kernels::Device& device = *state.params.device();
-  const kernels::ExecutionContext& on = ready != nullptr ? device.side() : device.compute();
+  const kernels::ExecutionContext& on = ready != nullptr ? device.background() : device.compute();
   if (ready != nullptr) device.Wait(on, *ready);
   out->step = state.step;
   out->epoch = state.cursor.epoch;

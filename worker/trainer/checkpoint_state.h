@@ -53,9 +53,9 @@ std::vector<checkpoint::TensorEntry> CheckpointTable(const ParameterLayout& layo
 // Writes `state` into `out`, reusing out's buffers when it already has this layout (a repeated
 // snapshot then costs one copy and no allocation). The parameters and optimizer state are copied
 // from the device: after everything queued on its compute stream when `ready` is null, else on
-// its side stream once `ready` (an event recorded on the compute stream at the step boundary) is
-// reached, so a capture thread copies while the training thread queues the next step. Returns
-// once the copies are done.
+// its background stream once `ready` (an event recorded on the compute stream at the step
+// boundary) is reached, so a capture thread copies while the training thread queues the next
+// step. Returns once the copies are done.
 // With `scope` (default: the whole state), `state` is that scope's: a pipeline stage's.
 void FillCheckpointState(const TrainingState& state, const ParameterLayout& layout,
                          const spec::TrainerSpec& spec, checkpoint::CheckpointState* out,

@@ -50,7 +50,7 @@ std::string TrainingCheckpointer::last_checkpoint_uri() const {
 }
 
 StatusOr<int64_t> TrainingCheckpointer::Restore(TrainingState& state) {
-  WaitForCapture();  // `state` is about to change
+  FinishCapture();  // `state` is about to change
   const double started = MonotonicSeconds();
   // A checkpoint that does not fit this model is skipped like a damaged one, so an older one
   // that fits (or a fresh start) is used rather than failing the job.
@@ -114,7 +114,7 @@ StatusOr<int64_t> TrainingCheckpointer::NewestFitting(int64_t below, const Train
 }
 
 Status TrainingCheckpointer::RestoreStage(int64_t step, int stage, TrainingState& state) {
-  WaitForCapture();  // `state` is about to change
+  FinishCapture();  // `state` is about to change
   const double started = MonotonicSeconds();
   const Deadline deadline = Deadline::AfterMs(options_.restore_timeout_ms);
   const std::string dir = checkpoint::JoinPath(uri_.path, checkpoint::StepDirName(step));
@@ -225,7 +225,7 @@ void TrainingCheckpointer::EndGeneration() {
   if (!current_) return;
   // The next generation may change the state at once (the state agreement), and the spare
   // buffer taken below is only returned once the capture has queued its own.
-  WaitForCapture();
+  FinishCapture();
   // Keep the retiring checkpointer's spare buffer so the next generation's first snapshot does
   // not allocate the whole state again.
   if (checkpoint::CheckpointState spare = current_->TakeRecycledState(); !spare.tensors.empty()) {
@@ -239,18 +239,74 @@ void TrainingCheckpointer::EndGeneration() {
 }
 
 void TrainingCheckpointer::WaitForCapture() {
+  // A capture of the device copy leaves the trainer's state free at once.
+  if (capture_reads_copy_) return;
+  FinishCapture();
+}
+
+void TrainingCheckpointer::FinishCapture() {
   if (!capture_pending_) return;
   const double started = MonotonicSeconds();
   if (current_) current_->WaitForCapture();
   capture_pending_ = false;
+  if (capture_reads_copy_) {
+    // Its stall was the hand-over alone, observed when it was queued: training never waited.
+    capture_reads_copy_ = false;
+    return;
+  }
   // The stall of a background snapshot: its hand-over plus what training waited here.
   const double stall_seconds = capture_handover_seconds_ + (MonotonicSeconds() - started);
   if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", stall_seconds);
 }
 
+bool TrainingCheckpointer::TakeDeviceCopy(const TrainingState& state) {
+  kernels::Device& device = *state.params.device();
+  const bool wanted = options_.device_copy == TrainingCheckpointerOptions::DeviceCopy::kAlways ||
+                      (options_.device_copy == TrainingCheckpointerOptions::DeviceCopy::kAuto &&
+                       device.type() == kernels::DeviceType::kCuda);
+  if (!wanted || device_copy_failed_) return false;
+  const int64_t n = state.params.size();
+  if (!device_copy_ || device_copy_->params.size() != n ||
+      device_copy_->params.device() != &device) {
+    device_copy_.reset();
+    StatusOr<TrainingState> made = MakeTrainingState(n, spec_.optimizer, device);
+    if (!made.ok()) {
+      device_copy_failed_ = true;
+      LOCKSTEP_LOG(WARNING) << "checkpoint snapshots read the state directly (the trainer waits "
+                               "for each capture): no room for its copy on "
+                            << device.name() << ": " << made.status();
+      return false;
+    }
+    device_copy_ = std::move(made).value();
+  }
+  TrainingState& copy = *device_copy_;
+  const auto from = state.optimizer.StateBuffers();
+  const auto to = copy.optimizer.StateBuffers();
+  if (from.size() != to.size()) return false;
+  for (size_t b = 0; b < from.size(); ++b) {
+    if (from[b].second != to[b].second) return false;
+  }
+  copy.step = state.step;
+  copy.cursor = state.cursor;
+  copy.samples = state.samples;
+  copy.loss_scale = state.loss_scale;
+  copy.loss_scale_good_steps = state.loss_scale_good_steps;
+  copy.sample_counts = state.sample_counts;  // host memory; reuses its capacity
+  copy.optimizer.set_steps_taken(state.optimizer.steps_taken());
+  // In the compute stream's order: after this step's update, before the next step's.
+  const kernels::ExecutionContext& on = device.compute();
+  device.CopyOnDevice(on, copy.params.device_data(), state.params.device_data(),
+                      static_cast<size_t>(n) * sizeof(float));
+  for (size_t b = 0; b < from.size(); ++b) {
+    device.CopyOnDevice(on, to[b].first, from[b].first,
+                        static_cast<size_t>(from[b].second) * sizeof(float));
+  }
+  return true;
+}
+
 void TrainingCheckpointer::Snapshot(const TrainingState& state) {
   if (!current_) return;
-  WaitForCapture();
+  FinishCapture();
   const double started = MonotonicSeconds();
   // The checkpointer's spent buffer, or the one carried over from the previous generation: either
   // way FillCheckpointState only copies, and the checkpointer takes the buffer without copying.
@@ -262,15 +318,22 @@ void TrainingCheckpointer::Snapshot(const TrainingState& state) {
     // waits for it (WaitForCapture) before the next optimizer update changes `state`.
     // The device state as of this step boundary: the capture thread's copies wait for this
     // event, not for the next step's work that the training thread queues meanwhile.
+    // With the device copy, the capture reads the copy, and the trainer may change its state
+    // at once: the compute stream runs the copy before the next step's work.
     kernels::Device& device = *state.params.device();
+    const TrainingState* source = TakeDeviceCopy(state) ? &*device_copy_ : &state;
     if (!state_ready_) state_ready_ = device.CreateEvent();
     device.Record(*state_ready_, device.compute());
     current_->SnapshotInBackground(
-        std::move(staging), [this, &state](checkpoint::CheckpointState* out) {
-          FillCheckpointState(state, layout_, spec_, out, state_ready_.get(), scope_);
+        std::move(staging), [this, source](checkpoint::CheckpointState* out) {
+          FillCheckpointState(*source, layout_, spec_, out, state_ready_.get(), scope_);
         });
     capture_pending_ = true;
+    capture_reads_copy_ = source != &state;
     capture_handover_seconds_ = MonotonicSeconds() - started;
+    if (capture_reads_copy_ && metrics_ != nullptr) {
+      metrics_->ObserveCheckpoint("snapshot", capture_handover_seconds_);
+    }
     return;
   }
   FillCheckpointState(state, layout_, spec_, &staging, nullptr, scope_);
@@ -291,7 +354,7 @@ Status TrainingCheckpointer::OnStep(const TrainingState& state, comm::Communicat
   if (interval <= 0 || state.step % interval != 0) return OkStatus();
   // The previous snapshot's copy must have been queued before the busy check counts it (the
   // trainer has waited for it before its optimizer update anyway).
-  WaitForCapture();
+  FinishCapture();
   int64_t busy = 0;
   if (current_) {
     const checkpoint::AsyncCheckpointerStats stats = current_->stats();
@@ -315,7 +378,7 @@ void TrainingCheckpointer::SnapshotFinal(const TrainingState& state) {
 }
 
 Status TrainingCheckpointer::WaitForFinal(Deadline deadline) {
-  WaitForCapture();
+  FinishCapture();
   if (!current_) return OkStatus();
   return current_->Flush(deadline);
 }

@@ -63,6 +63,14 @@ struct TrainingCheckpointerOptions {
   int64_t retry_max_backoff_ms = 30000;
   // Limit of reading the newest valid checkpoint at a restore.
   int64_t restore_timeout_ms = 300000;
+  // Asynchronous snapshots: whether the state is first copied into a second copy on its own
+  // device, in the compute stream's order at the step boundary, and captured from there (kAuto:
+  // on a GPU, where that copy takes well under a millisecond and the capture to the host tens of
+  // them). The trainer then never waits for a capture; the cost is one more copy of the
+  // parameters and optimizer state in device memory (without room for it, the state is captured
+  // directly, as on the CPU).
+  enum class DeviceCopy { kAuto, kAlways, kNever };
+  DeviceCopy device_copy = DeviceCopy::kAuto;
 };
 
 class TrainingCheckpointer {
@@ -117,8 +125,9 @@ class TrainingCheckpointer {
   Status OnStep(const TrainingState& state, comm::Communicator& communicator, int64_t timeout_ms);
   // With async: the snapshot OnStep took copies the state on a helper thread; until this
   // returns, the state passed to OnStep (or SnapshotFinal) must stay alive and unchanged. Call
-  // it before changing the state; cheap when no copy is running. Every other method of this
-  // class calls it first where it needs to.
+  // it before changing the state; cheap when no copy is running, and immediate when the capture
+  // reads the device copy (options' device_copy). Every other method of this class waits for
+  // the capture itself where it needs to.
   void WaitForCapture();
   // At the end of training: checkpoints the final state unless that step is already queued.
   void SnapshotFinal(const TrainingState& state);
@@ -134,6 +143,11 @@ class TrainingCheckpointer {
                        std::shared_ptr<checkpoint::Storage> storage, const spec::TrainerSpec& spec,
                        const ParameterLayout& layout, WorkerMetrics* metrics);
   void Snapshot(const TrainingState& state);
+  // Waits for a running capture, whatever it reads.
+  void FinishCapture();
+  // Copies `state` into device_copy_ on the compute stream (allocating it the first time);
+  // false when the device copy is not to be used or cannot be had.
+  bool TakeDeviceCopy(const TrainingState& state);
 
   TrainingCheckpointerOptions options_;
   checkpoint::StorageUri uri_;
@@ -150,7 +164,12 @@ class TrainingCheckpointer {
   // A background copy was started and WaitForCapture has not yet seen it end; the hand-over's
   // seconds, to which the wait is added for the snapshot stall metric.
   bool capture_pending_ = false;
+  bool capture_reads_copy_ = false;  // ... and it reads device_copy_, not the trainer's state
   double capture_handover_seconds_ = 0;
+  // The state's copy on its device that captures read (options' device_copy); allocation failed
+  // once: not tried again.
+  std::optional<TrainingState> device_copy_;
+  bool device_copy_failed_ = false;
   int64_t last_snapshot_step_ = -1;
   // A state buffer taken from a retired checkpointer, used by the next generation's first
   // snapshot (later ones reuse the checkpointer's own spare): a snapshot costs one copy, no
