@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstring>
 #include <limits>
 #include <unordered_map>
@@ -16,6 +17,8 @@ namespace lockstep::ps {
 namespace {
 
 namespace v1 = ::lockstep::ps::v1;
+
+constexpr int64_t kMaxTimeoutMs = int64_t{24} * 3600 * 1000;
 
 // Each distinct row once, and where every requested row finds it: rows[i] == distinct[slot[i]].
 struct Distinct {
@@ -115,10 +118,11 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
   if (options.job.empty() || options.token.empty()) {
     return InvalidArgumentError("parameter servers: a client needs the job and its token");
   }
-  if (options.timeout_ms < 1 || options.max_rows_per_request < 1) {
+  if (options.timeout_ms < 1 || options.timeout_ms > kMaxTimeoutMs ||
+      options.max_rows_per_request < 1 || options.max_message_bytes < 1) {
     return InvalidArgumentError(
-        "parameter servers: timeout_ms and max_rows_per_request must be "
-        ">= 1");
+        "parameter servers: timeout_ms must be in [1, 86400000], max_rows_per_request and "
+        "max_message_bytes >= 1");
   }
   std::unique_ptr<PsClient> client(new PsClient(std::move(options)));
   std::shared_ptr<grpc::ChannelCredentials> credentials;
@@ -150,7 +154,7 @@ Status PsClient::Pull(const std::string& table, int32_t dim, const std::vector<u
   const Distinct distinct = DistinctRows(rows);
   using PullCall = Call<v1::PullRequest, v1::PullResponse>;
   std::vector<std::unique_ptr<PullCall>> calls;
-  for (auto& [shard, piece] : Pieces(distinct, shards(), options_.max_rows_per_request)) {
+  for (auto& [shard, piece] : Pieces(distinct, shards(), RowsPerRequest(dim))) {
     auto call = std::make_unique<PullCall>();
     call->shard = shard;
     call->request.set_job(options_.job);
@@ -204,6 +208,13 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
                       const float* values, PushKind kind) {
   if (dim < 1) return InvalidArgumentError("Push: dim must be >= 1");
   if (rows.empty()) return OkStatus();
+  for (size_t i = 0; i < rows.size() * static_cast<size_t>(dim); ++i) {
+    if (!std::isfinite(values[i])) {
+      const size_t row = i / static_cast<size_t>(dim);
+      return InvalidArgumentError("Push: the values of rows[" + std::to_string(row) +
+                                  "] = " + std::to_string(rows[row]) + " are not all finite");
+    }
+  }
   const Distinct distinct = DistinctRows(rows);
   std::vector<float> summed(distinct.rows.size() * static_cast<size_t>(dim), 0.0f);
   for (size_t i = 0; i < rows.size(); ++i) {
@@ -213,7 +224,7 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
   }
   using PushCall = Call<v1::PushRequest, v1::PushResponse>;
   std::vector<std::unique_ptr<PushCall>> calls;
-  for (auto& [shard, piece] : Pieces(distinct, shards(), options_.max_rows_per_request)) {
+  for (auto& [shard, piece] : Pieces(distinct, shards(), RowsPerRequest(dim))) {
     auto call = std::make_unique<PushCall>();
     call->shard = shard;
     call->request.set_job(options_.job);
@@ -244,6 +255,12 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     traffic_.rows += call->distinct.size();
   }
   return pushed;
+}
+
+int64_t PsClient::RowsPerRequest(int32_t dim) const {
+  const int64_t row_bytes = int64_t{dim} * static_cast<int64_t>(sizeof(float));
+  return std::max<int64_t>(
+      1, std::min(options_.max_rows_per_request, options_.max_message_bytes / row_bytes));
 }
 
 PsTraffic PsClient::traffic() const {

@@ -12,8 +12,9 @@
 //   LOCKSTEP_RETURN_IF_ERROR(client->Pull("ads", 16, rows, embeddings.data()));
 //   LOCKSTEP_RETURN_IF_ERROR(client->Push("ads", 16, rows, gradients.data(), PushKind::kGradient));
 //
-// A push to several servers is not atomic across them: when one fails, the others may have
-// applied their rows (the error names the server).
+// A push is checked on the client first (dim, finite values), but it is not atomic: split over
+// several servers, or over several requests to one, a part refused (a row past the table) or
+// lost leaves the others applied (the error names the server).
 //
 // Thread safety: Pull and Push may be called from several threads at once.
 #pragma once
@@ -40,6 +41,9 @@ struct PsClientOptions {
   // Rows per request: a shard's rows beyond this go in several requests (the servers'
   // max_rows_per_request must be at least this).
   int64_t max_rows_per_request = int64_t{1} << 16;
+  // Bytes of values (rows x dim floats) per request, likewise (the servers' max_message_bytes
+  // must be at least this, plus a little for the rows' numbers).
+  int64_t max_message_bytes = int64_t{60} << 20;
 };
 
 // What went over the wire, summed over calls (serialized message sizes, without gRPC framing).
@@ -52,7 +56,7 @@ struct PsTraffic {
 
 class PsClient {
  public:
-  // INVALID_ARGUMENT without servers, job or token, or with bounds < 1.
+  // INVALID_ARGUMENT without servers, job or token, with bounds < 1, or a timeout over a day.
   static StatusOr<std::unique_ptr<PsClient>> Connect(PsClientOptions options);
   ~PsClient();
 
@@ -71,6 +75,8 @@ class PsClient {
  private:
   struct Stubs;
   explicit PsClient(PsClientOptions options);
+  // Rows of `dim` floats one request may carry (options' rows and bytes bounds).
+  int64_t RowsPerRequest(int32_t dim) const;
 
   const PsClientOptions options_;
   std::unique_ptr<Stubs> stubs_;

@@ -142,9 +142,18 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     }
     if (rows > options_.max_rows_per_request) {
       return InvalidArgumentError("rows: " + std::to_string(rows) +
-                                  " in one request, more than "
-                                  "this server's " +
+                                  " in one request, more than this server's " +
                                   std::to_string(options_.max_rows_per_request));
+    }
+    // A pull's answer, and a push's values, are rows x dim floats: bounded like a message, and
+    // checked before anything is allocated for them.
+    const int64_t bytes = static_cast<int64_t>(rows) * found->second->spec().dim *
+                          static_cast<int64_t>(sizeof(float));
+    if (bytes > options_.max_message_bytes) {
+      return InvalidArgumentError("rows: " + std::to_string(rows) + " rows of table " + table_name +
+                                  " are " + std::to_string(bytes) +
+                                  " bytes of values, more than this server's message bound of " +
+                                  std::to_string(options_.max_message_bytes));
     }
     return found->second.get();
   }
@@ -175,6 +184,10 @@ Status CheckOptions(const ShardServerOptions& options) {
       options.max_message_bytes > std::numeric_limits<int>::max()) {
     return InvalidArgumentError(
         "parameter server: max_rows_per_request must be >= 1 and max_message_bytes in [1, 2 GiB)");
+  }
+  if (options.shards < 1 || options.shard < 0 || options.shard >= options.shards) {
+    return InvalidArgumentError("parameter server: shard " + std::to_string(options.shard) +
+                                " of " + std::to_string(options.shards) + " does not exist");
   }
   if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
     return InvalidArgumentError("parameter server: TLS needs both a certificate and its key");

@@ -31,9 +31,10 @@ struct ShardServerOptions {
   int shard = 0;
   int shards = 1;
   std::vector<TableSpec> tables;
-  // What one request may ask: rows named, and bytes of the whole message (which bounds a push's
-  // values). Larger requests are refused with INVALID_ARGUMENT (rows) or RESOURCE_EXHAUSTED
-  // (bytes, gRPC's own check), and change nothing.
+  // What one request may ask: rows named, and bytes of a message. A request naming more rows,
+  // or rows whose values (rows x dim floats, a pull's answer or a push's payload) exceed the
+  // message bound, is refused with INVALID_ARGUMENT before anything is allocated for it; a
+  // message over the bound is refused by gRPC itself (RESOURCE_EXHAUSTED). Nothing changes.
   int64_t max_rows_per_request = int64_t{1} << 16;
   int64_t max_message_bytes = int64_t{64} << 20;
   // TLS: PEM certificate chain and key; both empty for plaintext.

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <set>
 #include <string>
@@ -196,7 +197,9 @@ TEST_F(PsServiceTest, MalformedRequestsAreRefusedNamingWhatIsWrongAndChangeNothi
     request.set_table("emb");
     for (uint64_t row : rows) request.add_rows(row);
     request.set_kind(v1::PushRequest::DELTA);
-    request.set_values(std::string(value_bytes, '\0'));
+    // Ones, not zeros: a push applied by mistake must show.
+    std::vector<float> ones(value_bytes / sizeof(float) + 1, 1.0f);
+    request.set_values(std::string(reinterpret_cast<const char*>(ones.data()), value_bytes));
     v1::PushResponse response;
     return stub->Push(&context, request, &response);
   };
@@ -216,6 +219,7 @@ TEST_F(PsServiceTest, MalformedRequestsAreRefusedNamingWhatIsWrongAndChangeNothi
             std::string::npos)
       << status.error_message();
   EXPECT_EQ(Held("emb", all), before);
+  EXPECT_EQ(servers_[0]->table("emb")->version(), 0u);
 }
 
 // The rows of a batch drawn from `distinct` different rows of a `rows`-row table, each repeated.
@@ -246,6 +250,55 @@ TEST_F(PsServiceTest, APullsBytesGrowWithTheBatchsDistinctRowsNotWithTheTable) {
   EXPECT_NEAR(static_cast<double>(small_256), static_cast<double>(big_256), 0.05 * big_256);
   // Eight times the distinct rows, eight times the bytes.
   EXPECT_NEAR(static_cast<double>(big_2048) / big_256, 8.0, 0.1);
+}
+
+TEST_F(PsServiceTest, APullWhoseAnswerWouldOutgrowTheMessageBoundIsRefusedAndSmallerPiecesPass) {
+  // Servers that take messages of at most 1 KiB: 100 rows of 8 floats would answer 3,200 bytes.
+  for (int shard = 0; shard < 2; ++shard) {
+    ShardServerOptions options;
+    options.job = kJob;
+    options.token = kToken;
+    options.shard = shard;
+    options.shards = 2;
+    options.tables = {Table("emb", 1000, 8)};
+    options.max_message_bytes = 1024;
+    auto server = ShardServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    addresses_.push_back("127.0.0.1:" + std::to_string((*server)->port()));
+    servers_.push_back(std::move(server).value());
+  }
+  std::vector<uint64_t> rows;
+  for (uint64_t r = 0; r < 200; r += 2) rows.push_back(r);  // 100 rows, all on server 0
+  std::vector<float> out(rows.size() * 8);
+  Status pulled = Client()->Pull("emb", 8, rows, out.data());
+  EXPECT_EQ(pulled.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(pulled.message().find("are 3200 bytes of values, more than this server's message "
+                                  "bound of 1024"),
+            std::string::npos)
+      << pulled;
+
+  PsClientOptions small;
+  small.servers = addresses_;
+  small.job = kJob;
+  small.token = kToken;
+  small.max_message_bytes = 512;  // 16 rows of 8 floats per request
+  auto client = PsClient::Connect(small);
+  ASSERT_TRUE(client.ok());
+  ASSERT_TRUE((*client)->Pull("emb", 8, rows, out.data()).ok());
+  EXPECT_EQ((*client)->traffic().requests, 7u);  // ceil(100 / 16)
+  EXPECT_EQ(out[8 * 99], InitialValue(Table("emb", 1000, 8), 198, 0));
+}
+
+TEST_F(PsServiceTest, APushWithValuesThatAreNotFiniteIsRefusedBeforeAnythingIsSent) {
+  StartServers({Table("emb", 100, 2)});
+  auto client = Client();
+  const std::vector<uint64_t> rows = {0, 1};
+  const std::vector<float> values = {1.0f, 1.0f, std::numeric_limits<float>::infinity(), 0.0f};
+  Status pushed = client->Push("emb", 2, rows, values.data(), PushKind::kGradient);
+  EXPECT_EQ(pushed.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(pushed.message().find("rows[1] = 1 are not all finite"), std::string::npos) << pushed;
+  EXPECT_EQ(client->traffic().requests, 0u);
+  EXPECT_EQ(servers_[0]->table("emb")->version() + servers_[1]->table("emb")->version(), 0u);
 }
 
 TEST(PsServerOptionsTest, AServerWithoutATokenOrWithTwoTablesOfOneNameDoesNotStart) {
