@@ -6,6 +6,7 @@
 #   scripts/gpu-check.sh --bundle ARCHIVE   another archive
 #   scripts/gpu-check.sh --cpu-selftest     on a machine without a GPU: only steps b and c, with
 #                                           device cpu, to check this script and the bundle
+#   scripts/gpu-check.sh --steps a,b,f      only these steps (letters or whole labels)
 #
 # With the device tool: run(command="scripts/gpu-check.sh", carry=["gpu-bundle"]).
 # The program is the Python package scripts/gpu_check/ (standard library only: the GPU machine

@@ -64,9 +64,10 @@ def parse_arguments(argv: List[str], root: str) -> Options:
             bundle = argv[i + 1]
             i += 2
         elif argument == "--steps":
-            if i + 1 >= len(argv) or not argv[i + 1].strip(","):
+            wanted = [item.strip() for item in (argv[i + 1] if i + 1 < len(argv) else "").split(",")
+                      if item.strip()]
+            if not wanted:
                 raise UsageError("--steps needs a list of steps, e.g. a,b,f")
-            wanted = [item.strip() for item in argv[i + 1].split(",") if item.strip()]
             i += 2
         elif argument == "--cpu-selftest":
             selftest = True

@@ -183,11 +183,14 @@ def mean_accuracy_verdict(references: Sequence[dict], candidates: Sequence[dict]
                           names: Tuple[str, str]) -> Verdict:
     """The candidate runs' mean test accuracy within 0.5 points of the reference runs' mean (the
     same seeds on both sides: one run's accuracy after a constant learning rate moves by a point
-    or more with any change of rounding, a different CPU's BLAS included); SKIP unless every run
-    succeeded."""
+    or more with any change of rounding, a different CPU's BLAS included). FAIL when a run failed
+    (its status is not "succeeded"); SKIP when one did not run (no summary: no time left)."""
     runs = list(references) + list(candidates)
-    if not runs or any(run.get("status") != "succeeded" for run in runs):
-        return SKIP, "needs every run to have succeeded"
+    failed = [run.get("status") for run in runs if run and run.get("status") != "succeeded"]
+    if failed:
+        return FAIL, f"{len(failed)} of the {len(runs)} runs did not succeed ({', '.join(failed)})"
+    if not runs or any(not run for run in runs):
+        return SKIP, "needs every run to have run"
     accuracies = [run.get("eval_accuracy") for run in runs]
     if not all(_is_number(value) for value in accuracies):
         return FAIL, f"no test accuracy to compare ({accuracies})"
@@ -318,6 +321,12 @@ def single_thread_lines(text: str) -> str:
 
 def lines_starting(text: str, prefix: str) -> List[str]:
     return [line for line in text.splitlines() if line.startswith(prefix)]
+
+
+def checkpoints_taken(bench_text: str) -> bool:
+    """Whether every `-ckpt` line of train_step_bench's output took a checkpoint."""
+    steps = re.findall(r"last_checkpoint_step=(-?[0-9]+)", bench_text)
+    return bool(steps) and all(int(step) >= 0 for step in steps)
 
 
 def bench_detail(bench_text: str) -> str:

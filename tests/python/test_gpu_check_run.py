@@ -108,10 +108,11 @@ FAKE_TRAIN_STEP_BENCH = PYTHON + textwrap.dedent('''
     a = sys.argv
     one = os.environ.get("LOCKSTEP_GATHER_THREADS") == "1"
     ckpt = "-ckpt" if "--checkpoint-every" in a else ""
+    end = " last_checkpoint_step=350" if ckpt else ""
     print("lockstep-cuda" + ckpt + " layers=%s batch=%s precision=%s step_ms=%s samples_per_s=1 loss=2.3 "
           "gather_ms_one_thread=0.0120" % (a[a.index("--layers") + 1], a[a.index("--batch") + 1],
                                            a[a.index("--precision") + 1],
-                                           "0.2000" if one else "0.1410"))
+                                           "0.2000" if one else "0.1410") + end)
 ''')
 
 FAKE_TORCH_STEP = PYTHON + textwrap.dedent('''
@@ -352,6 +353,11 @@ class EndToEndTest(unittest.TestCase):
         self.assertEqual(status, 0, summary)
         self.assertEqual([name for name, _, _ in self.rows(summary)], [
             "loader: every program's libraries", "a. kernels_test", "e. kernels_cuda_bench"])
+
+    def test_an_empty_list_of_steps_is_refused(self):
+        status, _, errors, _, _ = self.run_check("--bundle", self.bundle, "--steps", " , ")
+        self.assertEqual(status, 2)
+        self.assertIn("--steps needs a list of steps", errors)
 
     def test_a_step_that_does_not_exist_is_refused(self):
         status, _, errors, _, _ = self.run_check("--bundle", self.bundle, "--steps", "b,x")

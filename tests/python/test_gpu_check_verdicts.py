@@ -165,7 +165,18 @@ class TrainingTest(unittest.TestCase):
         self.assertEqual(verdicts.mean_accuracy_verdict(fp32, low, ("cuda fp32", "cuda bf16"))[0],
                          "FAIL")
         self.assertEqual(verdicts.mean_accuracy_verdict(fp32, bf16[:3] + [{}], ("a", "b")),
-                         ("SKIP", "needs every run to have succeeded"))
+                         ("SKIP", "needs every run to have run"))
+        # A run that failed fails the comparison: it is not a run that had no time.
+        self.assertEqual(verdicts.mean_accuracy_verdict(fp32, bf16[:3] + [{"status": "failed"}],
+                                                        ("a", "b")),
+                         ("FAIL", "1 of the 8 runs did not succeed (failed)"))
+
+    def test_a_checkpointed_bench_run_must_have_taken_a_checkpoint(self):
+        self.assertTrue(verdicts.checkpoints_taken(
+            "lockstep-cuda-ckpt step_ms=1 checkpoint_every=50 last_checkpoint_step=350\n"))
+        self.assertFalse(verdicts.checkpoints_taken(
+            "lockstep-cuda-ckpt step_ms=1 checkpoint_every=50 last_checkpoint_step=-1\n"))
+        self.assertFalse(verdicts.checkpoints_taken("lockstep-cuda-ckpt step_ms=1\n"))
 
     def test_a_run_row_says_the_accuracy_or_why_it_failed(self):
         self.assertEqual(verdicts.train_run_verdict(0, CUDA, ""), ("PASS", "accuracy 0.8503"))
