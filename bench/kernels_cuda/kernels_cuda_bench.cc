@@ -44,6 +44,15 @@ void Check(cudaError_t error, const char* what) {
 }
 #define BENCH_CUDA(call) Check((call), #call)
 
+void CheckBlas(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) {
+    std::fprintf(stderr, "kernels_cuda_bench: %s: cuBLAS status %d\n", what,
+                 static_cast<int>(status));
+    std::exit(1);
+  }
+}
+#define BENCH_CUBLAS(call) CheckBlas((call), #call)
+
 // Device memory filled with values in [low, high) from a simple generator (cheap for 256 MiB).
 float* RandomDeviceFloats(int64_t n, uint32_t seed, float low, float high) {
   std::vector<float> host(n);
@@ -273,12 +282,12 @@ int Run(int64_t n, const std::string& only) {
           const float alpha = 1.0f, beta = 0.0f;
           const int lda = static_cast<int>(product.transpose_a ? m : k);
           const int ldb = static_cast<int>(product.transpose_b ? k : cols);
-          cublasSetStream(blas, stream);
-          cublasGemmEx(blas, product.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+          BENCH_CUBLAS(cublasSetStream(blas, stream));
+          BENCH_CUBLAS(cublasGemmEx(blas, product.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
                        product.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(cols),
                        static_cast<int>(m), static_cast<int>(k), &alpha, halves_b, CUDA_R_16BF, ldb,
                        halves, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, static_cast<int>(cols),
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
         char label[96];
         std::snprintf(label, sizeof(label), "Gemm %s %s %lldx%lldx%lld", variant, product.name,

@@ -238,6 +238,41 @@ TEST_F(CudaKernelsTest, GemmWithTf32AllowedStaysWithinTf32Precision) {
   EXPECT_LT(RelativeNormError(dc.Download(), reference), 5e-3);
 }
 
+// precision bf16's GEMMs: operands that are bf16 values held in floats (RoundToBf16) run on
+// bf16 tensor cores and give the fp32 GEMM of those values up to summation order; operands that
+// are not bf16 values are rounded by the tensor cores, which shows the path is taken.
+TEST_F(CudaKernelsTest, GemmOfBf16OperandsIsTheFp32GemmOfThoseValues) {
+  const int64_t m = 96, n = 80, k = 512;
+  for (bool transpose_a : {false, true}) {
+    for (bool transpose_b : {false, true}) {
+      SCOPED_TRACE(::testing::Message() << "ta=" << transpose_a << " tb=" << transpose_b);
+      std::vector<float> a = RandomFloats(m * k, NextSeed());
+      std::vector<float> b = RandomFloats(k * n, NextSeed());
+      const std::vector<float> unrounded_a = a;
+      RoundToBf16(CpuContext(), m * k, a.data(), a.data());
+      RoundToBf16(CpuContext(), k * n, b.data(), b.data());
+      ExecutionContext bf16 = ctx_;
+      bf16.bf16_operands = true;
+      auto da = OnDevice(a), db = OnDevice(b);
+      DeviceArray<float> dc(m * n);
+      dc.Poison();
+      Gemm(bf16, transpose_a, transpose_b, m, n, k, 1.0f, da->get(), db->get(), 0.0f, dc.get());
+      const std::vector<double> reference =
+          ReferenceGemm(transpose_a, transpose_b, m, n, k, 1.0, a, b, 0.0, std::vector<float>());
+      // Exact products, fp32 sums: fp32 rounding only.
+      EXPECT_LT(RelativeNormError(dc.Download(), reference), 1e-5);
+
+      // The same call on operands that are not bf16 values: they are rounded on the way in.
+      auto dunrounded = OnDevice(unrounded_a);
+      Gemm(bf16, transpose_a, transpose_b, m, n, k, 1.0f, dunrounded->get(), db->get(), 0.0f,
+           dc.get());
+      const std::vector<double> exact = ReferenceGemm(transpose_a, transpose_b, m, n, k, 1.0,
+                                                      unrounded_a, b, 0.0, std::vector<float>());
+      EXPECT_GT(RelativeNormError(dc.Download(), exact), 1e-4);
+    }
+  }
+}
+
 TEST_F(CudaKernelsTest, GemmWithEmptyInnerDimensionScalesC) {
   DeviceArray<float> c(6);
   c.Poison();

@@ -219,7 +219,7 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
   const std::string manifest = WriteExecManifest(dir, "ddp-run", 2, DdpCommand(dir, 40, 0.05),
                                                  "  runPolicy: {backoffLimit: 2}\n");
   const ProcessResult result =
-      lockstep::testing::RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir",
+      lockstep::testing::RunProcess({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir",
                                      dir + "/logs", "--summary", dir + "/summary.json"},
                                     {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
@@ -258,7 +258,7 @@ TEST(ExecIntegration, APipelineProgramOnTheRendezvousRanksEndsAsOneProcessWould)
                          "--micro-batches", "4", "--steps", "30", "--check"},
                         "  runPolicy: {backoffLimit: 0}\n");
   const ProcessResult result =
-      lockstep::testing::RunProcess({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs",
+      lockstep::testing::RunProcess({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs",
                                      "--summary", dir + "/summary.json"},
                                     {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
@@ -283,7 +283,7 @@ TEST(ExecIntegration, LockstepRunShowsTheProgramsLinesAndClaimsNoProgressItDidNo
   const std::string manifest = WriteExecManifest(
       dir, "quiet", 2, {"/bin/sh", "-c", "echo hello from $RANK of $WORLD_SIZE"});
   const ProcessResult result = lockstep::testing::RunProcess(
-      {LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs", "--summary",
+      {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs", "--summary",
        dir + "/summary.json", "--console", "rank0"},
       {}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
@@ -317,7 +317,7 @@ TEST(ExecIntegration, ProgressReportedThroughThePythonHelperReachesTheSummary) {
       "print('reported', flush=True)\n";
   const std::string manifest = WriteExecManifest(dir, "helper", 1, {kPython, "-c", program});
   const ProcessResult result = lockstep::testing::RunProcess(
-      {LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs", "--summary",
+      {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs", "--summary",
        dir + "/summary.json"},
       {}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err
@@ -341,7 +341,7 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
   const std::string manifest =
       WriteExecManifest(dir, name, 2, DdpCommand(dir, 60, 0.05),
                         "  ranksPerWorker: 2\n  runPolicy: {backoffLimit: 2}\n");
-  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs",
+  ChildProcess run({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs",
                     "--summary", dir + "/summary.json"},
                    {{"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"},
                     {"LOCKSTEP_EXEC_GRACE_MS", "3000"}});
@@ -394,7 +394,7 @@ TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnorin
   const std::string manifest = WriteExecManifest(
       dir, "interrupted", 2,
       {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
-  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
+  ChildProcess run({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
                    {{"LOCKSTEP_TEST_MARKER", marker},
                     {"LOCKSTEP_EXEC_GRACE_MS", "1500"},
                     {"LOCKSTEP_RUN_GRACE_PERIOD_MS", "300"}});
@@ -427,7 +427,7 @@ TEST(ExecIntegration, APodWhoseAgentWasKilledIsReplacedAndTheJobFinishes) {
       {"/bin/sh", "-c",
        "echo up $LOCKSTEP_GENERATION; while [ ! -e " + dir + "/done ]; do sleep 0.05; done"},
       "  ranksPerWorker: 2\n  runPolicy: {backoffLimit: 2}\n");
-  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs",
+  ChildProcess run({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs",
                     "--summary", dir + "/summary.json"},
                    {{"LOCKSTEP_EXEC_GRACE_MS", "2000"}});
   pid_t agent = -1;
@@ -640,7 +640,7 @@ TEST(ExecIntegration, LockstepRunStartsAFailingCommandBackoffLimitPlusOneTimesPe
       WriteExecManifest(dir, "run-bound", 2, {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"},
                         "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n");
   const ProcessResult result = lockstep::testing::RunProcess(
-      {LOCKSTEP_BINARY, "run", manifest, "--log-dir", dir + "/logs"},
+      {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
       {{"LOCKSTEP_EXEC_BACKOFF_MS", "50"}}, 60000);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;

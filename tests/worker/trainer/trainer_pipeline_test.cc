@@ -207,6 +207,21 @@ std::vector<float> Undisturbed() {
   return AssembledParameters(trainers, ranks);
 }
 
+// A job built in code must say how many replicas it has: the global batch is batchSize x
+// replicas, and without them a step would train on one sample.
+TEST(TrainerCreateTest, AJobWithoutReplicasIsRefusedNamingTheField) {
+  spec::TrainingJob job = MakeJob();
+  job.spec.replicas = 0;
+  DataSplits splits;
+  splits.train = MakeDataset(64, 20, 5, 3);
+  auto trainer = Trainer::Create(job, std::move(splits), nullptr);
+  ASSERT_FALSE(trainer.ok());
+  EXPECT_EQ(trainer.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(trainer.status().message().find("spec.replicas: must be >= 1 (got 0)"),
+            std::string::npos)
+      << trainer.status();
+}
+
 TEST(TrainerPipelineTest, RanksThatMissedACommitOthersCompletedStepFromTheirHeldGradients) {
   const std::vector<float> undisturbed = Undisturbed();
   std::vector<std::unique_ptr<Trainer>> trainers = MakeTrainers();
