@@ -284,10 +284,11 @@ int Run(int64_t n, const std::string& only) {
           const int ldb = static_cast<int>(product.transpose_b ? k : cols);
           BENCH_CUBLAS(cublasSetStream(blas, stream));
           BENCH_CUBLAS(cublasGemmEx(blas, product.transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                       product.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(cols),
-                       static_cast<int>(m), static_cast<int>(k), &alpha, halves_b, CUDA_R_16BF, ldb,
-                       halves, CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, static_cast<int>(cols),
-                       CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                                    product.transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                    static_cast<int>(cols), static_cast<int>(m),
+                                    static_cast<int>(k), &alpha, halves_b, CUDA_R_16BF, ldb, halves,
+                                    CUDA_R_16BF, lda, &beta, c, CUDA_R_32F, static_cast<int>(cols),
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
         });
         char label[96];
         std::snprintf(label, sizeof(label), "Gemm %s %s %lldx%lldx%lld", variant, product.name,

@@ -218,10 +218,10 @@ TEST(ExecIntegration, LockstepRunTrainsCommandManifestAndSummarizesIt) {
   // know a rate.
   const std::string manifest = WriteExecManifest(dir, "ddp-run", 2, DdpCommand(dir, 40, 0.05),
                                                  "  runPolicy: {backoffLimit: 2}\n");
-  const ProcessResult result =
-      lockstep::testing::RunProcess({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir",
-                                     dir + "/logs", "--summary", dir + "/summary.json"},
-                                    {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
+  const ProcessResult result = lockstep::testing::RunProcess(
+      {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs", "--summary",
+       dir + "/summary.json"},
+      {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
   EXPECT_EQ(summary["status"], "succeeded");
@@ -257,10 +257,10 @@ TEST(ExecIntegration, APipelineProgramOnTheRendezvousRanksEndsAsOneProcessWould)
                         {kPython, lockstep::testing::kPipelineScript, "--stages", "2",
                          "--micro-batches", "4", "--steps", "30", "--check"},
                         "  runPolicy: {backoffLimit: 0}\n");
-  const ProcessResult result =
-      lockstep::testing::RunProcess({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs",
-                                     "--summary", dir + "/summary.json"},
-                                    {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
+  const ProcessResult result = lockstep::testing::RunProcess(
+      {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs", "--summary",
+       dir + "/summary.json"},
+      {{"OMP_NUM_THREADS", "1"}}, kTrainWaitMs);
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json summary = nlohmann::json::parse(ReadFile(dir + "/summary.json"));
   EXPECT_EQ(summary["status"], "succeeded");
@@ -343,7 +343,8 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
                         "  ranksPerWorker: 2\n  runPolicy: {backoffLimit: 2}\n");
   ChildProcess run({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs",
                     "--summary", dir + "/summary.json"},
-                   {{"OMP_NUM_THREADS", "1"}, {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"},
+                   {{"OMP_NUM_THREADS", "1"},
+                    {"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "50"},
                     {"LOCKSTEP_EXEC_GRACE_MS", "3000"}});
   // Local rank 1 of pod 1: the python child of that pod's second agent.
   pid_t python = -1;
@@ -394,10 +395,11 @@ TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnorin
   const std::string manifest = WriteExecManifest(
       dir, "interrupted", 2,
       {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
-  ChildProcess run({lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
-                   {{"LOCKSTEP_TEST_MARKER", marker},
-                    {"LOCKSTEP_EXEC_GRACE_MS", "1500"},
-                    {"LOCKSTEP_RUN_GRACE_PERIOD_MS", "300"}});
+  ChildProcess run(
+      {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
+      {{"LOCKSTEP_TEST_MARKER", marker},
+       {"LOCKSTEP_EXEC_GRACE_MS", "1500"},
+       {"LOCKSTEP_RUN_GRACE_PERIOD_MS", "300"}});
   ASSERT_TRUE(PollUntil(
       [&] {
         const std::string out = run.StdoutSoFar();
