@@ -36,7 +36,8 @@ TableSpec Table(const std::string& name, int64_t rows, int32_t dim) {
 
 class PsServiceTest : public ::testing::Test {
  protected:
-  void StartServers(std::vector<TableSpec> tables, int64_t max_rows = int64_t{1} << 16) {
+  void StartServers(std::vector<TableSpec> tables, int64_t max_rows = int64_t{1} << 16,
+                    int64_t max_message_bytes = int64_t{64} << 20) {
     for (int shard = 0; shard < 2; ++shard) {
       ShardServerOptions options;
       options.job = kJob;
@@ -45,6 +46,7 @@ class PsServiceTest : public ::testing::Test {
       options.shards = 2;
       options.tables = tables;
       options.max_rows_per_request = max_rows;
+      options.max_message_bytes = max_message_bytes;
       auto server = ShardServer::Start(options);
       ASSERT_TRUE(server.ok()) << server.status();
       addresses_.push_back("127.0.0.1:" + std::to_string((*server)->port()));
@@ -254,19 +256,7 @@ TEST_F(PsServiceTest, APullsBytesGrowWithTheBatchsDistinctRowsNotWithTheTable) {
 
 TEST_F(PsServiceTest, APullWhoseAnswerWouldOutgrowTheMessageBoundIsRefusedAndSmallerPiecesPass) {
   // Servers that take messages of at most 1 KiB: 100 rows of 8 floats would answer 3,200 bytes.
-  for (int shard = 0; shard < 2; ++shard) {
-    ShardServerOptions options;
-    options.job = kJob;
-    options.token = kToken;
-    options.shard = shard;
-    options.shards = 2;
-    options.tables = {Table("emb", 1000, 8)};
-    options.max_message_bytes = 1024;
-    auto server = ShardServer::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    addresses_.push_back("127.0.0.1:" + std::to_string((*server)->port()));
-    servers_.push_back(std::move(server).value());
-  }
+  StartServers({Table("emb", 1000, 8)}, int64_t{1} << 16, /*max_message_bytes=*/1024);
   std::vector<uint64_t> rows;
   for (uint64_t r = 0; r < 200; r += 2) rows.push_back(r);  // 100 rows, all on server 0
   std::vector<float> out(rows.size() * 8);
