@@ -41,11 +41,12 @@ Distinct DistinctRows(const std::vector<uint64_t>& rows) {
 
 // The requests of one call: for each server, its distinct rows (as indices into Distinct::rows)
 // cut into pieces of at most max_rows.
-std::vector<std::pair<int, std::vector<size_t>>> Pieces(const Distinct& distinct, int shards,
-                                                        int64_t max_rows) {
+std::vector<std::pair<int, std::vector<size_t>>> Pieces(const std::vector<uint64_t>& distinct,
+                                                        int shards, int64_t max_rows) {
+  max_rows = std::max<int64_t>(1, max_rows);
   std::vector<std::vector<size_t>> by_shard(static_cast<size_t>(shards));
-  for (size_t d = 0; d < distinct.rows.size(); ++d) {
-    by_shard[static_cast<size_t>(ShardOfRow(distinct.rows[d], shards))].push_back(d);
+  for (size_t d = 0; d < distinct.size(); ++d) {
+    by_shard[static_cast<size_t>(ShardOfRow(distinct[d], shards))].push_back(d);
   }
   std::vector<std::pair<int, std::vector<size_t>>> pieces;
   for (int s = 0; s < shards; ++s) {
@@ -154,7 +155,7 @@ Status PsClient::Pull(const std::string& table, int32_t dim, const std::vector<u
   const Distinct distinct = DistinctRows(rows);
   using PullCall = Call<v1::PullRequest, v1::PullResponse>;
   std::vector<std::unique_ptr<PullCall>> calls;
-  for (auto& [shard, piece] : Pieces(distinct, shards(), RowsPerRequest(dim))) {
+  for (auto& [shard, piece] : Pieces(distinct.rows, shards(), RowsPerRequest(dim))) {
     auto call = std::make_unique<PullCall>();
     call->shard = shard;
     call->request.set_job(options_.job);
@@ -215,16 +216,10 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
                                   "] = " + std::to_string(rows[row]) + " are not all finite");
     }
   }
-  const Distinct distinct = DistinctRows(rows);
-  std::vector<float> summed(distinct.rows.size() * static_cast<size_t>(dim), 0.0f);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    float* target = summed.data() + distinct.slot[i] * static_cast<size_t>(dim);
-    const float* value = values + i * static_cast<size_t>(dim);
-    for (int32_t j = 0; j < dim; ++j) target[j] += value[j];
-  }
+  const RowSums sums = SumByRow(rows, values, dim);
   using PushCall = Call<v1::PushRequest, v1::PushResponse>;
   std::vector<std::unique_ptr<PushCall>> calls;
-  for (auto& [shard, piece] : Pieces(distinct, shards(), RowsPerRequest(dim))) {
+  for (auto& [shard, piece] : Pieces(sums.rows, shards(), RowsPerRequest(dim))) {
     auto call = std::make_unique<PushCall>();
     call->shard = shard;
     call->request.set_job(options_.job);
@@ -234,9 +229,9 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     std::string* bytes = call->request.mutable_values();
     bytes->resize(piece.size() * static_cast<size_t>(dim) * sizeof(float));
     for (size_t k = 0; k < piece.size(); ++k) {
-      call->request.add_rows(distinct.rows[piece[k]]);
+      call->request.add_rows(sums.rows[piece[k]]);
       std::memcpy(bytes->data() + k * static_cast<size_t>(dim) * sizeof(float),
-                  summed.data() + piece[k] * static_cast<size_t>(dim),
+                  sums.values.data() + piece[k] * static_cast<size_t>(dim),
                   static_cast<size_t>(dim) * sizeof(float));
     }
     call->distinct = std::move(piece);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 #include <utility>
 
 namespace lockstep::ps {
@@ -31,6 +32,24 @@ float InitialValue(const TableSpec& spec, uint64_t row, int32_t j) {
   // The top 24 bits as a uniform in [0, 1): exact in a float.
   const float unit = static_cast<float>(bits >> 40) * (1.0f / 16777216.0f);
   return (2.0f * unit - 1.0f) * spec.init_scale;
+}
+
+RowSums SumByRow(const std::vector<uint64_t>& rows, const float* values, int32_t dim) {
+  RowSums sums;
+  std::unordered_map<uint64_t, size_t> slot_of;
+  slot_of.reserve(rows.size());
+  const size_t width = static_cast<size_t>(std::max(dim, 0));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    auto [it, added] = slot_of.emplace(rows[i], sums.rows.size());
+    if (added) {
+      sums.rows.push_back(rows[i]);
+      sums.values.resize(sums.values.size() + width, 0.0f);
+    }
+    float* target = sums.values.data() + it->second * width;
+    const float* value = values + i * width;
+    for (size_t j = 0; j < width; ++j) target[j] += value[j];
+  }
+  return sums;
 }
 
 StatusOr<std::unique_ptr<ShardTable>> ShardTable::Create(TableSpec spec, int shard, int shards) {

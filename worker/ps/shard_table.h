@@ -52,6 +52,16 @@ inline int ShardOfRow(uint64_t row, int shards) {
 // Element j of row `row` before any push.
 float InitialValue(const TableSpec& spec, uint64_t row, int32_t j);
 
+// Each distinct row of `rows` once, in the order of first appearance, with the sum of its values
+// (values[i * dim ...] belong to rows[i]) added in that order: what a push sends. A table held in
+// this process applies the same sums (not each value in turn), so that the same gradients give
+// the same table bit for bit whether it is here or on servers.
+struct RowSums {
+  std::vector<uint64_t> rows;
+  std::vector<float> values;  // rows.size() x dim
+};
+RowSums SumByRow(const std::vector<uint64_t>& rows, const float* values, int32_t dim);
+
 class ShardTable {
  public:
   // The most bytes one shard of one table may hold (4 GiB): a larger table needs more servers.

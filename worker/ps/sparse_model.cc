@@ -1,0 +1,137 @@
+#include "worker/ps/sparse_model.h"
+
+#include <cmath>
+#include <utility>
+
+namespace lockstep::ps {
+
+TableSpec EmbeddingTable(const SparseModelSpec& spec) {
+  TableSpec table;
+  table.name = "embeddings";
+  table.rows = spec.table_rows;
+  table.dim = spec.dim;
+  table.learning_rate = spec.learning_rate;
+  table.seed = spec.seed;
+  table.init_scale = spec.init_scale;
+  return table;
+}
+
+StatusOr<std::unique_ptr<LocalEmbeddings>> LocalEmbeddings::Create(const TableSpec& spec) {
+  LOCKSTEP_ASSIGN_OR_RETURN(auto table, ShardTable::Create(spec, 0, 1));
+  return std::unique_ptr<LocalEmbeddings>(new LocalEmbeddings(std::move(table)));
+}
+
+Status LocalEmbeddings::Pull(const std::vector<uint64_t>& rows, float* out) {
+  return table_->Pull(rows.data(), rows.size(), out);
+}
+
+Status LocalEmbeddings::PushGradients(const std::vector<uint64_t>& rows, const float* gradients) {
+  const RowSums sums = SumByRow(rows, gradients, dim());
+  return table_->Push(sums.rows.data(), sums.rows.size(), sums.values.data(), PushKind::kGradient)
+      .status();
+}
+
+Status ServerEmbeddings::Pull(const std::vector<uint64_t>& rows, float* out) {
+  return client_.Pull(spec_.name, spec_.dim, rows, out);
+}
+
+Status ServerEmbeddings::PushGradients(const std::vector<uint64_t>& rows, const float* gradients) {
+  return client_.Push(spec_.name, spec_.dim, rows, gradients, PushKind::kGradient);
+}
+
+StatusOr<std::unique_ptr<SparseModel>> SparseModel::Create(const SparseModelSpec& spec) {
+  if (spec.fields < 1 || spec.dim < 1 || spec.table_rows < 1 || spec.max_batch < 1) {
+    return InvalidArgumentError("sparse model: fields, dim, table rows and max_batch must be >= 1");
+  }
+  if (!(spec.learning_rate > 0.0f) || !std::isfinite(spec.learning_rate)) {
+    return InvalidArgumentError("sparse model: the learning rate must be positive");
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(trainer::MlpModel model,
+                            trainer::MlpModel::Create(int64_t{spec.fields} * spec.dim, spec.hidden,
+                                                      2, kernels::ActivationType::kRelu));
+  LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
+                            kernels::CreateDevice(kernels::DeviceType::kCpu));
+  std::unique_ptr<SparseModel> sparse(new SparseModel(spec, std::move(model), std::move(device)));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      trainer::MlpWorkspace workspace,
+      trainer::MlpWorkspace::Create(sparse->model_, spec.max_batch, *sparse->device_));
+  sparse->workspace_ = std::make_unique<trainer::MlpWorkspace>(std::move(workspace));
+  return sparse;
+}
+
+SparseModel::SparseModel(SparseModelSpec spec, trainer::MlpModel model,
+                         std::unique_ptr<kernels::Device> device)
+    : spec_(std::move(spec)), model_(std::move(model)), device_(std::move(device)) {
+  params_.resize(static_cast<size_t>(model_.layout().num_params));
+  grads_.resize(params_.size());
+  model_.InitializeParameters(spec_.seed, params_.data());
+  const size_t width = static_cast<size_t>(spec_.fields) * static_cast<size_t>(spec_.dim);
+  input_.resize(static_cast<size_t>(spec_.max_batch) * width);
+  grad_input_.resize(input_.size());
+}
+
+Status SparseModel::Rows(const ClickLog& log, int64_t first, int64_t rows,
+                         std::vector<uint64_t>* out) const {
+  if (log.fields != spec_.fields) {
+    return InvalidArgumentError("the click log has " + std::to_string(log.fields) +
+                                " fields; the model " + std::to_string(spec_.fields));
+  }
+  if (first < 0 || rows < 0 || first + rows > log.samples) {
+    return OutOfRangeError("samples [" + std::to_string(first) + ", " +
+                           std::to_string(first + rows) + ") are not in the log's " +
+                           std::to_string(log.samples));
+  }
+  out->resize(static_cast<size_t>(rows) * static_cast<size_t>(spec_.fields));
+  for (size_t i = 0; i < out->size(); ++i) {
+    (*out)[i] = RowOfId(log.ids[static_cast<size_t>(first) * static_cast<size_t>(spec_.fields) + i],
+                        spec_.table_rows);
+  }
+  return OkStatus();
+}
+
+StatusOr<double> SparseModel::Step(const ClickLog& log, int64_t first, int64_t rows,
+                                   EmbeddingStore& store) {
+  if (rows < 1 || rows > spec_.max_batch) {
+    return InvalidArgumentError("a step of " + std::to_string(rows) +
+                                " samples; this model takes 1 to " +
+                                std::to_string(spec_.max_batch));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(Rows(log, first, rows, &rows_));
+  LOCKSTEP_RETURN_IF_ERROR(store.Pull(rows_, input_.data()));
+  labels_.assign(log.labels.begin() + first, log.labels.begin() + first + rows);
+  const kernels::ExecutionContext& ctx = device_->compute();
+  double loss_sum = 0;
+  model_.Forward(ctx, params_.data(), input_.data(), rows, *workspace_);
+  trainer::MlpModel::OutputGradient from;
+  from.labels = labels_.data();
+  from.grad_scale = 1.0f / static_cast<float>(rows);
+  from.loss_sum = &loss_sum;
+  model_.Backward(ctx, params_.data(), input_.data(), rows, from, grads_.data(), *workspace_,
+                  nullptr, /*accumulate=*/false, grad_input_.data());
+  // Plain SGD on the MLP here; the table's rows by the store (the same rule: w -= lr * g).
+  const float step = -spec_.learning_rate;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i] += step * grads_[i];
+  LOCKSTEP_RETURN_IF_ERROR(store.PushGradients(rows_, grad_input_.data()));
+  return loss_sum / static_cast<double>(rows);
+}
+
+StatusOr<std::vector<double>> SparseModel::Predict(const ClickLog& log, int64_t first, int64_t rows,
+                                                   EmbeddingStore& store) {
+  std::vector<double> probabilities;
+  probabilities.reserve(static_cast<size_t>(std::max<int64_t>(rows, 0)));
+  const kernels::ExecutionContext& ctx = device_->compute();
+  for (int64_t done = 0; done < rows; done += spec_.max_batch) {
+    const int64_t chunk = std::min(spec_.max_batch, rows - done);
+    LOCKSTEP_RETURN_IF_ERROR(Rows(log, first + done, chunk, &rows_));
+    LOCKSTEP_RETURN_IF_ERROR(store.Pull(rows_, input_.data()));
+    const float* logits = model_.Forward(ctx, params_.data(), input_.data(), chunk, *workspace_);
+    for (int64_t r = 0; r < chunk; ++r) {
+      // softmax over (no click, click): sigmoid of the difference.
+      const double difference = static_cast<double>(logits[2 * r + 1]) - logits[2 * r];
+      probabilities.push_back(1.0 / (1.0 + std::exp(-difference)));
+    }
+  }
+  return probabilities;
+}
+
+}  // namespace lockstep::ps

@@ -1,0 +1,118 @@
+// A click model over hashed categorical fields, the sparse model parameter servers exist for:
+// each field's feature id selects a row of one shared embedding table (RowOfId), the fields'
+// embeddings are concatenated and fed to the built-in MLP (worker/trainer/model.h) with two
+// classes, no click and click. The MLP's parameters are this process's; the embedding table
+// lives where the EmbeddingStore says: here (LocalEmbeddings: plain SGD on a table in memory)
+// or on parameter servers (ServerEmbeddings: pulled and pushed through a PsClient, SGD applied
+// by the servers). Both apply the same per-row sums of the same gradients, so one worker and one
+// server train exactly as plain SGD does here.
+//
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto model, SparseModel::Create(spec));
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto table, LocalEmbeddings::Create(EmbeddingTable(spec)));
+//   for (int64_t first = 0; first + 256 <= log.samples; first += 256) {
+//     LOCKSTEP_ASSIGN_OR_RETURN(double loss, model->Step(log, first, 256, *table));
+//   }
+//   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> p, model->Predict(test, 0, test.samples,
+//   *table));
+//
+// CPU only. Thread safety: a model is used by one thread; a store may be shared by the models of
+// several threads.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/device.h"
+#include "worker/ps/click_log.h"
+#include "worker/ps/ps_client.h"
+#include "worker/ps/shard_table.h"
+#include "worker/trainer/model.h"
+
+namespace lockstep::ps {
+
+struct SparseModelSpec {
+  int32_t fields = 8;
+  int32_t dim = 8;  // floats per embedding
+  int64_t table_rows = int64_t{1} << 20;
+  std::vector<int32_t> hidden = {64};
+  float learning_rate = 0.05f;  // the MLP's and the table's
+  uint64_t seed = 1;
+  float init_scale = 0.01f;  // the table's rows start uniform in [-init_scale, init_scale)
+  int64_t max_batch = 1024;
+};
+
+// The embedding table of `spec` (name "embeddings").
+TableSpec EmbeddingTable(const SparseModelSpec& spec);
+
+class EmbeddingStore {
+ public:
+  virtual ~EmbeddingStore() = default;
+  virtual int32_t dim() const = 0;
+  // out[i * dim ...] = row rows[i].
+  virtual Status Pull(const std::vector<uint64_t>& rows, float* out) = 0;
+  // SGD for these rows' gradients (gradients[i * dim ...] is rows[i]'s; a row named more than
+  // once gets their sum, SumByRow).
+  virtual Status PushGradients(const std::vector<uint64_t>& rows, const float* gradients) = 0;
+};
+
+// The table in this process.
+class LocalEmbeddings final : public EmbeddingStore {
+ public:
+  static StatusOr<std::unique_ptr<LocalEmbeddings>> Create(const TableSpec& spec);
+  int32_t dim() const override { return table_->spec().dim; }
+  Status Pull(const std::vector<uint64_t>& rows, float* out) override;
+  Status PushGradients(const std::vector<uint64_t>& rows, const float* gradients) override;
+
+ private:
+  explicit LocalEmbeddings(std::unique_ptr<ShardTable> table) : table_(std::move(table)) {}
+  std::unique_ptr<ShardTable> table_;
+};
+
+// The table on the job's parameter servers.
+class ServerEmbeddings final : public EmbeddingStore {
+ public:
+  ServerEmbeddings(PsClient& client, TableSpec spec) : client_(client), spec_(std::move(spec)) {}
+  int32_t dim() const override { return spec_.dim; }
+  Status Pull(const std::vector<uint64_t>& rows, float* out) override;
+  Status PushGradients(const std::vector<uint64_t>& rows, const float* gradients) override;
+
+ private:
+  PsClient& client_;
+  const TableSpec spec_;
+};
+
+class SparseModel {
+ public:
+  // INVALID_ARGUMENT for fields, dim, table rows or max_batch < 1, or a learning rate that is
+  // not positive.
+  static StatusOr<std::unique_ptr<SparseModel>> Create(const SparseModelSpec& spec);
+
+  // One step of SGD on samples [first, first + rows) of `log` (rows <= max_batch): the rows of
+  // the table the batch uses are pulled, forward and backward run, the MLP is updated here and
+  // the embeddings' gradients are pushed. Returns the batch's mean cross-entropy.
+  StatusOr<double> Step(const ClickLog& log, int64_t first, int64_t rows, EmbeddingStore& store);
+  // The click probability of samples [first, first + rows) (any number of rows).
+  StatusOr<std::vector<double>> Predict(const ClickLog& log, int64_t first, int64_t rows,
+                                        EmbeddingStore& store);
+
+  const std::vector<float>& mlp_params() const { return params_; }
+
+ private:
+  SparseModel(SparseModelSpec spec, trainer::MlpModel model,
+              std::unique_ptr<kernels::Device> device);
+  // The table rows of samples [first, first + rows), sample by sample, field by field.
+  Status Rows(const ClickLog& log, int64_t first, int64_t rows, std::vector<uint64_t>* out) const;
+
+  const SparseModelSpec spec_;
+  trainer::MlpModel model_;
+  std::unique_ptr<kernels::Device> device_;
+  std::unique_ptr<trainer::MlpWorkspace> workspace_;
+  std::vector<float> params_, grads_, input_, grad_input_;
+  std::vector<uint64_t> rows_;
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace lockstep::ps
