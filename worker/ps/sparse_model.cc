@@ -1,5 +1,6 @@
 #include "worker/ps/sparse_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <utility>
 
@@ -16,27 +17,37 @@ TableSpec EmbeddingTable(const SparseModelSpec& spec) {
   return table;
 }
 
-StatusOr<std::unique_ptr<LocalEmbeddings>> LocalEmbeddings::Create(const TableSpec& spec) {
-  LOCKSTEP_ASSIGN_OR_RETURN(auto table, ShardTable::Create(spec, 0, 1));
-  return std::unique_ptr<LocalEmbeddings>(new LocalEmbeddings(std::move(table)));
+TableSpec DenseTable(const SparseModelSpec& spec, int64_t num_params) {
+  TableSpec table;
+  table.name = "dense";
+  table.rows = std::max<int64_t>(1, (num_params + kDenseRowWidth - 1) / kDenseRowWidth);
+  table.dim = kDenseRowWidth;
+  table.learning_rate = spec.learning_rate;
+  table.seed = spec.seed;
+  table.init_scale = 0.0f;
+  return table;
 }
 
-Status LocalEmbeddings::Pull(const std::vector<uint64_t>& rows, float* out) {
+StatusOr<std::unique_ptr<LocalTable>> LocalTable::Create(const TableSpec& spec) {
+  LOCKSTEP_ASSIGN_OR_RETURN(auto table, ShardTable::Create(spec, 0, 1));
+  return std::unique_ptr<LocalTable>(new LocalTable(std::move(table)));
+}
+
+Status LocalTable::Pull(const std::vector<uint64_t>& rows, float* out) {
   return table_->Pull(rows.data(), rows.size(), out);
 }
 
-Status LocalEmbeddings::PushGradients(const std::vector<uint64_t>& rows, const float* gradients) {
-  const RowSums sums = SumByRow(rows, gradients, dim());
-  return table_->Push(sums.rows.data(), sums.rows.size(), sums.values.data(), PushKind::kGradient)
-      .status();
+Status LocalTable::Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) {
+  const RowSums sums = SumByRow(rows, values, dim());
+  return table_->Push(sums.rows.data(), sums.rows.size(), sums.values.data(), kind).status();
 }
 
-Status ServerEmbeddings::Pull(const std::vector<uint64_t>& rows, float* out) {
+Status ServerTable::Pull(const std::vector<uint64_t>& rows, float* out) {
   return client_.Pull(spec_.name, spec_.dim, rows, out);
 }
 
-Status ServerEmbeddings::PushGradients(const std::vector<uint64_t>& rows, const float* gradients) {
-  return client_.Push(spec_.name, spec_.dim, rows, gradients, PushKind::kGradient);
+Status ServerTable::Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) {
+  return client_.Push(spec_.name, spec_.dim, rows, values, kind);
 }
 
 StatusOr<std::unique_ptr<SparseModel>> SparseModel::Create(const SparseModelSpec& spec) {
@@ -68,6 +79,31 @@ SparseModel::SparseModel(SparseModelSpec spec, trainer::MlpModel model,
   const size_t width = static_cast<size_t>(spec_.fields) * static_cast<size_t>(spec_.dim);
   input_.resize(static_cast<size_t>(spec_.max_batch) * width);
   grad_input_.resize(input_.size());
+  const int64_t dense_rows =
+      (static_cast<int64_t>(params_.size()) + kDenseRowWidth - 1) / kDenseRowWidth;
+  for (int64_t r = 0; r < dense_rows; ++r) dense_rows_.push_back(static_cast<uint64_t>(r));
+  dense_values_.assign(static_cast<size_t>(dense_rows * kDenseRowWidth), 0.0f);
+}
+
+Status SparseModel::PullDense(TableRows& dense) {
+  if (dense.dim() != kDenseRowWidth) {
+    return InvalidArgumentError("the dense table's rows are " + std::to_string(dense.dim()) +
+                                " floats; the model's " + std::to_string(kDenseRowWidth));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(dense.Pull(dense_rows_, dense_values_.data()));
+  std::copy(dense_values_.begin(),
+            dense_values_.begin() + static_cast<std::ptrdiff_t>(params_.size()), params_.begin());
+  return OkStatus();
+}
+
+Status SparseModel::InitializeDense(TableRows& dense) {
+  if (dense.dim() != kDenseRowWidth) {
+    return InvalidArgumentError("the dense table's rows are " + std::to_string(dense.dim()) +
+                                " floats; the model's " + std::to_string(kDenseRowWidth));
+  }
+  std::fill(dense_values_.begin(), dense_values_.end(), 0.0f);
+  std::copy(params_.begin(), params_.end(), dense_values_.begin());
+  return dense.Push(dense_rows_, dense_values_.data(), PushKind::kDelta);
 }
 
 Status SparseModel::Rows(const ClickLog& log, int64_t first, int64_t rows,
@@ -90,14 +126,15 @@ Status SparseModel::Rows(const ClickLog& log, int64_t first, int64_t rows,
 }
 
 StatusOr<double> SparseModel::Step(const ClickLog& log, int64_t first, int64_t rows,
-                                   EmbeddingStore& store) {
+                                   TableRows& embeddings, TableRows* dense) {
   if (rows < 1 || rows > spec_.max_batch) {
     return InvalidArgumentError("a step of " + std::to_string(rows) +
                                 " samples; this model takes 1 to " +
                                 std::to_string(spec_.max_batch));
   }
   LOCKSTEP_RETURN_IF_ERROR(Rows(log, first, rows, &rows_));
-  LOCKSTEP_RETURN_IF_ERROR(store.Pull(rows_, input_.data()));
+  if (dense != nullptr) LOCKSTEP_RETURN_IF_ERROR(PullDense(*dense));
+  LOCKSTEP_RETURN_IF_ERROR(embeddings.Pull(rows_, input_.data()));
   labels_.assign(log.labels.begin() + first, log.labels.begin() + first + rows);
   const kernels::ExecutionContext& ctx = device_->compute();
   double loss_sum = 0;
@@ -108,22 +145,30 @@ StatusOr<double> SparseModel::Step(const ClickLog& log, int64_t first, int64_t r
   from.loss_sum = &loss_sum;
   model_.Backward(ctx, params_.data(), input_.data(), rows, from, grads_.data(), *workspace_,
                   nullptr, /*accumulate=*/false, grad_input_.data());
-  // Plain SGD on the MLP here; the table's rows by the store (the same rule: w -= lr * g).
-  const float step = -spec_.learning_rate;
-  for (size_t i = 0; i < params_.size(); ++i) params_[i] += step * grads_[i];
-  LOCKSTEP_RETURN_IF_ERROR(store.PushGradients(rows_, grad_input_.data()));
+  // Plain SGD on the MLP, here or by the servers; the embeddings' rows by their store (the same
+  // rule: w -= lr * g).
+  if (dense != nullptr) {
+    std::fill(dense_values_.begin(), dense_values_.end(), 0.0f);
+    std::copy(grads_.begin(), grads_.end(), dense_values_.begin());
+    LOCKSTEP_RETURN_IF_ERROR(dense->Push(dense_rows_, dense_values_.data(), PushKind::kGradient));
+  } else {
+    const float step = -spec_.learning_rate;
+    for (size_t i = 0; i < params_.size(); ++i) params_[i] += step * grads_[i];
+  }
+  LOCKSTEP_RETURN_IF_ERROR(embeddings.Push(rows_, grad_input_.data(), PushKind::kGradient));
   return loss_sum / static_cast<double>(rows);
 }
 
 StatusOr<std::vector<double>> SparseModel::Predict(const ClickLog& log, int64_t first, int64_t rows,
-                                                   EmbeddingStore& store) {
+                                                   TableRows& embeddings, TableRows* dense) {
+  if (dense != nullptr) LOCKSTEP_RETURN_IF_ERROR(PullDense(*dense));
   std::vector<double> probabilities;
   probabilities.reserve(static_cast<size_t>(std::max<int64_t>(rows, 0)));
   const kernels::ExecutionContext& ctx = device_->compute();
   for (int64_t done = 0; done < rows; done += spec_.max_batch) {
     const int64_t chunk = std::min(spec_.max_batch, rows - done);
     LOCKSTEP_RETURN_IF_ERROR(Rows(log, first + done, chunk, &rows_));
-    LOCKSTEP_RETURN_IF_ERROR(store.Pull(rows_, input_.data()));
+    LOCKSTEP_RETURN_IF_ERROR(embeddings.Pull(rows_, input_.data()));
     const float* logits = model_.Forward(ctx, params_.data(), input_.data(), chunk, *workspace_);
     for (int64_t r = 0; r < chunk; ++r) {
       // softmax over (no click, click): sigmoid of the difference.

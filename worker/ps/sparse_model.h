@@ -1,22 +1,26 @@
 // A click model over hashed categorical fields, the sparse model parameter servers exist for:
 // each field's feature id selects a row of one shared embedding table (RowOfId), the fields'
 // embeddings are concatenated and fed to the built-in MLP (worker/trainer/model.h) with two
-// classes, no click and click. The MLP's parameters are this process's; the embedding table
-// lives where the EmbeddingStore says: here (LocalEmbeddings: plain SGD on a table in memory)
-// or on parameter servers (ServerEmbeddings: pulled and pushed through a PsClient, SGD applied
-// by the servers). Both apply the same per-row sums of the same gradients, so one worker and one
-// server train exactly as plain SGD does here.
+// classes, no click and click. Its tables live where their TableRows say: here (LocalTable:
+// plain SGD on a table in memory) or on parameter servers (ServerTable: pulled and pushed
+// through a PsClient, SGD applied by the servers). Both apply the same per-row sums of the same
+// gradients, so one worker and one server train exactly as plain SGD does here.
+//
+// The MLP's parameters are the model's own (each step updates them with plain SGD here), or,
+// for asynchronous training, a dense table on the servers too (DenseTable: the flat parameter
+// buffer cut into rows of kDenseRowWidth floats), pulled before each step and updated by the
+// gradients each worker pushes after it, with no step waiting for another worker's.
 //
 //   LOCKSTEP_ASSIGN_OR_RETURN(auto model, SparseModel::Create(spec));
-//   LOCKSTEP_ASSIGN_OR_RETURN(auto table, LocalEmbeddings::Create(EmbeddingTable(spec)));
+//   LOCKSTEP_ASSIGN_OR_RETURN(auto table, LocalTable::Create(EmbeddingTable(spec)));
 //   for (int64_t first = 0; first + 256 <= log.samples; first += 256) {
 //     LOCKSTEP_ASSIGN_OR_RETURN(double loss, model->Step(log, first, 256, *table));
 //   }
 //   LOCKSTEP_ASSIGN_OR_RETURN(std::vector<double> p, model->Predict(test, 0, test.samples,
 //   *table));
 //
-// CPU only. Thread safety: a model is used by one thread; a store may be shared by the models of
-// several threads.
+// CPU only. Thread safety: a model is used by one thread; a ServerTable may be shared by the
+// models of several threads (a LocalTable too: its table locks its rows).
 #pragma once
 
 #include <cstdint>
@@ -47,37 +51,44 @@ struct SparseModelSpec {
 // The embedding table of `spec` (name "embeddings").
 TableSpec EmbeddingTable(const SparseModelSpec& spec);
 
-class EmbeddingStore {
+// The MLP's parameters as a table (name "dense"): `num_params` floats in rows of
+// kDenseRowWidth, the last one padded with zeros. It starts at zero: the chief writes the
+// model's initial parameters into it (SparseModel::InitializeDense) before training starts.
+inline constexpr int32_t kDenseRowWidth = 64;
+TableSpec DenseTable(const SparseModelSpec& spec, int64_t num_params);
+
+// The rows of one table, here or on the servers.
+class TableRows {
  public:
-  virtual ~EmbeddingStore() = default;
+  virtual ~TableRows() = default;
   virtual int32_t dim() const = 0;
   // out[i * dim ...] = row rows[i].
   virtual Status Pull(const std::vector<uint64_t>& rows, float* out) = 0;
-  // SGD for these rows' gradients (gradients[i * dim ...] is rows[i]'s; a row named more than
-  // once gets their sum, SumByRow).
-  virtual Status PushGradients(const std::vector<uint64_t>& rows, const float* gradients) = 0;
+  // values[i * dim ...] applied to rows[i] (a row named more than once gets their sum,
+  // SumByRow): SGD for kGradient, added for kDelta.
+  virtual Status Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) = 0;
 };
 
-// The table in this process.
-class LocalEmbeddings final : public EmbeddingStore {
+// A table in this process.
+class LocalTable final : public TableRows {
  public:
-  static StatusOr<std::unique_ptr<LocalEmbeddings>> Create(const TableSpec& spec);
+  static StatusOr<std::unique_ptr<LocalTable>> Create(const TableSpec& spec);
   int32_t dim() const override { return table_->spec().dim; }
   Status Pull(const std::vector<uint64_t>& rows, float* out) override;
-  Status PushGradients(const std::vector<uint64_t>& rows, const float* gradients) override;
+  Status Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) override;
 
  private:
-  explicit LocalEmbeddings(std::unique_ptr<ShardTable> table) : table_(std::move(table)) {}
+  explicit LocalTable(std::unique_ptr<ShardTable> table) : table_(std::move(table)) {}
   std::unique_ptr<ShardTable> table_;
 };
 
-// The table on the job's parameter servers.
-class ServerEmbeddings final : public EmbeddingStore {
+// A table on the job's parameter servers.
+class ServerTable final : public TableRows {
  public:
-  ServerEmbeddings(PsClient& client, TableSpec spec) : client_(client), spec_(std::move(spec)) {}
+  ServerTable(PsClient& client, TableSpec spec) : client_(client), spec_(std::move(spec)) {}
   int32_t dim() const override { return spec_.dim; }
   Status Pull(const std::vector<uint64_t>& rows, float* out) override;
-  Status PushGradients(const std::vector<uint64_t>& rows, const float* gradients) override;
+  Status Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) override;
 
  private:
   PsClient& client_;
@@ -91,12 +102,19 @@ class SparseModel {
   static StatusOr<std::unique_ptr<SparseModel>> Create(const SparseModelSpec& spec);
 
   // One step of SGD on samples [first, first + rows) of `log` (rows <= max_batch): the rows of
-  // the table the batch uses are pulled, forward and backward run, the MLP is updated here and
-  // the embeddings' gradients are pushed. Returns the batch's mean cross-entropy.
-  StatusOr<double> Step(const ClickLog& log, int64_t first, int64_t rows, EmbeddingStore& store);
-  // The click probability of samples [first, first + rows) (any number of rows).
+  // the embedding table the batch uses are pulled, forward and backward run, and the embeddings'
+  // gradients are pushed. The MLP is updated here, or, given `dense` (asynchronous training),
+  // pulled from it first and its gradient pushed to it after. Returns the batch's mean
+  // cross-entropy.
+  StatusOr<double> Step(const ClickLog& log, int64_t first, int64_t rows, TableRows& embeddings,
+                        TableRows* dense = nullptr);
+  // The click probability of samples [first, first + rows) (any number of rows), with the MLP
+  // from `dense` when given.
   StatusOr<std::vector<double>> Predict(const ClickLog& log, int64_t first, int64_t rows,
-                                        EmbeddingStore& store);
+                                        TableRows& embeddings, TableRows* dense = nullptr);
+  // Adds this model's MLP parameters to `dense` (kDelta): the chief's first act on a dense
+  // table that starts at zero.
+  Status InitializeDense(TableRows& dense);
 
   const std::vector<float>& mlp_params() const { return params_; }
 
@@ -105,6 +123,8 @@ class SparseModel {
               std::unique_ptr<kernels::Device> device);
   // The table rows of samples [first, first + rows), sample by sample, field by field.
   Status Rows(const ClickLog& log, int64_t first, int64_t rows, std::vector<uint64_t>* out) const;
+  // The MLP's parameters from `dense` into params_.
+  Status PullDense(TableRows& dense);
 
   const SparseModelSpec spec_;
   trainer::MlpModel model_;
@@ -112,6 +132,8 @@ class SparseModel {
   std::unique_ptr<trainer::MlpWorkspace> workspace_;
   std::vector<float> params_, grads_, input_, grad_input_;
   std::vector<uint64_t> rows_;
+  std::vector<uint64_t> dense_rows_;  // 0 .. rows of the dense table - 1
+  std::vector<float> dense_values_;   // params_ or grads_ padded to whole rows
   std::vector<int32_t> labels_;
 };
 

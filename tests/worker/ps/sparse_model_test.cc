@@ -7,6 +7,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "worker/ps/ps_server.h"
@@ -35,12 +36,39 @@ ClickLog Log(int64_t samples, int32_t fields, int64_t vocabulary) {
   return GenerateClickLog(spec);
 }
 
-std::vector<float> WholeTable(EmbeddingStore& store, int64_t rows) {
+std::vector<float> WholeTable(TableRows& store, int64_t rows) {
   std::vector<uint64_t> all(static_cast<size_t>(rows));
   for (size_t r = 0; r < all.size(); ++r) all[r] = r;
   std::vector<float> values(all.size() * static_cast<size_t>(store.dim()));
   EXPECT_TRUE(store.Pull(all, values.data()).ok());
   return values;
+}
+
+// `count` parameter servers of job default/ctr holding `tables`, and the options a client of
+// them needs.
+struct Servers {
+  std::vector<std::unique_ptr<ShardServer>> shards;
+  PsClientOptions client;
+};
+
+Servers StartServers(const std::vector<TableSpec>& tables, int count) {
+  Servers servers;
+  servers.client.job = "default/ctr";
+  servers.client.token = "token";
+  for (int shard = 0; shard < count; ++shard) {
+    ShardServerOptions options;
+    options.job = servers.client.job;
+    options.token = servers.client.token;
+    options.shard = shard;
+    options.shards = count;
+    options.tables = tables;
+    auto server = ShardServer::Start(options);
+    EXPECT_TRUE(server.ok()) << server.status();
+    if (!server.ok()) break;
+    servers.client.servers.push_back("127.0.0.1:" + std::to_string((*server)->port()));
+    servers.shards.push_back(std::move(server).value());
+  }
+  return servers;
 }
 
 class SyncThroughServersTest : public ::testing::TestWithParam<int> {};
@@ -51,29 +79,14 @@ TEST_P(SyncThroughServersTest, OneWorkerEndsWithThePlainSgdParametersBitForBit) 
 
   auto here = SparseModel::Create(spec);
   ASSERT_TRUE(here.ok()) << here.status();
-  auto table = LocalEmbeddings::Create(EmbeddingTable(spec));
+  auto table = LocalTable::Create(EmbeddingTable(spec));
   ASSERT_TRUE(table.ok()) << table.status();
 
-  const int servers = GetParam();
-  std::vector<std::unique_ptr<ShardServer>> shards;
-  PsClientOptions client_options;
-  client_options.job = "default/ctr";
-  client_options.token = "token";
-  for (int shard = 0; shard < servers; ++shard) {
-    ShardServerOptions options;
-    options.job = client_options.job;
-    options.token = client_options.token;
-    options.shard = shard;
-    options.shards = servers;
-    options.tables = {EmbeddingTable(spec)};
-    auto server = ShardServer::Start(options);
-    ASSERT_TRUE(server.ok()) << server.status();
-    client_options.servers.push_back("127.0.0.1:" + std::to_string((*server)->port()));
-    shards.push_back(std::move(server).value());
-  }
-  auto client = PsClient::Connect(client_options);
+  Servers servers = StartServers({EmbeddingTable(spec)}, GetParam());
+  ASSERT_EQ(servers.shards.size(), static_cast<size_t>(GetParam()));
+  auto client = PsClient::Connect(servers.client);
   ASSERT_TRUE(client.ok()) << client.status();
-  ServerEmbeddings remote(**client, EmbeddingTable(spec));
+  ServerTable remote(**client, EmbeddingTable(spec));
   auto there = SparseModel::Create(spec);
   ASSERT_TRUE(there.ok());
 
@@ -87,7 +100,7 @@ TEST_P(SyncThroughServersTest, OneWorkerEndsWithThePlainSgdParametersBitForBit) 
   EXPECT_EQ((*here)->mlp_params(), (*there)->mlp_params());
   EXPECT_EQ(WholeTable(**table, spec.table_rows), WholeTable(remote, spec.table_rows));
   // It trained: the table moved from where it started.
-  auto fresh = LocalEmbeddings::Create(EmbeddingTable(spec));
+  auto fresh = LocalTable::Create(EmbeddingTable(spec));
   ASSERT_TRUE(fresh.ok());
   EXPECT_NE(WholeTable(**fresh, spec.table_rows), WholeTable(**table, spec.table_rows));
 }
@@ -97,7 +110,8 @@ INSTANTIATE_TEST_SUITE_P(Servers, SyncThroughServersTest, ::testing::Values(1, 2
                            return std::to_string(info.param) + "Servers";
                          });
 
-TEST(SparseModelTest, LearnsTheClickLogToNearItsCeiling) {
+// The model the click log is learned with.
+SparseModelSpec ClickModel() {
   SparseModelSpec spec;
   spec.fields = 8;
   spec.dim = 8;
@@ -105,13 +119,18 @@ TEST(SparseModelTest, LearnsTheClickLogToNearItsCeiling) {
   spec.hidden = {32};
   spec.learning_rate = 0.5f;
   spec.max_batch = 64;
+  return spec;
+}
+
+TEST(SparseModelTest, LearnsTheClickLogToNearItsCeiling) {
+  const SparseModelSpec spec = ClickModel();
   // 200 ids per field: with 50,000 training samples even the rarest id is seen tens of times,
   // so the true model's weights are learnable and its AUC is a ceiling a model can approach.
   const ClickLog log = Log(60000, spec.fields, 200);
   const int64_t train = 50000, test = log.samples - train;
   auto model = SparseModel::Create(spec);
   ASSERT_TRUE(model.ok());
-  auto table = LocalEmbeddings::Create(EmbeddingTable(spec));
+  auto table = LocalTable::Create(EmbeddingTable(spec));
   ASSERT_TRUE(table.ok());
   for (int epoch = 0; epoch < 3; ++epoch) {
     for (int64_t first = 0; first + spec.max_batch <= train; first += spec.max_batch) {
@@ -130,11 +149,84 @@ TEST(SparseModelTest, LearnsTheClickLogToNearItsCeiling) {
   EXPECT_LE(learned, ceiling + 0.01);
 }
 
+// Asynchronous training: four workers (threads here) share two servers that hold both tables,
+// each pulling the MLP and its batch's embeddings, and pushing their gradients, at its own pace.
+TEST(SparseModelTest, FourAsynchronousWorkersOnTwoServersLearnAsWellAsOneWorker) {
+  const SparseModelSpec spec = ClickModel();
+  const ClickLog log = Log(60000, spec.fields, 200);
+  const int64_t train = 50000, test = log.samples - train;
+  const std::vector<int32_t> labels(log.labels.begin() + train, log.labels.end());
+  auto auc_of = [&](SparseModel& model, TableRows& embeddings, TableRows* dense) {
+    auto predicted = model.Predict(log, train, test, embeddings, dense);
+    EXPECT_TRUE(predicted.ok()) << predicted.status();
+    return predicted.ok() ? Auc(*predicted, labels) : 0.0;
+  };
+
+  // One worker, plain SGD here: the reference.
+  auto alone = SparseModel::Create(spec);
+  ASSERT_TRUE(alone.ok());
+  auto alone_table = LocalTable::Create(EmbeddingTable(spec));
+  ASSERT_TRUE(alone_table.ok());
+  for (int epoch = 0; epoch < 3; ++epoch) {
+    for (int64_t first = 0; first + spec.max_batch <= train; first += spec.max_batch) {
+      ASSERT_TRUE((*alone)->Step(log, first, spec.max_batch, **alone_table).ok());
+    }
+  }
+  const double reference = auc_of(**alone, **alone_table, nullptr);
+
+  const TableSpec dense_spec =
+      DenseTable(spec, static_cast<int64_t>((*alone)->mlp_params().size()));
+  Servers servers = StartServers({EmbeddingTable(spec), dense_spec}, 2);
+  ASSERT_EQ(servers.shards.size(), 2u);
+  const PsClientOptions& client_options = servers.client;
+  auto chief_client = PsClient::Connect(client_options);
+  ASSERT_TRUE(chief_client.ok());
+  ServerTable chief_embeddings(**chief_client, EmbeddingTable(spec));
+  ServerTable chief_dense(**chief_client, dense_spec);
+  auto chief = SparseModel::Create(spec);
+  ASSERT_TRUE(chief.ok());
+  ASSERT_TRUE((*chief)->InitializeDense(chief_dense).ok());
+
+  constexpr int kWorkers = 4;
+  std::vector<std::thread> workers;
+  std::vector<Status> outcomes(kWorkers);
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      auto client = PsClient::Connect(client_options);
+      auto model = SparseModel::Create(spec);
+      if (!client.ok() || !model.ok()) {
+        outcomes[w] = InternalError("worker could not start");
+        return;
+      }
+      ServerTable embeddings(**client, EmbeddingTable(spec));
+      ServerTable dense(**client, dense_spec);
+      const int64_t begin = w * train / kWorkers, end = (w + 1) * train / kWorkers;
+      for (int epoch = 0; epoch < 3; ++epoch) {
+        for (int64_t first = begin; first + spec.max_batch <= end; first += spec.max_batch) {
+          auto loss = (*model)->Step(log, first, spec.max_batch, embeddings, &dense);
+          if (!loss.ok()) {
+            outcomes[w] = loss.status();
+            return;
+          }
+        }
+      }
+    });
+  }
+  for (std::thread& worker : workers) worker.join();
+  for (const Status& outcome : outcomes) ASSERT_TRUE(outcome.ok()) << outcome;
+  const double asynchronous = auc_of(**chief, chief_embeddings, &chief_dense);
+  std::printf("held-out AUC: one worker %.4f, four asynchronous workers on two servers %.4f\n",
+              reference, asynchronous);
+  EXPECT_GT(asynchronous, reference - 0.02);
+  EXPECT_GT(servers.shards[0]->stats().pushes, 0u);
+  EXPECT_GT(servers.shards[1]->stats().pushes, 0u);
+}
+
 TEST(SparseModelTest, ABatchOutsideTheLogOrLargerThanTheModelTakesIsRefused) {
   const SparseModelSpec spec = SmallModel();
   auto model = SparseModel::Create(spec);
   ASSERT_TRUE(model.ok());
-  auto table = LocalEmbeddings::Create(EmbeddingTable(spec));
+  auto table = LocalTable::Create(EmbeddingTable(spec));
   ASSERT_TRUE(table.ok());
   const ClickLog log = Log(100, spec.fields, 100);
   EXPECT_EQ((*model)->Step(log, 90, 20, **table).status().code(), StatusCode::kOutOfRange);
