@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <unordered_set>
 #include <utility>
 
 namespace lockstep::ps {
@@ -48,6 +49,59 @@ Status ServerTable::Pull(const std::vector<uint64_t>& rows, float* out) {
 
 Status ServerTable::Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) {
   return client_.Push(spec_.name, spec_.dim, rows, values, kind);
+}
+
+Status GeoTable::Hold(const std::vector<uint64_t>& rows) {
+  std::vector<uint64_t> missing;
+  std::unordered_set<uint64_t> asked;
+  for (uint64_t row : rows) {
+    if (slot_.count(row) == 0 && asked.insert(row).second) missing.push_back(row);
+  }
+  if (missing.empty()) return OkStatus();
+  std::vector<float> fresh(missing.size() * static_cast<size_t>(dim_));
+  LOCKSTEP_RETURN_IF_ERROR(remote_.Pull(missing, fresh.data()));
+  for (size_t i = 0; i < missing.size(); ++i) {
+    slot_.emplace(missing[i], rows_.size());
+    rows_.push_back(missing[i]);
+  }
+  values_.insert(values_.end(), fresh.begin(), fresh.end());
+  pulled_.insert(pulled_.end(), fresh.begin(), fresh.end());
+  return OkStatus();
+}
+
+Status GeoTable::Pull(const std::vector<uint64_t>& rows, float* out) {
+  LOCKSTEP_RETURN_IF_ERROR(Hold(rows));
+  const size_t width = static_cast<size_t>(dim_);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const float* source = values_.data() + slot_.at(rows[i]) * width;
+    std::copy(source, source + width, out + i * width);
+  }
+  return OkStatus();
+}
+
+Status GeoTable::Push(const std::vector<uint64_t>& rows, const float* values, PushKind kind) {
+  LOCKSTEP_RETURN_IF_ERROR(Hold(rows));
+  const RowSums sums = SumByRow(rows, values, dim_);
+  const float scale = kind == PushKind::kGradient ? -learning_rate_ : 1.0f;
+  const size_t width = static_cast<size_t>(dim_);
+  for (size_t i = 0; i < sums.rows.size(); ++i) {
+    float* target = values_.data() + slot_.at(sums.rows[i]) * width;
+    const float* value = sums.values.data() + i * width;
+    for (size_t j = 0; j < width; ++j) target[j] += scale * value[j];
+  }
+  return OkStatus();
+}
+
+Status GeoTable::Sync() {
+  if (rows_.empty()) return OkStatus();
+  std::vector<float> delta(values_.size());
+  for (size_t i = 0; i < delta.size(); ++i) delta[i] = (values_[i] - pulled_[i]) * share_;
+  LOCKSTEP_RETURN_IF_ERROR(remote_.Push(rows_, delta.data(), PushKind::kDelta));
+  slot_.clear();
+  rows_.clear();
+  values_.clear();
+  pulled_.clear();
+  return OkStatus();
 }
 
 StatusOr<std::unique_ptr<SparseModel>> SparseModel::Create(const SparseModelSpec& spec) {

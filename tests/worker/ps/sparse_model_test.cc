@@ -149,77 +149,119 @@ TEST(SparseModelTest, LearnsTheClickLogToNearItsCeiling) {
   EXPECT_LE(learned, ceiling + 0.01);
 }
 
-// Asynchronous training: four workers (threads here) share two servers that hold both tables,
-// each pulling the MLP and its batch's embeddings, and pushing their gradients, at its own pace.
-TEST(SparseModelTest, FourAsynchronousWorkersOnTwoServersLearnAsWellAsOneWorker) {
-  const SparseModelSpec spec = ClickModel();
-  const ClickLog log = Log(60000, spec.fields, 200);
-  const int64_t train = 50000, test = log.samples - train;
+// The held-out AUC of `model` on samples [train, end) of `log`.
+double HeldOutAuc(SparseModel& model, const ClickLog& log, int64_t train, TableRows& embeddings,
+                  TableRows* dense) {
+  auto predicted = model.Predict(log, train, log.samples - train, embeddings, dense);
+  EXPECT_TRUE(predicted.ok()) << predicted.status();
   const std::vector<int32_t> labels(log.labels.begin() + train, log.labels.end());
-  auto auc_of = [&](SparseModel& model, TableRows& embeddings, TableRows* dense) {
-    auto predicted = model.Predict(log, train, test, embeddings, dense);
-    EXPECT_TRUE(predicted.ok()) << predicted.status();
-    return predicted.ok() ? Auc(*predicted, labels) : 0.0;
-  };
+  return predicted.ok() ? Auc(*predicted, labels) : 0.0;
+}
 
-  // One worker, plain SGD here: the reference.
-  auto alone = SparseModel::Create(spec);
-  ASSERT_TRUE(alone.ok());
-  auto alone_table = LocalTable::Create(EmbeddingTable(spec));
-  ASSERT_TRUE(alone_table.ok());
+// One worker, plain SGD here, 3 epochs of samples [0, train): the reference.
+double OneWorkerAuc(const SparseModelSpec& spec, const ClickLog& log, int64_t train) {
+  auto model = SparseModel::Create(spec);
+  auto table = LocalTable::Create(EmbeddingTable(spec));
+  EXPECT_TRUE(model.ok() && table.ok());
   for (int epoch = 0; epoch < 3; ++epoch) {
     for (int64_t first = 0; first + spec.max_batch <= train; first += spec.max_batch) {
-      ASSERT_TRUE((*alone)->Step(log, first, spec.max_batch, **alone_table).ok());
+      EXPECT_TRUE((*model)->Step(log, first, spec.max_batch, **table).ok());
     }
   }
-  const double reference = auc_of(**alone, **alone_table, nullptr);
+  return HeldOutAuc(**model, log, train, **table, nullptr);
+}
 
+struct DistributedRun {
+  double auc = 0;
+  uint64_t pushes = 0;  // both servers'
+};
+
+// Four workers (threads here) on two servers that hold both tables, each training 3 epochs of
+// its quarter of samples [0, train) at its own pace: asynchronously (geo_interval 0: each step
+// pulls what it uses and pushes its gradients), or with Geo-SGD (each trains copies of what it
+// uses and sends their changes every geo_interval steps).
+DistributedRun TrainFourWorkers(const SparseModelSpec& spec, const ClickLog& log, int64_t train,
+                                int geo_interval) {
+  auto sizing = SparseModel::Create(spec);
+  EXPECT_TRUE(sizing.ok());
   const TableSpec dense_spec =
-      DenseTable(spec, static_cast<int64_t>((*alone)->mlp_params().size()));
+      DenseTable(spec, static_cast<int64_t>((*sizing)->mlp_params().size()));
   Servers servers = StartServers({EmbeddingTable(spec), dense_spec}, 2);
-  ASSERT_EQ(servers.shards.size(), 2u);
-  const PsClientOptions& client_options = servers.client;
-  auto chief_client = PsClient::Connect(client_options);
-  ASSERT_TRUE(chief_client.ok());
+  EXPECT_EQ(servers.shards.size(), 2u);
+  auto chief_client = PsClient::Connect(servers.client);
+  EXPECT_TRUE(chief_client.ok());
   ServerTable chief_embeddings(**chief_client, EmbeddingTable(spec));
   ServerTable chief_dense(**chief_client, dense_spec);
-  auto chief = SparseModel::Create(spec);
-  ASSERT_TRUE(chief.ok());
-  ASSERT_TRUE((*chief)->InitializeDense(chief_dense).ok());
+  EXPECT_TRUE((*sizing)->InitializeDense(chief_dense).ok());
 
   constexpr int kWorkers = 4;
   std::vector<std::thread> workers;
   std::vector<Status> outcomes(kWorkers);
   for (int w = 0; w < kWorkers; ++w) {
     workers.emplace_back([&, w] {
-      auto client = PsClient::Connect(client_options);
+      auto client = PsClient::Connect(servers.client);
       auto model = SparseModel::Create(spec);
       if (!client.ok() || !model.ok()) {
         outcomes[w] = InternalError("worker could not start");
         return;
       }
-      ServerTable embeddings(**client, EmbeddingTable(spec));
-      ServerTable dense(**client, dense_spec);
+      ServerTable remote_embeddings(**client, EmbeddingTable(spec));
+      ServerTable remote_dense(**client, dense_spec);
+      GeoTable geo_embeddings(remote_embeddings, spec.learning_rate, /*share=*/1.0f);
+      GeoTable geo_dense(remote_dense, spec.learning_rate, /*share=*/1.0f / kWorkers);
+      const bool geo = geo_interval > 0;
+      TableRows& embeddings = geo ? static_cast<TableRows&>(geo_embeddings) : remote_embeddings;
+      TableRows& dense = geo ? static_cast<TableRows&>(geo_dense) : remote_dense;
       const int64_t begin = w * train / kWorkers, end = (w + 1) * train / kWorkers;
-      for (int epoch = 0; epoch < 3; ++epoch) {
-        for (int64_t first = begin; first + spec.max_batch <= end; first += spec.max_batch) {
-          auto loss = (*model)->Step(log, first, spec.max_batch, embeddings, &dense);
-          if (!loss.ok()) {
-            outcomes[w] = loss.status();
-            return;
+      int64_t steps = 0;
+      Status status;
+      for (int epoch = 0; epoch < 3 && status.ok(); ++epoch) {
+        for (int64_t first = begin; first + spec.max_batch <= end && status.ok();
+             first += spec.max_batch) {
+          status = (*model)->Step(log, first, spec.max_batch, embeddings, &dense).status();
+          if (status.ok() && geo && ++steps % geo_interval == 0) {
+            status = geo_embeddings.Sync();
+            if (status.ok()) status = geo_dense.Sync();
           }
         }
       }
+      if (status.ok() && geo) status = geo_embeddings.Sync();
+      if (status.ok() && geo) status = geo_dense.Sync();
+      outcomes[w] = status;
     });
   }
   for (std::thread& worker : workers) worker.join();
-  for (const Status& outcome : outcomes) ASSERT_TRUE(outcome.ok()) << outcome;
-  const double asynchronous = auc_of(**chief, chief_embeddings, &chief_dense);
+  for (const Status& outcome : outcomes) EXPECT_TRUE(outcome.ok()) << outcome;
+  DistributedRun run;
+  run.auc = HeldOutAuc(**sizing, log, train, chief_embeddings, &chief_dense);
+  run.pushes = servers.shards[0]->stats().pushes + servers.shards[1]->stats().pushes;
+  return run;
+}
+
+TEST(SparseModelTest, FourAsynchronousWorkersOnTwoServersLearnAsWellAsOneWorker) {
+  const SparseModelSpec spec = ClickModel();
+  const ClickLog log = Log(60000, spec.fields, 200);
+  const double reference = OneWorkerAuc(spec, log, 50000);
+  const DistributedRun run = TrainFourWorkers(spec, log, 50000, /*geo_interval=*/0);
   std::printf("held-out AUC: one worker %.4f, four asynchronous workers on two servers %.4f\n",
-              reference, asynchronous);
-  EXPECT_GT(asynchronous, reference - 0.02);
-  EXPECT_GT(servers.shards[0]->stats().pushes, 0u);
-  EXPECT_GT(servers.shards[1]->stats().pushes, 0u);
+              reference, run.auc);
+  EXPECT_GT(run.auc, reference - 0.02);
+}
+
+TEST(SparseModelTest, FourGeoSgdWorkersLearnAsWellAsOneWorkerWithAnEighthOfThePushes) {
+  const SparseModelSpec spec = ClickModel();
+  const ClickLog log = Log(60000, spec.fields, 200);
+  const double reference = OneWorkerAuc(spec, log, 50000);
+  const DistributedRun geo = TrainFourWorkers(spec, log, 50000, /*geo_interval=*/8);
+  const DistributedRun asynchronous = TrainFourWorkers(spec, log, 50000, /*geo_interval=*/0);
+  std::printf(
+      "held-out AUC: one worker %.4f, four Geo-SGD workers (every 8 steps) %.4f; pushes "
+      "%llu against asynchronous training's %llu\n",
+      reference, geo.auc, static_cast<unsigned long long>(geo.pushes),
+      static_cast<unsigned long long>(asynchronous.pushes));
+  EXPECT_GT(geo.auc, reference - 0.02);
+  // A push per table per 8 steps instead of per step (and the last one of each worker).
+  EXPECT_LT(geo.pushes * 7, asynchronous.pushes);
 }
 
 TEST(SparseModelTest, ABatchOutsideTheLogOrLargerThanTheModelTakesIsRefused) {
