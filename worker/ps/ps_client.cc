@@ -217,6 +217,13 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     }
   }
   const RowSums sums = SumByRow(rows, values, dim);
+  for (size_t i = 0; i < sums.values.size(); ++i) {
+    if (!std::isfinite(sums.values[i])) {  // finite values can sum to infinity
+      const size_t row = i / static_cast<size_t>(dim);
+      return InvalidArgumentError("Push: the values of row " + std::to_string(sums.rows[row]) +
+                                  " sum to a value that is not finite");
+    }
+  }
   using PushCall = Call<v1::PushRequest, v1::PushResponse>;
   std::vector<std::unique_ptr<PushCall>> calls;
   for (auto& [shard, piece] : Pieces(sums.rows, shards(), RowsPerRequest(dim))) {

@@ -96,12 +96,16 @@ Status GeoTable::Sync() {
   if (rows_.empty()) return OkStatus();
   std::vector<float> delta(values_.size());
   for (size_t i = 0; i < delta.size(); ++i) delta[i] = (values_[i] - pulled_[i]) * share_;
-  LOCKSTEP_RETURN_IF_ERROR(remote_.Push(rows_, delta.data(), PushKind::kDelta));
+  const Status pushed = remote_.Push(rows_, delta.data(), PushKind::kDelta);
+  // Dropped whether the push went through or not: a push that failed may have reached some of
+  // the servers (it is not atomic across them), and sending it again would apply their part
+  // twice. The changes a failed push did not deliver are lost, as an asynchronous worker's
+  // failed push is.
   slot_.clear();
   rows_.clear();
   values_.clear();
   pulled_.clear();
-  return OkStatus();
+  return pushed;
 }
 
 StatusOr<std::unique_ptr<SparseModel>> SparseModel::Create(const SparseModelSpec& spec) {

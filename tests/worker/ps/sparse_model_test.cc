@@ -8,6 +8,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "worker/ps/ps_server.h"
@@ -71,9 +72,11 @@ Servers StartServers(const std::vector<TableSpec>& tables, int count) {
   return servers;
 }
 
-class SyncThroughServersTest : public ::testing::TestWithParam<int> {};
+// (servers, whether the MLP is a dense table on them as asynchronous training keeps it)
+class SyncThroughServersTest : public ::testing::TestWithParam<std::tuple<int, bool>> {};
 
 TEST_P(SyncThroughServersTest, OneWorkerEndsWithThePlainSgdParametersBitForBit) {
+  const auto [server_count, dense_on_servers] = GetParam();
   const SparseModelSpec spec = SmallModel();
   const ClickLog log = Log(3200, spec.fields, 3000);
 
@@ -81,33 +84,48 @@ TEST_P(SyncThroughServersTest, OneWorkerEndsWithThePlainSgdParametersBitForBit) 
   ASSERT_TRUE(here.ok()) << here.status();
   auto table = LocalTable::Create(EmbeddingTable(spec));
   ASSERT_TRUE(table.ok()) << table.status();
+  const std::vector<float> initial_mlp = (*here)->mlp_params();
 
-  Servers servers = StartServers({EmbeddingTable(spec)}, GetParam());
-  ASSERT_EQ(servers.shards.size(), static_cast<size_t>(GetParam()));
+  const TableSpec dense_spec = DenseTable(spec, static_cast<int64_t>(initial_mlp.size()));
+  Servers servers = StartServers({EmbeddingTable(spec), dense_spec}, server_count);
+  ASSERT_EQ(servers.shards.size(), static_cast<size_t>(server_count));
   auto client = PsClient::Connect(servers.client);
   ASSERT_TRUE(client.ok()) << client.status();
   ServerTable remote(**client, EmbeddingTable(spec));
+  ServerTable remote_dense(**client, dense_spec);
   auto there = SparseModel::Create(spec);
   ASSERT_TRUE(there.ok());
+  TableRows* dense = nullptr;
+  if (dense_on_servers) {
+    ASSERT_TRUE((*there)->InitializeDense(remote_dense).ok());
+    dense = &remote_dense;
+  }
 
   for (int64_t first = 0; first < log.samples; first += spec.max_batch) {
     auto loss_here = (*here)->Step(log, first, spec.max_batch, **table);
-    auto loss_there = (*there)->Step(log, first, spec.max_batch, remote);
+    auto loss_there = (*there)->Step(log, first, spec.max_batch, remote, dense);
     ASSERT_TRUE(loss_here.ok()) << loss_here.status();
     ASSERT_TRUE(loss_there.ok()) << loss_there.status();
     ASSERT_EQ(*loss_here, *loss_there) << "step at sample " << first;
   }
-  EXPECT_EQ((*here)->mlp_params(), (*there)->mlp_params());
+  std::vector<float> mlp_there = (*there)->mlp_params();
+  if (dense_on_servers) {  // the last step's update is on the servers
+    mlp_there = WholeTable(remote_dense, dense_spec.rows);
+    mlp_there.resize(initial_mlp.size());
+  }
+  EXPECT_EQ((*here)->mlp_params(), mlp_there);
+  EXPECT_NE((*here)->mlp_params(), initial_mlp);  // it trained
   EXPECT_EQ(WholeTable(**table, spec.table_rows), WholeTable(remote, spec.table_rows));
-  // It trained: the table moved from where it started.
   auto fresh = LocalTable::Create(EmbeddingTable(spec));
   ASSERT_TRUE(fresh.ok());
   EXPECT_NE(WholeTable(**fresh, spec.table_rows), WholeTable(**table, spec.table_rows));
 }
 
-INSTANTIATE_TEST_SUITE_P(Servers, SyncThroughServersTest, ::testing::Values(1, 2),
-                         [](const ::testing::TestParamInfo<int>& info) {
-                           return std::to_string(info.param) + "Servers";
+INSTANTIATE_TEST_SUITE_P(Servers, SyncThroughServersTest,
+                         ::testing::Combine(::testing::Values(1, 2), ::testing::Bool()),
+                         [](const ::testing::TestParamInfo<std::tuple<int, bool>>& info) {
+                           return std::to_string(std::get<0>(info.param)) + "Servers" +
+                                  (std::get<1>(info.param) ? "MlpOnServers" : "MlpHere");
                          });
 
 // The model the click log is learned with.
@@ -163,6 +181,7 @@ double OneWorkerAuc(const SparseModelSpec& spec, const ClickLog& log, int64_t tr
   auto model = SparseModel::Create(spec);
   auto table = LocalTable::Create(EmbeddingTable(spec));
   EXPECT_TRUE(model.ok() && table.ok());
+  if (!model.ok() || !table.ok()) return 0.0;
   for (int epoch = 0; epoch < 3; ++epoch) {
     for (int64_t first = 0; first + spec.max_batch <= train; first += spec.max_batch) {
       EXPECT_TRUE((*model)->Step(log, first, spec.max_batch, **table).ok());
@@ -174,6 +193,7 @@ double OneWorkerAuc(const SparseModelSpec& spec, const ClickLog& log, int64_t tr
 struct DistributedRun {
   double auc = 0;
   uint64_t pushes = 0;  // both servers'
+  bool mlp_trained = false;  // the dense table moved from the chief's initial MLP
 };
 
 // Four workers (threads here) on two servers that hold both tables, each training 3 epochs of
@@ -184,12 +204,15 @@ DistributedRun TrainFourWorkers(const SparseModelSpec& spec, const ClickLog& log
                                 int geo_interval) {
   auto sizing = SparseModel::Create(spec);
   EXPECT_TRUE(sizing.ok());
+  if (!sizing.ok()) return {};
+  const std::vector<float> initial_mlp = (*sizing)->mlp_params();
   const TableSpec dense_spec =
       DenseTable(spec, static_cast<int64_t>((*sizing)->mlp_params().size()));
   Servers servers = StartServers({EmbeddingTable(spec), dense_spec}, 2);
   EXPECT_EQ(servers.shards.size(), 2u);
   auto chief_client = PsClient::Connect(servers.client);
   EXPECT_TRUE(chief_client.ok());
+  if (servers.shards.size() != 2 || !chief_client.ok()) return {};
   ServerTable chief_embeddings(**chief_client, EmbeddingTable(spec));
   ServerTable chief_dense(**chief_client, dense_spec);
   EXPECT_TRUE((*sizing)->InitializeDense(chief_dense).ok());
@@ -233,6 +256,9 @@ DistributedRun TrainFourWorkers(const SparseModelSpec& spec, const ClickLog& log
   for (std::thread& worker : workers) worker.join();
   for (const Status& outcome : outcomes) EXPECT_TRUE(outcome.ok()) << outcome;
   DistributedRun run;
+  std::vector<float> trained = WholeTable(chief_dense, dense_spec.rows);
+  trained.resize(initial_mlp.size());
+  run.mlp_trained = trained != initial_mlp;
   run.auc = HeldOutAuc(**sizing, log, train, chief_embeddings, &chief_dense);
   run.pushes = servers.shards[0]->stats().pushes + servers.shards[1]->stats().pushes;
   return run;
@@ -246,6 +272,7 @@ TEST(SparseModelTest, FourAsynchronousWorkersOnTwoServersLearnAsWellAsOneWorker)
   std::printf("held-out AUC: one worker %.4f, four asynchronous workers on two servers %.4f\n",
               reference, run.auc);
   EXPECT_GT(run.auc, reference - 0.02);
+  EXPECT_TRUE(run.mlp_trained);
 }
 
 TEST(SparseModelTest, FourGeoSgdWorkersLearnAsWellAsOneWorkerWithAnEighthOfThePushes) {
@@ -260,6 +287,7 @@ TEST(SparseModelTest, FourGeoSgdWorkersLearnAsWellAsOneWorkerWithAnEighthOfThePu
       reference, geo.auc, static_cast<unsigned long long>(geo.pushes),
       static_cast<unsigned long long>(asynchronous.pushes));
   EXPECT_GT(geo.auc, reference - 0.02);
+  EXPECT_TRUE(geo.mlp_trained);
   // A push per table per 8 steps instead of per step (and the last one of each worker).
   EXPECT_LT(geo.pushes * 7, asynchronous.pushes);
 }
