@@ -249,12 +249,9 @@ void TrainingCheckpointer::FinishCapture() {
   const double started = MonotonicSeconds();
   if (current_) current_->WaitForCapture();
   capture_pending_ = false;
-  if (capture_reads_copy_) {
-    // Its stall was the hand-over alone, observed when it was queued: training never waited.
-    capture_reads_copy_ = false;
-    return;
-  }
-  // The stall of a background snapshot: its hand-over plus what training waited here.
+  capture_reads_copy_ = false;
+  // The stall of a background snapshot: its hand-over plus what training waited here (with the
+  // device copy: only when the next checkpoint, or the end, came before the capture finished).
   const double stall_seconds = capture_handover_seconds_ + (MonotonicSeconds() - started);
   if (metrics_ != nullptr) metrics_->ObserveCheckpoint("snapshot", stall_seconds);
 }
@@ -282,9 +279,14 @@ bool TrainingCheckpointer::TakeDeviceCopy(const TrainingState& state) {
   TrainingState& copy = *device_copy_;
   const auto from = state.optimizer.StateBuffers();
   const auto to = copy.optimizer.StateBuffers();
-  if (from.size() != to.size()) return false;
-  for (size_t b = 0; b < from.size(); ++b) {
-    if (from[b].second != to[b].second) return false;
+  bool fits = from.size() == to.size();
+  for (size_t b = 0; fits && b < from.size(); ++b) fits = from[b].second == to[b].second;
+  if (!fits) {
+    // Not expected (the copy is made from the trainer's own optimizer spec): say so once.
+    device_copy_failed_ = true;
+    LOCKSTEP_LOG(WARNING) << "checkpoint snapshots read the state directly: its optimizer "
+                             "buffers do not match the device copy's";
+    return false;
   }
   copy.step = state.step;
   copy.cursor = state.cursor;
@@ -331,9 +333,6 @@ void TrainingCheckpointer::Snapshot(const TrainingState& state) {
     capture_pending_ = true;
     capture_reads_copy_ = source != &state;
     capture_handover_seconds_ = MonotonicSeconds() - started;
-    if (capture_reads_copy_ && metrics_ != nullptr) {
-      metrics_->ObserveCheckpoint("snapshot", capture_handover_seconds_);
-    }
     return;
   }
   FillCheckpointState(state, layout_, spec_, &staging, nullptr, scope_);
@@ -352,8 +351,9 @@ Status TrainingCheckpointer::OnStep(const TrainingState& state, comm::Communicat
                                     int64_t timeout_ms) {
   const int64_t interval = options_.checkpoint.interval_steps;
   if (interval <= 0 || state.step % interval != 0) return OkStatus();
-  // The previous snapshot's copy must have been queued before the busy check counts it (the
-  // trainer has waited for it before its optimizer update anyway).
+  // The previous snapshot's copy must have been queued before the busy check counts it (without
+  // the device copy the trainer has waited for it before its optimizer update anyway; with it,
+  // this waits only for a capture that outlasted the interval).
   FinishCapture();
   int64_t busy = 0;
   if (current_) {

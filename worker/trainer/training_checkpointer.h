@@ -66,7 +66,8 @@ struct TrainingCheckpointerOptions {
   // Asynchronous snapshots: whether the state is first copied into a second copy on its own
   // device, in the compute stream's order at the step boundary, and captured from there (kAuto:
   // on a GPU, where that copy takes well under a millisecond and the capture to the host tens of
-  // them). The trainer then never waits for a capture; the cost is one more copy of the
+  // them). The trainer then waits for a capture only when the next checkpoint comes before it
+  // has finished; the cost is one more copy of the
   // parameters and optimizer state in device memory (without room for it, the state is captured
   // directly, as on the CPU).
   enum class DeviceCopy { kAuto, kAlways, kNever };

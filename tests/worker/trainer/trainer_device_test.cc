@@ -11,12 +11,16 @@
 #include <atomic>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <tuple>
 #include <vector>
 
+#include <unistd.h>
+
+#include "common/deadline.h"
 #include "common/rendezvous/kv_store.h"
 #include "kernels/device.h"
 #include "kernels/kernels.h"
@@ -26,6 +30,7 @@
 #include "worker/trainer/gradient_synchronizer.h"
 #include "worker/trainer/random.h"
 #include "worker/trainer/trainer.h"
+#include "worker/trainer/training_checkpointer.h"
 
 namespace lockstep::trainer {
 namespace {
@@ -252,6 +257,63 @@ TEST(CudaGradientSynchronizerTest, Fp16OverflowOnTheDeviceSkipsTheStepAndAFittin
   sync.OnLayerReady(1);
   ASSERT_TRUE(sync.Wait(&stats).ok());
   EXPECT_TRUE(stats.overflow) << "the sum 80000 overflows fp16: the step must be skipped";
+}
+
+// An asynchronous checkpoint on a GPU copies the state within the device at the step boundary
+// and captures from the copy (TrainingCheckpointerOptions::device_copy): kernels the trainer
+// queues right after the snapshot, which rewrite the state in place, must not reach the
+// checkpoint. The state is large (4.5 M parameters, SGD momentum) so that the capture to the
+// host takes long enough for them to run during it.
+TEST(CudaCheckpointTest, AnAsynchronousCheckpointHoldsItsStepWhileTheNextStepsRewriteTheState) {
+  SKIP_WITHOUT_CUDA();
+  auto device = kernels::CreateDevice(kernels::DeviceType::kCuda);
+  ASSERT_TRUE(device.ok()) << device.status();
+  auto model = MlpModel::Create(1024, {2048, 1024}, 10, kernels::ActivationType::kRelu);
+  ASSERT_TRUE(model.ok());
+  const ParameterLayout& layout = model->layout();
+  spec::TrainerSpec spec;
+  spec.optimizer.type = spec::OptimizerType::kSgd;
+  spec.optimizer.momentum = 0.9;
+  auto state = MakeTrainingState(layout.num_params, spec.optimizer, **device);
+  ASSERT_TRUE(state.ok());
+  std::vector<float> ones(static_cast<size_t>(layout.num_params), 1.0f);
+  ASSERT_TRUE(state->params.CopyFromHost(ones.data(), layout.num_params).ok());
+  for (auto [buffer, count] : state->optimizer.StateBuffers()) {
+    (*device)->CopyToDevice((*device)->compute(), buffer, ones.data(),
+                            static_cast<size_t>(count) * sizeof(float));
+  }
+  (*device)->Synchronize((*device)->compute());
+  state->step = 50;
+
+  const std::string dir = ::testing::TempDir() + "/cuda-device-copy-" + std::to_string(::getpid());
+  TrainingCheckpointerOptions options;
+  options.checkpoint.uri = "file://" + dir;
+  options.checkpoint.interval_steps = 50;
+  options.checkpoint.async = true;  // device_copy: kAuto, on for a GPU
+  auto checkpointer = TrainingCheckpointer::Create(options, spec, layout, nullptr);
+  ASSERT_TRUE(checkpointer.ok()) << checkpointer.status();
+  (*checkpointer)->BeginGeneration("g1-device-copy", 0, 1, *state);
+  (*checkpointer)->SnapshotFinal(*state);
+  (*checkpointer)->WaitForCapture();  // what the trainer calls before its next update
+  // The next steps' updates: in place, on the compute stream, queued at once.
+  for (int i = 0; i < 20; ++i) {
+    kernels::Scale((*device)->compute(), layout.num_params, 3.0f, state->params.device_data());
+    for (auto [buffer, count] : state->optimizer.StateBuffers()) {
+      kernels::Scale((*device)->compute(), count, -2.0f, buffer);
+    }
+  }
+  ASSERT_TRUE((*checkpointer)->WaitForFinal(Deadline::AfterMs(120000)).ok());
+
+  auto restored = MakeTrainingState(layout.num_params, spec.optimizer, kernels::CpuDevice());
+  ASSERT_TRUE(restored.ok());
+  auto step = (*checkpointer)->Restore(*restored);
+  ASSERT_TRUE(step.ok()) << step.status();
+  EXPECT_EQ(*step, 50);
+  for (float value : *restored->params.ToHost()) ASSERT_EQ(value, 1.0f);
+  for (auto [buffer, count] : restored->optimizer.StateBuffers()) {
+    for (int64_t i = 0; i < count; ++i) ASSERT_EQ(buffer[i], 1.0f) << "momentum " << i;
+  }
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CudaCheckpointTest, StateWrittenOnCudaResumesOnCpuAndBackBitForBit) {
