@@ -64,6 +64,9 @@ LOCKSTEP_PARAM_INT(JoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
 // between attempts (doubling), and how long the end of training waits for the final one.
 LOCKSTEP_PARAM_INT(CheckpointAttemptTimeoutMs, "LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", 60000);
 LOCKSTEP_PARAM_INT(CheckpointMaxAttempts, "LOCKSTEP_CHECKPOINT_MAX_ATTEMPTS", 5);
+// Asynchronous checkpoints' copy of the state on its device (TrainingCheckpointerOptions::
+// device_copy): -1 automatic (on a GPU), 0 never (the memory is needed), 1 always.
+LOCKSTEP_PARAM_INT(CheckpointDeviceCopy, "LOCKSTEP_CHECKPOINT_DEVICE_COPY", -1);
 LOCKSTEP_PARAM_INT(CheckpointRetryBackoffMs, "LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", 1000);
 LOCKSTEP_PARAM_INT(FinalCheckpointTimeoutMs, "LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", 300000);
 
@@ -203,6 +206,10 @@ int Train(const std::string& manifest_path) {
   options.checkpoint.attempt_timeout_ms = CheckpointAttemptTimeoutMs();
   options.checkpoint.max_attempts = static_cast<int>(CheckpointMaxAttempts());
   options.checkpoint.retry_initial_backoff_ms = CheckpointRetryBackoffMs();
+  options.checkpoint.device_copy =
+      CheckpointDeviceCopy() == 0   ? trainer::TrainingCheckpointerOptions::DeviceCopy::kNever
+      : CheckpointDeviceCopy() == 1 ? trainer::TrainingCheckpointerOptions::DeviceCopy::kAlways
+                                    : trainer::TrainingCheckpointerOptions::DeviceCopy::kAuto;
   options.final_checkpoint_timeout_ms = FinalCheckpointTimeoutMs();
   // Rank r of a pod of several serves its metrics on the pod's port + r, and uses GPU r.
   const int64_t local_rank = EnvInt("LOCKSTEP_LOCAL_RANK", 0);

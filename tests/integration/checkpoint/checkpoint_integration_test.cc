@@ -171,6 +171,41 @@ TEST_F(DigitsCheckpointTest,
   EXPECT_EQ(final_list.back().step, steps);
 }
 
+// Asynchronous checkpoints taken from the state's copy on its device (what a GPU does; forced here
+// with LOCKSTEP_CHECKPOINT_DEVICE_COPY=1, the trainer then never waiting for a capture before its
+// next update): a run that stops at step 200 and is resumed to 300 ends with exactly the
+// parameters of a run of 300 steps.
+TEST_F(DigitsCheckpointTest, CheckpointsFromTheDeviceCopyResumeBitwiseLikeAnUninterruptedRun) {
+  const std::string ckpt = (dir_ / "ckpt").string();
+  const std::string checkpoint = "{uri: \"file://" + ckpt + "\", intervalSteps: 10, keep: 2}";
+  const testing::Environment copy = {{"LOCKSTEP_CHECKPOINT_DEVICE_COPY", "1"}};
+  JobRun first = RunToEnd(dir_.path(), DigitsManifest("copy", 2, 200, checkpoint), 2,
+                          "default/copy", copy, "-first");
+  ASSERT_EQ(first.exit_codes, (std::vector<int>{0, 0})) << first.logs;
+  EXPECT_EQ(first.snapshot.final_progress.last_checkpoint_step, 200);
+
+  const fs::path reference_dump = dir_ / "reference.bin";
+  JobRun reference = RunToEnd(
+      dir_.path(),
+      DigitsManifest("copy", 2, 300,
+                     "{uri: \"file://" + (dir_ / "ref-ckpt").string() + "\", intervalSteps: 10}"),
+      2, "default/copy", {{"LOCKSTEP_DUMP_PARAMS", reference_dump.string()}}, "-ref");
+  ASSERT_EQ(reference.exit_codes, (std::vector<int>{0, 0})) << reference.logs;
+
+  const fs::path dump = dir_ / "resumed.bin";
+  testing::Environment resumed_env = copy;
+  resumed_env.push_back({"LOCKSTEP_DUMP_PARAMS", dump.string()});
+  JobRun resumed = RunToEnd(dir_.path(), DigitsManifest("copy", 2, 300, checkpoint), 2,
+                            "default/copy", resumed_env, "-second");
+  ASSERT_EQ(resumed.exit_codes, (std::vector<int>{0, 0})) << resumed.logs;
+  EXPECT_EQ(resumed.snapshot.final_progress.resumed_from_step, 200) << resumed.logs;
+  EXPECT_EQ(resumed.snapshot.final_progress.last_checkpoint_step, 300);
+  const std::string expected = ReadBytes(reference_dump);
+  ASSERT_FALSE(expected.empty());
+  EXPECT_TRUE(ReadBytes(dump) == expected) << "resumed parameters differ from the reference run";
+  for (const auto& info : ListVerified(ckpt)) EXPECT_TRUE(info.valid) << info.problem;
+}
+
 // The newest checkpoint is damaged before the restart: it is reported and skipped, and the job
 // resumes from the previous one. Synchronous checkpoints, so that every interval is written: the
 // asynchronous writer skips an interval while the previous write is still in flight, and 100
