@@ -43,6 +43,7 @@
 #include "worker/agent/pod_supervisor.h"
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 #include "worker/metrics.h"
+#include "worker/ps/ps_command.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/trainer.h"
 #include "worker/trainer/training_worker.h"
@@ -90,9 +91,12 @@ int Fail(int code, const std::string& message) {
 void Usage() {
   std::cerr << "usage: lockstep-worker train [--manifest FILE]\n"
                "       lockstep-worker exec [--manifest FILE] -- COMMAND [ARGS...]\n"
+               "       lockstep-worker ps --job NS/NAME --shard S --shards N [--listen HOST:PORT]\n"
+               "                          --table NAME:ROWS:DIM[:LR[:SEED[:INIT_SCALE]]]...\n"
                "  train runs the built-in trainer; exec runs COMMAND under the rendezvous and\n"
                "  restart rules (docs/exec.md). The manifest comes from --manifest or the\n"
-               "  LOCKSTEP_SPEC environment variable\n";
+               "  LOCKSTEP_SPEC environment variable. ps serves one parameter server of a job\n"
+               "  (worker/ps/ps_command.h; its token in LOCKSTEP_JOB_TOKEN)\n";
 }
 
 StatusOr<spec::TrainingJob> LoadManifest(const std::string& manifest_path) {
@@ -291,6 +295,9 @@ int main(int argc, char** argv) {
   }
   if (command == "exec") {
     return lockstep::agent::RunExecAgent(std::vector<std::string>(argv + 2, argv + argc));
+  }
+  if (command == "ps") {
+    return lockstep::ps::RunParameterServerCommand(std::vector<std::string>(argv + 2, argv + argc));
   }
   if (command != "train") {
     lockstep::Usage();

@@ -1,0 +1,22 @@
+// `lockstep-worker ps`: one parameter server of a job as a process (ShardServer, ps_server.h),
+// serving until SIGTERM or SIGINT.
+//
+//   LOCKSTEP_JOB_TOKEN=... lockstep-worker ps --job default/ctr --shard 0 --shards 2 \
+//       --listen 0.0.0.0:7470 --table embeddings:1000000:16:0.05 --table dense:40:64:0.05:1:0
+//
+// --table NAME:ROWS:DIM[:LEARNING_RATE[:SEED[:INIT_SCALE]]] (repeatable; defaults 0.01, 1, 0.01).
+// The token comes from the environment, never the command line (which any user can read in
+// /proc). Once listening it prints one line, "parameter server S of N of job J listening on port
+// P", so that a launcher given port 0 learns the port. Exit status: 0 after a signal, 2 for bad
+// arguments (naming the flag and the value), 1 when it cannot serve.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lockstep::ps {
+
+// args: the arguments after "ps".
+int RunParameterServerCommand(const std::vector<std::string>& args);
+
+}  // namespace lockstep::ps
