@@ -8,27 +8,10 @@
 namespace lockstep::trainer {
 namespace {
 
-// Copies everything of `from` into `to` (same layout): the counters, the data cursor, the sample
-// counts, and the parameters and optimizer state on the device (queued on `ctx`, then waited for,
-// so `from` may change right after).
+// Copies `from` into `to` and waits for the device's copies, so `from` may change right after.
 void CopyState(kernels::Device& device, const TrainingState& from, TrainingState& to) {
-  const kernels::ExecutionContext& ctx = device.compute();
-  to.step = from.step;
-  to.cursor = from.cursor;
-  to.samples = from.samples;
-  to.loss_scale = from.loss_scale;
-  to.loss_scale_good_steps = from.loss_scale_good_steps;
-  to.sample_counts = from.sample_counts;
-  to.optimizer.set_steps_taken(from.optimizer.steps_taken());
-  device.CopyOnDevice(ctx, to.params.device_data(), from.params.device_data(),
-                      static_cast<size_t>(from.params.size()) * sizeof(float));
-  const auto sources = from.optimizer.StateBuffers();
-  const auto targets = to.optimizer.StateBuffers();
-  for (size_t i = 0; i < sources.size() && i < targets.size(); ++i) {
-    device.CopyOnDevice(ctx, targets[i].first, sources[i].first,
-                        static_cast<size_t>(sources[i].second) * sizeof(float));
-  }
-  device.Synchronize(ctx);
+  CopyTrainingState(from, to);
+  device.Synchronize(device.compute());
 }
 
 // Averages `count` floats of device memory over the ranks: a SUM all-reduce, then x 1/W.

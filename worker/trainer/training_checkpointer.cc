@@ -288,21 +288,8 @@ bool TrainingCheckpointer::TakeDeviceCopy(const TrainingState& state) {
                              "buffers do not match the device copy's";
     return false;
   }
-  copy.step = state.step;
-  copy.cursor = state.cursor;
-  copy.samples = state.samples;
-  copy.loss_scale = state.loss_scale;
-  copy.loss_scale_good_steps = state.loss_scale_good_steps;
-  copy.sample_counts = state.sample_counts;  // host memory; reuses its capacity
-  copy.optimizer.set_steps_taken(state.optimizer.steps_taken());
   // In the compute stream's order: after this step's update, before the next step's.
-  const kernels::ExecutionContext& on = device.compute();
-  device.CopyOnDevice(on, copy.params.device_data(), state.params.device_data(),
-                      static_cast<size_t>(n) * sizeof(float));
-  for (size_t b = 0; b < from.size(); ++b) {
-    device.CopyOnDevice(on, to[b].first, from[b].first,
-                        static_cast<size_t>(from[b].second) * sizeof(float));
-  }
+  CopyTrainingState(state, copy);
   return true;
 }
 

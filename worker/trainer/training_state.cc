@@ -29,6 +29,26 @@ StatusOr<TrainingState> MakeTrainingState(int64_t num_params, const spec::Optimi
   return state;
 }
 
+void CopyTrainingState(const TrainingState& from, TrainingState& to) {
+  kernels::Device& device = *from.params.device();
+  const kernels::ExecutionContext& on = device.compute();
+  to.step = from.step;
+  to.cursor = from.cursor;
+  to.samples = from.samples;
+  to.loss_scale = from.loss_scale;
+  to.loss_scale_good_steps = from.loss_scale_good_steps;
+  to.sample_counts = from.sample_counts;  // host memory; reuses its capacity
+  to.optimizer.set_steps_taken(from.optimizer.steps_taken());
+  device.CopyOnDevice(on, to.params.device_data(), from.params.device_data(),
+                      static_cast<size_t>(from.params.size()) * sizeof(float));
+  const auto sources = from.optimizer.StateBuffers();
+  const auto targets = to.optimizer.StateBuffers();
+  for (size_t i = 0; i < sources.size() && i < targets.size(); ++i) {
+    device.CopyOnDevice(on, targets[i].first, sources[i].first,
+                        static_cast<size_t>(sources[i].second) * sizeof(float));
+  }
+}
+
 int SelectStateSource(const std::vector<int64_t>& steps) {
   int source = 0;
   for (size_t r = 1; r < steps.size(); ++r) {

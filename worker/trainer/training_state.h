@@ -50,6 +50,11 @@ struct TrainingState {
 StatusOr<TrainingState> MakeTrainingState(int64_t num_params, const spec::OptimizerSpec& optimizer,
                                           kernels::Device& device);
 
+// Copies everything of `from` into `to` (the same layout, on the same device): the counters, the
+// data cursor, the sample counts, and the parameters and optimizer state, which are queued on the
+// device's compute stream: done once it passes them (Synchronize, or an event recorded after).
+void CopyTrainingState(const TrainingState& from, TrainingState& to);
+
 // The source of the agreement given every member's state step (-1: none): the largest step,
 // the lowest rank among ties; -1 when no member holds state.
 int SelectStateSource(const std::vector<int64_t>& steps);
