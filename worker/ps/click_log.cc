@@ -4,15 +4,12 @@
 #include <cmath>
 #include <numeric>
 
+#include "worker/trainer/random.h"
+
 namespace lockstep::ps {
 namespace {
 
-uint64_t Mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using trainer::Mix64;
 
 // A uniform in (0, 1) from 53 bits of `bits`.
 double Unit(uint64_t bits) { return (static_cast<double>(bits >> 11) + 0.5) * 0x1p-53; }
@@ -23,9 +20,9 @@ constexpr double kPi = 3.14159265358979323846;
 
 double ClickWeight(const ClickLogSpec& spec, int32_t field, uint64_t id) {
   const uint64_t key =
-      Mix(Mix(spec.seed ^ 0x5eed) ^ Mix((uint64_t{static_cast<uint32_t>(field)} << 40) | id));
+      Mix64(Mix64(spec.seed ^ 0x5eed) ^ Mix64((uint64_t{static_cast<uint32_t>(field)} << 40) | id));
   // Box-Muller: a standard normal from two uniforms.
-  const double u1 = Unit(key), u2 = Unit(Mix(key));
+  const double u1 = Unit(key), u2 = Unit(Mix64(key));
   const double normal = std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * kPi * u2);
   return normal * spec.weight_scale / std::sqrt(static_cast<double>(std::max(1, spec.fields)));
 }
@@ -39,11 +36,11 @@ ClickLog GenerateClickLog(const ClickLogSpec& spec) {
   log.labels.resize(static_cast<size_t>(log.samples));
   log.probabilities.resize(static_cast<size_t>(log.samples));
   for (int64_t s = 0; s < log.samples; ++s) {
-    const uint64_t sample_key = Mix(Mix(spec.seed) ^ static_cast<uint64_t>(s));
+    const uint64_t sample_key = Mix64(Mix64(spec.seed) ^ static_cast<uint64_t>(s));
     double logit = spec.bias;
     for (int32_t f = 0; f < log.fields; ++f) {
       // Skewed ids: u^3 puts half the draws in the vocabulary's first eighth.
-      const double u = Unit(Mix(sample_key ^ (uint64_t{static_cast<uint32_t>(f)} + 1) * 0x9e37));
+      const double u = Unit(Mix64(sample_key ^ (uint64_t{static_cast<uint32_t>(f)} + 1) * 0x9e37));
       const uint64_t id = std::min(
           vocabulary - 1, static_cast<uint64_t>(u * u * u * static_cast<double>(vocabulary)));
       log.ids[static_cast<size_t>(s) * static_cast<size_t>(log.fields) + static_cast<size_t>(f)] =
@@ -52,7 +49,7 @@ ClickLog GenerateClickLog(const ClickLogSpec& spec) {
     }
     const double p = 1.0 / (1.0 + std::exp(-logit));
     log.probabilities[static_cast<size_t>(s)] = p;
-    log.labels[static_cast<size_t>(s)] = Unit(Mix(sample_key ^ 0xc11c)) < p ? 1 : 0;
+    log.labels[static_cast<size_t>(s)] = Unit(Mix64(sample_key ^ 0xc11c)) < p ? 1 : 0;
   }
   return log;
 }

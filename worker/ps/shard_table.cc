@@ -6,16 +6,12 @@
 #include <unordered_map>
 #include <utility>
 
+#include "worker/trainer/random.h"
+
 namespace lockstep::ps {
 namespace {
 
-// SplitMix64's finalizer: a bijection of 64-bit values that spreads neighbouring inputs.
-uint64_t Mix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
+using trainer::Mix64;
 
 std::string RowText(uint64_t row) { return std::to_string(row); }
 

@@ -7,24 +7,28 @@
 
 namespace lockstep::trainer {
 
-// Combines a seed and a stream index into an independent seed.
-inline uint64_t MixSeed(uint64_t seed, uint64_t stream) {
-  uint64_t z = seed ^ (0x9e3779b97f4a7c15ULL * (stream + 1));
+inline constexpr uint64_t kSplitMixIncrement = 0x9e3779b97f4a7c15ULL;
+
+// SplitMix64's output function: a bijection of 64-bit values that spreads neighbouring inputs.
+inline uint64_t SplitMixFinalize(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
   return z ^ (z >> 31);
 }
 
+// Combines a seed and a stream index into an independent seed.
+inline uint64_t MixSeed(uint64_t seed, uint64_t stream) {
+  return SplitMixFinalize(seed ^ (kSplitMixIncrement * (stream + 1)));
+}
+
+// A 64-bit hash of x: what SplitMix64(x).Next() returns.
+inline uint64_t Mix64(uint64_t x) { return SplitMixFinalize(x + kSplitMixIncrement); }
+
 class SplitMix64 {
  public:
   explicit SplitMix64(uint64_t seed) : state_(seed) {}
 
-  uint64_t Next() {
-    uint64_t z = (state_ += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+  uint64_t Next() { return SplitMixFinalize(state_ += kSplitMixIncrement); }
 
   // Uniform in [0, 1) with 24 bits of precision: exactly representable as a float.
   float UniformUnit() { return static_cast<float>(Next() >> 40) * (1.0f / 16777216.0f); }
