@@ -1,31 +1,17 @@
 #include "worker/ps/ps_command.h"
 
-#include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstdlib>
 #include <iostream>
 #include <sstream>
 
 #include "common/env.h"
 #include "common/status.h"
+#include "worker/agent/wake_pipe.h"
 #include "worker/ps/ps_server.h"
 
 namespace lockstep::ps {
 namespace {
-
-int g_stop_pipe[2] = {-1, -1};
-
-extern "C" void ForwardStop(int signal_number) {
-  const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(signal_number);
-  [[maybe_unused]] ssize_t ignored = write(g_stop_pipe[1], &byte, 1);
-  errno = saved_errno;
-}
 
 int Refuse(const std::string& message) {
   std::cerr << "lockstep-worker ps: " << message << "\n";
@@ -91,17 +77,10 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
   if (options.token.empty()) return Refuse("LOCKSTEP_JOB_TOKEN is not set");
   if (options.tables.empty()) return Refuse("no --table: a server must hold a table");
 
-  if (pipe2(g_stop_pipe, O_CLOEXEC) != 0) {
-    std::cerr << "lockstep-worker ps: cannot make the signal pipe\n";
+  if (Status installed = agent::InstallWakePipe({SIGTERM, SIGINT}); !installed.ok()) {
+    std::cerr << "lockstep-worker ps: " << installed << "\n";
     return 1;
   }
-  struct sigaction action {};
-  action.sa_handler = ForwardStop;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGTERM, &action, nullptr);
-  sigaction(SIGINT, &action, nullptr);
-
   StatusOr<std::unique_ptr<ShardServer>> server = ShardServer::Start(options);
   if (!server.ok()) {
     std::cerr << "lockstep-worker ps: " << server.status() << "\n";
@@ -112,16 +91,13 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
   }
   std::cout << "parameter server " << options.shard << " of " << options.shards << " of job "
             << options.job << " listening on port " << (*server)->port() << std::endl;
-  // Serve until a signal arrives (the handler writes its number to the pipe).
-  unsigned char byte = 0;
-  while (true) {
-    struct pollfd watched {g_stop_pipe[0], POLLIN, 0};
-    const int ready = poll(&watched, 1, 1000);
-    if (ready < 0 && errno != EINTR) break;
-    if (ready > 0 && read(g_stop_pipe[0], &byte, 1) == 1) break;
+  // Serve until a signal arrives (the wake pipe carries its number).
+  int signal_number = 0;
+  while (signal_number == 0) {
+    for (unsigned char what : agent::WaitForWakes(/*timeout_ms=*/1000)) signal_number = what;
   }
   const ShardServerStats stats = (*server)->stats();
-  std::cout << "parameter server " << options.shard << " stopping (signal " << int{byte}
+  std::cout << "parameter server " << options.shard << " stopping (signal " << signal_number
             << "): " << stats.pulls << " pulls, " << stats.pushes << " pushes, " << stats.refused
             << " refused" << std::endl;
   // Calls still in flight a second after the signal are cancelled.
