@@ -25,8 +25,8 @@ struct EnumTable<Activation> {
 };
 template <>
 struct EnumTable<DataFormat> {
-  static constexpr EnumName<DataFormat> kEntries[] = {{DataFormat::kIdx, "idx"},
-                                                      {DataFormat::kCsv, "csv"}};
+  static constexpr EnumName<DataFormat> kEntries[] = {
+      {DataFormat::kIdx, "idx"}, {DataFormat::kCsv, "csv"}, {DataFormat::kClickLog, "clickLog"}};
 };
 template <>
 struct EnumTable<OptimizerType> {
@@ -59,9 +59,18 @@ struct EnumTable<Compression> {
 };
 template <>
 struct EnumTable<SyncStrategy> {
-  static constexpr EnumName<SyncStrategy> kEntries[] = {{SyncStrategy::kAllreduce, "allreduce"},
-                                                        {SyncStrategy::kLocalSgd, "localSGD"},
-                                                        {SyncStrategy::kDgc, "dgc"}};
+  static constexpr EnumName<SyncStrategy> kEntries[] = {
+      {SyncStrategy::kAllreduce, "allreduce"},
+      {SyncStrategy::kLocalSgd, "localSGD"},
+      {SyncStrategy::kDgc, "dgc"},
+      {SyncStrategy::kParameterServer, "parameterServer"}};
+};
+template <>
+struct EnumTable<ParameterServerMode> {
+  static constexpr EnumName<ParameterServerMode> kEntries[] = {
+      {ParameterServerMode::kSync, "sync"},
+      {ParameterServerMode::kAsync, "async"},
+      {ParameterServerMode::kGeo, "geo"}};
 };
 template <>
 struct EnumTable<NetworkMode> {

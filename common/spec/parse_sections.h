@@ -24,4 +24,9 @@ void ReadTrainer(const ObjectReader& spec, TrainerSpec* trainer);
 // the field that conflicts, and the world it needs. After the whole spec is read.
 void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec);
 
+// What parameter-server training (spec.parameterServers, sync.strategy parameterServer, the
+// model's embedding, data format clickLog) needs of the rest of the spec. After the whole spec
+// is read.
+void CheckParameterServers(const ObjectReader& spec_reader, const TrainingJobSpec& spec);
+
 }  // namespace lockstep::spec::internal

@@ -30,6 +30,7 @@ const char* ToString(Precision value) { return internal::EnumToString(value); }
 const char* ToString(PipelineSchedule value) { return internal::EnumToString(value); }
 const char* ToString(Compression value) { return internal::EnumToString(value); }
 const char* ToString(SyncStrategy value) { return internal::EnumToString(value); }
+const char* ToString(ParameterServerMode value) { return internal::EnumToString(value); }
 const char* ToString(NetworkMode value) { return internal::EnumToString(value); }
 const char* ToString(RestartPolicy value) { return internal::EnumToString(value); }
 const char* ToString(GangScheduler value) { return internal::EnumToString(value); }
@@ -46,7 +47,8 @@ bool operator==(const ElasticSpec& a, const ElasticSpec& b) {
          a.standby == b.standby;
 }
 bool operator==(const ModelSpec& a, const ModelSpec& b) {
-  return std::tie(a.type, a.hidden, a.activation) == std::tie(b.type, b.hidden, b.activation);
+  return std::tie(a.type, a.hidden, a.activation, a.embedding) ==
+         std::tie(b.type, b.hidden, b.activation, b.embedding);
 }
 bool operator==(const DataSpec& a, const DataSpec& b) {
   return std::tie(a.format, a.train, a.test) == std::tie(b.format, b.train, b.test);
@@ -61,11 +63,19 @@ bool operator==(const AllreduceSpec& a, const AllreduceSpec& b) {
   return std::tie(a.bucket_mib, a.compression, a.timeout_seconds) ==
          std::tie(b.bucket_mib, b.compression, b.timeout_seconds);
 }
+bool operator==(const EmbeddingSpec& a, const EmbeddingSpec& b) {
+  return std::tie(a.fields, a.dim, a.rows) == std::tie(b.fields, b.dim, b.rows);
+}
+bool operator==(const ParameterServerSyncSpec& a, const ParameterServerSyncSpec& b) {
+  return std::tie(a.mode, a.staleness, a.geo_interval) ==
+         std::tie(b.mode, b.staleness, b.geo_interval);
+}
 bool operator==(const SyncSpec& a, const SyncSpec& b) {
   return std::tie(a.strategy, a.local_sgd.period, a.local_sgd.start_step, a.dgc.sparsity,
                   a.dgc.warmup_steps, a.dgc.min_bucket_elements) ==
-         std::tie(b.strategy, b.local_sgd.period, b.local_sgd.start_step, b.dgc.sparsity,
-                  b.dgc.warmup_steps, b.dgc.min_bucket_elements);
+             std::tie(b.strategy, b.local_sgd.period, b.local_sgd.start_step, b.dgc.sparsity,
+                      b.dgc.warmup_steps, b.dgc.min_bucket_elements) &&
+         a.parameter_server == b.parameter_server;
 }
 bool operator==(const PipelineSpec& a, const PipelineSpec& b) {
   return std::tie(a.stages, a.micro_batches, a.schedule, a.recompute, a.stage_layers) ==
@@ -80,6 +90,9 @@ bool operator==(const TrainerSpec& a, const TrainerSpec& b) {
 }
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b) {
   return std::tie(a.gpus, a.cpu, a.memory) == std::tie(b.gpus, b.cpu, b.memory);
+}
+bool operator==(const ParameterServersSpec& a, const ParameterServersSpec& b) {
+  return a.replicas == b.replicas && a.resources == b.resources;
 }
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b) {
   return std::tie(a.uri, a.interval_steps, a.keep, a.async) ==
@@ -110,11 +123,11 @@ bool operator==(const RunPolicy& a, const RunPolicy& b) {
 bool operator==(const MetricsSpec& a, const MetricsSpec& b) { return a.port == b.port; }
 bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b) {
   return a.replicas == b.replicas && a.ranks_per_worker == b.ranks_per_worker &&
-         a.elastic == b.elastic && a.elastic_set == b.elastic_set &&
-         a.trainer == b.trainer && a.command == b.command && a.image == b.image &&
-         a.resources == b.resources && a.template_ == b.template_ && a.checkpoint == b.checkpoint &&
-         a.network == b.network && a.run_policy == b.run_policy && a.placement == b.placement &&
-         a.metrics == b.metrics;
+         a.elastic == b.elastic && a.elastic_set == b.elastic_set && a.trainer == b.trainer &&
+         a.command == b.command && a.image == b.image && a.resources == b.resources &&
+         a.template_ == b.template_ && a.checkpoint == b.checkpoint && a.network == b.network &&
+         a.run_policy == b.run_policy && a.placement == b.placement && a.metrics == b.metrics &&
+         a.parameter_servers == b.parameter_servers;
 }
 bool operator==(const TrainingJob& a, const TrainingJob& b) {
   return a.api_version == b.api_version && a.kind == b.kind && a.metadata == b.metadata &&

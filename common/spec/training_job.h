@@ -29,13 +29,14 @@
 namespace lockstep::spec {
 
 enum class Activation { kRelu, kGelu, kTanh };
-enum class DataFormat { kIdx, kCsv };
+enum class DataFormat { kIdx, kCsv, kClickLog };
 enum class OptimizerType { kSgd, kAdamW };
 enum class LrScaling { kNone, kLinear };
 enum class Device { kCpu, kCuda };
 enum class Precision { kFp32, kBf16 };
 enum class Compression { kNone, kBf16, kFp16 };
-enum class SyncStrategy { kAllreduce, kLocalSgd, kDgc };
+enum class SyncStrategy { kAllreduce, kLocalSgd, kDgc, kParameterServer };
+enum class ParameterServerMode { kSync, kAsync, kGeo };
 enum class NetworkMode { kTcp, kRoce, kInfiniband };
 enum class RestartPolicy { kOnFailure, kExitCode, kNever };
 enum class GangScheduler { kNone, kVolcano, kSchedulerPlugins };
@@ -44,13 +45,14 @@ enum class PlacementMode { kRequired, kPreferred };
 enum class PipelineSchedule { kGpipe, k1F1B };
 
 const char* ToString(Activation value);     // "relu" | "gelu" | "tanh"
-const char* ToString(DataFormat value);     // "idx" | "csv"
+const char* ToString(DataFormat value);     // "idx" | "csv" | "clickLog"
 const char* ToString(OptimizerType value);  // "sgd" | "adamw"
 const char* ToString(LrScaling value);      // "none" | "linear"
 const char* ToString(Device value);         // "cpu" | "cuda"
 const char* ToString(Precision value);      // "fp32" | "bf16"
 const char* ToString(Compression value);    // "none" | "bf16" | "fp16"
-const char* ToString(SyncStrategy value);   // "allreduce" | "localSGD" | "dgc"
+const char* ToString(SyncStrategy value);   // "allreduce" | "localSGD" | "dgc" | "parameterServer"
+const char* ToString(ParameterServerMode value);  // "sync" | "async" | "geo"
 const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
 const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never"
 const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
@@ -91,15 +93,31 @@ struct ElasticSpec {
   int32_t standby = 0;
 };
 
+// `embedding`: a sparse input (docs/parameter-servers.md): each sample's `fields` categorical
+// features select rows of one shared table of `rows` rows of `dim` floats (each feature hashed
+// to its row), and the fields' rows, concatenated, are the MLP's input. Trained only through
+// parameter servers (sync.strategy parameterServer), on data of format clickLog.
+struct EmbeddingSpec {
+  int32_t fields = 0;               // required, 1..kMaxEmbeddingFields
+  int32_t dim = 8;                  // 1..kMaxEmbeddingDim
+  int64_t rows = int64_t{1} << 20;  // 1..kMaxEmbeddingRows
+};
+inline constexpr int32_t kMaxEmbeddingFields = 1024;
+inline constexpr int32_t kMaxEmbeddingDim = 4096;
+inline constexpr int64_t kMaxEmbeddingRows = int64_t{1} << 40;
+
 struct ModelSpec {
   std::string type = "mlp";          // only "mlp" for now
   std::vector<int32_t> hidden{256};  // each >= 1
   Activation activation = Activation::kRelu;
+  std::optional<EmbeddingSpec> embedding;
 };
 
 struct DataSpec {
   DataFormat format = DataFormat::kIdx;
-  // idx: [images, labels]; csv: [file] whose rows are features..., label (last column).
+  // idx: [images, labels]; csv: [file] whose rows are features..., label (last column);
+  // clickLog: [file] whose lines are label<TAB>feature<TAB>feature... (one categorical feature
+  // per embedding field, any text: it is hashed; worker/ps/click_log.h).
   // URIs: file:///abs/path or a plain path (relative to the manifest's directory).
   std::vector<std::string> train;
   std::vector<std::string> test;  // optional: no evaluation when empty
@@ -141,10 +159,22 @@ struct DgcSpec {
   int64_t warmup_steps = 0;            // >= 0
   int64_t min_bucket_elements = 16384;  // >= 1
 };
+//  - parameterServer: the model lives on the job's parameter servers (spec.parameterServers);
+//    each worker pulls the rows and parameters its batch needs and pushes their gradients
+//    (docs/parameter-servers.md). `mode`: sync (every step waits for every worker's previous
+//    one: synchronous SGD), async (no step waits; `staleness` S >= 0 bounds how many steps a
+//    worker may run ahead of the slowest, stale synchronous parallel), geo (Geo-SGD: workers
+//    train local copies and push their changes every `geoInterval` steps).
+struct ParameterServerSyncSpec {
+  ParameterServerMode mode = ParameterServerMode::kAsync;
+  int64_t staleness = -1;    // async only: -1 unbounded, else >= 0
+  int64_t geo_interval = 8;  // geo: >= 1
+};
 struct SyncSpec {
   SyncStrategy strategy = SyncStrategy::kAllreduce;
   LocalSgdSpec local_sgd;
   DgcSpec dgc;
+  ParameterServerSyncSpec parameter_server;
 };
 
 // `pipeline`: the model's layers split into `stages` consecutive stages on consecutive ranks;
@@ -183,6 +213,15 @@ struct ResourcesSpec {
   std::string cpu;     // Kubernetes quantity, e.g. "8"
   std::string memory;  // Kubernetes quantity, e.g. "64Gi"
 };
+
+// `parameterServers`: the job's parameter-server pods (processes under `lockstep run`), each
+// holding a shard of the model's tables: row r of a table on server r % replicas. CPU and
+// memory only.
+struct ParameterServersSpec {
+  int32_t replicas = 0;     // 0: none; else 1..kMaxParameterServers
+  ResourcesSpec resources;  // gpus must be 0
+};
+inline constexpr int32_t kMaxParameterServers = 1024;
 
 struct CheckpointSpec {
   std::string uri;             // "" (none) | file:///path | hdfs://host:port/path
@@ -265,6 +304,7 @@ struct TrainingJobSpec {
   RunPolicy run_policy;
   PlacementSpec placement;
   MetricsSpec metrics;
+  ParameterServersSpec parameter_servers;
 };
 
 // Worker pods (or `lockstep run` processes) the job runs: replicas plus its standbys.
@@ -301,13 +341,17 @@ struct TrainingJob {
 // operator compares specs to decide whether anything changed.
 bool operator==(const ObjectMeta& a, const ObjectMeta& b);
 bool operator==(const ElasticSpec& a, const ElasticSpec& b);
+bool operator==(const EmbeddingSpec& a, const EmbeddingSpec& b);
 bool operator==(const ModelSpec& a, const ModelSpec& b);
 bool operator==(const DataSpec& a, const DataSpec& b);
 bool operator==(const OptimizerSpec& a, const OptimizerSpec& b);
 bool operator==(const AllreduceSpec& a, const AllreduceSpec& b);
+bool operator==(const ParameterServerSyncSpec& a, const ParameterServerSyncSpec& b);
+bool operator==(const SyncSpec& a, const SyncSpec& b);
 bool operator==(const PipelineSpec& a, const PipelineSpec& b);
 bool operator==(const TrainerSpec& a, const TrainerSpec& b);
 bool operator==(const ResourcesSpec& a, const ResourcesSpec& b);
+bool operator==(const ParameterServersSpec& a, const ParameterServersSpec& b);
 bool operator==(const CheckpointSpec& a, const CheckpointSpec& b);
 bool operator==(const RdmaResource& a, const RdmaResource& b);
 bool operator==(const NetworkSpec& a, const NetworkSpec& b);

@@ -55,7 +55,11 @@ json TrainerToJson(const TrainerSpec& trainer) {
         {"dgc",
          {{"sparsity", trainer.sync.dgc.sparsity},
           {"warmupSteps", trainer.sync.dgc.warmup_steps},
-          {"minBucketElements", trainer.sync.dgc.min_bucket_elements}}}}},
+          {"minBucketElements", trainer.sync.dgc.min_bucket_elements}}},
+        {"parameterServer",
+         {{"mode", EnumToString(trainer.sync.parameter_server.mode)},
+          {"staleness", trainer.sync.parameter_server.staleness},
+          {"geoInterval", trainer.sync.parameter_server.geo_interval}}}}},
       {"pipeline",
        {{"stages", trainer.pipeline.stages},
         {"microBatches", trainer.pipeline.micro_batches},
@@ -64,6 +68,11 @@ json TrainerToJson(const TrainerSpec& trainer) {
         {"stageLayers", trainer.pipeline.stage_layers}}},
       {"logIntervalSteps", trainer.log_interval_steps},
   };
+  if (trainer.model.embedding.has_value()) {
+    out["model"]["embedding"] = {{"fields", trainer.model.embedding->fields},
+                                 {"dim", trainer.model.embedding->dim},
+                                 {"rows", trainer.model.embedding->rows}};
+  }
   // Zero means "not set" for both; writing only the one in use keeps the output valid.
   if (trainer.steps > 0) out["steps"] = trainer.steps;
   if (trainer.epochs > 0) out["epochs"] = trainer.epochs;
@@ -126,6 +135,13 @@ nlohmann::json ToJson(const TrainingJob& job) {
     if (spec.elastic.standby > 0) out_spec["elastic"]["standby"] = spec.elastic.standby;
   }
   if (spec.ranks_per_worker != 1) out_spec["ranksPerWorker"] = spec.ranks_per_worker;
+  if (spec.parameter_servers.replicas > 0) {
+    const ResourcesSpec& resources = spec.parameter_servers.resources;
+    out_spec["parameterServers"] = {
+        {"replicas", spec.parameter_servers.replicas},
+        {"resources",
+         {{"gpus", resources.gpus}, {"cpu", resources.cpu}, {"memory", resources.memory}}}};
+  }
   if (spec.trainer) out_spec["trainer"] = TrainerToJson(*spec.trainer);
   if (!spec.command.empty()) out_spec["command"] = spec.command;
   if (!spec.template_.is_null()) out_spec["template"] = spec.template_;

@@ -388,6 +388,16 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ReadRunPolicy(reader, &spec->run_policy);
   ReadPlacement(reader, spec);
   if (replicas_ok) internal::CheckPipeline(reader, *spec);
+  if (reader.Has("parameterServers")) {
+    ObjectReader servers = ChildMap(reader, "parameterServers");
+    servers.Require("replicas");
+    servers.ReadInt("replicas", &spec->parameter_servers.replicas, 1, kMaxParameterServers);
+    ObjectReader server_resources = ChildMap(servers, "resources");
+    server_resources.ReadInt("gpus", &spec->parameter_servers.resources.gpus, 0, kMaxInt32);
+    ReadQuantity(server_resources, "cpu", &spec->parameter_servers.resources.cpu);
+    ReadQuantity(server_resources, "memory", &spec->parameter_servers.resources.memory);
+  }
+  internal::CheckParameterServers(reader, *spec);
   ObjectReader metrics = ChildMap(reader, "metrics");
   metrics.ReadInt("port", &spec->metrics.port, 0, 65535);
 }

@@ -36,8 +36,9 @@ void CheckDataFileCount(const ObjectReader& reader, std::string_view key, DataFo
                         size_t count) {
   size_t expected = format == DataFormat::kIdx ? 2 : 1;
   if (count == expected) return;
-  std::string rule = format == DataFormat::kIdx ? "format idx needs 2 files [images, labels]"
-                                                : "format csv needs 1 file";
+  std::string rule = format == DataFormat::kIdx
+                         ? "format idx needs 2 files [images, labels]"
+                         : std::string("format ") + ToString(format) + " needs 1 file";
   reader.problems()->Add(reader.PathOf(key), rule + " (got " + std::to_string(count) + ")");
 }
 
@@ -73,6 +74,16 @@ void ReadModel(const ObjectReader& trainer, ModelSpec* model) {
     model->hidden.assign(hidden.begin(), hidden.end());
   }
   reader.ReadEnum("activation", &model->activation);
+  if (reader.Has("embedding")) {
+    ObjectReader embedding = ChildMap(reader, "embedding");
+    if (!embedding.valid()) return;
+    EmbeddingSpec spec;
+    embedding.Require("fields");
+    embedding.ReadInt("fields", &spec.fields, 1, kMaxEmbeddingFields);
+    embedding.ReadInt("dim", &spec.dim, 1, kMaxEmbeddingDim);
+    embedding.ReadInt("rows", &spec.rows, 1, kMaxEmbeddingRows);
+    model->embedding = spec;
+  }
 }
 
 void ReadOptimizer(const ObjectReader& trainer, OptimizerSpec* optimizer) {
@@ -112,6 +123,10 @@ void ReadSync(const ObjectReader& trainer, SyncSpec* sync) {
   dgc.ReadDouble("sparsity", &sync->dgc.sparsity, &kZeroOrMore, &kBelowOne);
   dgc.ReadInt("warmupSteps", &sync->dgc.warmup_steps, 0);
   dgc.ReadInt("minBucketElements", &sync->dgc.min_bucket_elements, 1);
+  ObjectReader ps = ChildMap(reader, "parameterServer");
+  ps.ReadEnum("mode", &sync->parameter_server.mode);
+  ps.ReadInt("staleness", &sync->parameter_server.staleness, -1);
+  ps.ReadInt("geoInterval", &sync->parameter_server.geo_interval, 1);
 }
 
 // What dgc cannot be combined with, named by the field that conflicts.
@@ -257,6 +272,95 @@ void CheckPipeline(const ObjectReader& spec_reader, const TrainingJobSpec& spec)
               " rank(s) each): must be a multiple of " + std::to_string(whole) + " (got " +
               std::to_string(value) + ")" + why);
     }
+  }
+}
+
+// Parameter-server training (docs/parameter-servers.md): its servers, its sparse model and data,
+// and what it cannot be combined with, each named by the field that conflicts.
+void CheckParameterServers(const ObjectReader& spec_reader, const TrainingJobSpec& spec) {
+  Problems& problems = *spec_reader.problems();
+  const std::string servers = spec_reader.PathOf("parameterServers");
+  const bool has_servers = spec.parameter_servers.replicas > 0;
+  if (!spec.trainer.has_value()) {
+    if (has_servers) {
+      problems.Add(servers,
+                   "parameter servers serve the built-in trainer (spec.trainer); "
+                   "a command job has none");
+    }
+    return;
+  }
+  const TrainerSpec& trainer = *spec.trainer;
+  const std::string path = spec_reader.PathOf("trainer");
+  const bool ps = trainer.sync.strategy == SyncStrategy::kParameterServer;
+  if (ps != has_servers) {
+    problems.Add(ps ? servers : path + ".sync.strategy",
+                 ps ? "required by sync.strategy parameterServer: replicas >= 1"
+                    : std::string("spec.parameterServers needs sync.strategy parameterServer "
+                                  "(got ") +
+                          ToString(trainer.sync.strategy) + ")");
+  }
+  if (trainer.model.embedding.has_value() != ps) {
+    problems.Add(path + ".model.embedding",
+                 ps ? "required by sync.strategy parameterServer: the servers hold the embedding "
+                      "table (fields, dim, rows)"
+                    : "an embedding table is trained through parameter servers only: set "
+                      "sync.strategy parameterServer and spec.parameterServers");
+  }
+  if ((trainer.data.format == DataFormat::kClickLog) != ps) {
+    problems.Add(path + ".data.format",
+                 ps ? std::string("sync.strategy parameterServer trains on format clickLog "
+                                  "(got ") +
+                          ToString(trainer.data.format) + ")"
+                    : "format clickLog feeds the embedding model of sync.strategy "
+                      "parameterServer");
+  }
+  const ParameterServerSyncSpec& sync = trainer.sync.parameter_server;
+  if (sync.staleness >= 0 && sync.mode != ParameterServerMode::kAsync) {
+    problems.Add(path + ".sync.parameterServer.staleness",
+                 std::string("bounds mode async (mode ") + ToString(sync.mode) +
+                     (sync.mode == ParameterServerMode::kSync ? " waits for every step" : "") +
+                     ")");
+  }
+  if (spec.parameter_servers.resources.gpus > 0) {
+    problems.Add(servers + ".resources.gpus",
+                 "parameter servers hold their tables in host "
+                 "memory and use no GPU (got " +
+                     std::to_string(spec.parameter_servers.resources.gpus) + ")");
+  }
+  if (!ps) return;
+  // What the servers and the sparse model do not do (yet), so that no field is silently ignored.
+  const std::string why = " (sync.strategy parameterServer)";
+  const OptimizerSpec& optimizer = trainer.optimizer;
+  if (optimizer.type != OptimizerType::kSgd || optimizer.momentum != 0 ||
+      optimizer.weight_decay != 0 || optimizer.warmup_steps != 0 ||
+      optimizer.lr_scaling != LrScaling::kNone) {
+    problems.Add(path + ".optimizer",
+                 "the parameter servers apply plain SGD: type sgd with momentum 0, weightDecay 0, "
+                 "warmupSteps 0 and lrScaling none" +
+                     why);
+  }
+  if (trainer.device != Device::kCpu) {
+    problems.Add(path + ".device", "the sparse model trains on device cpu" + why);
+  }
+  if (trainer.precision != Precision::kFp32) {
+    problems.Add(path + ".precision", "the sparse model trains in fp32" + why);
+  }
+  if (spec.ranks_per_worker != 1) {
+    problems.Add(spec_reader.PathOf("ranksPerWorker"),
+                 "a parameter-server worker is one process (got " +
+                     std::to_string(spec.ranks_per_worker) + ")" + why);
+  }
+  if (spec.elastic.min_replicas != spec.elastic.max_replicas || spec.elastic.standby > 0) {
+    problems.Add(spec_reader.PathOf("elastic"),
+                 "a parameter-server job runs a fixed number of workers (a lost one is "
+                 "replaced; the others go on)" +
+                     why);
+  }
+  if (!spec.checkpoint.uri.empty()) {
+    problems.Add(spec_reader.PathOf("checkpoint") + ".uri",
+                 "the parameter servers do not write checkpoints yet: the model is on the "
+                 "servers, not in a worker" +
+                     why);
   }
 }
 

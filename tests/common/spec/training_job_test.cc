@@ -630,3 +630,93 @@ TEST(TrainingJobSpec, APipelineTheModelOrWorldCannotHaveIsRefusedNamingTheField)
 
 }  // namespace
 }  // namespace lockstep::spec
+
+namespace lockstep::spec {
+namespace {
+
+std::string ParameterServerJob(const std::string& mode_and_more) {
+  return R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: ctr}
+spec:
+  replicas: 4
+  parameterServers: {replicas: 2, resources: {cpu: "4", memory: 8Gi}}
+  trainer:
+    model: {hidden: [64], embedding: {fields: 26, dim: 16, rows: 10000000}}
+    data: {format: clickLog, train: [train.tsv.gz], test: [test.tsv.gz]}
+    batchSize: 512
+    steps: 1000
+    optimizer: {type: sgd, learningRate: 0.1, momentum: 0}
+    sync: {strategy: parameterServer, parameterServer: )" +
+         mode_and_more + "}\n";
+}
+
+TEST(TrainingJobSpec, AParameterServerJobIsReadWithItsServersModelAndModeAndRoundTrips) {
+  StatusOr<TrainingJob> job = ParseTrainingJobYaml(ParameterServerJob("{mode: geo}"), "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.parameter_servers.replicas, 2);
+  EXPECT_EQ(job->spec.parameter_servers.resources.memory, "8Gi");
+  ASSERT_TRUE(job->spec.trainer->model.embedding.has_value());
+  EXPECT_EQ(job->spec.trainer->model.embedding->fields, 26);
+  EXPECT_EQ(job->spec.trainer->model.embedding->rows, 10000000);
+  const ParameterServerSyncSpec& sync = job->spec.trainer->sync.parameter_server;
+  EXPECT_EQ(sync.mode, ParameterServerMode::kGeo);
+  EXPECT_EQ(sync.geo_interval, 8);
+  EXPECT_EQ(sync.staleness, -1);
+  nlohmann::json json = ToJson(*job);
+  EXPECT_EQ(json["spec"]["trainer"]["sync"]["parameterServer"]["mode"], "geo");
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(json, "round-trip");
+  ASSERT_TRUE(again.ok()) << again.status();
+  again->base_dir = job->base_dir;
+  EXPECT_TRUE(*again == *job) << json.dump(2);
+
+  job = ParseTrainingJobYaml(ParameterServerJob("{mode: async, staleness: 3}"), "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status();
+  EXPECT_EQ(job->spec.trainer->sync.parameter_server.staleness, 3);
+}
+
+TEST(TrainingJobSpec, WhatParameterServersCannotDoIsRefusedNamingTheField) {
+  std::string yaml = ParameterServerJob("{mode: async}");
+  auto with = [&](const std::string& from, const std::string& to) {
+    std::string changed = yaml;
+    changed.replace(changed.find(from), from.size(), to);
+    return changed;
+  };
+  EXPECT_THAT(ParseError(with("momentum: 0", "momentum: 0.9")),
+              HasSubstr("spec.trainer.optimizer: the parameter servers apply plain SGD"));
+  EXPECT_THAT(ParseError(with("steps: 1000", "steps: 1000\n    device: cuda")),
+              HasSubstr("spec.trainer.device: the sparse model trains on device cpu"));
+  EXPECT_THAT(ParseError(with("format: clickLog", "format: csv")),
+              HasSubstr("spec.trainer.data.format: sync.strategy parameterServer trains on "
+                        "format clickLog (got csv)"));
+  EXPECT_THAT(ParseError(with("  parameterServers: {replicas: 2, resources: {cpu: \"4\", "
+                              "memory: 8Gi}}\n",
+                              "")),
+              HasSubstr("spec.parameterServers: required by sync.strategy parameterServer"));
+  EXPECT_THAT(
+      ParseError(with("embedding: {fields: 26, dim: 16, rows: 10000000}", "embedding: {dim: 16}")),
+      HasSubstr("spec.trainer.model.embedding.fields: required"));
+  EXPECT_THAT(ParseError(with("  replicas: 4\n", "  replicas: 4\n  elastic: {minReplicas: 2}\n")),
+              HasSubstr("spec.elastic: a parameter-server job runs a fixed number of workers"));
+  EXPECT_THAT(
+      ParseError(with("  replicas: 4\n", "  replicas: 4\n  checkpoint: {uri: file:///c}\n")),
+      HasSubstr("spec.checkpoint.uri: the parameter servers do not write checkpoints"));
+  EXPECT_THAT(ParseError(ParameterServerJob("{mode: sync, staleness: 1}")),
+              HasSubstr("spec.trainer.sync.parameterServer.staleness: bounds mode async"));
+  EXPECT_THAT(ParseError(ParameterServerJob("{mode: bulk}")),
+              HasSubstr("spec.trainer.sync.parameterServer.mode: must be one of sync, async, geo "
+                        "(got \"bulk\")"));
+  // A command job has no trainer for servers to serve.
+  EXPECT_THAT(ParseError(R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: tf}
+spec:
+  replicas: 2
+  parameterServers: {replicas: 1}
+  command: [python3, train.py]
+)"),
+              HasSubstr("spec.parameterServers: parameter servers serve the built-in trainer"));
+}
+
+}  // namespace
+}  // namespace lockstep::spec
