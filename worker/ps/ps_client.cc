@@ -60,6 +60,16 @@ std::vector<std::pair<int, std::vector<size_t>>> Pieces(const std::vector<uint64
   return pieces;
 }
 
+v1::PushRequest::Kind WireKind(PushKind kind) {
+  switch (kind) {
+    case PushKind::kDelta: return v1::PushRequest::DELTA;
+    case PushKind::kDeferred: return v1::PushRequest::DEFERRED;
+    case PushKind::kAssign: return v1::PushRequest::ASSIGN;
+    case PushKind::kGradient: break;
+  }
+  return v1::PushRequest::GRADIENT;
+}
+
 template <typename Request, typename Response>
 struct Call {
   int shard = 0;
@@ -79,15 +89,20 @@ struct PsClient::Stubs {
   // Starts every call, then waits for all of them (each has the same deadline, so the wait is
   // bounded). Returns the first failure, naming its server.
   template <typename Request, typename Response, typename Prepare>
+  // timeout_ms: the calls' deadline, options.timeout_ms when 0; wait_for_ready: a server not
+  // reachable yet (still starting) is waited for until then, rather than failing at once.
   Status RunAll(std::vector<std::unique_ptr<Call<Request, Response>>>& calls,
-                const PsClientOptions& options, Prepare prepare) {
+                const PsClientOptions& options, Prepare prepare, int64_t timeout_ms = 0,
+                bool wait_for_ready = false) {
     grpc::CompletionQueue queue;
     const auto deadline =
-        std::chrono::system_clock::now() + std::chrono::milliseconds(options.timeout_ms);
+        std::chrono::system_clock::now() +
+        std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options.timeout_ms);
     for (size_t i = 0; i < calls.size(); ++i) {
       Call<Request, Response>& call = *calls[i];
       call.context.AddMetadata(rendezvous::kTokenMetadataKey, options.token);
       call.context.set_deadline(deadline);
+      call.context.set_wait_for_ready(wait_for_ready);
       call.reader =
           prepare(*stubs[static_cast<size_t>(call.shard)], &call.context, call.request, &queue);
       call.reader->StartCall();
@@ -217,6 +232,9 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     }
   }
   const RowSums sums = SumByRow(rows, values, dim);
+  if (kind == PushKind::kAssign && sums.rows.size() != rows.size()) {
+    return InvalidArgumentError("Push: an assignment names a row more than once");
+  }
   for (size_t i = 0; i < sums.values.size(); ++i) {
     if (!std::isfinite(sums.values[i])) {  // finite values can sum to infinity
       const size_t row = i / static_cast<size_t>(dim);
@@ -231,8 +249,7 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     call->shard = shard;
     call->request.set_job(options_.job);
     call->request.set_table(table);
-    call->request.set_kind(kind == PushKind::kDelta ? v1::PushRequest::DELTA
-                                                    : v1::PushRequest::GRADIENT);
+    call->request.set_kind(WireKind(kind));
     std::string* bytes = call->request.mutable_values();
     bytes->resize(piece.size() * static_cast<size_t>(dim) * sizeof(float));
     for (size_t k = 0; k < piece.size(); ++k) {
@@ -257,6 +274,49 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     traffic_.rows += call->distinct.size();
   }
   return pushed;
+}
+
+StatusOr<PsClock> PsClient::Clock(const ClockOptions& clock) {
+  if (clock.workers < 1 || clock.worker < 0 || clock.worker >= clock.workers) {
+    return InvalidArgumentError("Clock: worker " + std::to_string(clock.worker) + " of " +
+                                std::to_string(clock.workers) + " does not exist");
+  }
+  if (clock.timeout_ms < 1 || clock.timeout_ms > kMaxTimeoutMs) {
+    return InvalidArgumentError("Clock: timeout_ms must be in [1, 86400000]");
+  }
+  using ClockCall = Call<v1::ClockRequest, v1::ClockResponse>;
+  std::vector<std::unique_ptr<ClockCall>> calls;
+  for (int s = 0; s < shards(); ++s) {
+    auto call = std::make_unique<ClockCall>();
+    call->shard = s;
+    call->request.set_job(options_.job);
+    call->request.set_worker(static_cast<uint32_t>(clock.worker));
+    call->request.set_workers(static_cast<uint32_t>(clock.workers));
+    call->request.set_clock(clock.clock);
+    call->request.set_wait_for(clock.wait_for);
+    call->request.set_initialized(clock.initialized);
+    calls.push_back(std::move(call));
+  }
+  LOCKSTEP_RETURN_IF_ERROR(stubs_->RunAll(
+      calls, options_,
+      [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
+         const v1::ClockRequest& request, grpc::CompletionQueue* queue) {
+        return stub.PrepareAsyncClock(context, request, queue);
+      },
+      clock.timeout_ms, /*wait_for_ready=*/true));
+  // Every server got the same reports, so they agree but for a report one of them missed (a
+  // worker lost mid-call): the highest own clock is where the worker was, the lowest minimum
+  // what every server has seen.
+  PsClock out;
+  out.clock = -1;
+  out.min_clock = std::numeric_limits<int64_t>::max();
+  out.initialized = true;
+  for (const auto& call : calls) {
+    out.clock = std::max(out.clock, call->response.clock());
+    out.min_clock = std::min(out.min_clock, call->response.min_clock());
+    out.initialized = out.initialized && call->response.initialized();
+  }
+  return out;
 }
 
 int64_t PsClient::RowsPerRequest(int32_t dim) const {

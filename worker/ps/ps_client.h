@@ -54,6 +54,21 @@ struct PsTraffic {
   uint64_t rows = 0;  // distinct rows sent or received
 };
 
+// One worker's clock report to every server (proto/parameter_server.proto, "Clocks").
+struct ClockOptions {
+  int worker = 0;
+  int workers = 1;
+  int64_t clock = -1;     // steps this worker has finished; -1: only ask
+  int64_t wait_for = -1;  // wait until every worker's clock is >= this (and initialized)
+  bool initialized = false;
+  int64_t timeout_ms = 10000;  // the wait's bound: DEADLINE_EXCEEDED past it
+};
+struct PsClock {
+  int64_t clock = 0;      // this worker's, as the servers hold it
+  int64_t min_clock = 0;  // the slowest worker's
+  bool initialized = false;
+};
+
 class PsClient {
  public:
   // INVALID_ARGUMENT without servers, job or token, with bounds < 1, or a timeout over a day.
@@ -69,6 +84,11 @@ class PsClient {
   // named more than once are summed first, in order, so each row travels once.
   Status Push(const std::string& table, int32_t dim, const std::vector<uint64_t>& rows,
               const float* values, PushKind kind);
+
+  // Reports this worker's clock to every server and, with wait_for >= 0, waits until every
+  // worker's clock has reached it and the chief has initialized the job. A server that is not
+  // up yet is waited for within the same timeout.
+  StatusOr<PsClock> Clock(const ClockOptions& clock);
 
   PsTraffic traffic() const;
 

@@ -2,15 +2,20 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cmath>
 #include <cstring>
+#include <unordered_map>
 #include <limits>
 #include <map>
 #include <mutex>
 #include <utility>
 
 #include "common/rendezvous/wire.h"
+#include "common/spec/training_job.h"
 #include "proto/parameter_server.grpc.pb.h"
 
 // The wire carries float32 little-endian (proto/parameter_server.proto); values are copied as
@@ -25,9 +30,14 @@ using rendezvous::kTokenMetadataKey;
 using rendezvous::ToGrpcStatus;
 using rendezvous::TokensEqual;
 
+// A clock wait answers this long before its call's deadline, and lasts at most kMaxClockWait.
+constexpr auto kClockAnswerMargin = std::chrono::milliseconds(100);
+constexpr auto kMaxClockWait = std::chrono::minutes(10);
+
 class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Service {
  public:
-  explicit ShardServerImpl(ShardServerOptions options) : options_(std::move(options)) {}
+  explicit ShardServerImpl(ShardServerOptions options)
+      : options_(std::move(options)), clocks_(static_cast<size_t>(options_.workers), 0) {}
   ~ShardServerImpl() override { Shutdown(/*deadline_ms=*/1000); }
 
   Status Init() {
@@ -61,8 +71,14 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   int port() const override { return port_; }
 
   ShardServerStats stats() const override {
-    std::lock_guard<std::mutex> lock(stats_mu_);
-    return stats_;
+    ShardServerStats stats;
+    {
+      std::lock_guard<std::mutex> lock(stats_mu_);
+      stats = stats_;
+    }
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    stats.min_clock = min_clock_;
+    return stats;
   }
 
   const ShardTable* table(const std::string& name) const override {
@@ -71,6 +87,11 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   }
 
   void Shutdown(int64_t deadline_ms) override {
+    {
+      std::lock_guard<std::mutex> lock(clock_mu_);
+      stopping_ = true;
+      clock_cv_.notify_all();
+    }
     std::lock_guard<std::mutex> lock(shutdown_mu_);
     if (server_ == nullptr) return;
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(deadline_ms));
@@ -96,6 +117,63 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     return grpc::Status::OK;
   }
 
+  grpc::Status Clock(grpc::ServerContext* context, const v1::ClockRequest* request,
+                     v1::ClockResponse* response) override {
+    StatusOr<bool> admitted = AdmitJob(*context, request->job());
+    if (!admitted.ok()) return Refuse(admitted.status());
+    if (request->workers() != static_cast<uint32_t>(options_.workers)) {
+      return Refuse(InvalidArgumentError(
+          "workers: " + std::to_string(request->workers()) + ", but this server keeps the clocks "
+          "of " + std::to_string(options_.workers) + " workers"));
+    }
+    if (request->worker() >= request->workers()) {
+      return Refuse(InvalidArgumentError("worker: " + std::to_string(request->worker()) +
+                                         " is not below workers (" +
+                                         std::to_string(request->workers()) + ")"));
+    }
+    if (request->clock() < -1 || request->wait_for() < -1) {
+      return Refuse(InvalidArgumentError("clock and wait_for must be -1 or more"));
+    }
+    const size_t worker = request->worker();
+    std::unique_lock<std::mutex> lock(clock_mu_);
+    if (request->clock() > clocks_[worker]) {
+      const int64_t before = min_clock_;
+      clocks_[worker] = request->clock();
+      min_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
+      if (min_clock_ > before) ApplyDeferred();
+      clock_cv_.notify_all();
+    }
+    if (request->initialized() && !initialized_) {
+      initialized_ = true;
+      clock_cv_.notify_all();
+    }
+    const int64_t wait_for = request->wait_for();
+    // Bounded by the call's deadline (the client's), checked between slices of the wait, and
+    // answered a little before it, so that the caller reads why it waited in vain; and by
+    // kMaxClockWait for a call without one.
+    const auto now = std::chrono::system_clock::now();
+    const auto give_up = std::min(context->deadline() - kClockAnswerMargin, now + kMaxClockWait);
+    while (wait_for >= 0 && !(initialized_ && min_clock_ >= wait_for)) {
+      if (stopping_ || context->IsCancelled()) {
+        return Refuse(CancelledError("the parameter server is stopping"));
+      }
+      if (give_up <= std::chrono::system_clock::now()) {
+        const size_t slowest = static_cast<size_t>(
+            std::min_element(clocks_.begin(), clocks_.end()) - clocks_.begin());
+        return Refuse(DeadlineExceededError(
+            !initialized_ ? "the chief has not initialized the parameters yet"
+                          : "waiting for every worker to reach step " + std::to_string(wait_for) +
+                                ": worker " + std::to_string(slowest) + " is at " +
+                                std::to_string(clocks_[slowest])));
+      }
+      clock_cv_.wait_for(lock, std::chrono::milliseconds(100));
+    }
+    response->set_clock(clocks_[worker]);
+    response->set_min_clock(min_clock_);
+    response->set_initialized(initialized_);
+    return grpc::Status::OK;
+  }
+
   grpc::Status Push(grpc::ServerContext* context, const v1::PushRequest* request,
                     v1::PushResponse* response) override {
     auto table = Admit(*context, request->job(), request->table(), request->rows_size());
@@ -111,11 +189,22 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     // The bytes of a protobuf string need not be aligned for floats: copy them.
     std::vector<float> values(want / sizeof(float));
     if (want > 0) std::memcpy(values.data(), request->values().data(), want);
-    const PushKind kind =
-        request->kind() == v1::PushRequest::DELTA ? PushKind::kDelta : PushKind::kGradient;
-    auto version = (*table)->Push(request->rows().data(), count, values.data(), kind);
-    if (!version.ok()) return Refuse(version.status());
-    response->set_version(*version);
+    PushKind kind = PushKind::kGradient;
+    switch (request->kind()) {
+      case v1::PushRequest::DELTA: kind = PushKind::kDelta; break;
+      case v1::PushRequest::DEFERRED: kind = PushKind::kDeferred; break;
+      case v1::PushRequest::ASSIGN: kind = PushKind::kAssign; break;
+      default: break;
+    }
+    if (kind == PushKind::kDeferred) {
+      Status held = Defer(**table, request->rows().data(), count, values.data());
+      if (!held.ok()) return Refuse(held);
+      response->set_version((*table)->version());
+    } else {
+      auto version = (*table)->Push(request->rows().data(), count, values.data(), kind);
+      if (!version.ok()) return Refuse(version.status());
+      response->set_version(*version);
+    }
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.pushes;
     stats_.rows_pushed += count;
@@ -123,19 +212,65 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   }
 
  private:
-  // The table a call may use: the token and the job first (a wrong one of either gets the same
-  // NOT_FOUND, as the rendezvous service answers), then the table and the request's row count.
-  StatusOr<ShardTable*> Admit(const grpc::ServerContext& context, const std::string& job,
-                              const std::string& table_name, int rows) const {
+  // Holds a deferred gradient until the slowest worker's clock advances, summed with the others'.
+  Status Defer(const ShardTable& table, const uint64_t* rows, size_t count, const float* values) {
+    LOCKSTEP_RETURN_IF_ERROR(table.CheckRows(rows, count));
+    const int32_t dim = table.spec().dim;
+    for (size_t i = 0; i < count * static_cast<size_t>(dim); ++i) {
+      if (!std::isfinite(values[i])) {
+        return InvalidArgumentError("values of rows[" + std::to_string(i / dim) +
+                                    "] are not all finite");
+      }
+    }
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    Deferred& held = deferred_[table.spec().name];
+    for (size_t i = 0; i < count; ++i) {
+      auto [it, added] = held.slot.emplace(rows[i], held.rows.size());
+      if (added) {
+        held.rows.push_back(rows[i]);
+        held.values.resize(held.values.size() + static_cast<size_t>(dim), 0.0f);
+      }
+      float* target = held.values.data() + it->second * static_cast<size_t>(dim);
+      for (int32_t j = 0; j < dim; ++j) target[j] += values[i * static_cast<size_t>(dim) + j];
+    }
+    return OkStatus();
+  }
+
+  // Under clock_mu_: applies what was deferred, as gradients.
+  void ApplyDeferred() {
+    for (auto& [name, held] : deferred_) {
+      if (held.rows.empty()) continue;
+      Status applied = tables_.at(name)
+                           ->Push(held.rows.data(), held.rows.size(), held.values.data(),
+                                  PushKind::kGradient)
+                           .status();
+      if (!applied.ok()) {
+        std::lock_guard<std::mutex> stats_lock(stats_mu_);
+        ++stats_.refused;  // the sum of finite gradients overflowed: that step is dropped
+      }
+      held = Deferred();
+    }
+  }
+
+  // The token and the job (a wrong one of either gets the same NOT_FOUND, as the rendezvous
+  // service answers).
+  StatusOr<bool> AdmitJob(const grpc::ServerContext& context, const std::string& job) const {
     const auto& metadata = context.client_metadata();
     auto token = metadata.find(kTokenMetadataKey);
     const std::string presented = token == metadata.end()
                                       ? std::string()
                                       : std::string(token->second.data(), token->second.size());
-    const bool token_ok = TokensEqual(options_.token, presented);
-    if (!token_ok || job != options_.job) {
+    if (!TokensEqual(options_.token, presented) || job != options_.job) {
       return NotFoundError("no job " + job + " on this parameter server");
     }
+    return true;
+  }
+
+  // The table a call may use: the token and the job first (a wrong one of either gets the same
+  // NOT_FOUND, as the rendezvous service answers), then the table and the request's row count.
+  StatusOr<ShardTable*> Admit(const grpc::ServerContext& context, const std::string& job,
+                              const std::string& table_name, int rows) const {
+    LOCKSTEP_RETURN_IF_ERROR(AdmitJob(context, job).status());
     auto found = tables_.find(table_name);
     if (found == tables_.end()) {
       return NotFoundError("job " + job + " has no table " + table_name);
@@ -173,6 +308,19 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   std::unique_ptr<grpc::Server> server_;
   mutable std::mutex stats_mu_;
   ShardServerStats stats_;
+
+  struct Deferred {
+    std::unordered_map<uint64_t, size_t> slot;  // row -> its place in rows
+    std::vector<uint64_t> rows;
+    std::vector<float> values;  // rows.size() x dim
+  };
+  mutable std::mutex clock_mu_;
+  std::condition_variable clock_cv_;
+  std::vector<int64_t> clocks_;  // worker -> steps finished
+  int64_t min_clock_ = 0;
+  bool initialized_ = false;
+  bool stopping_ = false;
+  std::map<std::string, Deferred> deferred_;  // table -> gradients held
 };
 
 Status CheckOptions(const ShardServerOptions& options) {
@@ -188,6 +336,11 @@ Status CheckOptions(const ShardServerOptions& options) {
   if (options.shards < 1 || options.shard < 0 || options.shard >= options.shards) {
     return InvalidArgumentError("parameter server: shard " + std::to_string(options.shard) +
                                 " of " + std::to_string(options.shards) + " does not exist");
+  }
+  if (options.workers < 1 || options.workers > spec::kMaxReplicas) {
+    return InvalidArgumentError("parameter server: workers must be in [1, " +
+                                std::to_string(spec::kMaxReplicas) + "] (got " +
+                                std::to_string(options.workers) + ")");
   }
   if (options.tls_cert_pem.empty() != options.tls_key_pem.empty()) {
     return InvalidArgumentError("parameter server: TLS needs both a certificate and its key");

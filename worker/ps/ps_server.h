@@ -30,6 +30,7 @@ struct ShardServerOptions {
   std::string token;  // non-empty; every call must carry it (x-lockstep-token)
   int shard = 0;
   int shards = 1;
+  int workers = 1;  // the job's workers, whose clocks this server keeps (1..kMaxReplicas)
   std::vector<TableSpec> tables;
   // What one request may ask: rows named, and bytes of a message. A request naming more rows,
   // or rows whose values (rows x dim floats, a pull's answer or a push's payload) exceed the
@@ -49,6 +50,7 @@ struct ShardServerStats {
   uint64_t rows_pulled = 0;
   uint64_t rows_pushed = 0;
   uint64_t refused = 0;  // calls answered with an error
+  int64_t min_clock = 0;  // the slowest worker's clock
 };
 
 class ShardServer {

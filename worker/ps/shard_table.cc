@@ -124,6 +124,9 @@ Status ShardTable::Pull(const uint64_t* rows, size_t count, float* out) const {
 
 StatusOr<uint64_t> ShardTable::Push(const uint64_t* rows, size_t count, const float* values,
                                     PushKind kind) {
+  if (kind == PushKind::kDeferred) {
+    return InvalidArgumentError("a deferred push is held by the server, not applied to a table");
+  }
   LOCKSTEP_RETURN_IF_ERROR(CheckRows(rows, count));
   const int32_t dim = spec_.dim;
   for (size_t i = 0; i < count; ++i) {
@@ -141,7 +144,11 @@ StatusOr<uint64_t> ShardTable::Push(const uint64_t* rows, size_t count, const fl
     std::lock_guard<std::mutex> lock(StripeOf(local));
     float* target = values_.data() + local * dim;
     const float* value = values + static_cast<int64_t>(i) * dim;
-    for (int32_t j = 0; j < dim; ++j) target[j] += scale * value[j];
+    if (kind == PushKind::kAssign) {
+      std::copy(value, value + dim, target);
+    } else {
+      for (int32_t j = 0; j < dim; ++j) target[j] += scale * value[j];
+    }
   }
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
 }

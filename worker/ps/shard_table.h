@@ -38,7 +38,9 @@ struct TableSpec {
   float init_scale = 0.01f;  // rows start uniform in [-init_scale, init_scale); 0: zeros
 };
 
-enum class PushKind { kGradient, kDelta };
+// kGradient: row -= learning_rate * value; kDelta: row += value; kAssign: row = value;
+// kDeferred: a gradient the server holds until the slowest worker's clock advances (ps_server.h).
+enum class PushKind { kGradient, kDelta, kAssign, kDeferred };
 
 // A feature id's row: a 64-bit mix of the id (so that neighbouring ids spread over the shards),
 // modulo rows. Different ids may share a row (the hashing trick); rows >= 1.
@@ -86,7 +88,8 @@ class ShardTable {
   Status Pull(const uint64_t* rows, size_t count, float* out) const;
 
   // Applies values[i * dim ...] to row rows[i], in order: row -= learning_rate * value
-  // (kGradient) or row += value (kDelta). Checks every row and value first (a value that is not
+  // (kGradient), row += value (kDelta) or row = value (kAssign; kDeferred is the server's to
+  // hold, and refused here). Checks every row and value first (a value that is not
   // finite is refused, naming its row) and changes nothing when one is bad. Returns the version
   // after the push.
   StatusOr<uint64_t> Push(const uint64_t* rows, size_t count, const float* values, PushKind kind);

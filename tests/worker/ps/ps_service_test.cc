@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "proto/parameter_server.grpc.pb.h"
@@ -47,6 +48,7 @@ class PsServiceTest : public ::testing::Test {
       options.tables = tables;
       options.max_rows_per_request = max_rows;
       options.max_message_bytes = max_message_bytes;
+      options.workers = workers_;
       auto server = ShardServer::Start(options);
       ASSERT_TRUE(server.ok()) << server.status();
       addresses_.push_back("127.0.0.1:" + std::to_string((*server)->port()));
@@ -78,6 +80,20 @@ class PsServiceTest : public ::testing::Test {
     return out;
   }
 
+  // Clock `clock` of `worker` (of workers_), waiting for wait_for within timeout_ms.
+  StatusOr<PsClock> Clock(PsClient& client, int worker, int64_t clock, int64_t wait_for,
+                          bool initialized = false, int64_t timeout_ms = 10000) {
+    ClockOptions options;
+    options.worker = worker;
+    options.workers = workers_;
+    options.clock = clock;
+    options.wait_for = wait_for;
+    options.initialized = initialized;
+    options.timeout_ms = timeout_ms;
+    return client.Clock(options);
+  }
+
+  int workers_ = 1;
   std::vector<std::string> addresses_;
   std::vector<std::unique_ptr<ShardServer>> servers_;
 };
@@ -289,6 +305,81 @@ TEST_F(PsServiceTest, APushWithValuesThatAreNotFiniteIsRefusedBeforeAnythingIsSe
   EXPECT_NE(pushed.message().find("rows[1] = 1 are not all finite"), std::string::npos) << pushed;
   EXPECT_EQ(client->traffic().requests, 0u);
   EXPECT_EQ(servers_[0]->table("emb")->version() + servers_[1]->table("emb")->version(), 0u);
+}
+
+TEST_F(PsServiceTest, AClockWaitEndsWhenTheSlowestWorkerArrivesAndTheChiefHasInitialized) {
+  workers_ = 2;
+  StartServers({Table("emb", 100, 2)});
+  auto fast = Client(), slow = Client();
+  // Nobody has initialized: a wait for step 0 runs out, naming why.
+  StatusOr<PsClock> early = Clock(*fast, 0, 1, 0, false, /*timeout_ms=*/300);
+  ASSERT_FALSE(early.ok());
+  EXPECT_EQ(early.status().code(), StatusCode::kDeadlineExceeded);
+  // The fast worker has finished step 1 and waits for the slow one's.
+  StatusOr<PsClock> waited = InternalError("not answered");
+  std::thread waiter([&] { waited = Clock(*fast, 0, 1, 1); });
+  EXPECT_TRUE(Clock(*slow, 1, -1, -1, /*initialized=*/true).ok());
+  StatusOr<PsClock> slow_now = Clock(*slow, 1, 1, -1);
+  waiter.join();
+  ASSERT_TRUE(slow_now.ok()) << slow_now.status();
+  ASSERT_TRUE(waited.ok()) << waited.status();
+  EXPECT_EQ(waited->clock, 1);
+  EXPECT_EQ(waited->min_clock, 1);
+  EXPECT_TRUE(waited->initialized);
+  // A clock below the one held changes nothing: a replacement asks with -1 and learns it.
+  StatusOr<PsClock> asked = Clock(*Client(), 0, -1, -1);
+  ASSERT_TRUE(asked.ok());
+  EXPECT_EQ(asked->clock, 1);
+}
+
+TEST_F(PsServiceTest, DeferredGradientsApplyTogetherWhenTheSlowestWorkerFinishesTheStep) {
+  workers_ = 2;
+  StartServers({Table("emb", 100, 2)});
+  auto client = Client();
+  ASSERT_TRUE(Clock(*client, 0, -1, -1, /*initialized=*/true).ok());
+  const std::vector<uint64_t> rows = {3, 4};
+  const std::vector<float> before = Held("emb", rows);
+  const std::vector<float> first = {1, 2, 3, 4}, second = {0.5f, 0.5f, -1, -1};
+  ASSERT_TRUE(client->Push("emb", 2, rows, first.data(), PushKind::kDeferred).ok());
+  ASSERT_TRUE(client->Push("emb", 2, rows, second.data(), PushKind::kDeferred).ok());
+  EXPECT_EQ(Held("emb", rows), before);  // held, not applied
+  ASSERT_TRUE(Clock(*client, 0, 1, -1).ok());
+  EXPECT_EQ(Held("emb", rows), before);  // worker 1 has not finished step 1
+  ASSERT_TRUE(Clock(*client, 1, 1, -1).ok());
+  const std::vector<float> after = Held("emb", rows);
+  for (size_t i = 0; i < after.size(); ++i) {
+    EXPECT_FLOAT_EQ(after[i], before[i] - 0.5f * (first[i] + second[i])) << "element " << i;
+  }
+}
+
+TEST_F(PsServiceTest, AnAssignmentSetsRowsAndNamingARowTwiceIsRefused) {
+  StartServers({Table("dense", 10, 2)});
+  auto client = Client();
+  const std::vector<float> values = {1, 2, 3, 4};
+  ASSERT_TRUE(client->Push("dense", 2, {0, 7}, values.data(), PushKind::kAssign).ok());
+  ASSERT_TRUE(client->Push("dense", 2, {0, 7}, values.data(), PushKind::kAssign).ok());
+  EXPECT_EQ(Held("dense", {0, 7}), values);  // twice is once
+  const Status twice = client->Push("dense", 2, {1, 1}, values.data(), PushKind::kAssign);
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument) << twice;
+}
+
+TEST_F(PsServiceTest, AClockOfAnotherJobsWorkersIsRefusedNamingTheCount) {
+  workers_ = 2;
+  StartServers({Table("emb", 10, 2)});
+  auto client = Client();
+  ClockOptions options;
+  options.worker = 0;
+  options.workers = 3;
+  StatusOr<PsClock> wrong = client->Clock(options);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(wrong.status().message().find("keeps the clocks of 2 workers"), std::string::npos)
+      << wrong.status();
+  options.workers = 2;
+  auto stranger = Client("wrong-token");
+  StatusOr<PsClock> refused = stranger->Clock(options);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
 }
 
 TEST(PsServerOptionsTest, AServerWithoutATokenOrWithTwoTablesOfOneNameDoesNotStart) {
