@@ -117,7 +117,7 @@ StatusOr<std::unique_ptr<SparseModel>> SparseModel::Create(const SparseModelSpec
   }
   LOCKSTEP_ASSIGN_OR_RETURN(trainer::MlpModel model,
                             trainer::MlpModel::Create(int64_t{spec.fields} * spec.dim, spec.hidden,
-                                                      2, kernels::ActivationType::kRelu));
+                                                      2, spec.activation));
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
                             kernels::CreateDevice(kernels::DeviceType::kCpu));
   std::unique_ptr<SparseModel> sparse(new SparseModel(spec, std::move(model), std::move(device)));
@@ -161,7 +161,7 @@ Status SparseModel::InitializeDense(TableRows& dense) {
   }
   std::fill(dense_values_.begin(), dense_values_.end(), 0.0f);
   std::copy(params_.begin(), params_.end(), dense_values_.begin());
-  return dense.Push(dense_rows_, dense_values_.data(), PushKind::kDelta);
+  return dense.Push(dense_rows_, dense_values_.data(), PushKind::kAssign);
 }
 
 Status SparseModel::Rows(const ClickLog& log, int64_t first, int64_t rows,
@@ -184,7 +184,8 @@ Status SparseModel::Rows(const ClickLog& log, int64_t first, int64_t rows,
 }
 
 StatusOr<double> SparseModel::Step(const ClickLog& log, int64_t first, int64_t rows,
-                                   TableRows& embeddings, TableRows* dense) {
+                                   TableRows& embeddings, TableRows* dense,
+                                   const SparseStepOptions& options) {
   if (rows < 1 || rows > spec_.max_batch) {
     return InvalidArgumentError("a step of " + std::to_string(rows) +
                                 " samples; this model takes 1 to " +
@@ -199,7 +200,7 @@ StatusOr<double> SparseModel::Step(const ClickLog& log, int64_t first, int64_t r
   model_.Forward(ctx, params_.data(), input_.data(), rows, *workspace_);
   trainer::MlpModel::OutputGradient from;
   from.labels = labels_.data();
-  from.grad_scale = 1.0f / static_cast<float>(rows);
+  from.grad_scale = options.share / static_cast<float>(rows);
   from.loss_sum = &loss_sum;
   model_.Backward(ctx, params_.data(), input_.data(), rows, from, grads_.data(), *workspace_,
                   nullptr, /*accumulate=*/false, grad_input_.data());
@@ -208,13 +209,13 @@ StatusOr<double> SparseModel::Step(const ClickLog& log, int64_t first, int64_t r
   if (dense != nullptr) {
     std::fill(dense_values_.begin(), dense_values_.end(), 0.0f);
     std::copy(grads_.begin(), grads_.end(), dense_values_.begin());
-    LOCKSTEP_RETURN_IF_ERROR(dense->Push(dense_rows_, dense_values_.data(), PushKind::kGradient));
+    LOCKSTEP_RETURN_IF_ERROR(dense->Push(dense_rows_, dense_values_.data(), options.push));
   } else {
     const float step = -spec_.learning_rate;
     for (size_t i = 0; i < params_.size(); ++i) params_[i] += step * grads_[i];
   }
-  LOCKSTEP_RETURN_IF_ERROR(embeddings.Push(rows_, grad_input_.data(), PushKind::kGradient));
-  return loss_sum / static_cast<double>(rows);
+  LOCKSTEP_RETURN_IF_ERROR(embeddings.Push(rows_, grad_input_.data(), options.push));
+  return loss_sum / static_cast<double>(rows);  // unscaled: the samples' mean, whatever the share
 }
 
 StatusOr<std::vector<double>> SparseModel::Predict(const ClickLog& log, int64_t first, int64_t rows,

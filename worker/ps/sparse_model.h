@@ -43,6 +43,7 @@ struct SparseModelSpec {
   int32_t dim = 8;  // floats per embedding
   int64_t table_rows = int64_t{1} << 20;
   std::vector<int32_t> hidden = {64};
+  kernels::ActivationType activation = kernels::ActivationType::kRelu;
   float learning_rate = 0.05f;  // the MLP's and the table's
   uint64_t seed = 1;
   float init_scale = 0.01f;  // the table's rows start uniform in [-init_scale, init_scale)
@@ -135,6 +136,16 @@ class GeoTable final : public TableRows {
   std::vector<float> values_, pulled_;  // rows_.size() x dim: now, and as pulled
 };
 
+// How a step's gradients reach the tables.
+struct SparseStepOptions {
+  // kGradient (applied at once) or kDeferred (held by the servers until the slowest worker's
+  // clock advances: synchronous training).
+  PushKind push = PushKind::kGradient;
+  // The gradients' weight: 1 for the mean over this step's samples; 1 / workers in synchronous
+  // training, so that the servers' sum is the mean over every worker's samples.
+  float share = 1.0f;
+};
+
 class SparseModel {
  public:
   // INVALID_ARGUMENT for fields, dim, table rows or max_batch < 1, or a learning rate that is
@@ -147,13 +158,13 @@ class SparseModel {
   // pulled from it first and its gradient pushed to it after. Returns the batch's mean
   // cross-entropy.
   StatusOr<double> Step(const ClickLog& log, int64_t first, int64_t rows, TableRows& embeddings,
-                        TableRows* dense = nullptr);
+                        TableRows* dense = nullptr, const SparseStepOptions& options = {});
   // The click probability of samples [first, first + rows) (any number of rows), with the MLP
   // from `dense` when given.
   StatusOr<std::vector<double>> Predict(const ClickLog& log, int64_t first, int64_t rows,
                                         TableRows& embeddings, TableRows* dense = nullptr);
-  // Adds this model's MLP parameters to `dense` (kDelta): the chief's first act on a dense
-  // table that starts at zero.
+  // Writes this model's initial MLP parameters into `dense` (kAssign): the chief's first act on
+  // a dense table, harmless when a replaced chief does it again before training starts.
   Status InitializeDense(TableRows& dense);
 
   const std::vector<float>& mlp_params() const { return params_; }

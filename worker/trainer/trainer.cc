@@ -17,7 +17,6 @@
 #include "worker/trainer/sample_accounting.h"
 
 namespace lockstep::trainer {
-namespace {
 
 kernels::ActivationType ToKernelActivation(spec::Activation activation) {
   switch (activation) {
@@ -30,6 +29,8 @@ kernels::ActivationType ToKernelActivation(spec::Activation activation) {
   }
   return kernels::ActivationType::kRelu;
 }
+
+namespace {
 
 // fp16 dynamic loss scaling, PyTorch GradScaler's defaults: halve on overflow (and skip the
 // step), double after this many steps without one.

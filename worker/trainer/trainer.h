@@ -70,6 +70,9 @@
 
 namespace lockstep::trainer {
 
+// The manifest's activation (spec.trainer.model.activation) as the kernels name it.
+kernels::ActivationType ToKernelActivation(spec::Activation activation);
+
 struct GenerationInfo {
   int64_t generation = 0;
   int rank = 0;
