@@ -44,6 +44,7 @@
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 #include "worker/metrics.h"
 #include "worker/ps/ps_command.h"
+#include "worker/ps/ps_train_command.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/trainer.h"
 #include "worker/trainer/training_worker.h"
@@ -92,7 +93,8 @@ void Usage() {
   std::cerr << "usage: lockstep-worker train [--manifest FILE]\n"
                "       lockstep-worker exec [--manifest FILE] -- COMMAND [ARGS...]\n"
                "       lockstep-worker ps --job NS/NAME --shard S --shards N [--listen HOST:PORT]\n"
-               "                          --table NAME:ROWS:DIM[:LR[:SEED[:INIT_SCALE]]]...\n"
+               "                          [--workers N] --table NAME:ROWS:DIM[:LR[:SEED[:INIT_SCALE]]]...\n"
+               "       lockstep-worker ps --manifest FILE --shard S [--listen HOST:PORT]\n"
                "  train runs the built-in trainer; exec runs COMMAND under the rendezvous and\n"
                "  restart rules (docs/exec.md). The manifest comes from --manifest or the\n"
                "  LOCKSTEP_SPEC environment variable. ps serves one parameter server of a job\n"
@@ -194,6 +196,10 @@ int Train(const std::string& manifest_path) {
   const std::string job_name =
       EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
   SetLogContext("job=" + job_name + " rank=- gen=-");
+  if (job->spec.trainer->sync.strategy == spec::SyncStrategy::kParameterServer) {
+    // A parameter-server job's worker trains the sparse model through the servers.
+    return ps::RunParameterServerWorker(*job, job_name);
+  }
   // Logs the node's RDMA devices and, for roce/infiniband, adds NCCL_IB_HCA/NCCL_IB_GID_INDEX
   // (docs/rdma.md). Here, before this process starts any thread of its own: setenv is not safe
   // against a concurrent getenv, and NCCL reads its variables when the communicator is created.

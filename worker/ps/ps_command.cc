@@ -8,6 +8,8 @@
 #include "common/env.h"
 #include "common/status.h"
 #include "worker/agent/wake_pipe.h"
+#include "common/spec/training_job.h"
+#include "worker/ps/ps_job.h"
 #include "worker/ps/ps_server.h"
 
 namespace lockstep::ps {
@@ -24,7 +26,8 @@ bool ParseNumber(const std::string& text, const std::string& field, T* out, std:
   std::istringstream in(text);
   in >> *out;
   if (in.fail() || !in.eof()) {
-    *error = "--table: " + field + " \"" + text + "\" is not a number";
+    *error = (field.rfind("--", 0) == 0 ? field : "--table: " + field) + " \"" + text +
+             "\" is not a number";
     return false;
   }
   return true;
@@ -46,11 +49,21 @@ bool ParseTable(const std::string& value, TableSpec* table, std::string* error) 
          (parts.size() < 6 || ParseNumber(parts[5], "init scale", &table->init_scale, error));
 }
 
+// The manifest of --manifest, else of LOCKSTEP_SPEC (the JSON a pod gets).
+StatusOr<spec::TrainingJob> LoadJob(const std::string& path) {
+  if (!path.empty()) return spec::LoadTrainingJobFile(path);
+  nlohmann::json document =
+      nlohmann::json::parse(EnvString("LOCKSTEP_SPEC", ""), nullptr, /*allow_exceptions=*/false);
+  if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
+  return spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
+}
+
 }  // namespace
 
 int RunParameterServerCommand(const std::vector<std::string>& args) {
   ShardServerOptions options;
   options.listen_address = "0.0.0.0:7470";
+  std::string manifest_path;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (i + 1 >= args.size()) return Refuse(flag + " needs a value (see --help)");
@@ -62,14 +75,32 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
       if (!ParseNumber(value, "--shard", &options.shard, &error)) return Refuse(error);
     } else if (flag == "--shards") {
       if (!ParseNumber(value, "--shards", &options.shards, &error)) return Refuse(error);
+    } else if (flag == "--workers") {
+      if (!ParseNumber(value, "--workers", &options.workers, &error)) return Refuse(error);
     } else if (flag == "--listen") {
       options.listen_address = value;
+    } else if (flag == "--manifest") {
+      manifest_path = value;
     } else if (flag == "--table") {
       TableSpec table;
       if (!ParseTable(value, &table, &error)) return Refuse(error);
       options.tables.push_back(table);
     } else {
       return Refuse("unknown flag " + flag);
+    }
+  }
+  if (!manifest_path.empty() || (options.tables.empty() && !EnvString("LOCKSTEP_SPEC", "").empty())) {
+    // The job's own tables and workers, from its manifest (a pod's LOCKSTEP_SPEC).
+    if (!options.tables.empty()) return Refuse("--table and a manifest: give one of them");
+    StatusOr<spec::TrainingJob> job = LoadJob(manifest_path);
+    if (!job.ok()) return Refuse(job.status().message());
+    StatusOr<std::vector<TableSpec>> tables = JobTables(*job);
+    if (!tables.ok()) return Refuse(tables.status().message());
+    options.tables = *tables;
+    options.workers = job->spec.replicas;
+    options.shards = job->spec.parameter_servers.replicas;
+    if (options.job.empty()) {
+      options.job = EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
     }
   }
   options.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
