@@ -346,6 +346,8 @@ void Supervisor::Reap(std::vector<SupervisorEvent>* events) {
       slot.restart_at = MonotonicSeconds();
       event.restart_scheduled = true;
       event.replaced = true;
+    } else if (!event.exit.success() && !stopping_ && !slot.command.restartable) {
+      event.no_restart_reason = "not restartable";
     } else if (!event.exit.success() && !stopping_) {
       RestartPolicy::Decision decision = policy_->OnWorkerFailed(event.exit, restarts_);
       if (decision.restart) {

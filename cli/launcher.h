@@ -52,6 +52,9 @@ struct WorkerCommand {
   // common/termination_message.h), emptied before each start and read at its exit, as the
   // kubelet does with a container's terminationMessagePath. Empty: none.
   std::string termination_log;
+  // False: a failure of this process is never restarted (a parameter server, whose shard of the
+  // model would start over); its exit is reported with no_restart_reason saying so.
+  bool restartable = true;
 };
 
 // How a worker process ended.

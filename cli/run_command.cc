@@ -1,12 +1,16 @@
 #include "cli/run_command.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <openssl/rand.h>
+#include <sys/socket.h>
 #include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstring>
 #include <csignal>
 #include <ctime>
 #include <filesystem>
@@ -182,6 +186,35 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, bool exec,
     summary->eval_accuracy.reset();
     summary->resumed_from_step.reset();
   }
+}
+
+// `count` ports free on the loopback now, each bound to port 0, read back and released together
+// (so they differ). A process that takes one before its server binds it makes that server fail
+// to start, and the run fail with its log.
+StatusOr<std::vector<int>> PickLoopbackPorts(int count) {
+  std::vector<int> fds, ports;
+  Status status = OkStatus();
+  for (int i = 0; i < count && status.ok(); ++i) {
+    const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+      status = InternalError(std::string("socket: ") + std::strerror(errno));
+      break;
+    }
+    fds.push_back(fd);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t length = sizeof(address);
+    if (bind(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)) != 0 ||
+        getsockname(fd, reinterpret_cast<sockaddr*>(&address), &length) != 0) {
+      status = InternalError(std::string("bind 127.0.0.1:0: ") + std::strerror(errno));
+      break;
+    }
+    ports.push_back(ntohs(address.sin_port));
+  }
+  for (int fd : fds) close(fd);
+  if (!status.ok()) return status;
+  return ports;
 }
 
 std::string JobKey(const spec::TrainingJob& job) {
@@ -484,7 +517,25 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   command_options.token = *token;
   command_options.join_timeout_ms = EnvString(
       "LOCKSTEP_JOIN_TIMEOUT_MS", std::to_string(RendezvousTimeoutMs() + kJoinTimeoutMarginMs));
-  const std::vector<WorkerCommand> commands = BuildWorkerCommands(job, command_options);
+  const int32_t servers = job.spec.parameter_servers.replicas;
+  if (servers > 0) {
+    StatusOr<std::vector<int>> ports = PickLoopbackPorts(servers);
+    if (!ports.ok()) {
+      err << "lockstep run: parameter servers: " << ports.status().message() << "\n";
+      (*server)->Shutdown(kServerShutdownMs);
+      return kExitFailure;
+    }
+    for (int port : *ports) {
+      command_options.parameter_servers.push_back("127.0.0.1:" + std::to_string(port));
+    }
+  }
+  // The workers in slots 0 .. workers - 1, the parameter servers after them (the workers wait
+  // for the servers to listen).
+  std::vector<WorkerCommand> commands = BuildWorkerCommands(job, command_options);
+  const int32_t worker_slots = static_cast<int32_t>(commands.size());
+  for (WorkerCommand& command : BuildParameterServerCommands(job, command_options)) {
+    commands.push_back(std::move(command));
+  }
   SupervisorOptions supervisor_options;
   supervisor_options.grace_period_ms = RunGracePeriodMs();
   if (exec) {
@@ -525,6 +576,9 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
       << (standby == 0 ? std::string()
                        : " and " + std::to_string(standby) + " standby" +
                              (standby == 1 ? "" : "s"))
+      << (servers == 0 ? std::string()
+                       : " and " + std::to_string(servers) + " parameter server" +
+                             (servers == 1 ? "" : "s"))
       << "; logs in " << *log_dir << "\n"
       << std::flush;
 
@@ -539,6 +593,7 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   watch_options.poll_interval_ms = kPollIntervalMs;
   watch_options.rendezvous_timeout_ms = RendezvousTimeoutMs();
   watch_options.drain_ms = RunCompletionDrainMs();
+  watch_options.worker_slots = worker_slots;
   WatchOutcome outcome = WatchUntilDone(job, watch_options, supervisor, **server, display,
                                         console ? &*console : nullptr, out, started_at);
   display.Clear();

@@ -120,15 +120,21 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
   const bool elastic = job.spec.elastic.min_replicas < job.spec.elastic.max_replicas;
   const int32_t min_alive = job.spec.elastic.min_replicas;
   const int64_t rendezvous_timeout_ms = options.rendezvous_timeout_ms;
-  std::vector<bool> finished(supervisor.size(), false);
-  std::vector<bool> dropped(supervisor.size(), false);
+  const int workers = options.worker_slots >= 0 ? options.worker_slots : supervisor.size();
+  std::vector<bool> finished(workers, false);
+  std::vector<bool> dropped(workers, false);
+  auto running_workers = [&] {
+    int32_t running = 0;
+    for (int slot = 0; slot < workers; ++slot) running += supervisor.pid(slot) != 0 ? 1 : 0;
+    return running;
+  };
   // Once a worker completed training (Leave(completed) or exit 0), replacements are no longer
   // needed: pending restarts are cancelled, a replacement outside the final generation is
   // stopped, and its exit (the rendezvous refuses it, or our SIGTERM) is not a failure.
   // Workers of the first start of a job without standbys are never stopped this way: they finish
   // on their own. With standbys any worker outside the final generation is let go.
   bool completing = false;
-  std::vector<bool> replaced(supervisor.size(), false);
+  std::vector<bool> replaced(workers, false);
   auto needed_by_a_completing_job = [&](int slot) {
     return !replaced[slot] && job.spec.elastic.standby == 0;
   };
@@ -157,6 +163,17 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           if (outcome.interrupt_signal == 0) outcome.interrupt_signal = event.signal;
           break;
         case SupervisorEvent::Kind::kWorkerExited: {
+          if (event.exit.slot >= workers) {
+            // A parameter server: the shard of the model it held is gone.
+            if (outcome.failure_reason.empty()) {
+              outcome.failure_reason =
+                  "parameter server " + event.exit.member_id + " (pid " +
+                  std::to_string(event.exit.pid) + ") exited with " + event.exit.Describe() +
+                  ": its shard of the model is lost (parameter servers keep no checkpoints "
+                  "yet); its log is " + supervisor.command(event.exit.slot).log_path;
+            }
+            break;
+          }
           if (event.replaced) {  // a straggler, stopped on purpose; its replacement is due
             server.RemoveMember(job_key, event.exit.member_id, "replaced as a straggler");
             break;
@@ -234,11 +251,13 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
                      std::to_string(job.spec.run_policy.backoff_limit) +
                      ": a command failed and is restarted (in place where it uses lockstep.elastic; the worker logs say how)");
     }
-    if (outcome.interrupt_signal != 0 || outcome.failure) return outcome;
+    if (outcome.interrupt_signal != 0 || outcome.failure || !outcome.failure_reason.empty()) {
+      return outcome;
+    }
     if (outcome.snapshot.completed_members > 0) completing = true;
     if (completing) {
       supervisor.CancelPendingRestarts();
-      for (int slot = 0; slot < supervisor.size(); ++slot) {
+      for (int slot = 0; slot < workers; ++slot) {
         if (finished[slot] || dropped[slot]) continue;
         if (supervisor.pid(slot) == 0) {
           // Failed, and its replacement (if one was pending) was just cancelled: the job is
@@ -258,18 +277,18 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
     }
     const double now = MonotonicSeconds();
     const auto draw = [&] {
-      display.Update(SampleFrom(outcome.snapshot, exec, supervisor.running(),
+      display.Update(SampleFrom(outcome.snapshot, exec, running_workers(),
                                 exec ? agent_restarts : supervisor.restarts(), now - started_at),
                      now);
     };
-    if (settled == supervisor.size() && finished_count > 0) {
+    if (settled == workers && finished_count > 0) {
       // A generation that formed since the last poll is still reported ("world size 3 -> 2"):
       // a job may finish within one poll of a change.
       draw();
       return outcome;
     }
     // Finished workers count as alive: a job that is completing is not short of members.
-    const int32_t alive = supervisor.running() + supervisor.pending_restarts() + finished_count;
+    const int32_t alive = running_workers() + supervisor.pending_restarts() + finished_count;
     // A completing job is draining, not short of members: the drain deadline governs it.
     if (alive >= min_alive || completing) {
       below_min_since = -1;

@@ -24,6 +24,10 @@ struct WatchOptions {
   int64_t rendezvous_timeout_ms = 30000;
   // Once one worker finished, how long the others may take (LOCKSTEP_RUN_DRAIN_TIMEOUT_MS).
   int64_t drain_ms = 300000;
+  // The supervisor's slots 0 .. worker_slots - 1 are the workers; the rest are the job's
+  // parameter servers, which serve until the workers are done and whose exit fails the job.
+  // -1: every slot is a worker.
+  int32_t worker_slots = -1;
 };
 
 // How watching a run ended: at most one of failure, failure_reason and interrupt_signal is set;

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "cli/exit_codes.h"
+#include "worker/ps/click_log_file.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/memory_estimate.h"
 
@@ -62,6 +63,21 @@ ManifestCheck CheckManifest(const std::string& path) {
   }
   // Contents are checked only when every file is there: a missing file is already reported, and
   // loading would only repeat it.
+  if (check.problems.empty() && job->spec.trainer.has_value() &&
+      job->spec.trainer->data.format == spec::DataFormat::kClickLog) {
+    // A parameter-server job's click logs: every line read as its workers will.
+    const spec::TrainerSpec& trainer = *job->spec.trainer;
+    for (const auto& [name, uris] : {std::pair<const char*, const std::vector<std::string>*>{
+                                         "train", &trainer.data.train},
+                                     {"test", &trainer.data.test}}) {
+      if (uris->empty()) continue;
+      StatusOr<ps::ClickLog> log = ps::ReadClickLogFile(
+          std::string("spec.trainer.data.") + name + "[0]",
+          spec::ResolveDataPath(*job, uris->front()), trainer.model.embedding->fields);
+      if (!log.ok()) AddProblemLines(path, log.status().message(), &check.problems);
+    }
+    return check;
+  }
   if (check.problems.empty() && job->spec.trainer.has_value()) {
     trainer::DataShape shape;
     Status data = trainer::CheckDatasets(*job, &shape);

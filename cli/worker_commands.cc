@@ -86,6 +86,14 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
     if (!command.termination_log.empty()) {
       command.env.emplace_back(kTerminationLogEnv, command.termination_log);
     }
+    command.env.emplace_back("LOCKSTEP_WORKER_INDEX", std::to_string(i));
+    if (!options.parameter_servers.empty()) {
+      std::string servers;
+      for (const std::string& server : options.parameter_servers) {
+        servers += (servers.empty() ? "" : ",") + server;
+      }
+      command.env.emplace_back("LOCKSTEP_PS_SERVERS", servers);
+    }
     if ((i + 1) * ranks <= static_cast<int32_t>(gpus.size())) {
       // Pod i sees only its GPUs, i * ranks .. (i + 1) * ranks - 1 (as a device plugin gives a
       // pod its own), its rank r uses the r-th of them, and a replacement in the same slot gets
@@ -96,6 +104,26 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
       }
       command.env.emplace_back("CUDA_VISIBLE_DEVICES", visible);
     }
+    commands.push_back(std::move(command));
+  }
+  return commands;
+}
+
+std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob& job,
+                                                        const WorkerCommandOptions& options) {
+  std::vector<WorkerCommand> commands;
+  for (size_t s = 0; s < options.parameter_servers.size(); ++s) {
+    WorkerCommand command;
+    command.member_id = job.metadata.name + "-ps-" + std::to_string(s);
+    command.argv = {options.worker_binary, "ps",    "--manifest",
+                    options.manifest_path, "--shard", std::to_string(s),
+                    "--listen",            options.parameter_servers[s]};
+    command.log_path = (fs::path(options.log_dir) / ("ps-" + std::to_string(s) + ".log")).string();
+    command.env = {
+        {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
+        {"LOCKSTEP_JOB_TOKEN", options.token},
+    };
+    command.restartable = false;
     commands.push_back(std::move(command));
   }
   return commands;

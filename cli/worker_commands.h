@@ -18,6 +18,8 @@ struct WorkerCommandOptions {
   std::string rendezvous_address;  // host:port
   std::string token;               // the job's token
   std::string join_timeout_ms;     // LOCKSTEP_JOIN_TIMEOUT_MS of every worker
+  // host:port of each parameter server (LOCKSTEP_PS_SERVERS); empty without spec.parameterServers.
+  std::vector<std::string> parameter_servers;
 };
 
 // Threads for the linear-algebra library of each of `workers` local workers.
@@ -33,7 +35,15 @@ std::vector<std::string> VisibleGpus();
 // command:), its log, metrics port (spec.metrics.port + i * ranksPerWorker; its ranks add
 // their local rank) and environment; pod i of a cuda job sees only its ranksPerWorker visible
 // GPUs, from the (i * ranksPerWorker)-th on.
+// Worker i also gets LOCKSTEP_WORKER_INDEX i, and LOCKSTEP_PS_SERVERS when the job has parameter
+// servers.
 std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
                                                const WorkerCommandOptions& options);
+
+// One command per parameter server of spec.parameterServers: member id <name>-ps-<s>,
+// `lockstep-worker ps --manifest ... --shard s --listen <options.parameter_servers[s]>`, its log
+// log_dir/ps-<s>.log, and the job's token; never restarted (WorkerCommand::restartable).
+std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob& job,
+                                                        const WorkerCommandOptions& options);
 
 }  // namespace lockstep::cli
