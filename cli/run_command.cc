@@ -3,15 +3,15 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/rand.h>
-#include <sys/socket.h>
 #include <sys/ioctl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <climits>
-#include <cstring>
 #include <csignal>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -21,17 +21,17 @@
 #include <thread>
 
 #include "cli/exit_codes.h"
-#include "kernels/device.h"
 #include "cli/launcher.h"
 #include "cli/progress_display.h"
 #include "cli/run_watch.h"
 #include "cli/summary.h"
-#include "cli/worker_commands.h"
 #include "cli/validate_command.h"
+#include "cli/worker_commands.h"
 #include "common/deadline.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/rendezvous/server.h"
+#include "kernels/device.h"
 
 namespace lockstep::cli {
 
@@ -569,16 +569,14 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
   const int32_t replicas = job.spec.replicas, standby = job.spec.elastic.standby;
   out << "lockstep: running " << job_key << " with " << replicas << " worker"
       << (replicas == 1 ? "" : "s")
-      << (ranks_per_worker == 1
-              ? std::string()
-              : " x " + std::to_string(ranks_per_worker) + " ranks = " +
-                    std::to_string(replicas * ranks_per_worker) + " ranks")
+      << (ranks_per_worker == 1 ? std::string()
+                                : " x " + std::to_string(ranks_per_worker) + " ranks = " +
+                                      std::to_string(replicas * ranks_per_worker) + " ranks")
       << (standby == 0 ? std::string()
-                       : " and " + std::to_string(standby) + " standby" +
-                             (standby == 1 ? "" : "s"))
-      << (servers == 0 ? std::string()
-                       : " and " + std::to_string(servers) + " parameter server" +
-                             (servers == 1 ? "" : "s"))
+                       : " and " + std::to_string(standby) + " standby" + (standby == 1 ? "" : "s"))
+      << (servers == 0
+              ? std::string()
+              : " and " + std::to_string(servers) + " parameter server" + (servers == 1 ? "" : "s"))
       << "; logs in " << *log_dir << "\n"
       << std::flush;
 

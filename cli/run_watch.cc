@@ -170,7 +170,8 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
                   "parameter server " + event.exit.member_id + " (pid " +
                   std::to_string(event.exit.pid) + ") exited with " + event.exit.Describe() +
                   ": its shard of the model is lost (parameter servers keep no checkpoints "
-                  "yet); its log is " + supervisor.command(event.exit.slot).log_path;
+                  "yet); its log is " +
+                  supervisor.command(event.exit.slot).log_path;
             }
             break;
           }

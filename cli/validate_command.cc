@@ -1,11 +1,10 @@
 #include "cli/validate_command.h"
 
-#include "kernels/device.h"
-
 #include <cstdlib>
 #include <sstream>
 
 #include "cli/exit_codes.h"
+#include "kernels/device.h"
 #include "worker/ps/click_log_file.h"
 #include "worker/trainer/dataset.h"
 #include "worker/trainer/memory_estimate.h"
@@ -67,9 +66,9 @@ ManifestCheck CheckManifest(const std::string& path) {
       job->spec.trainer->data.format == spec::DataFormat::kClickLog) {
     // A parameter-server job's click logs: every line read as its workers will.
     const spec::TrainerSpec& trainer = *job->spec.trainer;
-    for (const auto& [name, uris] : {std::pair<const char*, const std::vector<std::string>*>{
-                                         "train", &trainer.data.train},
-                                     {"test", &trainer.data.test}}) {
+    for (const auto& [name, uris] :
+         {std::pair<const char*, const std::vector<std::string>*>{"train", &trainer.data.train},
+          {"test", &trainer.data.test}}) {
       if (uris->empty()) continue;
       StatusOr<ps::ClickLog> log = ps::ReadClickLogFile(
           std::string("spec.trainer.data.") + name + "[0]",

@@ -115,9 +115,14 @@ std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob&
   for (size_t s = 0; s < options.parameter_servers.size(); ++s) {
     WorkerCommand command;
     command.member_id = job.metadata.name + "-ps-" + std::to_string(s);
-    command.argv = {options.worker_binary, "ps",    "--manifest",
-                    options.manifest_path, "--shard", std::to_string(s),
-                    "--listen",            options.parameter_servers[s]};
+    command.argv = {options.worker_binary,
+                    "ps",
+                    "--manifest",
+                    options.manifest_path,
+                    "--shard",
+                    std::to_string(s),
+                    "--listen",
+                    options.parameter_servers[s]};
     command.log_path = (fs::path(options.log_dir) / ("ps-" + std::to_string(s) + ".log")).string();
     command.env = {
         {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},

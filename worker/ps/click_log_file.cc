@@ -122,8 +122,8 @@ Status WriteClickLogFile(const ClickLog& log, const std::string& path) {
     line.assign(log.labels[static_cast<size_t>(s)] == 1 ? "1" : "0");
     for (int32_t f = 0; f < log.fields; ++f) {
       line.push_back('\t');
-      line += std::to_string(
-          log.ids[static_cast<size_t>(s) * static_cast<size_t>(log.fields) + f] & kIdMask);
+      line += std::to_string(log.ids[static_cast<size_t>(s) * static_cast<size_t>(log.fields) + f] &
+                             kIdMask);
     }
     line.push_back('\n');
     if (gzwrite(file.get(), line.data(), static_cast<unsigned>(line.size())) !=

@@ -91,8 +91,8 @@ int main(int argc, char** argv) {
   test.ids.assign(log.ids.begin() + static_cast<std::ptrdiff_t>(cut), log.ids.end());
   test.labels.assign(log.labels.begin() + train_samples, log.labels.end());
   std::vector<double> ceiling(log.probabilities.begin() + train_samples, log.probabilities.end());
-  for (const auto& [name, part] : {std::pair<const char*, const ClickLog*>{"train", &train},
-                                   {"test", &test}}) {
+  for (const auto& [name, part] :
+       {std::pair<const char*, const ClickLog*>{"train", &train}, {"test", &test}}) {
     const std::string path = dir + "/" + name + ".tsv.gz";
     if (lockstep::Status written = lockstep::ps::WriteClickLogFile(*part, path); !written.ok()) {
       std::cerr << "lockstep-click-log: " << written.message() << "\n";

@@ -62,10 +62,14 @@ std::vector<std::pair<int, std::vector<size_t>>> Pieces(const std::vector<uint64
 
 v1::PushRequest::Kind WireKind(PushKind kind) {
   switch (kind) {
-    case PushKind::kDelta: return v1::PushRequest::DELTA;
-    case PushKind::kDeferred: return v1::PushRequest::DEFERRED;
-    case PushKind::kAssign: return v1::PushRequest::ASSIGN;
-    case PushKind::kGradient: break;
+    case PushKind::kDelta:
+      return v1::PushRequest::DELTA;
+    case PushKind::kDeferred:
+      return v1::PushRequest::DEFERRED;
+    case PushKind::kAssign:
+      return v1::PushRequest::ASSIGN;
+    case PushKind::kGradient:
+      break;
   }
   return v1::PushRequest::GRADIENT;
 }
@@ -300,9 +304,8 @@ StatusOr<PsClock> PsClient::Clock(const ClockOptions& clock) {
   LOCKSTEP_RETURN_IF_ERROR(stubs_->RunAll(
       calls, options_,
       [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
-         const v1::ClockRequest& request, grpc::CompletionQueue* queue) {
-        return stub.PrepareAsyncClock(context, request, queue);
-      },
+         const v1::ClockRequest& request,
+         grpc::CompletionQueue* queue) { return stub.PrepareAsyncClock(context, request, queue); },
       clock.timeout_ms, /*wait_for_ready=*/true));
   // Every server got the same reports, so they agree but for a report one of them missed (a
   // worker lost mid-call): the highest own clock is where the worker was, the lowest minimum

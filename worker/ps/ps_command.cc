@@ -6,9 +6,9 @@
 #include <sstream>
 
 #include "common/env.h"
+#include "common/spec/training_job.h"
 #include "common/status.h"
 #include "worker/agent/wake_pipe.h"
-#include "common/spec/training_job.h"
 #include "worker/ps/ps_job.h"
 #include "worker/ps/ps_server.h"
 
@@ -89,7 +89,8 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
       return Refuse("unknown flag " + flag);
     }
   }
-  if (!manifest_path.empty() || (options.tables.empty() && !EnvString("LOCKSTEP_SPEC", "").empty())) {
+  if (!manifest_path.empty() ||
+      (options.tables.empty() && !EnvString("LOCKSTEP_SPEC", "").empty())) {
     // The job's own tables and workers, from its manifest (a pod's LOCKSTEP_SPEC).
     if (!options.tables.empty()) return Refuse("--table and a manifest: give one of them");
     StatusOr<spec::TrainingJob> job = LoadJob(manifest_path);

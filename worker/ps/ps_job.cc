@@ -31,8 +31,8 @@ StatusOr<PsClock> ReportClock(PsClient& client, const PsTrainingOptions& options
     if (answer.ok() || answer.status().code() != StatusCode::kDeadlineExceeded ||
         deadline.expired()) {
       if (!answer.ok() && answer.status().code() == StatusCode::kDeadlineExceeded) {
-        return DeadlineExceededError("worker " + std::to_string(options.worker) +
-                                     " waited " + std::to_string(options.wait_timeout_ms) +
+        return DeadlineExceededError("worker " + std::to_string(options.worker) + " waited " +
+                                     std::to_string(options.wait_timeout_ms) +
                                      " ms for the other workers: " + answer.status().message());
       }
       return answer;
@@ -68,9 +68,8 @@ StatusOr<std::vector<TableSpec>> JobTables(const spec::TrainingJob& job) {
   // The MLP's size, from the model itself (a batch of one: its workspace is not used).
   spec.max_batch = 1;
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<SparseModel> model, SparseModel::Create(spec));
-  return std::vector<TableSpec>{
-      EmbeddingTable(spec),
-      DenseTable(spec, static_cast<int64_t>(model->mlp_params().size()))};
+  return std::vector<TableSpec>{EmbeddingTable(spec),
+                                DenseTable(spec, static_cast<int64_t>(model->mlp_params().size()))};
 }
 
 int64_t PsTotalSteps(const spec::TrainingJob& job, int64_t train_samples) {
@@ -81,14 +80,14 @@ int64_t PsTotalSteps(const spec::TrainingJob& job, int64_t train_samples) {
 }
 
 StatusOr<PsTrainingResult> TrainThroughServers(
-    const PsTrainingOptions& options, const ClickLog& train, const ClickLog* test,
-    PsClient& client, const std::function<void(const PsProgress&)>& on_progress) {
+    const PsTrainingOptions& options, const ClickLog& train, const ClickLog* test, PsClient& client,
+    const std::function<void(const PsProgress&)>& on_progress) {
   const spec::TrainingJob& job = options.job;
   LOCKSTEP_ASSIGN_OR_RETURN(SparseModelSpec spec, SparseModelSpecOf(job));
   const int workers = job.spec.replicas;
   if (options.worker < 0 || options.worker >= workers) {
-    return InvalidArgumentError("worker " + std::to_string(options.worker) +
-                                " of a job of " + std::to_string(workers) + " workers");
+    return InvalidArgumentError("worker " + std::to_string(options.worker) + " of a job of " +
+                                std::to_string(workers) + " workers");
   }
   if (train.samples < 1) return InvalidArgumentError("the train log holds no samples");
   const spec::ParameterServerSyncSpec& sync = job.spec.trainer->sync.parameter_server;
@@ -123,8 +122,7 @@ StatusOr<PsTrainingResult> TrainThroughServers(
   }
   if (options.worker == 0 && !where.initialized) {
     LOCKSTEP_RETURN_IF_ERROR(model->InitializeDense(dense));
-    LOCKSTEP_RETURN_IF_ERROR(
-        ReportClock(client, options, -1, -1, /*initialized=*/true).status());
+    LOCKSTEP_RETURN_IF_ERROR(ReportClock(client, options, -1, -1, /*initialized=*/true).status());
   }
   // The step before which a step may not start: sync waits for every worker's previous step,
   // bounded staleness for the one S before it; every first step for the chief's initial values.
@@ -149,8 +147,8 @@ StatusOr<PsTrainingResult> TrainThroughServers(
     if (options.stop != nullptr && options.stop->load()) return CancelledError("stopped");
     const int64_t first = ((step * workers + options.worker) % batches_per_pass) * batch;
     const int64_t rows = std::min(batch, train.samples - first);
-    LOCKSTEP_ASSIGN_OR_RETURN(double loss, model->Step(train, first, rows, step_embeddings,
-                                                       &step_dense, step_options));
+    LOCKSTEP_ASSIGN_OR_RETURN(
+        double loss, model->Step(train, first, rows, step_embeddings, &step_dense, step_options));
     ++step;
     loss_sum += loss;
     ++loss_steps;

@@ -19,10 +19,10 @@
 //  - geo: the worker trains copies of the rows it uses (GeoTable) and pushes their changes every
 //    geoInterval steps, the MLP's weighted 1 / workers.
 // Worker w's step t trains batch (t x workers + w) mod B of the log's B batches of batchSize
-// samples (the last one short), so that the workers' batches of one step are one global batch. A worker that
-// starts again learns its clock from the servers and goes on from there. Every worker ends by
-// waiting for every other to finish (so the job's end is the last step's), and the chief (worker
-// 0) then evaluates the test log with the servers' final model.
+// samples (the last one short), so that the workers' batches of one step are one global batch. A
+// worker that starts again learns its clock from the servers and goes on from there. Every worker
+// ends by waiting for every other to finish (so the job's end is the last step's), and the chief
+// (worker 0) then evaluates the test log with the servers' final model.
 #pragma once
 
 #include <atomic>
@@ -62,7 +62,7 @@ struct PsTrainingOptions {
 struct PsProgress {
   int64_t step = 0;  // steps this worker has finished
   int64_t total_steps = 0;
-  double loss = 0;  // mean over the steps since the last report
+  double loss = 0;                // mean over the steps since the last report
   double samples_per_second = 0;  // this worker's
   int64_t resumed_from_step = -1;
 };
@@ -80,7 +80,7 @@ struct PsTrainingResult {
 };
 
 StatusOr<PsTrainingResult> TrainThroughServers(
-    const PsTrainingOptions& options, const ClickLog& train, const ClickLog* test,
-    PsClient& client, const std::function<void(const PsProgress&)>& on_progress = {});
+    const PsTrainingOptions& options, const ClickLog& train, const ClickLog* test, PsClient& client,
+    const std::function<void(const PsProgress&)>& on_progress = {});
 
 }  // namespace lockstep::ps

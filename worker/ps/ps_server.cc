@@ -5,13 +5,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cmath>
+#include <condition_variable>
 #include <cstring>
-#include <unordered_map>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <unordered_map>
 #include <utility>
 
 #include "common/rendezvous/wire.h"
@@ -122,9 +122,10 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     StatusOr<bool> admitted = AdmitJob(*context, request->job());
     if (!admitted.ok()) return Refuse(admitted.status());
     if (request->workers() != static_cast<uint32_t>(options_.workers)) {
-      return Refuse(InvalidArgumentError(
-          "workers: " + std::to_string(request->workers()) + ", but this server keeps the clocks "
-          "of " + std::to_string(options_.workers) + " workers"));
+      return Refuse(InvalidArgumentError("workers: " + std::to_string(request->workers()) +
+                                         ", but this server keeps the clocks "
+                                         "of " +
+                                         std::to_string(options_.workers) + " workers"));
     }
     if (request->worker() >= request->workers()) {
       return Refuse(InvalidArgumentError("worker: " + std::to_string(request->worker()) +
@@ -158,8 +159,8 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
         return Refuse(CancelledError("the parameter server is stopping"));
       }
       if (give_up <= std::chrono::system_clock::now()) {
-        const size_t slowest = static_cast<size_t>(
-            std::min_element(clocks_.begin(), clocks_.end()) - clocks_.begin());
+        const size_t slowest =
+            static_cast<size_t>(std::min_element(clocks_.begin(), clocks_.end()) - clocks_.begin());
         return Refuse(DeadlineExceededError(
             !initialized_ ? "the chief has not initialized the parameters yet"
                           : "waiting for every worker to reach step " + std::to_string(wait_for) +
@@ -191,10 +192,17 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     if (want > 0) std::memcpy(values.data(), request->values().data(), want);
     PushKind kind = PushKind::kGradient;
     switch (request->kind()) {
-      case v1::PushRequest::DELTA: kind = PushKind::kDelta; break;
-      case v1::PushRequest::DEFERRED: kind = PushKind::kDeferred; break;
-      case v1::PushRequest::ASSIGN: kind = PushKind::kAssign; break;
-      default: break;
+      case v1::PushRequest::DELTA:
+        kind = PushKind::kDelta;
+        break;
+      case v1::PushRequest::DEFERRED:
+        kind = PushKind::kDeferred;
+        break;
+      case v1::PushRequest::ASSIGN:
+        kind = PushKind::kAssign;
+        break;
+      default:
+        break;
     }
     if (kind == PushKind::kDeferred) {
       Status held = Defer(**table, request->rows().data(), count, values.data());
@@ -240,10 +248,10 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   void ApplyDeferred() {
     for (auto& [name, held] : deferred_) {
       if (held.rows.empty()) continue;
-      Status applied = tables_.at(name)
-                           ->Push(held.rows.data(), held.rows.size(), held.values.data(),
-                                  PushKind::kGradient)
-                           .status();
+      Status applied =
+          tables_.at(name)
+              ->Push(held.rows.data(), held.rows.size(), held.values.data(), PushKind::kGradient)
+              .status();
       if (!applied.ok()) {
         std::lock_guard<std::mutex> stats_lock(stats_mu_);
         ++stats_.refused;  // the sum of finite gradients overflowed: that step is dropped

@@ -189,22 +189,22 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
     LOCKSTEP_LOG(INFO) << "step " << progress.step << "/" << progress.total_steps << " loss "
                        << progress.loss << " samples/s " << progress.samples_per_second;
   };
-  StatusOr<PsTrainingResult> result = TrainThroughServers(
-      options, *train, test ? &*test : nullptr, **client, on_progress);
+  StatusOr<PsTrainingResult> result =
+      TrainThroughServers(options, *train, test ? &*test : nullptr, **client, on_progress);
   if (signal_number.load() != 0) {
     membership.client().StopHeartbeat();
     return 128 + signal_number.load();
   }
   if (!result.ok()) {
-    return Fail(result.status().code() == StatusCode::kInvalidArgument ? kExitBadInput
-                                                                       : kExitFailure,
-                result.status().ToString());
+    return Fail(
+        result.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure,
+        result.status().ToString());
   }
   const PsTraffic& traffic = result->traffic;
   std::ostringstream line;
-  line << std::fixed << std::setprecision(4) << "worker " << worker << " finished "
-       << result->steps << " steps: " << result->samples_per_second << " samples/s, "
-       << traffic.requests << " requests, "
+  line << std::fixed << std::setprecision(4) << "worker " << worker << " finished " << result->steps
+       << " steps: " << result->samples_per_second << " samples/s, " << traffic.requests
+       << " requests, "
        << (traffic.request_bytes + traffic.response_bytes) /
               static_cast<uint64_t>(std::max<int64_t>(1, result->steps))
        << " bytes per step";

@@ -115,9 +115,9 @@ StatusOr<std::unique_ptr<SparseModel>> SparseModel::Create(const SparseModelSpec
   if (!(spec.learning_rate > 0.0f) || !std::isfinite(spec.learning_rate)) {
     return InvalidArgumentError("sparse model: the learning rate must be positive");
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(trainer::MlpModel model,
-                            trainer::MlpModel::Create(int64_t{spec.fields} * spec.dim, spec.hidden,
-                                                      2, spec.activation));
+  LOCKSTEP_ASSIGN_OR_RETURN(
+      trainer::MlpModel model,
+      trainer::MlpModel::Create(int64_t{spec.fields} * spec.dim, spec.hidden, 2, spec.activation));
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Device> device,
                             kernels::CreateDevice(kernels::DeviceType::kCpu));
   std::unique_ptr<SparseModel> sparse(new SparseModel(spec, std::move(model), std::move(device)));

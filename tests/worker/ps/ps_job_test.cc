@@ -1,6 +1,8 @@
 // A parameter-server job's training (worker/ps/ps_job.h) over real servers and clients on
 // loopback, its workers as threads: the modes against each other and against plain SGD, the
 // staleness bound, and a worker that starts again where its predecessor stopped.
+#include "worker/ps/ps_job.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -15,7 +17,6 @@
 
 #include "common/spec/training_job.h"
 #include "worker/ps/click_log.h"
-#include "worker/ps/ps_job.h"
 #include "worker/ps/ps_server.h"
 
 namespace lockstep::ps {
@@ -35,21 +36,21 @@ struct JobOptions {
 };
 
 spec::TrainingJob Job(const JobOptions& options) {
-  std::string yaml = "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
-                     "metadata: {name: ctr}\nspec:\n  replicas: " +
-                     std::to_string(options.workers) +
-                     "\n  parameterServers: {replicas: " + std::to_string(options.servers) +
-                     "}\n  trainer:\n    model: {hidden: [32], embedding: {fields: 8, dim: 8, "
-                     "rows: 65536}}\n    data: {format: clickLog, train: [t.tsv]}\n"
-                     "    batchSize: " +
-                     std::to_string(options.batch) + "\n    " +
-                     (options.steps > 0 ? "steps: " + std::to_string(options.steps)
-                                        : "epochs: " + std::to_string(options.epochs)) +
-                     "\n    optimizer: {type: sgd, learningRate: " +
-                     std::to_string(options.learning_rate) +
-                     ", momentum: 0}\n    seed: 3\n    logIntervalSteps: 1\n"
-                     "    sync: {strategy: parameterServer, parameterServer: {mode: " +
-                     options.mode + options.extra + "}}\n";
+  std::string yaml =
+      "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+      "metadata: {name: ctr}\nspec:\n  replicas: " +
+      std::to_string(options.workers) +
+      "\n  parameterServers: {replicas: " + std::to_string(options.servers) +
+      "}\n  trainer:\n    model: {hidden: [32], embedding: {fields: 8, dim: 8, "
+      "rows: 65536}}\n    data: {format: clickLog, train: [t.tsv]}\n"
+      "    batchSize: " +
+      std::to_string(options.batch) + "\n    " +
+      (options.steps > 0 ? "steps: " + std::to_string(options.steps)
+                         : "epochs: " + std::to_string(options.epochs)) +
+      "\n    optimizer: {type: sgd, learningRate: " + std::to_string(options.learning_rate) +
+      ", momentum: 0}\n    seed: 3\n    logIntervalSteps: 1\n"
+      "    sync: {strategy: parameterServer, parameterServer: {mode: " +
+      options.mode + options.extra + "}}\n";
   StatusOr<spec::TrainingJob> job = spec::ParseTrainingJobYaml(yaml, "job.yaml");
   EXPECT_TRUE(job.ok()) << job.status();
   return job.ok() ? *job : spec::TrainingJob();
@@ -103,8 +104,8 @@ class Servers {
     for (int64_t r = 0; r < rows; ++r) {
       const uint64_t row = static_cast<uint64_t>(r);
       const ShardTable* shard =
-          servers_[static_cast<size_t>(ShardOfRow(row, static_cast<int>(servers_.size())))]
-              ->table(table);
+          servers_[static_cast<size_t>(ShardOfRow(row, static_cast<int>(servers_.size())))]->table(
+              table);
       EXPECT_TRUE(shard->Pull(&row, 1, out.data() + r * dim).ok());
     }
     return out;
