@@ -165,6 +165,7 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, bool exec,
       best.samples_per_second > 0 ? best.samples_per_second : last.samples_per_second;
   summary->eval_accuracy =
       final_progress.eval_accuracy >= 0 ? final_progress.eval_accuracy : last.eval_accuracy;
+  summary->eval_auc = final_progress.eval_auc >= 0 ? final_progress.eval_auc : last.eval_auc;
   summary->generations = static_cast<int64_t>(snapshot.history.size());
   summary->resumed_from_step = std::max(last.resumed_from_step, final_progress.resumed_from_step);
   summary->recovery_seconds = rendezvous::LongestRecoverySeconds(snapshot.history);

@@ -33,6 +33,8 @@ nlohmann::json ToJson(const RunSummary& summary) {
       {"world_size", summary.world_size},
       {"final_loss", OrNull(summary.final_loss)},
       {"eval_accuracy", OrNull(summary.eval_accuracy)},
+      {"eval_auc", summary.eval_auc >= 0 ? nlohmann::json(summary.eval_auc)
+                                         : nlohmann::json(nullptr)},
       {"samples_per_second", OrNull(summary.samples_per_second)},
       {"restarts", summary.restarts},
       {"generations", summary.generations},
@@ -129,6 +131,11 @@ void PrintResultBlock(const RunSummary& summary, std::ostream& out) {
       accuracy << "not evaluated";
     }
     row("test accuracy", accuracy.str());
+  }
+  if (summary.eval_auc >= 0) {
+    std::ostringstream auc;
+    auc << std::fixed << std::setprecision(4) << summary.eval_auc;
+    row("test AUC", auc.str());
   }
   if (summary.final_loss.has_value()) {
     std::ostringstream loss;

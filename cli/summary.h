@@ -43,6 +43,7 @@ struct RunSummary {
   int32_t world_size = 0;            // of the last generation
   std::optional<double> final_loss = 0;
   std::optional<double> eval_accuracy = -1;     // test accuracy in [0, 1]; -1: not evaluated
+  double eval_auc = -1;  // a parameter-server job's test AUC; -1: none (not printed)
   std::optional<double> samples_per_second = 0;  // global, as the workers measured it
   // Trainer: replacement worker processes started. Exec: restarts of the command after
   // failures, as the agents count them against backoffLimit.

@@ -127,6 +127,7 @@ std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob&
     command.env = {
         {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
         {"LOCKSTEP_JOB_TOKEN", options.token},
+        {"LOCKSTEP_POD", command.member_id},
     };
     command.restartable = false;
     commands.push_back(std::move(command));

@@ -96,6 +96,7 @@ struct ProgressReport {
   int32_t restarts = 0;
   bool has_loss = true;  // false: an exec program that reported no loss (`loss` means nothing)
   double wire_bytes_per_step = 0;  // built-in trainer's final report; 0: unknown
+  double eval_auc = -1;  // a parameter-server job's chief, final report: the test AUC; -1: none
 };
 
 // The largest message the service accepts, and its clients too; a larger one is refused

@@ -622,7 +622,8 @@ Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
 void JobState::RecordFinalProgress(const ProgressReport& progress) {
   // The first completed member's report is final (a job without a test split has no accuracy
   // in it); a later report replaces it only to add an evaluation it lacked.
-  if (!has_final_progress_ || (final_progress_.eval_accuracy < 0 && progress.eval_accuracy >= 0)) {
+  if (!has_final_progress_ || (final_progress_.eval_accuracy < 0 && progress.eval_accuracy >= 0) ||
+      (final_progress_.eval_auc < 0 && progress.eval_auc >= 0)) {
     const int64_t committed_step = final_progress_.last_checkpoint_step;
     const std::string committed_uri = final_progress_.last_checkpoint_uri;
     final_progress_ = progress;

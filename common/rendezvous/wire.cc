@@ -41,6 +41,7 @@ ProgressReport FromProto(const v1::Progress& progress) {
   out.restarts = progress.restarts();
   out.has_loss = !progress.no_loss();
   out.wire_bytes_per_step = progress.wire_bytes_per_step();
+  out.eval_auc = progress.has_eval_auc() ? progress.eval_auc() : -1;
   return out;
 }
 
@@ -60,6 +61,10 @@ v1::Progress ToProto(const ProgressReport& progress) {
   out.set_restarts(progress.restarts);
   out.set_no_loss(!progress.has_loss);
   out.set_wire_bytes_per_step(progress.wire_bytes_per_step);
+  if (progress.eval_auc >= 0) {
+    out.set_eval_auc(progress.eval_auc);
+    out.set_has_eval_auc(true);
+  }
   return out;
 }
 

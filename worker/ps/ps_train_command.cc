@@ -182,7 +182,9 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
     report.step = progress.step;
     report.total_steps = progress.total_steps;
     report.loss = progress.loss;
-    report.samples_per_second = progress.samples_per_second;
+    // The job's rate, as this worker sees it: every worker trains at about its pace (the
+    // launcher and the operator show the job's, as the trainer's rank 0 reports it).
+    report.samples_per_second = progress.samples_per_second * job.spec.replicas;
     report.samples = progress.step * batch;
     report.resumed_from_step = progress.resumed_from_step;
     membership.client().SetProgress(report);
@@ -212,13 +214,14 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
     line << "; test AUC " << result->test_auc << ", log loss " << result->test_log_loss
          << ", accuracy " << result->test_accuracy;
     report.eval_accuracy = result->test_accuracy;
+    report.eval_auc = result->test_auc;
   }
   std::cout << line.str() << std::endl;
   LOCKSTEP_LOG(INFO) << line.str();
   report.step = result->steps;
   report.total_steps = result->steps;
   report.loss = result->last_loss;
-  report.samples_per_second = result->samples_per_second;
+  report.samples_per_second = result->samples_per_second * job.spec.replicas;
   report.wire_bytes_per_step = static_cast<double>(traffic.request_bytes + traffic.response_bytes) /
                                static_cast<double>(std::max<int64_t>(1, result->steps));
   if (Status left = membership.client().Leave(/*completed=*/true, report); !left.ok()) {
