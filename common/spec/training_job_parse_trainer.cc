@@ -356,11 +356,11 @@ void CheckParameterServers(const ObjectReader& spec_reader, const TrainingJobSpe
                  "replaced; the others go on)" +
                      why);
   }
-  if (!spec.checkpoint.uri.empty()) {
-    problems.Add(spec_reader.PathOf("checkpoint") + ".uri",
-                 "the parameter servers do not write checkpoints yet: the model is on the "
-                 "servers, not in a worker" +
-                     why);
+  if (!spec.checkpoint.uri.empty() && spec.checkpoint.interval_steps < 1) {
+    problems.Add(spec_reader.PathOf("checkpoint") + ".intervalSteps",
+                 "the parameter servers checkpoint their shards every intervalSteps steps of the "
+                 "slowest worker: 1 or more (got " +
+                     std::to_string(spec.checkpoint.interval_steps) + ")" + why);
   }
 }
 

@@ -100,6 +100,9 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
     options.tables = *tables;
     options.workers = job->spec.replicas;
     options.shards = job->spec.parameter_servers.replicas;
+    options.checkpoint_uri = job->spec.checkpoint.uri;
+    options.checkpoint_interval_steps = job->spec.checkpoint.interval_steps;
+    options.checkpoint_keep = job->spec.checkpoint.keep;
     if (options.job.empty()) {
       options.job = EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
     }
@@ -123,6 +126,11 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
   }
   std::cout << "parameter server " << options.shard << " of " << options.shards << " of job "
             << options.job << " listening on port " << (*server)->port() << std::endl;
+  if (const int64_t restored = (*server)->stats().restored_step; restored >= 0) {
+    std::cout << "parameter server " << options.shard << " restored its shard from the checkpoint "
+              << "of step " << restored << " under " << options.checkpoint_uri
+              << ": what the workers pushed to it after that step is lost" << std::endl;
+  }
   // Serve until a signal arrives (the wake pipe carries its number).
   int signal_number = 0;
   while (signal_number == 0) {

@@ -17,6 +17,7 @@
 #include "common/rendezvous/wire.h"
 #include "common/spec/training_job.h"
 #include "proto/parameter_server.grpc.pb.h"
+#include "worker/ps/shard_checkpoint.h"
 
 // The wire carries float32 little-endian (proto/parameter_server.proto); values are copied as
 // they lie in memory.
@@ -48,6 +49,7 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
         return InvalidArgumentError("two tables are named " + spec.name);
       }
     }
+    if (!options_.checkpoint_uri.empty()) LOCKSTEP_RETURN_IF_ERROR(Restore());
     std::shared_ptr<grpc::ServerCredentials> credentials;
     if (!options_.tls_cert_pem.empty()) {
       grpc::SslServerCredentialsOptions ssl;
@@ -78,6 +80,8 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     }
     std::lock_guard<std::mutex> lock(clock_mu_);
     stats.min_clock = min_clock_;
+    stats.restored_step = restored_step_;
+    stats.checkpoints = checkpointer_ ? checkpointer_->written() : 0;
     return stats;
   }
 
@@ -147,6 +151,10 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     if (request->initialized() && !initialized_) {
       initialized_ = true;
       clock_cv_.notify_all();
+      Checkpoint();  // the chief's initial values: a shard restored before any other is whole
+    } else if (checkpointer_ && initialized_ &&
+               min_clock_ >= last_checkpoint_ + options_.checkpoint_interval_steps) {
+      Checkpoint();
     }
     const int64_t wait_for = request->wait_for();
     // Bounded by the call's deadline (the client's), checked between slices of the wait, and
@@ -220,6 +228,42 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   }
 
  private:
+  // The newest valid checkpoint of this shard, when there is one, into the tables and clocks.
+  Status Restore() {
+    ShardCheckpointOptions options;
+    options.uri = options_.checkpoint_uri;
+    options.shard = options_.shard;
+    options.shards = options_.shards;
+    options.keep = options_.checkpoint_keep;
+    options.tables = options_.tables;
+    options.workers = options_.workers;
+    LOCKSTEP_ASSIGN_OR_RETURN(checkpointer_, ShardCheckpointer::Open(options));
+    LOCKSTEP_ASSIGN_OR_RETURN(std::optional<ShardSnapshot> snapshot, checkpointer_->LoadNewest());
+    if (!snapshot.has_value()) return OkStatus();
+    for (auto& [name, table] : tables_) {
+      LOCKSTEP_RETURN_IF_ERROR(table->SetValues(snapshot->tables[name])
+                                   .WithContext("restoring " + checkpointer_->root()));
+    }
+    clocks_ = snapshot->clocks;
+    min_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
+    initialized_ = snapshot->initialized;
+    restored_step_ = snapshot->step;
+    last_checkpoint_ = snapshot->step;
+    return OkStatus();
+  }
+
+  // Under clock_mu_: hands a copy of the shard and the clocks to the checkpointer (skipped while
+  // it still writes the previous one: the next advance tries again).
+  void Checkpoint() {
+    if (!checkpointer_) return;
+    ShardSnapshot snapshot;
+    snapshot.step = min_clock_;
+    snapshot.clocks = clocks_;
+    snapshot.initialized = initialized_;
+    for (const auto& [name, table] : tables_) snapshot.tables[name] = table->Values();
+    if (checkpointer_->WriteInBackground(std::move(snapshot))) last_checkpoint_ = min_clock_;
+  }
+
   // Holds a deferred gradient until the slowest worker's clock advances, summed with the others'.
   Status Defer(const ShardTable& table, const uint64_t* rows, size_t count, const float* values) {
     LOCKSTEP_RETURN_IF_ERROR(table.CheckRows(rows, count));
@@ -329,6 +373,9 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   bool initialized_ = false;
   bool stopping_ = false;
   std::map<std::string, Deferred> deferred_;  // table -> gradients held
+  std::unique_ptr<ShardCheckpointer> checkpointer_;  // set in Init; null without checkpoints
+  int64_t restored_step_ = -1;
+  int64_t last_checkpoint_ = 0;  // min clock of the last checkpoint handed over
 };
 
 Status CheckOptions(const ShardServerOptions& options) {
@@ -344,6 +391,11 @@ Status CheckOptions(const ShardServerOptions& options) {
   if (options.shards < 1 || options.shard < 0 || options.shard >= options.shards) {
     return InvalidArgumentError("parameter server: shard " + std::to_string(options.shard) +
                                 " of " + std::to_string(options.shards) + " does not exist");
+  }
+  if (!options.checkpoint_uri.empty() &&
+      (options.checkpoint_interval_steps < 1 || options.checkpoint_keep < 1)) {
+    return InvalidArgumentError(
+        "parameter server: checkpoint_interval_steps and checkpoint_keep must be >= 1");
   }
   if (options.workers < 1 || options.workers > spec::kMaxReplicas) {
     return InvalidArgumentError("parameter server: workers must be in [1, " +

@@ -38,6 +38,12 @@ struct ShardServerOptions {
   // message over the bound is refused by gRPC itself (RESOURCE_EXHAUSTED). Nothing changes.
   int64_t max_rows_per_request = int64_t{1} << 16;
   int64_t max_message_bytes = int64_t{64} << 20;
+  // Checkpoints of this shard (shard_checkpoint.h) under checkpoint_uri, each time the slowest
+  // worker's clock has advanced checkpoint_interval_steps since the last one (and once the chief
+  // has initialized); the newest valid one is restored at Start. Empty: none.
+  std::string checkpoint_uri;
+  int64_t checkpoint_interval_steps = 100;
+  int checkpoint_keep = 3;
   // TLS: PEM certificate chain and key; both empty for plaintext.
   std::string tls_cert_pem;
   std::string tls_key_pem;
@@ -51,6 +57,8 @@ struct ShardServerStats {
   uint64_t rows_pushed = 0;
   uint64_t refused = 0;  // calls answered with an error
   int64_t min_clock = 0;  // the slowest worker's clock
+  int64_t restored_step = -1;  // the checkpoint restored at Start; -1: none
+  int64_t checkpoints = 0;     // written since Start
 };
 
 class ShardServer {

@@ -70,7 +70,7 @@ StatusOr<std::unique_ptr<ShardTable>> ShardTable::Create(TableSpec spec, int sha
                                 std::to_string(shards) + " does not exist");
   }
   // Rows r with r % shards == shard: ceil((rows - shard) / shards).
-  const int64_t local_rows = spec.rows > shard ? (spec.rows - shard + shards - 1) / shards : 0;
+  const int64_t local_rows = LocalRowsOf(spec, shard, shards);
   if (local_rows > kMaxShardBytes / static_cast<int64_t>(sizeof(float)) / spec.dim) {
     return ResourceExhaustedError(where + ": " + std::to_string(local_rows) + " rows of " +
                                   std::to_string(spec.dim) + " floats on one server exceed " +
@@ -151,6 +151,37 @@ StatusOr<uint64_t> ShardTable::Push(const uint64_t* rows, size_t count, const fl
     }
   }
   return version_.fetch_add(1, std::memory_order_acq_rel) + 1;
+}
+
+std::vector<float> ShardTable::Values() const {
+  std::vector<float> out(values_.size());
+  const int32_t dim = spec_.dim;
+  for (int64_t local = 0; local < local_rows_; ++local) {
+    std::lock_guard<std::mutex> lock(StripeOf(local));
+    std::copy(values_.begin() + local * dim, values_.begin() + (local + 1) * dim,
+              out.begin() + local * dim);
+  }
+  return out;
+}
+
+Status ShardTable::SetValues(const std::vector<float>& values) {
+  if (values.size() != values_.size()) {
+    return InvalidArgumentError("table " + spec_.name + ": " + std::to_string(values.size()) +
+                                " values for a shard of " + std::to_string(values_.size()));
+  }
+  for (size_t i = 0; i < values.size(); ++i) {
+    if (!std::isfinite(values[i])) {
+      return InvalidArgumentError("table " + spec_.name + ": value " + std::to_string(i) +
+                                  " is not finite");
+    }
+  }
+  const int32_t dim = spec_.dim;
+  for (int64_t local = 0; local < local_rows_; ++local) {
+    std::lock_guard<std::mutex> lock(StripeOf(local));
+    std::copy(values.begin() + local * dim, values.begin() + (local + 1) * dim,
+              values_.begin() + local * dim);
+  }
+  return OkStatus();
 }
 
 }  // namespace lockstep::ps

@@ -52,6 +52,11 @@ inline int ShardOfRow(uint64_t row, int shards) {
 }
 
 // Element j of row `row` before any push.
+// Rows of `spec` that shard `shard` of `shards` holds (r % shards == shard).
+inline int64_t LocalRowsOf(const TableSpec& spec, int shard, int shards) {
+  return spec.rows > shard ? (spec.rows - shard + shards - 1) / shards : 0;
+}
+
 float InitialValue(const TableSpec& spec, uint64_t row, int32_t j);
 
 // Each distinct row of `rows` once, in the order of first appearance, with the sum of its values
@@ -93,6 +98,12 @@ class ShardTable {
   // finite is refused, naming its row) and changes nothing when one is bad. Returns the version
   // after the push.
   StatusOr<uint64_t> Push(const uint64_t* rows, size_t count, const float* values, PushKind kind);
+
+  // This shard's rows, local_rows() x dim, in row order (a row is read whole, under its lock;
+  // rows pushed meanwhile may show either value): what a checkpoint keeps.
+  std::vector<float> Values() const;
+  // Replaces every row with `values` (local_rows() x dim, finite): a checkpoint restored.
+  Status SetValues(const std::vector<float>& values);
 
  private:
   static constexpr size_t kStripes = 64;

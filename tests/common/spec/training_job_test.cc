@@ -700,7 +700,8 @@ TEST(TrainingJobSpec, WhatParameterServersCannotDoIsRefusedNamingTheField) {
               HasSubstr("spec.elastic: a parameter-server job runs a fixed number of workers"));
   EXPECT_THAT(
       ParseError(with("  replicas: 4\n", "  replicas: 4\n  checkpoint: {uri: file:///c}\n")),
-      HasSubstr("spec.checkpoint.uri: the parameter servers do not write checkpoints"));
+      HasSubstr("spec.checkpoint.intervalSteps: the parameter servers checkpoint their shards "
+                "every intervalSteps steps of the slowest worker: 1 or more (got 0)"));
   EXPECT_THAT(ParseError(ParameterServerJob("{mode: sync, staleness: 1}")),
               HasSubstr("spec.trainer.sync.parameterServer.staleness: bounds mode async"));
   EXPECT_THAT(ParseError(ParameterServerJob("{mode: bulk}")),

@@ -3,13 +3,17 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <chrono>
+#include <filesystem>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <set>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <vector>
 
 #include "proto/parameter_server.grpc.pb.h"
@@ -380,6 +384,76 @@ TEST_F(PsServiceTest, AClockOfAnotherJobsWorkersIsRefusedNamingTheCount) {
   StatusOr<PsClock> refused = stranger->Clock(options);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kNotFound);
+}
+
+TEST(PsCheckpointTest, AServerStartedAgainRestoresItsShardAndClocksFromItsNewestCheckpoint) {
+  const std::string dir = ::testing::TempDir() + "ps-ckpt-" + std::to_string(getpid());
+  ShardServerOptions options;
+  options.job = kJob;
+  options.token = kToken;
+  options.shard = 1;
+  options.shards = 2;
+  options.workers = 2;
+  options.tables = {Table("emb", 100, 2)};
+  options.checkpoint_uri = "file://" + dir;
+  options.checkpoint_interval_steps = 2;
+  std::vector<float> held;
+  {
+    auto server = ShardServer::Start(options);
+    ASSERT_TRUE(server.ok()) << server.status();
+    EXPECT_EQ((*server)->stats().restored_step, -1);
+    PsClientOptions client_options;
+    client_options.servers = {"127.0.0.1:1", "127.0.0.1:" + std::to_string((*server)->port())};
+    client_options.job = kJob;
+    client_options.token = kToken;
+    auto client = PsClient::Connect(client_options);
+    ASSERT_TRUE(client.ok());
+    const std::vector<float> gradient = {1, 2, 3, 4};
+    ClockOptions clock;
+    clock.workers = 2;
+    // Only server 1's rows (odd), and each clock call to it alone: server 0 does not exist.
+    ASSERT_TRUE((*client)->Push("emb", 2, {1, 3}, gradient.data(), PushKind::kGradient).ok());
+    held = (*server)->table("emb")->Values();
+    // The checkpoint is written when the slowest worker reaches step 2 (2 steps since the last).
+    v1::ClockRequest request;
+    request.set_job(kJob);
+    request.set_workers(2);
+    request.set_initialized(true);
+    auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(
+        client_options.servers[1], grpc::InsecureChannelCredentials()));
+    // Written in the background: one at a time, so the test waits for each (bounded).
+    auto written = [&](int64_t count) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while ((*server)->stats().checkpoints < count && std::chrono::steady_clock::now() < until) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      }
+      return (*server)->stats().checkpoints >= count;
+    };
+    // The chief's initialization is checkpointed at once, then every 2 steps of the slowest.
+    for (const auto& [worker, step, checkpoints] :
+         {std::tuple<int, int, int64_t>{0, 0, 1}, {0, 2, 1}, {1, 2, 2}, {0, 3, 2}}) {
+      grpc::ClientContext context;
+      context.AddMetadata("x-lockstep-token", kToken);
+      request.set_worker(worker);
+      request.set_clock(step);
+      v1::ClockResponse response;
+      ASSERT_TRUE(stub->Clock(&context, request, &response).ok());
+      ASSERT_TRUE(written(checkpoints)) << "worker " << worker << " at step " << step;
+    }
+    // The write is on the checkpointer's thread; the server's destructor waits for it.
+    (*server)->Shutdown(1000);
+  }
+  auto again = ShardServer::Start(options);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->stats().restored_step, 2);
+  EXPECT_EQ((*again)->table("emb")->Values(), held);
+  EXPECT_EQ((*again)->stats().min_clock, 2);
+  // A shard of another job's tables is not this one's: it starts fresh.
+  options.tables = {Table("emb", 100, 4)};
+  auto other = ShardServer::Start(options);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ((*other)->stats().restored_step, -1);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(PsServerOptionsTest, AServerWithoutATokenOrWithTwoTablesOfOneNameDoesNotStart) {
