@@ -164,14 +164,23 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           break;
         case SupervisorEvent::Kind::kWorkerExited: {
           if (event.exit.slot >= workers) {
-            // A parameter server: the shard of the model it held is gone.
-            if (outcome.failure_reason.empty()) {
+            // A parameter server: restarted from its shard's checkpoint, or the shard is lost.
+            if (event.restart_scheduled) {
+              PrintEvent(display, out,
+                         "parameter server " + event.exit.member_id + " failed (" +
+                             event.exit.Describe() + "); it restarts from its shard's newest "
+                             "checkpoint in " +
+                             FormatDuration(event.restart_backoff_ms / 1000.0) +
+                             ", the workers wait for its shard");
+            } else if (outcome.failure_reason.empty()) {
               outcome.failure_reason =
                   "parameter server " + event.exit.member_id + " (pid " +
                   std::to_string(event.exit.pid) + ") exited with " + event.exit.Describe() +
-                  ": its shard of the model is lost (parameter servers keep no checkpoints "
-                  "yet); its log is " +
-                  supervisor.command(event.exit.slot).log_path;
+                  (supervisor.command(event.exit.slot).restartable
+                       ? " and is not restarted (" + event.no_restart_reason + ")"
+                       : ": its shard of the model is lost (set spec.checkpoint.uri to restart "
+                         "a lost server from its shard's checkpoint)") +
+                  "; its log is " + supervisor.command(event.exit.slot).log_path;
             }
             break;
           }
@@ -227,6 +236,13 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
           break;
         }
         case SupervisorEvent::Kind::kWorkerRestarted:
+          if (event.exit.slot >= workers) {
+            PrintEvent(display, out,
+                       "started parameter server " + event.exit.member_id + " again (pid " +
+                           std::to_string(event.exit.pid) + ", restart " +
+                           std::to_string(supervisor.restarts()) + ")");
+            break;
+          }
           replaced[event.exit.slot] = true;
           PrintEvent(display, out,
                      "started replacement for " + event.exit.member_id + " (pid " +

@@ -129,7 +129,9 @@ std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob&
         {"LOCKSTEP_JOB_TOKEN", options.token},
         {"LOCKSTEP_POD", command.member_id},
     };
-    command.restartable = false;
+    // A server restarts from its shard's newest checkpoint; without checkpoints its shard would
+    // start over, and the job fails instead.
+    command.restartable = !job.spec.checkpoint.uri.empty();
     commands.push_back(std::move(command));
   }
   return commands;

@@ -42,7 +42,8 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
 
 // One command per parameter server of spec.parameterServers: member id <name>-ps-<s>,
 // `lockstep-worker ps --manifest ... --shard s --listen <options.parameter_servers[s]>`, its log
-// log_dir/ps-<s>.log, and the job's token; never restarted (WorkerCommand::restartable).
+// log_dir/ps-<s>.log, and the job's token; restartable (from its shard's checkpoint) only when the
+// job has spec.checkpoint.uri.
 std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob& job,
                                                         const WorkerCommandOptions& options);
 

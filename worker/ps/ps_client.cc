@@ -78,49 +78,67 @@ template <typename Request, typename Response>
 struct Call {
   int shard = 0;
   std::vector<size_t> distinct;  // which distinct rows this request carries
-  grpc::ClientContext context;
+  std::unique_ptr<grpc::ClientContext> context;  // a fresh one for every attempt
   Request request;
   Response response;
   grpc::Status status;
   std::unique_ptr<grpc::ClientAsyncResponseReader<Response>> reader;
 };
 
+// A server that is down: it went away mid-call, or is not listening (yet, or again).
+bool ServerDown(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE;
+}
+
 }  // namespace
 
 struct PsClient::Stubs {
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
 
-  // Starts every call, then waits for all of them (each has the same deadline, so the wait is
-  // bounded). Returns the first failure, naming its server.
+  // Starts every call, then waits for all of them, all under one deadline (timeout_ms, or
+  // options.timeout_ms when 0). A call to a server that is down is sent again, waiting for the
+  // server to be back (a parameter server restarted from its checkpoint), until the deadline:
+  // what it had applied before it went down is rolled back by the restore, so a push sent again
+  // is applied once. Returns the first failure, naming its server.
   template <typename Request, typename Response, typename Prepare>
-  // timeout_ms: the calls' deadline, options.timeout_ms when 0; wait_for_ready: a server not
-  // reachable yet (still starting) is waited for until then, rather than failing at once.
   Status RunAll(std::vector<std::unique_ptr<Call<Request, Response>>>& calls,
                 const PsClientOptions& options, Prepare prepare, int64_t timeout_ms = 0,
                 bool wait_for_ready = false) {
-    grpc::CompletionQueue queue;
     const auto deadline =
         std::chrono::system_clock::now() +
         std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options.timeout_ms);
-    for (size_t i = 0; i < calls.size(); ++i) {
-      Call<Request, Response>& call = *calls[i];
-      call.context.AddMetadata(rendezvous::kTokenMetadataKey, options.token);
-      call.context.set_deadline(deadline);
-      call.context.set_wait_for_ready(wait_for_ready);
-      call.reader =
-          prepare(*stubs[static_cast<size_t>(call.shard)], &call.context, call.request, &queue);
-      call.reader->StartCall();
-      call.reader->Finish(&call.response, &call.status, reinterpret_cast<void*>(i));
-    }
-    for (size_t done = 0; done < calls.size(); ++done) {
+    std::vector<Call<Request, Response>*> pending;
+    for (auto& call : calls) pending.push_back(call.get());
+    for (bool again = false; !pending.empty(); again = true) {
+      grpc::CompletionQueue queue;
+      for (size_t i = 0; i < pending.size(); ++i) {
+        Call<Request, Response>& call = *pending[i];
+        call.context = std::make_unique<grpc::ClientContext>();
+        call.context->AddMetadata(rendezvous::kTokenMetadataKey, options.token);
+        call.context->set_deadline(deadline);
+        call.context->set_wait_for_ready(wait_for_ready || again);
+        call.response.Clear();
+        call.reader = prepare(*stubs[static_cast<size_t>(call.shard)], call.context.get(),
+                              call.request, &queue);
+        call.reader->StartCall();
+        call.reader->Finish(&call.response, &call.status, reinterpret_cast<void*>(i));
+      }
+      for (size_t done = 0; done < pending.size(); ++done) {
+        void* tag = nullptr;
+        bool ok = false;
+        if (!queue.Next(&tag, &ok)) break;  // not reached: the queue is shut down below
+      }
+      queue.Shutdown();
       void* tag = nullptr;
       bool ok = false;
-      if (!queue.Next(&tag, &ok)) break;  // not reached: the queue is shut down below
-    }
-    queue.Shutdown();
-    void* tag = nullptr;
-    bool ok = false;
-    while (queue.Next(&tag, &ok)) {
+      while (queue.Next(&tag, &ok)) {
+      }
+      std::vector<Call<Request, Response>*> down;
+      for (Call<Request, Response>* call : pending) {
+        if (ServerDown(call->status)) down.push_back(call);
+      }
+      if (std::chrono::system_clock::now() >= deadline) break;
+      pending = std::move(down);
     }
     for (const auto& call : calls) {
       if (!call->status.ok()) {

@@ -28,8 +28,10 @@ StatusOr<PsClock> ReportClock(PsClient& client, const PsTrainingOptions& options
   while (true) {
     call.timeout_ms = std::max<int64_t>(1, std::min(kClockSliceMs, deadline.remaining_ms()));
     StatusOr<PsClock> answer = client.Clock(call);
-    if (answer.ok() || answer.status().code() != StatusCode::kDeadlineExceeded ||
-        deadline.expired()) {
+    // A server that stopped while this call waited (it is being restarted) is asked again.
+    const bool again = !answer.ok() && (answer.status().code() == StatusCode::kDeadlineExceeded ||
+                                        answer.status().code() == StatusCode::kCancelled);
+    if (!again || deadline.expired()) {
       if (!answer.ok() && answer.status().code() == StatusCode::kDeadlineExceeded) {
         return DeadlineExceededError("worker " + std::to_string(options.worker) + " waited " +
                                      std::to_string(options.wait_timeout_ms) +

@@ -50,7 +50,8 @@ const std::string& DataDir() {
 }
 
 std::string WriteManifest(const std::string& dir, const std::string& name,
-                          const std::string& mode, double learning_rate) {
+                          const std::string& mode, double learning_rate,
+                          const std::string& checkpoint = "") {
   std::ostringstream yaml;
   yaml << "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << name
        << "}\nspec:\n  replicas: 4\n  parameterServers: {replicas: 2}\n  trainer:\n"
@@ -62,6 +63,7 @@ std::string WriteManifest(const std::string& dir, const std::string& name,
        << "    logIntervalSteps: 10\n"
        << "    sync: {strategy: parameterServer, parameterServer: " << mode << "}\n"
        << "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n  metrics: {port: 0}\n";
+  if (!checkpoint.empty()) yaml << "  checkpoint: " << checkpoint << "\n";
   const std::string path = dir + "/" + name + ".yaml";
   WriteFile(path, yaml.str());
   return path;
@@ -135,7 +137,53 @@ INSTANTIATE_TEST_SUITE_P(Modes, PsRunTest, ::testing::ValuesIn(kModes),
                            return info.param.name;
                          });
 
-TEST(PsRunFailureTest, ALostParameterServerEndsTheJobNamingIt) {
+TEST(PsRunFailureTest, AServerKilledMidRunRestartsFromItsShardsCheckpointAndTheAucHolds) {
+  const std::string dir = MakeTempDir("lockstep-ps-server-restored");
+  const std::string checkpoint =
+      "{uri: \"file://" + dir + "/ckpt\", intervalSteps: 50, keep: 2}";
+  const std::string base = "ps-restore-base-" + std::to_string(getpid());
+  ProcessResult undisturbed = RunProcess(
+      {LOCKSTEP_BINARY, "run", WriteManifest(dir, base, "{mode: async}", 0.5, checkpoint),
+       "--summary", dir + "/base.json", "--log-dir", dir + "/logs-base"},
+      kRunEnv, kRunTimeoutMs);
+  ASSERT_EQ(undisturbed.exit_code, 0) << undisturbed.out << undisturbed.err;
+  const double base_auc = ReadRunSummary(dir + "/base.json")["eval_auc"].get<double>();
+
+  const std::string name = "ps-restore-" + std::to_string(getpid());
+  const std::string ckpt_dir = dir + "/ckpt2";
+  ChildProcess run({LOCKSTEP_BINARY, "run",
+                    WriteManifest(dir, name, "{mode: async}", 0.5,
+                                  "{uri: \"file://" + ckpt_dir + "\", intervalSteps: 50, keep: 2}"),
+                    "--summary", dir + "/run.json", "--log-dir", dir + "/logs"},
+                   kRunEnv);
+  // Past the first checkpoints of both shards.
+  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= 300; }, 60000, 10))
+      << run.StdoutSoFar();
+  const pid_t pid = WorkerOfLauncher(run.pid(), name, name + "-ps-1");
+  ASSERT_NE(pid, 0);
+  ASSERT_EQ(kill(pid, SIGKILL), 0);
+  ProcessResult result = run.Wait(kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  EXPECT_NE(result.out.find("parameter server " + name + "-ps-1 failed (signal 9 (SIGKILL)); it "
+                            "restarts from its shard's newest checkpoint"),
+            std::string::npos)
+      << result.out;
+  const std::string log = ReadFile(dir + "/logs/ps-1.log");
+  EXPECT_NE(log.find("parameter server 1 restored its shard from the checkpoint of step "),
+            std::string::npos)
+      << log;
+  const nlohmann::json summary = ReadRunSummary(dir + "/run.json");
+  EXPECT_EQ(summary["steps"], kSteps) << summary.dump();
+  EXPECT_EQ(summary["restarts"], 1) << summary.dump();
+  // What the workers pushed to shard 1 in the steps since its checkpoint is lost (at most 50
+  // steps' pushes to half the rows); the others' are not.
+  EXPECT_NEAR(summary["eval_auc"].get<double>(), base_auc, 0.01) << summary.dump();
+  std::printf("a server restored: test AUC %.4f, undisturbed %.4f\n",
+              summary["eval_auc"].get<double>(), base_auc);
+}
+
+TEST(PsRunFailureTest, ALostParameterServerWithoutCheckpointsEndsTheJobNamingIt) {
   const std::string dir = MakeTempDir("lockstep-ps-server-lost");
   const std::string name = "ps-lost-" + std::to_string(getpid());
   ChildProcess run({LOCKSTEP_BINARY, "run", WriteManifest(dir, name, "{mode: async}", 0.5),
@@ -151,6 +199,7 @@ TEST(PsRunFailureTest, ALostParameterServerEndsTheJobNamingIt) {
   EXPECT_EQ(result.exit_code, 1) << result.out << result.err;
   EXPECT_NE(result.err.find("parameter server " + name + "-ps-1"), std::string::npos)
       << result.err;
+  EXPECT_NE(result.err.find("set spec.checkpoint.uri"), std::string::npos) << result.err;
 }
 
 }  // namespace
