@@ -32,16 +32,14 @@ StatusOr<std::unique_ptr<ShardCheckpointer>> ShardCheckpointer::Open(
   LOCKSTEP_ASSIGN_OR_RETURN(checkpoint::StorageUri uri, checkpoint::ParseStorageUri(options.uri));
   LOCKSTEP_ASSIGN_OR_RETURN(std::unique_ptr<checkpoint::Storage> storage,
                             checkpoint::OpenStorage(uri.uri, {}));
-  const std::string root =
-      checkpoint::JoinPath(uri.path, "ps-" + std::to_string(options.shard) + "-of-" +
-                                         std::to_string(options.shards));
+  const std::string root = checkpoint::JoinPath(
+      uri.path, "ps-" + std::to_string(options.shard) + "-of-" + std::to_string(options.shards));
   return std::unique_ptr<ShardCheckpointer>(
       new ShardCheckpointer(std::move(options), std::move(storage), root));
 }
 
 ShardCheckpointer::ShardCheckpointer(ShardCheckpointOptions options,
-                                     std::unique_ptr<checkpoint::Storage> storage,
-                                     std::string root)
+                                     std::unique_ptr<checkpoint::Storage> storage, std::string root)
     : options_(std::move(options)), storage_(std::move(storage)), root_(std::move(root)) {
   writer_ = std::thread([this] { WriterLoop(); });
 }
@@ -124,15 +122,14 @@ void ShardCheckpointer::WriterLoop() {
     state.optimizer.type = "sgd";
     for (const TableSpec& table : options_.tables) {
       const int64_t rows = LocalRowsOf(table, options_.shard, options_.shards);
-      state.tensors.push_back(Tensor(kTablePrefix + table.name, "f32", {rows, table.dim},
-                                     snapshot.tables[table.name]));
+      state.tensors.push_back(
+          Tensor(kTablePrefix + table.name, "f32", {rows, table.dim}, snapshot.tables[table.name]));
     }
-    state.tensors.push_back(Tensor("clocks", "i64",
-                                   {static_cast<int64_t>(snapshot.clocks.size())},
-                                   snapshot.clocks));
-    state.tensors.push_back(Tensor("initialized", "u8", {1},
-                                   std::vector<uint8_t>{snapshot.initialized ? uint8_t{1}
-                                                                             : uint8_t{0}}));
+    state.tensors.push_back(
+        Tensor("clocks", "i64", {static_cast<int64_t>(snapshot.clocks.size())}, snapshot.clocks));
+    state.tensors.push_back(
+        Tensor("initialized", "u8", {1},
+               std::vector<uint8_t>{snapshot.initialized ? uint8_t{1} : uint8_t{0}}));
     writer_options.attempt_id = std::to_string(snapshot.step);
     checkpoint::CheckpointWriter writer(*storage_, root_, /*rank=*/0, /*world_size=*/1,
                                         writer_options);

@@ -49,9 +49,8 @@ const std::string& DataDir() {
   return dir;
 }
 
-std::string WriteManifest(const std::string& dir, const std::string& name,
-                          const std::string& mode, double learning_rate,
-                          const std::string& checkpoint = "") {
+std::string WriteManifest(const std::string& dir, const std::string& name, const std::string& mode,
+                          double learning_rate, const std::string& checkpoint = "") {
   std::ostringstream yaml;
   yaml << "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: " << name
        << "}\nspec:\n  replicas: 4\n  parameterServers: {replicas: 2}\n  trainer:\n"
@@ -139,8 +138,7 @@ INSTANTIATE_TEST_SUITE_P(Modes, PsRunTest, ::testing::ValuesIn(kModes),
 
 TEST(PsRunFailureTest, AServerKilledMidRunRestartsFromItsShardsCheckpointAndTheAucHolds) {
   const std::string dir = MakeTempDir("lockstep-ps-server-restored");
-  const std::string checkpoint =
-      "{uri: \"file://" + dir + "/ckpt\", intervalSteps: 50, keep: 2}";
+  const std::string checkpoint = "{uri: \"file://" + dir + "/ckpt\", intervalSteps: 50, keep: 2}";
   const std::string base = "ps-restore-base-" + std::to_string(getpid());
   ProcessResult undisturbed = RunProcess(
       {LOCKSTEP_BINARY, "run", WriteManifest(dir, base, "{mode: async}", 0.5, checkpoint),
@@ -165,7 +163,8 @@ TEST(PsRunFailureTest, AServerKilledMidRunRestartsFromItsShardsCheckpointAndTheA
   ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
-  EXPECT_NE(result.out.find("parameter server " + name + "-ps-1 failed (signal 9 (SIGKILL)); it "
+  EXPECT_NE(result.out.find("parameter server " + name +
+                            "-ps-1 failed (signal 9 (SIGKILL)); it "
                             "restarts from its shard's newest checkpoint"),
             std::string::npos)
       << result.out;

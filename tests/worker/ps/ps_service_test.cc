@@ -2,12 +2,11 @@
 // worker/ps/ps_client.h): two shards of a job's tables, as a job with two parameter servers has.
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <chrono>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <limits>
 #include <memory>
 #include <set>
@@ -419,8 +418,8 @@ TEST(PsCheckpointTest, AServerStartedAgainRestoresItsShardAndClocksFromItsNewest
     request.set_job(kJob);
     request.set_workers(2);
     request.set_initialized(true);
-    auto stub = v1::ParameterServer::NewStub(grpc::CreateChannel(
-        client_options.servers[1], grpc::InsecureChannelCredentials()));
+    auto stub = v1::ParameterServer::NewStub(
+        grpc::CreateChannel(client_options.servers[1], grpc::InsecureChannelCredentials()));
     // Written in the background: one at a time, so the test waits for each (bounded).
     auto written = [&](int64_t count) {
       const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(30);
