@@ -1,4 +1,5 @@
 #include "operator/trainingjob/children.h"
+#include "operator/trainingjob/children_internal.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -15,16 +16,24 @@
 #include "operator/trainingjob/pod_template.h"
 
 namespace lockstep::op::trainingjob {
+
+using internal::ChildMetadata;
+using internal::EnvField;
+using internal::EnvValue;
+using internal::Hostname;
+using internal::JobLabels;
+using internal::TolerateNodeLoss;
+
 namespace {
 
 constexpr char kManagedByValue[] = "lockstep-operator";
 constexpr char kJobApiVersion[] = "lockstep.io/v1alpha1";
 constexpr char kJobKind[] = "TrainingJob";
-constexpr char kWorkerBinary[] = "lockstep-worker";
+using internal::kWorkerBinary;
 constexpr char kMetricsPortName[] = "metrics";
 // The job Secret's keys: the token reaches the worker as an env var (never a file), the CA as
 // a file because gRPC wants PEM and env vars are visible in `kubectl describe pod` anyway.
-constexpr char kTokenKey[] = "token";
+using internal::kTokenKey;
 constexpr char kCaKey[] = "ca.crt";
 constexpr char kSecretVolume[] = "lockstep-rendezvous";
 constexpr char kShmVolume[] = "lockstep-dshm";
@@ -50,6 +59,35 @@ uint64_t Fnv1a64(const std::string& text) {
     hash *= 1099511628211ull;
   }
   return hash;
+}
+
+}  // namespace
+
+namespace internal {
+
+// NoExecute tolerations of the node-lifecycle taints with the operator's tolerationSeconds,
+// unless the pod already tolerates that taint (a template's choice wins).
+void TolerateNodeLoss(json* pod, int64_t seconds) {
+  if (seconds < 0) return;
+  json& tolerations = (*pod)["spec"]["tolerations"];
+  if (!tolerations.is_array()) tolerations = json::array();
+  for (const char* key : {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}) {
+    bool tolerated = false;
+    for (const json& t : tolerations) {
+      if (!t.is_object()) continue;
+      // Only a NoExecute toleration (or one of every effect) decides eviction; no key and
+      // operator Exists tolerates every taint.
+      const std::string effect = t.value("effect", "");
+      if (!effect.empty() && effect != "NoExecute") continue;
+      const bool all = !t.contains("key") && t.value("operator", "") == "Exists";
+      if (all || t.value("key", "") == key) tolerated = true;
+    }
+    if (tolerated) continue;
+    tolerations.push_back({{"key", key},
+                           {"operator", "Exists"},
+                           {"effect", "NoExecute"},
+                           {"tolerationSeconds", seconds}});
+  }
 }
 
 json JobLabels(const spec::TrainingJob& job) {
@@ -85,6 +123,10 @@ std::string Hostname(const std::string& pod_name) {
   while (!head.empty() && head.back() == '-') head.pop_back();
   return head + suffix;
 }
+
+}  // namespace internal
+
+namespace {
 
 // The port worker `index` serves metrics on; 0: none.
 int32_t MetricsPort(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings) {
@@ -188,31 +230,6 @@ std::map<std::string, std::string> WorkerRequests(const spec::TrainingJobSpec& s
     requests[spec.network.rdma_resource.name] = std::to_string(spec.network.rdma_resource.count);
   }
   return requests;
-}
-
-// NoExecute tolerations of the node-lifecycle taints with the operator's tolerationSeconds,
-// unless the pod already tolerates that taint (a template's choice wins).
-void TolerateNodeLoss(json* pod, int64_t seconds) {
-  if (seconds < 0) return;
-  json& tolerations = (*pod)["spec"]["tolerations"];
-  if (!tolerations.is_array()) tolerations = json::array();
-  for (const char* key : {"node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable"}) {
-    bool tolerated = false;
-    for (const json& t : tolerations) {
-      if (!t.is_object()) continue;
-      // Only a NoExecute toleration (or one of every effect) decides eviction; no key and
-      // operator Exists tolerates every taint.
-      const std::string effect = t.value("effect", "");
-      if (!effect.empty() && effect != "NoExecute") continue;
-      const bool all = !t.contains("key") && t.value("operator", "") == "Exists";
-      if (all || t.value("key", "") == key) tolerated = true;
-    }
-    if (tolerated) continue;
-    tolerations.push_back({{"key", key},
-                           {"operator", "Exists"},
-                           {"effect", "NoExecute"},
-                           {"tolerationSeconds", seconds}});
-  }
 }
 
 }  // namespace
@@ -378,6 +395,10 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   }
   if (network.host_network && metrics_port != 0) {
     env.push_back(EnvValue("LOCKSTEP_METRICS_PORT", std::to_string(metrics_port)));
+  }
+  if (spec.parameter_servers.replicas > 0) {
+    env.push_back(EnvValue("LOCKSTEP_WORKER_INDEX", std::to_string(index)));
+    env.push_back(EnvValue("LOCKSTEP_PS_SERVERS", ParameterServerAddresses(job)));
   }
   // Defaults a template may override, then ncclEnv, which always wins.
   std::map<std::string, std::string> nccl = NcclDefaults(network);

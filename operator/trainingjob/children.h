@@ -140,12 +140,36 @@ json DesiredService(const spec::TrainingJob& job);
 // the pod group's label and its size (spec.replicas) on every pod. spec.placement becomes Kueue's
 // topology annotation for such a job, and a pod-affinity term to the job's pods across the
 // level's label otherwise.
+// A parameter-server job's worker also gets LOCKSTEP_WORKER_INDEX (its index) and
+// LOCKSTEP_PS_SERVERS (ParameterServerAddresses).
 // name: the pod's name when it is not PodName(job, index) (a replacement that cannot take the
 // name of its predecessor); the hostname stays PodName's. kueue_group: the pod group it joins;
 // empty: KueuePodGroupName(job).
 json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSettings& settings,
                 const std::vector<std::string>& avoid_nodes = {}, const std::string& name = "",
                 const std::string& kueue_group = "");
+
+// Parameter servers (spec.parameterServers; docs/parameter-servers.md). Pod s is
+// "<job>-ps-<s>", labelled with the replica type "ps" and its index (not the workers' replica
+// index: the workers' reconcile never sees it), behind its own headless Service "<job>-ps"
+// (port 7470, "ps"), so workers reach server s at "<job>-ps-<s>.<job>-ps.<namespace>.svc:7470"
+// (LOCKSTEP_PS_SERVERS). Container "ps": `lockstep-worker ps --shard s --listen 0.0.0.0:7470`,
+// the job's spec (LOCKSTEP_SPEC), name (LOCKSTEP_JOB) and token (from the Secret), the servers'
+// own resources (spec.parameterServers.resources); restartPolicy Never (a lost server's pod is
+// replaced by the operator and restores its shard's checkpoint), the node-loss tolerations and
+// the restricted security defaults. spec.template is the workers' and is not applied; the
+// servers are not part of a gang or Kueue group (they hold no GPU).
+inline constexpr char kReplicaTypeLabel[] = "lockstep.io/replica-type";  // "ps" on servers
+inline constexpr char kParameterServerIndexLabel[] = "lockstep.io/ps-index";
+inline constexpr char kParameterServerContainer[] = "ps";
+inline constexpr int32_t kParameterServerPort = 7470;
+std::string ParameterServerPodName(const std::string& job_name, int32_t shard);  // "<job>-ps-<s>"
+std::string ParameterServerServiceName(const std::string& job_name);  // "<job>-ps"
+// "<job>-ps-0.<job>-ps.<ns>.svc:7470,...": the workers' LOCKSTEP_PS_SERVERS.
+std::string ParameterServerAddresses(const spec::TrainingJob& job);
+json DesiredParameterServerService(const spec::TrainingJob& job);
+json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
+                               const OperatorSettings& settings);
 
 // Volcano: scheduling.volcano.sh/v1beta1 PodGroup {minMember, queue, priorityClassName,
 // minResources}; scheduler-plugins: scheduling.x-k8s.io/v1alpha1 PodGroup {minMember,

@@ -158,7 +158,8 @@ json TrimPod(json pod) {
   }
   if (m.contains("labels") && m["labels"].is_object()) {
     json labels = json::object();
-    for (const char* label : {kJobNameLabel, kReplicaIndexLabel, kKueuePodGroupLabel}) {
+    for (const char* label : {kJobNameLabel, kReplicaIndexLabel, kKueuePodGroupLabel,
+                              kReplicaTypeLabel, kParameterServerIndexLabel}) {
       if (m["labels"].contains(label)) labels[label] = std::move(m["labels"][label]);
     }
     meta["labels"] = std::move(labels);

@@ -213,6 +213,9 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
   CheckPlacementLevel(w);
   Status pods_status = ReconcilePods(w);
   if (JobFinished(w.status)) return pods_status;
+  Status servers_status = ReconcileParameterServers(w);
+  if (JobFinished(w.status)) return servers_status;
+  if (pods_status.ok()) pods_status = servers_status;
 
   // 9.
   ComputeStatus(w);
@@ -250,6 +253,9 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
     LOCKSTEP_RETURN_IF_ERROR(
         create(res::kSecrets, DesiredSecret(job, Token(job), options_.settings.rendezvous_ca_pem)));
     LOCKSTEP_RETURN_IF_ERROR(create(res::kServices, DesiredService(job)));
+    if (job.spec.parameter_servers.replicas > 0) {
+      LOCKSTEP_RETURN_IF_ERROR(create(res::kServices, DesiredParameterServerService(job)));
+    }
     std::optional<json> group = DesiredPodGroup(job);
     if (group) {
       const bool volcano = job.spec.run_policy.scheduling.gang == spec::GangScheduler::kVolcano;

@@ -113,6 +113,7 @@ class TrainingJobReconciler : public controller::Reconciler {
   Status ReconcileJob(Work& w);
   Status EnsureChildren(Work& w);
   Status ReconcilePods(Work& w);
+  Status ReconcileParameterServers(Work& w);  // reconciler_ps.cc
   void ComputeStatus(Work& w);
   Status WriteStatus(Work& w);
   Status Finish(Work& w, bool succeeded, const std::string& reason, const std::string& message);

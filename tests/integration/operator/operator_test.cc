@@ -453,6 +453,96 @@ TEST_F(OperatorTest, PodTemplateTheApiServerRefusesFailsTheJobWithItsMessage) {
 
 // Another writer edits the status while the operator works (a second controller, a kubectl
 // edit): the operator's writes conflict, it re-reads and converges on the truth.
+// A parameter-server job (docs/parameter-servers.md): 2 workers and 2 servers.
+json ParameterServerManifest(const std::string& name) {
+  json manifest = JobManifest(name, 2);
+  json& trainer = manifest["spec"]["trainer"];
+  trainer["model"]["embedding"] = {{"fields", 8}, {"dim", 8}, {"rows", 65536}};
+  trainer["data"] = {{"format", "clickLog"}, {"train", {"file:///data/ctr/train.tsv.gz"}}};
+  trainer["optimizer"] = {{"type", "sgd"}, {"learningRate", 0.5}, {"momentum", 0}};
+  trainer["sync"] = {{"strategy", "parameterServer"},
+                     {"parameterServer", {{"mode", "async"}}}};
+  manifest["spec"]["parameterServers"] = {{"replicas", 2},
+                                          {"resources", {{"cpu", "2"}, {"memory", "1Gi"}}}};
+  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
+  return manifest;
+}
+
+TEST_F(OperatorTest, AParameterServerJobGetsItsServersTheirServiceAndWorkersThatFindThem) {
+  ASSERT_EQ(h_->Apply(ns_, ParameterServerManifest("ctr")).status, 201);
+  std::vector<json> pods = WaitForPods("ctr", 4);
+  std::map<std::string, json> by_name;
+  for (const json& pod : pods) by_name[pod["metadata"]["name"]] = pod;
+  const std::string servers = "ctr-ps-0.ctr-ps." + ns_ + ".svc:7470,ctr-ps-1.ctr-ps." + ns_ +
+                              ".svc:7470";
+  for (int i = 0; i < 2; ++i) {
+    const json& worker = by_name["ctr-worker-" + std::to_string(i)];
+    ASSERT_TRUE(worker.is_object()) << "no ctr-worker-" << i;
+    std::map<std::string, json> env;
+    for (const json& e : worker["spec"]["containers"][0]["env"]) env[e["name"]] = e;
+    EXPECT_EQ(env["LOCKSTEP_PS_SERVERS"]["value"], servers);
+    EXPECT_EQ(env["LOCKSTEP_WORKER_INDEX"]["value"], std::to_string(i));
+
+    const json& server = by_name["ctr-ps-" + std::to_string(i)];
+    ASSERT_TRUE(server.is_object()) << "no ctr-ps-" << i;
+    EXPECT_EQ(server["metadata"]["labels"]["lockstep.io/replica-type"], "ps");
+    EXPECT_EQ(server["metadata"]["labels"]["lockstep.io/ps-index"], std::to_string(i));
+    EXPECT_FALSE(server["metadata"]["labels"].contains("lockstep.io/replica-index"));
+    EXPECT_EQ(server["spec"]["subdomain"], "ctr-ps");
+    const json& container = server["spec"]["containers"][0];
+    EXPECT_EQ(container["command"],
+              json({"lockstep-worker", "ps", "--shard", std::to_string(i), "--listen",
+                    "0.0.0.0:7470"}));
+    EXPECT_EQ(container["resources"]["limits"]["cpu"], "2");
+    EXPECT_EQ(container["resources"]["requests"]["memory"], "1Gi");
+  }
+  auto service = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/services/ctr-ps");
+  ASSERT_EQ(service.status, 200) << service.raw;
+  EXPECT_EQ(service.body["spec"]["clusterIP"], "None");
+  EXPECT_EQ(service.body["spec"]["selector"]["lockstep.io/replica-type"], "ps");
+  EXPECT_EQ(service.body["spec"]["ports"][0]["port"], 7470);
+
+  RunAll("ctr");
+  json job = WaitForJob(
+      "ctr",
+      [](const json& j) {
+        return j["status"].value("parameterServers", json::object()).value("ready", 0) == 2 &&
+               j["status"]["replicas"].value("ready", 0) == 2;
+      },
+      "had 2 ready servers and 2 ready workers");
+  EXPECT_EQ(job["status"]["parameterServers"]["replicas"], 2);
+  EXPECT_EQ(job["status"]["replicas"]["desired"], 2) << "servers are not workers";
+
+  // No checkpoints: a lost server's shard cannot come back, and the job says so.
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "ctr-ps-1", 137));
+  job = WaitForJob("ctr", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  EXPECT_EQ(Condition(job, "Failed")["reason"], "ParameterServerLost") << job["status"].dump(2);
+  EXPECT_NE(Condition(job, "Failed").value("message", "").find("set spec.checkpoint.uri"),
+            std::string::npos)
+      << job["status"].dump(2);
+}
+
+TEST_F(OperatorTest, ALostParameterServerWithCheckpointsIsReplacedAndCountedAsARestart) {
+  json manifest = ParameterServerManifest("ctr-ckpt");
+  manifest["spec"]["checkpoint"] = {{"uri", "file:///ckpt/ctr"}, {"intervalSteps", 100}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  auto before = UidsByName(WaitForPods("ctr-ckpt", 4));
+  RunAll("ctr-ckpt");
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "ctr-ckpt-ps-0", 137));
+  json job = WaitForJob(
+      "ctr-ckpt", [](const json& j) { return j["status"].value("restarts", 0) == 1; },
+      "counted a restart");
+  EXPECT_NE(Phase(job), "Failed") << job["status"].dump(2);
+  bool replaced = OperatorHarness::WaitFor(
+      [&] {
+        json pod = h_->Pod(ns_, "ctr-ckpt-ps-0");
+        return !pod.is_null() && pod["metadata"]["uid"] != before["ctr-ckpt-ps-0"];
+      },
+      kWaitMs);
+  EXPECT_TRUE(replaced);
+  EXPECT_TRUE(HasEvent("ctr-ckpt", "RestartingWorker"));  // "parameter server ctr-ckpt-ps-0 ..."
+}
+
 TEST_F(OperatorTest, StatusOverwrittenByAnotherWriterConvergesBack) {
   ASSERT_EQ(h_->Apply(ns_, JobManifest("conflict", 3)).status, 201);
   WaitForPods("conflict", 3);

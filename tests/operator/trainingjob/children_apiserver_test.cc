@@ -164,6 +164,15 @@ class ChildrenApiServerTest : public ::testing::Test {
       CreateAndReadBack(core + "/pods", DesiredPod(*job, index, settings), &stored);
       if (pods) pods->push_back(std::move(stored));
     }
+    if (job->spec.parameter_servers.replicas > 0) {
+      CreateAndReadBack(core + "/services", DesiredParameterServerService(*job));
+      for (int32_t shard = 0; shard < job->spec.parameter_servers.replicas; ++shard) {
+        json stored;
+        CreateAndReadBack(core + "/pods", DesiredParameterServerPod(*job, shard, settings),
+                          &stored);
+        if (pods) pods->push_back(std::move(stored));
+      }
+    }
     if (std::optional<json> group = DesiredPodGroup(*job)) {
       const std::string api_version = (*group)["apiVersion"];
       CreateAndReadBack("/apis/" + api_version + "/namespaces/" + ns + "/podgroups", *group);
