@@ -1,5 +1,4 @@
 #include "operator/trainingjob/children.h"
-#include "operator/trainingjob/children_internal.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -12,6 +11,7 @@
 #include <vector>
 
 #include "common/base64.h"
+#include "operator/trainingjob/children_internal.h"
 #include "operator/trainingjob/pod_security.h"
 #include "operator/trainingjob/pod_template.h"
 

@@ -164,7 +164,7 @@ inline constexpr char kParameterServerIndexLabel[] = "lockstep.io/ps-index";
 inline constexpr char kParameterServerContainer[] = "ps";
 inline constexpr int32_t kParameterServerPort = 7470;
 std::string ParameterServerPodName(const std::string& job_name, int32_t shard);  // "<job>-ps-<s>"
-std::string ParameterServerServiceName(const std::string& job_name);  // "<job>-ps"
+std::string ParameterServerServiceName(const std::string& job_name);             // "<job>-ps"
 // "<job>-ps-0.<job>-ps.<ns>.svc:7470,...": the workers' LOCKSTEP_PS_SERVERS.
 std::string ParameterServerAddresses(const spec::TrainingJob& job);
 json DesiredParameterServerService(const spec::TrainingJob& job);

@@ -36,9 +36,8 @@ std::string ParameterServerAddresses(const spec::TrainingJob& job) {
   const std::string service = ParameterServerServiceName(job.metadata.name);
   for (int32_t s = 0; s < job.spec.parameter_servers.replicas; ++s) {
     addresses += (s == 0 ? "" : ",") +
-                 internal::Hostname(ParameterServerPodName(job.metadata.name, s)) + "." +
-                 service + "." + job.metadata.namespace_ + ".svc:" +
-                 std::to_string(kParameterServerPort);
+                 internal::Hostname(ParameterServerPodName(job.metadata.name, s)) + "." + service +
+                 "." + job.metadata.namespace_ + ".svc:" + std::to_string(kParameterServerPort);
   }
   return addresses;
 }
@@ -54,8 +53,8 @@ json DesiredParameterServerService(const spec::TrainingJob& job) {
                                        {"protocol", "TCP"}}})}};
   return {{"apiVersion", "v1"},
           {"kind", "Service"},
-          {"metadata", ChildMetadata(job, ParameterServerServiceName(job.metadata.name),
-                                     ServerLabels(job))},
+          {"metadata",
+           ChildMetadata(job, ParameterServerServiceName(job.metadata.name), ServerLabels(job))},
           {"spec", std::move(spec)}};
 }
 
@@ -77,12 +76,11 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
       {"name", kParameterServerContainer},
       {"image", job.spec.image.empty() ? settings.default_worker_image : job.spec.image},
       {"command", json::array({internal::kWorkerBinary, "ps", "--shard", std::to_string(shard),
-                               "--listen",
-                               "0.0.0.0:" + std::to_string(kParameterServerPort)})},
+                               "--listen", "0.0.0.0:" + std::to_string(kParameterServerPort)})},
       {"env", std::move(env)},
-      {"ports", json::array({{{"name", kPortName},
-                              {"containerPort", kParameterServerPort},
-                              {"protocol", "TCP"}}})}};
+      {"ports",
+       json::array(
+           {{{"name", kPortName}, {"containerPort", kParameterServerPort}, {"protocol", "TCP"}}})}};
   const spec::ResourcesSpec& resources = job.spec.parameter_servers.resources;
   json limits = json::object();
   if (!resources.cpu.empty()) limits["cpu"] = resources.cpu;

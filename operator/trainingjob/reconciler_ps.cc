@@ -25,7 +25,8 @@ namespace {
 int32_t ServerIndex(const json& pod) {
   if (LabelOf(pod, kReplicaTypeLabel) != "ps") return -1;
   const std::string text = LabelOf(pod, kParameterServerIndexLabel);
-  if (text.empty() || text.size() > 6 || text.find_first_not_of("0123456789") != std::string::npos) {
+  if (text.empty() || text.size() > 6 ||
+      text.find_first_not_of("0123456789") != std::string::npos) {
     return -1;
   }
   return std::stoi(text);
@@ -66,19 +67,20 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     if (phase != "Failed" && phase != "Succeeded") continue;
     if (w.any_succeeded) continue;  // training completed: the servers are being stopped
     const int32_t exit_code = WorkerExitCode(*pod);
-    std::string what = "parameter server " + name + " " +
-                       (phase == "Succeeded" ? std::string("stopped")
-                                             : "failed" + (exit_code >= 0
-                                                               ? " with exit code " +
-                                                                     std::to_string(exit_code)
-                                                               : std::string()));
+    std::string what =
+        "parameter server " + name + " " +
+        (phase == "Succeeded"
+             ? std::string("stopped")
+             : "failed" + (exit_code >= 0 ? " with exit code " + std::to_string(exit_code)
+                                          : std::string()));
     if (const std::string error = WorkerTerminationMessage(*pod); !error.empty()) {
       what += " (" + error + ")";
     }
     if (job.spec.checkpoint.uri.empty()) {
       return Finish(w, false, "ParameterServerLost",
-                    what + ": its shard of the model is lost (set spec.checkpoint.uri for the "
-                           "servers to checkpoint their shards and restore them)");
+                    what +
+                        ": its shard of the model is lost (set spec.checkpoint.uri for the "
+                        "servers to checkpoint their shards and restore them)");
     }
     bool counted = false;
     {
@@ -101,8 +103,8 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     // Deleted once the count is stored (ReplaceRestartedPods); its replacement restores the
     // shard's newest checkpoint while the workers wait for that shard.
     w.status["restarts"] = restarts + 1;
-    w.restarts.push_back({pod, what + "; its replacement restores its shard's newest checkpoint",
-                          restarts + 1});
+    w.restarts.push_back(
+        {pod, what + "; its replacement restores its shard's newest checkpoint", restarts + 1});
     SetCondition(&w.status, kRestarting, true, "ParameterServerFailed", what, w.now);
   }
   w.status["parameterServers"] = {{"replicas", servers}, {"ready", ready}};
@@ -118,9 +120,9 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
   for (int32_t shard = 0; shard < servers; ++shard) {
     if (by_shard.count(shard) != 0) continue;
     const std::string name = ParameterServerPodName(job.metadata.name, shard);
-    StatusOr<json> created = deps_.client->Create(
-        res::kPods, job.metadata.namespace_,
-        DesiredParameterServerPod(job, shard, options_.settings));
+    StatusOr<json> created =
+        deps_.client->Create(res::kPods, job.metadata.namespace_,
+                             DesiredParameterServerPod(job, shard, options_.settings));
     if (created.ok()) {
       w.created_pods = true;
       created_names += (created_names.empty() ? "" : ", ") + name;
@@ -133,10 +135,10 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     if (w.error.ok()) w.error = created.status().WithContext("creating pod " + name);
   }
   if (!created_names.empty()) {
-    deps_.events->Record(*w.object, controller::EventType::kNormal, "SuccessfulCreatePod",
-                         "created parameter-server pod" +
-                             std::string(created_names.find(',') != std::string::npos ? "s " : " ") +
-                             created_names);
+    deps_.events->Record(
+        *w.object, controller::EventType::kNormal, "SuccessfulCreatePod",
+        "created parameter-server pod" +
+            std::string(created_names.find(',') != std::string::npos ? "s " : " ") + created_names);
   }
   return OkStatus();
 }

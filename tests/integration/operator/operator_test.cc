@@ -460,8 +460,7 @@ json ParameterServerManifest(const std::string& name) {
   trainer["model"]["embedding"] = {{"fields", 8}, {"dim", 8}, {"rows", 65536}};
   trainer["data"] = {{"format", "clickLog"}, {"train", {"file:///data/ctr/train.tsv.gz"}}};
   trainer["optimizer"] = {{"type", "sgd"}, {"learningRate", 0.5}, {"momentum", 0}};
-  trainer["sync"] = {{"strategy", "parameterServer"},
-                     {"parameterServer", {{"mode", "async"}}}};
+  trainer["sync"] = {{"strategy", "parameterServer"}, {"parameterServer", {{"mode", "async"}}}};
   manifest["spec"]["parameterServers"] = {{"replicas", 2},
                                           {"resources", {{"cpu", "2"}, {"memory", "1Gi"}}}};
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
@@ -473,8 +472,8 @@ TEST_F(OperatorTest, AParameterServerJobGetsItsServersTheirServiceAndWorkersThat
   std::vector<json> pods = WaitForPods("ctr", 4);
   std::map<std::string, json> by_name;
   for (const json& pod : pods) by_name[pod["metadata"]["name"]] = pod;
-  const std::string servers = "ctr-ps-0.ctr-ps." + ns_ + ".svc:7470,ctr-ps-1.ctr-ps." + ns_ +
-                              ".svc:7470";
+  const std::string servers =
+      "ctr-ps-0.ctr-ps." + ns_ + ".svc:7470,ctr-ps-1.ctr-ps." + ns_ + ".svc:7470";
   for (int i = 0; i < 2; ++i) {
     const json& worker = by_name["ctr-worker-" + std::to_string(i)];
     ASSERT_TRUE(worker.is_object()) << "no ctr-worker-" << i;
@@ -490,9 +489,8 @@ TEST_F(OperatorTest, AParameterServerJobGetsItsServersTheirServiceAndWorkersThat
     EXPECT_FALSE(server["metadata"]["labels"].contains("lockstep.io/replica-index"));
     EXPECT_EQ(server["spec"]["subdomain"], "ctr-ps");
     const json& container = server["spec"]["containers"][0];
-    EXPECT_EQ(container["command"],
-              json({"lockstep-worker", "ps", "--shard", std::to_string(i), "--listen",
-                    "0.0.0.0:7470"}));
+    EXPECT_EQ(container["command"], json({"lockstep-worker", "ps", "--shard", std::to_string(i),
+                                          "--listen", "0.0.0.0:7470"}));
     EXPECT_EQ(container["resources"]["limits"]["cpu"], "2");
     EXPECT_EQ(container["resources"]["requests"]["memory"], "1Gi");
   }
@@ -515,7 +513,8 @@ TEST_F(OperatorTest, AParameterServerJobGetsItsServersTheirServiceAndWorkersThat
 
   // No checkpoints: a lost server's shard cannot come back, and the job says so.
   ASSERT_TRUE(h_->SetPodTerminated(ns_, "ctr-ps-1", 137));
-  job = WaitForJob("ctr", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
+  job = WaitForJob(
+      "ctr", [](const json& j) { return Phase(j) == "Failed"; }, "Failed");
   EXPECT_EQ(Condition(job, "Failed")["reason"], "ParameterServerLost") << job["status"].dump(2);
   EXPECT_NE(Condition(job, "Failed").value("message", "").find("set spec.checkpoint.uri"),
             std::string::npos)
