@@ -128,6 +128,13 @@ std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob&
         {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
         {"LOCKSTEP_JOB_TOKEN", options.token},
         {"LOCKSTEP_POD", command.member_id},
+        // After the workers' ports (theirs: spec.metrics.port + worker x ranksPerWorker + rank).
+        {"LOCKSTEP_METRICS_PORT",
+         std::to_string(job.spec.metrics.port == 0
+                            ? 0
+                            : job.spec.metrics.port +
+                                  spec::WorkersToRun(job.spec) * job.spec.ranks_per_worker +
+                                  static_cast<int32_t>(s))},
     };
     // A server restarts from its shard's newest checkpoint; without checkpoints its shard would
     // start over, and the job fails instead.

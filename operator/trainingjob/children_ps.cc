@@ -81,6 +81,12 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
       {"ports",
        json::array(
            {{{"name", kPortName}, {"containerPort", kParameterServerPort}, {"protocol", "TCP"}}})}};
+  if (job.spec.metrics.port != 0) {
+    // The workers' metrics port and its name, so the chart's PodMonitor scrapes the servers too.
+    container["ports"].push_back({{"name", "metrics"},
+                                  {"containerPort", job.spec.metrics.port},
+                                  {"protocol", "TCP"}});
+  }
   const spec::ResourcesSpec& resources = job.spec.parameter_servers.resources;
   json limits = json::object();
   if (!resources.cpu.empty()) limits["cpu"] = resources.cpu;
@@ -98,6 +104,10 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
   }
   json metadata = ChildMetadata(job, name, std::move(labels));
   metadata["annotations"] = {{kSpecGenerationAnnotation, std::to_string(job.metadata.generation)}};
+  if (job.spec.metrics.port != 0) {
+    metadata["annotations"]["prometheus.io/scrape"] = "true";
+    metadata["annotations"]["prometheus.io/port"] = std::to_string(job.spec.metrics.port);
+  }
   json pod = {{"apiVersion", "v1"},
               {"kind", "Pod"},
               {"metadata", std::move(metadata)},

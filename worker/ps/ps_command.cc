@@ -10,6 +10,7 @@
 #include "common/status.h"
 #include "worker/agent/wake_pipe.h"
 #include "worker/ps/ps_job.h"
+#include "worker/ps/ps_metrics.h"
 #include "worker/ps/ps_server.h"
 
 namespace lockstep::ps {
@@ -64,6 +65,7 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
   ShardServerOptions options;
   options.listen_address = "0.0.0.0:7470";
   std::string manifest_path;
+  int64_t manifest_metrics_port = 0;
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& flag = args[i];
     if (i + 1 >= args.size()) return Refuse(flag + " needs a value (see --help)");
@@ -103,6 +105,7 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
     options.checkpoint_uri = job->spec.checkpoint.uri;
     options.checkpoint_interval_steps = job->spec.checkpoint.interval_steps;
     options.checkpoint_keep = job->spec.checkpoint.keep;
+    manifest_metrics_port = job->spec.metrics.port;
     if (options.job.empty()) {
       options.job = EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
     }
@@ -123,6 +126,14 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
                    server.status().code() == StatusCode::kResourceExhausted
                ? 2
                : 1;
+  }
+  // Metrics on LOCKSTEP_METRICS_PORT, else the manifest's spec.metrics.port (0: none).
+  const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", manifest_metrics_port);
+  StatusOr<std::unique_ptr<PsMetrics>> metrics =
+      PsMetrics::Create(options.job, options.shard, static_cast<int>(metrics_port), **server);
+  if (!metrics.ok()) {
+    std::cerr << "lockstep-worker ps: " << metrics.status() << "\n";
+    return metrics.status().code() == StatusCode::kInvalidArgument ? 2 : 1;
   }
   std::cout << "parameter server " << options.shard << " of " << options.shards << " of job "
             << options.job << " listening on port " << (*server)->port() << std::endl;

@@ -80,6 +80,7 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     }
     std::lock_guard<std::mutex> lock(clock_mu_);
     stats.min_clock = min_clock_;
+    stats.max_clock = *std::max_element(clocks_.begin(), clocks_.end());
     stats.restored_step = restored_step_;
     stats.checkpoints = checkpointer_ ? checkpointer_->written() : 0;
     return stats;
@@ -118,6 +119,8 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.pulls;
     stats_.rows_pulled += count;
+    stats_.bytes_received += request->ByteSizeLong();
+    stats_.bytes_sent += response->ByteSizeLong();
     return grpc::Status::OK;
   }
 
@@ -180,6 +183,11 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     response->set_clock(clocks_[worker]);
     response->set_min_clock(min_clock_);
     response->set_initialized(initialized_);
+    lock.unlock();
+    std::lock_guard<std::mutex> stats_lock(stats_mu_);
+    ++stats_.clocks;
+    stats_.bytes_received += request->ByteSizeLong();
+    stats_.bytes_sent += response->ByteSizeLong();
     return grpc::Status::OK;
   }
 
@@ -224,6 +232,8 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.pushes;
     stats_.rows_pushed += count;
+    stats_.bytes_received += request->ByteSizeLong();
+    stats_.bytes_sent += response->ByteSizeLong();
     return grpc::Status::OK;
   }
 
