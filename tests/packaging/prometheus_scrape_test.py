@@ -348,6 +348,35 @@ def main():
         processes.append(lockstep)
         worker_ports = [worker_base + i for i in range(WORKERS)]
 
+        # A parameter-server job beside it (examples/click-log.yaml: 2 workers, 1 server), for
+        # the dashboard's parameter-server row: its server serves metrics after the workers'
+        # ports (which its workers do not use).
+        click_log = os.path.join(os.path.dirname(options.lockstep), "lockstep-click-log")
+        data = os.path.join(work, "click-log")
+        subprocess.run([click_log, "--samples", "20000", "--test-samples", "1000", data],
+                       check=True, stdout=subprocess.DEVNULL)
+        with open(os.path.join(options.source, "examples", "click-log.yaml")) as f:
+            ps_manifest = yaml.safe_load(f)
+        ps_manifest["metadata"]["name"] = "ctr-scrape"
+        ps_manifest["spec"]["replicas"] = 2
+        ps_manifest["spec"]["parameterServers"] = {"replicas": 1}
+        ps_manifest["spec"]["trainer"]["data"] = {
+            "format": "clickLog", "train": [os.path.join(data, "train.tsv.gz")]}
+        ps_manifest["spec"]["trainer"].pop("epochs", None)
+        ps_manifest["spec"]["trainer"]["steps"] = 10000000
+        ps_base = free_port_run(3)
+        ps_manifest["spec"]["metrics"] = {"port": ps_base}
+        ps_manifest_path = os.path.join(work, "ctr.yaml")
+        with open(ps_manifest_path, "w") as f:
+            yaml.safe_dump(ps_manifest, f)
+        ps_run_log = open(os.path.join(work, "lockstep-run-ps.log"), "w")
+        ps_run = subprocess.Popen(
+            [options.lockstep, "run", ps_manifest_path, "--log-dir", os.path.join(work, "logs-ps")],
+            stdout=ps_run_log, stderr=subprocess.STDOUT, cwd=options.source, start_new_session=True,
+            preexec_fn=die_with_parent)
+        processes.append(ps_run)
+        server_ports = [ps_base + 2]
+
         # 2. The operator, while the workers start.
         operator_metrics_port = free_port_run(2)
         rendezvous_port = operator_metrics_port + 1
@@ -390,6 +419,18 @@ def main():
                 if not re.search(r"^lockstep_train_steps_total\{[^}]*\} [1-9]", text, re.M):
                     return False
             return committed
+        def serving():
+            if ps_run.poll() is not None:
+                raise SystemExit("lockstep run of the parameter-server job exited early (%s); see %s"
+                                 % (ps_run.returncode, ps_run_log.name))
+            text = http_get("http://127.0.0.1:%d/metrics" % server_ports[0])
+            return re.search(r'^lockstep_ps_requests_total\{[^}]*kind="push"[^}]*\} [1-9]', text, re.M)
+        try:
+            wait_for(serving, 120, "the parameter server serving pushes")
+        except RuntimeError:
+            with open(ps_run_log.name) as f:
+                print(f.read()[-3000:])
+            raise
         try:
             wait_for(training, 120, "every worker training and a first checkpoint")
         except RuntimeError:
@@ -407,10 +448,12 @@ def main():
 
         for port in worker_ports:
             promtool_check("worker :%d" % port, http_get("http://127.0.0.1:%d/metrics" % port))
+        for port in server_ports:
+            promtool_check("parameter server :%d" % port, http_get("http://127.0.0.1:%d/metrics" % port))
 
         # 3. Prometheus, before the operator's counters move, so that increase() sees them move.
         prometheus_port = free_port_run(1)
-        targets = scrape_targets(worker_ports, operator_metrics_port)
+        targets = scrape_targets(worker_ports + server_ports, operator_metrics_port)
         config = {
             "global": {"scrape_interval": "1s", "evaluation_interval": "1s", "scrape_timeout": "1s"},
             "rule_files": [os.path.abspath(options.rules)],
@@ -522,7 +565,9 @@ def main():
             rules = yaml.safe_load(f)
         # As Grafana fills a regex variable in: metacharacters escaped, the backslash doubled for
         # the PromQL string.
-        job_regex = re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\\\1", job)
+        # Both jobs: the pipeline's (every training panel) and the parameter servers' (their row).
+        job_regex = "|".join(re.sub(r"([.^$*+?()\[\]{}|\\])", r"\\\\\1", name)
+                             for name in (job, "default/ctr-scrape"))
         substitutions = {"$namespace": "default", "$job": job_regex, "$__rate_interval": "10s"}
         evaluated, operator_evaluated = 0, 0
         for where, expr in dashboard_queries(dashboard) + rule_queries(rules):
