@@ -83,9 +83,8 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
            {{{"name", kPortName}, {"containerPort", kParameterServerPort}, {"protocol", "TCP"}}})}};
   if (job.spec.metrics.port != 0) {
     // The workers' metrics port and its name, so the chart's PodMonitor scrapes the servers too.
-    container["ports"].push_back({{"name", "metrics"},
-                                  {"containerPort", job.spec.metrics.port},
-                                  {"protocol", "TCP"}});
+    container["ports"].push_back(
+        {{"name", "metrics"}, {"containerPort", job.spec.metrics.port}, {"protocol", "TCP"}});
   }
   const spec::ResourcesSpec& resources = job.spec.parameter_servers.resources;
   json limits = json::object();

@@ -19,7 +19,7 @@ struct PsMetrics::Impl {
   const ShardServer* server = nullptr;
   std::shared_ptr<prometheus::Registry> registry = std::make_shared<prometheus::Registry>();
   std::unique_ptr<http::HttpEndpoint> endpoint;
-  std::mutex mu;  // one scrape at a time moves the counters
+  std::mutex mu;          // one scrape at a time moves the counters
   ShardServerStats last;  // what the counters hold
   prometheus::Counter *pulls, *pushes, *clocks, *rows_pulled, *rows_pushed, *bytes_received,
       *bytes_sent, *refused, *checkpoints;
@@ -112,11 +112,10 @@ StatusOr<std::unique_ptr<PsMetrics>> PsMetrics::Create(const std::string& job, i
   Impl* raw = impl.get();
   if (port != 0) {
     http::HttpHandler serve = http::PrometheusHandler(impl->registry);
-    auto endpoint = http::HttpEndpoint::Start(
-        "0.0.0.0", port, {{"/metrics", [raw, serve] {
-                             raw->Sync();
-                             return serve();
-                           }}});
+    auto endpoint = http::HttpEndpoint::Start("0.0.0.0", port, {{"/metrics", [raw, serve] {
+                                                                   raw->Sync();
+                                                                   return serve();
+                                                                 }}});
     if (!endpoint.ok()) return endpoint.status().WithContext("metrics endpoint");
     impl->endpoint = std::move(endpoint).value();
   }

@@ -59,7 +59,7 @@ struct ShardServerStats {
   uint64_t clocks = 0;   // clock calls answered
   uint64_t bytes_received = 0;  // serialized requests answered (without gRPC framing)
   uint64_t bytes_sent = 0;      // serialized responses
-  int64_t max_clock = 0;  // the fastest worker's clock (max - min: how stale the slowest is)
+  int64_t max_clock = 0;        // the fastest worker's clock (max - min: how stale the slowest is)
   int64_t min_clock = 0;  // the slowest worker's clock
   int64_t restored_step = -1;  // the checkpoint restored at Start; -1: none
   int64_t checkpoints = 0;     // written since Start

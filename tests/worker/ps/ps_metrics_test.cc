@@ -14,8 +14,8 @@ namespace {
 // The value of the sample `name{...labels...}` whose labels contain `has`; -1 when absent.
 double Sample(const std::string& text, const std::string& name, const std::string& has) {
   std::regex line("^" + name + "\\{([^}]*)\\} (\\S+)$", std::regex::multiline);
-  for (auto it = std::sregex_iterator(text.begin(), text.end(), line);
-       it != std::sregex_iterator(); ++it) {
+  for (auto it = std::sregex_iterator(text.begin(), text.end(), line); it != std::sregex_iterator();
+       ++it) {
     if ((*it)[1].str().find(has) != std::string::npos) return std::stod((*it)[2].str());
   }
   return -1;
