@@ -520,14 +520,18 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
       "LOCKSTEP_JOIN_TIMEOUT_MS", std::to_string(RendezvousTimeoutMs() + kJoinTimeoutMarginMs));
   const int32_t servers = job.spec.parameter_servers.replicas;
   if (servers > 0) {
-    StatusOr<std::vector<int>> ports = PickLoopbackPorts(servers);
+    // An exec job's TensorFlow tasks (TF_CONFIG): a port for every worker and server; the
+    // built-in trainer's: one per server.
+    const int32_t tf_workers = exec ? spec::WorkersToRun(job.spec) : 0;
+    StatusOr<std::vector<int>> ports = PickLoopbackPorts(tf_workers + servers);
     if (!ports.ok()) {
       err << "lockstep run: parameter servers: " << ports.status().message() << "\n";
       (*server)->Shutdown(kServerShutdownMs);
       return kExitFailure;
     }
-    for (int port : *ports) {
-      command_options.parameter_servers.push_back("127.0.0.1:" + std::to_string(port));
+    for (int i = 0; i < tf_workers + servers; ++i) {
+      (i < tf_workers ? command_options.tf_workers : command_options.parameter_servers)
+          .push_back("127.0.0.1:" + std::to_string((*ports)[static_cast<size_t>(i)]));
     }
   }
   // The workers in slots 0 .. workers - 1, the parameter servers after them (the workers wait

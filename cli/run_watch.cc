@@ -168,11 +168,10 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
             if (event.restart_scheduled) {
               PrintEvent(display, out,
                          "parameter server " + event.exit.member_id + " failed (" +
-                             event.exit.Describe() +
-                             "); it restarts from its shard's newest "
-                             "checkpoint in " +
+                             event.exit.Describe() + "); it restarts" +
+                             (exec ? "" : " from its shard's newest checkpoint") + " in " +
                              FormatDuration(event.restart_backoff_ms / 1000.0) +
-                             ", the workers wait for its shard");
+                             (exec ? "" : ", the workers wait for its shard"));
             } else if (outcome.failure_reason.empty()) {
               outcome.failure_reason =
                   "parameter server " + event.exit.member_id + " (pid " +

@@ -5,7 +5,10 @@
 #include <sstream>
 #include <thread>
 
+#include <unistd.h>
+
 #include "common/env.h"
+#include "common/spec/tf_config.h"
 #include "common/termination_message.h"
 #include "kernels/device.h"
 
@@ -87,7 +90,11 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
       command.env.emplace_back(kTerminationLogEnv, command.termination_log);
     }
     command.env.emplace_back("LOCKSTEP_WORKER_INDEX", std::to_string(i));
-    if (!options.parameter_servers.empty()) {
+    if (!options.tf_workers.empty()) {
+      command.env.emplace_back("TF_CONFIG",
+                               spec::TfConfig(options.tf_workers, options.parameter_servers,
+                                              spec::TfTaskOfWorker(i)));
+    } else if (!options.parameter_servers.empty()) {
       std::string servers;
       for (const std::string& server : options.parameter_servers) {
         servers += (servers.empty() ? "" : ",") + server;
@@ -109,12 +116,40 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
   return commands;
 }
 
+// `name` as execve needs it: a path is taken as it is (relative to the working directory), a bare
+// name is looked up on PATH (as a shell would); a name not found stays, and its start fails
+// naming it.
+std::string FindProgram(const std::string& name) {
+  if (name.find('/') != std::string::npos) return fs::absolute(name).string();
+  std::stringstream path(EnvString("PATH", "/usr/local/bin:/usr/bin:/bin"));
+  for (std::string dir; std::getline(path, dir, ':');) {
+    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / name;
+    if (access(candidate.c_str(), X_OK) == 0) return fs::absolute(candidate).string();
+  }
+  return name;
+}
+
 std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob& job,
                                                         const WorkerCommandOptions& options) {
   std::vector<WorkerCommand> commands;
   for (size_t s = 0; s < options.parameter_servers.size(); ++s) {
     WorkerCommand command;
     command.member_id = job.metadata.name + "-ps-" + std::to_string(s);
+    if (!job.spec.command.empty()) {
+      // TensorFlow's ps task s: the job's own program, told its place by TF_CONFIG.
+      command.argv = job.spec.command;
+      command.argv[0] = FindProgram(command.argv[0]);
+      command.log_path =
+          (fs::path(options.log_dir) / ("ps-" + std::to_string(s) + ".log")).string();
+      command.env = {
+          {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
+          {"LOCKSTEP_POD", command.member_id},
+          {"TF_CONFIG", spec::TfConfig(options.tf_workers, options.parameter_servers,
+                                       spec::TfTaskOfServer(static_cast<int>(s)))},
+      };
+      commands.push_back(std::move(command));
+      continue;
+    }
     command.argv = {options.worker_binary,
                     "ps",
                     "--manifest",

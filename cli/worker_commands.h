@@ -20,6 +20,9 @@ struct WorkerCommandOptions {
   std::string join_timeout_ms;     // LOCKSTEP_JOIN_TIMEOUT_MS of every worker
   // host:port of each parameter server (LOCKSTEP_PS_SERVERS); empty without spec.parameterServers.
   std::vector<std::string> parameter_servers;
+  // An exec job with parameter servers: host:port of each worker's TensorFlow task, by index
+  // (TF_CONFIG, common/spec/tf_config.h); parameter_servers then holds the ps tasks'.
+  std::vector<std::string> tf_workers;
 };
 
 // Threads for the linear-algebra library of each of `workers` local workers.
@@ -36,14 +39,15 @@ std::vector<std::string> VisibleGpus();
 // their local rank) and environment; pod i of a cuda job sees only its ranksPerWorker visible
 // GPUs, from the (i * ranksPerWorker)-th on.
 // Worker i also gets LOCKSTEP_WORKER_INDEX i, and LOCKSTEP_PS_SERVERS when the job has parameter
-// servers.
+// servers (TF_CONFIG instead for an exec job: options.tf_workers).
 std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
                                                const WorkerCommandOptions& options);
 
 // One command per parameter server of spec.parameterServers: member id <name>-ps-<s>,
 // `lockstep-worker ps --manifest ... --shard s --listen <options.parameter_servers[s]>`, its log
 // log_dir/ps-<s>.log, and the job's token; restartable (from its shard's checkpoint) only when the
-// job has spec.checkpoint.uri.
+// job has spec.checkpoint.uri. An exec job's server runs spec.command itself as TensorFlow's ps
+// task s (TF_CONFIG), restartable under the run policy.
 std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob& job,
                                                         const WorkerCommandOptions& options);
 

@@ -282,10 +282,23 @@ void CheckParameterServers(const ObjectReader& spec_reader, const TrainingJobSpe
   const std::string servers = spec_reader.PathOf("parameterServers");
   const bool has_servers = spec.parameter_servers.replicas > 0;
   if (!spec.trainer.has_value()) {
-    if (has_servers) {
-      problems.Add(servers,
-                   "parameter servers serve the built-in trainer (spec.trainer); "
-                   "a command job has none");
+    // A command job's servers run its command as TensorFlow's ps tasks (TF_CONFIG,
+    // common/spec/tf_config.h): one task per pod, a fixed cluster.
+    if (!has_servers) return;
+    const std::string why = " (spec.parameterServers with a command: TF_CONFIG)";
+    if (spec.ranks_per_worker != 1) {
+      problems.Add(spec_reader.PathOf("ranksPerWorker"),
+                   "a TensorFlow task is one process per pod (got " +
+                       std::to_string(spec.ranks_per_worker) + ")" + why);
+    }
+    if (spec.elastic.min_replicas != spec.elastic.max_replicas || spec.elastic.standby > 0) {
+      problems.Add(spec_reader.PathOf("elastic"),
+                   "TF_CONFIG names a fixed cluster: no elastic range or standbys" + why);
+    }
+    if (spec.parameter_servers.resources.gpus > 0) {
+      problems.Add(servers + ".resources.gpus",
+                   "parameter servers use no GPU (got " +
+                       std::to_string(spec.parameter_servers.resources.gpus) + ")" + why);
     }
     return;
   }

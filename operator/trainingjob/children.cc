@@ -398,7 +398,11 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   }
   if (spec.parameter_servers.replicas > 0) {
     env.push_back(EnvValue("LOCKSTEP_WORKER_INDEX", std::to_string(index)));
-    env.push_back(EnvValue("LOCKSTEP_PS_SERVERS", ParameterServerAddresses(job)));
+    if (spec.trainer.has_value()) {
+      env.push_back(EnvValue("LOCKSTEP_PS_SERVERS", ParameterServerAddresses(job)));
+    } else {
+      env.push_back(EnvValue("TF_CONFIG", TensorflowConfig(job, spec::TfTaskOfWorker(index))));
+    }
   }
   // Defaults a template may override, then ncclEnv, which always wins.
   std::map<std::string, std::string> nccl = NcclDefaults(network);
@@ -454,6 +458,11 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
       ports.push_back(std::move(port));
     }
     container["ports"] = std::move(ports);
+  }
+  if (!spec.trainer.has_value() && spec.parameter_servers.replicas > 0) {
+    // The TensorFlow task's port, as TF_CONFIG names it.
+    container["ports"].push_back(
+        {{"name", "tf"}, {"containerPort", spec::kTfPort}, {"protocol", "TCP"}});
   }
 
   json volumes = json::array();

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "common/spec/tf_config.h"
 #include "common/spec/training_job.h"
 
 namespace lockstep::op::trainingjob {
@@ -167,6 +168,11 @@ std::string ParameterServerPodName(const std::string& job_name, int32_t shard); 
 std::string ParameterServerServiceName(const std::string& job_name);             // "<job>-ps"
 // "<job>-ps-0.<job>-ps.<ns>.svc:7470,...": the workers' LOCKSTEP_PS_SERVERS.
 std::string ParameterServerAddresses(const spec::TrainingJob& job);
+// An exec job's (spec.command) TF_CONFIG for `task` (common/spec/tf_config.h): the workers at
+// "<job>-worker-<i>.<job>.<ns>.svc:2222", the servers at "<job>-ps-<s>.<job>-ps.<ns>.svc:2222".
+// Its worker pods get it, with container port 2222 ("tf"), and its server pods run spec.command
+// with it instead of `lockstep-worker ps`.
+std::string TensorflowConfig(const spec::TrainingJob& job, const spec::TfTask& task);
 json DesiredParameterServerService(const spec::TrainingJob& job);
 json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
                                const OperatorSettings& settings);

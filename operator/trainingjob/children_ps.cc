@@ -1,9 +1,11 @@
 // The parameter servers' children of a TrainingJob (children.h, "Parameter servers"): their
 // headless Service and one pod per server.
 #include <string>
+#include <vector>
 
 #include "operator/trainingjob/children.h"
 #include "operator/trainingjob/children_internal.h"
+#include "common/spec/tf_config.h"
 #include "operator/trainingjob/pod_security.h"
 
 namespace lockstep::op::trainingjob {
@@ -16,6 +18,7 @@ using internal::JobLabels;
 namespace {
 
 constexpr char kPortName[] = "ps";
+constexpr char kTfPortName[] = "tf";
 
 json ServerLabels(const spec::TrainingJob& job) {
   json labels = JobLabels(job);
@@ -31,6 +34,20 @@ std::string ParameterServerPodName(const std::string& job_name, int32_t shard) {
 
 std::string ParameterServerServiceName(const std::string& job_name) { return job_name + "-ps"; }
 
+std::string TensorflowConfig(const spec::TrainingJob& job, const spec::TfTask& task) {
+  const std::string tail = "." + job.metadata.namespace_ + ".svc:" + std::to_string(spec::kTfPort);
+  std::vector<std::string> workers, servers;
+  for (int32_t i = 0; i < job.spec.replicas; ++i) {
+    workers.push_back(internal::Hostname(PodName(job.metadata.name, i)) + "." +
+                      ServiceName(job.metadata.name) + tail);
+  }
+  for (int32_t s = 0; s < job.spec.parameter_servers.replicas; ++s) {
+    servers.push_back(internal::Hostname(ParameterServerPodName(job.metadata.name, s)) + "." +
+                      ParameterServerServiceName(job.metadata.name) + tail);
+  }
+  return spec::TfConfig(workers, servers, task);
+}
+
 std::string ParameterServerAddresses(const spec::TrainingJob& job) {
   std::string addresses;
   const std::string service = ParameterServerServiceName(job.metadata.name);
@@ -44,12 +61,13 @@ std::string ParameterServerAddresses(const spec::TrainingJob& job) {
 
 json DesiredParameterServerService(const spec::TrainingJob& job) {
   json selector = {{kJobNameLabel, job.metadata.name}, {kReplicaTypeLabel, "ps"}};
+  const bool tensorflow = !job.spec.command.empty();
   json spec = {{"clusterIP", "None"},
                {"publishNotReadyAddresses", true},
                {"selector", std::move(selector)},
-               {"ports", json::array({{{"name", kPortName},
-                                       {"port", kParameterServerPort},
-                                       {"targetPort", kPortName},
+               {"ports", json::array({{{"name", tensorflow ? kTfPortName : kPortName},
+                                       {"port", tensorflow ? spec::kTfPort : kParameterServerPort},
+                                       {"targetPort", tensorflow ? kTfPortName : kPortName},
                                        {"protocol", "TCP"}}})}};
   return {{"apiVersion", "v1"},
           {"kind", "Service"},
@@ -63,6 +81,7 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
   const std::string name = ParameterServerPodName(job.metadata.name, shard);
   json labels = ServerLabels(job);
   labels[kParameterServerIndexLabel] = std::to_string(shard);
+  const bool tensorflow = !job.spec.command.empty();
   json env = json::array({
       EnvValue("LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name),
       {{"name", "LOCKSTEP_JOB_TOKEN"},
@@ -72,15 +91,24 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
       EnvField("LOCKSTEP_POD", "metadata.name"),
       EnvValue("LOCKSTEP_SPEC", spec::ToJson(job).dump()),
   });
+  json command = json::array({internal::kWorkerBinary, "ps", "--shard", std::to_string(shard),
+                              "--listen", "0.0.0.0:" + std::to_string(kParameterServerPort)});
+  if (tensorflow) {
+    // TensorFlow's ps task: the job's own program, told its place by TF_CONFIG; it needs neither
+    // the job's token nor its spec.
+    command = job.spec.command;
+    env = json::array({EnvValue("LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name),
+                       EnvField("LOCKSTEP_POD", "metadata.name"),
+                       EnvValue("TF_CONFIG", TensorflowConfig(job, spec::TfTaskOfServer(shard)))});
+  }
   json container = {
       {"name", kParameterServerContainer},
       {"image", job.spec.image.empty() ? settings.default_worker_image : job.spec.image},
-      {"command", json::array({internal::kWorkerBinary, "ps", "--shard", std::to_string(shard),
-                               "--listen", "0.0.0.0:" + std::to_string(kParameterServerPort)})},
+      {"command", std::move(command)},
       {"env", std::move(env)},
-      {"ports",
-       json::array(
-           {{{"name", kPortName}, {"containerPort", kParameterServerPort}, {"protocol", "TCP"}}})}};
+      {"ports", json::array({{{"name", tensorflow ? kTfPortName : kPortName},
+                              {"containerPort", tensorflow ? spec::kTfPort : kParameterServerPort},
+                              {"protocol", "TCP"}}})}};
   if (job.spec.metrics.port != 0) {
     // The workers' metrics port and its name, so the chart's PodMonitor scrapes the servers too.
     container["ports"].push_back(

@@ -76,7 +76,9 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     if (const std::string error = WorkerTerminationMessage(*pod); !error.empty()) {
       what += " (" + error + ")";
     }
-    if (job.spec.checkpoint.uri.empty()) {
+    // The built-in trainer's server holds the model: without a checkpoint its shard is gone. A
+    // TensorFlow job's ps task is replaced like a worker; its program restores its variables.
+    if (job.spec.trainer.has_value() && job.spec.checkpoint.uri.empty()) {
       return Finish(w, false, "ParameterServerLost",
                     what +
                         ": its shard of the model is lost (set spec.checkpoint.uri for the "
@@ -103,8 +105,11 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     // Deleted once the count is stored (ReplaceRestartedPods); its replacement restores the
     // shard's newest checkpoint while the workers wait for that shard.
     w.status["restarts"] = restarts + 1;
-    w.restarts.push_back(
-        {pod, what + "; its replacement restores its shard's newest checkpoint", restarts + 1});
+    w.restarts.push_back({pod,
+                          what + (job.spec.trainer.has_value()
+                                      ? "; its replacement restores its shard's newest checkpoint"
+                                      : ""),
+                          restarts + 1});
     SetCondition(&w.status, kRestarting, true, "ParameterServerFailed", what, w.now);
   }
   w.status["parameterServers"] = {{"replicas", servers}, {"ready", ready}};

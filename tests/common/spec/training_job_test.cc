@@ -707,16 +707,18 @@ TEST(TrainingJobSpec, WhatParameterServersCannotDoIsRefusedNamingTheField) {
   EXPECT_THAT(ParseError(ParameterServerJob("{mode: bulk}")),
               HasSubstr("spec.trainer.sync.parameterServer.mode: must be one of sync, async, geo "
                         "(got \"bulk\")"));
-  // A command job has no trainer for servers to serve.
-  EXPECT_THAT(ParseError(R"(apiVersion: lockstep.io/v1alpha1
+  // A command job's servers are TensorFlow ps tasks: one process per pod, a fixed cluster.
+  const std::string tensorflow = R"(apiVersion: lockstep.io/v1alpha1
 kind: TrainingJob
 metadata: {name: tf}
 spec:
   replicas: 2
   parameterServers: {replicas: 1}
   command: [python3, train.py]
-)"),
-              HasSubstr("spec.parameterServers: parameter servers serve the built-in trainer"));
+)";
+  EXPECT_TRUE(ParseTrainingJobYaml(tensorflow, "job.yaml").ok());
+  EXPECT_THAT(ParseError(tensorflow + "  ranksPerWorker: 2\n"),
+              HasSubstr("spec.ranksPerWorker: a TensorFlow task is one process per pod (got 2)"));
 }
 
 }  // namespace

@@ -201,5 +201,77 @@ TEST(PsRunFailureTest, ALostParameterServerWithoutCheckpointsEndsTheJobNamingIt)
   EXPECT_NE(result.err.find("set spec.checkpoint.uri"), std::string::npos) << result.err;
 }
 
+// A TensorFlow-style program in exec mode (spec.command with spec.parameterServers) gets
+// TF_CONFIG as TensorFlow documents it: worker 0 is the chief, the others workers 0.., each server
+// a ps task running the same program. The program here stands in for TensorFlow (not packaged):
+// a ps task listens where TF_CONFIG says, and every chief and worker task connects to every ps
+// task and records what it was told, so the addresses are proven reachable, not just well formed.
+constexpr char kTensorflowStandIn[] = R"(import json, os, socket, sys, time
+config = json.loads(os.environ["TF_CONFIG"])
+task, cluster, out = config["task"], config["cluster"], sys.argv[1]
+name = "%s-%d" % (task["type"], task["index"])
+if task["type"] == "ps":
+    host, port = cluster["ps"][task["index"]].rsplit(":", 1)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind((host, int(port)))
+    server.listen()
+    while True:
+        conn, _ = server.accept()
+        peer = conn.recv(100).decode()
+        open(os.path.join(out, name + "-saw-" + peer), "w").close()
+        conn.sendall(name.encode())
+        conn.close()
+answers = []
+for address in cluster["ps"]:
+    host, port = address.rsplit(":", 1)
+    deadline = time.time() + 60
+    while True:
+        try:
+            conn = socket.create_connection((host, int(port)), timeout=5)
+            break
+        except OSError:
+            if time.time() > deadline:
+                raise
+            time.sleep(0.05)
+    conn.sendall(name.encode())
+    answers.append(conn.recv(100).decode())
+    conn.close()
+with open(os.path.join(out, name + ".json"), "w") as f:
+    json.dump({"config": config, "answers": answers}, f)
+)";
+
+TEST(PsRunExecTest, ATensorflowProgramsTasksGetTfConfigAndReachEveryParameterServer) {
+  const std::string dir = MakeTempDir("lockstep-ps-tf-config");
+  WriteFile(dir + "/task.py", kTensorflowStandIn);
+  const std::string out = dir + "/out";
+  ASSERT_EQ(RunProcess({"/bin/mkdir", "-p", out}, {}, 10000).exit_code, 0);
+  const std::string name = "tf-" + std::to_string(getpid());
+  WriteFile(dir + "/job.yaml", "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+                               "metadata: {name: " + name + "}\nspec:\n  replicas: 3\n"
+                               "  parameterServers: {replicas: 2}\n"
+                               "  command: [python3, " + dir + "/task.py, " + out + "]\n"
+                               "  metrics: {port: 0}\n");
+  ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir",
+                                     dir + "/logs", "--console", "none"},
+                                    kRunEnv, kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out) << result.out << result.err;
+  ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
+  nlohmann::json cluster;
+  for (const std::string task : {"chief-0", "worker-0", "worker-1"}) {
+    const nlohmann::json seen = nlohmann::json::parse(ReadFile(out + "/" + task + ".json"));
+    EXPECT_EQ(seen["answers"], nlohmann::json({"ps-0", "ps-1"})) << task;
+    if (cluster.is_null()) cluster = seen["config"]["cluster"];
+    EXPECT_EQ(seen["config"]["cluster"], cluster) << task << ": every task sees one cluster";
+    for (const std::string server : {"ps-0", "ps-1"}) {
+      EXPECT_EQ(access((out + "/" + server + "-saw-" + task).c_str(), F_OK), 0)
+          << server << " never heard from " << task;
+    }
+  }
+  EXPECT_EQ(cluster["chief"].size(), 1u);
+  EXPECT_EQ(cluster["worker"].size(), 2u);
+  EXPECT_EQ(cluster["ps"].size(), 2u);
+}
+
 }  // namespace
 }  // namespace lockstep::cli

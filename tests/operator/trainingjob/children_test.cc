@@ -912,3 +912,55 @@ TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
 
 }  // namespace
 }  // namespace lockstep::op::trainingjob
+
+namespace lockstep::op::trainingjob {
+namespace {
+
+// TensorFlow's documented form (run_standard_tensorflow_server, TFConfigClusterResolver): a
+// cluster of task lists by type and this task's type and index.
+TEST(TensorflowConfigTest, AnExecJobsWorkersAndServersGetTheirTasksInOneCluster) {
+  const spec::TrainingJob job = ParseJob(R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: tf, namespace: team-a}
+spec:
+  replicas: 3
+  parameterServers: {replicas: 2}
+  command: [python3, train.py]
+)");
+  const std::vector<std::string> workers = {"tf-worker-0.tf.team-a.svc:2222",
+                                            "tf-worker-1.tf.team-a.svc:2222",
+                                            "tf-worker-2.tf.team-a.svc:2222"};
+  const std::vector<std::string> servers = {"tf-ps-0.tf-ps.team-a.svc:2222",
+                                            "tf-ps-1.tf-ps.team-a.svc:2222"};
+  const json cluster = {{"chief", {workers[0]}},
+                        {"worker", {workers[1], workers[2]}},
+                        {"ps", servers}};
+  for (int i = 0; i < 3; ++i) {
+    const json pod = DesiredPod(job, i, Settings());
+    const json config = json::parse(EnvText(pod, "TF_CONFIG"));
+    EXPECT_EQ(config["cluster"], cluster);
+    EXPECT_EQ(config["task"], i == 0 ? json({{"type", "chief"}, {"index", 0}})
+                                     : json({{"type", "worker"}, {"index", i - 1}}));
+    bool tf_port = false;
+    for (const json& port : Worker(pod)["ports"]) tf_port |= port["containerPort"] == 2222;
+    EXPECT_TRUE(tf_port) << pod.dump(2);
+    EXPECT_EQ(EnvText(pod, "LOCKSTEP_PS_SERVERS"), "<unset>");
+  }
+  for (int s = 0; s < 2; ++s) {
+    const json pod = DesiredParameterServerPod(job, s, Settings());
+    EXPECT_EQ(Worker(pod)["command"], json({"python3", "train.py"}));
+    const json config = json::parse(EnvText(pod, "TF_CONFIG"));
+    EXPECT_EQ(config["cluster"], cluster);
+    EXPECT_EQ(config["task"], json({{"type", "ps"}, {"index", s}}));
+    EXPECT_EQ(EnvText(pod, "LOCKSTEP_JOB_TOKEN"), "<unset>") << "the program needs no token";
+  }
+  EXPECT_EQ(DesiredParameterServerService(job)["spec"]["ports"][0]["port"], 2222);
+  // One worker: the chief alone.
+  EXPECT_EQ(json::parse(spec::TfConfig({"a:1"}, {"b:2"}, spec::TfTaskOfWorker(0))),
+            json::parse(R"({"cluster": {"chief": ["a:1"], "ps": ["b:2"]},
+                            "task": {"type": "chief", "index": 0}})"));
+}
+
+}  // namespace
+}  // namespace lockstep::op::trainingjob
