@@ -1,11 +1,11 @@
 #include "cli/worker_commands.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <thread>
-
-#include <unistd.h>
 
 #include "common/env.h"
 #include "common/spec/tf_config.h"
@@ -91,9 +91,9 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
     }
     command.env.emplace_back("LOCKSTEP_WORKER_INDEX", std::to_string(i));
     if (!options.tf_workers.empty()) {
-      command.env.emplace_back("TF_CONFIG",
-                               spec::TfConfig(options.tf_workers, options.parameter_servers,
-                                              spec::TfTaskOfWorker(i)));
+      command.env.emplace_back(
+          "TF_CONFIG",
+          spec::TfConfig(options.tf_workers, options.parameter_servers, spec::TfTaskOfWorker(i)));
     } else if (!options.parameter_servers.empty()) {
       std::string servers;
       for (const std::string& server : options.parameter_servers) {

@@ -3,9 +3,9 @@
 #include <string>
 #include <vector>
 
+#include "common/spec/tf_config.h"
 #include "operator/trainingjob/children.h"
 #include "operator/trainingjob/children_internal.h"
-#include "common/spec/tf_config.h"
 #include "operator/trainingjob/pod_security.h"
 
 namespace lockstep::op::trainingjob {

@@ -247,14 +247,19 @@ TEST(PsRunExecTest, ATensorflowProgramsTasksGetTfConfigAndReachEveryParameterSer
   const std::string out = dir + "/out";
   ASSERT_EQ(RunProcess({"/bin/mkdir", "-p", out}, {}, 10000).exit_code, 0);
   const std::string name = "tf-" + std::to_string(getpid());
-  WriteFile(dir + "/job.yaml", "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
-                               "metadata: {name: " + name + "}\nspec:\n  replicas: 3\n"
-                               "  parameterServers: {replicas: 2}\n"
-                               "  command: [python3, " + dir + "/task.py, " + out + "]\n"
-                               "  metrics: {port: 0}\n");
-  ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir",
-                                     dir + "/logs", "--console", "none"},
-                                    kRunEnv, kRunTimeoutMs);
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+            "metadata: {name: " +
+                name +
+                "}\nspec:\n  replicas: 3\n"
+                "  parameterServers: {replicas: 2}\n"
+                "  command: [python3, " +
+                dir + "/task.py, " + out +
+                "]\n"
+                "  metrics: {port: 0}\n");
+  ProcessResult result = RunProcess(
+      {LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--log-dir", dir + "/logs", "--console", "none"},
+      kRunEnv, kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   nlohmann::json cluster;

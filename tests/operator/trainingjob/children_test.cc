@@ -933,9 +933,8 @@ spec:
                                             "tf-worker-2.tf.team-a.svc:2222"};
   const std::vector<std::string> servers = {"tf-ps-0.tf-ps.team-a.svc:2222",
                                             "tf-ps-1.tf-ps.team-a.svc:2222"};
-  const json cluster = {{"chief", {workers[0]}},
-                        {"worker", {workers[1], workers[2]}},
-                        {"ps", servers}};
+  const json cluster = {
+      {"chief", {workers[0]}}, {"worker", {workers[1], workers[2]}}, {"ps", servers}};
   for (int i = 0; i < 3; ++i) {
     const json pod = DesiredPod(job, i, Settings());
     const json config = json::parse(EnvText(pod, "TF_CONFIG"));
