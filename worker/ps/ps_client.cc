@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <random>
 #include <limits>
 #include <unordered_map>
 #include <utility>
@@ -95,18 +97,19 @@ bool ServerDown(const grpc::Status& status) {
 struct PsClient::Stubs {
   std::vector<std::unique_ptr<v1::ParameterServer::Stub>> stubs;
 
-  // Starts every call, then waits for all of them, all under one deadline (timeout_ms, or
-  // options.timeout_ms when 0). A call to a server that is down is sent again, waiting for the
-  // server to be back (a parameter server restarted from its checkpoint), until the deadline:
-  // what it had applied before it went down is rolled back by the restore, so a push sent again
-  // is applied once. Returns the first failure, naming its server.
+  // Starts every call, then waits for all of them, each attempt under one deadline (timeout_ms,
+  // or options.timeout_ms when 0). A call whose server is down (UNAVAILABLE) or did not answer
+  // in time is sent again, waiting for the server to be back (a parameter server restarted from
+  // its checkpoint), until patience_ms have passed (at least one attempt): a push carries its
+  // client's id and sequence number, and a server that has applied it already answers without
+  // applying it again. Returns the first failure, naming its server.
   template <typename Request, typename Response, typename Prepare>
   Status RunAll(std::vector<std::unique_ptr<Call<Request, Response>>>& calls,
                 const PsClientOptions& options, Prepare prepare, int64_t timeout_ms = 0,
-                bool wait_for_ready = false) {
-    const auto deadline =
-        std::chrono::system_clock::now() +
-        std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options.timeout_ms);
+                bool wait_for_ready = false, int64_t patience_ms = 0) {
+    const auto attempt = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options.timeout_ms);
+    const auto started = std::chrono::system_clock::now();
+    const auto give_up = started + std::max(attempt, std::chrono::milliseconds(patience_ms));
     std::vector<Call<Request, Response>*> pending;
     for (auto& call : calls) pending.push_back(call.get());
     for (bool again = false; !pending.empty(); again = true) {
@@ -115,7 +118,8 @@ struct PsClient::Stubs {
         Call<Request, Response>& call = *pending[i];
         call.context = std::make_unique<grpc::ClientContext>();
         call.context->AddMetadata(rendezvous::kTokenMetadataKey, options.token);
-        call.context->set_deadline(deadline);
+        call.context->set_deadline(
+            std::min(give_up, std::chrono::system_clock::now() + attempt));
         call.context->set_wait_for_ready(wait_for_ready || again);
         call.response.Clear();
         call.reader = prepare(*stubs[static_cast<size_t>(call.shard)], call.context.get(),
@@ -135,9 +139,12 @@ struct PsClient::Stubs {
       }
       std::vector<Call<Request, Response>*> down;
       for (Call<Request, Response>* call : pending) {
-        if (ServerDown(call->status)) down.push_back(call);
+        if (ServerDown(call->status) ||
+            (patience_ms > 0 && call->status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED)) {
+          down.push_back(call);
+        }
       }
-      if (std::chrono::system_clock::now() >= deadline) break;
+      if (std::chrono::system_clock::now() >= give_up) break;
       pending = std::move(down);
     }
     for (const auto& call : calls) {
@@ -181,7 +188,13 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
 }
 
 PsClient::PsClient(PsClientOptions options)
-    : options_(std::move(options)), stubs_(std::make_unique<Stubs>()) {}
+    : options_(std::move(options)), stubs_(std::make_unique<Stubs>()) {
+  // Unique among the job's clients: 128 random bits.
+  std::random_device random;
+  char id[33];
+  std::snprintf(id, sizeof(id), "%08x%08x%08x%08x", random(), random(), random(), random());
+  client_id_ = id;
+}
 
 PsClient::~PsClient() = default;
 
@@ -205,7 +218,7 @@ Status PsClient::Pull(const std::string& table, int32_t dim, const std::vector<u
       calls, options_,
       [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
          const v1::PullRequest& request,
-         grpc::CompletionQueue* queue) { return stub.PrepareAsyncPull(context, request, queue); }));
+         grpc::CompletionQueue* queue) { return stub.PrepareAsyncPull(context, request, queue); }, /*timeout_ms=*/0, /*wait_for_ready=*/false, options_.down_server_wait_ms));
   // Every distinct row's values, then each requested row's copy of them.
   std::vector<float> values(distinct.rows.size() * static_cast<size_t>(dim));
   PsTraffic traffic;
@@ -272,6 +285,10 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     call->request.set_job(options_.job);
     call->request.set_table(table);
     call->request.set_kind(WireKind(kind));
+    // Each request once: a request sent again (its server was down, or slow to answer) is
+    // recognised by the server and not applied twice.
+    call->request.set_client(client_id_);
+    call->request.set_sequence(next_sequence_.fetch_add(1) + 1);
     std::string* bytes = call->request.mutable_values();
     bytes->resize(piece.size() * static_cast<size_t>(dim) * sizeof(float));
     for (size_t k = 0; k < piece.size(); ++k) {
@@ -287,7 +304,9 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
                                  [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
                                     const v1::PushRequest& request, grpc::CompletionQueue* queue) {
                                    return stub.PrepareAsyncPush(context, request, queue);
-                                 });
+                                 },
+                                 /*timeout_ms=*/0, /*wait_for_ready=*/false,
+                                 options_.down_server_wait_ms);
   std::lock_guard<std::mutex> lock(traffic_mu_);
   for (const auto& call : calls) {
     ++traffic_.requests;

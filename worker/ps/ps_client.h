@@ -14,13 +14,15 @@
 //
 // A push is checked on the client first (dim, finite values), but it is not atomic: split over
 // several servers, or over several requests to one, a part refused (a row past the table) or
-// lost leaves the others applied (the error names the server).
+// lost leaves the others applied (the error names the server). A request sent again after its
+// server was down or slow carries the same id, and a server that applied it does not again.
 //
 // Thread safety: Pull and Push may be called from several threads at once.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -44,6 +46,10 @@ struct PsClientOptions {
   // Bytes of values (rows x dim floats) per request, likewise (the servers' max_message_bytes
   // must be at least this, plus a little for the rows' numbers).
   int64_t max_message_bytes = int64_t{60} << 20;
+  // How long a Pull or Push keeps sending a request again while its server is down or does not
+  // answer within timeout_ms (a restarting server: its pod rescheduled, its shard restored);
+  // 0: one attempt's timeout_ms.
+  int64_t down_server_wait_ms = 0;
 };
 
 // What went over the wire, summed over calls (serialized message sizes, without gRPC framing).
@@ -100,6 +106,8 @@ class PsClient {
 
   const PsClientOptions options_;
   std::unique_ptr<Stubs> stubs_;
+  std::string client_id_;  // this client's pushes, as the servers tell them apart
+  std::atomic<uint64_t> next_sequence_{0};
   mutable std::mutex traffic_mu_;
   PsTraffic traffic_;
 };

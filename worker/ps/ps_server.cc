@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "common/rendezvous/wire.h"
@@ -32,7 +33,7 @@ using rendezvous::ToGrpcStatus;
 using rendezvous::TokensEqual;
 
 // A clock wait answers this long before its call's deadline, and lasts at most kMaxClockWait.
-constexpr auto kClockAnswerMargin = std::chrono::milliseconds(100);
+constexpr auto kClockAnswerMargin = std::chrono::milliseconds(200);
 constexpr auto kMaxClockWait = std::chrono::minutes(10);
 
 class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Service {
@@ -154,11 +155,8 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     if (request->initialized() && !initialized_) {
       initialized_ = true;
       clock_cv_.notify_all();
-      Checkpoint();  // the chief's initial values: a shard restored before any other is whole
-    } else if (checkpointer_ && initialized_ &&
-               min_clock_ >= last_checkpoint_ + options_.checkpoint_interval_steps) {
-      Checkpoint();
     }
+    MaybeCheckpoint();
     const int64_t wait_for = request->wait_for();
     // Bounded by the call's deadline (the client's), checked between slices of the wait, and
     // answered a little before it, so that the caller reads why it waited in vain; and by
@@ -166,19 +164,23 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     const auto now = std::chrono::system_clock::now();
     const auto give_up = std::min(context->deadline() - kClockAnswerMargin, now + kMaxClockWait);
     while (wait_for >= 0 && !(initialized_ && min_clock_ >= wait_for)) {
+      // Waits that end unanswered are not refusals (lockstep_ps_refused_total): the caller asks
+      // again.
       if (stopping_ || context->IsCancelled()) {
-        return Refuse(CancelledError("the parameter server is stopping"));
+        return ToGrpcStatus(CancelledError("the parameter server is stopping"));
       }
       if (give_up <= std::chrono::system_clock::now()) {
         const size_t slowest =
             static_cast<size_t>(std::min_element(clocks_.begin(), clocks_.end()) - clocks_.begin());
-        return Refuse(DeadlineExceededError(
+        return ToGrpcStatus(DeadlineExceededError(
             !initialized_ ? "the chief has not initialized the parameters yet"
                           : "waiting for every worker to reach step " + std::to_string(wait_for) +
                                 ": worker " + std::to_string(slowest) + " is at " +
                                 std::to_string(clocks_[slowest])));
       }
-      clock_cv_.wait_for(lock, std::chrono::milliseconds(100));
+      // Wakes for a clock, a cancellation check every 100 ms, and at give_up exactly.
+      clock_cv_.wait_until(lock, std::min(give_up, std::chrono::system_clock::now() +
+                                                       std::chrono::milliseconds(100)));
     }
     response->set_clock(clocks_[worker]);
     response->set_min_clock(min_clock_);
@@ -220,14 +222,28 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
       default:
         break;
     }
+    // A request sent again (its answer was lost) is answered without being applied twice.
+    const bool identified = !request->client().empty() && request->sequence() > 0;
+    if (identified && !FirstSight(request->client(), request->sequence())) {
+      response->set_version((*table)->version());
+      return grpc::Status::OK;
+    }
+    Status applied = OkStatus();
     if (kind == PushKind::kDeferred) {
-      Status held = Defer(**table, request->rows().data(), count, values.data());
-      if (!held.ok()) return Refuse(held);
+      applied = Defer(**table, request->rows().data(), count, values.data());
+      response->set_version((*table)->version());
+    } else if (kind == PushKind::kAssign && Initialized()) {
+      // Initial values are written once: a chief started again after the job was initialized
+      // must not overwrite what was trained.
       response->set_version((*table)->version());
     } else {
       auto version = (*table)->Push(request->rows().data(), count, values.data(), kind);
-      if (!version.ok()) return Refuse(version.status());
-      response->set_version(*version);
+      applied = version.status();
+      if (version.ok()) response->set_version(*version);
+    }
+    if (!applied.ok()) {
+      if (identified) Forget(request->client(), request->sequence());
+      return Refuse(applied);
     }
     std::lock_guard<std::mutex> lock(stats_mu_);
     ++stats_.pushes;
@@ -238,6 +254,44 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   }
 
  private:
+  bool Initialized() const {
+    std::lock_guard<std::mutex> lock(clock_mu_);
+    return initialized_;
+  }
+
+  // Whether push `sequence` of `client` is new; it is remembered from now on (so a repeat arriving
+  // while the first is applied is not applied too). Each client's numbers below its newest minus
+  // kSequenceWindow are forgotten, as are the clients least recently heard from past kMaxClients:
+  // bounded memory, and a repeat comes within one call's patience, long before either.
+  bool FirstSight(const std::string& client, uint64_t sequence) {
+    std::lock_guard<std::mutex> lock(dedup_mu_);
+    Sequences& seen = sequences_[client];
+    seen.last_use = ++dedup_clock_;
+    if (sequence <= seen.floor || !seen.recent.insert(sequence).second) return false;
+    seen.newest = std::max(seen.newest, sequence);
+    if (seen.recent.size() > 2 * kSequenceWindow) {
+      seen.floor = seen.newest - kSequenceWindow;
+      for (auto it = seen.recent.begin(); it != seen.recent.end();) {
+        it = *it <= seen.floor ? seen.recent.erase(it) : std::next(it);
+      }
+    }
+    if (sequences_.size() > kMaxClients) {
+      auto oldest = sequences_.begin();
+      for (auto it = sequences_.begin(); it != sequences_.end(); ++it) {
+        if (it->second.last_use < oldest->second.last_use) oldest = it;
+      }
+      sequences_.erase(oldest);
+    }
+    return true;
+  }
+
+  // A push that was refused: a repeat of it may be applied after all.
+  void Forget(const std::string& client, uint64_t sequence) {
+    std::lock_guard<std::mutex> lock(dedup_mu_);
+    auto it = sequences_.find(client);
+    if (it != sequences_.end()) it->second.recent.erase(sequence);
+  }
+
   // The newest valid checkpoint of this shard, when there is one, into the tables and clocks.
   Status Restore() {
     ShardCheckpointOptions options;
@@ -258,20 +312,24 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
     min_clock_ = *std::min_element(clocks_.begin(), clocks_.end());
     initialized_ = snapshot->initialized;
     restored_step_ = snapshot->step;
-    last_checkpoint_ = snapshot->step;
     return OkStatus();
   }
 
-  // Under clock_mu_: hands a copy of the shard and the clocks to the checkpointer (skipped while
-  // it still writes the previous one: the next advance tries again).
-  void Checkpoint() {
-    if (!checkpointer_) return;
+  // Under clock_mu_: once the job is initialized, hands a copy of the shard and the clocks to the
+  // checkpointer when none was committed yet (the chief's initial values: a shard restored
+  // before any other checkpoint is whole) or the slowest worker has advanced intervalSteps past
+  // the last committed one. A write that failed is tried again at a later call (after the
+  // checkpointer's back-off); one in flight is let finish.
+  void MaybeCheckpoint() {
+    if (!checkpointer_ || !initialized_ || !checkpointer_->ready()) return;
+    const int64_t committed = checkpointer_->last_committed_step();
+    if (committed >= 0 && min_clock_ < committed + options_.checkpoint_interval_steps) return;
     ShardSnapshot snapshot;
     snapshot.step = min_clock_;
     snapshot.clocks = clocks_;
     snapshot.initialized = initialized_;
     for (const auto& [name, table] : tables_) snapshot.tables[name] = table->Values();
-    if (checkpointer_->WriteInBackground(std::move(snapshot))) last_checkpoint_ = min_clock_;
+    checkpointer_->WriteInBackground(std::move(snapshot));
   }
 
   // Holds a deferred gradient until the slowest worker's clock advances, summed with the others'.
@@ -383,9 +441,19 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   bool initialized_ = false;
   bool stopping_ = false;
   std::map<std::string, Deferred> deferred_;  // table -> gradients held
+  static constexpr uint64_t kSequenceWindow = 4096;
+  static constexpr size_t kMaxClients = 4096;
+  struct Sequences {
+    uint64_t floor = 0;   // every number up to here counts as seen
+    uint64_t newest = 0;
+    std::unordered_set<uint64_t> recent;
+    uint64_t last_use = 0;
+  };
+  std::mutex dedup_mu_;
+  std::unordered_map<std::string, Sequences> sequences_;
+  uint64_t dedup_clock_ = 0;
   std::unique_ptr<ShardCheckpointer> checkpointer_;  // set in Init; null without checkpoints
   int64_t restored_step_ = -1;
-  int64_t last_checkpoint_ = 0;  // min clock of the last checkpoint handed over
 };
 
 Status CheckOptions(const ShardServerOptions& options) {

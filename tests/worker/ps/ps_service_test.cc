@@ -355,6 +355,58 @@ TEST_F(PsServiceTest, DeferredGradientsApplyTogetherWhenTheSlowestWorkerFinishes
   }
 }
 
+TEST_F(PsServiceTest, APushSentAgainWithItsIdentityIsAppliedOnceAndARefusedOneMayBeSentAgain) {
+  StartServers({Table("emb", 100, 2)});
+  auto stub = v1::ParameterServer::NewStub(
+      grpc::CreateChannel(addresses_[0], grpc::InsecureChannelCredentials()));
+  const std::vector<float> before = Held("emb", {4});
+  v1::PushRequest request;
+  request.set_job(kJob);
+  request.set_table("emb");
+  request.add_rows(4);
+  const float gradient[2] = {1, 2};
+  request.set_values(reinterpret_cast<const char*>(gradient), sizeof(gradient));
+  request.set_client("client-a");
+  request.set_sequence(7);
+  for (int attempt = 0; attempt < 3; ++attempt) {  // its answer lost twice: sent three times
+    grpc::ClientContext context;
+    context.AddMetadata("x-lockstep-token", kToken);
+    v1::PushResponse response;
+    ASSERT_TRUE(stub->Push(&context, request, &response).ok());
+  }
+  const std::vector<float> once = Held("emb", {4});
+  EXPECT_FLOAT_EQ(once[0], before[0] - 0.5f * 1);
+  EXPECT_FLOAT_EQ(once[1], before[1] - 0.5f * 2);
+  // Another client's push of the same number is its own.
+  request.set_client("client-b");
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("x-lockstep-token", kToken);
+    v1::PushResponse response;
+    ASSERT_TRUE(stub->Push(&context, request, &response).ok());
+  }
+  EXPECT_FLOAT_EQ(Held("emb", {4})[0], before[0] - 0.5f * 2);
+  // A refused push (a value that is not finite) is not remembered: once fixed, it applies.
+  const float bad[2] = {std::numeric_limits<float>::infinity(), 0};
+  request.set_client("client-c");
+  request.set_values(reinterpret_cast<const char*>(bad), sizeof(bad));
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("x-lockstep-token", kToken);
+    v1::PushResponse response;
+    EXPECT_EQ(stub->Push(&context, request, &response).error_code(),
+              grpc::StatusCode::INVALID_ARGUMENT);
+  }
+  request.set_values(reinterpret_cast<const char*>(gradient), sizeof(gradient));
+  {
+    grpc::ClientContext context;
+    context.AddMetadata("x-lockstep-token", kToken);
+    v1::PushResponse response;
+    ASSERT_TRUE(stub->Push(&context, request, &response).ok());
+  }
+  EXPECT_FLOAT_EQ(Held("emb", {4})[0], before[0] - 0.5f * 3);
+}
+
 TEST_F(PsServiceTest, AnAssignmentSetsRowsAndNamingARowTwiceIsRefused) {
   StartServers({Table("dense", 10, 2)});
   auto client = Client();
@@ -362,6 +414,13 @@ TEST_F(PsServiceTest, AnAssignmentSetsRowsAndNamingARowTwiceIsRefused) {
   ASSERT_TRUE(client->Push("dense", 2, {0, 7}, values.data(), PushKind::kAssign).ok());
   ASSERT_TRUE(client->Push("dense", 2, {0, 7}, values.data(), PushKind::kAssign).ok());
   EXPECT_EQ(Held("dense", {0, 7}), values);  // twice is once
+  // Once the job is initialized, initial values are never written again.
+  ClockOptions initialized;
+  initialized.initialized = true;
+  ASSERT_TRUE(client->Clock(initialized).ok());
+  const std::vector<float> other = {9, 9, 9, 9};
+  ASSERT_TRUE(client->Push("dense", 2, {0, 7}, other.data(), PushKind::kAssign).ok());
+  EXPECT_EQ(Held("dense", {0, 7}), values);
   const Status twice = client->Push("dense", 2, {1, 1}, values.data(), PushKind::kAssign);
   EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument) << twice;
 }
