@@ -1,5 +1,6 @@
 #include "worker/ps/shard_checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <utility>
 
@@ -76,6 +77,10 @@ StatusOr<std::optional<ShardSnapshot>> ShardCheckpointer::LoadNewest() {
   if (!loaded.ok()) return loaded.status();
   ShardSnapshot snapshot;
   snapshot.step = loaded->state.step;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last_committed_ = std::max(last_committed_, snapshot.step);
+  }
   for (const checkpoint::NamedTensor& tensor : loaded->state.tensors) {
     if (tensor.name == "clocks") {
       snapshot.clocks.resize(tensor.bytes.size() / sizeof(int64_t));
@@ -102,6 +107,17 @@ bool ShardCheckpointer::WriteInBackground(ShardSnapshot snapshot) {
 int64_t ShardCheckpointer::written() const {
   std::lock_guard<std::mutex> lock(mu_);
   return written_;
+}
+
+int64_t ShardCheckpointer::last_committed_step() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return last_committed_;
+}
+
+bool ShardCheckpointer::ready() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !busy_ && !pending_.has_value() && !stopping_ &&
+         (failed_at_ < 0 || MonotonicSeconds() - failed_at_ >= kRetryBackoffMs / 1000.0);
 }
 
 void ShardCheckpointer::WriterLoop() {
@@ -138,7 +154,10 @@ void ShardCheckpointer::WriterLoop() {
     busy_ = false;
     if (status.ok()) {
       ++written_;
+      last_committed_ = std::max(last_committed_, snapshot.step);
+      failed_at_ = -1;
     } else {
+      failed_at_ = MonotonicSeconds();
       LOCKSTEP_LOG(WARNING) << "checkpoint of step " << snapshot.step << " under " << root_
                             << " failed: " << status;
     }

@@ -65,6 +65,12 @@ class ShardCheckpointer {
   bool WriteInBackground(ShardSnapshot snapshot);
 
   int64_t written() const;  // checkpoints committed so far
+  // The step of the newest checkpoint committed since Open, or restored by LoadNewest; -1: none.
+  int64_t last_committed_step() const;
+  // Whether a write would be taken now: none in flight, and none failed in the last
+  // kRetryBackoffMs.
+  bool ready() const;
+  static constexpr int64_t kRetryBackoffMs = 5000;
   std::string root() const { return root_; }
 
  private:
@@ -81,6 +87,8 @@ class ShardCheckpointer {
   bool busy_ = false;
   bool stopping_ = false;
   int64_t written_ = 0;
+  int64_t last_committed_ = -1;
+  double failed_at_ = -1;  // MonotonicSeconds() of the last failed write; -1: none
   std::thread writer_;
 };
 
