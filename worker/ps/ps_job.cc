@@ -9,6 +9,10 @@
 #include "worker/trainer/trainer.h"
 
 namespace lockstep::ps {
+
+static_assert(ShardTable::kMaxShardBytes == spec::kMaxParameterServerShardBytes,
+              "the manifest's bound on a server's table is the table's own");
+
 namespace {
 
 // One clock call's bound inside a longer wait: a server that went away is noticed this soon.
@@ -139,7 +143,9 @@ StatusOr<PsTrainingResult> TrainThroughServers(
 
   int64_t step = std::max<int64_t>(where.clock, 0);
   if (step < total) {
-    LOCKSTEP_RETURN_IF_ERROR(ReportClock(client, options, -1, wait_for(step, true)).status());
+    // Where this worker is, told to every server again: a predecessor lost while it reported
+    // may have reached only some of them, and the others would wait for it for ever.
+    LOCKSTEP_RETURN_IF_ERROR(ReportClock(client, options, step, wait_for(step, true)).status());
   }
   double loss_sum = 0;
   int64_t loss_steps = 0, samples = 0;

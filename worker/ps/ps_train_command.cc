@@ -10,6 +10,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/deadline.h"
 #include "common/env.h"
 #include "common/logging.h"
 #include "common/rendezvous/client.h"
@@ -82,9 +83,24 @@ class Membership {
   rendezvous::RendezvousClient& client() { return *client_; }
 
  private:
+  // Joins in slices of at most kJoinSliceMs, so that a Membership being destroyed (the worker
+  // exiting) is not held up by a join that waits for a generation.
   Status JoinAndBeat(int64_t join_timeout_ms) {
-    LOCKSTEP_ASSIGN_OR_RETURN(rendezvous::Assignment assignment,
-                              client_->Join(/*state_step=*/-1, join_timeout_ms));
+    constexpr int64_t kJoinSliceMs = 2000;
+    const Deadline deadline = Deadline::AfterMs(join_timeout_ms);
+    StatusOr<rendezvous::Assignment> joined = DeadlineExceededError("not joined");
+    while (true) {
+      joined = client_->Join(/*state_step=*/-1,
+                             std::max<int64_t>(1, std::min(kJoinSliceMs, deadline.remaining_ms())));
+      if (joined.ok() || joined.status().code() != StatusCode::kDeadlineExceeded ||
+          deadline.expired()) {
+        break;
+      }
+      std::lock_guard<std::mutex> lock(mu_);
+      if (done_) return CancelledError("leaving");
+    }
+    if (!joined.ok()) return joined.status();
+    const rendezvous::Assignment assignment = *joined;
     SetLogContext("job=" + job_name_ + " rank=" + std::to_string(assignment.rank) +
                   " gen=" + std::to_string(assignment.generation));
     return client_->StartHeartbeat(assignment, [this](const rendezvous::GenerationEnd& end) {
@@ -138,6 +154,9 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
   client_options.servers = SplitList(EnvString("LOCKSTEP_PS_SERVERS", ""));
   client_options.job = job_name;
   client_options.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
+  // A server being replaced (its pod rescheduled, its shard restored) is waited for as long as
+  // the other workers are.
+  client_options.down_server_wait_ms = options.wait_timeout_ms;
   if (static_cast<int32_t>(client_options.servers.size()) != job.spec.parameter_servers.replicas) {
     return Fail(kExitBadInput,
                 "LOCKSTEP_PS_SERVERS: " + std::to_string(client_options.servers.size()) +

@@ -251,7 +251,7 @@ TEST(PsJobTest, StalenessBoundsHowFarAWorkerRunsAheadOfTheSlowest) {
     PsTrainingOptions training;
     training.job = job;
     training.worker = 0;
-    training.wait_timeout_ms = 300;
+    training.wait_timeout_ms = 1000;
     StatusOr<PsTrainingResult> result = TrainThroughServers(training, log, nullptr, *client);
     ASSERT_FALSE(result.ok()) << mode << extra;
     EXPECT_EQ(result.status().code(), StatusCode::kDeadlineExceeded) << result.status();
