@@ -222,6 +222,8 @@ struct ParameterServersSpec {
   ResourcesSpec resources;  // gpus must be 0
 };
 inline constexpr int32_t kMaxParameterServers = 1024;
+// Most bytes of a table one parameter server holds (worker/ps/shard_table.h: the same bound).
+inline constexpr int64_t kMaxParameterServerShardBytes = int64_t{4} << 30;
 
 struct CheckpointSpec {
   std::string uri;             // "" (none) | file:///path | hdfs://host:port/path

@@ -1,6 +1,7 @@
 // The manifest walker's trainer section (spec.trainer): the model, data, optimizer, gradient
 // synchronisation and pipeline, and the checks that compare them with each other and with the
 // rest of the spec. training_job_parse.cc walks the rest of the manifest.
+#include <cmath>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -341,6 +342,23 @@ void CheckParameterServers(const ObjectReader& spec_reader, const TrainingJobSpe
                      std::to_string(spec.parameter_servers.resources.gpus) + ")");
   }
   if (!ps) return;
+  if (trainer.model.embedding.has_value() && has_servers) {
+    // Each server holds its share of the table, and refuses more than it may hold.
+    const EmbeddingSpec& embedding = *trainer.model.embedding;
+    const int64_t servers_count = spec.parameter_servers.replicas;
+    const int64_t rows_per_server = (embedding.rows + servers_count - 1) / servers_count;
+    const double bytes = static_cast<double>(rows_per_server) * embedding.dim * 4;
+    if (bytes > static_cast<double>(kMaxParameterServerShardBytes)) {
+      const int64_t needed = static_cast<int64_t>(
+          std::ceil(static_cast<double>(embedding.rows) * embedding.dim * 4 /
+                    static_cast<double>(kMaxParameterServerShardBytes)));
+      problems.Add(path + ".model.embedding.rows",
+                   std::to_string(embedding.rows) + " rows of " + std::to_string(embedding.dim) +
+                       " floats are " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +
+                       " MiB per parameter server, more than one holds (4 GiB): use at least " +
+                       std::to_string(needed) + " spec.parameterServers.replicas or fewer rows");
+    }
+  }
   // What the servers and the sparse model do not do (yet), so that no field is silently ignored.
   const std::string why = " (sync.strategy parameterServer)";
   const OptimizerSpec& optimizer = trainer.optimizer;

@@ -702,6 +702,10 @@ TEST(TrainingJobSpec, WhatParameterServersCannotDoIsRefusedNamingTheField) {
       ParseError(with("  replicas: 4\n", "  replicas: 4\n  checkpoint: {uri: file:///c}\n")),
       HasSubstr("spec.checkpoint.intervalSteps: the parameter servers checkpoint their shards "
                 "every intervalSteps steps of the slowest worker: 1 or more (got 0)"));
+  EXPECT_THAT(ParseError(with("rows: 10000000", "rows: 1073741824")),
+              HasSubstr("spec.trainer.model.embedding.rows: 1073741824 rows of 16 floats are "
+                        "32768 MiB per parameter server, more than one holds (4 GiB): use at "
+                        "least 16 spec.parameterServers.replicas or fewer rows"));
   EXPECT_THAT(ParseError(ParameterServerJob("{mode: sync, staleness: 1}")),
               HasSubstr("spec.trainer.sync.parameterServer.staleness: bounds mode async"));
   EXPECT_THAT(ParseError(ParameterServerJob("{mode: bulk}")),
