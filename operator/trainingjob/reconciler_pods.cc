@@ -170,8 +170,9 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
     std::lock_guard<std::mutex> lock(mutex_);
     auto counted = counted_failures_.find(w.key);
     if (counted != counted_failures_.end()) {
+      // Every pod of the job: the parameter servers' counted failures too (reconciler_ps.cc).
       std::set<std::string> present;
-      for (const auto& [index, pod] : w.by_index) {
+      for (const ObjectPtr& pod : deps_.pods->ByIndex(kJobIndex, w.key)) {
         present.insert((*pod)["metadata"].value("uid", ""));
       }
       for (auto uid = counted->second.begin(); uid != counted->second.end();) {

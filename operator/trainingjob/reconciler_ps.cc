@@ -84,6 +84,16 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
                         ": its shard of the model is lost (set spec.checkpoint.uri for the "
                         "servers to checkpoint their shards and restore them)");
     }
+    // Stopped by the cluster (preempted, evicted, drained: a server exits 0 only when told to
+    // stop), not by its own failure: replaced without counting a restart, as a worker is.
+    const std::string disruption = DisruptedBy(*pod);
+    if (!disruption.empty() || phase == "Succeeded") {
+      Status s = DeletePod(w, *pod,
+                           what + (disruption.empty() ? "" : " by the cluster (" + disruption + ")") +
+                               "; replacing it without counting a restart");
+      if (!s.ok() && w.error.ok()) w.error = s;
+      continue;
+    }
     bool counted = false;
     {
       std::lock_guard<std::mutex> lock(mutex_);

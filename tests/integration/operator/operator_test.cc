@@ -451,8 +451,6 @@ TEST_F(OperatorTest, PodTemplateTheApiServerRefusesFailsTheJobWithItsMessage) {
   EXPECT_TRUE(HasEvent("badtemplate", "FailedCreatePod"));
 }
 
-// Another writer edits the status while the operator works (a second controller, a kubectl
-// edit): the operator's writes conflict, it re-reads and converges on the truth.
 // A parameter-server job (docs/parameter-servers.md): 2 workers and 2 servers.
 json ParameterServerManifest(const std::string& name) {
   json manifest = JobManifest(name, 2);
@@ -540,8 +538,21 @@ TEST_F(OperatorTest, ALostParameterServerWithCheckpointsIsReplacedAndCountedAsAR
       kWaitMs);
   EXPECT_TRUE(replaced);
   EXPECT_TRUE(HasEvent("ctr-ckpt", "RestartingWorker"));  // "parameter server ctr-ckpt-ps-0 ..."
+
+  // A server that exits 0 was told to stop (evicted, drained): replaced, not counted.
+  ASSERT_TRUE(h_->SetPodTerminated(ns_, "ctr-ckpt-ps-1", 0));
+  replaced = OperatorHarness::WaitFor(
+      [&] {
+        json pod = h_->Pod(ns_, "ctr-ckpt-ps-1");
+        return !pod.is_null() && pod["metadata"]["uid"] != before["ctr-ckpt-ps-1"];
+      },
+      kWaitMs);
+  EXPECT_TRUE(replaced);
+  EXPECT_EQ(h_->GetJob(ns_, "ctr-ckpt")["status"].value("restarts", 0), 1);
 }
 
+// Another writer edits the status while the operator works (a second controller, a kubectl
+// edit): the operator's writes conflict, it re-reads and converges on the truth.
 TEST_F(OperatorTest, StatusOverwrittenByAnotherWriterConvergesBack) {
   ASSERT_EQ(h_->Apply(ns_, JobManifest("conflict", 3)).status, 201);
   WaitForPods("conflict", 3);
