@@ -394,8 +394,8 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
     if (c.value("priority", 0) == 0) columns.push_back(c["name"]);
   }
   EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks",
-                                               "Standby", "Step", "Samples/s", "Efficiency",
-                                               "Age"}));
+                                               "Standby", "Servers", "Step", "Samples/s",
+                                               "Efficiency", "Age"}));
   ASSERT_EQ(table.body["rows"].size(), 1u) << table.raw;
   const json& cells = table.body["rows"][0]["cells"];
   EXPECT_EQ(cells[1], "Running");
@@ -403,9 +403,10 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
   EXPECT_EQ(cells[3], 2);
   EXPECT_EQ(cells[4], 8);  // status.rendezvous.worldSize: 2 pods of 4 ranks
   EXPECT_EQ(cells[5], 1);  // status.rendezvous.standby
-  EXPECT_EQ(cells[6], 120);
-  EXPECT_EQ(cells[7], 5120.5);
-  EXPECT_EQ(cells[8], 0.93);
+  EXPECT_TRUE(cells[6].is_null()) << cells[6];  // status.parameterServers: a job without servers
+  EXPECT_EQ(cells[7], 120);
+  EXPECT_EQ(cells[8], 5120.5);
+  EXPECT_EQ(cells[9], 0.93);
 }
 
 // The description of the schema property at a dotted path ("spec.elastic.minReplicas"; a list's
@@ -592,6 +593,12 @@ const std::map<std::string, Expectation> kBadManifestOutcomes = {
     {"70-pipeline-schedule-unknown.yaml", {Outcome::kRefused, "spec.trainer.pipeline.schedule"}},
     // Compares microBatches with batchSize: left to the webhook.
     {"71-pipeline-micro-batches-not-dividing.yaml", {Outcome::kAccepted, ""}},
+    // Parameter-server rules compare fields (strategy, servers, optimizer, mode): the webhook's.
+    {"72-parameter-server-strategy-without-servers.yaml", {Outcome::kAccepted, ""}},
+    {"73-parameter-server-momentum.yaml", {Outcome::kAccepted, ""}},
+    {"74-parameter-server-staleness-in-sync-mode.yaml", {Outcome::kAccepted, ""}},
+    {"75-embedding-without-parameter-servers.yaml", {Outcome::kAccepted, ""}},
+    {"76-parameter-server-gpus.yaml", {Outcome::kRefused, "spec.parameterServers.resources.gpus"}},
 };
 
 TEST_F(CrdTest, BadManifestsAreRefusedWhereTheSchemaCanSayWhy) {

@@ -136,21 +136,24 @@ INSTANTIATE_TEST_SUITE_P(Modes, PsRunTest, ::testing::ValuesIn(kModes),
                            return info.param.name;
                          });
 
-TEST(PsRunFailureTest, AServerKilledMidRunRestartsFromItsShardsCheckpointAndTheAucHolds) {
-  const std::string dir = MakeTempDir("lockstep-ps-server-restored");
+class PsServerKillTest : public ::testing::TestWithParam<Mode> {};
+
+TEST_P(PsServerKillTest, AServerKilledMidRunRestartsFromItsShardsCheckpointAndTheAucHolds) {
+  const Mode& mode = GetParam();
+  const std::string dir = MakeTempDir("lockstep-ps-server-restored-" + mode.name);
   const std::string checkpoint = "{uri: \"file://" + dir + "/ckpt\", intervalSteps: 50, keep: 2}";
-  const std::string base = "ps-restore-base-" + std::to_string(getpid());
+  const std::string base = "ps-restore-" + mode.name + "-base-" + std::to_string(getpid());
   ProcessResult undisturbed = RunProcess(
-      {LOCKSTEP_BINARY, "run", WriteManifest(dir, base, "{mode: async}", 0.5, checkpoint),
+      {LOCKSTEP_BINARY, "run", WriteManifest(dir, base, mode.spec, mode.learning_rate, checkpoint),
        "--summary", dir + "/base.json", "--log-dir", dir + "/logs-base"},
       kRunEnv, kRunTimeoutMs);
   ASSERT_EQ(undisturbed.exit_code, 0) << undisturbed.out << undisturbed.err;
   const double base_auc = ReadRunSummary(dir + "/base.json")["eval_auc"].get<double>();
 
-  const std::string name = "ps-restore-" + std::to_string(getpid());
+  const std::string name = "ps-restore-" + mode.name + "-" + std::to_string(getpid());
   const std::string ckpt_dir = dir + "/ckpt2";
   ChildProcess run({LOCKSTEP_BINARY, "run",
-                    WriteManifest(dir, name, "{mode: async}", 0.5,
+                    WriteManifest(dir, name, mode.spec, mode.learning_rate,
                                   "{uri: \"file://" + ckpt_dir + "\", intervalSteps: 50, keep: 2}"),
                     "--summary", dir + "/run.json", "--log-dir", dir + "/logs"},
                    kRunEnv);
@@ -178,9 +181,14 @@ TEST(PsRunFailureTest, AServerKilledMidRunRestartsFromItsShardsCheckpointAndTheA
   // What the workers pushed to shard 1 in the steps since its checkpoint is lost (at most 50
   // steps' pushes to half the rows); the others' are not.
   EXPECT_NEAR(summary["eval_auc"].get<double>(), base_auc, 0.01) << summary.dump();
-  std::printf("a server restored: test AUC %.4f, undisturbed %.4f\n",
+  std::printf("%s, a server restored: test AUC %.4f, undisturbed %.4f\n", mode.name.c_str(),
               summary["eval_auc"].get<double>(), base_auc);
 }
+
+INSTANTIATE_TEST_SUITE_P(Modes, PsServerKillTest, ::testing::ValuesIn(kModes),
+                         [](const ::testing::TestParamInfo<Mode>& info) {
+                           return info.param.name;
+                         });
 
 TEST(PsRunFailureTest, ALostParameterServerWithoutCheckpointsEndsTheJobNamingIt) {
   const std::string dir = MakeTempDir("lockstep-ps-server-lost");
