@@ -349,9 +349,9 @@ void CheckParameterServers(const ObjectReader& spec_reader, const TrainingJobSpe
     const int64_t rows_per_server = (embedding.rows + servers_count - 1) / servers_count;
     const double bytes = static_cast<double>(rows_per_server) * embedding.dim * 4;
     if (bytes > static_cast<double>(kMaxParameterServerShardBytes)) {
-      const int64_t needed = static_cast<int64_t>(
-          std::ceil(static_cast<double>(embedding.rows) * embedding.dim * 4 /
-                    static_cast<double>(kMaxParameterServerShardBytes)));
+      const int64_t needed =
+          static_cast<int64_t>(std::ceil(static_cast<double>(embedding.rows) * embedding.dim * 4 /
+                                         static_cast<double>(kMaxParameterServerShardBytes)));
       problems.Add(path + ".model.embedding.rows",
                    std::to_string(embedding.rows) + " rows of " + std::to_string(embedding.dim) +
                        " floats are " + std::to_string(static_cast<int64_t>(bytes / (1 << 20))) +

@@ -88,9 +88,10 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     // stop), not by its own failure: replaced without counting a restart, as a worker is.
     const std::string disruption = DisruptedBy(*pod);
     if (!disruption.empty() || phase == "Succeeded") {
-      Status s = DeletePod(w, *pod,
-                           what + (disruption.empty() ? "" : " by the cluster (" + disruption + ")") +
-                               "; replacing it without counting a restart");
+      Status s =
+          DeletePod(w, *pod,
+                    what + (disruption.empty() ? "" : " by the cluster (" + disruption + ")") +
+                        "; replacing it without counting a restart");
       if (!s.ok() && w.error.ok()) w.error = s;
       continue;
     }

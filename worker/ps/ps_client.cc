@@ -5,8 +5,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <random>
 #include <limits>
+#include <random>
 #include <unordered_map>
 #include <utility>
 
@@ -107,7 +107,8 @@ struct PsClient::Stubs {
   Status RunAll(std::vector<std::unique_ptr<Call<Request, Response>>>& calls,
                 const PsClientOptions& options, Prepare prepare, int64_t timeout_ms = 0,
                 bool wait_for_ready = false, int64_t patience_ms = 0) {
-    const auto attempt = std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options.timeout_ms);
+    const auto attempt =
+        std::chrono::milliseconds(timeout_ms > 0 ? timeout_ms : options.timeout_ms);
     const auto started = std::chrono::system_clock::now();
     const auto give_up = started + std::max(attempt, std::chrono::milliseconds(patience_ms));
     std::vector<Call<Request, Response>*> pending;
@@ -118,8 +119,7 @@ struct PsClient::Stubs {
         Call<Request, Response>& call = *pending[i];
         call.context = std::make_unique<grpc::ClientContext>();
         call.context->AddMetadata(rendezvous::kTokenMetadataKey, options.token);
-        call.context->set_deadline(
-            std::min(give_up, std::chrono::system_clock::now() + attempt));
+        call.context->set_deadline(std::min(give_up, std::chrono::system_clock::now() + attempt));
         call.context->set_wait_for_ready(wait_for_ready || again);
         call.response.Clear();
         call.reader = prepare(*stubs[static_cast<size_t>(call.shard)], call.context.get(),
@@ -218,7 +218,8 @@ Status PsClient::Pull(const std::string& table, int32_t dim, const std::vector<u
       calls, options_,
       [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
          const v1::PullRequest& request,
-         grpc::CompletionQueue* queue) { return stub.PrepareAsyncPull(context, request, queue); }, /*timeout_ms=*/0, /*wait_for_ready=*/false, options_.down_server_wait_ms));
+         grpc::CompletionQueue* queue) { return stub.PrepareAsyncPull(context, request, queue); },
+      /*timeout_ms=*/0, /*wait_for_ready=*/false, options_.down_server_wait_ms));
   // Every distinct row's values, then each requested row's copy of them.
   std::vector<float> values(distinct.rows.size() * static_cast<size_t>(dim));
   PsTraffic traffic;
@@ -300,13 +301,12 @@ Status PsClient::Push(const std::string& table, int32_t dim, const std::vector<u
     call->distinct = std::move(piece);
     calls.push_back(std::move(call));
   }
-  Status pushed = stubs_->RunAll(calls, options_,
-                                 [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
-                                    const v1::PushRequest& request, grpc::CompletionQueue* queue) {
-                                   return stub.PrepareAsyncPush(context, request, queue);
-                                 },
-                                 /*timeout_ms=*/0, /*wait_for_ready=*/false,
-                                 options_.down_server_wait_ms);
+  Status pushed = stubs_->RunAll(
+      calls, options_,
+      [](v1::ParameterServer::Stub& stub, grpc::ClientContext* context,
+         const v1::PushRequest& request,
+         grpc::CompletionQueue* queue) { return stub.PrepareAsyncPush(context, request, queue); },
+      /*timeout_ms=*/0, /*wait_for_ready=*/false, options_.down_server_wait_ms);
   std::lock_guard<std::mutex> lock(traffic_mu_);
   for (const auto& call : calls) {
     ++traffic_.requests;

@@ -444,7 +444,7 @@ class ShardServerImpl final : public ShardServer, public v1::ParameterServer::Se
   static constexpr uint64_t kSequenceWindow = 4096;
   static constexpr size_t kMaxClients = 4096;
   struct Sequences {
-    uint64_t floor = 0;   // every number up to here counts as seen
+    uint64_t floor = 0;  // every number up to here counts as seen
     uint64_t newest = 0;
     std::unordered_set<uint64_t> recent;
     uint64_t last_use = 0;

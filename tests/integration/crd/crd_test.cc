@@ -393,9 +393,9 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
   for (const json& c : table.body["columnDefinitions"]) {
     if (c.value("priority", 0) == 0) columns.push_back(c["name"]);
   }
-  EXPECT_EQ(columns, (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks",
-                                               "Standby", "Servers", "Step", "Samples/s",
-                                               "Efficiency", "Age"}));
+  EXPECT_EQ(columns,
+            (std::vector<std::string>{"Name", "Phase", "Ready", "Desired", "Ranks", "Standby",
+                                      "Servers", "Step", "Samples/s", "Efficiency", "Age"}));
   ASSERT_EQ(table.body["rows"].size(), 1u) << table.raw;
   const json& cells = table.body["rows"][0]["cells"];
   EXPECT_EQ(cells[1], "Running");
