@@ -114,6 +114,12 @@ class TrainingJobReconciler : public controller::Reconciler {
   Status EnsureChildren(Work& w);
   Status ReconcilePods(Work& w);
   Status ReconcileParameterServers(Work& w);  // reconciler_ps.cc
+  // A failed pod's restart, counted in status.restarts against backoffLimit and its deletion
+  // queued for after the status write (ReplaceRestartedPods; `replacement` is added to what the
+  // deletion says), or, past the limit, the job finished: Finish's status then.
+  std::optional<Status> CountRestart(Work& w, const controller::ObjectPtr& pod,
+                                     const std::string& what, const std::string& replacement,
+                                     const char* reason);
   void ComputeStatus(Work& w);
   Status WriteStatus(Work& w);
   Status Finish(Work& w, bool succeeded, const std::string& reason, const std::string& message);

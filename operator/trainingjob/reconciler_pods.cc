@@ -135,6 +135,39 @@ void TrainingJobReconciler::DeleteIfNodeLost(Work& w, const json& pod) {
   }
 }
 
+std::optional<Status> TrainingJobReconciler::CountRestart(Work& w, const ObjectPtr& pod,
+                                                         const std::string& what,
+                                                         const std::string& replacement,
+                                                         const char* reason) {
+  const spec::RunPolicy& policy = w.job.spec.run_policy;
+  bool counted = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = counted_failures_.find(w.key);
+    counted = it != counted_failures_.end() &&
+              it->second.count((*pod)["metadata"].value("uid", "")) > 0;
+  }
+  if (counted) {  // its restart is stored; an earlier deletion failed
+    w.restarts.push_back({pod, what, 0});
+    return std::nullopt;
+  }
+  const int64_t restarts = w.status.value("restarts", int64_t{0});
+  if (restarts >= policy.backoff_limit) {
+    return Finish(w, false, "BackoffLimitExceeded",
+                  what + "; the job was restarted " + std::to_string(restarts) +
+                      " times, spec.runPolicy.backoffLimit is " +
+                      std::to_string(policy.backoff_limit));
+  }
+  // Counted in the status written at the end of this reconcile, with the cached
+  // resourceVersion; the pod goes only once that write is stored (ReplaceRestartedPods). A
+  // write that conflicts (the cache was stale) leaves the failed pod in place for the next
+  // reconcile to count on fresh data; deleting it first would lose the count with the pod.
+  w.status["restarts"] = restarts + 1;
+  w.restarts.push_back({pod, what + replacement, restarts + 1});
+  SetCondition(&w.status, kRestarting, true, reason, what, w.now);
+  return std::nullopt;
+}
+
 Status TrainingJobReconciler::ReconcilePods(Work& w) {
   const spec::TrainingJob& job = w.job;
   const spec::RunPolicy& policy = job.spec.run_policy;
@@ -224,31 +257,9 @@ Status TrainingJobReconciler::ReconcilePods(Work& w) {
                     what + "; spec.runPolicy.restartPolicy " +
                         spec::ToString(policy.restart_policy) + " does not retry it");
     }
-    bool counted = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = counted_failures_.find(w.key);
-      counted = it != counted_failures_.end() &&
-                it->second.count((*pod)["metadata"].value("uid", "")) > 0;
+    if (std::optional<Status> finished = CountRestart(w, pod, what, "", "WorkerFailed")) {
+      return *finished;
     }
-    if (counted) {  // its restart is stored; an earlier deletion failed
-      w.restarts.push_back({pod, what, 0});
-      continue;
-    }
-    const int64_t restarts = w.status.value("restarts", int64_t{0});
-    if (restarts >= policy.backoff_limit) {
-      return Finish(w, false, "BackoffLimitExceeded",
-                    what + "; the job was restarted " + std::to_string(restarts) +
-                        " times, spec.runPolicy.backoffLimit is " +
-                        std::to_string(policy.backoff_limit));
-    }
-    // Counted in the status written at the end of this reconcile, with the cached
-    // resourceVersion; the pod goes only once that write is stored (ReplaceRestartedPods). A
-    // write that conflicts (the cache was stale) leaves the failed pod in place for the next
-    // reconcile to count on fresh data; deleting it first would lose the count with the pod.
-    w.status["restarts"] = restarts + 1;
-    w.restarts.push_back({pod, what, restarts + 1});
-    SetCondition(&w.status, kRestarting, true, "WorkerFailed", what, w.now);
   }
 
   // Scale-down: only the pods past the new replica count go.

@@ -47,7 +47,6 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
       it->second = pod;
     }
   }
-  const spec::RunPolicy& policy = job.spec.run_policy;
   int32_t ready = 0;
   for (const auto& [shard, pod] : by_shard) {
     const std::string name = (*pod)["metadata"].value("name", "");
@@ -95,33 +94,14 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
       if (!s.ok() && w.error.ok()) w.error = s;
       continue;
     }
-    bool counted = false;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      auto it = counted_failures_.find(w.key);
-      counted = it != counted_failures_.end() &&
-                it->second.count((*pod)["metadata"].value("uid", "")) > 0;
+    // Its replacement restores the shard's newest checkpoint while the workers wait for it.
+    const std::string replacement = job.spec.trainer.has_value()
+                                        ? "; its replacement restores its shard's newest checkpoint"
+                                        : "";
+    if (std::optional<Status> finished =
+            CountRestart(w, pod, what, replacement, "ParameterServerFailed")) {
+      return *finished;
     }
-    if (counted) {
-      w.restarts.push_back({pod, what, 0});
-      continue;
-    }
-    const int64_t restarts = w.status.value("restarts", int64_t{0});
-    if (restarts >= policy.backoff_limit) {
-      return Finish(w, false, "BackoffLimitExceeded",
-                    what + "; the job was restarted " + std::to_string(restarts) +
-                        " times, spec.runPolicy.backoffLimit is " +
-                        std::to_string(policy.backoff_limit));
-    }
-    // Deleted once the count is stored (ReplaceRestartedPods); its replacement restores the
-    // shard's newest checkpoint while the workers wait for that shard.
-    w.status["restarts"] = restarts + 1;
-    w.restarts.push_back({pod,
-                          what + (job.spec.trainer.has_value()
-                                      ? "; its replacement restores its shard's newest checkpoint"
-                                      : ""),
-                          restarts + 1});
-    SetCondition(&w.status, kRestarting, true, "ParameterServerFailed", what, w.now);
   }
   w.status["parameterServers"] = {{"replicas", servers}, {"ready", ready}};
   if (w.any_succeeded) return OkStatus();
