@@ -136,16 +136,16 @@ void TrainingJobReconciler::DeleteIfNodeLost(Work& w, const json& pod) {
 }
 
 std::optional<Status> TrainingJobReconciler::CountRestart(Work& w, const ObjectPtr& pod,
-                                                         const std::string& what,
-                                                         const std::string& replacement,
-                                                         const char* reason) {
+                                                          const std::string& what,
+                                                          const std::string& replacement,
+                                                          const char* reason) {
   const spec::RunPolicy& policy = w.job.spec.run_policy;
   bool counted = false;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = counted_failures_.find(w.key);
-    counted = it != counted_failures_.end() &&
-              it->second.count((*pod)["metadata"].value("uid", "")) > 0;
+    counted =
+        it != counted_failures_.end() && it->second.count((*pod)["metadata"].value("uid", "")) > 0;
   }
   if (counted) {  // its restart is stored; an earlier deletion failed
     w.restarts.push_back({pod, what, 0});
