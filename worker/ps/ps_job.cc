@@ -87,7 +87,8 @@ int64_t PsTotalSteps(const spec::TrainingJob& job, int64_t train_samples) {
 
 StatusOr<PsTrainingResult> TrainThroughServers(
     const PsTrainingOptions& options, const ClickLog& train, const ClickLog* test, PsClient& client,
-    const std::function<void(const PsProgress&)>& on_progress) {
+    const std::function<void(const PsProgress&)>& on_progress,
+    const std::function<void(const PsStep&)>& on_step) {
   const spec::TrainingJob& job = options.job;
   LOCKSTEP_ASSIGN_OR_RETURN(SparseModelSpec spec, SparseModelSpecOf(job));
   const int workers = job.spec.replicas;
@@ -153,6 +154,8 @@ StatusOr<PsTrainingResult> TrainThroughServers(
   const double started = report_started;
   while (step < total) {
     if (options.stop != nullptr && options.stop->load()) return CancelledError("stopped");
+    const double step_started = MonotonicSeconds();
+    const PsTraffic traffic_before = client.traffic();
     const int64_t first = ((step * workers + options.worker) % batches_per_pass) * batch;
     const int64_t rows = std::min(batch, train.samples - first);
     LOCKSTEP_ASSIGN_OR_RETURN(
@@ -166,9 +169,21 @@ StatusOr<PsTrainingResult> TrainThroughServers(
       LOCKSTEP_RETURN_IF_ERROR(geo_dense.Sync());
     }
     // This step is done (its pushes acknowledged): report it, and wait for what the next needs.
+    const double reported = MonotonicSeconds();
     LOCKSTEP_RETURN_IF_ERROR(
         ReportClock(client, options, step, step < total ? wait_for(step, false) : -1).status());
     result.last_loss = loss;
+    if (on_step) {
+      const PsTraffic traffic_after = client.traffic();
+      PsStep done;
+      done.seconds = MonotonicSeconds() - step_started;
+      done.wait_seconds = MonotonicSeconds() - reported;
+      done.samples = rows;
+      done.wire_bytes =
+          static_cast<int64_t>((traffic_after.request_bytes + traffic_after.response_bytes) -
+                               (traffic_before.request_bytes + traffic_before.response_bytes));
+      on_step(done);
+    }
     if (step % log_interval == 0 || step == total) {
       const double now = MonotonicSeconds();
       PsProgress progress;

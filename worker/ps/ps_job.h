@@ -67,6 +67,14 @@ struct PsProgress {
   int64_t resumed_from_step = -1;
 };
 
+// One step as the worker timed it (for its metrics).
+struct PsStep {
+  double seconds = 0;       // the whole step: pulls, compute, pushes and the clock's wait
+  double wait_seconds = 0;  // of it, the clock report and the wait for the other workers
+  int64_t samples = 0;      // this worker's batch
+  int64_t wire_bytes = 0;   // pulled and pushed, serialized
+};
+
 struct PsTrainingResult {
   int64_t steps = 0;  // this worker's, all of them (a replacement's include its predecessors')
   int64_t resumed_from_step = -1;  // where this process began, when not at 0
@@ -81,6 +89,7 @@ struct PsTrainingResult {
 
 StatusOr<PsTrainingResult> TrainThroughServers(
     const PsTrainingOptions& options, const ClickLog& train, const ClickLog* test, PsClient& client,
-    const std::function<void(const PsProgress&)>& on_progress = {});
+    const std::function<void(const PsProgress&)>& on_progress = {},
+    const std::function<void(const PsStep&)>& on_step = {});
 
 }  // namespace lockstep::ps

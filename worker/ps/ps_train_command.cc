@@ -16,6 +16,7 @@
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/client_environment.h"
 #include "worker/agent/wake_pipe.h"
+#include "worker/metrics.h"
 #include "worker/ps/click_log_file.h"
 #include "worker/ps/ps_job.h"
 
@@ -195,6 +196,27 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
     return Fail(kExitFailure, "rendezvous: " + joined.ToString());
   }
 
+  // The trainer's worker metrics (worker/metrics.h), so a parameter-server job's throughput, step
+  // times, loss and world show on the same dashboard: samples count the global batch (this
+  // worker's x replicas, as every worker trains at about one pace), the clock's wait is the
+  // exposed communication, the pulled and pushed bytes the wire's.
+  const int64_t metrics_port = EnvInt("LOCKSTEP_METRICS_PORT", job.spec.metrics.port);
+  StatusOr<std::unique_ptr<WorkerMetrics>> metrics =
+      WorkerMetrics::Create(job_name, static_cast<int>(metrics_port));
+  if (!metrics.ok()) {
+    return Fail(metrics.status().code() == StatusCode::kInvalidArgument ? kExitBadInput
+                                                                        : kExitFailure,
+                metrics.status().message());
+  }
+  (*metrics)->SetGeneration(0, static_cast<int>(worker), job.spec.replicas);
+  auto on_step = [&](const PsStep& step) {
+    StepObservation observed;
+    observed.step_seconds = step.seconds;
+    observed.exposed_seconds = step.wait_seconds;
+    observed.global_samples = step.samples * job.spec.replicas;
+    observed.wire_bytes = step.wire_bytes;
+    (*metrics)->ObserveStep(observed);
+  };
   rendezvous::ProgressReport report;
   const int64_t batch = trainer.batch_size;
   auto on_progress = [&](const PsProgress& progress) {
@@ -207,11 +229,14 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
     report.samples = progress.step * batch;
     report.resumed_from_step = progress.resumed_from_step;
     membership.client().SetProgress(report);
+    (*metrics)->SetLoss(progress.loss);
+    (*metrics)->SetSamplesPerSecond(report.samples_per_second);
     LOCKSTEP_LOG(INFO) << "step " << progress.step << "/" << progress.total_steps << " loss "
                        << progress.loss << " samples/s " << progress.samples_per_second;
   };
   StatusOr<PsTrainingResult> result =
-      TrainThroughServers(options, *train, test ? &*test : nullptr, **client, on_progress);
+      TrainThroughServers(options, *train, test ? &*test : nullptr, **client, on_progress,
+                          on_step);
   if (signal_number.load() != 0) {
     membership.client().StopHeartbeat();
     return 128 + signal_number.load();
