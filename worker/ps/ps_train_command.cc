@@ -204,9 +204,9 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
   StatusOr<std::unique_ptr<WorkerMetrics>> metrics =
       WorkerMetrics::Create(job_name, static_cast<int>(metrics_port));
   if (!metrics.ok()) {
-    return Fail(metrics.status().code() == StatusCode::kInvalidArgument ? kExitBadInput
-                                                                        : kExitFailure,
-                metrics.status().message());
+    return Fail(
+        metrics.status().code() == StatusCode::kInvalidArgument ? kExitBadInput : kExitFailure,
+        metrics.status().message());
   }
   (*metrics)->SetGeneration(0, static_cast<int>(worker), job.spec.replicas);
   auto on_step = [&](const PsStep& step) {
@@ -235,8 +235,7 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
                        << progress.loss << " samples/s " << progress.samples_per_second;
   };
   StatusOr<PsTrainingResult> result =
-      TrainThroughServers(options, *train, test ? &*test : nullptr, **client, on_progress,
-                          on_step);
+      TrainThroughServers(options, *train, test ? &*test : nullptr, **client, on_progress, on_step);
   if (signal_number.load() != 0) {
     membership.client().StopHeartbeat();
     return 128 + signal_number.load();
