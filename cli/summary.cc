@@ -43,8 +43,7 @@ nlohmann::json ToJson(const RunSummary& summary) {
       {"wall_seconds", summary.wall_seconds},
       {"log_dir", summary.log_dir},
   };
-  // An exec program reports no pace: nobody was measured, which is not nobody was slow.
-  json["stragglers"] = summary.mode == "exec" ? nlohmann::json(nullptr) : nlohmann::json::array();
+  json["stragglers"] = nlohmann::json::array();
   for (const RunStraggler& straggler : summary.stragglers) {
     json["stragglers"].push_back({{"worker", straggler.worker},
                                   {"member_id", straggler.member_id},

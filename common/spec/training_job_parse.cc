@@ -355,12 +355,6 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
     ReadTrainer(reader, &*spec->trainer);
   }
   if (reader.ReadStringList("command", &spec->command) && has_command) {
-    if (spec->elastic.replace_stragglers) {
-      reader.problems()->Add(
-          reader.PathOf("elastic") + ".replaceStragglers",
-          "a command job reports no pace, so no straggler is ever named: only the built-in "
-          "trainer (spec.trainer) can have its stragglers replaced");
-    }
     if (spec->command.empty()) {
       reader.problems()->Add(reader.PathOf("command"), "must not be empty");
     } else if (spec->command.front().empty()) {

@@ -146,6 +146,24 @@ void ExecAgent::PumpProgress() {
   const rendezvous::ProgressReport& report = tracker_.Update(*line, MonotonicSeconds());
   client_->SetProgress(report);
   metrics_->ObserveProgress(*line, report);
+  // A program that says how long it computes (`progress.computing()`, compute_seconds) is paced
+  // as the built-in trainer is, so the rendezvous service can name it a straggler.
+  if (line->compute_seconds >= 0) {
+    Pace& pace = pace_;
+    const bool new_program = pace.first_step < 0 || line->step < pace.last_step ||
+                             line->compute_seconds < pace.last_compute;
+    if (new_program) {
+      if (pace.first_step >= 0) {
+        pace.base_steps += pace.last_step - pace.first_step;
+        pace.base_compute += pace.last_compute;
+      }
+      pace.first_step = line->step;
+    }
+    pace.last_step = line->step;
+    pace.last_compute = line->compute_seconds;
+    client_->SetPace(pace.base_steps + (pace.last_step - pace.first_step),
+                     pace.base_compute + pace.last_compute);
+  }
 }
 
 ExecAgent::Outcome ExecAgent::Supervise(const rendezvous::Assignment& a) {

@@ -169,6 +169,17 @@ class ExecAgent {
   std::unique_ptr<ExecMetrics> metrics_;
   ProgressFileReader progress_;
   ProgressTracker tracker_;
+  // This member's pace for straggler detection (RendezvousClient::SetPace), from the program's
+  // own account of its compute time: cumulative over the programs this agent ran (a program
+  // started again counts from 0, so its counts are added to what its predecessors reached).
+  struct Pace {
+    int64_t base_steps = 0;  // what earlier programs reached
+    double base_compute = 0;
+    int64_t first_step = -1;  // the current program's first reported step
+    int64_t last_step = 0;    // its last
+    double last_compute = 0;
+  };
+  Pace pace_;
   std::string state_snapshot_;  // LOCKSTEP_STATE_SNAPSHOT: the helper's copy of its state
   std::atomic<int64_t> ended_generation_{0};
   int pending_signal_ = 0;

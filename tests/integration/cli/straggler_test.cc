@@ -136,6 +136,63 @@ TEST(StragglerTest, AStragglerIsReplacedWhenTheJobAsksAndTheRunFinishes) {
   EXPECT_EQ(summary["stragglers"][0]["replaced"], true) << summary.dump();
 }
 
+// Exec mode: a program that reports its compute time (lockstep.progress.computing()) is paced as
+// the built-in trainer is. Its slowed process (the program, not its agent) is named by index.
+constexpr char kComputingProgram[] = R"(from lockstep import progress
+step = 0
+while True:
+    with progress.computing():
+        total = 0
+        for i in range(150000):
+            total += i * i
+    step += 1
+    progress.report(step=step, samples=step * 32, total_steps=100000000)
+)";
+
+TEST(StragglerTest, AnExecProgramReportingItsComputeTimeIsNamedWhenSlowed) {
+  const std::string dir = MakeTempDir("lockstep-exec-straggler");
+  const std::string name = "exec-straggler-" + std::to_string(getpid());
+  WriteFile(dir + "/program.py", kComputingProgram);
+  WriteFile(dir + "/job.yaml", "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+                               "metadata: {name: " + name + "}\nspec:\n  replicas: 4\n"
+                               "  command: [python3, " + dir + "/program.py]\n"
+                               "  runPolicy: {restartPolicy: Never}\n  metrics: {port: 0}\n");
+  ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--summary", dir + "/summary.json",
+                    "--log-dir", dir + "/logs", "--console", "none"},
+                   {{"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "200"}});
+  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) > 0; }, 60000, 10))
+      << run.StdoutSoFar();
+  // The program: the process of worker 2's member that is not its agent.
+  const std::string member = name + "-worker-2";
+  const pid_t agent = WorkerOfLauncher(run.pid(), name, member);
+  pid_t program = 0;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        for (pid_t pid : lockstep::testing::FindProcessesWithEnv("LOCKSTEP_POD", member)) {
+          if (pid != agent) program = pid;
+        }
+        return program != 0;
+      },
+      30000, 10));
+  {
+    DutyCycle duty(program);
+    EXPECT_TRUE(PollUntil(
+        [&] { return run.StdoutSoFar().find("straggler: worker 2 ") != std::string::npos; },
+        kNamedWithinMs, 50))
+        << run.StdoutSoFar();
+  }
+  kill(run.pid(), SIGINT);
+  ProcessResult result = run.Wait(kRunTimeoutMs);
+  ASSERT_FALSE(result.timed_out) << result.out;
+  for (const char* other : {"straggler: worker 0 ", "straggler: worker 1 ",
+                            "straggler: worker 3 "}) {
+    EXPECT_EQ(result.out.find(other), std::string::npos) << result.out;
+  }
+  const nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
+  ASSERT_EQ(summary["stragglers"].size(), 1u) << summary.dump();
+  EXPECT_EQ(summary["stragglers"][0]["worker"], 2) << summary.dump();
+}
+
 TEST(StragglerTest, ARunWhereNobodyIsSlowedNamesNobody) {
   if (!FashionInstalled()) GTEST_SKIP() << "Fashion-MNIST is not installed (scripts/setup.sh)";
   const std::string dir = MakeTempDir("lockstep-calm");
