@@ -153,10 +153,15 @@ TEST(StragglerTest, AnExecProgramReportingItsComputeTimeIsNamedWhenSlowed) {
   const std::string dir = MakeTempDir("lockstep-exec-straggler");
   const std::string name = "exec-straggler-" + std::to_string(getpid());
   WriteFile(dir + "/program.py", kComputingProgram);
-  WriteFile(dir + "/job.yaml", "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
-                               "metadata: {name: " + name + "}\nspec:\n  replicas: 4\n"
-                               "  command: [python3, " + dir + "/program.py]\n"
-                               "  runPolicy: {restartPolicy: Never}\n  metrics: {port: 0}\n");
+  WriteFile(dir + "/job.yaml",
+            "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\n"
+            "metadata: {name: " +
+                name +
+                "}\nspec:\n  replicas: 4\n"
+                "  command: [python3, " +
+                dir +
+                "/program.py]\n"
+                "  runPolicy: {restartPolicy: Never}\n  metrics: {port: 0}\n");
   ChildProcess run({LOCKSTEP_BINARY, "run", dir + "/job.yaml", "--summary", dir + "/summary.json",
                     "--log-dir", dir + "/logs", "--console", "none"},
                    {{"LOCKSTEP_RUN_PROGRESS_INTERVAL_MS", "200"}});
@@ -184,8 +189,8 @@ TEST(StragglerTest, AnExecProgramReportingItsComputeTimeIsNamedWhenSlowed) {
   kill(run.pid(), SIGINT);
   ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out;
-  for (const char* other : {"straggler: worker 0 ", "straggler: worker 1 ",
-                            "straggler: worker 3 "}) {
+  for (const char* other :
+       {"straggler: worker 0 ", "straggler: worker 1 ", "straggler: worker 3 "}) {
     EXPECT_EQ(result.out.find(other), std::string::npos) << result.out;
   }
   const nlohmann::json summary = ReadRunSummary(dir + "/summary.json");
