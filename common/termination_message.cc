@@ -6,6 +6,9 @@
 #include <cerrno>
 #include <fstream>
 
+#include <iostream>
+
+#include "common/env.h"
 #include "common/errno_check.h"
 #include "common/utf8.h"
 
@@ -38,6 +41,20 @@ std::string ReadTerminationMessage(const std::string& path) {
   in.read(message.data(), static_cast<std::streamsize>(message.size()));
   message.resize(static_cast<size_t>(in.gcount()));
   return message;
+}
+
+int ReportFatalError(const std::string& program, int code, const std::string& message) {
+  std::string line = message;
+  for (char& c : line) {
+    if (c == '\n') c = ';';
+  }
+  std::cerr << program << ": error: " << line << std::endl;
+  if (const std::string path = EnvString(kTerminationLogEnv, ""); !path.empty()) {
+    if (Status written = WriteTerminationMessage(path, line); !written.ok()) {
+      std::cerr << program << ": " << written.message() << std::endl;
+    }
+  }
+  return code;
 }
 
 }  // namespace lockstep

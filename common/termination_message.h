@@ -32,4 +32,10 @@ Status WriteTerminationMessage(const std::string& path, const std::string& messa
 // "" when `path` is empty or there is no such file.
 std::string ReadTerminationMessage(const std::string& path);
 
+// A worker's fatal error, said for everyone who reads it: one line (newlines folded to ';') on
+// stderr, "<program>: error: <line>", which the launcher shows, and the same line in the
+// termination message file of LOCKSTEP_TERMINATION_LOG when that is set, which the kubelet reads
+// into the container's status and the operator quotes. Returns `code` (the exit status).
+int ReportFatalError(const std::string& program, int code, const std::string& message);
+
 }  // namespace lockstep

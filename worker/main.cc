@@ -72,21 +72,9 @@ LOCKSTEP_PARAM_INT(CheckpointDeviceCopy, "LOCKSTEP_CHECKPOINT_DEVICE_COPY", -1);
 LOCKSTEP_PARAM_INT(CheckpointRetryBackoffMs, "LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", 1000);
 LOCKSTEP_PARAM_INT(FinalCheckpointTimeoutMs, "LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", 300000);
 
+// One line on stderr and in the termination log (docs/operator.md, "Failures").
 int Fail(int code, const std::string& message) {
-  // One line: the launcher shows it as the worker's error.
-  std::string line = message;
-  for (char& c : line) {
-    if (c == '\n') c = ';';
-  }
-  std::cerr << "lockstep-worker: error: " << line << std::endl;
-  // In a pod, the kubelet reads this file into the container's status, and the operator quotes
-  // it in the job's failure condition (docs/operator.md, "Failures").
-  if (const std::string path = EnvString(kTerminationLogEnv, ""); !path.empty()) {
-    if (Status written = WriteTerminationMessage(path, line); !written.ok()) {
-      std::cerr << "lockstep-worker: " << written.message() << std::endl;
-    }
-  }
-  return code;
+  return ReportFatalError("lockstep-worker", code, message);
 }
 
 void Usage() {
@@ -102,16 +90,6 @@ void Usage() {
                "  (worker/ps/ps_command.h; its token in LOCKSTEP_JOB_TOKEN)\n";
 }
 
-StatusOr<spec::TrainingJob> LoadManifest(const std::string& manifest_path) {
-  if (!manifest_path.empty()) return spec::LoadTrainingJobFile(manifest_path);
-  const std::string text = EnvString("LOCKSTEP_SPEC", "");
-  if (text.empty()) {
-    return InvalidArgumentError("no manifest: pass --manifest FILE or set LOCKSTEP_SPEC");
-  }
-  nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
-  return spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
-}
 
 // SIGTERM/SIGINT: the handler only writes the signal number to a pipe (async-signal-safe);
 // a watcher thread reads it and stops the worker. A handler, rather than blocking the signals
@@ -187,7 +165,7 @@ int Train(const std::string& manifest_path) {
   SignalWatcher& watcher = *new SignalWatcher;
   if (!watcher.Install()) return Fail(kExitFailure, "cannot install the signal handlers");
 
-  StatusOr<spec::TrainingJob> job = LoadManifest(manifest_path);
+  StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFileOrEnv(manifest_path);
   if (!job.ok()) return Fail(kExitBadInput, job.status().message());
   if (!job->spec.trainer.has_value()) {
     return Fail(kExitBadInput,
@@ -278,7 +256,7 @@ int32_t RanksToSupervise(const std::vector<std::string>& args) {
   if (!EnvString("LOCKSTEP_LOCAL_RANK", "").empty()) return 1;
   const std::string path = ManifestArgument(args);
   if (path.empty() && EnvString("LOCKSTEP_SPEC", "").empty()) return 1;
-  StatusOr<spec::TrainingJob> job = LoadManifest(path);
+  StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFileOrEnv(path);
   return job.ok() ? job->spec.ranks_per_worker : 1;
 }
 

@@ -17,6 +17,7 @@
 #include <tuple>
 #include <utility>
 
+#include "common/env.h"
 #include "common/spec/enum_names.h"
 
 namespace lockstep::spec {
@@ -132,6 +133,17 @@ bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b) {
 bool operator==(const TrainingJob& a, const TrainingJob& b) {
   return a.api_version == b.api_version && a.kind == b.kind && a.metadata == b.metadata &&
          a.spec == b.spec && a.base_dir == b.base_dir;
+}
+
+StatusOr<TrainingJob> LoadTrainingJobFileOrEnv(const std::string& path) {
+  if (!path.empty()) return LoadTrainingJobFile(path);
+  const std::string text = EnvString("LOCKSTEP_SPEC", "");
+  if (text.empty()) {
+    return InvalidArgumentError("no manifest: pass --manifest FILE or set LOCKSTEP_SPEC");
+  }
+  nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
+  return ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
 }
 
 StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path) {

@@ -381,6 +381,10 @@ inline constexpr size_t kMaxManifestBytes = 1536 * 1024;
 
 // Reads the file (NotFound naming it when missing) and parses it; sets base_dir.
 StatusOr<TrainingJob> LoadTrainingJobFile(const std::string& path);
+// A worker's manifest (lockstep-worker train|exec|ps): the file at `path` when it is not empty,
+// else the JSON of the LOCKSTEP_SPEC environment variable (ToJson's, as the operator gives its
+// pods); INVALID_ARGUMENT naming both when neither is there, or LOCKSTEP_SPEC when it is not JSON.
+StatusOr<TrainingJob> LoadTrainingJobFileOrEnv(const std::string& path);
 // A manifest file's bytes: a regular file only (a FIFO or a device is refused before anything is
 // read), at most kMaxManifestBytes (InvalidArgument naming the limit past that).
 StatusOr<std::string> ReadManifestFile(const std::string& path);

@@ -1,7 +1,6 @@
 // ParseExecAgentArgs and the exec agent's usage (exec_agent.h): the arguments after "exec", the
 // manifest and the LOCKSTEP_ environment, with the tunables of docs/exec.md.
 #include <algorithm>
-#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <vector>
@@ -54,16 +53,11 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
   }
 
   std::optional<spec::TrainingJob> job;
-  if (!manifest_path.empty()) {
-    StatusOr<spec::TrainingJob> loaded = spec::LoadTrainingJobFile(manifest_path);
+  // A manifest is optional here: the command may come after --.
+  if (!manifest_path.empty() || !EnvString("LOCKSTEP_SPEC", "").empty()) {
+    StatusOr<spec::TrainingJob> loaded = spec::LoadTrainingJobFileOrEnv(manifest_path);
     if (!loaded.ok()) return loaded.status();
     job = *loaded;
-  } else if (const std::string text = EnvString("LOCKSTEP_SPEC", ""); !text.empty()) {
-    nlohmann::json document = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-    if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
-    StatusOr<spec::TrainingJob> parsed = spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
-    if (!parsed.ok()) return parsed.status();
-    job = *parsed;
   }
 
   ExecAgentOptions options;

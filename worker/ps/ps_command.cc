@@ -50,14 +50,6 @@ bool ParseTable(const std::string& value, TableSpec* table, std::string* error) 
          (parts.size() < 6 || ParseNumber(parts[5], "init scale", &table->init_scale, error));
 }
 
-// The manifest of --manifest, else of LOCKSTEP_SPEC (the JSON a pod gets).
-StatusOr<spec::TrainingJob> LoadJob(const std::string& path) {
-  if (!path.empty()) return spec::LoadTrainingJobFile(path);
-  nlohmann::json document =
-      nlohmann::json::parse(EnvString("LOCKSTEP_SPEC", ""), nullptr, /*allow_exceptions=*/false);
-  if (document.is_discarded()) return InvalidArgumentError("LOCKSTEP_SPEC: not valid JSON");
-  return spec::ParseTrainingJobJson(document, "LOCKSTEP_SPEC");
-}
 
 }  // namespace
 
@@ -95,7 +87,7 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
       (options.tables.empty() && !EnvString("LOCKSTEP_SPEC", "").empty())) {
     // The job's own tables and workers, from its manifest (a pod's LOCKSTEP_SPEC).
     if (!options.tables.empty()) return Refuse("--table and a manifest: give one of them");
-    StatusOr<spec::TrainingJob> job = LoadJob(manifest_path);
+    StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFileOrEnv(manifest_path);
     if (!job.ok()) return Refuse(job.status().message());
     StatusOr<std::vector<TableSpec>> tables = JobTables(*job);
     if (!tables.ok()) return Refuse(tables.status().message());

@@ -32,16 +32,16 @@ StatusOr<PsClock> ReportClock(PsClient& client, const PsTrainingOptions& options
   while (true) {
     call.timeout_ms = std::max<int64_t>(1, std::min(kClockSliceMs, deadline.remaining_ms()));
     StatusOr<PsClock> answer = client.Clock(call);
-    // A server that stopped while this call waited (it is being restarted) is asked again.
-    const bool again = !answer.ok() && (answer.status().code() == StatusCode::kDeadlineExceeded ||
-                                        answer.status().code() == StatusCode::kCancelled);
-    if (!again || deadline.expired()) {
-      if (!answer.ok() && answer.status().code() == StatusCode::kDeadlineExceeded) {
-        return DeadlineExceededError("worker " + std::to_string(options.worker) + " waited " +
-                                     std::to_string(options.wait_timeout_ms) +
-                                     " ms for the other workers: " + answer.status().message());
-      }
-      return answer;
+    if (answer.ok()) return answer;
+    // A wait that ran out, or a server that stopped while this call waited (it is being
+    // restarted), is asked again until the deadline.
+    const StatusCode code = answer.status().code();
+    if (code != StatusCode::kDeadlineExceeded && code != StatusCode::kCancelled) return answer;
+    if (deadline.expired()) {
+      if (code != StatusCode::kDeadlineExceeded) return answer;
+      return DeadlineExceededError("worker " + std::to_string(options.worker) + " waited " +
+                                   std::to_string(options.wait_timeout_ms) +
+                                   " ms for the other workers: " + answer.status().message());
     }
     if (options.stop != nullptr && options.stop->load()) return CancelledError("stopped");
   }
@@ -155,7 +155,7 @@ StatusOr<PsTrainingResult> TrainThroughServers(
   while (step < total) {
     if (options.stop != nullptr && options.stop->load()) return CancelledError("stopped");
     const double step_started = MonotonicSeconds();
-    const PsTraffic traffic_before = client.traffic();
+    const PsTraffic traffic_before = on_step ? client.traffic() : PsTraffic();
     const int64_t first = ((step * workers + options.worker) % batches_per_pass) * batch;
     const int64_t rows = std::min(batch, train.samples - first);
     LOCKSTEP_ASSIGN_OR_RETURN(
@@ -175,9 +175,10 @@ StatusOr<PsTrainingResult> TrainThroughServers(
     result.last_loss = loss;
     if (on_step) {
       const PsTraffic traffic_after = client.traffic();
+      const double now = MonotonicSeconds();
       PsStep done;
-      done.seconds = MonotonicSeconds() - step_started;
-      done.wait_seconds = MonotonicSeconds() - reported;
+      done.seconds = now - step_started;
+      done.wait_seconds = now - reported;
       done.samples = rows;
       done.wire_bytes =
           static_cast<int64_t>((traffic_after.request_bytes + traffic_after.response_bytes) -

@@ -15,6 +15,7 @@
 #include "common/logging.h"
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/client_environment.h"
+#include "common/termination_message.h"
 #include "worker/agent/wake_pipe.h"
 #include "worker/metrics.h"
 #include "worker/ps/click_log_file.h"
@@ -31,8 +32,7 @@ LOCKSTEP_PARAM_INT(PsWaitTimeoutMs, "LOCKSTEP_PS_WAIT_TIMEOUT_MS", 300000);
 LOCKSTEP_PARAM_INT(PsJoinTimeoutMs, "LOCKSTEP_JOIN_TIMEOUT_MS", 600000);
 
 int Fail(int code, const std::string& message) {
-  std::cerr << "lockstep-worker: error: " << message << std::endl;
-  return code;
+  return ReportFatalError("lockstep-worker", code, message);
 }
 
 std::vector<std::string> SplitList(const std::string& text) {
