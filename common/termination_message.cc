@@ -5,7 +5,6 @@
 
 #include <cerrno>
 #include <fstream>
-
 #include <iostream>
 
 #include "common/env.h"

@@ -90,7 +90,6 @@ void Usage() {
                "  (worker/ps/ps_command.h; its token in LOCKSTEP_JOB_TOKEN)\n";
 }
 
-
 // SIGTERM/SIGINT: the handler only writes the signal number to a pipe (async-signal-safe);
 // a watcher thread reads it and stops the worker. A handler, rather than blocking the signals
 // and sigwait, because libraries start threads before main (OpenBLAS's pool) whose signal mask

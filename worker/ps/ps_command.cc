@@ -50,7 +50,6 @@ bool ParseTable(const std::string& value, TableSpec* table, std::string* error) 
          (parts.size() < 6 || ParseNumber(parts[5], "init scale", &table->init_scale, error));
 }
 
-
 }  // namespace
 
 int RunParameterServerCommand(const std::vector<std::string>& args) {
