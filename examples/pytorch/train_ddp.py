@@ -91,13 +91,12 @@ def load_data(args):
     return x, y
 
 
-def record_start(args):
+def record_start(args, rank, restart):
+    """When this process started (STARTED_AT), written once its rank is known."""
     if args.timeline:
         with open(args.timeline, "a") as f:
-            f.write(json.dumps({"event": "start", "rank": int(os.environ.get("RANK", "0")),
-                                "time": STARTED_AT,
-                                "restart": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))})
-                    + "\n")
+            f.write(json.dumps({"event": "start", "rank": rank, "time": STARTED_AT,
+                                "restart": restart}) + "\n")
 
 
 def train_step(args, ddp, optimizer, loss_fn, x, y, step, rank, world, reporter):
@@ -155,7 +154,9 @@ def finish(args, model, loss, world, rank):
 
 
 def main_in_place(args):
-    """The same training through lockstep.elastic: one train() call per generation."""
+    """The same training through lockstep.elastic: one train() call per generation. Nothing
+    before elastic.run() reads the rank, so a standby's agent can run all of it ahead of a place
+    (docs/exec.md, "A standby's program waits warm in the helper")."""
     from lockstep import elastic
     torch.set_num_threads(1)
     x, y = load_data(args)
@@ -170,8 +171,12 @@ def main_in_place(args):
         state.step = saved["step"]
     loss_fn = nn.CrossEntropyLoss()
     reporter, timeline = open_outputs(args)
+    started = []
 
     def train(ctx):
+        if not started:
+            started.append(True)
+            record_start(args, ctx.rank, ctx.restart_count)
         print(f"generation {ctx.generation}: rank {ctx.rank} of {ctx.world_size} from step "
               f"{ctx.state.step} (restart {ctx.restart_count})", flush=True)
         ddp = DistributedDataParallel(model, process_group=ctx.group)
@@ -190,7 +195,6 @@ def main_in_place(args):
 
 def main():
     args = parse_args()
-    record_start(args)
     if args.in_place:
         return main_in_place(args)
     torch.set_num_threads(1)
@@ -198,6 +202,7 @@ def main():
                             timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    record_start(args, rank, restart)
     x, y = load_data(args)
 
     torch.manual_seed(1)

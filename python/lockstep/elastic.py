@@ -62,6 +62,8 @@ import threading
 import time
 import traceback
 
+from . import identity
+
 __all__ = ["State", "Context", "run", "GenerationEnded"]
 
 AGENT_FD = "LOCKSTEP_AGENT_FD"
@@ -171,6 +173,9 @@ class _Agent:
         self._assignments = []
         self._ended = 0
         self._closed = False
+        # A process forked ahead of its place: a thread that reads its rank before run() has an
+        # assignment waits for it.
+        identity.helper_started()
         threading.Thread(target=self._read, name="lockstep-agent", daemon=True).start()
 
     @classmethod
@@ -211,6 +216,7 @@ class _Agent:
         with self._cond:
             self._closed = True
             self._cond.notify_all()
+        identity.helper_gone()
 
     def send(self, **message):
         line = (json.dumps(message) + "\n").encode()
@@ -424,7 +430,7 @@ def run(train, state, *, backend=None, timeout=datetime.timedelta(minutes=5),
         if assignment is None:
             raise SystemExit(0 if os.environ.get(WARM_SPARE) == "1" else 1)
         generation = int(assignment["generation"])
-        os.environ.update({k: str(v) for k, v in assignment.get("env", {}).items()})
+        identity.apply(assignment.get("env", {}))
         os.environ.pop(WARM_SPARE, None)
         if cold_start and not state._live and snapshot is not None:
             snapshot.restore_into(state)

@@ -23,6 +23,10 @@ spares them walking (and copying, page by page) the zygote's objects in every co
 full collection in a child that unfroze them took 0.24 s here against 0.04 s in a process started
 normally.
 
+A process the agent forks before its worker has a place (a standby's program: the variable
+LOCKSTEP_AWAIT_IDENTITY in its environment names what the place will set) runs the script's
+start-up at once and waits where the script first reads its rank (lockstep/identity.py).
+
 Each spare is the agent's child, like a process it started itself: the zygote forks twice, the
 middle process exits at once, and the spare is reparented to the agent (a child subreaper); the
 zygote tells the agent the spare's pid only after that. The spare runs nothing until the agent,
@@ -31,7 +35,8 @@ spare exits), then asks for SIGKILL when the agent dies (PR_SET_PDEATHSIG), as t
 children do.
 
 Protocol (a SOCK_SEQPACKET socketpair, the zygote's end at LOCKSTEP_ZYGOTE_FD; one message each):
-  zygote -> agent  {"ready": true, "preloaded": [...], "not_found": [...], "threads": N}  once
+  zygote -> agent  {"ready": true, "preloaded": [...], "not_found": [...], "threads": N,
+                    "elastic": B}  once; B: the script imports lockstep.elastic
   agent  -> zygote the spare's environment, NAME=value entries each ended by a NUL byte (bytes,
                    as execve takes them), with four descriptors (SCM_RIGHTS): the spare's
                    standard output, standard error, helper channel (its LOCKSTEP_AGENT_FD names
@@ -56,6 +61,7 @@ ZYGOTE_FD = "LOCKSTEP_ZYGOTE_FD"
 PRELOAD = "LOCKSTEP_EXEC_PRELOAD"
 DEFAULT_PRELOAD = "torch,torch.distributed,numpy"
 AGENT_FD = "LOCKSTEP_AGENT_FD"
+AWAIT_IDENTITY = "LOCKSTEP_AWAIT_IDENTITY"  # lockstep/identity.py
 
 # Bounds on what one request may carry.
 MAX_REQUEST_BYTES = 1 << 20
@@ -101,10 +107,11 @@ class Launch:
             runpy.run_module(self.module, run_name="__main__", alter_sys=True)
 
 
-def imported_by(launch):
-    """The top-level names the command's script imports anywhere in its own text (`import
-    torch.nn`, `from torch import nn`: torch), or None when that cannot be told (a module run
-    with -m, whose file is found only by importing its package; a file that does not parse)."""
+def script_imports(launch):
+    """The modules the command's script imports anywhere in its own text, by full name (`import
+    torch.nn`: torch.nn; `from lockstep import elastic`: lockstep and lockstep.elastic), or None
+    when that cannot be told (a module run with -m, whose file is found only by importing its
+    package; a file that does not parse)."""
     if launch.script is None:
         return None
     try:
@@ -115,10 +122,23 @@ def imported_by(launch):
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
-            names.update(alias.name.split(".")[0] for alias in node.names)
+            names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names.add(node.module.split(".")[0])
+            names.add(node.module)
+            names.update(node.module + "." + alias.name for alias in node.names)
     return names
+
+
+def imported_by(imports):
+    """The top-level names among script_imports' (`torch.nn`: torch); None stays None."""
+    return None if imports is None else {name.split(".")[0] for name in imports}
+
+
+def waits_in_helper(imports):
+    """Whether the script's own text imports lockstep.elastic: the precondition for forking it
+    ahead of a place (lockstep/identity.py), not a proof that it calls run()."""
+    return imports is not None and any(
+        name == "lockstep.elastic" or name.startswith("lockstep.elastic.") for name in imports)
 
 
 def preload(names):
@@ -153,8 +173,13 @@ def become_spare(env, fds, agent_pid, name):
         os._exit(127)
     set_process_name(name)
     env[AGENT_FD.encode()] = str(channel_fd).encode()  # a number free here, unlike the agent's
+    # A process forked before it has a rank (a standby's) waits for it where it first reads it.
+    awaited = env.pop(AWAIT_IDENTITY.encode(), b"")
     os.environb.clear()
     os.environb.update(env)
+    if awaited:
+        from lockstep import identity
+        identity.install(os.fsdecode(awaited).split(","), channel_fd)
     reseed()
     null = os.open(os.devnull, os.O_RDONLY)
     os.dup2(null, 0)
@@ -248,7 +273,8 @@ def main(argv):
         name = f.read().strip()
     set_process_name(ZYGOTE_NAME)
     modules = [m.strip() for m in os.environ.get(PRELOAD, DEFAULT_PRELOAD).split(",") if m.strip()]
-    imported = imported_by(launch)
+    imports = script_imports(launch)
+    imported = imported_by(imports)
     if imported is not None:  # a script that never imports torch does not pay for it here
         modules = [module for module in modules if module.split(".")[0] in imported]
     if launch.script is not None and os.path.isfile(launch.script):
@@ -260,7 +286,7 @@ def main(argv):
     # collections neither walk it nor touch the pages they share with the zygote.
     gc.freeze()
     send(control, ready=True, preloaded=preloaded, not_found=not_found,
-         threads=len(os.listdir("/proc/self/task")))
+         threads=len(os.listdir("/proc/self/task")), elastic=waits_in_helper(imports))
     serve(control, agent_pid, name)
     launch.run()
 

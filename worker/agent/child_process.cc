@@ -395,8 +395,10 @@ ChildExit ChildProcess::Stop(int64_t grace_ms, int64_t kill_wait_ms) {
   // interrupted by a second one.
   if (sigterm_at_ < 0) Signal(SIGTERM);
   if (!wait_for_exit(std::max<int64_t>(0, grace_ms - MsSinceSigterm()))) {
-    LOCKSTEP_LOG(WARNING) << "command (pid " << pid_ << ") still running " << grace_ms
-                          << " ms after SIGTERM; sending SIGKILL";
+    if (grace_ms > 0) {  // with no grace, the caller ends it at once: nothing to warn of
+      LOCKSTEP_LOG(WARNING) << "command (pid " << pid_ << ") still running " << grace_ms
+                            << " ms after SIGTERM; sending SIGKILL";
+    }
     Signal(SIGKILL);
     if (!wait_for_exit(kill_wait_ms)) {
       LOCKSTEP_LOG(ERROR) << "command (pid " << pid_ << ") survived SIGKILL for " << kill_wait_ms

@@ -22,6 +22,7 @@ LOCKSTEP_PARAM_INT(ExecPlanTimeoutMs, "LOCKSTEP_EXEC_PLAN_TIMEOUT_MS", 60000);
 LOCKSTEP_PARAM_INT(ExecWarmSpare, "LOCKSTEP_EXEC_WARM_SPARE", 1);
 LOCKSTEP_PARAM_INT(ExecSpareIdle, "LOCKSTEP_EXEC_SPARE_IDLE", 0);
 LOCKSTEP_PARAM_INT(ExecZygote, "LOCKSTEP_EXEC_ZYGOTE", 1);
+LOCKSTEP_PARAM_INT(ExecProgramAhead, "LOCKSTEP_EXEC_PROGRAM_AHEAD", 1);
 
 const char kExecUsage[] =
     "usage: lockstep-worker exec [--manifest FILE] [--] COMMAND [ARG...]\n"
@@ -96,6 +97,7 @@ StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& ar
   options.warm_spare = ExecWarmSpare() != 0;
   options.spare_at_idle_priority = ExecSpareIdle() != 0;
   options.zygote = ExecZygote() != 0;
+  options.program_ahead = ExecProgramAhead() != 0;
   options.join_timeout_ms = std::max<int64_t>(1, ExecJoinTimeoutMs());
   options.plan_timeout_ms = std::max<int64_t>(1, ExecPlanTimeoutMs());
   return options;

@@ -135,6 +135,17 @@ class ExecAgent {
   // imports are done ahead in a zygote, so that the program it starts once the join returns
   // (taking a failed member's place, for a standby) does not wait for them.
   void PrepareWhileJoining();
+  // For a member that has not started a program yet, once its zygote is ready and says the
+  // script imports lockstep.elastic: forks the command ahead of a place (spare_), without the
+  // generation's variables (BuildAwaitingEnvironment). It runs its start-up; StartOrAssign
+  // promotes it if it waits in the helper's elastic entry point (python/lockstep/identity.py says
+  // why only then). One that asks for its rank first, or ends, is ended and not forked again.
+  void StartProgramAhead();
+  // Ends the program forked ahead (spare_), saying `why`; the command is not forked ahead again.
+  void RefuseProgramAhead(const std::string& why);
+  // At a place: a program forked ahead that is not waiting in the helper's elastic entry point
+  // (still in its start-up, or it asked for its rank before) is ended; the command starts anew.
+  void DropSpareNotWaitingInHelper();
   // The command's options in generation a (its environment: exec_environment.h).
   ChildProcess::Options CommandOptions(const rendezvous::Assignment& a,
                                        const GenerationPlan& plan) const;
@@ -188,12 +199,15 @@ class ExecAgent {
   ChildExit last_exit_;
   std::unique_ptr<ChildProcess> stopping_;
   std::unique_ptr<SupervisedCommand> active_;  // the command of the current generation
-  std::unique_ptr<SupervisedCommand> spare_;   // a warm spare of a helper program
+  // A warm spare of a helper program, or a program forked ahead of a place (StartProgramAhead).
+  std::unique_ptr<SupervisedCommand> spare_;
   ChildProcess::Options spare_options_;        // how the last program was started
   int spare_deaths_ = 0;                       // spares that died unused, in a row
   double spare_not_before_ = 0;                // MonotonicSeconds
   std::unique_ptr<Zygote> zygote_;             // forks the spares of a Python command
   bool zygote_tried_ = false;                  // started once; not again after it failed
+  bool ahead_refused_ = false;      // the command cannot wait ahead of a place: not again
+  bool started_a_program_ = false;  // this member started (or promoted) its command once
 };
 
 }  // namespace lockstep::agent::exec_agent_internal

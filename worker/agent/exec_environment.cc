@@ -8,7 +8,7 @@
 
 #include <cerrno>
 #include <filesystem>
-#include <map>
+#include <set>
 
 #include "common/env.h"
 #include "common/errno_check.h"
@@ -64,9 +64,8 @@ PrivateDirectory::~PrivateDirectory() {
   std::filesystem::remove_all(path_, ignored);
 }
 
-std::vector<std::pair<std::string, std::string>> ExecVariables(
-    const rendezvous::Assignment& assignment, const GenerationPlan& plan,
-    const ExecEnvironmentExtras& extras) {
+std::vector<std::pair<std::string, std::string>> IdentityVariables(
+    const rendezvous::Assignment& assignment, const GenerationPlan& plan) {
   // A pod of several ranks is torchrun's multi-process node: the local world is the pod and
   // the group is the pod. A pod of one rank is a node of its own, but several such pods may
   // share a machine (`lockstep run`), so the local world is the members on this host.
@@ -78,7 +77,7 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
   const std::string world = std::to_string(assignment.world_size);
   const std::string group = pod_of_ranks ? std::to_string(assignment.pod_rank) : rank;
   const std::string groups = pod_of_ranks ? std::to_string(assignment.pod_count) : world;
-  std::vector<std::pair<std::string, std::string>> variables = {
+  return {
       {"MASTER_ADDR", plan.master_addr},
       {"MASTER_PORT", std::to_string(plan.master_port)},
       {"RANK", rank},
@@ -87,15 +86,23 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
       {"LOCAL_WORLD_SIZE", std::to_string(local_world_size)},
       {"GROUP_RANK", group},
       {"GROUP_WORLD_SIZE", groups},
-      {"ROLE_NAME", "default"},
       {"ROLE_RANK", rank},
       {"ROLE_WORLD_SIZE", world},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(plan.restart_count)},
-      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(extras.max_restarts)},
-      {"TORCHELASTIC_RUN_ID", extras.run_id},
       {"LOCKSTEP_RANK", rank},
       {"LOCKSTEP_WORLD_SIZE", world},
       {"LOCKSTEP_GENERATION", std::to_string(assignment.generation)},
+  };
+}
+
+namespace {
+
+// The variables of the job, the same in every generation.
+std::vector<std::pair<std::string, std::string>> JobVariables(const ExecEnvironmentExtras& extras) {
+  std::vector<std::pair<std::string, std::string>> variables = {
+      {"ROLE_NAME", "default"},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(extras.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", extras.run_id},
   };
   if (!extras.progress_file.empty()) {
     variables.emplace_back("LOCKSTEP_PROGRESS_FILE", extras.progress_file);
@@ -106,18 +113,19 @@ std::vector<std::pair<std::string, std::string>> ExecVariables(
   return variables;
 }
 
-std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& inherited,
-                                              const rendezvous::Assignment& assignment,
-                                              const GenerationPlan& plan,
-                                              const ExecEnvironmentExtras& extras) {
-  std::map<std::string, std::string> overrides;
-  for (auto& [name, value] : ExecVariables(assignment, plan, extras)) overrides[name] = value;
+// `inherited` without LOCKSTEP_JOB_TOKEN and the names in `withheld`, then `variables`.
+std::vector<std::string> BuildEnvironment(
+    const std::vector<std::string>& inherited,
+    const std::vector<std::pair<std::string, std::string>>& variables,
+    const std::set<std::string>& withheld, const ExecEnvironmentExtras& extras) {
+  std::set<std::string> replaced = withheld;
+  for (const auto& [name, value] : variables) replaced.insert(name);
   std::vector<std::string> env;
   bool python_unbuffered = false;
   std::string python_path;
   for (const std::string& entry : inherited) {
     const std::string name = entry.substr(0, entry.find('='));
-    if (name == "LOCKSTEP_JOB_TOKEN" || overrides.count(name) != 0) continue;
+    if (name == "LOCKSTEP_JOB_TOKEN" || replaced.count(name) != 0) continue;
     if (name == "PYTHONUNBUFFERED") python_unbuffered = true;
     if (name == "PYTHONPATH") {
       if (name.size() < entry.size()) python_path = entry.substr(name.size() + 1);
@@ -131,9 +139,38 @@ std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& in
     python_path += (python_path.empty() ? "" : ":") + extras.python_path;
   }
   if (!python_path.empty()) env.push_back("PYTHONPATH=" + python_path);
-  for (auto& [name, value] : ExecVariables(assignment, plan, extras)) {
-    env.push_back(name + "=" + value);
+  for (const auto& [name, value] : variables) env.push_back(name + "=" + value);
+  return env;
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, std::string>> ExecVariables(
+    const rendezvous::Assignment& assignment, const GenerationPlan& plan,
+    const ExecEnvironmentExtras& extras) {
+  std::vector<std::pair<std::string, std::string>> variables = IdentityVariables(assignment, plan);
+  for (auto& variable : JobVariables(extras)) variables.push_back(std::move(variable));
+  return variables;
+}
+
+std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& inherited,
+                                              const rendezvous::Assignment& assignment,
+                                              const GenerationPlan& plan,
+                                              const ExecEnvironmentExtras& extras) {
+  return BuildEnvironment(inherited, ExecVariables(assignment, plan, extras), {}, extras);
+}
+
+std::vector<std::string> BuildAwaitingEnvironment(const std::vector<std::string>& inherited,
+                                                  const ExecEnvironmentExtras& extras) {
+  std::set<std::string> withheld;
+  std::string names;
+  for (const auto& [name, value] : IdentityVariables({}, {})) {
+    withheld.insert(name);
+    names += (names.empty() ? "" : ",") + name;
   }
+  std::vector<std::string> env =
+      BuildEnvironment(inherited, JobVariables(extras), withheld, extras);
+  env.push_back(std::string(kAwaitIdentityEnv) + "=" + names);
   return env;
 }
 

@@ -70,7 +70,17 @@ class PrivateDirectory {
   std::string path_;
 };
 
-// The variables the agent sets (name, value), in a fixed order.
+// Names the variables a process started before it has a place must not read yet
+// (BuildAwaitingEnvironment; python/lockstep/identity.py).
+inline constexpr char kAwaitIdentityEnv[] = "LOCKSTEP_AWAIT_IDENTITY";
+
+// The variables that say who a process is in its generation (rank, world, master, restart
+// count), from the assignment and the plan, in a fixed order.
+std::vector<std::pair<std::string, std::string>> IdentityVariables(
+    const rendezvous::Assignment& assignment, const GenerationPlan& plan);
+
+// The variables the agent sets (name, value): IdentityVariables, then the job's (ROLE_NAME,
+// TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID, the progress file, the state snapshot).
 std::vector<std::pair<std::string, std::string>> ExecVariables(
     const rendezvous::Assignment& assignment, const GenerationPlan& plan,
     const ExecEnvironmentExtras& extras);
@@ -81,5 +91,13 @@ std::vector<std::string> BuildExecEnvironment(const std::vector<std::string>& in
                                               const rendezvous::Assignment& assignment,
                                               const GenerationPlan& plan,
                                               const ExecEnvironmentExtras& extras);
+
+// The environment of a process forked before its worker has a place (a standby's program,
+// started ahead so that its start-up is done when a place comes): BuildExecEnvironment's without
+// the IdentityVariables (removed from `inherited` too), and kAwaitIdentityEnv naming them,
+// comma-separated. The process's Python side (lockstep/identity.py) waits for them where the
+// program first reads one; the agent sends them with the assignment (helper_channel.h).
+std::vector<std::string> BuildAwaitingEnvironment(const std::vector<std::string>& inherited,
+                                                  const ExecEnvironmentExtras& extras);
 
 }  // namespace lockstep::agent

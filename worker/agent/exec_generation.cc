@@ -48,6 +48,7 @@ StatusOr<rendezvous::Assignment> ExecAgent::JoinInterruptibly() {
       prepared = true;
       PrepareWhileJoining();
     }
+    if (prepared && options_.program_ahead) StartProgramAhead();
     // A zygote started meanwhile says when its imports are done (or that it died) only when asked.
     const bool importing = zygote_ && !zygote_->Ready() && zygote_->Usable();
     int64_t wait_ms = importing ? 200

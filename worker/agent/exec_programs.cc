@@ -11,6 +11,7 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "worker/agent/exec_agent_impl.h"
+#include "worker/agent/exec_environment.h"
 #include "worker/agent/wake_pipe.h"
 
 namespace lockstep::agent::exec_agent_internal {
@@ -78,6 +79,15 @@ void ExecAgent::ReapDeadSpare() {
     if (!exit && spare_->said_hello() && !spare_->recoverable()) {
       exit = spare_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);  // its channel closed
     }
+    if (exit && spare_->ahead_of_place()) {
+      // It ended before it had a place: whatever it is, it does not wait in the helper.
+      LOCKSTEP_LOG(WARNING) << "the command forked ahead (pid " << spare_->process().pid()
+                            << ") ended before it had a place: " << exit->Describe()
+                            << "; this member's command starts when it has one";
+      spare_.reset();
+      ahead_refused_ = true;
+      return;
+    }
     if (exit) {
       ++spare_deaths_;
       const int64_t backoff_ms =
@@ -127,7 +137,11 @@ bool ExecAgent::EnsureZygote(const ChildProcess::Options& options) {
     zygote_tried_ = true;
     std::optional<std::vector<std::string>> argv = ZygoteArgv(options.argv);
     if (!argv) return false;  // not a Python script or module: spares start from nothing
-    StatusOr<std::unique_ptr<Zygote>> zygote = Zygote::Start(options, *argv);
+    // What its imports may read of the environment is the job's, never a generation's (a
+    // module that kept a RANK read at import would keep it in every process forked from it).
+    ChildProcess::Options zygote_options = options;
+    zygote_options.env = BuildAwaitingEnvironment(inherited_env_, Extras());
+    StatusOr<std::unique_ptr<Zygote>> zygote = Zygote::Start(zygote_options, *argv);
     if (!zygote.ok()) {
       LOCKSTEP_LOG(WARNING) << "zygote: " << zygote.status() << "; processes start without it";
       return false;
@@ -158,6 +172,46 @@ void ExecAgent::PrepareWhileJoining() {
     LOCKSTEP_LOG(INFO) << "the join waits; the command's imports are done meanwhile (zygote pid "
                        << zygote_->pid() << ")";
   }
+}
+
+void ExecAgent::StartProgramAhead() {
+  ReapDeadSpare();
+  if (spare_ && spare_->ahead_of_place()) {
+    spare_->Absorb();
+    if (!spare_->awaited_variable().empty()) {
+      RefuseProgramAhead("read " + spare_->awaited_variable() +
+                         " before it reached lockstep.elastic's run()");
+    }
+    return;
+  }
+  if (ahead_refused_ || started_a_program_ || spare_ || active_ || stopping_ || !zygote_ ||
+      !zygote_->Ready() || MonotonicSeconds() < spare_not_before_) {
+    return;
+  }
+  if (!zygote_->script_imports_elastic()) {
+    ahead_refused_ = true;
+    LOCKSTEP_LOG(INFO) << "the script does not import lockstep.elastic, so it cannot wait for a "
+                          "place in it: the command starts when this member has one";
+    return;
+  }
+  ChildProcess::Options options;
+  options.argv = options_.command;
+  options.env = BuildAwaitingEnvironment(inherited_env_, Extras());
+  options.output_prefix = "[spare] ";
+  spare_ = ForkFromZygote(options);
+  if (!spare_) return;
+  spare_->set_ahead_of_place();
+  LOCKSTEP_LOG(INFO) << "forked " << options_.command[0] << " (pid " << spare_->process().pid()
+                     << ") ahead of a place: its start-up runs while the join waits";
+}
+
+void ExecAgent::RefuseProgramAhead(const std::string& why) {
+  // Not a program that waits for its place in the helper: it starts when one comes.
+  LOCKSTEP_LOG(INFO) << "the command forked ahead (pid " << spare_->process().pid() << ") " << why
+                     << "; it is ended, and this member's command starts when it has a place";
+  spare_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+  spare_.reset();
+  ahead_refused_ = true;
 }
 
 ChildProcess::Options ExecAgent::CommandOptions(const rendezvous::Assignment& a,
@@ -220,8 +274,9 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
     active_->process().SetOutputPrefix(prefix);
     LOCKSTEP_LOG(INFO) << "the command (pid " << active_->process().pid()
                        << ") goes on in place (restart " << plan.restart_count << ")";
-  } else if (ReapDeadSpare(), spare_) {
+  } else if (ReapDeadSpare(), DropSpareNotWaitingInHelper(), spare_) {
     active_ = std::move(spare_);
+    started_a_program_ = true;
     spare_deaths_ = 0;
     if (Status normal = active_->process().LeaveIdlePriority(); !normal.ok()) {
       LOCKSTEP_LOG(WARNING) << "the promoted warm spare trains at idle CPU priority: " << normal;
@@ -233,6 +288,7 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
                        << plan.master_port << ", restart " << plan.restart_count << ")";
   } else {
     active_.reset();
+    started_a_program_ = true;
     tracker_.StartProcess();
     // A zygote that is ready (a standby's, or a spare's that died) has the imports done.
     const char* how = "forked from the zygote";
@@ -252,6 +308,24 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
     }
   }
   return OkStatus();
+}
+
+void ExecAgent::DropSpareNotWaitingInHelper() {
+  if (!spare_ || !spare_->ahead_of_place()) return;
+  spare_->Absorb();
+  if (!spare_->awaited_variable().empty()) {
+    RefuseProgramAhead("read " + spare_->awaited_variable() +
+                       " before it reached lockstep.elastic's run()");
+    return;
+  }
+  if (spare_->said_hello() && spare_->recoverable()) return;
+  // Still in its start-up: what it did so far (a checkpoint it read, perhaps long ago) nothing
+  // would reconcile.
+  LOCKSTEP_LOG(INFO) << "the command forked ahead (pid " << spare_->process().pid()
+                     << ") is not waiting in lockstep.elastic's run() yet; it is ended and the "
+                        "command starts anew";
+  spare_->process().Stop(/*grace_ms=*/0, options_.kill_wait_ms);
+  spare_.reset();
 }
 
 bool ExecAgent::SettleEndedHelper(const rendezvous::Assignment& a) {

@@ -45,6 +45,15 @@ StatusOr<HelperMessage> ParseHelperMessage(const std::string& line) {
     parsed.type = HelperMessage::Type::kHello;
     return parsed;
   }
+  if (name == "awaiting") {
+    parsed.type = HelperMessage::Type::kAwaiting;
+    auto variable = message.find("variable");
+    if (variable == message.end() || !variable->is_string() || variable->empty()) {
+      return InvalidArgumentError("helper message: \"variable\" must be a non-empty string");
+    }
+    parsed.variable = variable->get<std::string>();
+    return parsed;
+  }
   if (name == "training") {
     parsed.type = HelperMessage::Type::kTraining;
     LOCKSTEP_ASSIGN_OR_RETURN(parsed.step, NonNegativeField(message, "step"));

@@ -20,6 +20,10 @@
 //     {"type":"left","generation":G}          the program has destroyed G's process group (its
 //                                             connections are closed) and waits for the next
 //                                             assignment: it counts as stopped for G+1.
+//     {"type":"awaiting","variable":V}        a program forked ahead of its place read V (one of
+//                                             its identity's variables) before it reached the
+//                                             elastic entry point; it waits to be ended
+//                                             (python/lockstep/identity.py).
 //   agent -> helper
 //     {"type":"assign","generation":G,"rank":R,"world_size":W,"master_addr":A,
 //      "master_port":P,"restart_count":C,"env":{"RANK":"R",...}}
@@ -61,10 +65,11 @@ inline constexpr size_t kMaxHelperLineBytes = 64 * 1024;
 inline constexpr unsigned char kWakeHelper = 0xF2;
 
 struct HelperMessage {
-  enum class Type { kHello, kTraining, kLeft };
+  enum class Type { kHello, kTraining, kLeft, kAwaiting };
   Type type = Type::kHello;
   int64_t generation = 0;  // kTraining, kLeft
   int64_t step = 0;        // kTraining
+  std::string variable;    // kAwaiting
 };
 
 // One helper message from one line; InvalidArgument naming what is wrong.

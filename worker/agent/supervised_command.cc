@@ -53,6 +53,9 @@ void SupervisedCommand::Absorb() {
       case HelperMessage::Type::kLeft:
         left_generation_ = std::max(left_generation_, message.generation);
         break;
+      case HelperMessage::Type::kAwaiting:
+        if (awaited_variable_.empty()) awaited_variable_ = message.variable;
+        break;
     }
   }
   if (channel_->closed() && elastic_ && !closed_logged_ && !channel_->error().empty()) {

@@ -53,6 +53,11 @@ class SupervisedCommand {
   bool idle() const { return elastic_ && left_generation_ >= assigned_generation_; }
   // The helper formed generation g's group and trains.
   bool training_in(int64_t g) const { return training_generation_ >= g; }
+  // Forked ahead of a place (ExecAgent::StartProgramAhead): it may take one only once it said
+  // hello, and says which variable it read instead when it asked for its rank too early.
+  void set_ahead_of_place() { ahead_of_place_ = true; }
+  bool ahead_of_place() const { return ahead_of_place_; }
+  const std::string& awaited_variable() const { return awaited_variable_; }
 
   // Sends generation a's assignment (buffered until the helper reads it).
   Status Assign(const rendezvous::Assignment& a, const GenerationPlan& plan,
@@ -68,6 +73,8 @@ class SupervisedCommand {
   int64_t training_generation_ = 0;
   int64_t left_generation_ = 0;
   bool closed_logged_ = false;
+  bool ahead_of_place_ = false;
+  std::string awaited_variable_;
 };
 
 }  // namespace lockstep::agent

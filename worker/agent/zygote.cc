@@ -121,6 +121,8 @@ bool Zygote::Ready() {
     return false;
   }
   ready_ = true;
+  const auto elastic = ready.find("elastic");
+  script_imports_elastic_ = elastic != ready.end() && elastic->is_boolean() && elastic->get<bool>();
   LOCKSTEP_LOG(INFO) << "zygote (pid " << pid() << ") ready; preloaded "
                      << ready.value("preloaded", nlohmann::json::array()).dump() << " ("
                      << ready.value("threads", 0) << " thread(s))"

@@ -56,6 +56,9 @@ class Zygote {
   bool Ready();
   // It runs and has kept the protocol.
   bool Usable();
+  // Once Ready(): the command's script imports lockstep.elastic in its own text (the zygote read
+  // it), the precondition for forking it ahead of a place (python/lockstep/identity.py).
+  bool script_imports_elastic() const { return script_imports_elastic_; }
   // Forks a spare with options.env (stdout and stderr relayed with options.output_prefix) and the
   // helper channel `channel_fd` (the program's end; the spare gets its own copy, at the number its
   // LOCKSTEP_AGENT_FD says). Call only when Ready().
@@ -74,6 +77,7 @@ class Zygote {
   int control_fd_ = -1;
   bool ready_ = false;
   bool broken_ = false;
+  bool script_imports_elastic_ = false;
   Deadline ready_by_ = Deadline::AfterMs(kZygoteReadyTimeoutMs);  // from its construction in Start
 };
 

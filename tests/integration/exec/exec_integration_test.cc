@@ -464,6 +464,129 @@ TEST(ExecIntegration, APodWhoseAgentWasKilledIsReplacedAndTheJobFinishes) {
   EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
 }
 
+// `lockstep run` of a 2-worker exec job with one standby whose command is `script` (with the
+// job's directory as its argument): a Python script that prints "up <generation> pid <pid>" once
+// it runs as a member and then waits for the file done in that directory.
+class StandbyExecRun {
+ public:
+  StandbyExecRun(const std::string& name, const std::string& script_text)
+      : dir_(MakeTempDir(name)), name_(name + "-" + std::to_string(getpid())) {
+    const std::string script = dir_ + "/script.py";
+    WriteFile(script, script_text);
+    const std::string manifest =
+        WriteExecManifest(dir_, name_, 2, {kPython, script, dir_},
+                          "  elastic: {standby: 1}\n  runPolicy: {backoffLimit: 2}\n");
+    run_ = std::make_unique<ChildProcess>(
+        std::vector<std::string>{lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir",
+                                 dir_ + "/logs", "--summary", dir_ + "/summary.json"},
+        lockstep::testing::Environment{{"LOCKSTEP_EXEC_GRACE_MS", "2000"},
+                                       {"LOCKSTEP_EXEC_PRELOAD", "json"}});
+  }
+  static std::string UpScript(const std::string& first_lines) {
+    return first_lines +
+           "print('up', os.environ['LOCKSTEP_GENERATION'], 'pid', os.getpid(), flush=True)\n"
+           "deadline = time.monotonic() + 120\n"
+           "while not os.path.exists(sys.argv[1] + '/done') and time.monotonic() < deadline:\n"
+           "    time.sleep(0.05)\n";
+  }
+
+  std::string Log(int i) const {
+    return ReadFile(dir_ + "/logs/worker-" + std::to_string(i) + ".log");
+  }
+  std::string Logs() const { return Log(0) + Log(1) + Log(2); }
+  // The worker that stood by while the other two formed generation 1 (-1 after the wait).
+  int Standby() const {
+    int standby = -1;
+    PollUntil(
+        [&] {
+          int members = 0;
+          for (int i = 0; i < 3; ++i) {
+            if (Log(i).find("joined generation 1 ") != std::string::npos) {
+              ++members;
+            } else {
+              standby = i;
+            }
+          }
+          return members == 2;
+        },
+        kTrainWaitMs, 50);
+    return standby;
+  }
+  ProcessResult Finish() {
+    WriteFile(dir_ + "/done", "");
+    return run_->Wait(kTrainWaitMs);
+  }
+
+ private:
+  std::string dir_;
+  std::string name_;
+  std::unique_ptr<ChildProcess> run_;
+};
+
+// A script that imports lockstep.elastic but reads its rank first (init_process_group first, as
+// train_ddp.py without --in-place) cannot wait for a place in the helper: what its start-up did
+// may be stale by then. The standby's agent forks it ahead, hears that it read RANK, ends it and
+// forks it no more; when a training worker's pod is lost, the standby starts the command anew and
+// the job finishes.
+TEST(ExecIntegration, AStandbyDoesNotKeepAProgramThatAskedForItsRankAheadOfAPlace) {
+  StandbyExecRun run("exec-ahead-refused", StandbyExecRun::UpScript("import os, sys, time\n"
+                                                                    "from lockstep import elastic\n"
+                                                                    "rank = os.environ['RANK']\n"));
+  const int standby = run.Standby();
+  ASSERT_GE(standby, 0) << run.Logs();
+  const std::string refused = "read RANK before it reached lockstep.elastic's run()";
+  ASSERT_TRUE(PollUntil([&] { return run.Log(standby).find(refused) != std::string::npos; },
+                        kTrainWaitMs, 50))
+      << "the standby never forked the command ahead, or kept it:\n"
+      << run.Log(standby);
+  EXPECT_EQ(run.Log(standby).find("] up 1"), std::string::npos) << "the standby ran as a member";
+  // A training worker's pod is lost: its agent, with its program.
+  const int victim = standby == 0 ? 1 : 0;
+  static const std::regex up_pid("up 1 pid (\\d+)");
+  std::smatch match;
+  std::string victim_log;
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        victim_log = run.Log(victim);
+        return std::regex_search(victim_log, match, up_pid);
+      },
+      kTrainWaitMs, 50));
+  const std::optional<ProcessStat> program = ReadProcessStat(std::stoi(match[1]));
+  ASSERT_TRUE(program.has_value());
+  ASSERT_EQ(kill(program->parent, SIGKILL), 0);
+  // The standby takes the place with the command started anew (its imports done by its zygote).
+  ASSERT_TRUE(PollUntil([&] { return run.Log(standby).find("] up 2") != std::string::npos; },
+                        kTrainWaitMs, 50))
+      << run.Log(standby);
+  const std::string standby_log = run.Log(standby);
+  EXPECT_NE(standby_log.find("forked from the zygote " + kPython), std::string::npos)
+      << standby_log;
+  EXPECT_EQ(standby_log.find("promoted the warm spare"), std::string::npos) << standby_log;
+  EXPECT_EQ(standby_log.find("ahead of a place", standby_log.find(refused)), std::string::npos)
+      << "forked ahead again after it asked for its rank:\n"
+      << standby_log;
+  const ProcessResult result = run.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+}
+
+// A script that does not import lockstep.elastic is never forked ahead of a place.
+TEST(ExecIntegration, AStandbyForksNoProgramAheadForAScriptWithoutTheElasticHelper) {
+  StandbyExecRun run("exec-ahead-none",
+                     StandbyExecRun::UpScript("import os, sys, time\nimport json\n"));
+  const int standby = run.Standby();
+  ASSERT_GE(standby, 0) << run.Logs();
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        return run.Log(standby).find("the script does not import lockstep.elastic") !=
+               std::string::npos;
+      },
+      kTrainWaitMs, 50))
+      << run.Log(standby);
+  EXPECT_EQ(run.Log(standby).find("ahead of a place"), std::string::npos) << run.Log(standby);
+  const ProcessResult result = run.Finish();
+  EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
+}
+
 struct BadCommandCase {
   std::string name;
   std::string job;  // a DNS label, unique per case

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <set>
 #include <sstream>
 #include <string>
@@ -301,35 +302,42 @@ pid_t ParentOf(pid_t pid) {
 }
 
 // A lost pod, not only a lost process: the agent of a training member is SIGKILLed with its
-// program, spare and zygote. The standby worker, whose agent did the command's imports in a
-// zygote while it waited, takes the place: its program is forked with the imports done, and the
-// job trains on at full size to the end.
-TEST(InPlaceRecovery, AStandbyTakesALostWorkersPlaceWithItsImportsDoneAndTheWorldNeverShrinks) {
+// program, spare and zygote. The standby worker, whose agent forked the command ahead of a place
+// from a zygote while it waited (the script's start-up done, the program waiting in
+// elastic.run()), takes the place with that very process, and the job trains on at full size to
+// the end.
+TEST(InPlaceRecovery, AStandbysProgramWaitsWarmInTheHelperAndTakesALostWorkersPlace) {
   if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
-  // Long enough that the standby's imports (after its join waited kPrepareWhileJoiningMs, 5 s)
-  // are done well before the end on a loaded 2-core machine.
+  // Long enough that the standby's program (forked after its join waited
+  // kPrepareWhileJoiningMs, 5 s, and its zygote's imports) is waiting well before the end on a
+  // loaded 2-core machine.
   InPlaceRun run("in-place-standby", /*standby=*/1, /*steps=*/1500);
   run.Start();
   const std::map<int, pid_t> training = run.WaitForStep(40);
+  static const std::regex ahead("\\(pid (\\d+)\\) ahead of a place");
   int standby = -1;
+  pid_t waiting = 0;
   ASSERT_TRUE(PollUntil(
       [&] {
         for (int i = 0; i < kWorkers + 1 && standby < 0; ++i) {
           const std::string log = run.WorkerLog(i);
-          // The standby: it started no program yet (a training worker whose first join took
-          // 5 s on a loaded machine has a zygote too), and its zygote is ready.
-          if (log.find("the join waits; the command's imports are done meanwhile") !=
-                  std::string::npos &&
-              log.find("ready; preloaded") != std::string::npos &&
-              log.find("started " + kPython) == std::string::npos &&
-              log.find("forked from the zygote " + kPython) == std::string::npos) {
+          std::smatch match;
+          // Not a member of generation 1 (a training worker whose first join took 5 s on a
+          // loaded machine forks ahead too), and its program says hello once it waits in
+          // elastic.run().
+          if (log.find("joined generation 1 ") == std::string::npos &&
+              std::regex_search(log, match, ahead) &&
+              log.find("pid " + match[1].str() + " runs Lockstep's elastic helper") !=
+                  std::string::npos) {
             standby = i;
+            waiting = std::stoi(match[1]);
           }
         }
         return standby >= 0;
       },
       kRunWaitMs, 50))
-      << "no worker stood by with a ready zygote:\n" << run.Logs();
+      << "no standby's program waited in the helper:\n"
+      << run.Logs();
   const pid_t agent = ParentOf(training.at(1));
   ASSERT_GT(agent, 1);
   ASSERT_EQ(kill(agent, SIGKILL), 0);
@@ -338,11 +346,15 @@ TEST(InPlaceRecovery, AStandbyTakesALostWorkersPlaceWithItsImportsDoneAndTheWorl
   // trainer counts one): what is exact is one re-formation, with the standby.
   ExpectFinishedExactly(run, result, /*restarts=*/-1);
   EXPECT_EQ(run.Summary()["generations"], 2) << run.Summary().dump();
+  bool waiting_trained = false;
   for (const StepLine& line : ReadTimeline(run.timeline())) {
     ASSERT_EQ(line.world, kWorkers) << "step " << line.step << " trained by a smaller world";
+    waiting_trained = waiting_trained || line.pid == waiting;
   }
-  EXPECT_NE(run.WorkerLog(standby).find("forked from the zygote " + kPython), std::string::npos)
-      << "the standby's program was not forked with its imports done:\n"
+  EXPECT_TRUE(waiting_trained) << "the program that waited (pid " << waiting << ") never trained";
+  EXPECT_NE(
+      run.WorkerLog(standby).find("gen=2] promoted the warm spare (pid " + std::to_string(waiting)),
+      std::string::npos)
       << run.WorkerLog(standby);
   ExpectNoProcessLeft("in-place-standby");
 }

@@ -98,5 +98,26 @@ TEST(ExecEnvironment, KeepsAUsersPythonUnbuffered) {
   EXPECT_EQ(env["PYTHONUNBUFFERED"], "0");
 }
 
+TEST(ExecEnvironment, AProgramStartedAheadOfAPlaceHasTheJobsVariablesButNoIdentity) {
+  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl", "/opt/lockstep/python"};
+  auto env = AsMap(BuildAwaitingEnvironment(
+      {"PATH=/usr/bin", "RANK=99", "MASTER_ADDR=stale", "LOCKSTEP_JOB_TOKEN=secret"}, extras));
+  EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "default/ddp");
+  EXPECT_EQ(env["TORCHELASTIC_MAX_RESTARTS"], "6");
+  EXPECT_EQ(env["LOCKSTEP_PROGRESS_FILE"], "/tmp/x/progress.jsonl");
+  EXPECT_EQ(env["PYTHONPATH"], "/opt/lockstep/python");
+  EXPECT_EQ(env["PATH"], "/usr/bin");
+  EXPECT_EQ(env.count("LOCKSTEP_JOB_TOKEN"), 0u);
+  // Every variable the assignment sets is withheld (an inherited one too) and named.
+  std::string named = env[kAwaitIdentityEnv];
+  for (const auto& [name, value] : IdentityVariables(Assign(0, {"h"}), Plan())) {
+    EXPECT_EQ(env.count(name), 0u) << name << " is set before the place";
+    EXPECT_NE(("," + named + ",").find("," + name + ","), std::string::npos)
+        << name << " is not named in " << named;
+  }
+  EXPECT_NE(named.find("RANK"), std::string::npos);
+  EXPECT_NE(named.find("MASTER_ADDR"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace lockstep::agent

@@ -114,5 +114,15 @@ TEST(HelperMessage, UnknownTypesAndNonObjectsAreRefused) {
   EXPECT_TRUE(ParseHelperMessage("{\"type\":\"hello\"}").ok());
 }
 
+TEST(HelperMessage, AProgramThatAskedForItsRankTooEarlySaysWhichVariable) {
+  StatusOr<HelperMessage> message =
+      ParseHelperMessage("{\"type\":\"awaiting\",\"variable\":\"RANK\"}");
+  ASSERT_TRUE(message.ok()) << message.status();
+  EXPECT_EQ(message->type, HelperMessage::Type::kAwaiting);
+  EXPECT_EQ(message->variable, "RANK");
+  EXPECT_FALSE(ParseHelperMessage("{\"type\":\"awaiting\"}").ok());
+  EXPECT_FALSE(ParseHelperMessage("{\"type\":\"awaiting\",\"variable\":7}").ok());
+}
+
 }  // namespace
 }  // namespace lockstep::agent
