@@ -1,7 +1,7 @@
 // `lockstep-worker ps`: one parameter server of a job as a process (ShardServer, ps_server.h),
 // serving until SIGTERM or SIGINT.
 //
-//   LOCKSTEP_JOB_TOKEN=... lockstep-worker ps --job default/ctr --shard 0 --shards 2 \
+//   LOCKSTEP_JOB_TOKEN=... lockstep-worker ps --job default/ctr --shard 0 --shards 2
 //       --listen 0.0.0.0:7470 --table embeddings:1000000:16:0.05 --table dense:40:64:0.05:1:0
 //   LOCKSTEP_JOB_TOKEN=... lockstep-worker ps --manifest ctr.yaml --shard 1
 //
