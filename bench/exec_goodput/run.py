@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Goodput under repeated failures: a random training process SIGKILLed every --kill-every s.
 
-Eight systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
+Nine systems, 4 workers each on this machine, each run twice with the same steps: undisturbed,
 then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per failure =
 (disturbed - undisturbed) / kills.
 
@@ -22,7 +22,11 @@ then disturbed. goodput = undisturbed wall time / disturbed wall time; lost per 
                  spare and zygote go with it); `lockstep run` starts the worker again, and the
                  fixed-size job waits for it.
   exec-pod-lost-standby  the same with `elastic: {standby: 1}`: a fifth worker waits with its
-                 imports done and takes the lost one's place; the restarted one stands by.
+                 program forked ahead (imports and start-up done, waiting in elastic.run())
+                 and takes the lost one's place; the restarted one stands by.
+  exec-pod-lost-standby-cold  the same with the standby's program started only when the place
+                 comes (LOCKSTEP_EXEC_PROGRAM_AHEAD=0): its imports done by its zygote, its
+                 start-up (data, model) on the recovery's critical path.
   torchrun       the same script (without --in-place) under torchrun (`python3 -m
                  torch.distributed.run`: c10d, --nproc_per_node=4, restart-all).
 
@@ -59,7 +63,8 @@ WORKERS = 4
 
 
 def script_args(work, args, in_place):
-    return [SCRIPT, "--synthetic", "--hidden", "128", "--batch-size", "64",
+    data = ["--data-dir", args.fashion] if args.script_data == "fashion" else ["--synthetic"]
+    return [SCRIPT] + data + ["--hidden", "128", "--batch-size", "64",
             "--steps", str(args.ddp_steps), "--step-delay", str(args.step_delay),
             "--checkpoint", os.path.join(work, "ckpt.pt"), "--checkpoint-every", "20",
             "--timeline", os.path.join(work, "timeline.jsonl")] + (["--in-place"] if in_place else [])
@@ -77,7 +82,8 @@ def start(system, work, args, marker):
     env = dict(os.environ, BENCH_MARKER=marker, OMP_NUM_THREADS="1",
                LOCKSTEP_EXEC_BACKOFF_MS="0",
                LOCKSTEP_EXEC_SPARE_IDLE="1" if system == "exec-in-place-idle-spare" else "0",
-               LOCKSTEP_EXEC_ZYGOTE="0" if system == "exec-in-place-no-zygote" else "1")
+               LOCKSTEP_EXEC_ZYGOTE="0" if system == "exec-in-place-no-zygote" else "1",
+               LOCKSTEP_EXEC_PROGRAM_AHEAD="0" if system.endswith("-cold") else "1")
     log = open(os.path.join(work, "run.out"), "w")
     if system == "torchrun":
         argv = [args.python, "-m", "torch.distributed.run", "--nnodes=1", f"--nproc_per_node={WORKERS}",
@@ -100,7 +106,8 @@ def start(system, work, args, marker):
         else:
             in_place = system.startswith("exec-in-place") or system.startswith("exec-pod-lost")
             command = json.dumps([args.python] + script_args(work, args, in_place))
-            standby = "  elastic: {standby: 1}\n" if system == "exec-pod-lost-standby" else ""
+            standby = ("  elastic: {standby: 1}\n" if system.startswith("exec-pod-lost-standby")
+                       else "")
             write_manifest(manifest, name, f"  command: {command}\n{standby}")
         argv = [os.path.join(args.build, "bin", "lockstep"), "run", manifest, "--log-dir",
                 os.path.join(work, "logs"), "--console", "none"]
@@ -272,6 +279,9 @@ def main():
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--python", default="/usr/bin/python3",
                    help="the interpreter of the PyTorch programs (and of torchrun)")
+    p.add_argument("--script-data", choices=["synthetic", "fashion"], default="synthetic",
+                   help="the script's data: its synthetic set, or Fashion-MNIST decoded at start-up "
+                        "(a longer start-up, as a real data set gives)")
     p.add_argument("--fashion", default="/usr/share/datasets/fashion-mnist",
                    help="the folder of the Fashion-MNIST files (the trainer system)")
     args = p.parse_args()
