@@ -22,7 +22,7 @@ inherit what the guard withholds) from any thread
     when the place comes, and stops forking it ahead.
 
 Not guarded: reads through the C library (getenv in an extension module) and processes started
-with subprocess or posix_spawn, which see the variables unset. The agent forks ahead only a
+with subprocess (without preexec_fn) or posix_spawn, which see the variables unset. The agent forks ahead only a
 script whose own text imports lockstep.elastic (zygote.py tells it), and gives up on forking
 ahead once a program ended before reaching run(). The CUDA device variables are the pod's, not
 the generation's, and are set from the start. A process that never gets a place is ended with its
@@ -37,7 +37,7 @@ AWAIT = "LOCKSTEP_AWAIT_IDENTITY"
 _cond = threading.Condition(threading.RLock())
 _pending = frozenset()  # the awaited names, encoded as os.environ keeps them (bytes)
 _fd = -1  # the helper channel
-_helper = False  # lockstep.elastic owns the channel: a read waits for its assignment
+_helper = None  # the thread of lockstep.elastic.run(): a read waits for the assignment it applies
 _gone = False  # ... and the channel closed
 
 
@@ -110,8 +110,11 @@ def resolve(what):
     with _cond:
         if not _pending:
             return
-        if not _helper:
+        if _helper is None:
             _refuse(what)
+        if _helper == threading.get_ident():  # it would wait for itself
+            raise RuntimeError(f"lockstep: {what} read in elastic.run()'s thread before it has "
+                               "its place (a signal handler or finalizer reading the rank?)")
         while _pending and not _gone:
             _cond.wait()
         if _pending:  # the agent ended without giving this process a place
@@ -119,10 +122,11 @@ def resolve(what):
 
 
 def helper_started():
-    """lockstep.elastic owns the channel: from now on a read waits for the assignment it gets."""
+    """lockstep.elastic owns the channel, from this thread: from now on a read in another thread
+    waits for the assignment this one applies."""
     global _helper
     with _cond:
-        _helper = True
+        _helper = threading.get_ident()
 
 
 def helper_gone():
@@ -138,8 +142,12 @@ def apply(env):
     global _pending
     with _cond:
         # The values first, then the guard down: a thread that finds nothing awaited finds them.
+        guarded = type(os.environ) is _Awaiting
         for name, value in env.items():
-            os._Environ.__setitem__(os.environ, str(name), str(value))
+            if guarded:
+                os._Environ.__setitem__(os.environ, str(name), str(value))
+            else:  # not forked ahead (or a library's own mapping): as any assignment
+                os.environ[str(name)] = str(value)
         _pending = frozenset()
         for environ in (os.environ, os.environb):
             if type(environ) is _Awaiting:

@@ -25,7 +25,8 @@ normally.
 
 A process the agent forks before its worker has a place (a standby's program: the variable
 LOCKSTEP_AWAIT_IDENTITY in its environment names what the place will set) runs the script's
-start-up at once and waits where the script first reads its rank (lockstep/identity.py).
+start-up at once; it may take a place only by waiting in lockstep.elastic.run(), and a read of
+its rank before that stops it (lockstep/identity.py).
 
 Each spare is the agent's child, like a process it started itself: the zygote forks twice, the
 middle process exits at once, and the spare is reparented to the agent (a child subreaper); the
@@ -173,7 +174,7 @@ def become_spare(env, fds, agent_pid, name):
         os._exit(127)
     set_process_name(name)
     env[AGENT_FD.encode()] = str(channel_fd).encode()  # a number free here, unlike the agent's
-    # A process forked before it has a rank (a standby's) waits for it where it first reads it.
+    # A process forked before it has a place (a standby's): its rank is guarded until it has one.
     awaited = env.pop(AWAIT_IDENTITY.encode(), b"")
     os.environb.clear()
     os.environb.update(env)

@@ -114,9 +114,22 @@ class ProgramAheadOfItsPlaceTest(unittest.TestCase):
             print("rank", seen[0], os.environ["MASTER_ADDR"], identity.awaiting(),
                   type(os.environ).__name__, flush=True)
             """)
-        self.assertIn("waiting True", program.read_until("waiting"))
+        program.read_until("waiting True")
         program.agent.sendall(assignment(RANK="3", MASTER_ADDR="10.0.0.1"))
         self.assertIn("rank 3 10.0.0.1 False _Environ", program.read_until("_Environ"))
+        self.assertEqual(program.end()[0], 0)
+
+    def test_the_helpers_own_thread_reading_its_rank_early_is_an_error_not_a_hang(self):
+        program = ProgramAheadOfItsPlace("""
+            from lockstep import elastic
+            agent = elastic._Agent(int(os.environ["LOCKSTEP_AGENT_FD"]))
+            try:
+                os.environ["RANK"]
+            except RuntimeError as error:
+                print("refused:", error, flush=True)
+            """)
+        self.assertIn("refused: lockstep: RANK read in elastic.run()'s thread",
+                      program.read_until("?)"))
         self.assertEqual(program.end()[0], 0)
 
     def test_forking_before_the_helper_counts_as_asking(self):
@@ -136,12 +149,14 @@ class ProgramAheadOfItsPlaceTest(unittest.TestCase):
         program = ProgramAheadOfItsPlace("""
             from lockstep import elastic
             agent = elastic._Agent(int(os.environ["LOCKSTEP_AGENT_FD"]))
+            reader = threading.Thread(target=lambda: print(os.environ["RANK"]))
+            reader.start()
             print("waiting", flush=True)
-            print(os.environ["RANK"])
+            reader.join()
             """)
         program.read_until("waiting")
         status, rest = program.end()
-        self.assertEqual((status, rest), (0, ""))
+        self.assertEqual((status, rest.strip()), (0, ""))
 
 
 if __name__ == "__main__":

@@ -77,9 +77,9 @@ struct ExecAgentOptions {
   // standby's), from a zygote that did the command's imports once (LOCKSTEP_EXEC_ZYGOTE, default
   // 1; zygote.h): a replaced spare costs milliseconds of CPU, not the seconds of `import torch`.
   bool zygote = true;
-  // With the zygote: a member whose join waits (a standby) forks its command ahead of a place,
-  // and the program runs its start-up up to where it first reads its rank
-  // (LOCKSTEP_EXEC_PROGRAM_AHEAD, default 1; python/lockstep/identity.py).
+  // With the zygote: a member whose join waits (a standby) forks a script that imports
+  // lockstep.elastic ahead of a place; it runs its start-up and takes the place if it waits in
+  // elastic.run() (LOCKSTEP_EXEC_PROGRAM_AHEAD, default 1; python/lockstep/identity.py).
   bool program_ahead = true;
   // Appended to the command's PYTHONPATH: the pure-Python helpers installed with the worker
   // (FindPythonHelpers); empty: none found.

@@ -41,6 +41,9 @@ inline constexpr unsigned char kWakeJoinDone = 0xF1;
 // command's imports done meanwhile in a zygote (PrepareWhileJoining). Shorter than that, the
 // imports would only compete with the program's own start.
 inline constexpr int64_t kPrepareWhileJoiningMs = 5000;
+// A program forked ahead of a place that has not reached lockstep.elastic's run() by then is
+// ended (and not forked ahead again): a start-up does not run this long.
+inline constexpr int64_t kAheadHelloMs = 120000;
 // Non-rank-0 agents poll for the plan in slices this long, checking for the generation's end.
 inline constexpr int64_t kPlanPollSliceMs = 500;
 // How long rank 0 waits for the first failure's details (written right after its counter).
@@ -208,6 +211,7 @@ class ExecAgent {
   bool zygote_tried_ = false;                  // started once; not again after it failed
   bool ahead_refused_ = false;      // the command cannot wait ahead of a place: not again
   bool started_a_program_ = false;  // this member started (or promoted) its command once
+  double ahead_forked_at_ = 0;      // MonotonicSeconds of the fork ahead of a place
 };
 
 }  // namespace lockstep::agent::exec_agent_internal

@@ -113,7 +113,8 @@ std::vector<std::pair<std::string, std::string>> JobVariables(const ExecEnvironm
   return variables;
 }
 
-// `inherited` without LOCKSTEP_JOB_TOKEN and the names in `withheld`, then `variables`.
+// `inherited` without LOCKSTEP_JOB_TOKEN, kAwaitIdentityEnv and the names in `withheld`, then
+// `variables`.
 std::vector<std::string> BuildEnvironment(
     const std::vector<std::string>& inherited,
     const std::vector<std::pair<std::string, std::string>>& variables,
@@ -125,7 +126,10 @@ std::vector<std::string> BuildEnvironment(
   std::string python_path;
   for (const std::string& entry : inherited) {
     const std::string name = entry.substr(0, entry.find('='));
-    if (name == "LOCKSTEP_JOB_TOKEN" || replaced.count(name) != 0) continue;
+    // An inherited kAwaitIdentityEnv would guard a program that is not forked ahead.
+    if (name == "LOCKSTEP_JOB_TOKEN" || name == kAwaitIdentityEnv || replaced.count(name) != 0) {
+      continue;
+    }
     if (name == "PYTHONUNBUFFERED") python_unbuffered = true;
     if (name == "PYTHONPATH") {
       if (name.size() < entry.size()) python_path = entry.substr(name.size() + 1);

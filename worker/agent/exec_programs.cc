@@ -83,6 +83,9 @@ void ExecAgent::ReapDeadSpare() {
       // It ended before it had a place: whatever it is, it does not wait in the helper.
       LOCKSTEP_LOG(WARNING) << "the command forked ahead (pid " << spare_->process().pid()
                             << ") ended before it had a place: " << exit->Describe()
+                            << (spare_->awaited_variable().empty()
+                                    ? std::string()
+                                    : " (it had read " + spare_->awaited_variable() + ")")
                             << "; this member's command starts when it has one";
       spare_.reset();
       ahead_refused_ = true;
@@ -181,6 +184,11 @@ void ExecAgent::StartProgramAhead() {
     if (!spare_->awaited_variable().empty()) {
       RefuseProgramAhead("read " + spare_->awaited_variable() +
                          " before it reached lockstep.elastic's run()");
+    } else if (!spare_->said_hello() &&
+               MonotonicSeconds() - ahead_forked_at_ > kAheadHelloMs / 1000.0) {
+      // What runs this long without a place and without asking for one is no start-up.
+      RefuseProgramAhead("did not reach lockstep.elastic's run() within " +
+                         std::to_string(kAheadHelloMs / 1000) + " s");
     }
     return;
   }
@@ -201,6 +209,7 @@ void ExecAgent::StartProgramAhead() {
   spare_ = ForkFromZygote(options);
   if (!spare_) return;
   spare_->set_ahead_of_place();
+  ahead_forked_at_ = MonotonicSeconds();
   LOCKSTEP_LOG(INFO) << "forked " << options_.command[0] << " (pid " << spare_->process().pid()
                      << ") ahead of a place: its start-up runs while the join waits";
 }

@@ -119,19 +119,19 @@ class InPlaceRun {
     return training;
   }
 
-  // The job's warm spares now: processes of this job started as spares that never trained (not
-  // the zygotes they are forked from, which have the spares' environment).
+  // The job's warm spares now: the live processes the agents' logs say they started or forked
+  // as warm spares, which never trained. (Not read from /proc/<pid>/environ: a forked process
+  // shows its zygote's there.)
   std::vector<pid_t> Spares() const {
     std::set<pid_t> trained;
     for (const StepLine& line : ReadTimeline(timeline())) trained.insert(line.pid);
-    const std::vector<pid_t> of_job = FindProcessesWithEnv("LOCKSTEP_JOB", "default/" + name_);
+    static const std::regex spare("(?:started|forked) a warm spare \\(pid (\\d+)\\)");
+    const std::string logs = Logs();
     std::vector<pid_t> spares;
-    for (pid_t pid : FindProcessesWithEnv("LOCKSTEP_WARM_SPARE", "1")) {
-      if (trained.count(pid) == 0 &&
-          std::find(of_job.begin(), of_job.end(), pid) != of_job.end() &&
-          ReadFile("/proc/" + std::to_string(pid) + "/comm") != "lockstep-zygote\n") {
-        spares.push_back(pid);
-      }
+    for (auto it = std::sregex_iterator(logs.begin(), logs.end(), spare);
+         it != std::sregex_iterator(); ++it) {
+      const pid_t pid = std::stoi((*it)[1]);
+      if (trained.count(pid) == 0 && kill(pid, 0) == 0) spares.push_back(pid);
     }
     return spares;
   }

@@ -38,7 +38,7 @@ GenerationPlan Plan() {
 }
 
 TEST(ExecEnvironment, SetsWhatTorchEnvInitNeeds) {
-  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl", "/opt/lockstep/python"};
+  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl", "/opt/lockstep/python", ""};
   auto env =
       AsMap(BuildExecEnvironment({"PATH=/usr/bin", "RANK=99"},
                                  Assign(2, {"10.0.0.1", "10.0.0.2", "10.0.0.2"}), Plan(), extras));
@@ -99,7 +99,7 @@ TEST(ExecEnvironment, KeepsAUsersPythonUnbuffered) {
 }
 
 TEST(ExecEnvironment, AProgramStartedAheadOfAPlaceHasTheJobsVariablesButNoIdentity) {
-  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl", "/opt/lockstep/python"};
+  ExecEnvironmentExtras extras{"default/ddp", 6, "/tmp/x/progress.jsonl", "/opt/lockstep/python", ""};
   auto env = AsMap(BuildAwaitingEnvironment(
       {"PATH=/usr/bin", "RANK=99", "MASTER_ADDR=stale", "LOCKSTEP_JOB_TOKEN=secret"}, extras));
   EXPECT_EQ(env["TORCHELASTIC_RUN_ID"], "default/ddp");
