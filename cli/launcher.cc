@@ -476,13 +476,15 @@ int32_t Supervisor::running() const {
   return count;
 }
 
-void Supervisor::CancelPendingRestarts() {
-  for (Slot& slot : slots_) slot.restart_pending = false;
+void Supervisor::CancelPendingRestarts(int end) {
+  for (int slot = 0; slot < std::min(end, size()); ++slot) slots_[slot].restart_pending = false;
 }
 
-int32_t Supervisor::pending_restarts() const {
+int32_t Supervisor::pending_restarts(int end) const {
   int32_t count = 0;
-  for (const Slot& slot : slots_) count += slot.restart_pending ? 1 : 0;
+  for (int slot = 0; slot < std::min(end, size()); ++slot) {
+    count += slots_[slot].restart_pending ? 1 : 0;
+  }
   return count;
 }
 

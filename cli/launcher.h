@@ -193,8 +193,9 @@ class Supervisor {
   // arriving during the grace period (a second Ctrl-C) sends SIGKILL at once. Idempotent.
   std::vector<WorkerExit> StopAll();
 
-  // Drops every scheduled restart (the job is completing: a replacement is not needed).
-  void CancelPendingRestarts();
+  // Drops the scheduled restarts of slots [0, end) (the job is completing: a worker's
+  // replacement is not needed; a parameter server's, in a later slot, still is).
+  void CancelPendingRestarts(int end);
 
   // Sends `signal` to one worker's process group (tests use it to simulate failures).
   Status SignalWorker(int slot, int signal);
@@ -205,7 +206,8 @@ class Supervisor {
   Status Replace(int slot);
 
   int32_t running() const;           // slots with a live process
-  int32_t pending_restarts() const;  // slots waiting out a back-off before their replacement
+  // Slots in [0, end) waiting out a back-off before their replacement.
+  int32_t pending_restarts(int end) const;
   int32_t restarts() const { return restarts_; }
   pid_t pid(int slot) const;  // 0 when the slot has no live process
   const WorkerCommand& command(int slot) const { return slots_[slot].command; }

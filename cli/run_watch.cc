@@ -273,7 +273,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
     }
     if (outcome.snapshot.completed_members > 0) completing = true;
     if (completing) {
-      supervisor.CancelPendingRestarts();
+      supervisor.CancelPendingRestarts(workers);
       for (int slot = 0; slot < workers; ++slot) {
         if (finished[slot] || dropped[slot]) continue;
         if (supervisor.pid(slot) == 0) {
@@ -305,7 +305,7 @@ WatchOutcome WatchUntilDone(const spec::TrainingJob& job, const WatchOptions& op
       return outcome;
     }
     // Finished workers count as alive: a job that is completing is not short of members.
-    const int32_t alive = running_workers() + supervisor.pending_restarts() + finished_count;
+    const int32_t alive = running_workers() + supervisor.pending_restarts(workers) + finished_count;
     // A completing job is draining, not short of members: the drain deadline governs it.
     if (alive >= min_alive || completing) {
       below_min_since = -1;

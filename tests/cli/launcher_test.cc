@@ -97,7 +97,9 @@ TEST(SupervisorTest, ReportsEachWorkersExitCode) {
     EXPECT_EQ(event.kind, SupervisorEvent::Kind::kWorkerExited);
     EXPECT_FALSE(event.exit.signaled);
     EXPECT_FALSE(event.restart_scheduled);
-    if (event.exit.member_id == "w-0") EXPECT_TRUE(event.exit.success());
+    if (event.exit.member_id == "w-0") {
+      EXPECT_TRUE(event.exit.success());
+    }
     if (event.exit.member_id == "w-1") {
       EXPECT_EQ(event.exit.exit_code, 3);
       EXPECT_EQ(event.exit.Describe(), "exit code 3");
@@ -216,8 +218,12 @@ TEST(SupervisorTest, StopAllEscalatesToSigkillAfterTheGracePeriod) {
   EXPECT_EQ(supervisor.running(), 0);
   ASSERT_EQ(exits.size(), 2u);
   for (const WorkerExit& exit : exits) {
-    if (exit.member_id == "polite") EXPECT_EQ(exit.ShellStatus(), 143);
-    if (exit.member_id == "stubborn") EXPECT_EQ(exit.ShellStatus(), 128 + SIGKILL);
+    if (exit.member_id == "polite") {
+      EXPECT_EQ(exit.ShellStatus(), 143);
+    }
+    if (exit.member_id == "stubborn") {
+      EXPECT_EQ(exit.ShellStatus(), 128 + SIGKILL);
+    }
   }
   EXPECT_GE(took, 0.3);
   EXPECT_LT(took, 5.0);
@@ -303,6 +309,26 @@ TEST(SupervisorTest, RestartOnFailureReplacesWorkerWithSameMemberIdUpToBackoffLi
   for (const SupervisorEvent& event : events) EXPECT_EQ(event.exit.member_id, "w-0");
   EXPECT_EQ(supervisor.restarts(), 2);
   EXPECT_EQ(ReadFile(dir + "/w-0.log"), "start w-0\nstart w-0\nstart w-0\n");
+}
+
+// `lockstep run` of a parameter-server job: the workers are the first slots, the servers
+// follow. A completing job drops its workers' pending replacements, never a server's, which the
+// workers still training need.
+TEST(SupervisorTest, CancellingTheWorkersPendingRestartsKeepsTheLaterSlots) {
+  const std::string dir = MakeTempDir("supervisor");
+  Supervisor supervisor({}, std::make_unique<RestartOnFailure>(/*backoff_limit=*/5,
+                                                               /*initial_backoff_ms=*/600000,
+                                                               /*max_backoff_ms=*/600000));
+  ASSERT_TRUE(supervisor
+                  .Start({ShellWorker(dir, "worker-0", "exit 1"),
+                          ShellWorker(dir, "ps-0", "exit 1")})
+                  .ok());
+  ASSERT_EQ(CollectEvents(supervisor, 2).size(), 2u);
+  EXPECT_EQ(supervisor.pending_restarts(/*end=*/1), 1);
+  EXPECT_EQ(supervisor.pending_restarts(/*end=*/2), 2);
+  supervisor.CancelPendingRestarts(/*end=*/1);
+  EXPECT_EQ(supervisor.pending_restarts(/*end=*/1), 0);
+  EXPECT_EQ(supervisor.pending_restarts(/*end=*/2), 1) << "the server's replacement was dropped";
 }
 
 TEST(RestartOnFailureTest, BackoffDoublesUpToTheMaximum) {
