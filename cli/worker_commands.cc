@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "common/env.h"
+#include "common/program_path.h"
 #include "common/spec/tf_config.h"
 #include "common/termination_message.h"
 #include "kernels/device.h"
@@ -120,13 +121,9 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
 // name is looked up on PATH (as a shell would); a name not found stays, and its start fails
 // naming it.
 std::string FindProgram(const std::string& name) {
-  if (name.find('/') != std::string::npos) return fs::absolute(name).string();
-  std::stringstream path(EnvString("PATH", "/usr/local/bin:/usr/bin:/bin"));
-  for (std::string dir; std::getline(path, dir, ':');) {
-    const fs::path candidate = fs::path(dir.empty() ? "." : dir) / name;
-    if (access(candidate.c_str(), X_OK) == 0) return fs::absolute(candidate).string();
-  }
-  return name;
+  StatusOr<std::string> program =
+      ResolveProgram(name, EnvString("PATH", "/usr/local/bin:/usr/bin:/bin"));
+  return program.ok() ? fs::absolute(*program).string() : name;  // exec names a missing one
 }
 
 std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob& job,

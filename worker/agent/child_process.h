@@ -163,9 +163,4 @@ int EndDescendants(int64_t timeout_ms, const std::vector<pid_t>& keep = {});
 // until the command ends. Returns how many it reaped. Call it on SIGCHLD.
 int ReapExitedOrphans(const std::vector<pid_t>& keep);
 
-// The program the agent will execute: `name` itself when it holds a '/', else the first entry of
-// `path_env` (colon separated) where it is an executable file; when none is executable, the
-// first where it exists (so exec reports EACCES), else NotFound naming the PATH searched.
-StatusOr<std::string> ResolveProgram(const std::string& name, const std::string& path_env);
-
 }  // namespace lockstep::agent

@@ -10,6 +10,7 @@
 
 #include <fstream>
 
+#include "common/program_path.h"
 #include "common/cpu_priority.h"
 #include "common/deadline.h"
 #include "tests/support/process/process.h"
