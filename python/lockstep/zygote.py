@@ -58,11 +58,12 @@ import sys
 import traceback
 import zipfile
 
+from lockstep import identity
+
 ZYGOTE_FD = "LOCKSTEP_ZYGOTE_FD"
 PRELOAD = "LOCKSTEP_EXEC_PRELOAD"
 DEFAULT_PRELOAD = "torch,torch.distributed,numpy"
 AGENT_FD = "LOCKSTEP_AGENT_FD"
-AWAIT_IDENTITY = "LOCKSTEP_AWAIT_IDENTITY"  # lockstep/identity.py
 
 # Bounds on what one request may carry.
 MAX_REQUEST_BYTES = 1 << 20
@@ -175,11 +176,10 @@ def become_spare(env, fds, agent_pid, name):
     set_process_name(name)
     env[AGENT_FD.encode()] = str(channel_fd).encode()  # a number free here, unlike the agent's
     # A process forked before it has a place (a standby's): its rank is guarded until it has one.
-    awaited = env.pop(AWAIT_IDENTITY.encode(), b"")
+    awaited = env.pop(identity.AWAIT.encode(), b"")
     os.environb.clear()
     os.environb.update(env)
     if awaited:
-        from lockstep import identity
         identity.install(os.fsdecode(awaited).split(","), channel_fd)
     reseed()
     null = os.open(os.devnull, os.O_RDONLY)

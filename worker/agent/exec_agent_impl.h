@@ -146,6 +146,10 @@ class ExecAgent {
   void StartProgramAhead();
   // Ends the program forked ahead (spare_), saying `why`; the command is not forked ahead again.
   void RefuseProgramAhead(const std::string& why);
+  // Absorbs what the program forked ahead (spare_) said, and refuses it if it read one of its
+  // identity's variables before reaching the helper's elastic entry point. True: it did (spare_
+  // is gone).
+  bool RefusedForAskingEarly();
   // At a place: a program forked ahead that is not waiting in the helper's elastic entry point
   // (still in its start-up, or it asked for its rank before) is ended; the command starts anew.
   void DropSpareNotWaitingInHelper();

@@ -180,11 +180,8 @@ void ExecAgent::PrepareWhileJoining() {
 void ExecAgent::StartProgramAhead() {
   ReapDeadSpare();
   if (spare_ && spare_->ahead_of_place()) {
-    spare_->Absorb();
-    if (!spare_->awaited_variable().empty()) {
-      RefuseProgramAhead("read " + spare_->awaited_variable() +
-                         " before it reached lockstep.elastic's run()");
-    } else if (!spare_->said_hello() &&
+    if (RefusedForAskingEarly()) return;
+    if (!spare_->said_hello() &&
                MonotonicSeconds() - ahead_forked_at_ > kAheadHelloMs / 1000.0) {
       // What runs this long without a place and without asking for one is no start-up.
       RefuseProgramAhead("did not reach lockstep.elastic's run() within " +
@@ -212,6 +209,14 @@ void ExecAgent::StartProgramAhead() {
   ahead_forked_at_ = MonotonicSeconds();
   LOCKSTEP_LOG(INFO) << "forked " << options_.command[0] << " (pid " << spare_->process().pid()
                      << ") ahead of a place: its start-up runs while the join waits";
+}
+
+bool ExecAgent::RefusedForAskingEarly() {
+  spare_->Absorb();
+  if (spare_->awaited_variable().empty()) return false;
+  RefuseProgramAhead("read " + spare_->awaited_variable() +
+                     " before it reached lockstep.elastic's run()");
+  return true;
 }
 
 void ExecAgent::RefuseProgramAhead(const std::string& why) {
@@ -320,13 +325,7 @@ Status ExecAgent::StartOrAssign(const rendezvous::Assignment& a, const Generatio
 }
 
 void ExecAgent::DropSpareNotWaitingInHelper() {
-  if (!spare_ || !spare_->ahead_of_place()) return;
-  spare_->Absorb();
-  if (!spare_->awaited_variable().empty()) {
-    RefuseProgramAhead("read " + spare_->awaited_variable() +
-                       " before it reached lockstep.elastic's run()");
-    return;
-  }
+  if (!spare_ || !spare_->ahead_of_place() || RefusedForAskingEarly()) return;
   if (spare_->said_hello() && spare_->recoverable()) return;
   // Still in its start-up: what it did so far (a checkpoint it read, perhaps long ago) nothing
   // would reconcile.
