@@ -88,42 +88,10 @@ usage() {
   sed -n '2,8p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'
 }
 
-# Library classes, by the name a program needs the library by.
-is_glibc() {  # the C library's own parts: every Linux machine has them, matching its own loader
-  case $1 in
-    libc.so.* | libm.so.* | libdl.so.* | libpthread.so.* | librt.so.* | ld-linux*.so.* | \
-      libresolv.so.* | libutil.so.* | libanl.so.* | libmvec.so.* | linux-vdso.so.*) return 0 ;;
-  esac
-  return 1
-}
-is_cuda() {  # must match the GPU machine's driver: taken from that machine, never bundled
-  case $1 in
-    libcuda.so.* | libcudart.so.* | libcublas.so.* | libcublasLt.so.* | libnccl.so.* | \
-      libnvidia-*) return 0 ;;
-  esac
-  return 1
-}
-is_gcc_runtime() {
-  case $1 in
-    libstdc++.so.* | libgcc_s.so.*) return 0 ;;
-  esac
-  return 1
-}
-
-# "name path" for each library the loader resolves for $1 in this environment ("name not-found"
-# when it does not); the loader's own line and the vDSO are left out.
-resolved_libraries() {
-  ldd "$1" | awk '$2 == "=>" { print $1, ($3 == "not" ? "not-found" : $3) }'
-}
-
-# The newest GLIBC_2.x symbol version that the ELF files $@ need, as "2.x".
-newest_glibc_version_needed() {
-  local file
-  for file in "$@"; do
-    readelf -V -W "$file" 2>/dev/null | sed -n '/Version needs/,$p' |
-      grep -oE 'GLIBC_2\.[0-9]+' || true
-  done | sed 's/^GLIBC_//' | sort -uV | tail -n 1
-}
+# is_glibc, is_cuda, is_gcc_runtime, resolved_libraries, program_interpreter and
+# newest_glibc_version_needed: shared with the exec agent's bundle (scripts/bundle/agent.sh).
+# shellcheck source=bundle/libraries.sh
+source "$root/scripts/bundle/libraries.sh"
 
 # Checks an archive with the loader (see the header). Prints what it checked; returns 1 and names
 # every problem when there is one.
@@ -140,7 +108,7 @@ check_archive() {
   local cuda_dirs
   cuda_dirs=$(sed -n 's/^build_cuda_dirs=//p' "$unpacked/BUNDLE-INFO")
   local loader
-  loader=$(readelf -l "$unpacked/bin/lockstep" | sed -n 's/.*program interpreter: \(.*\)]$/\1/p')
+  loader=$(program_interpreter "$unpacked/bin/lockstep")
   [[ -x $loader ]] || die "the loader $loader named by bin/lockstep is not on this machine"
 
   local problems=() program pass library_path line name path

@@ -239,26 +239,6 @@ int Train(const std::string& manifest_path) {
   return kExitOk;
 }
 
-// The manifest's --manifest argument (before any "--"), or "" for LOCKSTEP_SPEC.
-std::string ManifestArgument(const std::vector<std::string>& args) {
-  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
-    if (args[i] == "--manifest" && i + 1 < args.size()) return args[i + 1];
-    if (args[i].rfind("--manifest=", 0) == 0) return args[i].substr(11);
-  }
-  return "";
-}
-
-// spec.ranksPerWorker when this process is a worker pod of several ranks, which it then
-// supervises (worker/agent/pod_supervisor.h); 1 when it is a rank (LOCKSTEP_LOCAL_RANK is set),
-// when the pod runs one rank, and when the manifest cannot be read (the rank reports why).
-int32_t RanksToSupervise(const std::vector<std::string>& args) {
-  if (!EnvString("LOCKSTEP_LOCAL_RANK", "").empty()) return 1;
-  const std::string path = ManifestArgument(args);
-  if (path.empty() && EnvString("LOCKSTEP_SPEC", "").empty()) return 1;
-  StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFileOrEnv(path);
-  return job.ok() ? job->spec.ranks_per_worker : 1;
-}
-
 }  // namespace
 }  // namespace lockstep
 
@@ -270,7 +250,7 @@ int main(int argc, char** argv) {
   const std::string command = argv[1];
   if (command == "exec" || command == "train") {
     const std::vector<std::string> args(argv + 1, argv + argc);
-    const int32_t ranks = lockstep::RanksToSupervise(args);
+    const int32_t ranks = lockstep::agent::RanksToSupervise(args);
     if (ranks > 1) {
       std::vector<std::string> rank_argv = {"/proc/self/exe"};
       rank_argv.insert(rank_argv.end(), args.begin(), args.end());

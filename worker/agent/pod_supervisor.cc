@@ -8,7 +8,9 @@
 #include <thread>
 
 #include "common/deadline.h"
+#include "common/env.h"
 #include "common/logging.h"
+#include "common/spec/training_job.h"
 #include "worker/agent/child_process.h"
 #include "worker/agent/wake_pipe.h"
 
@@ -120,6 +122,27 @@ int RunPod(const std::vector<std::string>& argv, int32_t ranks, const PodOptions
     }
     if (succeeded == ranks) return 0;
   }
+}
+
+namespace {
+
+// The manifest's --manifest argument (before any "--"), or "" for LOCKSTEP_SPEC.
+std::string ManifestArgument(const std::vector<std::string>& args) {
+  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
+    if (args[i] == "--manifest" && i + 1 < args.size()) return args[i + 1];
+    if (args[i].rfind("--manifest=", 0) == 0) return args[i].substr(11);
+  }
+  return "";
+}
+
+}  // namespace
+
+int32_t RanksToSupervise(const std::vector<std::string>& args) {
+  if (!EnvString("LOCKSTEP_LOCAL_RANK", "").empty()) return 1;
+  const std::string path = ManifestArgument(args);
+  if (path.empty() && EnvString("LOCKSTEP_SPEC", "").empty()) return 1;
+  StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFileOrEnv(path);
+  return job.ok() ? job->spec.ranks_per_worker : 1;
 }
 
 }  // namespace lockstep::agent

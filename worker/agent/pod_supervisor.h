@@ -42,6 +42,13 @@ struct PodOptions {
 // process's work.
 int RunPod(const std::vector<std::string>& argv, int32_t ranks, const PodOptions& options);
 
+// spec.ranksPerWorker when this process is a worker pod of several ranks, which it then
+// supervises (RunPod); 1 when it is a rank itself (LOCKSTEP_LOCAL_RANK is set), when the pod runs
+// one rank, and when the manifest cannot be read (the rank reports why). `args`: the worker's
+// arguments from its command on ("train --manifest FILE", "exec -- python3 ..."); the manifest is
+// --manifest's, else LOCKSTEP_SPEC.
+int32_t RanksToSupervise(const std::vector<std::string>& args);
+
 // The environment of local rank `local_rank` of `ranks`: `inherited` (NAME=value entries) with
 // LOCKSTEP_LOCAL_RANK and LOCKSTEP_LOCAL_WORLD_SIZE set.
 std::vector<std::string> RankEnvironment(const std::vector<std::string>& inherited,
