@@ -16,4 +16,10 @@ namespace lockstep {
 // searched.
 StatusOr<std::string> ResolveProgram(const std::string& name, const std::string& path_env);
 
+// Why exec of the existing file `path` failed with ENOENT, when the file itself is there: the
+// interpreter its "#!" line names, or the loader its ELF header names (PT_INTERP), is missing
+// from this filesystem (a script for a shell an image lacks, a glibc program in a musl image).
+// "" when neither is the cause or the file cannot be read. Reads at most 4 KiB of the file.
+std::string MissingInterpreter(const std::string& path);
+
 }  // namespace lockstep

@@ -13,8 +13,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <vector>
 #include <thread>
+#include <vector>
 
 #include "common/cpu_priority.h"
 #include "common/deadline.h"
@@ -180,7 +180,15 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
     const std::string shown = program_path.empty() ? options.argv[0] : program_path;
     std::string reason = "cannot execute " + shown + ": " + std::strerror(exec_errno) + " (errno " +
                          std::to_string(exec_errno) + ")";
-    if (!program.ok()) reason = program.status().message();
+    if (!program.ok()) {
+      reason = program.status().message();
+    } else if (exec_errno == ENOENT) {
+      // The file is there: what it needs to run is not (an image without that shell or loader).
+      if (const std::string missing = MissingInterpreter(program_path); !missing.empty()) {
+        reason = "cannot execute " + shown + ": the interpreter it names, " + missing +
+                 ", is not in this filesystem (an image without it?)";
+      }
+    }
     if (child->exit_) {
       child->exit_->start_error = reason;
     } else {
@@ -195,8 +203,8 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
   return child;
 }
 
-StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Adopt(pid_t pid, int stdout_fd,
-                                                           int stderr_fd, const Options& options) {
+StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Adopt(pid_t pid, int stdout_fd, int stderr_fd,
+                                                            const Options& options) {
   siginfo_t info{};
   if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
     const int error = errno;
@@ -259,6 +267,11 @@ void ChildProcess::StartRelay(int fd, int target_fd) {
       }
       out += line + "\n";
       WriteAll(target_fd, out.data(), out.size());
+      if (target_fd == STDERR_FILENO && line.find_first_not_of(" \t\r") != std::string::npos) {
+        std::lock_guard<std::mutex> lock(tail_mu_);
+        error_tail_.push_back(line.substr(0, kErrorTailLineBytes));
+        if (error_tail_.size() > kErrorTailLines) error_tail_.pop_front();
+      }
     };
     while (true) {
       struct pollfd readable {
@@ -336,6 +349,8 @@ std::optional<ChildExit> ChildProcess::TryReap() {
   if (got != pid_) return std::nullopt;
   exit_ = FromWaitStatus(status);
   JoinRelays(kRelayDrainMs);
+  std::lock_guard<std::mutex> lock(tail_mu_);
+  exit_->last_error_lines.assign(error_tail_.begin(), error_tail_.end());
   return exit_;
 }
 

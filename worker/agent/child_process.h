@@ -24,6 +24,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -36,6 +37,10 @@
 
 namespace lockstep::agent {
 
+// How much of a program's stderr its exit keeps (ChildExit::last_error_lines).
+inline constexpr size_t kErrorTailLines = 8;
+inline constexpr size_t kErrorTailLineBytes = 240;
+
 // How the program ended.
 struct ChildExit {
   bool signaled = false;  // true: killed by `signal`; false: exited with `exit_code`
@@ -46,6 +51,9 @@ struct ChildExit {
   std::string start_error;
   // The agent stopped it (generation ended, agent signalled): not the program's own failure.
   bool stopped_by_agent = false;
+  // The last lines it wrote to stderr (at most kErrorTailLines, each cut to kErrorTailLineBytes),
+  // oldest first: a Python traceback's end, which says why it failed where the exit code cannot.
+  std::vector<std::string> last_error_lines;
 
   bool success() const { return !signaled && exit_code == 0; }
   // The shell's convention: the exit code, or 128 + the signal.
@@ -137,6 +145,8 @@ class ChildProcess {
   std::optional<ChildExit> exit_;
   std::mutex prefix_mu_;
   std::string output_prefix_;  // guarded by prefix_mu_
+  std::mutex tail_mu_;
+  std::deque<std::string> error_tail_;  // guarded by tail_mu_: stderr's last lines
   std::atomic<bool> stop_relays_{false};
   std::vector<std::thread> relays_;
   std::vector<std::shared_ptr<std::atomic<bool>>> relay_done_;

@@ -20,9 +20,9 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
-#include "common/rendezvous/client_environment.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
+#include "common/rendezvous/client_environment.h"
 #include "common/spec/training_job.h"
 #include "common/termination_message.h"
 #include "worker/agent/child_process.h"
@@ -35,6 +35,15 @@
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 
 namespace lockstep::agent {
+
+namespace {
+
+// "lockstep-worker exec: error: " or "lockstep-agent exec: error: ": the program a user sees in
+// the pod's command (program_invocation_short_name is glibc's basename of argv[0]).
+std::string ErrorPrefix() { return std::string(program_invocation_short_name) + " exec: error: "; }
+
+}  // namespace
+
 namespace exec_agent_internal {
 
 // Waits up to timeout_ms for anything on the wake pipe, then drains it.
@@ -98,7 +107,7 @@ int ExecAgent::GiveUp(int status, const std::string& message) {
   StopEveryProgram();
   EndLeftovers();
   LOCKSTEP_LOG(ERROR) << message;
-  std::cerr << "lockstep-worker exec: error: " << message << std::endl;
+  std::cerr << ErrorPrefix() << message << std::endl;
   LeaveAsFailed();
   return status;
 }
@@ -125,7 +134,7 @@ void ExecAgent::RecordOwnFailure(const rendezvous::Assignment& a) {
   ++own_failures_;
   LOCKSTEP_LOG(ERROR) << "command failed: " << last_exit_.Describe();
   if (!last_exit_.start_error.empty()) {
-    std::cerr << "lockstep-worker exec: error: " << last_exit_.start_error << std::endl;
+    std::cerr << ErrorPrefix() << last_exit_.start_error << std::endl;
   }
   FailureRecord failure;
   failure.member_id = options_.client.member_id;
@@ -133,6 +142,7 @@ void ExecAgent::RecordOwnFailure(const rendezvous::Assignment& a) {
   failure.shell_status = last_exit_.ShellStatus();
   failure.description = last_exit_.Describe();
   failure.member_failures = own_failures_;
+  failure.last_lines = last_exit_.last_error_lines;
   std::unique_ptr<rendezvous::KeyValueStore> store = client_->GenerationStore(a.generation);
   if (Status status = RecordFailure(*store, failure, options_.store_timeout_ms); !status.ok()) {
     LOCKSTEP_LOG(WARNING) << "could not record the failure in generation " << a.generation << ": "
@@ -228,7 +238,7 @@ int ExecAgent::Run() {
       FinishStop();
       client_->StopHeartbeat();
       LOCKSTEP_LOG(ERROR) << joined.status();
-      std::cerr << "lockstep-worker exec: error: " << joined.status().message() << std::endl;
+      std::cerr << ErrorPrefix() << joined.status().message() << std::endl;
       return kExitFailure;
     }
     const rendezvous::Assignment a = *joined;
@@ -268,12 +278,11 @@ int ExecAgent::Run() {
     // Safety net under the shared count: a command that failed here more often than the budget
     // allows stops even if failure records went missing (an unreachable store).
     if (own_failures_ > options_.budget.backoff_limit) {
-      return GiveUpForGood(
-          last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
-                    "the command failed " + std::to_string(own_failures_) +
-                        " times on this member (backoffLimit " +
-                        std::to_string(options_.budget.backoff_limit) +
-                        "); last: " + last_exit_.Describe());
+      return GiveUpForGood(last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
+                           "the command failed " + std::to_string(own_failures_) +
+                               " times on this member (backoffLimit " +
+                               std::to_string(options_.budget.backoff_limit) +
+                               "); last: " + last_exit_.Describe());
     }
     if (active_ && active_->process().running() && active_->recoverable()) {
       switch (AwaitLeft(a)) {
@@ -318,8 +327,8 @@ int ExecAgent::Run() {
       }
     }
 
-    if (Status started = StartOrAssign(a, *plan, CommandOptions(a, *plan),
-                                       ExecVariables(a, *plan, Extras()));
+    if (Status started =
+            StartOrAssign(a, *plan, CommandOptions(a, *plan), ExecVariables(a, *plan, Extras()));
         !started.ok()) {
       return GiveUp(kExitFailure, started.ToString());
     }
@@ -376,7 +385,7 @@ int RunExecAgent(const std::vector<std::string>& args) {
   auto fail = [](int code, const std::string& message) {
     std::string line = message;
     std::replace(line.begin(), line.end(), '\n', ';');
-    std::cerr << "lockstep-worker exec: error: " << line << std::endl;
+    std::cerr << ErrorPrefix() << line << std::endl;
     return code;
   };
   StatusOr<ExecAgentOptions> options = ParseExecAgentArgs(args);

@@ -21,6 +21,22 @@ int64_t BackoffMs(const RestartBudget& budget, int32_t restart_count) {
   return std::min(backoff, budget.max_backoff_ms);
 }
 
+namespace {
+
+// "; its last lines: A | B | C": the lines, newest kept when they exceed kQuotedLinesBytes; ""
+// when there are none.
+std::string QuoteLastLines(const std::vector<std::string>& lines) {
+  std::string quoted;
+  for (auto line = lines.rbegin(); line != lines.rend(); ++line) {
+    const std::string part = quoted.empty() ? *line : *line + " | " + quoted;
+    if (part.size() > kQuotedLinesBytes) break;
+    quoted = part;
+  }
+  return quoted.empty() ? "" : "; its last lines: " + quoted;
+}
+
+}  // namespace
+
 GenerationPlan DecideNextGeneration(const RestartBudget& budget, int32_t restarts_before,
                                     const std::optional<FailureRecord>& failure) {
   GenerationPlan plan;
@@ -28,7 +44,8 @@ GenerationPlan DecideNextGeneration(const RestartBudget& budget, int32_t restart
   if (!failure.has_value()) return plan;  // a membership change costs no restart
 
   const std::string last = "last failure: rank " + std::to_string(failure->rank) + " (" +
-                           failure->member_id + "): " + failure->description;
+                           failure->member_id + "): " + failure->description +
+                           QuoteLastLines(failure->last_lines);
   auto give_up = [&](const std::string& why) {
     plan.give_up = true;
     plan.exit_status = failure->shell_status != 0 ? failure->shell_status : 1;
@@ -94,8 +111,9 @@ std::string EncodeFailure(const FailureRecord& failure) {
                         {"rank", failure.rank},
                         {"shell_status", failure.shell_status},
                         {"description", failure.description},
-                        {"member_failures", failure.member_failures}}
-      .dump();
+                        {"member_failures", failure.member_failures},
+                        {"last_lines", failure.last_lines}}
+      .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 StatusOr<FailureRecord> DecodeFailure(const std::string& text) {
@@ -108,6 +126,11 @@ StatusOr<FailureRecord> DecodeFailure(const std::string& text) {
     failure.shell_status = doc.at("shell_status").get<int>();
     failure.description = doc.at("description").get<std::string>();
     failure.member_failures = doc.value("member_failures", 0);
+    // Absent from an older agent's record; anything but strings is left out.
+    const nlohmann::json lines = doc.value("last_lines", nlohmann::json::array());
+    for (const nlohmann::json& line : lines.is_array() ? lines : nlohmann::json::array()) {
+      if (line.is_string()) failure.last_lines.push_back(line.get<std::string>());
+    }
     return failure;
   } catch (const nlohmann::json::exception& e) {
     return InvalidArgumentError(std::string("exec failure: ") + e.what());

@@ -72,7 +72,14 @@ struct FailureRecord {
   // The failures of this member's command so far, this one included; decides the back-off
   // (0: unknown, from an older agent: the job's restart count decides).
   int32_t member_failures = 0;
+  // The command's last lines on stderr (ChildExit::last_error_lines), which the plan's message
+  // quotes: what reaches the job's condition when the agents give up.
+  std::vector<std::string> last_lines;
 };
+
+// The most of a failure's last lines a plan's message quotes: the message ends up in a pod's
+// termination message, of which the operator keeps the first 1 KiB.
+inline constexpr size_t kQuotedLinesBytes = 600;
 
 // Rank 0's decision for a generation, shared through its store.
 struct GenerationPlan {

@@ -10,9 +10,9 @@
 
 #include <fstream>
 
-#include "common/program_path.h"
 #include "common/cpu_priority.h"
 #include "common/deadline.h"
+#include "common/program_path.h"
 #include "tests/support/process/process.h"
 
 namespace lockstep::agent {
@@ -59,6 +59,32 @@ TEST(ChildProcess, NameNotOnPathIsExit127NamingThePath) {
   EXPECT_EQ(exit.ShellStatus(), 127);
   EXPECT_NE(exit.start_error.find("command not found: lockstep-no-such-command"), std::string::npos)
       << exit.start_error;
+}
+
+TEST(ChildProcess, AScriptWhoseShellIsMissingSaysWhichInterpreter) {
+  const std::string path = testing::MakeTempDir("child") + "/train.sh";
+  testing::WriteFile(path, "#!/no/such/bash -e\nexit 0\n");
+  chmod(path.c_str(), 0755);
+  auto child = Start({path});
+  ASSERT_NE(child, nullptr);
+  const ChildExit exit = WaitForExit(*child);
+  EXPECT_EQ(exit.ShellStatus(), 127);
+  EXPECT_EQ(exit.start_error, "cannot execute " + path +
+                                  ": the interpreter it names, /no/such/bash, is not in this "
+                                  "filesystem (an image without it?)");
+}
+
+TEST(ChildProcess, AFailedProgramsLastErrorLinesAreKept) {
+  std::string script = "for i in $(seq 1 20); do echo out $i; echo err $i >&2; done; exit 3";
+  auto child = Start({"/bin/sh", "-c", script});
+  ASSERT_NE(child, nullptr);
+  const ChildExit exit = WaitForExit(*child);
+  EXPECT_EQ(exit.ShellStatus(), 3);
+  std::vector<std::string> expected;
+  for (int i = 20 - static_cast<int>(kErrorTailLines) + 1; i <= 20; ++i) {
+    expected.push_back("err " + std::to_string(i));
+  }
+  EXPECT_EQ(exit.last_error_lines, expected) << "stderr's last lines, not stdout's";
 }
 
 TEST(ChildProcess, NonExecutableFileIsExit126) {
@@ -148,8 +174,8 @@ TEST(ChildProcess, AProgramStartedAtIdlePriorityAndWhatItStartedLeaveItTogether)
   const pid_t program = (*child)->pid();
   EXPECT_EQ(sched_getscheduler(program), SCHED_IDLE);
   std::vector<pid_t> started;
-  ASSERT_TRUE(testing::PollUntil(
-      [&] { return !(started = DescendantsOf(program)).empty(); }, kWaitMs, 10));
+  ASSERT_TRUE(
+      testing::PollUntil([&] { return !(started = DescendantsOf(program)).empty(); }, kWaitMs, 10));
   EXPECT_EQ(sched_getscheduler(started[0]), SCHED_IDLE);  // inherited
 
   ASSERT_TRUE((*child)->LeaveIdlePriority().ok());

@@ -119,6 +119,29 @@ TEST(RestartProtocol, PlanAndFailureRoundTrip) {
   EXPECT_EQ(failure->member_id, "ddp-worker-1");
 }
 
+TEST(RestartProtocol, TheFailedCommandsLastLinesReachTheGiveUpMessageNewestKept) {
+  FailureRecord failure = Failure(2, "exit code 2");
+  failure.last_lines = {"Traceback (most recent call last):", "  File \"/app/train.py\", line 3",
+                        "ModuleNotFoundError: No module named 'torchvision'"};
+  RestartBudget never;
+  never.policy = spec::RestartPolicy::kNever;
+  GenerationPlan plan = DecideNextGeneration(never, 0, failure);
+  EXPECT_EQ(plan.message,
+            "spec.runPolicy.restartPolicy is Never; last failure: rank 1 (ddp-worker-1): exit code "
+            "2; its last lines: Traceback (most recent call last): |   File \"/app/train.py\", "
+            "line 3 | ModuleNotFoundError: No module named 'torchvision'");
+  // Through the store and back.
+  StatusOr<FailureRecord> decoded = DecodeFailure(EncodeFailure(failure));
+  ASSERT_TRUE(decoded.ok()) << decoded.status();
+  EXPECT_EQ(decoded->last_lines, failure.last_lines);
+  // However much it wrote, the message stays within what the operator quotes; the end is kept.
+  failure.last_lines.assign(40, std::string(200, 'x'));
+  failure.last_lines.back() = "ValueError: the last word";
+  plan = DecideNextGeneration(never, 0, failure);
+  EXPECT_LE(plan.message.size(), 200 + kQuotedLinesBytes);
+  EXPECT_EQ(plan.message.substr(plan.message.size() - 25), "ValueError: the last word");
+}
+
 TEST(RestartProtocol, TwoFailuresInOneGenerationCountOnceAndKeepTheFirst) {
   auto store = rendezvous::NewInMemoryStore();
   GenerationPlan plan;
