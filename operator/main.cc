@@ -70,6 +70,7 @@ struct Flags {
   int64_t webhook_ca_check_ms = 10000;
   std::string operator_secret = "lockstep-operator";
   std::string worker_image = "lockstep-worker:0.1";
+  std::string agent_image = "lockstep-agent:0.1";
   int workers = 4;
   int io_threads = 4;
   double qps = 50;
@@ -113,7 +114,10 @@ constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
   --webhook-ca-check-ms MS          how often that caBundle is checked (default 10000)
   --operator-secret NAME            Secret holding the CA and master key (default
                                     lockstep-operator, in the leader election namespace)
-  --worker-image IMAGE              image for jobs without spec.image
+  --worker-image IMAGE              image for jobs that name none (spec.image, or the template's
+                                    worker container's image)
+  --agent-image IMAGE               image whose init container brings the exec agent into a
+                                    command job's own image (the Dockerfile's agent stage)
   --workers N                       concurrent reconciles (default 4)
   --io-threads N                    HTTP client I/O threads (default 4)
   --qps Q --burst B                 API client rate limit (default 50, 100)
@@ -208,6 +212,8 @@ Status ParseFlags(int argc, char** argv, Flags* flags) {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->operator_secret, take());
     } else if (name == "--worker-image") {
       LOCKSTEP_ASSIGN_OR_RETURN(flags->worker_image, take());
+    } else if (name == "--agent-image") {
+      LOCKSTEP_ASSIGN_OR_RETURN(flags->agent_image, take());
     } else if (name == "--workers") {
       LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(1, 256));
       flags->workers = static_cast<int>(v);
@@ -302,8 +308,8 @@ class Operator {
           RendezvousServiceAddress(client_.get(), flags_.leader_election_namespace,
                                    flags_.rendezvous_service, 60000));
       const std::string& ns = flags_.leader_election_namespace;
-      for (const std::string& service : {flags_.rendezvous_service,
-                                         std::string("lockstep-rendezvous")}) {
+      for (const std::string& service :
+           {flags_.rendezvous_service, std::string("lockstep-rendezvous")}) {
         for (const std::string& name : {service + "." + ns, service + "." + ns + ".svc",
                                         service + "." + ns + ".svc.cluster.local"}) {
           service_names.push_back(name);
@@ -323,9 +329,9 @@ class Operator {
     server_options.listen_address =
         flags_.rendezvous_host + ":" + std::to_string(flags_.rendezvous_port);
     if (!flags_.rendezvous_insecure) {
-      LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
-                                IssueRendezvousCertificate(identity_, flags_.rendezvous_address,
-                                                           service_names));
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          tls::KeyPair serving,
+          IssueRendezvousCertificate(identity_, flags_.rendezvous_address, service_names));
       server_options.tls_cert_pem = serving.cert_pem + identity_.ca.cert_pem;
       server_options.tls_key_pem = serving.key_pem;
     }
@@ -448,6 +454,7 @@ class Operator {
     options.settings.rendezvous_address = flags_.rendezvous_address;
     if (!flags_.rendezvous_insecure) options.settings.rendezvous_ca_pem = identity_.ca.cert_pem;
     options.settings.default_worker_image = flags_.worker_image;
+    options.settings.agent_image = flags_.agent_image;
     options.settings.volcano_scheduler_name = flags_.volcano_scheduler;
     options.settings.scheduler_plugins_scheduler_name = flags_.scheduler_plugins_scheduler;
     options.settings.node_loss_toleration_seconds = flags_.node_loss_toleration_seconds;

@@ -252,7 +252,8 @@ void ReadPlacement(const ObjectReader& spec, TrainingJobSpec* job_spec) {
     } else {
       reader.problems()->Add(reader.PathOf("topology"),
                              "must be a node label key such as topology.kubernetes.io/zone "
-                             "(got " + Describe(json(topology)) + ")");
+                             "(got " +
+                                 Describe(json(topology)) + ")");
     }
   }
   reader.ReadEnum("mode", &placement.mode);
@@ -283,8 +284,7 @@ void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* jo
   }
   reader.ReadBool("replaceStragglers", &job_spec->elastic.replace_stragglers);
   const bool standby_ok = reader.ReadInt("standby", &job_spec->elastic.standby, 0, kMaxReplicas);
-  if (standby_ok && replicas_ok &&
-      job_spec->replicas + job_spec->elastic.standby > kMaxReplicas) {
+  if (standby_ok && replicas_ok && job_spec->replicas + job_spec->elastic.standby > kMaxReplicas) {
     spec.problems()->Add(reader.PathOf("standby"),
                          "replicas + standby must be <= " + std::to_string(kMaxReplicas) +
                              " (got " + std::to_string(job_spec->replicas) + " + " +
@@ -319,9 +319,9 @@ void ReadRanksPerWorker(const ObjectReader& reader, TrainingJobSpec* spec) {
   if (value == nullptr) return;
   if (value->is_string()) {
     if (*value != "auto") {
-      reader.problems()->Add(reader.PathOf("ranksPerWorker"),
-                             "must be a positive integer or \"auto\" (got " + Describe(*value) +
-                                 ")");
+      reader.problems()->Add(
+          reader.PathOf("ranksPerWorker"),
+          "must be a positive integer or \"auto\" (got " + Describe(*value) + ")");
       return;
     }
     spec->ranks_per_worker = std::max(1, spec->resources.gpus);
@@ -330,18 +330,59 @@ void ReadRanksPerWorker(const ObjectReader& reader, TrainingJobSpec* spec) {
   }
   if (spec->trainer && spec->trainer->device == Device::kCuda && spec->resources.gpus > 0 &&
       spec->ranks_per_worker > spec->resources.gpus) {
-    reader.problems()->Add(reader.PathOf("ranksPerWorker"),
-                           "must be <= spec.resources.gpus (" +
-                               std::to_string(spec->resources.gpus) + ") for a cuda trainer: " +
-                               "each rank uses one of its pod's GPUs (got " +
-                               std::to_string(spec->ranks_per_worker) + ")");
+    reader.problems()->Add(
+        reader.PathOf("ranksPerWorker"),
+        "must be <= spec.resources.gpus (" + std::to_string(spec->resources.gpus) +
+            ") for a cuda trainer: " + "each rank uses one of its pod's GPUs (got " +
+            std::to_string(spec->ranks_per_worker) + ")");
+  }
+}
+
+// What spec.template's "worker" container may not say: an image other than spec.image's (both
+// name the worker's image: one would silently lose), a command or args (what the worker runs is
+// the operator's: lockstep-worker train, or the agent running spec.command).
+void CheckTemplateWorker(const ObjectReader& reader, const TrainingJobSpec& spec) {
+  const json& pod_template = spec.template_;
+  if (!pod_template.is_object() || !pod_template.contains("spec") ||
+      !pod_template["spec"].is_object()) {
+    return;
+  }
+  const json& containers = pod_template["spec"].value("containers", json());
+  if (!containers.is_array()) return;
+  for (size_t i = 0; i < containers.size(); ++i) {
+    const json& container = containers[i];
+    if (!container.is_object() || container.value("name", "") != kWorkerContainerName) continue;
+    const std::string path = internal::IndexPath(reader.PathOf("template") + ".spec.containers", i);
+    if (container.contains("image")) {
+      const json& image = container["image"];
+      if (!image.is_string() || image.get<std::string>().empty()) {
+        reader.problems()->Add(path + ".image",
+                               "must be an image name (got " + Describe(image) + ")");
+      } else if (!spec.image.empty() && image.get<std::string>() != spec.image) {
+        reader.problems()->Add(path + ".image", "names " + image.get<std::string>() +
+                                                    " but spec.image names " + spec.image +
+                                                    ": name the worker's image once");
+      }
+    }
+    for (const char* field : {"command", "args"}) {
+      if (!container.contains(field)) continue;
+      reader.problems()->Add(
+          path + "." + field,
+          spec.trainer.has_value()
+              ? std::string("the worker runs the built-in trainer (lockstep-worker train); "
+                            "to run a program of yours, use spec.command instead of "
+                            "spec.trainer")
+              : std::string("the worker runs the Lockstep agent, which runs spec.command: put "
+                            "the program and its arguments in spec.command"));
+    }
   }
 }
 
 void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ObjectReader reader = ChildMap(top, "spec");
   if (!reader.valid()) return;
-  bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1, kMaxReplicas);
+  bool replicas_ok =
+      reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1, kMaxReplicas);
   ReadElastic(reader, replicas_ok, spec);
 
   bool has_trainer = reader.Has("trainer"), has_command = reader.Has("command");
@@ -377,6 +418,7 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
                              "expected a map (a PodTemplateSpec), got " + Describe(*pod_template));
     }
   }
+  CheckTemplateWorker(reader, *spec);
   ReadCheckpoint(reader, &spec->checkpoint);
   ReadNetwork(reader, &spec->network);
   ReadRunPolicy(reader, &spec->run_policy);

@@ -12,6 +12,7 @@
 
 #include "common/base64.h"
 #include "operator/trainingjob/children_internal.h"
+#include "operator/trainingjob/pod_agent.h"
 #include "operator/trainingjob/pod_security.h"
 #include "operator/trainingjob/pod_template.h"
 
@@ -308,8 +309,8 @@ namespace {
 // template asks: a cluster with no other node still runs the pod.
 void PreferOtherNodes(json* pod, const std::vector<std::string>& nodes) {
   if (nodes.empty()) return;
-  json& terms = (*pod)["spec"]["affinity"]["nodeAffinity"]
-                    ["preferredDuringSchedulingIgnoredDuringExecution"];
+  json& terms =
+      (*pod)["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
   if (!terms.is_array()) terms = json::array();
   terms.push_back(
       {{"weight", 100},
@@ -328,8 +329,8 @@ void PlaceTogether(json* pod, const spec::TrainingJob& job) {
                {"topologyKey", placement.topology}};
   const bool required = placement.mode == spec::PlacementMode::kRequired;
   json& terms = (*pod)["spec"]["affinity"]["podAffinity"]
-                    [required ? "requiredDuringSchedulingIgnoredDuringExecution"
-                              : "preferredDuringSchedulingIgnoredDuringExecution"];
+                      [required ? "requiredDuringSchedulingIgnoredDuringExecution"
+                                : "preferredDuringSchedulingIgnoredDuringExecution"];
   if (!terms.is_array()) terms = json::array();
   if (required) {
     terms.push_back(std::move(term));
@@ -413,7 +414,10 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   for (const auto& [name, value] : network.nccl_env) nccl[name] = value;
   for (const auto& [name, value] : nccl) env.push_back(EnvValue(name, value));
 
-  json command = json::array({kWorkerBinary});
+  // A command in an image of the user's runs under the agent the init container brings
+  // (pod_agent.h); the operator's worker image holds lockstep-worker.
+  const bool brings_agent = BringsAgent(spec, settings.default_worker_image);
+  json command = json::array({brings_agent ? kAgentProgram : kWorkerBinary});
   if (spec.trainer.has_value()) {
     command.push_back("train");
   } else {
@@ -423,7 +427,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   }
 
   json container = {{"name", kWorkerContainer},
-                    {"image", spec.image.empty() ? settings.default_worker_image : spec.image},
+                    {"image", WorkerImage(spec, settings.default_worker_image)},
                     {"command", std::move(command)},
                     {"env", std::move(env)}};
 
@@ -510,6 +514,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
               {"metadata", std::move(metadata)},
               {"spec", std::move(pod_spec)}};
   MergeTemplate(&pod, spec.template_, overridable);
+  if (brings_agent) BringAgent(&pod, settings.agent_image);
   PreferOtherNodes(&pod, avoid_nodes);
   // Kueue's and Volcano's own topology scheduling, where they place the job, stand instead.
   if (!spec.placement.topology.empty() && KueueQueue(job).empty() &&

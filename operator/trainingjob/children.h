@@ -64,8 +64,11 @@ struct OperatorSettings {
   std::string rendezvous_address;
   // PEM of the CA that signed the rendezvous serving certificate; empty: plaintext (tests).
   std::string rendezvous_ca_pem;
-  // Image when spec.image is empty.
+  // Image when the job names none (spec.image, or its template's worker container's image).
   std::string default_worker_image = "lockstep-worker:0.1";
+  // The agent image (the Dockerfile's agent stage) whose init container brings the exec agent
+  // into a command job's own image (pod_agent.h).
+  std::string agent_image = "lockstep-agent:0.1";
   // Volcano / scheduler-plugins scheduler names used with gang scheduling.
   std::string volcano_scheduler_name = "volcano";
   std::string scheduler_plugins_scheduler_name = "scheduler-plugins-scheduler";
@@ -118,7 +121,9 @@ json DesiredSecret(const spec::TrainingJob& job, const std::string& token,
 // workers reach each other at <pod>.<job>.<namespace>.svc before they are Ready.
 json DesiredService(const spec::TrainingJob& job);
 
-// One worker pod. Container "worker": image, `lockstep-worker train` (or `exec -- command...`),
+// One worker pod. Container "worker": the image the job names (spec.template's worker container's,
+// or spec.image; else the operator's worker image), `lockstep-worker train` (or `exec --
+// command...`; in an image of the user's, the agent the init container brings: pod_agent.h),
 // env (docs/architecture.md: LOCKSTEP_RENDEZVOUS, LOCKSTEP_JOB, LOCKSTEP_JOB_TOKEN from the Secret,
 // LOCKSTEP_POD from metadata.name, LOCKSTEP_HOST from status.podIP, LOCKSTEP_SPEC = the spec's
 // JSON, LOCKSTEP_RENDEZVOUS_CA_FILE when TLS), resources (cpu, memory, nvidia.com/gpu), the

@@ -6,6 +6,7 @@
 #include "common/spec/tf_config.h"
 #include "operator/trainingjob/children.h"
 #include "operator/trainingjob/children_internal.h"
+#include "operator/trainingjob/pod_agent.h"
 #include "operator/trainingjob/pod_security.h"
 
 namespace lockstep::op::trainingjob {
@@ -103,7 +104,7 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
   }
   json container = {
       {"name", kParameterServerContainer},
-      {"image", job.spec.image.empty() ? settings.default_worker_image : job.spec.image},
+      {"image", WorkerImage(job.spec, settings.default_worker_image)},
       {"command", std::move(command)},
       {"env", std::move(env)},
       {"ports", json::array({{{"name", tensorflow ? kTfPortName : kPortName},

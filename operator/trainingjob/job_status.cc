@@ -8,6 +8,7 @@
 
 #include "common/termination_message.h"
 #include "operator/trainingjob/children.h"
+#include "operator/trainingjob/pod_agent.h"
 
 namespace lockstep::op::trainingjob {
 namespace {
@@ -35,20 +36,36 @@ int DaysInMonth(int year, int month) {
 
 // The worker container's state of `kind` ("waiting", "terminated") in the pod's status; null when
 // the status reports no worker container or the worker is in another state.
-const json* WorkerState(const json& pod, const char* kind) {
+// The state `kind` ("terminated", "waiting") of container `name` in the pod's status list
+// `list`; nullptr when it is not in that state or not reported.
+const json* ContainerState(const json& pod, const char* list, const char* name, const char* kind) {
   if (!pod.is_object()) return nullptr;
   const auto status = pod.find("status");
   if (status == pod.end() || !status->is_object()) return nullptr;
-  const auto statuses = status->find("containerStatuses");
+  const auto statuses = status->find(list);
   if (statuses == status->end() || !statuses->is_array()) return nullptr;
   for (const json& container : *statuses) {
-    if (!container.is_object() || container.value("name", "") != kWorkerContainer) continue;
+    if (!container.is_object() || container.value("name", "") != name) continue;
     const auto state = container.find("state");
     if (state == container.end() || !state->is_object()) return nullptr;
     const auto found = state->find(kind);
     return found != state->end() && found->is_object() ? &*found : nullptr;
   }
   return nullptr;
+}
+
+// The worker container's state `kind`. Before the worker starts, the agent's init container
+// (pod_agent.h) stands for it: its failed install (terminated with a non-zero exit: the pod
+// fails with it) or its waiting on an image that cannot be pulled is the worker's.
+const json* WorkerState(const json& pod, const char* kind) {
+  if (const json* worker = ContainerState(pod, "containerStatuses", kWorkerContainer, kind)) {
+    return worker;
+  }
+  const json* agent = ContainerState(pod, "initContainerStatuses", kAgentContainer, kind);
+  if (agent != nullptr && std::string(kind) == "terminated" && agent->value("exitCode", 0) == 0) {
+    return nullptr;  // installed: the worker's own state tells
+  }
+  return agent;
 }
 
 // The worker container's terminated message as the kubelet reported it; "" when none.
@@ -210,9 +227,9 @@ int32_t WorkerExitCode(const json& pod) {
 }
 
 bool IsStuckWaitingReason(const std::string& reason) {
-  static const std::set<std::string> kStuck = {"CreateContainerConfigError",
-                                               "CreateContainerError", "ErrImagePull",
-                                               "ImagePullBackOff", "InvalidImageName"};
+  static const std::set<std::string> kStuck = {"CreateContainerConfigError", "CreateContainerError",
+                                               "ErrImagePull", "ImagePullBackOff",
+                                               "InvalidImageName"};
   return kStuck.count(reason) > 0;
 }
 

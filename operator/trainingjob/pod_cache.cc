@@ -206,32 +206,36 @@ json TrimPod(json pod) {
       }
     }
     if (!conditions.empty()) status["conditions"] = std::move(conditions);
-    json containers = json::array();
-    for (const json& c : s.value("containerStatuses", json::array())) {
-      if (!c.contains("state") || !c["state"].is_object()) continue;
-      const json& state = c["state"];
-      if (state.contains("terminated") && state["terminated"].is_object()) {
-        json terminated = {{"exitCode", state["terminated"].value("exitCode", -1)}};
-        // The worker's error, or that its agents gave up (WorkerGaveUpMessage, which fails the
-        // job): quoted in the job's condition. Only terminated containers carry one.
-        const json message = state["terminated"].value("message", json());
-        if (message.is_string() && !message.get<std::string>().empty()) {
-          terminated["message"] = Utf8Prefix(message.get<std::string>(), 1024);
+    // The worker's state, and that of the agent's init container (pod_agent.h), which stands
+    // for the worker until it starts (WorkerState).
+    for (const char* list : {"containerStatuses", "initContainerStatuses"}) {
+      json containers = json::array();
+      for (const json& c : s.value(list, json::array())) {
+        if (!c.contains("state") || !c["state"].is_object()) continue;
+        const json& state = c["state"];
+        if (state.contains("terminated") && state["terminated"].is_object()) {
+          json terminated = {{"exitCode", state["terminated"].value("exitCode", -1)}};
+          // The worker's error, or that its agents gave up (WorkerGaveUpMessage, which fails
+          // the job): quoted in the job's condition. Only terminated containers carry one.
+          const json message = state["terminated"].value("message", json());
+          if (message.is_string() && !message.get<std::string>().empty()) {
+            terminated["message"] = Utf8Prefix(message.get<std::string>(), 1024);
+          }
+          containers.push_back(
+              {{"name", c.value("name", "")}, {"state", {{"terminated", std::move(terminated)}}}});
+        } else if (state.contains("waiting") && state["waiting"].is_object() &&
+                   IsStuckWaitingReason(state["waiting"].value("reason", ""))) {
+          // A container that cannot start without a change (WorkerStuckReason).
+          containers.push_back(
+              {{"name", c.value("name", "")},
+               {"state",
+                {{"waiting",
+                  {{"reason", state["waiting"].value("reason", "")},
+                   {"message", Utf8Prefix(state["waiting"].value("message", ""), 1024)}}}}}});
         }
-        containers.push_back(
-            {{"name", c.value("name", "")}, {"state", {{"terminated", std::move(terminated)}}}});
-      } else if (state.contains("waiting") && state["waiting"].is_object() &&
-                 IsStuckWaitingReason(state["waiting"].value("reason", ""))) {
-        // A container that cannot start without a change (WorkerStuckReason).
-        containers.push_back(
-            {{"name", c.value("name", "")},
-             {"state",
-              {{"waiting",
-                {{"reason", state["waiting"].value("reason", "")},
-                 {"message", Utf8Prefix(state["waiting"].value("message", ""), 1024)}}}}}});
       }
+      if (!containers.empty()) status[list] = std::move(containers);
     }
-    if (!containers.empty()) status["containerStatuses"] = std::move(containers);
     out["status"] = std::move(status);
   }
   return out;

@@ -4,7 +4,6 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
-
 #include <sys/stat.h>
 
 #include <cmath>
@@ -147,8 +146,9 @@ TEST(TrainingJobSpec, StandbyWorkersRunBesideReplicasAndCapTheWorldAtReplicas) {
   yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  elastic: {standby: 49998}\n");
   StatusOr<TrainingJob> too_many = ParseTrainingJobYaml(yaml, "job.yaml");
   ASSERT_FALSE(too_many.ok());
-  EXPECT_THAT(too_many.status().message(),
-              HasSubstr("spec.elastic.standby: replicas + standby must be <= 50000 (got 3 + 49998)"));
+  EXPECT_THAT(
+      too_many.status().message(),
+      HasSubstr("spec.elastic.standby: replicas + standby must be <= 50000 (got 3 + 49998)"));
 }
 
 TEST(TrainingJobSpec, FullManifestRoundTripsThroughToJson) {
@@ -272,6 +272,42 @@ TEST(TrainingJobSpec, ValueWithNewlinesStaysOnOneLine) {
                                           "got \"a\\nb\""));
 }
 
+TEST(TrainingJobSpec, TheWorkersImageIsNamedOnceAndItsCommandIsTheSpecs) {
+  const std::string exec = R"(apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: ddp}
+spec:
+  replicas: 2
+  command: [python3, train.py]
+)";
+  // Named in the template, as Kubernetes users name an image: that is the worker's image.
+  StatusOr<TrainingJob> job =
+      ParseTrainingJobYaml(exec +
+                               "  template: {spec: {containers: [{name: sidecar, image: a}, "
+                               "{name: worker, image: \"my/train:1\"}]}}\n",
+                           "job.yaml");
+  ASSERT_TRUE(job.ok()) << job.status().message();
+  EXPECT_EQ(NamedWorkerImage(job->spec), "my/train:1");
+  job = ParseTrainingJobYaml(exec + "  image: my/train:2\n", "job.yaml");
+  ASSERT_TRUE(job.ok());
+  EXPECT_EQ(NamedWorkerImage(job->spec), "my/train:2");
+
+  // Two different names, or a command the operator would not run: refused, naming the field.
+  EXPECT_THAT(Lines(ParseError(exec + "  image: my/train:2\n  template: {spec: {containers: "
+                                      "[{name: worker, image: \"my/train:1\", "
+                                      "args: [--lr, \"1\"]}]}}\n")),
+              ElementsAre("job.yaml: spec.template.spec.containers[0].image: names my/train:1 but "
+                          "spec.image names my/train:2: name the worker's image once",
+                          "job.yaml: spec.template.spec.containers[0].args: the worker runs the "
+                          "Lockstep agent, which runs spec.command: put the program and its "
+                          "arguments in spec.command"));
+  EXPECT_THAT(ParseError(std::string(kMinimal) +
+                         "  template: {spec: {containers: [{name: worker, command: [x]}]}}\n"),
+              HasSubstr("job.yaml: spec.template.spec.containers[0].command: the worker runs the "
+                        "built-in trainer (lockstep-worker train); to run a program of yours, "
+                        "use spec.command instead of spec.trainer"));
+}
+
 TEST(TrainingJobSpec, MissingManifestFileIsNotFoundNamingIt) {
   StatusOr<TrainingJob> job = LoadTrainingJobFile("/nonexistent/dir/job.yaml");
   ASSERT_FALSE(job.ok());
@@ -354,8 +390,8 @@ TEST_F(DataPathTest, AManifestLargerThanTheApiServerTakesIsRefusedNamingTheLimit
   EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("larger than 1536 KiB"));
   // At the limit it is read and parsed.
-  Write(dir_ / "job.yaml", std::string(kMinimal) + "# " +
-                               std::string(kMaxManifestBytes - sizeof(kMinimal) - 2, 'x'));
+  Write(dir_ / "job.yaml",
+        std::string(kMinimal) + "# " + std::string(kMaxManifestBytes - sizeof(kMinimal) - 2, 'x'));
   EXPECT_TRUE(LoadTrainingJobFile((dir_ / "job.yaml").string()).ok());
 }
 
@@ -521,7 +557,8 @@ TEST(TrainingJobSpec, PlacementNamesANodeLabelLevelAndSurvivesTheRoundTrip) {
 TEST(TrainingJobSpec, APlacementThatIsNoLevelIsRefusedNamingTheField) {
   auto with = [](const std::string& placement) {
     std::string yaml = kMinimal;
-    yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  placement: " + placement + "\n");
+    yaml.replace(yaml.find("  replicas: 3\n"), 13,
+                 "  replicas: 3\n  placement: " + placement + "\n");
     return ParseError(yaml);
   };
   EXPECT_THAT(with("{mode: required}"), HasSubstr("spec.placement.topology: required"));

@@ -140,10 +140,10 @@ spec:
 )";
   EXPECT_EQ(EnvText(DesiredPod(ParseJob(manifest), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
             "/dev/termination-log");
-  const json moved = DesiredPod(
-      ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
-                          "terminationMessagePath: /var/run/why}]}}\n"),
-      0, Settings());
+  const json moved =
+      DesiredPod(ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
+                                     "terminationMessagePath: /var/run/why}]}}\n"),
+                 0, Settings());
   EXPECT_EQ(EnvText(moved, "LOCKSTEP_TERMINATION_LOG"), "/var/run/why");
   EXPECT_EQ(CountEnv(moved, "LOCKSTEP_TERMINATION_LOG"), 1);
   EXPECT_EQ(EnvText(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
@@ -166,19 +166,19 @@ TEST(DesiredPodTest, WorkersLeaveALostNodeAfterTheOperatorsTolerationSeconds) {
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 30}}));
 
-  const json own = DesiredPod(
-      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
-              "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
-      0, settings);
+  const json own =
+      DesiredPod(JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+                         "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
+                 0, settings);
   seconds.clear();
   for (const json& t : own["spec"]["tolerations"]) seconds[t["key"]] = t["tolerationSeconds"];
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 600}}));
 
-  const json no_schedule = DesiredPod(
-      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
-              "operator: Exists, effect: NoSchedule}]}}\n"),
-      0, settings);
+  const json no_schedule =
+      DesiredPod(JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+                         "operator: Exists, effect: NoSchedule}]}}\n"),
+                 0, settings);
   int no_execute = 0;
   for (const json& t : no_schedule["spec"]["tolerations"]) {
     no_execute += t.value("effect", "") == "NoExecute";
@@ -472,8 +472,6 @@ TEST(DesiredPodTest, TemplateIsMergedKeepingUserFieldsAndTheOperatorsOwn) {
       - {name: lockstep-dshm, emptyDir: {}}
       containers:
       - name: worker
-        image: ignored:latest
-        args: [--ignored]
         imagePullPolicy: Always
         workingDir: /work
         env:
@@ -523,7 +521,6 @@ TEST(DesiredPodTest, TemplateIsMergedKeepingUserFieldsAndTheOperatorsOwn) {
   json worker = Worker(pod);
   EXPECT_EQ(worker["image"], "lockstep-worker:0.1");
   EXPECT_EQ(worker["command"], json::array({"lockstep-worker", "train"}));
-  EXPECT_FALSE(worker.contains("args"));
   EXPECT_EQ(worker["imagePullPolicy"], "Always");
   EXPECT_EQ(worker["workingDir"], "/work");
 
@@ -552,6 +549,122 @@ TEST(DesiredPodTest, TemplateIsMergedKeepingUserFieldsAndTheOperatorsOwn) {
   EXPECT_EQ(worker["securityContext"]["capabilities"]["drop"], json::array({"NET_RAW"}));
   // The sidecar runs as written: the worker's defaults are the worker's.
   EXPECT_FALSE(spec["containers"][1].contains("securityContext"));
+}
+
+// ----- A user's own image (pod_agent.h) -------------------------------------------------------
+
+constexpr char kUserImageJob[] = R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: ddp, namespace: team-a}
+spec:
+  replicas: 2
+  command: [python3, train.py, --steps, "30"]
+  resources: {cpu: "2", memory: 4Gi}
+)";
+
+const json* FindByName(const json& list, const std::string& name) {
+  if (!list.is_array()) return nullptr;
+  for (const json& item : list) {
+    if (item.is_object() && item.value("name", "") == name) return &item;
+  }
+  return nullptr;
+}
+
+TEST(DesiredPodAgentTest, ACommandInTheTemplatesImageRunsUnderTheAgentItsInitContainerBrings) {
+  OperatorSettings settings = Settings();
+  settings.agent_image = "registry.example/lockstep-agent:1.0";
+  const json pod = DesiredPod(ParseJob(std::string(kUserImageJob) + R"(
+  template:
+    spec:
+      containers: [{name: worker, image: "pytorch/pytorch:2.6.0"}]
+)"),
+                              0, settings);
+  const json& worker = Worker(pod);
+  EXPECT_EQ(worker["image"], "pytorch/pytorch:2.6.0") << "the image the user named, not ours";
+  EXPECT_EQ(worker["command"], json::array({"/lockstep/bin/lockstep-agent", "exec", "--", "python3",
+                                            "train.py", "--steps", "30"}));
+  const json* mount = FindByName(worker["volumeMounts"], "lockstep-agent");
+  ASSERT_NE(mount, nullptr) << worker.dump(2);
+  EXPECT_EQ((*mount)["mountPath"], "/lockstep");
+  EXPECT_EQ((*mount)["readOnly"], true) << "the program cannot change its agent";
+  const json* volume = FindByName(pod["spec"]["volumes"], "lockstep-agent");
+  ASSERT_NE(volume, nullptr);
+  EXPECT_EQ((*volume)["emptyDir"], json::object());
+
+  ASSERT_TRUE(pod["spec"]["initContainers"].is_array());
+  const json& install = pod["spec"]["initContainers"][0];
+  EXPECT_EQ(install["name"], "lockstep-agent");
+  EXPECT_EQ(install["image"], "registry.example/lockstep-agent:1.0");
+  EXPECT_EQ(install["command"],
+            json::array({"/lockstep/bin/lockstep-agent", "install", "/lockstep-volume"}));
+  EXPECT_EQ(install["volumeMounts"][0]["mountPath"], "/lockstep-volume");
+  // Its failure reaches the job's condition through its termination message.
+  EXPECT_EQ(install["env"][0],
+            json({{"name", "LOCKSTEP_TERMINATION_LOG"}, {"value", "/dev/termination-log"}}));
+  // The worker's cpu and memory, so the pod stays Guaranteed and reserves no more.
+  EXPECT_EQ(install["resources"], worker["resources"]);
+  EXPECT_EQ(install["securityContext"]["runAsUser"], 65532);
+  EXPECT_EQ(install["securityContext"]["readOnlyRootFilesystem"], true);
+  // The whole pod still meets the restricted profile, init container included.
+  EXPECT_EQ(RestrictedProfileViolations(pod), std::vector<std::string>{}) << pod.dump(2);
+}
+
+TEST(DesiredPodAgentTest, SpecImageNamesTheUsersImageToo) {
+  const json pod =
+      DesiredPod(ParseJob(std::string(kUserImageJob) + "  image: my/train:3\n"), 0, Settings());
+  EXPECT_EQ(Worker(pod)["image"], "my/train:3");
+  EXPECT_EQ(Worker(pod)["command"][0], "/lockstep/bin/lockstep-agent");
+  EXPECT_EQ(pod["spec"]["initContainers"][0]["name"], "lockstep-agent");
+}
+
+TEST(DesiredPodAgentTest, TheOperatorsWorkerImageRunsItsOwnLockstepWorker) {
+  const json pod = DesiredPod(ParseJob(kUserImageJob), 0, Settings());
+  EXPECT_EQ(Worker(pod)["image"], "lockstep-worker:0.1");
+  EXPECT_EQ(Worker(pod)["command"][0], "lockstep-worker");
+  EXPECT_FALSE(pod["spec"].contains("initContainers"));
+  EXPECT_EQ(FindByName(pod["spec"].value("volumes", json::array()), "lockstep-agent"), nullptr);
+}
+
+TEST(DesiredPodAgentTest, ATrainerJobRunsTheImageItsTemplateNamesWithoutAnAgent) {
+  const json pod = DesiredPod(
+      JobWith("  template: {spec: {containers: [{name: worker, image: mirror/lockstep:2}]}}\n"), 0,
+      Settings());
+  EXPECT_EQ(Worker(pod)["image"], "mirror/lockstep:2") << "never silently replaced";
+  EXPECT_EQ(Worker(pod)["command"], json::array({"lockstep-worker", "train"}));
+  EXPECT_FALSE(pod["spec"].contains("initContainers"));
+}
+
+TEST(DesiredPodAgentTest, TheTemplatesInitContainersRunAfterTheAgentsAndItsAgentVolumeIsKept) {
+  const json pod = DesiredPod(ParseJob(std::string(kUserImageJob) + R"(
+  template:
+    spec:
+      initContainers: [{name: fetch-data, image: busybox, command: [sh, -c, "true"]}]
+      volumes: [{name: lockstep-agent, emptyDir: {medium: Memory}}]
+      containers: [{name: worker, image: "my/train:3"}]
+)"),
+                              0, Settings());
+  const json& init = pod["spec"]["initContainers"];
+  ASSERT_EQ(init.size(), 2u);
+  EXPECT_EQ(init[0]["name"], "lockstep-agent");
+  EXPECT_EQ(init[1]["name"], "fetch-data");
+  int agent_volumes = 0;
+  for (const json& volume : pod["spec"]["volumes"]) {
+    if (volume["name"] == "lockstep-agent") {
+      ++agent_volumes;
+      EXPECT_EQ(volume["emptyDir"]["medium"], "Memory") << "the template's own";
+    }
+  }
+  EXPECT_EQ(agent_volumes, 1);
+}
+
+TEST(DesiredPodAgentTest, TensorflowServersRunTheImageTheJobNames) {
+  const json server = DesiredParameterServerPod(ParseJob(std::string(kUserImageJob) + R"(
+  parameterServers: {replicas: 1}
+  template: {spec: {containers: [{name: worker, image: "my/tf:2"}]}}
+)"),
+                                                0, Settings());
+  EXPECT_EQ(server["spec"]["containers"][0]["image"], "my/tf:2");
 }
 
 // ----- Pod Security ---------------------------------------------------------------------------
@@ -802,7 +915,8 @@ TEST(KueuePodGroupTest, AJobLabelledWithAQueueRunsAsOnePodGroupOfItsReplicas) {
 // Standbys are pods of the group too: Kueue admits (and counts quota for) all of them at once.
 TEST(KueuePodGroupTest, TheGroupCountsTheStandbyPods) {
   std::string manifest = kQueuedManifest;
-  manifest.replace(manifest.find("  replicas: 3\n"), 14, "  replicas: 3\n  elastic: {standby: 2}\n");
+  manifest.replace(manifest.find("  replicas: 3\n"), 14,
+                   "  replicas: 3\n  elastic: {standby: 2}\n");
   const spec::TrainingJob job = ParseJob(manifest, "0b7c4f2e-91aa-4c1e-8d55-0c2f9b1e7a10");
   for (int32_t index = 0; index < 5; ++index) {
     const json pod = DesiredPod(job, index, Settings());
@@ -863,9 +977,9 @@ TEST(PlacementTest, ARequiredLevelKeepsEveryPodWithTheJobsOthersAcrossItsLabel) 
 }
 
 TEST(PlacementTest, APreferredLevelIsAWeightedTermAndNoPlacementAddsNone) {
-  const json pod = DesiredPod(
-      JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"), 0,
-      Settings());
+  const json pod =
+      DesiredPod(JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"),
+                 0, Settings());
   const json& terms =
       pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
   ASSERT_EQ(terms.size(), 1u);
@@ -884,20 +998,20 @@ TEST(PlacementTest, AQueuedJobAsksKueuesTopologyAwareSchedulingInstead) {
             "topology.lockstep.io/block");
   EXPECT_FALSE(required["spec"].contains("affinity") &&
                required["spec"]["affinity"].contains("podAffinity"));
-  const json preferred = DesiredPod(
-      ParseJob(std::string(kQueuedManifest) +
-               "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
-      0, Settings());
+  const json preferred =
+      DesiredPod(ParseJob(std::string(kQueuedManifest) +
+                          "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
+                 0, Settings());
   EXPECT_EQ(preferred["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"],
             "topology.lockstep.io/block");
-  EXPECT_FALSE(preferred["metadata"]["annotations"].contains(
-      "kueue.x-k8s.io/podset-required-topology"));
+  EXPECT_FALSE(
+      preferred["metadata"]["annotations"].contains("kueue.x-k8s.io/podset-required-topology"));
 }
 
 TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
-  const spec::TrainingJob job =
-      JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"
-              "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
+  const spec::TrainingJob job = JobWith(
+      "  runPolicy: {scheduling: {gang: volcano}}\n"
+      "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
   std::optional<json> group = DesiredPodGroup(job);
   ASSERT_TRUE(group.has_value());
   EXPECT_EQ((*group)["spec"]["networkTopology"],
@@ -905,7 +1019,8 @@ TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
   // Volcano's own topology replaces the affinity term.
   const json pod = DesiredPod(job, 0, Settings());
   EXPECT_FALSE(pod["spec"].contains("affinity") && pod["spec"]["affinity"].contains("podAffinity"));
-  std::optional<json> plain = DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
+  std::optional<json> plain =
+      DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
   ASSERT_TRUE(plain.has_value());
   EXPECT_FALSE((*plain)["spec"].contains("networkTopology"));
 }

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "operator/trainingjob/children.h"
+#include "operator/trainingjob/pod_agent.h"
 
 namespace lockstep::op::trainingjob {
 namespace {
@@ -138,18 +139,19 @@ TEST(WorkerExitCodeTest, EvictedPodHasNoExitCode) {
 
 TEST(WorkerStuckReasonTest, NamesAWorkerThatCannotStartWithoutAChange) {
   // As the kubelet reports a root image under runAsNonRoot (kuberuntime's verifyRunAsNonRoot).
-  const std::string root = "container has runAsNonRoot and image will run as root (pod: "
-                           "\"mnist-worker-0_team-a(uid)\", container: worker)";
-  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState(
-                {{"waiting", {{"reason", "CreateContainerConfigError"}, {"message", root}}}},
-                "Pending")),
-            "CreateContainerConfigError: " + root);
-  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"waiting", {{"reason", "ImagePullBackOff"}}}},
-                                                 "Pending")),
+  const std::string root =
+      "container has runAsNonRoot and image will run as root (pod: "
+      "\"mnist-worker-0_team-a(uid)\", container: worker)";
+  EXPECT_EQ(
+      WorkerStuckReason(PodWithWorkerState(
+          {{"waiting", {{"reason", "CreateContainerConfigError"}, {"message", root}}}}, "Pending")),
+      "CreateContainerConfigError: " + root);
+  EXPECT_EQ(WorkerStuckReason(
+                PodWithWorkerState({{"waiting", {{"reason", "ImagePullBackOff"}}}}, "Pending")),
             "ImagePullBackOff");
   // Starting, running or done: nothing to say.
-  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"waiting", {{"reason", "ContainerCreating"}}}},
-                                                 "Pending")),
+  EXPECT_EQ(WorkerStuckReason(
+                PodWithWorkerState({{"waiting", {{"reason", "ContainerCreating"}}}}, "Pending")),
             "");
   EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"running", {{"startedAt", kT0}}}}, "Running")),
             "");
@@ -205,31 +207,71 @@ json FailedPod(const std::string& container, const json& terminated) {
 
 TEST(JobStatusTest, AGiveUpIsReadFromTheWorkersTerminationMessageOnly) {
   const auto pod = FailedPod;
-  EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer,
-                                    {{"exitCode", 1},
-                                     {"message", "lockstep: gave up: restarts exhausted: 3 of 3"}})),
+  EXPECT_EQ(WorkerGaveUpMessage(pod(
+                kWorkerContainer,
+                {{"exitCode", 1}, {"message", "lockstep: gave up: restarts exhausted: 3 of 3"}})),
             "restarts exhausted: 3 of 3");
   EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer, {{"exitCode", 1}, {"message", "oom"}})), "")
       << "a program's own message is not a give-up";
-  EXPECT_EQ(WorkerGaveUpMessage(pod("sidecar", {{"exitCode", 1},
-                                                {"message", "lockstep: gave up: x"}})),
-            "");
+  EXPECT_EQ(
+      WorkerGaveUpMessage(pod("sidecar", {{"exitCode", 1}, {"message", "lockstep: gave up: x"}})),
+      "");
   EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer, {{"exitCode", 1}, {"message", 7}})), "");
   EXPECT_EQ(WorkerGaveUpMessage(json::object()), "");
 }
 
 TEST(JobStatusTest, TheWorkersErrorIsItsTerminationMessage) {
   const auto pod = FailedPod;
-  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer,
-                                         {{"exitCode", 2},
-                                          {"message", "cannot open file:///data/x.gz\n"}})),
-            "cannot open file:///data/x.gz");
+  EXPECT_EQ(
+      WorkerTerminationMessage(
+          pod(kWorkerContainer, {{"exitCode", 2}, {"message", "cannot open file:///data/x.gz\n"}})),
+      "cannot open file:///data/x.gz");
   EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 2}, {"message", " \n"}})),
             "");
   EXPECT_EQ(WorkerTerminationMessage(pod("sidecar", {{"exitCode", 1}, {"message", "x"}})), "")
       << "another container's message is not the worker's";
   EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 1}})), "");
   EXPECT_EQ(WorkerTerminationMessage(json::object()), "");
+}
+
+// A pod whose agent init container (pod_agent.h) terminated as `terminated`, its worker still
+// waiting to start.
+json PodWithAgentInit(const json& terminated) {
+  return json{{"status",
+               {{"phase", "Failed"},
+                {"initContainerStatuses", json::array({{{"name", kAgentContainer},
+                                                        {"state", {{"terminated", terminated}}}}})},
+                {"containerStatuses",
+                 json::array({{{"name", kWorkerContainer},
+                               {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}})}}}};
+}
+
+TEST(JobStatusTest, AnAgentThatCannotBeInstalledIsTheWorkersFailureAndGivesUp) {
+  const json failed = PodWithAgentInit(
+      {{"exitCode", 1},
+       {"message",
+        "lockstep: gave up: cannot install the Lockstep agent into the pod's volume "
+        "(/lockstep-volume): cannot create /lockstep-volume/bin: Permission denied"}});
+  EXPECT_EQ(WorkerExitCode(failed), 1);
+  EXPECT_EQ(WorkerGaveUpMessage(failed),
+            "cannot install the Lockstep agent into the pod's volume (/lockstep-volume): cannot "
+            "create /lockstep-volume/bin: Permission denied");
+  // Installed: what follows is the worker's own business.
+  EXPECT_EQ(WorkerExitCode(PodWithAgentInit({{"exitCode", 0}})), -1);
+  EXPECT_EQ(WorkerGaveUpMessage(PodWithAgentInit({{"exitCode", 0}, {"message", "x"}})), "");
+}
+
+TEST(JobStatusTest, AnAgentImageThatCannotBePulledIsWhyTheWorkerCannotStart) {
+  const json pod = {
+      {"status",
+       {{"phase", "Pending"},
+        {"initContainerStatuses",
+         json::array({{{"name", kAgentContainer},
+                       {"state",
+                        {{"waiting",
+                          {{"reason", "ErrImagePull"},
+                           {"message", "pull access denied for lockstep-agent"}}}}}}})}}}};
+  EXPECT_EQ(WorkerStuckReason(pod), "ErrImagePull: pull access denied for lockstep-agent");
 }
 
 }  // namespace
