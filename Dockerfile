@@ -4,8 +4,9 @@
 #   docker build --target operator   -t REGISTRY/lockstep-operator:TAG .    # debian:bookworm-slim + operator
 #   docker build --target worker     -t REGISTRY/lockstep-worker:TAG .      # CUDA runtime + NCCL + worker
 #   docker build --target worker-cpu -t REGISTRY/lockstep-worker-cpu:TAG .  # CPU only, Debian alone
+#   docker build --target agent      -t REGISTRY/lockstep-agent:TAG .       # the exec agent alone
 #
-# The operator and worker-cpu images need nothing but Debian's packages (scripts/cluster.sh builds
+# The operator, worker-cpu and agent images need nothing but Debian's packages (scripts/cluster.sh builds
 # them with buildah on a base made by mmdebstrap); only the worker image needs NVIDIA's repository.
 #
 # Base images. Lockstep links Debian bookworm's libraries (gRPC 1.51, protobuf 32, Gloo, cpprest,
@@ -46,18 +47,21 @@ RUN apt-get update \
       cmake ninja-build g++ pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev \
       prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev zlib1g-dev \
+      patchelf \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 
 # ---------------------------------------------------------------------------------------------
-# build-cpu: lockstep, lockstep-worker and lockstep-operator without CUDA, into /src/build/bin.
+# build-cpu: lockstep, lockstep-worker, lockstep-operator and lockstep-agent without CUDA, into
+# /src/build/bin; the agent's self-contained bundle (scripts/bundle/agent.sh) into /src/agent.
 FROM toolchain AS build-cpu
 COPY . .
 RUN cmake -S . -B build -G Ninja \
       -DCMAKE_BUILD_TYPE=Release \
       -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCH=OFF -DLOCKSTEP_WITH_CUDA=OFF \
- && cmake --build build --target lockstep lockstep-worker lockstep-operator \
- && strip build/bin/lockstep build/bin/lockstep-worker build/bin/lockstep-operator
+ && cmake --build build --target lockstep lockstep-worker lockstep-operator lockstep-agent \
+ && strip build/bin/lockstep build/bin/lockstep-worker build/bin/lockstep-operator \
+ && scripts/bundle/agent.sh --out /src/agent build/bin/lockstep-agent python/lockstep
 
 # ---------------------------------------------------------------------------------------------
 # build: the same with the CUDA toolkit (NVIDIA's packages); builds lockstep and lockstep-worker
@@ -172,3 +176,14 @@ USER 65532:65532
 WORKDIR /home/lockstep
 EXPOSE 9400
 ENTRYPOINT ["/usr/bin/lockstep-worker"]
+
+# ---------------------------------------------------------------------------------------------
+# agent: the exec agent's bundle and nothing else, at /lockstep, where its own loader is named
+# (scripts/bundle/agent.sh). The operator runs it as the init container of a command job's pod
+# in an image of the user's: `/lockstep/bin/lockstep-agent install /lockstep-volume` copies the
+# bundle into the volume the user's container then mounts at /lockstep (docs/exec.md, "Your own
+# image"). No shell, no C library of its own beyond the bundle's: it needs none.
+FROM scratch AS agent
+COPY --from=build-cpu /src/agent /lockstep
+USER 65532:65532
+ENTRYPOINT ["/lockstep/bin/lockstep-agent"]

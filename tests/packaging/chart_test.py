@@ -196,7 +196,11 @@ def check_render(check, objects, values, label, release_namespace):
     check.expect(flags.get("worker-image", "").endswith("/" + values["worker"]["repository"] + ":" +
                                                         (values["image"]["tag"] or "0.1.0")),
                  ctx + "--worker-image from image.registry, worker.repository and the tag")
-    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "rendezvous-service", "worker-image", "kubeconfig",
+    check.expect(flags.get("agent-image", "").endswith("/" + values["agent"]["repository"] + ":" +
+                                                       (values["image"]["tag"] or "0.1.0")),
+                 ctx + "--agent-image from image.registry, agent.repository and the tag")
+    allowed_flags = set(want) | {"watch-namespace", "rendezvous-address", "rendezvous-service", "worker-image",
+                                 "agent-image", "kubeconfig",
                                  "webhook-port", "webhook-service", "webhook-configuration", "topology-keys"}
     extra_args = set(a for a in op["extraArgs"])
     for arg in container["args"]:

@@ -5,6 +5,8 @@
 
 For each runtime stage given, with the build's binaries that the stage copies:
   - the stages build, operator and worker exist (so --target operator|worker works);
+  - the agent stage starts from scratch, copies only the agent's bundle to /lockstep and runs as
+    a non-root uid;
   - the stage's last USER is a non-root uid;
   - it installs no compiler, build tool or -dev package;
   - the packages of its "# runtime libraries" RUN are exactly the packages owning the shared
@@ -257,6 +259,20 @@ def main():
     for name in ("operator", "worker"):
         if name in stages and not stages[name].base.startswith("debian:"):
             failures.append("stage %s starts from %s, not a Debian image" % (name, stages[name].base))
+    # The agent image: the agent's bundle alone (it brings its own glibc and loader), on no base.
+    agent = stages.get("agent")
+    if agent is None:
+        failures.append("no stage named agent (docker build --target agent)")
+    else:
+        if agent.base != "scratch":
+            failures.append("stage agent starts from %s, not scratch" % agent.base)
+        users = [rest for keyword, rest, _ in agent.instructions if keyword == "USER"]
+        if not users or users[-1].split(":")[0] in ("0", "root"):
+            failures.append("stage agent: its last USER must be a non-root uid")
+        copies = [rest for keyword, rest, _ in agent.instructions if keyword == "COPY"]
+        if copies != ["--from=build-cpu /src/agent /lockstep"]:
+            failures.append("stage agent copies %s; it must copy the bundle alone to /lockstep, "
+                            "where its loader is named" % copies)
     for spec in options.stage:
         name, _, paths = spec.partition("=")
         binaries = [p for p in paths.split(",")]

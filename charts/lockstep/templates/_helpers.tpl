@@ -55,3 +55,7 @@ app.kubernetes.io/component: operator
 {{- define "lockstep.workerImage" -}}
 {{- printf "%s/%s:%s" .Values.image.registry .Values.worker.repository (include "lockstep.imageTag" .) -}}
 {{- end -}}
+
+{{- define "lockstep.agentImage" -}}
+{{- printf "%s/%s:%s" .Values.image.registry .Values.agent.repository (include "lockstep.imageTag" .) -}}
+{{- end -}}
