@@ -145,8 +145,15 @@ def open_outputs(args):
     return reporter, timeline
 
 
-def finish(args, model, loss, world, rank):
-    print(f"finished at step {args.steps} (world {world}, loss {loss.item():.4f})", flush=True)
+def finish(args, model, loss, world, rank, reporter):
+    # loss is None when the checkpoint was already at the last step (a finished job applied again
+    # with the same checkpoint, or pods lost after the last save): nothing was left to train, and
+    # the job's progress says where it is.
+    if loss is None and reporter:
+        reporter.report(step=args.steps, samples=args.steps * args.batch_size * world,
+                        total_steps=args.steps)
+    shown = "nothing left to train" if loss is None else f"loss {loss.item():.4f}"
+    print(f"finished at step {args.steps} (world {world}, {shown})", flush=True)
     if args.save_parameters and rank == 0:
         torch.save(model.state_dict(), args.save_parameters)
     sys.stdout.flush()
@@ -190,7 +197,7 @@ def main_in_place(args):
 
     loss, world, rank = elastic.run(train, state, backend="gloo",
                                     timeout=datetime.timedelta(seconds=60))
-    finish(args, model, loss, world, rank)
+    finish(args, model, loss, world, rank, reporter)
 
 
 def main():
@@ -221,13 +228,14 @@ def main():
         optimizer.load_state_dict(state["optimizer"])
     loss_fn = nn.CrossEntropyLoss()
     reporter, timeline = open_outputs(args)
+    loss = None
     for step in range(start_step, args.steps):
         loss = train_step(args, ddp, optimizer, loss_fn, x, y, step, rank, world, reporter)
         after_step(args, model, optimizer, loss, step + 1, rank, world, restart, reporter,
                    timeline)
     dist.barrier()
     dist.destroy_process_group()
-    finish(args, model, loss, world, rank)
+    finish(args, model, loss, world, rank, reporter)
 
 
 if __name__ == "__main__":

@@ -327,7 +327,7 @@ def _form_group(assignment, backend, timeout, agent):
 
     if rank != 0:
         _wait_for_listener(host, port, timeout.total_seconds(), over)
-    store = dist.TCPStore(host, port, world, rank == 0, timeout=timeout, wait_for_workers=False)
+    store = _tcp_store(host, port, world, rank == 0, timeout)
     prefix = dist.PrefixStore(f"lockstep/{generation}", store)
     prefix.add("arrived", 1)
     deadline = time.monotonic() + timeout.total_seconds()
@@ -338,6 +338,20 @@ def _form_group(assignment, backend, timeout, agent):
                                f"{host}:{port} within {timeout}")
         time.sleep(0.002)
     dist.init_process_group(backend, store=prefix, rank=rank, world_size=world, timeout=timeout)
+
+
+def _tcp_store(host, port, world, is_master, timeout):
+    """dist.TCPStore. torch 2.4 on asks for its libuv server by default, and a build without
+    libuv (Debian's python3-torch 2.6) refuses that: the classic server then."""
+    import torch.distributed as dist
+    try:
+        return dist.TCPStore(host, port, world, is_master, timeout=timeout,
+                             wait_for_workers=False)
+    except RuntimeError as error:
+        if "libuv" not in str(error):
+            raise
+        return dist.TCPStore(host, port, world, is_master, timeout=timeout,
+                             wait_for_workers=False, use_libuv=False)
 
 
 def _release_group():
