@@ -7,6 +7,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh
+# torch 2.6 from Debian trixie, for the exec tests' second interpreter (needs root: as root only).
+if [[ $(id -u) -eq 0 ]]; then scripts/trixie-torch.sh >/dev/null; fi
 scripts/build.sh
 status=0
 ctest --test-dir build --output-on-failure -j2 --timeout 300 -LE e2e "$@" || status=$?

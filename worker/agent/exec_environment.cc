@@ -49,8 +49,12 @@ StatusOr<int32_t> PickFreePort() {
 StatusOr<PrivateDirectory> PrivateDirectory::Create(const std::string& parent) {
   std::string pattern =
       (parent.empty() ? EnvString("TMPDIR", "/tmp") : parent) + "/lockstep-exec-XXXXXX";
-  if (mkdtemp(pattern.data()) == nullptr) return ErrnoStatus("mkdtemp " + pattern, errno);
-  return PrivateDirectory(pattern);
+  if (mkdtemp(pattern.data()) != nullptr) return PrivateDirectory(pattern);
+  const int error = errno;
+  // An image without /tmp (scratch, some distroless ones): every container has /dev/shm.
+  std::string fallback = "/dev/shm/lockstep-exec-XXXXXX";
+  if (parent.empty() && mkdtemp(fallback.data()) != nullptr) return PrivateDirectory(fallback);
+  return ErrnoStatus("mkdtemp " + pattern, error);
 }
 
 PrivateDirectory::PrivateDirectory(PrivateDirectory&& other) noexcept

@@ -55,8 +55,9 @@ std::string FindPythonHelpers(const std::string& worker_binary);
 // picks again.
 StatusOr<int32_t> PickFreePort();
 
-// A private directory (mkdtemp under `parent`, default $TMPDIR) for the progress file and the
-// helper's state snapshot; removed with everything in it when this object is destroyed.
+// A private directory (mkdtemp under `parent`, default $TMPDIR or /tmp, else /dev/shm for an image
+// without /tmp) for the progress file and the helper's state snapshot; removed with everything in
+// it when this object is destroyed.
 class PrivateDirectory {
  public:
   static StatusOr<PrivateDirectory> Create(const std::string& parent = "");

@@ -4,8 +4,8 @@
 // the failure cases.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <unistd.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -26,12 +26,12 @@ namespace lockstep::agent {
 namespace {
 
 using lockstep::testing::ChildProcess;
-using lockstep::testing::TorchAvailable;
 using lockstep::testing::ChildrenWithEnv;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
+using lockstep::testing::TorchAvailable;
 using lockstep::testing::WriteFile;
 
 const std::string kAgent = LOCKSTEP_EXEC_AGENT_BINARY;
@@ -50,7 +50,7 @@ class ExecJob {
         rendezvous_(Config(name, min_members, max_members, initial_members)) {}
 
   std::unique_ptr<ChildProcess> StartAgent(int index, const std::vector<std::string>& command,
-                                          const std::string& grace_ms = "3000") {
+                                           const std::string& grace_ms = "3000") {
     const std::string member = name_ + "-worker-" + std::to_string(index);
     nlohmann::json manifest = {{"apiVersion", "lockstep.io/v1alpha1"},
                                {"kind", "TrainingJob"},
@@ -115,13 +115,17 @@ std::vector<std::string> DdpCommand(const std::string& dir, int steps, double st
 std::string WriteExecManifest(const std::string& dir, const std::string& name, int replicas,
                               const nlohmann::json& command, const std::string& spec_lines = "") {
   const std::string path = dir + "/job.yaml";
-  WriteFile(path, "apiVersion: lockstep.io/v1alpha1\n"
-                  "kind: TrainingJob\n"
-                  "metadata: {name: " + name + "}\n"
-                  "spec:\n"
-                  "  replicas: " + std::to_string(replicas) + "\n" + spec_lines +
-                  "  command: " + command.dump() + "\n"
-                  "  metrics: {port: 0}\n");
+  WriteFile(path,
+            "apiVersion: lockstep.io/v1alpha1\n"
+            "kind: TrainingJob\n"
+            "metadata: {name: " +
+                name +
+                "}\n"
+                "spec:\n"
+                "  replicas: " +
+                std::to_string(replicas) + "\n" + spec_lines + "  command: " + command.dump() +
+                "\n"
+                "  metrics: {port: 0}\n");
   return path;
 }
 
@@ -158,6 +162,42 @@ TEST(ExecIntegration, TwoAgentsTrainDdpScriptToTheEnd) {
   EXPECT_EQ(snapshot.history.size(), 1u);
   EXPECT_EQ(snapshot.completed_members, 2);
 }
+
+// A finished job applied again with the same checkpoint, or pods lost after the last save: the
+// program starts at its final step. It must end at once and succeed, not crash on a step it never
+// ran and be restarted until backoffLimit. Every exec example that checkpoints (train_ddp.py,
+// plain and in place; train_pipeline.py keeps no checkpoint).
+class ExecExampleAtItsEnd : public ::testing::TestWithParam<bool> {};
+
+TEST_P(ExecExampleAtItsEnd, ResumedAtItsFinalStepEndsAtOnceAndSucceeds) {
+  if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
+  const bool in_place = GetParam();
+  const std::string dir = MakeTempDir("exec-at-end");
+  std::vector<std::string> command = DdpCommand(dir, 10, 0);
+  if (in_place) command.push_back("--in-place");
+  for (const char* round : {"first", "again"}) {
+    ExecJob job(std::string("ddp-end-") + (in_place ? "ip-" : "") + round, 2, 2, 2, 3);
+    auto agent0 = job.StartAgent(0, command);
+    auto agent1 = job.StartAgent(1, command);
+    const ProcessResult r0 = agent0->Wait(kTrainWaitMs);
+    const ProcessResult r1 = agent1->Wait(kTrainWaitMs);
+    ASSERT_EQ(r0.exit_code, 0) << round << "\n" << r0.out << r0.err;
+    ASSERT_EQ(r1.exit_code, 0) << round << "\n" << r1.out << r1.err;
+    const rendezvous::JobSnapshot snapshot = job.Snapshot();
+    EXPECT_EQ(snapshot.history.size(), 1u) << round << ": no restart";
+    EXPECT_EQ(snapshot.progress.step, 10) << round << ": the progress says where it is";
+    if (std::string(round) == "again") {
+      EXPECT_NE((r0.out + r1.out).find("finished at step 10 (world 2, nothing left to train)"),
+                std::string::npos)
+          << r0.out << r1.out;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(DdpExample, ExecExampleAtItsEnd, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return info.param ? "InPlace" : "RestartAll";
+                         });
 
 TEST(ExecIntegration, KilledTrainingProcessRestartsGroupThatResumesFromItsCheckpoint) {
   if (!TorchAvailable()) GTEST_SKIP() << kPython << " has no torch";
@@ -280,8 +320,8 @@ TEST(ExecIntegration, APipelineProgramOnTheRendezvousRanksEndsAsOneProcessWould)
 // the summary claims no steps, loss or rate for it.
 TEST(ExecIntegration, LockstepRunShowsTheProgramsLinesAndClaimsNoProgressItDidNotReport) {
   const std::string dir = MakeTempDir("exec-quiet");
-  const std::string manifest = WriteExecManifest(
-      dir, "quiet", 2, {"/bin/sh", "-c", "echo hello from $RANK of $WORLD_SIZE"});
+  const std::string manifest =
+      WriteExecManifest(dir, "quiet", 2, {"/bin/sh", "-c", "echo hello from $RANK of $WORLD_SIZE"});
   const ProcessResult result = lockstep::testing::RunProcess(
       {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs", "--summary",
        dir + "/summary.json", "--console", "rank0"},
@@ -392,9 +432,9 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
 TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnoringSigterm) {
   const std::string dir = MakeTempDir("exec-interrupt");
   const std::string marker = "exec-interrupt-" + std::to_string(getpid());
-  const std::string manifest = WriteExecManifest(
-      dir, "interrupted", 2,
-      {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
+  const std::string manifest =
+      WriteExecManifest(dir, "interrupted", 2,
+                        {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
   ChildProcess run(
       {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
       {{"LOCKSTEP_TEST_MARKER", marker},
@@ -669,8 +709,8 @@ std::vector<CommandEvent> ReadEvents(const std::string& path) {
   return events;
 }
 std::string EventLine(const std::string& what, const std::string& file) {
-  return "echo " + what + " $LOCKSTEP_POD $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $(date +%s%N) >> " +
-         file;
+  return "echo " + what +
+         " $LOCKSTEP_POD $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $(date +%s%N) >> " + file;
 }
 
 // A PyTorch script that saves in its SIGTERM handler takes a moment to stop. One rank fails; the
@@ -681,18 +721,25 @@ std::string EventLine(const std::string& what, const std::string& file) {
 TEST(ExecIntegration, ACommandThatStopsSlowlyIsWaitedForBeforeAnyoneStartsAgain) {
   const std::string dir = MakeTempDir("exec-slow-stop");
   const std::string events = dir + "/events";
-  const std::string script =
-      EventLine("start", events) + "\n" +
-      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
-      "  if [ \"$RANK\" = 1 ]; then\n"
-      "    while [ ! -e " + dir + "/trapped ]; do sleep 0.02; done\n"
-      "    " + EventLine("stop", events) + "; exit 1\n"
-      "  fi\n"
-      "  trap 'sleep 2; " + EventLine("termstop", events) + "; exit 143' TERM\n"
-      "  touch " + dir + "/trapped\n"
-      "  sleep 60 & wait\n"
-      "fi\n" +
-      EventLine("stop", events) + "\n";
+  const std::string script = EventLine("start", events) + "\n" +
+                             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
+                             "  if [ \"$RANK\" = 1 ]; then\n"
+                             "    while [ ! -e " +
+                             dir +
+                             "/trapped ]; do sleep 0.02; done\n"
+                             "    " +
+                             EventLine("stop", events) +
+                             "; exit 1\n"
+                             "  fi\n"
+                             "  trap 'sleep 2; " +
+                             EventLine("termstop", events) +
+                             "; exit 143' TERM\n"
+                             "  touch " +
+                             dir +
+                             "/trapped\n"
+                             "  sleep 60 & wait\n"
+                             "fi\n" +
+                             EventLine("stop", events) + "\n";
   // The range `lockstep run` gave a fixed-size job of two: any generation of 1 or 2 could form.
   ExecJob job("slow-stop", 1, 2, 2, 3);
   // A grace far above the handler's 2 s: the handler is waited for, never cut by SIGKILL.
@@ -761,9 +808,9 @@ TEST(ExecIntegration, SimultaneousFailuresUseOneRestartAndTheBoundHolds) {
 TEST(ExecIntegration, LockstepRunStartsAFailingCommandBackoffLimitPlusOneTimesPerWorker) {
   const std::string dir = MakeTempDir("exec-run-bound");
   const std::string events = dir + "/events";
-  const std::string manifest =
-      WriteExecManifest(dir, "run-bound", 2, {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"},
-                        "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n");
+  const std::string manifest = WriteExecManifest(
+      dir, "run-bound", 2, {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"},
+      "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n");
   const ProcessResult result = lockstep::testing::RunProcess(
       {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
       {{"LOCKSTEP_EXEC_BACKOFF_MS", "50"}}, 60000);
@@ -789,9 +836,10 @@ TEST(ExecIntegration, ADaemonTheCommandStartedInItsOwnSessionEndsWithIt) {
   ExecJob job("setsid", 1, 1, 1, 0);
   auto agent = job.StartAgent(
       0, {"/bin/sh", "-c",
-          "setsid /bin/sh -c 'echo $$ > " + pid_file + ".tmp; mv " + pid_file + ".tmp " +
-              pid_file + "; exec sleep 300' &\n"
-              "while [ ! -s " + pid_file + " ]; do sleep 0.02; done; exit 0"});
+          "setsid /bin/sh -c 'echo $$ > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file +
+              "; exec sleep 300' &\n"
+              "while [ ! -s " +
+              pid_file + " ]; do sleep 0.02; done; exit 0"});
   const ProcessResult result = agent->Wait(30000);
   ASSERT_FALSE(result.timed_out) << result.err;
   EXPECT_EQ(result.exit_code, 0) << result.err;
@@ -816,10 +864,10 @@ int ZombieChildren(pid_t parent) {
 // ends.
 TEST(ExecIntegration, OrphansThatExitWhileTheCommandRunsAreReaped) {
   ExecJob job("orphans", 1, 1, 1, 0);
-  auto agent = job.StartAgent(
-      0, {"/bin/sh", "-c",
-          "for i in 1 2 3 4 5; do (sleep 0.2 &); done; sleep 1; echo orphans-gone; "
-          "while :; do sleep 1; done"});
+  auto agent =
+      job.StartAgent(0, {"/bin/sh", "-c",
+                         "for i in 1 2 3 4 5; do (sleep 0.2 &); done; sleep 1; echo orphans-gone; "
+                         "while :; do sleep 1; done"});
   ASSERT_TRUE(PollUntil(
       [&] { return agent->StdoutSoFar().find("orphans-gone") != std::string::npos; }, 30000, 20))
       << agent->StdoutSoFar();

@@ -5,8 +5,12 @@
 //
 // The GPU machine's check (scripts/gpu_check) runs these tests from its bundle, on that machine's
 // PyTorch: LOCKSTEP_TEST_PYTHON names another interpreter, LOCKSTEP_TEST_SOURCE_DIR a folder
-// holding examples/pytorch, and LOCKSTEP_TEST_LOCKSTEP another `lockstep` binary.
+// holding examples/pytorch, and LOCKSTEP_TEST_LOCKSTEP another `lockstep` binary. The torch 2.6
+// variants (tests/integration/exec/CMakeLists.txt) name Debian trixie's python3 the same way.
 #pragma once
+
+#include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cstdlib>
 #include <string>
@@ -29,8 +33,19 @@ inline const std::string kTestPython = FromEnvironment("LOCKSTEP_TEST_PYTHON", "
 inline const std::string kLockstepBinary =
     FromEnvironment("LOCKSTEP_TEST_LOCKSTEP", LOCKSTEP_BINARY);
 
+// Whether kTestPython imports torch.distributed; the torch tests skip when it does not. Where
+// LOCKSTEP_TEST_REQUIRE_TORCH is set (the torch 2.6 variants) and this runs as root (where
+// scripts/test.sh makes their interpreter), a missing torch is a failure instead: a variant that
+// skipped would prove nothing.
 inline bool TorchAvailable() {
-  return RunProcess({kTestPython, "-c", "import torch.distributed"}, {}, 60000).exit_code == 0;
+  const ProcessResult result =
+      RunProcess({kTestPython, "-c", "import torch.distributed"}, {}, 60000);
+  if (result.exit_code != 0 && !FromEnvironment("LOCKSTEP_TEST_REQUIRE_TORCH", "").empty() &&
+      geteuid() == 0) {
+    ADD_FAILURE() << kTestPython
+                  << " cannot import torch (scripts/trixie-torch.sh makes it): " << result.err;
+  }
+  return result.exit_code == 0;
 }
 
 }  // namespace lockstep::testing
