@@ -8,11 +8,17 @@
 #   scripts/cluster.sh kill-node NODE   # the node off the network, then SIGKILL to its daemons and
 #                                       # containers (a node lost)
 #   scripts/cluster.sh start-node NODE  # start a stopped node again (containerd, kubelet, kube-proxy)
+#   scripts/cluster.sh build-image DIR NAME     # DIR's Dockerfile as image NAME, with buildah; prints
+#                                               # its archive (docker-archive), cached by content
+#   scripts/cluster.sh load-image ARCHIVE...    # an image archive into every node (as `kind load`)
+#   scripts/cluster.sh shared-volume NS NAME    # a ReadWriteMany claim NAME in namespace NS on the
+#                                               # storage both nodes share (GlusterFS)
 #
 # Control plane in the host's network namespace on the bridge address 172.30.0.1: etcd, kube-
 # apiserver, kube-controller-manager, kube-scheduler. Nodes lockstep-node-1 and -2: each its own
 # network and mount namespace and cgroup, with containerd (runc), kubelet and kube-proxy
-# (iptables). Kubernetes comes from scripts/kubernetes.sh, the images from the Dockerfile
+# (iptables); GlusterFS serves storage both nodes share. Kubernetes comes from
+# scripts/kubernetes.sh, the images from the Dockerfile
 # (cached under ${LOCKSTEP_CACHE_DIR:-~/.cache/lockstep}); needs root and the packages
 # `scripts/setup.sh` installs, and a build of the project (helm_render renders the chart).
 set -euo pipefail
@@ -26,8 +32,9 @@ source "$here/cluster/control_plane.sh"
 source "$here/cluster/images.sh"
 source "$here/cluster/node.sh"
 source "$here/cluster/operator.sh"
+source "$here/cluster/shared_storage.sh"
 
-usage() { sed -n '2,17p' "$0"; }
+usage() { sed -n '2,23p' "$0"; }
 
 cluster_up() {
   [[ $(id -u) -eq 0 ]] || die "needs root (network namespaces, mounts, cgroups)"
@@ -52,6 +59,7 @@ cluster_up() {
   make_pki
   make_network
   start_control_plane
+  start_shared_storage
   local node
   for node in "${nodes[@]}"; do
     make_node_namespace "$node"
@@ -61,6 +69,7 @@ cluster_up() {
     start_kubelet "$node"
   done
   wait_for 90 "both nodes Ready" nodes_ready
+  publish_shared_storage
   install_operator
   touch "$state/up"
   say "up in $((SECONDS - start))s; kubectl --kubeconfig $state/admin.kubeconfig get nodes"
@@ -84,6 +93,7 @@ cluster_down() {
   fi
   local failed=0 node
   for node in "${nodes[@]}"; do stop_node "$node" || failed=1; done
+  stop_shared_storage || failed=1
   stop_control_plane || failed=1
   # Anything of ours a crashed `up` did not record (a daemon started before its pid was written).
   local leftover
@@ -141,12 +151,33 @@ start_stopped_node() {
   start_kubelet "$node"
 }
 
+# load-image: each archive into every node's containerd, in the namespace the kubelet's CRI uses;
+# a pod then runs it with imagePullPolicy IfNotPresent or Never (no registry is reachable here).
+load_image_archives() {
+  [[ -e "$state/up" ]] || die "no cluster is up ('up' first)"
+  local archive node
+  for archive in "$@"; do [[ -s "$archive" ]] || die "no image archive at $archive"; done
+  image_archives=("$@")
+  for node in "${nodes[@]}"; do
+    daemon_running "containerd-$node" || die "$node is stopped ('start-node $node' first)"
+    load_images "$node"
+  done
+  say "loaded into ${nodes[*]}: $*"
+}
+
 case "${1:-}" in
   up) cluster_up ;;
   down) cluster_down ;;
   status) cluster_status ;;
   kill-node) [[ $# -eq 2 ]] || { usage; exit 2; }; kill_node "$2" ;;
   start-node) [[ $# -eq 2 ]] || { usage; exit 2; }; start_stopped_node "$2" ;;
+  build-image) [[ $# -eq 3 ]] || { usage; exit 2; }
+               [[ $(id -u) -eq 0 ]] || die "needs root (buildah's storage is the cluster's)"
+               mkdir -p "$images"; build_context_image "$(cd "$2" && pwd)" "$3" ;;
+  load-image) [[ $# -ge 2 ]] || { usage; exit 2; }; shift; load_image_archives "$@" ;;
+  shared-volume) [[ $# -eq 3 ]] || { usage; exit 2; }
+                 [[ -e "$state/up" ]] || die "no cluster is up ('up' first)"
+                 shared_volume "$2" "$3" ;;
   -h|--help) usage ;;
   *) usage >&2; exit 2 ;;
 esac

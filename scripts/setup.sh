@@ -49,6 +49,9 @@ suite_packages=(
   # for Prometheus (Debian's prometheus is built without Kubernetes discovery)
   containerd runc containernetworking-plugins iptables conntrack buildah mmdebstrap
   victoria-metrics
+  # storage both nodes share (GlusterFS: this kernel has no NFS; docs/cluster.md), and a static
+  # busybox for the e2e tests' image without a shell or C library
+  glusterfs-server glusterfs-client busybox-static
   # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart test, and
   # the Go sources of the chart renderer helm_render (built with golang-1.19-go above): sprig v3
   # (Helm's template functions) and sigs.k8s.io/yaml (Helm's YAML)

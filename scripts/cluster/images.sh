@@ -1,6 +1,7 @@
 # The images: a debian:bookworm base made by mmdebstrap from Debian's package registry (no
-# public image registry is reachable here), the Dockerfile's operator and worker-cpu targets
-# built on it with buildah, and the pause image from the pause program Kubernetes' source builds.
+# public image registry is reachable here), the Dockerfile's operator, worker-cpu and agent
+# targets built on it with buildah, and the pause image from the pause program Kubernetes' source
+# builds; and, for `build-image`, any Dockerfile of a user's on a bookworm or trixie base.
 # Each is cached as a docker-archive under $cache/images, keyed by what it is made from, and
 # imported into every node's containerd. Sourced.
 
@@ -9,6 +10,7 @@ readonly image_registry=localhost/lockstep
 readonly image_tag=dev
 operator_image=$image_registry/lockstep-operator:$image_tag
 worker_image=$image_registry/lockstep-worker-cpu:$image_tag
+agent_image=$image_registry/lockstep-agent:$image_tag
 
 buildah_() {
   buildah --root "$images/storage" --runroot "$images/run" --storage-driver overlay "$@"
@@ -21,41 +23,47 @@ debian_mirror() {
   echo "${m:-http://deb.debian.org/debian}"
 }
 
-# The base: Debian bookworm's minbase with apt, tagged as both images the Dockerfile starts from
-# (debian:bookworm for the build stages, debian:bookworm-slim for the runtime ones; slim differs
-# only by leaving out documentation, as this one does).
+# A base: Debian RELEASE's minbase with apt, tagged as both images a Dockerfile starts from
+# (debian:RELEASE for build stages, debian:RELEASE-slim for runtime ones; slim differs only by
+# leaving out documentation, as this one does). bookworm for the project's images; trixie for the
+# examples' own images (examples/pytorch/Dockerfile), as a user's would be.
 build_base_image() {
-  local key="bookworm-$(date +%Y%m)"  # a month's package updates at most
+  local suite=${1:-bookworm}
+  local key="$suite-$(date +%Y%m)"  # a month's package updates at most
   local labels
   labels=$(buildah_ inspect --type image --format '{{.OCIv1.Config.Labels}}' \
-             docker.io/library/debian:bookworm-slim 2>/dev/null || true)
+             "docker.io/library/debian:$suite-slim" 2>/dev/null || true)
   [[ "$labels" == *"lockstep.base:$key"* ]] && return 0
-  say "making debian:bookworm with mmdebstrap ($(debian_mirror))"
-  local tar="$images/debian-bookworm.tar"
+  say "making debian:$suite with mmdebstrap ($(debian_mirror))"
+  local tar="$images/debian-$suite.tar"
   mmdebstrap --variant=minbase --quiet \
     --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
     --dpkgopt='path-exclude=/usr/share/locale/*' --dpkgopt='path-include=/usr/share/doc/*/copyright' \
-    bookworm "$tar" "deb $(debian_mirror) bookworm main" >"$images/mmdebstrap.log" 2>&1 ||
+    "$suite" "$tar" "deb $(debian_mirror) $suite main" >"$images/mmdebstrap.log" 2>&1 ||
     { tail -n 20 "$images/mmdebstrap.log" >&2; die "mmdebstrap failed"; }
   local container
   container=$(buildah_ from scratch)
   buildah_ add "$container" "$tar" / >/dev/null
   buildah_ config --label "lockstep.base=$key" --cmd /bin/bash \
     --env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin "$container"
-  buildah_ commit --quiet --rm "$container" docker.io/library/debian:bookworm-slim >/dev/null
-  buildah_ tag docker.io/library/debian:bookworm-slim docker.io/library/debian:bookworm
+  buildah_ commit --quiet --rm "$container" "docker.io/library/debian:$suite-slim" >/dev/null
+  buildah_ tag "docker.io/library/debian:$suite-slim" "docker.io/library/debian:$suite"
   rm -f "$tar"
 }
 
 # The build context's fingerprint: the content of every file `git ls-files` gives (tracked and
-# untracked, not ignored) except those .dockerignore keeps out of the context by name.
+# untracked, not ignored) except those .dockerignore keeps out of the context by name, with its
+# exceptions ("!scripts/bundle") back in.
 context_key() {
-  local excluded
-  excluded=$(grep -v '^#' "$repo/.dockerignore" | grep -v '[*?]' | grep . | sed 's|/$||' |
-               paste -sd'|')
+  local excluded included
+  excluded=$(grep -v '^#' "$repo/.dockerignore" | grep -v '^!' | grep -v '[*?]' | grep . |
+               sed 's|/$||' | paste -sd'|')
+  included=$(grep '^!' "$repo/.dockerignore" | sed 's|^!||; s|/$||' | paste -sd'|')
   (cd "$repo" && git ls-files -z --cached --others --exclude-standard |
-     grep -zEv "^($excluded)(/|$)" | sort -z | xargs -0 sha256sum 2>/dev/null |
-     sha256sum | cut -c1-16)
+     awk -v RS='\0' -v ORS='\0' -v excluded="^($excluded)(/|$)" \
+         -v included="${included:+^($included)(/|$)}" \
+         '$0 !~ excluded || (included != "" && $0 ~ included)' |
+     sort -z | xargs -0 sha256sum 2>/dev/null | sha256sum | cut -c1-16)
 }
 
 # build_image TARGET NAME: the Dockerfile's TARGET as image NAME, in $images/TARGET-KEY.tar.
@@ -64,7 +72,7 @@ build_image() {
   key=$(context_key)
   archive="$images/$target-$key.tar"
   if [[ -s "$archive" ]]; then echo "$archive"; return 0; fi
-  build_base_image
+  build_base_image bookworm
   say "building the Dockerfile's $target target with buildah (log: $images/$target.log)"
   local start=$SECONDS
   if ! buildah_ bud --isolation chroot --network host --layers --pull=never \
@@ -103,6 +111,34 @@ build_images() {
   archive=$(build_pause_image) && image_archives+=("$archive") || die "no pause image"
   archive=$(build_image operator "$operator_image") && image_archives+=("$archive") || exit 1
   archive=$(build_image worker-cpu "$worker_image") && image_archives+=("$archive") || exit 1
+  archive=$(build_image agent "$agent_image") && image_archives+=("$archive") || exit 1
+}
+
+# build_context_image DIR NAME: the Dockerfile in DIR (its folder the context; FROM debian:
+# bookworm or trixie, which build_base_image makes) as image NAME, in $images/context-KEY.tar,
+# KEY from the folder's content and the month (apt's packages). Prints the archive's path. How the
+# tests and `cluster.sh build-image` build an image of a user's, such as examples/pytorch's.
+build_context_image() {
+  local dir=$1 name=$2 key archive suite
+  [[ -f "$dir/Dockerfile" ]] || die "no Dockerfile in $dir"
+  key=$( (cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum; echo "$name";
+          date +%Y%m) | sha256sum | cut -c1-16)
+  archive="$images/context-$key.tar"
+  if [[ -s "$archive" ]]; then echo "$archive"; return 0; fi
+  mkdir -p "$images"
+  suite=$(sed -n 's/^FROM debian:\([a-z]*\).*/\1/p' "$dir/Dockerfile" | head -n 1)
+  [[ -n "$suite" ]] && build_base_image "$suite"
+  say "building $name from $dir/Dockerfile with buildah (log: $images/context-$key.log)"
+  local start=$SECONDS
+  if ! buildah_ bud --isolation chroot --network host --layers --pull=never \
+      -t "$name" -f "$dir/Dockerfile" "$dir" >"$images/context-$key.log" 2>&1; then
+    tail -n 30 "$images/context-$key.log" >&2
+    die "building $name failed"
+  fi
+  buildah_ push --quiet "$name" "docker-archive:$archive.tmp:$name" >/dev/null
+  mv "$archive.tmp" "$archive"
+  say "$name built in $((SECONDS - start))s"
+  echo "$archive"
 }
 
 # Imports the archives into NODE's containerd, in the namespace the CRI uses.

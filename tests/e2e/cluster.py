@@ -98,6 +98,85 @@ def shared_checkpoints(job, directory):
     return job
 
 
+# The images of users' own that tests/e2e/cluster_up.sh builds and loads into both nodes.
+USER_IMAGE = "localhost/lockstep/pytorch-example:dev"   # examples/pytorch: trixie's torch 2.6
+NO_SHELL_IMAGE = "localhost/lockstep/no-shell:dev"       # a static busybox alone
+
+
+def user_image_archive():
+    """The docker-archive of USER_IMAGE (cluster.sh build-image finds it in its cache)."""
+    return subprocess.run([CLUSTER_SH, "build-image", os.path.join(REPO, "examples", "pytorch"),
+                           USER_IMAGE], capture_output=True, text=True, timeout=1800,
+                          check=True).stdout.strip().splitlines()[-1]
+
+
+def shared_volume(namespace, name):
+    """A ReadWriteMany claim `name` in `namespace` on the storage both nodes share (GlusterFS;
+    cluster.sh shared-volume)."""
+    subprocess.run([CLUSTER_SH, "shared-volume", namespace, name], capture_output=True, text=True,
+                   timeout=60, check=True)
+
+
+def delete_shared_volume(namespace, name):
+    """The PersistentVolume shared_volume made (the claim goes with its namespace)."""
+    kubectl("delete", "pv", "%s-%s" % (namespace, name), "--wait=false", check=False)
+
+
+def user_image_job(name, steps, in_place=False, replicas=4, extra_args=()):
+    """examples/pytorch-ddp-cluster.yaml named `name`: the DDP script in USER_IMAGE for `steps`
+    steps (a checkpoint every 50 on the claim "checkpoints"), in place with lockstep.elastic when
+    asked."""
+    job = example("pytorch-ddp-cluster.yaml")
+    job["metadata"]["name"] = name
+    spec = job["spec"]
+    spec["replicas"] = replicas
+    command = ["python3", "train_ddp.py", "--steps", str(steps), "--batch-size", "64",
+               "--checkpoint", "/checkpoints/%s/ckpt.pt" % name, "--checkpoint-every", "50"]
+    spec["command"] = command + (["--in-place"] if in_place else []) + list(extra_args)
+    # The example asks for half a core a pod; four pods and the control plane share 2 cores here.
+    spec["resources"] = {}
+    return job
+
+
+TIMESTAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z (.*)$")
+
+
+def kubelet_time(stamp):
+    """Seconds since the epoch of `kubectl logs --timestamps`' RFC 3339 nanosecond stamp."""
+    whole, fraction = stamp.split(".")
+    seconds = datetime.datetime.strptime(whole, "%Y-%m-%dT%H:%M:%S").replace(
+        tzinfo=datetime.timezone.utc).timestamp()
+    return seconds + float("0." + fraction)
+
+
+def stamped_lines(ns, pod, pattern, after=0.0, container=None, previous=False):
+    """(time, match) of each line of `pod`'s log matching `pattern` at or after `after`, timed by
+    the container runtime (kubectl logs --timestamps): for programs whose lines carry no time."""
+    args = ["logs", "-n", ns.name, pod, "--timestamps"]
+    if container:
+        args += ["-c", container]
+    if previous:
+        args.append("--previous")
+    found = []
+    for line in kubectl(*args, timeout=30, check=False).splitlines():
+        stamped = TIMESTAMPED.match(line)
+        if not stamped:
+            continue
+        at = kubelet_time(stamped.group(1))
+        match = re.search(pattern, stamped.group(2))
+        if match and at >= after:
+            found.append((at, match))
+    return found
+
+
+def first_stamped_line(ns, job_name, pattern, after):
+    """The time of the first line matching `pattern` at or after `after` in any of the job's
+    pods, or None."""
+    times = [found[0][0] for found in (stamped_lines(ns, p["metadata"]["name"], pattern, after)
+                                       for p in ns.pods(job_name)) if found]
+    return min(times) if times else None
+
+
 class Namespace:
     """A namespace of its own for one test, deleted (without waiting) at the end."""
 

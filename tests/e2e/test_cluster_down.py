@@ -1,5 +1,5 @@
 """`scripts/cluster.sh down`, run after the end-to-end tests whatever they did (the ctest fixture's
-cleanup), leaves nothing behind: no process of the cluster, no mount, no network namespace or
+cleanup), leaves nothing behind: no process of the cluster (GlusterFS's included), no mount, no network namespace or
 link, no cgroup, no iptables rule it added, no state directory."""
 import os
 import subprocess
@@ -15,7 +15,7 @@ def snapshot():
 
     processes = [line for line in run("ps", "-eo", "pid=,args=").splitlines()
                  if cluster.STATE + "/" in line or "kubelet" in line or "kube-proxy" in line
-                 or "containerd-shim" in line or "/pause" in line]
+                 or "containerd-shim" in line or "/pause" in line or "gluster" in line]
     mounts = [line for line in open("/proc/self/mounts", encoding="utf-8")
               if cluster.STATE in line or "lockstep-node" in line]
     netns = [n for n in run("ip", "netns", "list").split()
