@@ -60,8 +60,10 @@ RUN cmake -S . -B build -G Ninja \
       -DCMAKE_BUILD_TYPE=Release \
       -DLOCKSTEP_BUILD_TESTS=OFF -DLOCKSTEP_BUILD_BENCH=OFF -DLOCKSTEP_WITH_CUDA=OFF \
  && cmake --build build --target lockstep lockstep-worker lockstep-operator lockstep-agent \
+      lockstep-agent-launcher \
  && strip build/bin/lockstep build/bin/lockstep-worker build/bin/lockstep-operator \
- && scripts/bundle/agent.sh --out /src/agent build/bin/lockstep-agent python/lockstep
+ && scripts/bundle/agent.sh --out /src/agent build/bin/lockstep-agent-launcher \
+      build/bin/lockstep-agent python/lockstep
 
 # ---------------------------------------------------------------------------------------------
 # build: the same with the CUDA toolkit (NVIDIA's packages); builds lockstep and lockstep-worker

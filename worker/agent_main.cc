@@ -69,6 +69,7 @@ int main(int argc, char** argv) {
     lockstep::Usage();
     return argc < 2 ? 2 : 0;
   }
+  lockstep::agent::SetAgentProgramName(lockstep::kProgram);
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
   if (command == "install") return lockstep::Install(args);

@@ -20,9 +20,9 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
+#include "common/rendezvous/client_environment.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
-#include "common/rendezvous/client_environment.h"
 #include "common/spec/training_job.h"
 #include "common/termination_message.h"
 #include "worker/agent/child_process.h"
@@ -38,9 +38,14 @@ namespace lockstep::agent {
 
 namespace {
 
+std::string& AgentProgramName() {
+  static std::string name = "lockstep-worker";
+  return name;
+}
+
 // "lockstep-worker exec: error: " or "lockstep-agent exec: error: ": the program a user sees in
-// the pod's command (program_invocation_short_name is glibc's basename of argv[0]).
-std::string ErrorPrefix() { return std::string(program_invocation_short_name) + " exec: error: "; }
+// the pod's command.
+std::string ErrorPrefix() { return AgentProgramName() + " exec: error: "; }
 
 }  // namespace
 
@@ -224,7 +229,9 @@ int ExecAgent::Run() {
   LOCKSTEP_LOG(INFO) << "exec agent for " << options_.command[0] << " (backoffLimit "
                      << options_.budget.backoff_limit << ", restartPolicy "
                      << spec::ToString(options_.budget.policy) << ")";
-  inherited_env_ = CurrentEnvironment();
+  // In a user's image the launcher parked the image's LD_* variables away from this process's
+  // loader; the programs get them back.
+  inherited_env_ = RestoreParkedLoaderVariables(CurrentEnvironment());
   while (true) {
     StatusOr<rendezvous::Assignment> joined = JoinInterruptibly();
     if (!joined.ok() && rendezvous::JobCompletedWhileJoining(joined.status())) {
@@ -278,11 +285,12 @@ int ExecAgent::Run() {
     // Safety net under the shared count: a command that failed here more often than the budget
     // allows stops even if failure records went missing (an unreachable store).
     if (own_failures_ > options_.budget.backoff_limit) {
-      return GiveUpForGood(last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
-                           "the command failed " + std::to_string(own_failures_) +
-                               " times on this member (backoffLimit " +
-                               std::to_string(options_.budget.backoff_limit) +
-                               "); last: " + last_exit_.Describe());
+      return GiveUpForGood(
+          last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
+                    "the command failed " + std::to_string(own_failures_) +
+                        " times on this member (backoffLimit " +
+                        std::to_string(options_.budget.backoff_limit) +
+                        "); last: " + last_exit_.Describe());
     }
     if (active_ && active_->process().running() && active_->recoverable()) {
       switch (AwaitLeft(a)) {
@@ -327,8 +335,8 @@ int ExecAgent::Run() {
       }
     }
 
-    if (Status started =
-            StartOrAssign(a, *plan, CommandOptions(a, *plan), ExecVariables(a, *plan, Extras()));
+    if (Status started = StartOrAssign(a, *plan, CommandOptions(a, *plan),
+                                       ExecVariables(a, *plan, Extras()));
         !started.ok()) {
       return GiveUp(kExitFailure, started.ToString());
     }
@@ -376,6 +384,8 @@ using exec_agent_internal::ExecAgent;
 using exec_agent_internal::kExitBadInput;
 using exec_agent_internal::kExitFailure;
 using exec_agent_internal::kExitOk;
+
+void SetAgentProgramName(const std::string& name) { AgentProgramName() = name; }
 
 int RunExecAgent(const std::vector<std::string>& args) {
   if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {

@@ -48,6 +48,11 @@ namespace lockstep::agent {
 // (which cannot be interrupted) makes it Leave and _Exit(128 + signal) at once.
 int RunExecAgent(const std::vector<std::string>& args);
 
+// The program's name in the agent's error lines ("lockstep-worker exec: error: ..."); main sets
+// it once, before RunExecAgent (a rank of a pod is started as /proc/self/exe, whose name says
+// nothing). Default "lockstep-worker".
+void SetAgentProgramName(const std::string& name);
+
 struct ExecAgentOptions {
   rendezvous::ClientOptions client;
   std::string job;  // namespace/name, for logs, metrics and TORCHELASTIC_RUN_ID

@@ -46,6 +46,25 @@ StatusOr<int32_t> PickFreePort() {
   return static_cast<int32_t>(ntohs(address.sin_port));
 }
 
+std::vector<std::string> RestoreParkedLoaderVariables(const std::vector<std::string>& env) {
+  const std::string prefix = kParkedLoaderPrefix;
+  std::vector<std::string> restored;
+  std::vector<std::string> names;  // of the variables given back
+  for (const std::string& entry : env) {
+    if (entry.compare(0, prefix.size(), prefix) == 0 && entry.find('=') != std::string::npos) {
+      restored.push_back(entry.substr(prefix.size()));
+      names.push_back(restored.back().substr(0, restored.back().find('=') + 1));
+    }
+  }
+  for (const std::string& entry : env) {
+    if (entry.compare(0, prefix.size(), prefix) == 0) continue;
+    bool replaced = false;
+    for (const std::string& name : names) replaced |= entry.compare(0, name.size(), name) == 0;
+    if (!replaced) restored.push_back(entry);
+  }
+  return restored;
+}
+
 StatusOr<PrivateDirectory> PrivateDirectory::Create(const std::string& parent) {
   std::string pattern =
       (parent.empty() ? EnvString("TMPDIR", "/tmp") : parent) + "/lockstep-exec-XXXXXX";

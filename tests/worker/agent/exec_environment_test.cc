@@ -120,4 +120,15 @@ TEST(ExecEnvironment, AProgramStartedAheadOfAPlaceHasTheJobsVariablesButNoIdenti
 }
 
 }  // namespace
+TEST(ExecEnvironment, TheImagesLoaderVariablesParkedByTheLauncherReachTheProgram) {
+  const std::vector<std::string> restored = RestoreParkedLoaderVariables(
+      {"PATH=/usr/bin", "LOCKSTEP_IMAGE_LD_PRELOAD=/usr/lib/libjemalloc.so.2",
+       "LOCKSTEP_IMAGE_LD_LIBRARY_PATH=/usr/local/cuda/lib64", "LD_LIBRARY_PATH=/elsewhere",
+       "LOCKSTEP_IMAGE_LD_EMPTY="});
+  EXPECT_EQ(restored, (std::vector<std::string>{"LD_PRELOAD=/usr/lib/libjemalloc.so.2",
+                                                "LD_LIBRARY_PATH=/usr/local/cuda/lib64",
+                                                "LD_EMPTY=", "PATH=/usr/bin"}));
+  EXPECT_EQ(RestoreParkedLoaderVariables({"A=1", "B=2"}), (std::vector<std::string>{"A=1", "B=2"}));
+}
+
 }  // namespace lockstep::agent
