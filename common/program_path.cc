@@ -39,7 +39,8 @@ bool Exists(const std::string& path) {
 }
 
 // The PT_INTERP of a 64-bit ELF file whose first `size` bytes are `head`; "" when it has none
-// within them.
+// within them. Every offset is compared with what is left, never added to: a file's header may
+// hold any number.
 std::string ElfInterpreter(const char* head, size_t size) {
   if (size < sizeof(Elf64_Ehdr)) return "";
   Elf64_Ehdr header;
@@ -47,13 +48,15 @@ std::string ElfInterpreter(const char* head, size_t size) {
   if (header.e_ident[EI_CLASS] != ELFCLASS64 || header.e_phentsize != sizeof(Elf64_Phdr)) {
     return "";
   }
-  for (size_t i = 0; i < header.e_phnum; ++i) {
-    const uint64_t at = header.e_phoff + i * sizeof(Elf64_Phdr);
-    if (at + sizeof(Elf64_Phdr) > size) return "";
+  for (uint64_t i = 0; i < header.e_phnum; ++i) {
+    if (header.e_phoff > size || (size - header.e_phoff) / sizeof(Elf64_Phdr) <= i) return "";
     Elf64_Phdr program;
-    std::memcpy(&program, head + at, sizeof(program));
+    std::memcpy(&program, head + header.e_phoff + i * sizeof(Elf64_Phdr), sizeof(program));
     if (program.p_type != PT_INTERP) continue;
-    if (program.p_offset + program.p_filesz > size || program.p_filesz == 0) return "";
+    if (program.p_filesz == 0 || program.p_offset > size ||
+        program.p_filesz > size - program.p_offset) {
+      return "";
+    }
     return std::string(head + program.p_offset, strnlen(head + program.p_offset, program.p_filesz));
   }
   return "";

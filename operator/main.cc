@@ -308,8 +308,8 @@ class Operator {
           RendezvousServiceAddress(client_.get(), flags_.leader_election_namespace,
                                    flags_.rendezvous_service, 60000));
       const std::string& ns = flags_.leader_election_namespace;
-      for (const std::string& service :
-           {flags_.rendezvous_service, std::string("lockstep-rendezvous")}) {
+      for (const std::string& service : {flags_.rendezvous_service,
+                                         std::string("lockstep-rendezvous")}) {
         for (const std::string& name : {service + "." + ns, service + "." + ns + ".svc",
                                         service + "." + ns + ".svc.cluster.local"}) {
           service_names.push_back(name);
@@ -329,9 +329,9 @@ class Operator {
     server_options.listen_address =
         flags_.rendezvous_host + ":" + std::to_string(flags_.rendezvous_port);
     if (!flags_.rendezvous_insecure) {
-      LOCKSTEP_ASSIGN_OR_RETURN(
-          tls::KeyPair serving,
-          IssueRendezvousCertificate(identity_, flags_.rendezvous_address, service_names));
+      LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
+                                IssueRendezvousCertificate(identity_, flags_.rendezvous_address,
+                                                           service_names));
       server_options.tls_cert_pem = serving.cert_pem + identity_.ca.cert_pem;
       server_options.tls_key_pem = serving.key_pem;
     }

@@ -166,8 +166,7 @@ StatusOr<std::string> ReadManifestFile(const std::string& path) {
   if (fd < 0) {
     const int error = errno;
     if (error == ENOENT || error == ENOTDIR) return NotFoundError(path + ": no such file");
-    if (error == EACCES)
-      return PermissionDeniedError(path + ": cannot be read (permission denied)");
+    if (error == EACCES) return PermissionDeniedError(path + ": cannot be read (permission denied)");
     return InvalidArgumentError(path + ": cannot be opened: " + std::strerror(error));
   }
   struct stat info {};
@@ -195,10 +194,10 @@ StatusOr<std::string> ReadManifestFile(const std::string& path) {
     }
     text.resize(used);
     if (status.ok() && used > kMaxManifestBytes) {
-      status =
-          InvalidArgumentError(path + ": larger than " + std::to_string(kMaxManifestBytes / 1024) +
-                               " KiB, the most a manifest may be (the API server's limit "
-                               "on one object)");
+      status = InvalidArgumentError(path + ": larger than " +
+                                    std::to_string(kMaxManifestBytes / 1024) +
+                                    " KiB, the most a manifest may be (the API server's limit "
+                                    "on one object)");
     }
   }
   ::close(fd);
@@ -213,10 +212,10 @@ double QuantityValue(const std::string& quantity) {
   const double number = std::strtod(begin, &end);
   if (end == begin) return std::nan("");
   static const std::pair<std::string_view, double> kSuffixes[] = {
-      {"", 1},        {"Ki", 0x1p10}, {"Mi", 0x1p20}, {"Gi", 0x1p30},
-      {"Ti", 0x1p40}, {"Pi", 0x1p50}, {"Ei", 0x1p60}, {"n", 1e-9},
-      {"u", 1e-6},    {"m", 1e-3},    {"k", 1e3},     {"M", 1e6},
-      {"G", 1e9},     {"T", 1e12},    {"P", 1e15},    {"E", 1e18}};
+      {"", 1},        {"Ki", 0x1p10}, {"Mi", 0x1p20}, {"Gi", 0x1p30}, {"Ti", 0x1p40},
+      {"Pi", 0x1p50}, {"Ei", 0x1p60}, {"n", 1e-9},    {"u", 1e-6},    {"m", 1e-3},
+      {"k", 1e3},     {"M", 1e6},     {"G", 1e9},     {"T", 1e12},    {"P", 1e15},
+      {"E", 1e18}};
   const std::string_view suffix(end);
   for (const auto& [name, factor] : kSuffixes) {
     if (suffix == name) return number * factor;

@@ -53,12 +53,12 @@ const char* ToString(Precision value);      // "fp32" | "bf16"
 const char* ToString(Compression value);    // "none" | "bf16" | "fp16"
 const char* ToString(SyncStrategy value);   // "allreduce" | "localSGD" | "dgc" | "parameterServer"
 const char* ToString(ParameterServerMode value);  // "sync" | "async" | "geo"
-const char* ToString(NetworkMode value);          // "tcp" | "roce" | "infiniband"
-const char* ToString(RestartPolicy value);        // "OnFailure" | "ExitCode" | "Never"
-const char* ToString(GangScheduler value);        // "" (none) | "volcano" | "scheduler-plugins"
-const char* ToString(GlobalBatch value);          // "fixed" | "scaleWithWorld"
-const char* ToString(PlacementMode value);        // "required" | "preferred"
-const char* ToString(PipelineSchedule value);     // "gpipe" | "1f1b"
+const char* ToString(NetworkMode value);    // "tcp" | "roce" | "infiniband"
+const char* ToString(RestartPolicy value);  // "OnFailure" | "ExitCode" | "Never"
+const char* ToString(GangScheduler value);  // "" (none) | "volcano" | "scheduler-plugins"
+const char* ToString(GlobalBatch value);    // "fixed" | "scaleWithWorld"
+const char* ToString(PlacementMode value);  // "required" | "preferred"
+const char* ToString(PipelineSchedule value);  // "gpipe" | "1f1b"
 
 struct ObjectMeta {
   std::string name;                    // required, a DNS-1123 label
@@ -155,8 +155,8 @@ struct LocalSgdSpec {
   int64_t start_step = 0;  // >= 0
 };
 struct DgcSpec {
-  double sparsity = 0.999;              // [0, 1)
-  int64_t warmup_steps = 0;             // >= 0
+  double sparsity = 0.999;             // [0, 1)
+  int64_t warmup_steps = 0;            // >= 0
   int64_t min_bucket_elements = 16384;  // >= 1
 };
 //  - parameterServer: the model lives on the job's parameter servers (spec.parameterServers);
@@ -294,7 +294,7 @@ struct TrainingJobSpec {
   // `ranksPerWorker`: ranks (processes) per worker pod, rank = pod index * this + local rank
   // (torchrun's --nproc-per-node). Resolved: "auto" is one per requested GPU, at least 1.
   int32_t ranks_per_worker = 1;
-  ElasticSpec elastic;  // resolved: min/max always set after parsing
+  ElasticSpec elastic;   // resolved: min/max always set after parsing
   bool elastic_set = false;
   std::optional<TrainerSpec> trainer;  // exactly one of trainer and command
   std::vector<std::string> command;
@@ -367,8 +367,7 @@ inline bool operator!=(const TrainingJobSpec& a, const TrainingJobSpec& b) { ret
 inline bool operator!=(const TrainingJob& a, const TrainingJob& b) { return !(a == b); }
 
 // Parses and validates. On failure: InvalidArgument whose message holds every problem, one per
-// line, each prefixed by `source` ("examples/x.yaml: spec.replicas: must be within 1..50000 (got
-// 0)").
+// line, each prefixed by `source` ("examples/x.yaml: spec.replicas: must be within 1..50000 (got 0)").
 StatusOr<TrainingJob> ParseTrainingJobYaml(const std::string& text, const std::string& source);
 StatusOr<TrainingJob> ParseTrainingJobJson(const nlohmann::json& document,
                                            const std::string& source);

@@ -252,8 +252,7 @@ void ReadPlacement(const ObjectReader& spec, TrainingJobSpec* job_spec) {
     } else {
       reader.problems()->Add(reader.PathOf("topology"),
                              "must be a node label key such as topology.kubernetes.io/zone "
-                             "(got " +
-                                 Describe(json(topology)) + ")");
+                             "(got " + Describe(json(topology)) + ")");
     }
   }
   reader.ReadEnum("mode", &placement.mode);
@@ -284,7 +283,8 @@ void ReadElastic(const ObjectReader& spec, bool replicas_ok, TrainingJobSpec* jo
   }
   reader.ReadBool("replaceStragglers", &job_spec->elastic.replace_stragglers);
   const bool standby_ok = reader.ReadInt("standby", &job_spec->elastic.standby, 0, kMaxReplicas);
-  if (standby_ok && replicas_ok && job_spec->replicas + job_spec->elastic.standby > kMaxReplicas) {
+  if (standby_ok && replicas_ok &&
+      job_spec->replicas + job_spec->elastic.standby > kMaxReplicas) {
     spec.problems()->Add(reader.PathOf("standby"),
                          "replicas + standby must be <= " + std::to_string(kMaxReplicas) +
                              " (got " + std::to_string(job_spec->replicas) + " + " +
@@ -319,9 +319,9 @@ void ReadRanksPerWorker(const ObjectReader& reader, TrainingJobSpec* spec) {
   if (value == nullptr) return;
   if (value->is_string()) {
     if (*value != "auto") {
-      reader.problems()->Add(
-          reader.PathOf("ranksPerWorker"),
-          "must be a positive integer or \"auto\" (got " + Describe(*value) + ")");
+      reader.problems()->Add(reader.PathOf("ranksPerWorker"),
+                             "must be a positive integer or \"auto\" (got " + Describe(*value) +
+                                 ")");
       return;
     }
     spec->ranks_per_worker = std::max(1, spec->resources.gpus);
@@ -330,11 +330,11 @@ void ReadRanksPerWorker(const ObjectReader& reader, TrainingJobSpec* spec) {
   }
   if (spec->trainer && spec->trainer->device == Device::kCuda && spec->resources.gpus > 0 &&
       spec->ranks_per_worker > spec->resources.gpus) {
-    reader.problems()->Add(
-        reader.PathOf("ranksPerWorker"),
-        "must be <= spec.resources.gpus (" + std::to_string(spec->resources.gpus) +
-            ") for a cuda trainer: " + "each rank uses one of its pod's GPUs (got " +
-            std::to_string(spec->ranks_per_worker) + ")");
+    reader.problems()->Add(reader.PathOf("ranksPerWorker"),
+                           "must be <= spec.resources.gpus (" +
+                               std::to_string(spec->resources.gpus) + ") for a cuda trainer: " +
+                               "each rank uses one of its pod's GPUs (got " +
+                               std::to_string(spec->ranks_per_worker) + ")");
   }
 }
 
@@ -381,8 +381,7 @@ void CheckTemplateWorker(const ObjectReader& reader, const TrainingJobSpec& spec
 void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   ObjectReader reader = ChildMap(top, "spec");
   if (!reader.valid()) return;
-  bool replicas_ok =
-      reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1, kMaxReplicas);
+  bool replicas_ok = reader.Require("replicas") && reader.ReadInt("replicas", &spec->replicas, 1, kMaxReplicas);
   ReadElastic(reader, replicas_ok, spec);
 
   bool has_trainer = reader.Has("trainer"), has_command = reader.Has("command");

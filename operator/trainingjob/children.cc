@@ -309,8 +309,8 @@ namespace {
 // template asks: a cluster with no other node still runs the pod.
 void PreferOtherNodes(json* pod, const std::vector<std::string>& nodes) {
   if (nodes.empty()) return;
-  json& terms =
-      (*pod)["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
+  json& terms = (*pod)["spec"]["affinity"]["nodeAffinity"]
+                    ["preferredDuringSchedulingIgnoredDuringExecution"];
   if (!terms.is_array()) terms = json::array();
   terms.push_back(
       {{"weight", 100},
@@ -329,8 +329,8 @@ void PlaceTogether(json* pod, const spec::TrainingJob& job) {
                {"topologyKey", placement.topology}};
   const bool required = placement.mode == spec::PlacementMode::kRequired;
   json& terms = (*pod)["spec"]["affinity"]["podAffinity"]
-                      [required ? "requiredDuringSchedulingIgnoredDuringExecution"
-                                : "preferredDuringSchedulingIgnoredDuringExecution"];
+                    [required ? "requiredDuringSchedulingIgnoredDuringExecution"
+                              : "preferredDuringSchedulingIgnoredDuringExecution"];
   if (!terms.is_array()) terms = json::array();
   if (required) {
     terms.push_back(std::move(term));

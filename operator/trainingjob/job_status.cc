@@ -227,19 +227,25 @@ int32_t WorkerExitCode(const json& pod) {
 }
 
 bool IsStuckWaitingReason(const std::string& reason) {
-  static const std::set<std::string> kStuck = {"CreateContainerConfigError", "CreateContainerError",
-                                               "ErrImagePull", "ImagePullBackOff",
-                                               "InvalidImageName"};
+  static const std::set<std::string> kStuck = {"CreateContainerConfigError",
+                                               "CreateContainerError", "ErrImagePull",
+                                               "ImagePullBackOff", "InvalidImageName"};
   return kStuck.count(reason) > 0;
 }
 
 std::string WorkerStuckReason(const json& pod) {
-  const json* waiting = WorkerState(pod, "waiting");
-  if (waiting == nullptr) return "";
-  const std::string reason = waiting->value("reason", "");
-  if (!IsStuckWaitingReason(reason)) return "";
-  const std::string message = waiting->value("message", "");
-  return message.empty() ? reason : reason + ": " + message;
+  // The worker's own waiting reason, else its agent's (the worker waits as PodInitializing
+  // while an init container cannot start).
+  for (const json* waiting :
+       {ContainerState(pod, "containerStatuses", kWorkerContainer, "waiting"),
+        ContainerState(pod, "initContainerStatuses", kAgentContainer, "waiting")}) {
+    if (waiting == nullptr) continue;
+    const std::string reason = waiting->value("reason", "");
+    if (!IsStuckWaitingReason(reason)) continue;
+    const std::string message = waiting->value("message", "");
+    return message.empty() ? reason : reason + ": " + message;
+  }
+  return "";
 }
 
 std::string WorkerTerminationMessage(const json& pod) {

@@ -69,7 +69,9 @@ void BringAgent(json* pod, const std::string& agent_image) {
         {"runAsNonRoot", true},
         {"allowPrivilegeEscalation", false},
         {"readOnlyRootFilesystem", true},
-        {"capabilities", {{"drop", json::array({"ALL"})}}}}}};
+        {"capabilities", {{"drop", json::array({"ALL"})}}},
+        // Its own: a template may set the pod's to something else, or only the worker's.
+        {"seccompProfile", {{"type", "RuntimeDefault"}}}}}};
   if (json resources = CpuAndMemory(worker); !resources.empty()) {
     install["resources"] = std::move(resources);
   }

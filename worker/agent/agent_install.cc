@@ -115,6 +115,9 @@ StatusOr<AgentInstallReport> InstallAgentBundle(const std::string& bundle,
     return NotFoundError(bundle + " is not an agent bundle (no " + kBundleInfoFile + ")");
   }
   if (Status made = MakeFolder(target, 0755); !made.ok()) return made;
+  // A target without it holds no whole bundle until this install has ended.
+  const std::string info_to = (fs::path(target) / kBundleInfoFile).string();
+  if (unlink(info_to.c_str()) != 0 && errno != ENOENT) return Errno("cannot write " + info_to);
   AgentInstallReport report;
   fs::recursive_directory_iterator it(bundle, fs::directory_options::none, error);
   if (error) return InternalError("cannot list " + bundle + ": " + error.message());
@@ -141,8 +144,7 @@ StatusOr<AgentInstallReport> InstallAgentBundle(const std::string& bundle,
     }
   }
   const std::string info_from = (fs::path(bundle) / kBundleInfoFile).string();
-  StatusOr<int64_t> copied =
-      CopyFile(info_from, (fs::path(target) / kBundleInfoFile).string(), 0644);
+  StatusOr<int64_t> copied = CopyFile(info_from, info_to, 0644);
   if (!copied.ok()) return copied.status();
   ++report.files;
   report.bytes += *copied;

@@ -13,8 +13,8 @@
 #include <chrono>
 #include <cstring>
 #include <map>
-#include <thread>
 #include <vector>
+#include <thread>
 
 #include "common/cpu_priority.h"
 #include "common/deadline.h"
@@ -203,8 +203,8 @@ StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Start(const Options& optio
   return child;
 }
 
-StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Adopt(pid_t pid, int stdout_fd, int stderr_fd,
-                                                            const Options& options) {
+StatusOr<std::unique_ptr<ChildProcess>> ChildProcess::Adopt(pid_t pid, int stdout_fd,
+                                                           int stderr_fd, const Options& options) {
   siginfo_t info{};
   if (waitid(P_PID, static_cast<id_t>(pid), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
     const int error = errno;

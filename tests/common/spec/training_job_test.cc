@@ -4,6 +4,7 @@
 
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 
 #include <cmath>
@@ -146,9 +147,8 @@ TEST(TrainingJobSpec, StandbyWorkersRunBesideReplicasAndCapTheWorldAtReplicas) {
   yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  elastic: {standby: 49998}\n");
   StatusOr<TrainingJob> too_many = ParseTrainingJobYaml(yaml, "job.yaml");
   ASSERT_FALSE(too_many.ok());
-  EXPECT_THAT(
-      too_many.status().message(),
-      HasSubstr("spec.elastic.standby: replicas + standby must be <= 50000 (got 3 + 49998)"));
+  EXPECT_THAT(too_many.status().message(),
+              HasSubstr("spec.elastic.standby: replicas + standby must be <= 50000 (got 3 + 49998)"));
 }
 
 TEST(TrainingJobSpec, FullManifestRoundTripsThroughToJson) {
@@ -390,8 +390,8 @@ TEST_F(DataPathTest, AManifestLargerThanTheApiServerTakesIsRefusedNamingTheLimit
   EXPECT_EQ(job.status().code(), StatusCode::kInvalidArgument);
   EXPECT_THAT(job.status().message(), HasSubstr("larger than 1536 KiB"));
   // At the limit it is read and parsed.
-  Write(dir_ / "job.yaml",
-        std::string(kMinimal) + "# " + std::string(kMaxManifestBytes - sizeof(kMinimal) - 2, 'x'));
+  Write(dir_ / "job.yaml", std::string(kMinimal) + "# " +
+                               std::string(kMaxManifestBytes - sizeof(kMinimal) - 2, 'x'));
   EXPECT_TRUE(LoadTrainingJobFile((dir_ / "job.yaml").string()).ok());
 }
 
@@ -557,8 +557,7 @@ TEST(TrainingJobSpec, PlacementNamesANodeLabelLevelAndSurvivesTheRoundTrip) {
 TEST(TrainingJobSpec, APlacementThatIsNoLevelIsRefusedNamingTheField) {
   auto with = [](const std::string& placement) {
     std::string yaml = kMinimal;
-    yaml.replace(yaml.find("  replicas: 3\n"), 13,
-                 "  replicas: 3\n  placement: " + placement + "\n");
+    yaml.replace(yaml.find("  replicas: 3\n"), 13, "  replicas: 3\n  placement: " + placement + "\n");
     return ParseError(yaml);
   };
   EXPECT_THAT(with("{mode: required}"), HasSubstr("spec.placement.topology: required"));

@@ -4,8 +4,8 @@
 // the failure cases.
 #include <gtest/gtest.h>
 #include <signal.h>
-#include <sys/stat.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -26,12 +26,12 @@ namespace lockstep::agent {
 namespace {
 
 using lockstep::testing::ChildProcess;
+using lockstep::testing::TorchAvailable;
 using lockstep::testing::ChildrenWithEnv;
 using lockstep::testing::MakeTempDir;
 using lockstep::testing::PollUntil;
 using lockstep::testing::ProcessResult;
 using lockstep::testing::ReadFile;
-using lockstep::testing::TorchAvailable;
 using lockstep::testing::WriteFile;
 
 const std::string kAgent = LOCKSTEP_EXEC_AGENT_BINARY;
@@ -50,7 +50,7 @@ class ExecJob {
         rendezvous_(Config(name, min_members, max_members, initial_members)) {}
 
   std::unique_ptr<ChildProcess> StartAgent(int index, const std::vector<std::string>& command,
-                                           const std::string& grace_ms = "3000") {
+                                          const std::string& grace_ms = "3000") {
     const std::string member = name_ + "-worker-" + std::to_string(index);
     nlohmann::json manifest = {{"apiVersion", "lockstep.io/v1alpha1"},
                                {"kind", "TrainingJob"},
@@ -115,17 +115,13 @@ std::vector<std::string> DdpCommand(const std::string& dir, int steps, double st
 std::string WriteExecManifest(const std::string& dir, const std::string& name, int replicas,
                               const nlohmann::json& command, const std::string& spec_lines = "") {
   const std::string path = dir + "/job.yaml";
-  WriteFile(path,
-            "apiVersion: lockstep.io/v1alpha1\n"
-            "kind: TrainingJob\n"
-            "metadata: {name: " +
-                name +
-                "}\n"
-                "spec:\n"
-                "  replicas: " +
-                std::to_string(replicas) + "\n" + spec_lines + "  command: " + command.dump() +
-                "\n"
-                "  metrics: {port: 0}\n");
+  WriteFile(path, "apiVersion: lockstep.io/v1alpha1\n"
+                  "kind: TrainingJob\n"
+                  "metadata: {name: " + name + "}\n"
+                  "spec:\n"
+                  "  replicas: " + std::to_string(replicas) + "\n" + spec_lines +
+                  "  command: " + command.dump() + "\n"
+                  "  metrics: {port: 0}\n");
   return path;
 }
 
@@ -320,8 +316,8 @@ TEST(ExecIntegration, APipelineProgramOnTheRendezvousRanksEndsAsOneProcessWould)
 // the summary claims no steps, loss or rate for it.
 TEST(ExecIntegration, LockstepRunShowsTheProgramsLinesAndClaimsNoProgressItDidNotReport) {
   const std::string dir = MakeTempDir("exec-quiet");
-  const std::string manifest =
-      WriteExecManifest(dir, "quiet", 2, {"/bin/sh", "-c", "echo hello from $RANK of $WORLD_SIZE"});
+  const std::string manifest = WriteExecManifest(
+      dir, "quiet", 2, {"/bin/sh", "-c", "echo hello from $RANK of $WORLD_SIZE"});
   const ProcessResult result = lockstep::testing::RunProcess(
       {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs", "--summary",
        dir + "/summary.json", "--console", "rank0"},
@@ -432,9 +428,9 @@ TEST(ExecIntegration, TwoPodsOfTwoProcessesTrainTheDdpScriptAndAKilledOneRestart
 TEST(ExecIntegration, InterruptingLockstepRunLeavesNoCommandBehindEvenOneIgnoringSigterm) {
   const std::string dir = MakeTempDir("exec-interrupt");
   const std::string marker = "exec-interrupt-" + std::to_string(getpid());
-  const std::string manifest =
-      WriteExecManifest(dir, "interrupted", 2,
-                        {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
+  const std::string manifest = WriteExecManifest(
+      dir, "interrupted", 2,
+      {"/bin/sh", "-c", "trap '' TERM; echo ready; while :; do sleep 0.1; done"});
   ChildProcess run(
       {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
       {{"LOCKSTEP_TEST_MARKER", marker},
@@ -709,8 +705,8 @@ std::vector<CommandEvent> ReadEvents(const std::string& path) {
   return events;
 }
 std::string EventLine(const std::string& what, const std::string& file) {
-  return "echo " + what +
-         " $LOCKSTEP_POD $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $(date +%s%N) >> " + file;
+  return "echo " + what + " $LOCKSTEP_POD $WORLD_SIZE $TORCHELASTIC_RESTART_COUNT $(date +%s%N) >> " +
+         file;
 }
 
 // A PyTorch script that saves in its SIGTERM handler takes a moment to stop. One rank fails; the
@@ -721,25 +717,18 @@ std::string EventLine(const std::string& what, const std::string& file) {
 TEST(ExecIntegration, ACommandThatStopsSlowlyIsWaitedForBeforeAnyoneStartsAgain) {
   const std::string dir = MakeTempDir("exec-slow-stop");
   const std::string events = dir + "/events";
-  const std::string script = EventLine("start", events) + "\n" +
-                             "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
-                             "  if [ \"$RANK\" = 1 ]; then\n"
-                             "    while [ ! -e " +
-                             dir +
-                             "/trapped ]; do sleep 0.02; done\n"
-                             "    " +
-                             EventLine("stop", events) +
-                             "; exit 1\n"
-                             "  fi\n"
-                             "  trap 'sleep 2; " +
-                             EventLine("termstop", events) +
-                             "; exit 143' TERM\n"
-                             "  touch " +
-                             dir +
-                             "/trapped\n"
-                             "  sleep 60 & wait\n"
-                             "fi\n" +
-                             EventLine("stop", events) + "\n";
+  const std::string script =
+      EventLine("start", events) + "\n" +
+      "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then\n"
+      "  if [ \"$RANK\" = 1 ]; then\n"
+      "    while [ ! -e " + dir + "/trapped ]; do sleep 0.02; done\n"
+      "    " + EventLine("stop", events) + "; exit 1\n"
+      "  fi\n"
+      "  trap 'sleep 2; " + EventLine("termstop", events) + "; exit 143' TERM\n"
+      "  touch " + dir + "/trapped\n"
+      "  sleep 60 & wait\n"
+      "fi\n" +
+      EventLine("stop", events) + "\n";
   // The range `lockstep run` gave a fixed-size job of two: any generation of 1 or 2 could form.
   ExecJob job("slow-stop", 1, 2, 2, 3);
   // A grace far above the handler's 2 s: the handler is waited for, never cut by SIGKILL.
@@ -808,9 +797,9 @@ TEST(ExecIntegration, SimultaneousFailuresUseOneRestartAndTheBoundHolds) {
 TEST(ExecIntegration, LockstepRunStartsAFailingCommandBackoffLimitPlusOneTimesPerWorker) {
   const std::string dir = MakeTempDir("exec-run-bound");
   const std::string events = dir + "/events";
-  const std::string manifest = WriteExecManifest(
-      dir, "run-bound", 2, {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"},
-      "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n");
+  const std::string manifest =
+      WriteExecManifest(dir, "run-bound", 2, {"/bin/sh", "-c", EventLine("start", events) + "; exit 1"},
+                        "  runPolicy: {restartPolicy: OnFailure, backoffLimit: 3}\n");
   const ProcessResult result = lockstep::testing::RunProcess(
       {lockstep::testing::kLockstepBinary, "run", manifest, "--log-dir", dir + "/logs"},
       {{"LOCKSTEP_EXEC_BACKOFF_MS", "50"}}, 60000);
@@ -836,10 +825,9 @@ TEST(ExecIntegration, ADaemonTheCommandStartedInItsOwnSessionEndsWithIt) {
   ExecJob job("setsid", 1, 1, 1, 0);
   auto agent = job.StartAgent(
       0, {"/bin/sh", "-c",
-          "setsid /bin/sh -c 'echo $$ > " + pid_file + ".tmp; mv " + pid_file + ".tmp " + pid_file +
-              "; exec sleep 300' &\n"
-              "while [ ! -s " +
-              pid_file + " ]; do sleep 0.02; done; exit 0"});
+          "setsid /bin/sh -c 'echo $$ > " + pid_file + ".tmp; mv " + pid_file + ".tmp " +
+              pid_file + "; exec sleep 300' &\n"
+              "while [ ! -s " + pid_file + " ]; do sleep 0.02; done; exit 0"});
   const ProcessResult result = agent->Wait(30000);
   ASSERT_FALSE(result.timed_out) << result.err;
   EXPECT_EQ(result.exit_code, 0) << result.err;
@@ -864,10 +852,10 @@ int ZombieChildren(pid_t parent) {
 // ends.
 TEST(ExecIntegration, OrphansThatExitWhileTheCommandRunsAreReaped) {
   ExecJob job("orphans", 1, 1, 1, 0);
-  auto agent =
-      job.StartAgent(0, {"/bin/sh", "-c",
-                         "for i in 1 2 3 4 5; do (sleep 0.2 &); done; sleep 1; echo orphans-gone; "
-                         "while :; do sleep 1; done"});
+  auto agent = job.StartAgent(
+      0, {"/bin/sh", "-c",
+          "for i in 1 2 3 4 5; do (sleep 0.2 &); done; sleep 1; echo orphans-gone; "
+          "while :; do sleep 1; done"});
   ASSERT_TRUE(PollUntil(
       [&] { return agent->StdoutSoFar().find("orphans-gone") != std::string::npos; }, 30000, 20))
       << agent->StdoutSoFar();

@@ -140,10 +140,10 @@ spec:
 )";
   EXPECT_EQ(EnvText(DesiredPod(ParseJob(manifest), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
             "/dev/termination-log");
-  const json moved =
-      DesiredPod(ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
-                                     "terminationMessagePath: /var/run/why}]}}\n"),
-                 0, Settings());
+  const json moved = DesiredPod(
+      ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
+                          "terminationMessagePath: /var/run/why}]}}\n"),
+      0, Settings());
   EXPECT_EQ(EnvText(moved, "LOCKSTEP_TERMINATION_LOG"), "/var/run/why");
   EXPECT_EQ(CountEnv(moved, "LOCKSTEP_TERMINATION_LOG"), 1);
   EXPECT_EQ(EnvText(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
@@ -166,19 +166,19 @@ TEST(DesiredPodTest, WorkersLeaveALostNodeAfterTheOperatorsTolerationSeconds) {
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 30}}));
 
-  const json own =
-      DesiredPod(JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
-                         "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
-                 0, settings);
+  const json own = DesiredPod(
+      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+              "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
+      0, settings);
   seconds.clear();
   for (const json& t : own["spec"]["tolerations"]) seconds[t["key"]] = t["tolerationSeconds"];
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 600}}));
 
-  const json no_schedule =
-      DesiredPod(JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
-                         "operator: Exists, effect: NoSchedule}]}}\n"),
-                 0, settings);
+  const json no_schedule = DesiredPod(
+      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+              "operator: Exists, effect: NoSchedule}]}}\n"),
+      0, settings);
   int no_execute = 0;
   for (const json& t : no_schedule["spec"]["tolerations"]) {
     no_execute += t.value("effect", "") == "NoExecute";
@@ -606,8 +606,18 @@ TEST(DesiredPodAgentTest, ACommandInTheTemplatesImageRunsUnderTheAgentItsInitCon
   EXPECT_EQ(install["resources"], worker["resources"]);
   EXPECT_EQ(install["securityContext"]["runAsUser"], 65532);
   EXPECT_EQ(install["securityContext"]["readOnlyRootFilesystem"], true);
-  // The whole pod still meets the restricted profile, init container included.
+  // The whole pod still meets the restricted profile, init container included, also when the
+  // template gives the worker alone a seccomp profile (the pod then gets none).
   EXPECT_EQ(RestrictedProfileViolations(pod), std::vector<std::string>{}) << pod.dump(2);
+  const json worker_seccomp = DesiredPod(ParseJob(std::string(kUserImageJob) + R"(
+  template:
+    spec:
+      containers: [{name: worker, image: "my/train:3",
+                    securityContext: {seccompProfile: {type: RuntimeDefault}}}]
+)"),
+                                         0, settings);
+  EXPECT_EQ(RestrictedProfileViolations(worker_seccomp), std::vector<std::string>{})
+      << worker_seccomp.dump(2);
 }
 
 TEST(DesiredPodAgentTest, SpecImageNamesTheUsersImageToo) {
@@ -915,8 +925,7 @@ TEST(KueuePodGroupTest, AJobLabelledWithAQueueRunsAsOnePodGroupOfItsReplicas) {
 // Standbys are pods of the group too: Kueue admits (and counts quota for) all of them at once.
 TEST(KueuePodGroupTest, TheGroupCountsTheStandbyPods) {
   std::string manifest = kQueuedManifest;
-  manifest.replace(manifest.find("  replicas: 3\n"), 14,
-                   "  replicas: 3\n  elastic: {standby: 2}\n");
+  manifest.replace(manifest.find("  replicas: 3\n"), 14, "  replicas: 3\n  elastic: {standby: 2}\n");
   const spec::TrainingJob job = ParseJob(manifest, "0b7c4f2e-91aa-4c1e-8d55-0c2f9b1e7a10");
   for (int32_t index = 0; index < 5; ++index) {
     const json pod = DesiredPod(job, index, Settings());
@@ -977,9 +986,9 @@ TEST(PlacementTest, ARequiredLevelKeepsEveryPodWithTheJobsOthersAcrossItsLabel) 
 }
 
 TEST(PlacementTest, APreferredLevelIsAWeightedTermAndNoPlacementAddsNone) {
-  const json pod =
-      DesiredPod(JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"),
-                 0, Settings());
+  const json pod = DesiredPod(
+      JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"), 0,
+      Settings());
   const json& terms =
       pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
   ASSERT_EQ(terms.size(), 1u);
@@ -998,20 +1007,20 @@ TEST(PlacementTest, AQueuedJobAsksKueuesTopologyAwareSchedulingInstead) {
             "topology.lockstep.io/block");
   EXPECT_FALSE(required["spec"].contains("affinity") &&
                required["spec"]["affinity"].contains("podAffinity"));
-  const json preferred =
-      DesiredPod(ParseJob(std::string(kQueuedManifest) +
-                          "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
-                 0, Settings());
+  const json preferred = DesiredPod(
+      ParseJob(std::string(kQueuedManifest) +
+               "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
+      0, Settings());
   EXPECT_EQ(preferred["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"],
             "topology.lockstep.io/block");
-  EXPECT_FALSE(
-      preferred["metadata"]["annotations"].contains("kueue.x-k8s.io/podset-required-topology"));
+  EXPECT_FALSE(preferred["metadata"]["annotations"].contains(
+      "kueue.x-k8s.io/podset-required-topology"));
 }
 
 TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
-  const spec::TrainingJob job = JobWith(
-      "  runPolicy: {scheduling: {gang: volcano}}\n"
-      "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
+  const spec::TrainingJob job =
+      JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"
+              "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
   std::optional<json> group = DesiredPodGroup(job);
   ASSERT_TRUE(group.has_value());
   EXPECT_EQ((*group)["spec"]["networkTopology"],
@@ -1019,8 +1028,7 @@ TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
   // Volcano's own topology replaces the affinity term.
   const json pod = DesiredPod(job, 0, Settings());
   EXPECT_FALSE(pod["spec"].contains("affinity") && pod["spec"]["affinity"].contains("podAffinity"));
-  std::optional<json> plain =
-      DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
+  std::optional<json> plain = DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
   ASSERT_TRUE(plain.has_value());
   EXPECT_FALSE((*plain)["spec"].contains("networkTopology"));
 }

@@ -139,19 +139,18 @@ TEST(WorkerExitCodeTest, EvictedPodHasNoExitCode) {
 
 TEST(WorkerStuckReasonTest, NamesAWorkerThatCannotStartWithoutAChange) {
   // As the kubelet reports a root image under runAsNonRoot (kuberuntime's verifyRunAsNonRoot).
-  const std::string root =
-      "container has runAsNonRoot and image will run as root (pod: "
-      "\"mnist-worker-0_team-a(uid)\", container: worker)";
-  EXPECT_EQ(
-      WorkerStuckReason(PodWithWorkerState(
-          {{"waiting", {{"reason", "CreateContainerConfigError"}, {"message", root}}}}, "Pending")),
-      "CreateContainerConfigError: " + root);
-  EXPECT_EQ(WorkerStuckReason(
-                PodWithWorkerState({{"waiting", {{"reason", "ImagePullBackOff"}}}}, "Pending")),
+  const std::string root = "container has runAsNonRoot and image will run as root (pod: "
+                           "\"mnist-worker-0_team-a(uid)\", container: worker)";
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState(
+                {{"waiting", {{"reason", "CreateContainerConfigError"}, {"message", root}}}},
+                "Pending")),
+            "CreateContainerConfigError: " + root);
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"waiting", {{"reason", "ImagePullBackOff"}}}},
+                                                 "Pending")),
             "ImagePullBackOff");
   // Starting, running or done: nothing to say.
-  EXPECT_EQ(WorkerStuckReason(
-                PodWithWorkerState({{"waiting", {{"reason", "ContainerCreating"}}}}, "Pending")),
+  EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"waiting", {{"reason", "ContainerCreating"}}}},
+                                                 "Pending")),
             "");
   EXPECT_EQ(WorkerStuckReason(PodWithWorkerState({{"running", {{"startedAt", kT0}}}}, "Running")),
             "");
@@ -207,25 +206,25 @@ json FailedPod(const std::string& container, const json& terminated) {
 
 TEST(JobStatusTest, AGiveUpIsReadFromTheWorkersTerminationMessageOnly) {
   const auto pod = FailedPod;
-  EXPECT_EQ(WorkerGaveUpMessage(pod(
-                kWorkerContainer,
-                {{"exitCode", 1}, {"message", "lockstep: gave up: restarts exhausted: 3 of 3"}})),
+  EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer,
+                                    {{"exitCode", 1},
+                                     {"message", "lockstep: gave up: restarts exhausted: 3 of 3"}})),
             "restarts exhausted: 3 of 3");
   EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer, {{"exitCode", 1}, {"message", "oom"}})), "")
       << "a program's own message is not a give-up";
-  EXPECT_EQ(
-      WorkerGaveUpMessage(pod("sidecar", {{"exitCode", 1}, {"message", "lockstep: gave up: x"}})),
-      "");
+  EXPECT_EQ(WorkerGaveUpMessage(pod("sidecar", {{"exitCode", 1},
+                                                {"message", "lockstep: gave up: x"}})),
+            "");
   EXPECT_EQ(WorkerGaveUpMessage(pod(kWorkerContainer, {{"exitCode", 1}, {"message", 7}})), "");
   EXPECT_EQ(WorkerGaveUpMessage(json::object()), "");
 }
 
 TEST(JobStatusTest, TheWorkersErrorIsItsTerminationMessage) {
   const auto pod = FailedPod;
-  EXPECT_EQ(
-      WorkerTerminationMessage(
-          pod(kWorkerContainer, {{"exitCode", 2}, {"message", "cannot open file:///data/x.gz\n"}})),
-      "cannot open file:///data/x.gz");
+  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer,
+                                         {{"exitCode", 2},
+                                          {"message", "cannot open file:///data/x.gz\n"}})),
+            "cannot open file:///data/x.gz");
   EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 2}, {"message", " \n"}})),
             "");
   EXPECT_EQ(WorkerTerminationMessage(pod("sidecar", {{"exitCode", 1}, {"message", "x"}})), "")
@@ -270,7 +269,11 @@ TEST(JobStatusTest, AnAgentImageThatCannotBePulledIsWhyTheWorkerCannotStart) {
                        {"state",
                         {{"waiting",
                           {{"reason", "ErrImagePull"},
-                           {"message", "pull access denied for lockstep-agent"}}}}}}})}}}};
+                           {"message", "pull access denied for lockstep-agent"}}}}}}})},
+        // What the kubelet says of the worker meanwhile.
+        {"containerStatuses",
+         json::array({{{"name", kWorkerContainer},
+                       {"state", {{"waiting", {{"reason", "PodInitializing"}}}}}}})}}}};
   EXPECT_EQ(WorkerStuckReason(pod), "ErrImagePull: pull access denied for lockstep-agent");
 }
 

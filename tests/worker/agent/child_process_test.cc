@@ -10,9 +10,9 @@
 
 #include <fstream>
 
+#include "common/program_path.h"
 #include "common/cpu_priority.h"
 #include "common/deadline.h"
-#include "common/program_path.h"
 #include "tests/support/process/process.h"
 
 namespace lockstep::agent {
@@ -72,6 +72,25 @@ TEST(ChildProcess, AScriptWhoseShellIsMissingSaysWhichInterpreter) {
   EXPECT_EQ(exit.start_error, "cannot execute " + path +
                                   ": the interpreter it names, /no/such/bash, is not in this "
                                   "filesystem (an image without it?)");
+}
+
+TEST(ChildProcess, AProgramWhoseLoaderIsMissingSaysWhichLoader) {
+  // /bin/true for a C library this filesystem lacks: its PT_INTERP renamed in place.
+  std::string binary = testing::ReadFile("/bin/true");
+  const std::string loader = "/lib64/ld-linux-x86-64.so.2";
+  const size_t at = binary.find(loader);
+  ASSERT_NE(at, std::string::npos) << "/bin/true names no " << loader;
+  binary.replace(at, loader.size(), "/lib64/ld-linux-x86-64.so.9");  // same length
+  const std::string path = testing::MakeTempDir("child") + "/true";
+  testing::WriteFile(path, binary);
+  chmod(path.c_str(), 0755);
+  auto child = Start({path});
+  ASSERT_NE(child, nullptr);
+  const ChildExit exit = WaitForExit(*child);
+  EXPECT_EQ(exit.ShellStatus(), 127);
+  EXPECT_EQ(exit.start_error, "cannot execute " + path +
+                                  ": the interpreter it names, /lib64/ld-linux-x86-64.so.9, is not "
+                                  "in this filesystem (an image without it?)");
 }
 
 TEST(ChildProcess, AFailedProgramsLastErrorLinesAreKept) {
@@ -174,8 +193,8 @@ TEST(ChildProcess, AProgramStartedAtIdlePriorityAndWhatItStartedLeaveItTogether)
   const pid_t program = (*child)->pid();
   EXPECT_EQ(sched_getscheduler(program), SCHED_IDLE);
   std::vector<pid_t> started;
-  ASSERT_TRUE(
-      testing::PollUntil([&] { return !(started = DescendantsOf(program)).empty(); }, kWaitMs, 10));
+  ASSERT_TRUE(testing::PollUntil(
+      [&] { return !(started = DescendantsOf(program)).empty(); }, kWaitMs, 10));
   EXPECT_EQ(sched_getscheduler(started[0]), SCHED_IDLE);  // inherited
 
   ASSERT_TRUE((*child)->LeaveIdlePriority().ok());
