@@ -17,8 +17,10 @@ namespace lockstep::op::trainingjob {
 // The rules (a strategic merge keyed like Kubernetes' own):
 //  - metadata.labels/annotations: added; the operator's keys win.
 //  - spec.containers: by name. The "worker" container is merged field by field: image, command
-//    and args stay the operator's; env, volumeMounts, ports and resources are merged; any other
-//    field of the template, securityContext included, is kept. Every other container (a
+//    and args stay the operator's (its image is already the template's when it names one:
+//    spec::NamedWorkerImage; command and args are refused by validation); env, volumeMounts,
+//    ports and resources are merged; any other field of the template, securityContext included,
+//    is kept. Every other container (a
 //    sidecar) is added after the worker as written.
 //  - spec.volumes: by name, the operator's win.
 //  - spec.hostNetwork: the operator's (spec.network.hostNetwork decides ports and DNS policy).
