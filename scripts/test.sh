@@ -8,7 +8,8 @@ cd "$(dirname "$0")/.."
 
 scripts/setup.sh
 # torch 2.6 from Debian trixie, for the exec tests' second interpreter (needs root: as root only).
-if [[ $(id -u) -eq 0 ]]; then scripts/trixie-torch.sh >/dev/null; fi
+# Not fatal: without it the torch 2.6 tests fail and say why, the rest of the suite still runs.
+if [[ $(id -u) -eq 0 ]]; then scripts/trixie-torch.sh >/dev/null || true; fi
 scripts/build.sh
 status=0
 ctest --test-dir build --output-on-failure -j2 --timeout 300 -LE e2e "$@" || status=$?

@@ -34,7 +34,8 @@ case "${1:-}" in
   *) die "unknown argument: $1 (expected --rebuild or nothing)" ;;
 esac
 
-if ((rebuild == 0)) && [[ -x "$cache/python3" && "$(cat "$cache/KEY" 2>/dev/null)" == "$key" ]]; then
+made() { [[ -x "$cache/python3" && "$(cat "$cache/KEY" 2>/dev/null)" == "$key" ]]; }
+if ((rebuild == 0)) && made; then
   echo "$cache/python3"
   exit 0
 fi
@@ -50,7 +51,7 @@ mirror=${mirror:-http://deb.debian.org/debian}
 mkdir -p "$(dirname "$cache")"
 exec 9>"$cache.lock"
 flock -w 1800 9 || die "another trixie-torch.sh has held $cache.lock for 30 minutes"
-if ((rebuild == 0)) && [[ -x "$cache/python3" && "$(cat "$cache/KEY" 2>/dev/null)" == "$key" ]]; then
+if ((rebuild == 0)) && made; then
   echo "$cache/python3"
   exit 0
 fi
@@ -59,6 +60,7 @@ say "making a Debian trixie root with ${packages[*]} from $mirror into $cache (a
 start=$SECONDS
 rm -rf "$cache.new"
 mkdir -p "$cache.new"
+trap 'rm -rf "$cache.new"' EXIT  # a failed attempt leaves nothing of its 1.1 GB
 mmdebstrap --variant=apt --quiet --include="$(IFS=,; echo "${packages[*]}")" \
   --dpkgopt='path-exclude=/usr/share/doc/*' --dpkgopt='path-exclude=/usr/share/man/*' \
   --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -78,10 +80,12 @@ exec unshare --mount --propagation private -- /bin/sh -c '
   "$root" "$@"
 WRAPPER
 chmod 0755 "$cache.new/python3"
-version=$("$cache.new/python3" -c 'import sys, torch; print(sys.version.split()[0], torch.__version__)') ||
+version=$("$cache.new/python3" -c \
+            'import sys, torch; print(sys.version.split()[0], torch.__version__)') ||
   die "the trixie root's python3 cannot import torch (see above)"
 echo "$key" >"$cache.new/KEY"
 rm -rf "$cache"
 mv "$cache.new" "$cache"
+trap - EXIT
 say "made in $((SECONDS - start)) s: Python and torch $version"
 echo "$cache/python3"

@@ -59,7 +59,8 @@ def parse_args():
     p.add_argument("--checkpoint-every", type=int, default=20)
     p.add_argument("--progress-file", default=os.environ.get("LOCKSTEP_PROGRESS_FILE", ""))
     p.add_argument("--timeline", default="",
-                   help="append {rank, step, time, restart} per step to this file (benchmarks)")
+                   help="append {rank, step, time, restart, world, generation} per step to this "
+                        "file (benchmarks)")
     p.add_argument("--step-delay", type=float, default=0.0,
                    help="seconds to sleep per step (paces a demo or a test; 0 in real use)")
     p.add_argument("--in-place", action="store_true",
@@ -116,7 +117,8 @@ def train_step(args, ddp, optimizer, loss_fn, x, y, step, rank, world, reporter)
     return loss
 
 
-def after_step(args, model, optimizer, loss, done, rank, world, restart, reporter, timeline):
+def after_step(args, model, optimizer, loss, done, rank, world, restart, reporter, timeline,
+               generation):
     """What follows a step: checkpoint, progress, timeline, pacing (nothing collective)."""
     if args.checkpoint and rank == 0 and (done % args.checkpoint_every == 0 or
                                           done == args.steps):
@@ -130,7 +132,7 @@ def after_step(args, model, optimizer, loss, done, rank, world, restart, reporte
     if timeline:
         timeline.write(json.dumps({"event": "step", "rank": rank, "step": done,
                                    "time": time.time(), "restart": restart, "world": world,
-                                   "pid": os.getpid()}) + "\n")
+                                   "generation": generation, "pid": os.getpid()}) + "\n")
         timeline.flush()
     if args.step_delay:
         time.sleep(args.step_delay)
@@ -192,7 +194,7 @@ def main_in_place(args):
             loss = train_step(args, ddp, optimizer, loss_fn, x, y, step, ctx.rank,
                               ctx.world_size, reporter)
             after_step(args, model, optimizer, loss, step + 1, ctx.rank, ctx.world_size,
-                       ctx.restart_count, reporter, timeline)
+                       ctx.restart_count, reporter, timeline, ctx.generation)
         return loss, ctx.world_size, ctx.rank
 
     loss, world, rank = elastic.run(train, state, backend="gloo",
@@ -209,6 +211,7 @@ def main():
                             timeout=datetime.timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    generation = int(os.environ.get("LOCKSTEP_GENERATION", "0"))  # 0 outside Lockstep
     record_start(args, rank, restart)
     x, y = load_data(args)
 
@@ -232,7 +235,7 @@ def main():
     for step in range(start_step, args.steps):
         loss = train_step(args, ddp, optimizer, loss_fn, x, y, step, rank, world, reporter)
         after_step(args, model, optimizer, loss, step + 1, rank, world, restart, reporter,
-                   timeline)
+                   timeline, generation)
     dist.barrier()
     dist.destroy_process_group()
     finish(args, model, loss, world, rank, reporter)

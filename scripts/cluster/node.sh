@@ -68,8 +68,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     bin_dir = "/usr/lib/cni"
     conf_dir = "/etc/cni/net.d"
 TOML
-  # No cluster DNS here (docs/cluster.md); image garbage collection off (the images are imported,
-  # never pulled back); eviction thresholds low enough for a shared build machine's disk.
+  # No cluster DNS here (docs/cluster.md), and the host's name server does not answer pods (their
+  # addresses are not masqueraded): pods get a resolv.conf whose lookups fail at once instead of
+  # after the resolver's timeouts (PyTorch's c10d looks its peers' names up, 5 s each).
+  printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$dir/resolv.conf"
+  # Image garbage collection off (the images are imported, never pulled back); eviction
+  # thresholds low enough for a shared build machine's disk.
   cat >"$dir/kubelet.yaml" <<YAML
 apiVersion: kubelet.config.k8s.io/v1beta1
 kind: KubeletConfiguration
@@ -85,6 +89,7 @@ cgroupDriver: cgroupfs
 cgroupRoot: /$node
 cgroupsPerQOS: true
 clusterDomain: cluster.local
+resolvConf: $dir/resolv.conf
 failSwapOn: false
 readOnlyPort: 0
 healthzBindAddress: 127.0.0.1

@@ -18,7 +18,7 @@ readonly gluster_service=lockstep-glusterfs
 
 gluster_dir() { echo "$state/gluster"; }
 gluster_cli() {
-  gluster --mode=script --glusterd-sock="$(gluster_dir)/glusterd.socket" \
+  gluster --mode=script --glusterd-sock="$(gluster_dir)/cli.socket" \
     --log-file="$state/logs/gluster-cli.log" "$@"
 }
 
@@ -32,6 +32,7 @@ start_shared_storage() {
 volume management
     type mgmt/glusterd
     option working-directory $dir/state
+    option glusterd-sockfile $dir/cli.socket
     option transport-type socket
     option transport.socket.bind-address $control_plane_ip
     option transport.socket.listen-port 24007
@@ -47,6 +48,9 @@ VOL
   wait_for 30 "glusterd" gluster_cli volume list
   gluster_cli volume create "$gluster_volume" "$control_plane_ip:$dir/brick" force >/dev/null ||
     die "gluster volume create failed (log: $state/logs/glusterd.log)"
+  # Only the nodes mount it (the brick listens on every address of the host).
+  gluster_cli volume set "$gluster_volume" auth.allow "${bridge_cidr%.*}.*" >/dev/null ||
+    die "gluster volume set auth.allow failed (log: $state/logs/glusterd.log)"
   gluster_cli volume start "$gluster_volume" >/dev/null ||
     die "gluster volume start failed (log: $state/logs/glusterd.log)"
 }
@@ -95,7 +99,13 @@ spec:
   volumeName: $namespace-$name
   resources: {requests: {storage: 10Gi}}
 YAML
+  # Bound before it returns: a pod of an unbound claim waits for the kubelet's next try.
+  wait_for 60 "claim $namespace/$name bound" claim_bound "$namespace" "$name"
   echo "persistentvolumeclaim/$name in $namespace: ReadWriteMany, GlusterFS volume $gluster_volume"
+}
+
+claim_bound() {
+  [[ $(kubectl_admin get pvc "$2" -n "$1" -o jsonpath='{.status.phase}') == Bound ]]
 }
 
 # Stops the brick and glusterd (their pids are in the run directory and $state/pids).
@@ -103,7 +113,9 @@ stop_shared_storage() {
   local dir pids
   dir=$(gluster_dir)
   [[ -d "$dir" ]] || return 0
-  if daemon_running glusterd; then gluster_cli volume stop "$gluster_volume" >/dev/null 2>&1 || true; fi
+  if daemon_running glusterd; then
+    gluster_cli volume stop "$gluster_volume" >/dev/null 2>&1 || true
+  fi
   stop_daemon glusterd 5
   pids=$(pgrep -f -- "$dir/" || true)
   # shellcheck disable=SC2086

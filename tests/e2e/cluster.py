@@ -122,20 +122,46 @@ def delete_shared_volume(namespace, name):
     kubectl("delete", "pv", "%s-%s" % (namespace, name), "--wait=false", check=False)
 
 
-def user_image_job(name, steps, in_place=False, replicas=4, extra_args=()):
+def user_image_job(namespace, name, steps, in_place=False, replicas=4, extra_args=()):
     """examples/pytorch-ddp-cluster.yaml named `name`: the DDP script in USER_IMAGE for `steps`
-    steps (a checkpoint every 50 on the claim "checkpoints"), in place with lockstep.elastic when
-    asked."""
+    steps, in place with lockstep.elastic when asked. Its checkpoint (every 50 steps) and its
+    timeline (a line per step of every rank: timeline()) are in `namespace`'s own folder of the
+    claim "checkpoints", so a test run again never finds an earlier run's."""
     job = example("pytorch-ddp-cluster.yaml")
     job["metadata"]["name"] = name
     spec = job["spec"]
     spec["replicas"] = replicas
+    folder = "/checkpoints/%s/%s" % (namespace, name)
     command = ["python3", "train_ddp.py", "--steps", str(steps), "--batch-size", "64",
-               "--checkpoint", "/checkpoints/%s/ckpt.pt" % name, "--checkpoint-every", "50"]
+               "--checkpoint", folder + "/ckpt.pt", "--checkpoint-every", "50",
+               "--timeline", folder + "/timeline.jsonl"]
     spec["command"] = command + (["--in-place"] if in_place else []) + list(extra_args)
-    # The example asks for half a core a pod; four pods and the control plane share 2 cores here.
-    spec["resources"] = {}
     return job
+
+
+def timeline(namespace, name):
+    """The steps user_image_job's ranks recorded ({rank, step, time, world, generation, ...}),
+    read from the GlusterFS brick on this machine."""
+    path = os.path.join(STATE, "gluster", "brick", namespace, name, "timeline.jsonl")
+    events = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    events.append(json.loads(line))
+                except json.JSONDecodeError:
+                    pass  # a line being written
+    except OSError:
+        pass
+    return [e for e in events if e.get("event") == "step"]
+
+
+def first_step_after(namespace, name, generation, world=None):
+    """The first step any rank recorded in a generation after `generation` (at world size
+    `world`, when given), or None."""
+    later = [e for e in timeline(namespace, name) if e.get("generation", 0) > generation and
+             world in (None, e.get("world"))]
+    return min(later, key=lambda e: e["time"]) if later else None
 
 
 TIMESTAMPED = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d+)Z (.*)$")

@@ -1,6 +1,6 @@
 """`scripts/cluster.sh down`, run after the end-to-end tests whatever they did (the ctest fixture's
-cleanup), leaves nothing behind: no process of the cluster (GlusterFS's included), no mount, no network namespace or
-link, no cgroup, no iptables rule it added, no state directory."""
+cleanup), leaves nothing behind: no process of the cluster (GlusterFS's included), no mount, no
+network namespace or link, no cgroup, no iptables rule it added, no state directory."""
 import os
 import subprocess
 import unittest
