@@ -95,6 +95,7 @@ def load_data(args):
 def record_start(args, rank, restart):
     """When this process started (STARTED_AT), written once its rank is known."""
     if args.timeline:
+        os.makedirs(os.path.dirname(os.path.abspath(args.timeline)), exist_ok=True)
         with open(args.timeline, "a") as f:
             f.write(json.dumps({"event": "start", "rank": rank, "time": STARTED_AT,
                                 "restart": restart}) + "\n")

@@ -115,7 +115,8 @@ build_images() {
 }
 
 # build_context_image DIR NAME: the Dockerfile in DIR (its folder the context; FROM debian:
-# bookworm or trixie, which build_base_image makes) as image NAME, in $images/context-KEY.tar,
+# bookworm or trixie, which build_base_image makes) as image NAME, in
+# $images/context-NAME-KEY.tar (an older archive of NAME is removed),
 # KEY from the folder's content and the month (apt's packages). Prints the archive's path. How the
 # tests and `cluster.sh build-image` build an image of a user's, such as examples/pytorch's.
 build_context_image() {
@@ -123,18 +124,20 @@ build_context_image() {
   [[ -f "$dir/Dockerfile" ]] || die "no Dockerfile in $dir"
   key=$( (cd "$dir" && find . -type f -print0 | sort -z | xargs -0 sha256sum; echo "$name";
           date +%Y%m) | sha256sum | cut -c1-16)
-  archive="$images/context-$key.tar"
+  local stem="context-$(tr -c 'a-zA-Z0-9._-' '_' <<<"$name" | sed 's/_$//')"
+  archive="$images/$stem-$key.tar"
   if [[ -s "$archive" ]]; then echo "$archive"; return 0; fi
   mkdir -p "$images"
   suite=$(sed -n 's/^FROM debian:\([a-z]*\).*/\1/p' "$dir/Dockerfile" | head -n 1)
   [[ -n "$suite" ]] && build_base_image "$suite"
-  say "building $name from $dir/Dockerfile with buildah (log: $images/context-$key.log)"
+  say "building $name from $dir/Dockerfile with buildah (log: $images/$stem.log)"
   local start=$SECONDS
   if ! buildah_ bud --isolation chroot --network host --layers --pull=never \
-      -t "$name" -f "$dir/Dockerfile" "$dir" >"$images/context-$key.log" 2>&1; then
-    tail -n 30 "$images/context-$key.log" >&2
+      -t "$name" -f "$dir/Dockerfile" "$dir" >"$images/$stem.log" 2>&1; then
+    tail -n 30 "$images/$stem.log" >&2
     die "building $name failed"
   fi
+  rm -f "$images/$stem"-*.tar  # the same image from an older context
   buildah_ push --quiet "$name" "docker-archive:$archive.tmp:$name" >/dev/null
   mv "$archive.tmp" "$archive"
   say "$name built in $((SECONDS - start))s"
