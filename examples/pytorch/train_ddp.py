@@ -142,9 +142,10 @@ def after_step(args, model, optimizer, loss, done, rank, world, restart, reporte
 def open_outputs(args):
     reporter = progress.Reporter(args.progress_file) if progress and args.progress_file else None
     # Small appends to an O_APPEND file are atomic, so every rank may share one timeline.
+    for path in (args.timeline, args.checkpoint):
+        if path:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     timeline = open(args.timeline, "a") if args.timeline else None
-    if args.checkpoint:
-        os.makedirs(os.path.dirname(os.path.abspath(args.checkpoint)), exist_ok=True)
     return reporter, timeline
 
 

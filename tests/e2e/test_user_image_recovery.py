@@ -40,8 +40,9 @@ class UserImageRecovery(unittest.TestCase):
         whole world)."""
         name = job["metadata"]["name"]
         ns.apply(job)
-        ns.wait_job(name, "training past step 300", lambda j: cluster.step(j) >= 300,
-                    timeout=400)
+        running = ns.wait_job(name, "training past step 300", lambda j: cluster.step(j) >= 300
+                              or cluster.phase(j) == "Failed", timeout=400)
+        self.assertNotEqual(cluster.phase(running), "Failed", ns.describe(name))
         before = max(e.get("generation", 0) for e in cluster.timeline(ns.name, name))
         at = disturb(name)
         again = ns.wait(name, "a step in a later generation", lambda: cluster.first_step_after(
