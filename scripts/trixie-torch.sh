@@ -84,8 +84,12 @@ version=$("$cache.new/python3" -c \
             'import sys, torch; print(sys.version.split()[0], torch.__version__)') ||
   die "the trixie root's python3 cannot import torch (see above)"
 echo "$key" >"$cache.new/KEY"
-rm -rf "$cache"
+# The old root moves aside before the new one takes its name, then goes: a test still running
+# on it keeps its files until then.
+rm -rf "$cache.old"
+[[ -e $cache ]] && mv "$cache" "$cache.old"
 mv "$cache.new" "$cache"
 trap - EXIT
+rm -rf "$cache.old"
 say "made in $((SECONDS - start)) s: Python and torch $version"
 echo "$cache/python3"

@@ -20,6 +20,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "worker/agent/parked_loader.h"
+
 extern char** environ;
 
 namespace {
@@ -28,7 +30,6 @@ constexpr char kAgent[] = "lockstep-agent-main";
 // Where the bundle is when /proc is not mounted (scripts/bundle/agent.sh's default --prefix,
 // which is where the operator mounts it).
 constexpr char kAgentFallback[] = "/lockstep/bin/lockstep-agent-main";
-constexpr char kParkedPrefix[] = "LOCKSTEP_IMAGE_";
 
 int Fail(const char* what, const char* detail) {
   std::fprintf(stderr, "lockstep-agent: error: %s%s\n", what, detail);
@@ -37,12 +38,13 @@ int Fail(const char* what, const char* detail) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  (void)argc;
-  // The agent beside this program: the folder /proc/self/exe names.
+int main(int, char** argv) {
+  // The agent beside this program: the folder /proc/self/exe names (kAgentFallback without /proc,
+  // or where the path leaves no room for the agent's name).
   char path[PATH_MAX];
-  const ssize_t size = readlink("/proc/self/exe", path, sizeof(path) - sizeof(kAgent) - 1);
-  if (size > 0) {
+  const ssize_t room = static_cast<ssize_t>(sizeof(path) - sizeof(kAgent) - 1);
+  const ssize_t size = readlink("/proc/self/exe", path, static_cast<size_t>(room));
+  if (size > 0 && size < room) {
     path[size] = '\0';
     char* slash = std::strrchr(path, '/');
     if (slash == nullptr) return Fail("cannot tell the agent's folder from ", path);
@@ -56,10 +58,14 @@ int main(int argc, char** argv) {
   for (char** entry = environ; *entry != nullptr; ++entry) ++count;
   char** loader = static_cast<char**>(std::calloc(static_cast<size_t>(count) + 1, sizeof(char*)));
   if (loader == nullptr) return Fail("out of memory", "");
+  const size_t prefix_size = std::strlen(lockstep::agent::kLoaderVariablePrefix);
   int parked = 0;
   for (char** entry = environ; *entry != nullptr; ++entry) {
-    if (std::strncmp(*entry, "LD_", 3) == 0 && std::strchr(*entry, '=') != nullptr) {
-      loader[parked++] = strdup(*entry);
+    if (std::strncmp(*entry, lockstep::agent::kLoaderVariablePrefix, prefix_size) == 0 &&
+        std::strchr(*entry, '=') != nullptr) {
+      loader[parked] = strdup(*entry);
+      if (loader[parked] == nullptr) return Fail("out of memory", "");
+      ++parked;
     }
   }
   for (int i = 0; i < parked; ++i) {
@@ -68,9 +74,10 @@ int main(int argc, char** argv) {
     const char* name = loader[i];
     const char* value = equals + 1;
     char parked_name[256];
-    if (std::snprintf(parked_name, sizeof(parked_name), "%s%s", kParkedPrefix, name) >=
-        static_cast<int>(sizeof(parked_name))) {
-      return Fail("environment variable name too long: ", name);
+    if (std::snprintf(parked_name, sizeof(parked_name), "%s%s",
+                      lockstep::agent::kParkedLoaderPrefix,
+                      name) >= static_cast<int>(sizeof(parked_name))) {
+      continue;  // no loader variable has such a name: the loader ignores it, so may the agent
     }
     if (setenv(parked_name, value, 1) != 0 || unsetenv(name) != 0) {
       return Fail("cannot move the environment variable ", name);

@@ -77,7 +77,7 @@ helpers=${positional[2]}
 [[ -f $helpers/__init__.py ]] || die "$helpers holds no Python package (no __init__.py)"
 command -v patchelf >/dev/null || die "needs patchelf (scripts/setup.sh installs it)"
 
-out=$(mkdir -p "$(dirname "$out")" && cd "$(dirname "$out")" && pwd)/$(basename "$out")
+out=$(mkdir -p "$(dirname "$out")" && cd "$(dirname "$out")" && pwd -P)/$(basename "$out")
 stage=$(mktemp -d "$out.partial.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib/lockstep/python/lockstep"

@@ -137,7 +137,8 @@ build_context_image() {
     tail -n 30 "$images/$stem.log" >&2
     die "building $name failed"
   fi
-  rm -f "$images/$stem"-*.tar  # the same image from an older context
+  # The same image from an older context (its key is 16 hex digits: not another image's name).
+  rm -f "$images/$stem"-????????????????.tar
   buildah_ push --quiet "$name" "docker-archive:$archive.tmp:$name" >/dev/null
   mv "$archive.tmp" "$archive"
   say "$name built in $((SECONDS - start))s"

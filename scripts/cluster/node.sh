@@ -70,7 +70,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 TOML
   # No cluster DNS here (docs/cluster.md), and the host's name server does not answer pods (their
   # addresses are not masqueraded): pods get a resolv.conf whose lookups fail at once instead of
-  # after the resolver's timeouts (PyTorch's c10d looks its peers' names up, 5 s each).
+  # after the resolver's timeouts (PyTorch's c10d looks its peers' names up: init_process_group
+  # of 2 ranks took 20 s).
   printf 'nameserver 127.0.0.1\noptions timeout:1 attempts:1\n' >"$dir/resolv.conf"
   # Image garbage collection off (the images are imported, never pulled back); eviction
   # thresholds low enough for a shared build machine's disk.

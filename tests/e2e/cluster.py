@@ -104,10 +104,9 @@ NO_SHELL_IMAGE = "localhost/lockstep/no-shell:dev"       # a static busybox alon
 
 
 def user_image_archive():
-    """The docker-archive of USER_IMAGE (cluster.sh build-image finds it in its cache)."""
-    return subprocess.run([CLUSTER_SH, "build-image", os.path.join(REPO, "examples", "pytorch"),
-                           USER_IMAGE], capture_output=True, text=True, timeout=1800,
-                          check=True).stdout.strip().splitlines()[-1]
+    """The docker-archive of USER_IMAGE that tests/e2e/cluster_up.sh loaded into the nodes."""
+    with open(os.path.join(STATE, "user-image.archive"), encoding="utf-8") as f:
+        return f.read().strip()
 
 
 def shared_volume(namespace, name):

@@ -24,3 +24,5 @@ cp "$repo/tests/e2e/images/no-shell/Dockerfile" "$context/"
 cp /bin/busybox "$context/busybox"
 no_shell=$("$cluster" build-image "$context" localhost/lockstep/no-shell:dev)
 "$cluster" load-image "$pytorch" "$no_shell"
+# Which archive was loaded, for the test that reads the image's layers.
+echo "$pytorch" >"${LOCKSTEP_CLUSTER_DIR:-/var/lib/lockstep-cluster}/user-image.archive"

@@ -127,9 +127,10 @@ class UserImage(unittest.TestCase):
             finally:
                 cluster.delete_shared_volume(ns.name, "checkpoints")
 
-    def test_the_agent_costs_little_at_start(self):
+    def test_a_small_program_runs_in_either_image_and_its_start_is_timed(self):
         """The same small program in the operator's worker image (its lockstep-worker) and in the
-        user's image (the agent copied in by the init container): apply to first line."""
+        user's image (the agent copied in by the init container) succeeds; the time from apply to
+        its first line is printed for each (docs/benchmarks.md; no test asserts a time)."""
         times = {}
         with cluster.Namespace("agent-cost") as ns:
             for label, image in (("worker image", None), ("user image", cluster.USER_IMAGE)):
@@ -153,7 +154,7 @@ class UserImage(unittest.TestCase):
         preload = "/usr/lib/x86_64-linux-gnu/libstdc++.so.6"
         probe = ("import os\n"
                  "print('env', sorted(k + '=' + v for k, v in os.environ.items() "
-                 "if k.startswith('LD_')))\n"
+                 "if k.startswith(('LD_', 'LOCKSTEP_IMAGE_'))))\n"
                  "print('maps', sorted({l.split()[-1] for l in open('/proc/self/maps') "
                  "if '/lockstep' in l}))\n"
                  "print('libc', sorted({l.split()[-1] for l in open('/proc/self/maps') "

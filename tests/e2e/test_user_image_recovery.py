@@ -106,6 +106,11 @@ class UserImageRecovery(unittest.TestCase):
                            seen["survivors"])
         self.assertEqual(after, seen["survivors"],
                          "only the programs restart: the survivors' containers stay")
+        for pod in seen["survivors"]:
+            resumed = [int(m.group(1)) for _, m in cluster.stamped_lines(
+                ns, pod, r"resumed from step (\d+)", at)]
+            self.assertTrue(resumed and resumed[0] >= 250,
+                            "%s resumed from the shared checkpoint: %s" % (pod, resumed))
         print("e2e user image, restart all (torchrun's rule): training again %.2f s after the "
               "kill (world %d), the whole world %.2f s after it" % (
                   again["time"] - at, again["world"], whole["time"] - at))

@@ -22,7 +22,9 @@ fail() {
   failures=$((failures + 1))
 }
 work=$(mktemp -d "${TMPDIR:-/tmp}/agent_bundle_test.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+made_mount_point=""
+# The trixie root is scripts/trixie-torch.sh's cache: the mount point made in it goes again.
+trap 'rm -rf "$work"; [[ -z $made_mount_point ]] || rmdir "$made_mount_point"' EXIT
 
 # in_root ROOT [NAME=VALUE...] COMMAND...: COMMAND chrooted into ROOT, with the bundle at
 # ROOT/lockstep (read-only, as in a pod) and /proc, in an empty environment but for the NAME=VALUE
@@ -61,7 +63,10 @@ trixie=$(dirname "$trixie_python")/root
 if [[ ! -x $trixie/usr/bin/python3 ]]; then
   fail "no trixie root at $trixie (scripts/trixie-torch.sh makes it)"
 else
-  mkdir -p "$trixie/lockstep"
+  if [[ ! -d $trixie/lockstep ]]; then
+    mkdir "$trixie/lockstep"
+    made_mount_point=$trixie/lockstep
+  fi
   preload=/usr/lib/x86_64-linux-gnu/libstdc++.so.6
   if ! output=$(in_root "$trixie" LD_PRELOAD=$preload /lockstep/bin/lockstep-agent \
                   --help 2>&1); then

@@ -182,7 +182,9 @@ class ExecAgent {
   int GiveUpForGood(int status, const std::string& message);
 
   ExecAgentOptions options_;
-  std::vector<std::string> inherited_env_;  // the agent's own environment, read once in Run
+  // The agent's own environment with the image's loader variables back (parked_loader.h), read
+  // once in Run: what every program it starts inherits.
+  std::vector<std::string> inherited_env_;
   std::unique_ptr<rendezvous::RendezvousClient> client_;
   std::unique_ptr<ExecMetrics> metrics_;
   ProgressFileReader progress_;

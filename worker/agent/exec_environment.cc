@@ -12,6 +12,7 @@
 
 #include "common/env.h"
 #include "common/errno_check.h"
+#include "worker/agent/parked_loader.h"
 
 namespace lockstep::agent {
 
@@ -47,12 +48,13 @@ StatusOr<int32_t> PickFreePort() {
 }
 
 std::vector<std::string> RestoreParkedLoaderVariables(const std::vector<std::string>& env) {
-  const std::string prefix = kParkedLoaderPrefix;
+  const std::string prefix = std::string(kParkedLoaderPrefix) + kLoaderVariablePrefix;
+  const size_t parked_size = std::string(kParkedLoaderPrefix).size();
   std::vector<std::string> restored;
   std::vector<std::string> names;  // of the variables given back
   for (const std::string& entry : env) {
     if (entry.compare(0, prefix.size(), prefix) == 0 && entry.find('=') != std::string::npos) {
-      restored.push_back(entry.substr(prefix.size()));
+      restored.push_back(entry.substr(parked_size));
       names.push_back(restored.back().substr(0, restored.back().find('=') + 1));
     }
   }

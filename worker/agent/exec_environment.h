@@ -55,13 +55,10 @@ std::string FindPythonHelpers(const std::string& worker_binary);
 // picks again.
 StatusOr<int32_t> PickFreePort();
 
-// The prefix under which lockstep-agent's static launcher (worker/agent_launcher.cc) parked the
-// image's LD_* variables, so that the agent's own loader would not read them.
-inline constexpr char kParkedLoaderPrefix[] = "LOCKSTEP_IMAGE_";
-
-// `env` (NAME=value entries) with every parked variable back under its own name
-// (LOCKSTEP_IMAGE_LD_PRELOAD=x becomes LD_PRELOAD=x, winning over an LD_PRELOAD already there):
-// the environment the programs the agent starts inherit, as the image gave it.
+// `env` (NAME=value entries) with every loader variable the launcher parked back under its own
+// name (LOCKSTEP_IMAGE_LD_PRELOAD=x becomes LD_PRELOAD=x, winning over an LD_PRELOAD already
+// there; parked_loader.h): the environment the programs the agent starts inherit, as the image
+// gave it. Other LOCKSTEP_IMAGE_ variables (not the launcher's) stay as they are.
 std::vector<std::string> RestoreParkedLoaderVariables(const std::vector<std::string>& env);
 
 // A private directory (mkdtemp under `parent`, default $TMPDIR or /tmp, else /dev/shm for an image

@@ -119,16 +119,18 @@ TEST(ExecEnvironment, AProgramStartedAheadOfAPlaceHasTheJobsVariablesButNoIdenti
   EXPECT_NE(named.find("MASTER_ADDR"), std::string::npos);
 }
 
-}  // namespace
 TEST(ExecEnvironment, TheImagesLoaderVariablesParkedByTheLauncherReachTheProgram) {
   const std::vector<std::string> restored = RestoreParkedLoaderVariables(
       {"PATH=/usr/bin", "LOCKSTEP_IMAGE_LD_PRELOAD=/usr/lib/libjemalloc.so.2",
        "LOCKSTEP_IMAGE_LD_LIBRARY_PATH=/usr/local/cuda/lib64", "LD_LIBRARY_PATH=/elsewhere",
-       "LOCKSTEP_IMAGE_LD_EMPTY="});
-  EXPECT_EQ(restored, (std::vector<std::string>{"LD_PRELOAD=/usr/lib/libjemalloc.so.2",
-                                                "LD_LIBRARY_PATH=/usr/local/cuda/lib64",
-                                                "LD_EMPTY=", "PATH=/usr/bin"}));
+       "LOCKSTEP_IMAGE_LD_EMPTY=", "LOCKSTEP_IMAGE_TAG=3"});
+  EXPECT_EQ(restored,
+            (std::vector<std::string>{"LD_PRELOAD=/usr/lib/libjemalloc.so.2",
+                                      "LD_LIBRARY_PATH=/usr/local/cuda/lib64",
+                                      "LD_EMPTY=", "PATH=/usr/bin", "LOCKSTEP_IMAGE_TAG=3"}))
+      << "an image's own LOCKSTEP_IMAGE_TAG is no loader variable: it stays";
   EXPECT_EQ(RestoreParkedLoaderVariables({"A=1", "B=2"}), (std::vector<std::string>{"A=1", "B=2"}));
 }
 
+}  // namespace
 }  // namespace lockstep::agent
