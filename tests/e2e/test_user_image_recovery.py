@@ -34,7 +34,7 @@ def containers(pods):
 
 class UserImageRecovery(unittest.TestCase):
     def run_job(self, ns, job, disturb):
-        """Applies `job` in `ns` with a shared claim, waits for step 300, calls disturb(name) ->
+        """Applies `job` in `ns` with a shared claim, waits for step 300, calls disturb(ns, name) ->
         the time of the disturbance, waits for Succeeded at exactly STEPS. Returns (the last
         generation before the disturbance, its time, the first step after it, the first at the
         whole world)."""
@@ -44,7 +44,7 @@ class UserImageRecovery(unittest.TestCase):
                               or cluster.phase(j) == "Failed", timeout=400)
         self.assertNotEqual(cluster.phase(running), "Failed", ns.describe(name))
         before = max(e.get("generation", 0) for e in cluster.timeline(ns.name, name))
-        at = disturb(name)
+        at = disturb(ns, name)
         again = ns.wait(name, "a step in a later generation", lambda: cluster.first_step_after(
             ns.name, name, before), timeout=300)
         whole = ns.wait(name, "a step of the whole world", lambda: cluster.first_step_after(
@@ -66,24 +66,26 @@ class UserImageRecovery(unittest.TestCase):
         self.addCleanup(cluster.delete_shared_volume, ns.name, "checkpoints")
         return ns
 
+    def kill_second_worker(self, ns, name):
+        """SIGKILL to worker 1's container; the others' containers are kept in self.survivors.
+        Returns the time of the kill."""
+        pods = ns.pods(name)
+        self.survivors = containers(pods[:1] + pods[2:])
+        at = time.time()
+        cluster.kill_container(pods[1])
+        return at
+
+    def assert_survivors_keep_their_containers(self, ns, name):
+        after = containers(p for p in ns.pods(name) if p["metadata"]["name"] in self.survivors)
+        self.assertEqual(after, self.survivors, "survivors keep their containers (ids, restarts)")
+
     def test_a_killed_container_is_recovered_in_place_and_the_survivors_keep_theirs(self):
         ns = self.shared("inplace")
         job = cluster.spread_over_nodes(cluster.user_image_job(
             ns.name, "inplace", STEPS, in_place=True, extra_args=["--step-delay", DELAY]))
         job["spec"]["elastic"] = {"minReplicas": 2, "maxReplicas": 4}
-        seen = {}
-
-        def kill(name):
-            pods = ns.pods(name)
-            seen["survivors"] = containers(pods[:1] + pods[2:])
-            at = time.time()
-            cluster.kill_container(pods[1])
-            return at
-
-        _, at, again, whole = self.run_job(ns, job, kill)
-        after = containers(p for p in ns.pods("inplace") if p["metadata"]["name"] in
-                           seen["survivors"])
-        self.assertEqual(after, seen["survivors"], "survivors keep their containers")
+        _, at, again, whole = self.run_job(ns, job, self.kill_second_worker)
+        self.assert_survivors_keep_their_containers(ns, "inplace")
         self.assertEqual(again["world"], 3, "the survivors train on without the lost one")
         print("e2e user image, in place: training again %.2f s after the kill (world 3), the "
               "whole world %.2f s after it" % (again["time"] - at, whole["time"] - at))
@@ -92,21 +94,9 @@ class UserImageRecovery(unittest.TestCase):
         ns = self.shared("restartall")
         job = cluster.spread_over_nodes(cluster.user_image_job(
             ns.name, "restartall", STEPS, extra_args=["--step-delay", DELAY]))
-        seen = {}
-
-        def kill(name):
-            pods = ns.pods(name)
-            seen["survivors"] = containers(pods[:1] + pods[2:])
-            at = time.time()
-            cluster.kill_container(pods[1])
-            return at
-
-        _, at, again, whole = self.run_job(ns, job, kill)
-        after = containers(p for p in ns.pods("restartall") if p["metadata"]["name"] in
-                           seen["survivors"])
-        self.assertEqual(after, seen["survivors"],
-                         "only the programs restart: the survivors' containers stay")
-        for pod in seen["survivors"]:
+        _, at, again, whole = self.run_job(ns, job, self.kill_second_worker)
+        self.assert_survivors_keep_their_containers(ns, "restartall")  # only programs restart
+        for pod in self.survivors:
             resumed = [int(m.group(1)) for _, m in cluster.stamped_lines(
                 ns, pod, r"resumed from step (\d+)", at)]
             self.assertTrue(resumed and resumed[0] >= 250,
@@ -121,7 +111,7 @@ class UserImageRecovery(unittest.TestCase):
             ns.name, "alldeleted", STEPS, extra_args=["--step-delay", DELAY]))
         seen = {}
 
-        def delete_all(name):
+        def delete_all(ns, name):
             seen["old"] = {p["metadata"]["uid"] for p in ns.pods(name)}
             at = time.time()
             cluster.kubectl("delete", "pod", "--all", "-n", ns.name, "--wait=false")
@@ -153,7 +143,7 @@ class UserImageRecovery(unittest.TestCase):
         job["spec"]["elastic"] = {"standby": 1}
         seen = {}
 
-        def kill(name):
+        def kill(ns, name):
             ns.wait_job(name, "training at 4 with one standby", lambda j:
                         j.get("status", {}).get("rendezvous", {}).get("worldSize") == 4
                         and j["status"]["rendezvous"].get("standby") == 1, timeout=300)

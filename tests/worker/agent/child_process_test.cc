@@ -61,17 +61,23 @@ TEST(ChildProcess, NameNotOnPathIsExit127NamingThePath) {
       << exit.start_error;
 }
 
-TEST(ChildProcess, AScriptWhoseShellIsMissingSaysWhichInterpreter) {
-  const std::string path = testing::MakeTempDir("child") + "/train.sh";
-  testing::WriteFile(path, "#!/no/such/bash -e\nexit 0\n");
+// Writes `contents` as an executable `name` and starts it: exec fails with ENOENT although the
+// file is there, and the exit must name what is missing, `missing`.
+void ExpectMissingInterpreterNamed(const std::string& name, const std::string& contents,
+                                   const std::string& missing) {
+  const std::string path = testing::MakeTempDir("child") + "/" + name;
+  testing::WriteFile(path, contents);
   chmod(path.c_str(), 0755);
   auto child = Start({path});
   ASSERT_NE(child, nullptr);
   const ChildExit exit = WaitForExit(*child);
   EXPECT_EQ(exit.ShellStatus(), 127);
-  EXPECT_EQ(exit.start_error, "cannot execute " + path +
-                                  ": the interpreter it names, /no/such/bash, is not in this "
-                                  "filesystem (an image without it?)");
+  EXPECT_EQ(exit.start_error, "cannot execute " + path + ": the interpreter it names, " + missing +
+                                  ", is not in this filesystem (an image without it?)");
+}
+
+TEST(ChildProcess, AScriptWhoseShellIsMissingSaysWhichInterpreter) {
+  ExpectMissingInterpreterNamed("train.sh", "#!/no/such/bash -e\nexit 0\n", "/no/such/bash");
 }
 
 TEST(ChildProcess, AProgramWhoseLoaderIsMissingSaysWhichLoader) {
@@ -81,16 +87,7 @@ TEST(ChildProcess, AProgramWhoseLoaderIsMissingSaysWhichLoader) {
   const size_t at = binary.find(loader);
   ASSERT_NE(at, std::string::npos) << "/bin/true names no " << loader;
   binary.replace(at, loader.size(), "/lib64/ld-linux-x86-64.so.9");  // same length
-  const std::string path = testing::MakeTempDir("child") + "/true";
-  testing::WriteFile(path, binary);
-  chmod(path.c_str(), 0755);
-  auto child = Start({path});
-  ASSERT_NE(child, nullptr);
-  const ChildExit exit = WaitForExit(*child);
-  EXPECT_EQ(exit.ShellStatus(), 127);
-  EXPECT_EQ(exit.start_error, "cannot execute " + path +
-                                  ": the interpreter it names, /lib64/ld-linux-x86-64.so.9, is not "
-                                  "in this filesystem (an image without it?)");
+  ExpectMissingInterpreterNamed("true", binary, "/lib64/ld-linux-x86-64.so.9");
 }
 
 TEST(ChildProcess, AFailedProgramsLastErrorLinesAreKept) {
