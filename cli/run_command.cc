@@ -166,9 +166,9 @@ void FillSummaryFromSnapshot(const rendezvous::JobSnapshot& snapshot, bool exec,
   summary->eval_accuracy =
       final_progress.eval_accuracy >= 0 ? final_progress.eval_accuracy : last.eval_accuracy;
   summary->eval_auc = final_progress.eval_auc >= 0 ? final_progress.eval_auc : last.eval_auc;
-  summary->generations = static_cast<int64_t>(snapshot.history.size());
+  summary->generations = snapshot.generations_formed;
   summary->resumed_from_step = std::max(last.resumed_from_step, final_progress.resumed_from_step);
-  summary->recovery_seconds = rendezvous::LongestRecoverySeconds(snapshot.history);
+  summary->recovery_seconds = snapshot.longest_recovery_seconds;
   summary->world_size = snapshot.world_size;
   if (summary->world_size == 0 && !snapshot.history.empty()) {
     summary->world_size = snapshot.history.back().world_size;

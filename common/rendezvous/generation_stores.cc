@@ -8,18 +8,52 @@
 
 namespace lockstep::rendezvous {
 
-void GenerationStores::Set(int64_t generation, const std::string& key, const std::string& value,
-                           Actions& out) {
-  const bool added = keys_[generation].insert_or_assign(key, value).second;
-  if (added) Arrived(generation, key, out);
+Status GenerationStores::CheckRoom(const char* call, const std::string& key, size_t added_keys,
+                                   size_t added_bytes) const {
+  if (total_keys_ + added_keys > limits_.max_keys) {
+    return ResourceExhaustedError(std::string(call) + " of key " + key +
+                                  ": the job's store holds " + std::to_string(total_keys_) +
+                                  " keys, its limit is " + std::to_string(limits_.max_keys));
+  }
+  if (total_bytes_ + added_bytes > limits_.max_bytes) {
+    return ResourceExhaustedError(
+        std::string(call) + " of key " + key + ": the job's store holds " +
+        std::to_string(total_bytes_) + " bytes, " + std::to_string(added_bytes) +
+        " more would pass its limit of " + std::to_string(limits_.max_bytes));
+  }
+  return OkStatus();
+}
+
+Status GenerationStores::Set(int64_t generation, const std::string& key, const std::string& value,
+                             Actions& out) {
+  auto& generation_keys = keys_[generation];
+  auto it = generation_keys.find(key);
+  const size_t old_bytes = it == generation_keys.end() ? 0 : EntryBytes(key, it->second);
+  const size_t new_bytes = EntryBytes(key, value);
+  if (new_bytes > old_bytes) {
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckRoom("store set", key, it == generation_keys.end() ? 1 : 0, new_bytes - old_bytes));
+  }
+  bytes_[generation] = bytes_[generation] - old_bytes + new_bytes;
+  total_bytes_ = total_bytes_ - old_bytes + new_bytes;
+  if (it != generation_keys.end()) {
+    it->second = value;
+    return OkStatus();
+  }
+  generation_keys.emplace(key, value);
+  ++total_keys_;
+  Arrived(generation, key, out);
+  return OkStatus();
 }
 
 StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& key, int64_t delta,
                                         Actions& out) {
-  auto [it, added] = keys_[generation].try_emplace(key);
-  std::string& stored = it->second;
+  auto& generation_keys = keys_[generation];
+  auto it = generation_keys.find(key);
+  const bool added = it == generation_keys.end();
   int64_t value = 0;
-  if (!stored.empty()) {
+  if (!added && !it->second.empty()) {
+    const std::string& stored = it->second;
     char* end = nullptr;
     errno = 0;
     value = std::strtoll(stored.c_str(), &end, 10);
@@ -28,8 +62,21 @@ StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& k
     }
   }
   value += delta;
-  stored = std::to_string(value);
-  if (added) Arrived(generation, key, out);
+  std::string text = std::to_string(value);
+  const size_t old_bytes = added ? 0 : EntryBytes(key, it->second);
+  const size_t new_bytes = EntryBytes(key, text);
+  if (new_bytes > old_bytes) {
+    LOCKSTEP_RETURN_IF_ERROR(CheckRoom("store add", key, added ? 1 : 0, new_bytes - old_bytes));
+  }
+  bytes_[generation] = bytes_[generation] - old_bytes + new_bytes;
+  total_bytes_ = total_bytes_ - old_bytes + new_bytes;
+  if (!added) {
+    it->second = std::move(text);
+    return value;
+  }
+  generation_keys.emplace(key, std::move(text));
+  ++total_keys_;
+  Arrived(generation, key, out);
   return value;
 }
 
@@ -55,6 +102,15 @@ void GenerationStores::Get(CallId call, int64_t generation, const std::vector<st
   if (waiter.timeout_ms == 0) {
     out.push_back(AnswerStoreGet{
         call, DeadlineExceededError("store get: keys missing: " + MissingKeys(waiter)), {}});
+    return;
+  }
+  if (waiters_.size() >= limits_.max_waiters) {
+    out.push_back(AnswerStoreGet{
+        call,
+        ResourceExhaustedError("store get: the job holds " + std::to_string(waiters_.size()) +
+                               " waiting gets, its limit is " +
+                               std::to_string(limits_.max_waiters)),
+        {}});
     return;
   }
   waiter.deadline = now + std::chrono::milliseconds(waiter.timeout_ms);
@@ -84,7 +140,14 @@ void GenerationStores::Expire(TimePoint now, Actions& out) {
 }
 
 void GenerationStores::DropBefore(int64_t generation, Actions& out) {
+  for (auto it = keys_.begin(); it != keys_.end() && it->first < generation; ++it) {
+    total_keys_ -= it->second.size();
+  }
+  for (auto it = bytes_.begin(); it != bytes_.end() && it->first < generation; ++it) {
+    total_bytes_ -= it->second;
+  }
   keys_.erase(keys_.begin(), keys_.lower_bound(generation));
+  bytes_.erase(bytes_.begin(), bytes_.lower_bound(generation));
   waiting_on_.erase(waiting_on_.begin(), waiting_on_.lower_bound(generation));
   for (auto it = waiters_.begin(); it != waiters_.end();) {
     if (it->second.generation >= generation) {

@@ -24,17 +24,53 @@ struct ByteRange {
   size_t length = 0;
 };
 
+// What one job may hold, so that one job cannot take the memory every job's rendezvous shares
+// (one operator hosts them all). Stored bytes count each key, its value and kKeyOverheadBytes for
+// the map's node, over the generations still held (the current one and the one before). A Set or
+// Add past a bound, or a Get past max_waiters held calls, fails with RESOURCE_EXHAUSTED naming the
+// bound; nothing already stored is lost.
+//
+// A job may hold what its size needs: a fixed allowance plus, per rank it may have, a few keys
+// and held gets, and per pair of ranks the bytes of a Gloo full-mesh bootstrap (each rank
+// publishes about 136 bytes per peer, client.h) in each of the two generations held. A 4-rank job
+// may hold about 16 MiB; one of 1,000 ranks about 320 MB more, which its bootstrap needs.
+struct StoreLimits {
+  static constexpr size_t kKeyOverheadBytes = 64;
+  size_t max_keys = 4096;
+  size_t max_bytes = size_t{16} << 20;
+  size_t max_waiters = 1024;
+  size_t keys_per_rank = 16;
+  size_t waiters_per_rank = 16;
+  size_t bytes_per_rank_pair = 2 * 160;
+
+  // The absolute limits of a job of at most `ranks` ranks (the per-rank terms folded in).
+  StoreLimits ScaledTo(int64_t ranks) const {
+    const auto n = static_cast<size_t>(ranks > 0 ? ranks : 0);
+    StoreLimits scaled;
+    scaled.max_keys = max_keys + keys_per_rank * n;
+    scaled.max_bytes = max_bytes + bytes_per_rank_pair * n * n;
+    scaled.max_waiters = max_waiters + waiters_per_rank * n;
+    scaled.keys_per_rank = scaled.waiters_per_rank = scaled.bytes_per_rank_pair = 0;
+    return scaled;
+  }
+};
+
 // A waiter is indexed by the keys it still misses, so that a Set looks only at the waiters of
 // its key: the cost of a Gloo full-mesh bootstrap (N waiters of N keys each) stays N^2 in all,
 // not N^3.
 class GenerationStores {
  public:
-  void Set(int64_t generation, const std::string& key, const std::string& value, Actions& out);
+  // `limits` as they stand (their per-rank terms are not applied: ScaledTo first).
+  explicit GenerationStores(StoreLimits limits = {}) : limits_(limits) {}
+
+  // RESOURCE_EXHAUSTED when the value would take the job past its limits (the old value stays).
+  Status Set(int64_t generation, const std::string& key, const std::string& value, Actions& out);
   // Adds delta to the key's integer value (absent: 0) and returns the sum; INVALID_ARGUMENT when
   // the stored value is not an integer.
   StatusOr<int64_t> Add(int64_t generation, const std::string& key, int64_t delta, Actions& out);
   // Answers `call` at once when every key is present; with timeout_ms <= 0 fails at once with
-  // DEADLINE_EXCEEDED naming the missing keys; else waits until now + timeout_ms.
+  // DEADLINE_EXCEEDED naming the missing keys; else waits until now + timeout_ms (or fails at
+  // once with RESOURCE_EXHAUSTED when max_waiters calls are held already).
   void Get(CallId call, int64_t generation, const std::vector<std::string>& keys,
            int64_t timeout_ms, TimePoint now, Actions& out, ByteRange range = {});
   // The call went away; its transport finishes it. Unknown ids are ignored.
@@ -45,6 +81,10 @@ class GenerationStores {
   void DropBefore(int64_t generation, Actions& out);
   // Fails every waiter with `status` and forgets them.
   void FailAll(const Status& status, Actions& out);
+
+  // What the held generations store: keys, and bytes as StoreLimits counts them.
+  size_t keys() const { return total_keys_; }
+  size_t bytes() const { return total_bytes_; }
 
  private:
   struct Waiter {
@@ -63,7 +103,18 @@ class GenerationStores {
   void Arrived(int64_t generation, const std::string& key, Actions& out);
   std::string MissingKeys(const Waiter& waiter) const;
 
+  // RESOURCE_EXHAUSTED unless `added_keys` more keys and `added_bytes` more bytes fit.
+  Status CheckRoom(const char* call, const std::string& key, size_t added_keys,
+                   size_t added_bytes) const;
+  static size_t EntryBytes(const std::string& key, const std::string& value) {
+    return key.size() + value.size() + StoreLimits::kKeyOverheadBytes;
+  }
+
+  const StoreLimits limits_;
   std::map<int64_t, std::unordered_map<std::string, std::string>> keys_;  // by generation
+  std::map<int64_t, size_t> bytes_;  // by generation, as EntryBytes counts them
+  size_t total_keys_ = 0;
+  size_t total_bytes_ = 0;
   std::map<CallId, Waiter> waiters_;
   // By generation: a missing key -> the waiters missing it (once per time they list it). Entries
   // of waiters that went away are skipped when the key arrives.

@@ -19,6 +19,8 @@ JobState::JobState(JobConfig config)
     : config_(std::move(config)),
       first_generation_(std::max<int64_t>(config_.first_generation, 1)),
       generation_(first_generation_ - 1),
+      stores_(config_.store_limits.ScaledTo(int64_t{config_.max_members} *
+                                            std::max(config_.ranks_per_pod, 1))),
       stragglers_(config_.stragglers) {}
 
 // ---------------------------------------------------------------------------------------------
@@ -305,6 +307,8 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
     record.formed_at_step = std::max(record.formed_at_step, member.info.state_step);
   }
   history_.push_back(record);
+  ++generations_formed_;
+  while (history_.size() > std::max<size_t>(config_.history_kept, 1)) history_.pop_front();
 
   // A member of g-1 may still be reading g-1's keys while it learns that g-1 ended; anything
   // older is unreachable.
@@ -324,6 +328,7 @@ void JobState::EndGeneration(const std::string& reason, bool lost, TimePoint now
     history_.back().ended_at = SecondsOf(now);
     history_.back().end_reason = reason;
     history_.back().ended_by_loss = lost;
+    if (lost && unrecovered_loss_at_ < 0) unrecovered_loss_at_ = history_.back().ended_at;
   }
   for (auto& member : members_) {
     if (member.stream == 0) continue;
@@ -492,11 +497,10 @@ void JobState::Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Action
     const int64_t g = beat.generation;
     std::string reason;
     bool lost = true;
-    const int64_t index = g - first_generation_;  // history_ starts at first_generation_
-    if (index >= 0 && index < static_cast<int64_t>(history_.size()) &&
-        history_[index].ended_at >= 0) {
-      reason = "generation " + std::to_string(g) + " ended: " + history_[index].end_reason;
-      lost = history_[index].ended_by_loss;
+    const GenerationRecord* record = Record(g);
+    if (record != nullptr && record->ended_at >= 0) {
+      reason = "generation " + std::to_string(g) + " ended: " + record->end_reason;
+      lost = record->ended_by_loss;
     } else if (member == nullptr && g == generation_) {
       reason = "member " + beat.member_id + " is not in generation " + std::to_string(g);
     } else {
@@ -525,7 +529,7 @@ void JobState::Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Action
     // step past the newest state at formation shows that this generation trains.
     GenerationRecord& record = history_.back();
     if (record.training_at < 0 && beat.progress->step > record.formed_at_step) {
-      record.training_at = SecondsOf(now);
+      TrainingAgain(record, now);
     }
   }
 }
@@ -709,8 +713,7 @@ Status JobState::CheckStoreGeneration(int64_t generation) const {
 Status JobState::StoreSet(int64_t generation, const std::string& key, const std::string& value,
                           Actions& out) {
   LOCKSTEP_RETURN_IF_ERROR(CheckStoreGeneration(generation).WithContext("store set"));
-  stores_.Set(generation, key, value, out);
-  return OkStatus();
+  return stores_.Set(generation, key, value, out);
 }
 
 StatusOr<int64_t> JobState::StoreAdd(int64_t generation, const std::string& key, int64_t delta,
@@ -742,7 +745,9 @@ JobSnapshot JobState::Snapshot() const {
   for (const auto& member : members_) snapshot.members.push_back(member.info);
   for (const auto& join : pending_) snapshot.waiting_members.push_back(join.member_id);
   snapshot.progress = progress_;
-  snapshot.history = history_;
+  snapshot.history.assign(history_.begin(), history_.end());
+  snapshot.generations_formed = generations_formed_;
+  snapshot.longest_recovery_seconds = longest_recovery_;
   snapshot.completed_members = static_cast<int32_t>(completed_ids_.size());
   snapshot.final_progress = final_progress_;
   if (active_) snapshot.stragglers = StragglerInfos();
@@ -802,19 +807,20 @@ int32_t StandbyCount(const JobSnapshot& snapshot) {
   return snapshot.generation_active ? static_cast<int32_t>(snapshot.waiting_members.size()) : 0;
 }
 
-double LongestRecoverySeconds(const std::vector<GenerationRecord>& history) {
-  double longest = 0;
-  for (size_t i = 0; i < history.size(); ++i) {
-    if (!history[i].ended_by_loss || history[i].ended_at < 0) continue;
-    // The next generation may end before it trains (the replacement joins at once): recovery
-    // lasts until some later generation trains.
-    for (size_t j = i + 1; j < history.size(); ++j) {
-      if (history[j].training_at < 0) continue;
-      longest = std::max(longest, history[j].training_at - history[i].ended_at);
-      break;
-    }
+const GenerationRecord* JobState::Record(int64_t g) const {
+  if (history_.empty() || g < history_.front().generation) return nullptr;
+  const auto index = static_cast<size_t>(g - history_.front().generation);
+  return index < history_.size() ? &history_[index] : nullptr;
+}
+
+void JobState::TrainingAgain(GenerationRecord& record, TimePoint now) {
+  record.training_at = SecondsOf(now);
+  // The next generation may end before it trains (the replacement joins at once): recovery from
+  // the earliest loss since the last training lasts until some later generation trains.
+  if (unrecovered_loss_at_ >= 0) {
+    longest_recovery_ = std::max(longest_recovery_, record.training_at - unrecovered_loss_at_);
+    unrecovered_loss_at_ = -1;
   }
-  return longest;
 }
 
 }  // namespace lockstep::rendezvous

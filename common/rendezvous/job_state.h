@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <optional>
 #include <set>
 #include <string>
@@ -70,6 +71,11 @@ struct JobConfig {
   // gives them, and a generation whose pods have all joined waits for their places as for a late
   // joiner, until the last call.
   bool order_by_topology = false;
+  // What the job's store may hold (generation_stores.h), scaled to max_members * ranks_per_pod.
+  StoreLimits store_limits;
+  // How many of the latest generations' records the job keeps (JobSnapshot::history); the
+  // counts and the longest recovery cover every generation.
+  size_t history_kept = 64;
 };
 
 // How often a member with no new progress beats: a quarter of the heartbeat timeout (so that a
@@ -93,11 +99,6 @@ struct GenerationRecord {
   bool ended_by_loss = false;
 };
 
-// The longest time from a generation ending because a member was lost to training again in a
-// later generation (the next one that trained), in seconds; 0 when no member was ever lost.
-// A loss after which the job never trained again does not count (the job failed or finished).
-double LongestRecoverySeconds(const std::vector<GenerationRecord>& history);
-
 // A member of the current generation whose compute time per step stays well above its peers'.
 struct StragglerInfo {
   std::string member_id;
@@ -114,7 +115,13 @@ struct JobSnapshot {
   std::vector<MemberInfo> members;           // of the current generation, by rank
   std::vector<std::string> waiting_members;  // ids whose Join is held, in join order
   ProgressReport progress;  // latest reported by any member of the current generation
+  // The latest generations (at most JobConfig::history_kept), oldest first.
   std::vector<GenerationRecord> history;
+  int64_t generations_formed = 0;  // by this registration, history's included
+  // The longest time from a generation ending because a member was lost to training again in a
+  // later generation (the next one that trained), in seconds; 0 when no member was ever lost.
+  // A loss after which the job never trained again does not count (the job failed or finished).
+  double longest_recovery_seconds = 0;
   int32_t completed_members = 0;  // members that called Leave(completed)
   // From the first Leave(completed) that carried progress; a later one replaces it only to add
   // an evaluation the first lacked. Its step is 0 until a member completed.
@@ -279,6 +286,10 @@ class JobState {
   void UpdateProgress(const ProgressReport& progress);
   void RecordFinalProgress(const ProgressReport& progress);
   Status CheckStoreGeneration(int64_t generation) const;
+  // The record of generation `g` while it is kept, else nullptr.
+  const GenerationRecord* Record(int64_t g) const;
+  // The current generation's record trains: a loss before it is recovered.
+  void TrainingAgain(GenerationRecord& record, TimePoint now);
 
   const JobConfig config_;
   const int64_t first_generation_;
@@ -309,7 +320,10 @@ class JobState {
   GenerationStores stores_;
   ProgressReport progress_;
   bool has_progress_ = false;
-  std::vector<GenerationRecord> history_;
+  std::deque<GenerationRecord> history_;  // the latest history_kept, oldest first
+  int64_t generations_formed_ = 0;
+  double longest_recovery_ = 0;
+  double unrecovered_loss_at_ = -1;  // when the earliest loss not yet trained past ended
   std::set<std::string> completed_ids_;
   ProgressReport final_progress_;
   bool has_final_progress_ = false;

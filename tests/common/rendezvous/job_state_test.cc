@@ -746,8 +746,68 @@ TEST(JobStateTest, HistoryRecordsLossesAndWhenTrainingResumes) {
   EXPECT_TRUE(snapshot.history[0].ended_by_loss);
   EXPECT_EQ(snapshot.history[1].formed_at_step, 5);
   EXPECT_DOUBLE_EQ(snapshot.history[1].training_at, start + 0.45);
-  EXPECT_DOUBLE_EQ(LongestRecoverySeconds(snapshot.history), 0.25);
+  EXPECT_DOUBLE_EQ(snapshot.longest_recovery_seconds, 0.25);
+  EXPECT_EQ(snapshot.generations_formed, 2);
   EXPECT_EQ(snapshot.progress.step, 6);
+}
+
+TEST(JobStateTest, TheLongestRecoverySpansGenerationsThatEndedBeforeTrainingAndIgnoresJoins) {
+  JobConfig config = Config(1, 1);
+  config.heartbeat_timeout_ms = 100000;  // the clock jumps: no member goes silent here
+  Driver job(config);
+  auto longest = [&] { return job.state().Snapshot().longest_recovery_seconds; };
+  job.Apply("join w0");
+  job.Apply("at 1000");
+  job.Apply("beat w0 g1 step=1");
+  EXPECT_EQ(longest(), 0);  // nobody lost yet
+  job.Apply("at 5000");
+  job.Apply("remove w0");  // lost at 5 s
+  job.Apply("at 5100");
+  job.Apply("join w0 step=1");
+  job.Apply("at 5200");
+  job.Apply("join w0 step=1");  // joining again ends g2 before it trained (no loss); g3 forms
+  job.Apply("at 7000");
+  job.Apply("beat w0 g3 step=2");
+  EXPECT_DOUBLE_EQ(longest(), 2.0);  // from the loss, not from g2's end
+  job.Apply("at 9000");
+  job.Apply("remove w0");
+  job.Apply("at 9100");
+  job.Apply("join w0 step=2");
+  job.Apply("at 9400");
+  job.Apply("beat w0 g4 step=3");  // 0.4 s: shorter, the longest stays
+  job.Apply("at 12000");
+  job.Apply("remove w0");  // nothing trains after this loss: it does not count
+  job.Apply("at 60000");
+  const JobSnapshot snapshot = job.state().Snapshot();
+  EXPECT_DOUBLE_EQ(snapshot.longest_recovery_seconds, 2.0);
+  EXPECT_EQ(snapshot.generations_formed, 4);
+}
+
+// A crash-looping member forms a generation each time it comes back: the job keeps the latest
+// records, while the count and the longest recovery still cover all of them.
+TEST(JobStateTest, TenThousandGenerationsKeepTheLatestRecordsAndTheLongestRecovery) {
+  JobConfig config = Config(1, 1);
+  config.history_kept = 8;
+  Driver job(config);
+  int64_t at = 0;
+  for (int g = 1; g <= 10000; ++g) {
+    // Generation 5 trains again 3 s after the loss that ended generation 4; every other one
+    // 10 ms after.
+    at += g == 5 ? 3000 : 10;
+    job.Apply("at " + std::to_string(at));
+    job.Apply("join w0 step=" + std::to_string(g));
+    job.Apply("beat w0 g" + std::to_string(g) + " step=" + std::to_string(g + 1));
+    job.Apply("remove w0");
+  }
+  const JobSnapshot snapshot = job.state().Snapshot();
+  EXPECT_EQ(snapshot.generations_formed, 10000);
+  ASSERT_EQ(snapshot.history.size(), 8u);
+  EXPECT_EQ(snapshot.history.front().generation, 9993);
+  EXPECT_EQ(snapshot.history.back().generation, 10000);
+  EXPECT_TRUE(snapshot.history.back().ended_by_loss);
+  EXPECT_DOUBLE_EQ(snapshot.longest_recovery_seconds, 3.0);
+  // A beat for a generation whose record is gone is still told to rejoin.
+  EXPECT_EQ(job.Apply("beat w0 g3"), "w0 ends g3 lost");
 }
 
 TEST(JobStateTest, TheJobsProgressIsTheFurthestAnyMemberReported) {
@@ -800,6 +860,54 @@ TEST(JobStateTest, StoreKeysLiveInTheirGenerationAndTheOneAfter) {
        "wake @10000; w0 joins g3 as 0/1; get#4 fails FAILED_PRECONDITION; wake @501"},
       {"get g1 k", "get#8 fails FAILED_PRECONDITION"},
   });
+}
+
+// One job's members cannot take the memory every job's rendezvous shares: past its limits a
+// set, an add or a held get is refused, naming the limit, and what the job stored stays.
+TEST(JobStateTest, AStorePastItsJobsLimitsRefusesMoreAndKeepsWhatItHolds) {
+  JobConfig config = Config(1, 1);
+  config.store_limits.max_keys = 3;
+  config.store_limits.max_bytes = 3 * (StoreLimits::kKeyOverheadBytes + 2) + 4;
+  config.store_limits.max_waiters = 1;
+  config.store_limits.keys_per_rank = config.store_limits.waiters_per_rank = 0;
+  config.store_limits.bytes_per_rank_pair = 0;
+  Driver job(config);
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"set g1 a 1", ""},
+      {"set g1 b 22222", ""},               // 4 bytes more than a one-byte value
+      {"set g1 c 33333", "set fails RESOURCE_EXHAUSTED"},  // bytes
+      {"set g1 b 2", ""},                   // smaller: room again
+      {"add g1 c 3", "add = 3"},
+      {"add g1 d 4", "add fails RESOURCE_EXHAUSTED"},      // keys
+      {"set g1 d 4", "set fails RESOURCE_EXHAUSTED"},
+      {"set g1 a 11111111", "set fails RESOURCE_EXHAUSTED"},  // a larger value of a held key
+      {"get g1 a,b,c", "get#2 = 1,2,3"},   // nothing was lost
+      {"get g1 x timeout=300", "wake @300"},
+      {"get g1 y timeout=300", "get#4 fails RESOURCE_EXHAUSTED"},  // waiters
+      {"remove w0", ""},
+      {"join w0", "wake @10000; w0 joins g2 as 0/1; wake @501"},
+      {"remove w0", ""},
+      // g1 is dropped when g3 forms: its keys and bytes no longer count.
+      {"join w0", "wake @10000; w0 joins g3 as 0/1; get#3 fails FAILED_PRECONDITION; wake @501"},
+      {"set g3 a 1", ""},
+      {"set g3 b 2", ""},
+      {"set g3 c 3", ""},
+  });
+  Actions out;
+  const Status refused = job.state().StoreSet(3, "d", "4", out);
+  EXPECT_NE(refused.message().find("limit is 3"), std::string::npos) << refused.ToString();
+}
+
+// The limits grow with the job: its bootstrap's keys and bytes grow with its ranks.
+TEST(JobStateTest, AStoresLimitsGrowWithTheRanksTheJobMayHave) {
+  StoreLimits limits;
+  const StoreLimits small = limits.ScaledTo(4);
+  const StoreLimits large = limits.ScaledTo(1000);
+  EXPECT_EQ(small.max_bytes, limits.max_bytes + 16 * limits.bytes_per_rank_pair);
+  EXPECT_GT(large.max_bytes, size_t{1000} * 1000 * 2 * 136);  // two Gloo full meshes
+  EXPECT_GT(large.max_keys, size_t{2} * 1000);                // a key per rank, twice
+  EXPECT_GT(large.max_waiters, small.max_waiters);
 }
 
 TEST(JobStateTest, AStoreGetWaitsForItsKeysUntilItsDeadline) {

@@ -950,33 +950,10 @@ TEST_F(RendezvousTest, GenerationRecordsWhenTrainingResumesAfterALoss) {
   ASSERT_EQ(snapshot.history.size(), 2u);
   EXPECT_TRUE(snapshot.history[0].ended_by_loss);
   EXPECT_EQ(snapshot.history[1].formed_at_step, 23);
-  const double recovery = LongestRecoverySeconds(snapshot.history);
+  const double recovery = snapshot.longest_recovery_seconds;
   EXPECT_GT(recovery, 0);
   EXPECT_DOUBLE_EQ(recovery, snapshot.history[1].training_at - snapshot.history[0].ended_at);
   rank0->StopHeartbeat();
-}
-
-TEST(LongestRecoverySecondsTest, SpansGenerationsThatEndedBeforeTrainingAndIgnoresJoins) {
-  auto record = [](double formed_at, double training_at, double ended_at, bool lost) {
-    GenerationRecord r;
-    r.formed_at = formed_at;
-    r.training_at = training_at;
-    r.ended_at = ended_at;
-    r.ended_by_loss = lost;
-    return r;
-  };
-  EXPECT_EQ(LongestRecoverySeconds({}), 0);
-  // A member joined (no loss): no recovery.
-  EXPECT_EQ(LongestRecoverySeconds({record(0, 1, 5, false), record(5.1, 5.5, -1, false)}), 0);
-  // Lost at 5; generation 2 ended (the replacement joined) before training; 3 trains at 7.
-  EXPECT_DOUBLE_EQ(LongestRecoverySeconds({record(0, 1, 5, true), record(5.1, -1, 5.2, false),
-                                           record(5.3, 7, -1, false)}),
-                   2.0);
-  // The longest of two losses; a loss after which nothing trained does not count.
-  EXPECT_DOUBLE_EQ(
-      LongestRecoverySeconds({record(0, 1, 5, true), record(5.1, 5.6, 9, true),
-                              record(9.1, 9.4, 12, true), record(12.1, -1, -1, false)}),
-      0.6);
 }
 
 TEST_F(RendezvousTest, FirstCompletedLeaveIsFinalProgressEvenWithoutEvaluation) {
