@@ -158,6 +158,9 @@ struct PsClient::Stubs {
   }
 };
 
+// What an answer carries beside its values: its fields' tags and lengths, clocks, a version.
+constexpr int64_t kAnswerOverheadBytes = 64 << 10;
+
 StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
   if (options.servers.empty()) return InvalidArgumentError("parameter servers: none given");
   if (options.job.empty() || options.token.empty()) {
@@ -179,7 +182,13 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
     credentials = grpc::InsecureChannelCredentials();
   }
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(std::numeric_limits<int>::max());  // rows are bounded per request
+  // An answer holds at most a request's values (RowsPerRequest keeps them within
+  // max_message_bytes) and little else: gRPC refuses a larger one (RESOURCE_EXHAUSTED) as it
+  // arrives, so a faulty or hostile server cannot make this worker hold more.
+  args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
+      std::numeric_limits<int>::max(), client->options_.max_message_bytes +
+                                           16 * client->options_.max_rows_per_request +
+                                           kAnswerOverheadBytes)));
   for (const std::string& address : client->options_.servers) {
     client->stubs_->stubs.push_back(
         v1::ParameterServer::NewStub(grpc::CreateCustomChannel(address, credentials, args)));

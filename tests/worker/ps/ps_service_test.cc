@@ -298,6 +298,44 @@ TEST_F(PsServiceTest, APullWhoseAnswerWouldOutgrowTheMessageBoundIsRefusedAndSma
   EXPECT_EQ(out[8 * 99], InitialValue(Table("emb", 1000, 8), 198, 0));
 }
 
+// A server that answers a pull with far more than was asked for (faulty, or not ours).
+class OversizedPullServer final : public v1::ParameterServer::Service {
+ public:
+  explicit OversizedPullServer(size_t bytes) : bytes_(bytes) {}
+  grpc::Status Pull(grpc::ServerContext*, const v1::PullRequest*,
+                    v1::PullResponse* response) override {
+    response->set_dim(4);
+    response->set_values(std::string(bytes_, '\0'));
+    return grpc::Status::OK;
+  }
+
+ private:
+  size_t bytes_;
+};
+
+TEST(PsClientTest, AnAnswerLargerThanItsRequestCanHoldIsRefusedNamingTheServer) {
+  OversizedPullServer service(size_t{32} << 20);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+  builder.SetMaxSendMessageSize(std::numeric_limits<int>::max());
+  builder.RegisterService(&service);
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  ASSERT_NE(server, nullptr);
+  PsClientOptions options;
+  options.servers = {"127.0.0.1:" + std::to_string(port)};
+  options.job = kJob;
+  options.token = kToken;
+  options.max_message_bytes = int64_t{1} << 20;  // a request's values: 1 MiB at most
+  auto client = PsClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::vector<float> out(4 * 2);
+  const Status pulled = (*client)->Pull("ads", 4, {0, 1}, out.data());
+  EXPECT_EQ(pulled.code(), StatusCode::kResourceExhausted) << pulled;
+  EXPECT_NE(pulled.message().find("parameter server 0"), std::string::npos) << pulled;
+  server->Shutdown();
+}
+
 TEST_F(PsServiceTest, APushWithValuesThatAreNotFiniteIsRefusedBeforeAnythingIsSent) {
   StartServers({Table("emb", 100, 2)});
   auto client = Client();
