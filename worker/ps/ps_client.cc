@@ -183,8 +183,10 @@ StatusOr<std::unique_ptr<PsClient>> PsClient::Connect(PsClientOptions options) {
   }
   grpc::ChannelArguments args;
   // An answer holds at most a request's values (RowsPerRequest keeps them within
-  // max_message_bytes) and little else: gRPC refuses a larger one (RESOURCE_EXHAUSTED) as it
-  // arrives, so a faulty or hostile server cannot make this worker hold more.
+  // max_message_bytes) and little else: a larger one is refused (RESOURCE_EXHAUSTED) and never
+  // reaches this client's code. gRPC's transport still reads a message whole before the bound
+  // applies (grpc/grpc#43012); a resource quota would bound that too, but would stall a large
+  // pull's pieces in flight together on one channel.
   args.SetMaxReceiveMessageSize(static_cast<int>(std::min<int64_t>(
       std::numeric_limits<int>::max(), client->options_.max_message_bytes +
                                            16 * client->options_.max_rows_per_request +
