@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <functional>
@@ -1043,6 +1044,124 @@ TEST(InMemoryStoreTest, GetWaitsForSetAndHonoursDeadline) {
   auto added = store->Add("a", 2, 100);
   ASSERT_TRUE(added.ok());
   EXPECT_EQ(*added, 3);
+}
+
+// ---------------------------------------------------------------------------------------------
+// One job cannot hurt another
+
+// This process's resident memory, in bytes (VmRSS); -1 when unreadable.
+int64_t ResidentBytes() {
+  std::ifstream status("/proc/self/status");
+  for (std::string line; std::getline(status, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) * 1024;
+  }
+  return -1;
+}
+
+// A member of job A (it holds A's token, as any program of A's pods can) writes 4 MiB values
+// until refused, sets small keys until refused, and forces 10,000 generations. The service
+// refuses it within A's limits and its memory stays bounded, while job B beside it keeps its
+// generation (no heartbeat missed) and its store. Prints B's slowest store round trip, with
+// and without the flood.
+TEST_F(RendezvousTest, AFloodingMemberOfOneJobIsRefusedWhileAnotherJobTrainsOn) {
+  JobConfig a = Config(1, 1, "default/a");
+  a.token = "token-of-a";
+  JobConfig b = Config(1, 1, "default/b");
+  b.heartbeat_timeout_ms = 10000;  // the operator's default: a loaded machine is no loss
+  ASSERT_TRUE(server_->AddJob(a).ok());
+  ASSERT_TRUE(server_->AddJob(b).ok());
+
+  auto trainer = NewClient("b-0", "default/b");
+  auto joined_b = trainer->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(joined_b.ok()) << joined_b.status();
+  EndWatcher b_ended;
+  ASSERT_TRUE(trainer->StartHeartbeat(*joined_b, b_ended.Callback()).ok());
+  auto b_store = trainer->GenerationStore(joined_b->generation);
+  std::atomic<int64_t> b_rounds{0}, b_failures{0};
+  // B's slowest store set-and-get, in microseconds: [0] before the flood, [1] during it.
+  std::atomic<int64_t> b_slowest[2] = {0, 0};
+  std::atomic<int> phase{0};
+  std::thread b_thread([&] {
+    for (int64_t i = 0; phase.load() < 2; ++i) {
+      const auto started = std::chrono::steady_clock::now();
+      const std::string key = "b-" + std::to_string(i % 64);
+      Status set = b_store->Set(key, std::to_string(i), 2000);
+      StatusOr<std::vector<std::string>> got = b_store->Get({key}, 2000);
+      if (!set.ok() || !got.ok() || (*got)[0] != std::to_string(i)) ++b_failures;
+      const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
+                             std::chrono::steady_clock::now() - started)
+                             .count();
+      std::atomic<int64_t>& slowest = b_slowest[std::min(phase.load(), 1)];
+      slowest.store(std::max(slowest.load(), us));
+      ++b_rounds;
+    }
+  });
+  ASSERT_TRUE(WaitUntil([&] { return b_rounds.load() >= 200; }, 30000));
+
+  const int64_t resident_before = ResidentBytes();
+  phase.store(1);
+  auto hostile = NewClient("a-0", "default/a", "token-of-a");
+  auto joined_a = hostile->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(joined_a.ok()) << joined_a.status();
+  auto a_store = hostile->GenerationStore(joined_a->generation);
+
+  // 4 MiB values under fresh keys, up to 1 GiB: refused after A's 16 MiB.
+  const std::string big(4 << 20, 'x');
+  int big_accepted = 0;
+  Status refused;
+  for (int i = 0; i < 256 && refused.ok(); ++i) {
+    refused = a_store->Set("big-" + std::to_string(i), big, 10000);
+    if (refused.ok()) ++big_accepted;
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+  EXPECT_LE(big_accepted, 4);
+
+  // Small keys, up to 10^6, in a generation two past the big values' (which drops them): refused
+  // after A's 4,096 keys and 16 per rank.
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(hostile->Leave(false, {}).ok());
+    joined_a = hostile->Join(-1, kJoinTimeoutMs);
+    ASSERT_TRUE(joined_a.ok()) << joined_a.status();
+  }
+  auto a_keys = hostile->GenerationStore(joined_a->generation);
+  int keys_accepted = 0;
+  refused = OkStatus();
+  for (int i = 0; i < 1000000 && refused.ok(); ++i) {
+    refused = a_keys->Set("k" + std::to_string(i), "v", 10000);
+    if (refused.ok()) ++keys_accepted;
+  }
+  EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+  EXPECT_LE(keys_accepted, 4096 + 16);
+  EXPECT_NE(refused.message().find("keys, its limit is"), std::string::npos) << refused;
+
+  // 10,000 generations: leave, join again.
+  for (int g = 0; g < 10000; ++g) {
+    ASSERT_TRUE(hostile->Leave(false, {}).ok());
+    ASSERT_TRUE(hostile->Join(-1, kJoinTimeoutMs).ok()) << g;
+  }
+  const JobSnapshot a_snapshot = *server_->Snapshot("default/a");
+  EXPECT_EQ(a_snapshot.generations_formed, 10003);
+  EXPECT_LE(a_snapshot.history.size(), 64u);
+  const int64_t resident_after = ResidentBytes();
+  phase.store(2);
+  b_thread.join();
+
+  // A's store and history are bounded: without the limits the first loop alone stores 1 GiB.
+  EXPECT_LT(resident_after - resident_before, int64_t{128} << 20)
+      << "resident " << resident_before / 1048576 << " -> " << resident_after / 1048576 << " MiB";
+  // B lost nothing: its generation is the one it formed, and every store round trip answered.
+  EXPECT_TRUE(b_ended.reasons().empty()) << b_ended.reasons().front();
+  EXPECT_EQ(b_failures.load(), 0);
+  EXPECT_EQ(server_->Snapshot("default/b")->generation, joined_b->generation);
+  std::printf("job A: %d values of 4 MiB and %d small keys accepted before refused; job B's "
+              "slowest store round trip: %.1f ms alone, %.1f ms beside job A's flood (%lld "
+              "rounds); resident %lld -> %lld MiB\n",
+              big_accepted, keys_accepted, b_slowest[0].load() / 1000.0,
+              b_slowest[1].load() / 1000.0,
+              static_cast<long long>(b_rounds.load()),
+              static_cast<long long>(resident_before / 1048576),
+              static_cast<long long>(resident_after / 1048576));
+  trainer->StopHeartbeat();
 }
 
 }  // namespace
