@@ -364,6 +364,63 @@ def node_ready(node):
     return False
 
 
+OPERATOR_NAMESPACE = "lockstep-system"
+LEASE = "lockstep-operator"
+
+
+def operator_leader():
+    """(pod, node) of the operator replica holding the leader Lease, when the leader label is on
+    that pod alone (a hand-over in progress answers None)."""
+    try:
+        holder = get_json("lease", LEASE, "-n", OPERATOR_NAMESPACE)["spec"].get("holderIdentity")
+    except AssertionError:
+        return None
+    labelled = get_json("pods", "-n", OPERATOR_NAMESPACE, "-l",
+                        "lockstep.io/rendezvous-leader=true")["items"]
+    if not holder or [p["metadata"]["name"] for p in labelled] != [holder]:
+        return None
+    return holder, labelled[0]["spec"].get("nodeName")
+
+
+def operator_pods():
+    return get_json("pods", "-n", OPERATOR_NAMESPACE, "-l",
+                    "app.kubernetes.io/component=operator")["items"]
+
+
+def pod_ready(pod):
+    return any(c["type"] == "Ready" and c["status"] == "True"
+               for c in pod.get("status", {}).get("conditions", []))
+
+
+def operator_summary():
+    """A few lines on the operators: the Lease, each replica (node, ready, restarts, leader
+    label) and its last log lines, for a failure message's end, which survives truncation."""
+    lines = []
+    lease = kubectl("get", "lease", LEASE, "-n", OPERATOR_NAMESPACE, "-o",
+                    "jsonpath={.spec.holderIdentity} acquired {.spec.acquireTime} renewed "
+                    "{.spec.renewTime} transitions {.spec.leaseTransitions}", check=False)
+    lines.append("operator lease: holder " + lease.strip())
+    try:
+        pods = operator_pods()
+    except AssertionError as error:
+        return "\n".join(lines + ["(operator pods: %s)" % error])
+    for pod in pods:
+        name = pod["metadata"]["name"]
+        ready = pod_ready(pod)
+        lines.append("operator %s on %s: phase %s, ready %s, restarts %d, leader label %s%s" % (
+            name, pod["spec"].get("nodeName"), pod["status"].get("phase"), ready,
+            restart_count(pod), pod["metadata"].get("labels", {}).get(
+                "lockstep.io/rendezvous-leader", "-"),
+            ", deleting" if pod["metadata"].get("deletionTimestamp") else ""))
+        try:  # a replica on a lost node has no kubelet to answer
+            log = kubectl("logs", "-n", OPERATOR_NAMESPACE, name, "--tail=12",
+                          "--request-timeout=10s", check=False, timeout=15)
+        except subprocess.TimeoutExpired:
+            log = "(no log: its node does not answer)"
+        lines.extend("  " + line for line in log.splitlines())
+    return "\n".join(lines)
+
+
 def kill_container(pod):
     """SIGKILL to the main process of the pod's container, through its node's containerd."""
     cid = container_id(pod).split("://", 1)[-1]
