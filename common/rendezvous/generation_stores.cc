@@ -7,19 +7,37 @@
 #include "common/rendezvous/kv_store.h"
 
 namespace lockstep::rendezvous {
+namespace {
 
-Status GenerationStores::CheckRoom(const char* call, const std::string& key, size_t added_keys,
+// A key as an error message shows it: keys are the clients' and may be megabytes long.
+std::string Shown(const std::string& key) {
+  constexpr size_t kShown = 64;
+  return key.size() <= kShown ? key
+                              : key.substr(0, kShown) + "... (" + std::to_string(key.size()) +
+                                    " bytes)";
+}
+
+// What a held get costs: its keys, kept by the call and named again in the index of missing
+// keys, and a node for each.
+size_t WaiterBytes(const std::vector<std::string>& keys) {
+  size_t bytes = StoreLimits::kKeyOverheadBytes;
+  for (const std::string& key : keys) bytes += 2 * (key.size() + StoreLimits::kKeyOverheadBytes);
+  return bytes;
+}
+
+}  // namespace
+
+Status GenerationStores::CheckRoom(const std::string& what, size_t added_keys,
                                    size_t added_bytes) const {
   if (total_keys_ + added_keys > limits_.max_keys) {
-    return ResourceExhaustedError(std::string(call) + " of key " + key +
-                                  ": the job's store holds " + std::to_string(total_keys_) +
+    return ResourceExhaustedError(what + ": the job's store holds " + std::to_string(total_keys_) +
                                   " keys, its limit is " + std::to_string(limits_.max_keys));
   }
   if (total_bytes_ + added_bytes > limits_.max_bytes) {
-    return ResourceExhaustedError(
-        std::string(call) + " of key " + key + ": the job's store holds " +
-        std::to_string(total_bytes_) + " bytes, " + std::to_string(added_bytes) +
-        " more would pass its limit of " + std::to_string(limits_.max_bytes));
+    return ResourceExhaustedError(what + ": the job's store holds " +
+                                  std::to_string(total_bytes_) + " bytes, " +
+                                  std::to_string(added_bytes) + " more would pass its limit of " +
+                                  std::to_string(limits_.max_bytes));
   }
   return OkStatus();
 }
@@ -31,8 +49,9 @@ Status GenerationStores::Set(int64_t generation, const std::string& key, const s
   const size_t old_bytes = it == generation_keys.end() ? 0 : EntryBytes(key, it->second);
   const size_t new_bytes = EntryBytes(key, value);
   if (new_bytes > old_bytes) {
-    LOCKSTEP_RETURN_IF_ERROR(
-        CheckRoom("store set", key, it == generation_keys.end() ? 1 : 0, new_bytes - old_bytes));
+    LOCKSTEP_RETURN_IF_ERROR(CheckRoom("store set of key " + Shown(key),
+                                       it == generation_keys.end() ? 1 : 0,
+                                       new_bytes - old_bytes));
   }
   bytes_[generation] = bytes_[generation] - old_bytes + new_bytes;
   total_bytes_ = total_bytes_ - old_bytes + new_bytes;
@@ -58,7 +77,7 @@ StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& k
     errno = 0;
     value = std::strtoll(stored.c_str(), &end, 10);
     if (errno != 0 || end == stored.c_str() || *end != '\0') {
-      return InvalidArgumentError("store add: value of key " + key + " is not an integer");
+      return InvalidArgumentError("store add: value of key " + Shown(key) + " is not an integer");
     }
   }
   value += delta;
@@ -66,7 +85,8 @@ StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& k
   const size_t old_bytes = added ? 0 : EntryBytes(key, it->second);
   const size_t new_bytes = EntryBytes(key, text);
   if (new_bytes > old_bytes) {
-    LOCKSTEP_RETURN_IF_ERROR(CheckRoom("store add", key, added ? 1 : 0, new_bytes - old_bytes));
+    LOCKSTEP_RETURN_IF_ERROR(
+        CheckRoom("store add of key " + Shown(key), added ? 1 : 0, new_bytes - old_bytes));
   }
   bytes_[generation] = bytes_[generation] - old_bytes + new_bytes;
   total_bytes_ = total_bytes_ - old_bytes + new_bytes;
@@ -113,6 +133,14 @@ void GenerationStores::Get(CallId call, int64_t generation, const std::vector<st
         {}});
     return;
   }
+  waiter.bytes = WaiterBytes(keys);
+  if (Status room = CheckRoom("store get of " + std::to_string(keys.size()) + " keys", 0,
+                              waiter.bytes);
+      !room.ok()) {
+    out.push_back(AnswerStoreGet{call, std::move(room), {}});
+    return;
+  }
+  total_bytes_ += waiter.bytes;
   waiter.deadline = now + std::chrono::milliseconds(waiter.timeout_ms);
   waiter.missing = missing.size();
   auto& index = waiting_on_[generation];
@@ -121,7 +149,12 @@ void GenerationStores::Get(CallId call, int64_t generation, const std::vector<st
   waiters_[call] = std::move(waiter);
 }
 
-void GenerationStores::Cancel(CallId call) { waiters_.erase(call); }
+void GenerationStores::Cancel(CallId call) {
+  auto it = waiters_.find(call);
+  if (it == waiters_.end()) return;
+  Forget(it->second);
+  waiters_.erase(it);
+}
 
 void GenerationStores::Expire(TimePoint now, Actions& out) {
   for (auto it = waiters_.begin(); it != waiters_.end();) {
@@ -135,6 +168,7 @@ void GenerationStores::Expire(TimePoint now, Actions& out) {
                                                        std::to_string(waiter.timeout_ms) +
                                                        " ms: " + MissingKeys(waiter)),
                                  {}});
+    Forget(waiter);
     it = waiters_.erase(it);
   }
 }
@@ -160,18 +194,38 @@ void GenerationStores::DropBefore(int64_t generation, Actions& out) {
                                      std::to_string(it->second.generation) +
                                      " is over and its keys are dropped"),
                                  {}});
+    total_bytes_ -= it->second.bytes;  // its index went with its generation
     it = waiters_.erase(it);
   }
 }
 
 void GenerationStores::FailAll(const Status& status, Actions& out) {
-  for (const auto& [call, waiter] : waiters_) out.push_back(AnswerStoreGet{call, status, {}});
+  for (const auto& [call, waiter] : waiters_) {
+    out.push_back(AnswerStoreGet{call, status, {}});
+    total_bytes_ -= waiter.bytes;
+  }
   waiters_.clear();
   waiting_on_.clear();
 }
 
 void GenerationStores::Answer(const Waiter& waiter, Actions& out) const {
   const auto& generation_keys = keys_.at(waiter.generation);
+  size_t answer_bytes = 0;
+  for (const auto& key : waiter.keys) {
+    const size_t size = generation_keys.at(key).size();
+    const size_t cut = waiter.range.offset >= size ? 0 : size - waiter.range.offset;
+    answer_bytes += waiter.range.length == 0 ? size : std::min(cut, waiter.range.length);
+  }
+  if (answer_bytes > limits_.max_answer_bytes) {
+    out.push_back(AnswerStoreGet{
+        waiter.call,
+        ResourceExhaustedError("store get of " + std::to_string(waiter.keys.size()) +
+                               " keys: the answer would be " + std::to_string(answer_bytes) +
+                               " bytes, more than " + std::to_string(limits_.max_answer_bytes) +
+                               " (ask for fewer keys, or a range of each)"),
+        {}});
+    return;
+  }
   std::vector<std::string> values;
   values.reserve(waiter.keys.size());
   for (const auto& key : waiter.keys) {
@@ -183,18 +237,37 @@ void GenerationStores::Answer(const Waiter& waiter, Actions& out) const {
   out.push_back(AnswerStoreGet{waiter.call, OkStatus(), std::move(values)});
 }
 
+void GenerationStores::Forget(const Waiter& waiter) {
+  total_bytes_ -= waiter.bytes;
+  auto index = waiting_on_.find(waiter.generation);
+  if (index == waiting_on_.end()) return;
+  auto generation_keys = keys_.find(waiter.generation);
+  for (const std::string& key : waiter.keys) {
+    if (generation_keys != keys_.end() && generation_keys->second.count(key) != 0) continue;
+    auto calls = index->second.find(key);
+    if (calls == index->second.end()) continue;  // a repeat of a key already taken out
+    std::vector<CallId>& ids = calls->second;
+    ids.erase(std::remove(ids.begin(), ids.end(), waiter.call), ids.end());
+    if (ids.empty()) index->second.erase(calls);
+  }
+  if (index->second.empty()) waiting_on_.erase(index);
+}
+
 void GenerationStores::Arrived(int64_t generation, const std::string& key, Actions& out) {
   auto index = waiting_on_.find(generation);
   if (index == waiting_on_.end()) return;
   auto calls = index->second.find(key);
   if (calls == index->second.end()) return;
-  for (CallId call : calls->second) {
+  const std::vector<CallId> ids = std::move(calls->second);
+  index->second.erase(calls);
+  for (CallId call : ids) {
     auto waiter = waiters_.find(call);
     if (waiter == waiters_.end() || --waiter->second.missing > 0) continue;
+    total_bytes_ -= waiter->second.bytes;
     Answer(waiter->second, out);
     waiters_.erase(waiter);
   }
-  index->second.erase(calls);
+  if (index->second.empty()) waiting_on_.erase(index);
 }
 
 std::string GenerationStores::MissingKeys(const Waiter& waiter) const {
@@ -202,7 +275,8 @@ std::string GenerationStores::MissingKeys(const Waiter& waiter) const {
   std::string missing;
   for (const auto& key : waiter.keys) {
     if (generation_keys == keys_.end() || generation_keys->second.count(key) == 0) {
-      missing += (missing.empty() ? "" : ", ") + key;
+      missing += (missing.empty() ? "" : ", ") + Shown(key);
+      if (missing.size() > 1024) return missing + ", ...";
     }
   }
   return missing;

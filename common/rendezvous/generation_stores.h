@@ -25,28 +25,36 @@ struct ByteRange {
 };
 
 // What one job may hold, so that one job cannot take the memory every job's rendezvous shares
-// (one operator hosts them all). Stored bytes count each key, its value and kKeyOverheadBytes for
-// the map's node, over the generations still held (the current one and the one before). A Set or
-// Add past a bound, or a Get past max_waiters held calls, fails with RESOURCE_EXHAUSTED naming the
-// bound; nothing already stored is lost.
+// (one operator hosts them all). Bytes count each stored key, its value and kKeyOverheadBytes for
+// the map's node, over the generations still held (the current one and the one before), and each
+// held get's keys (twice: the call keeps them and the index of missing keys names them). A Set
+// or Add past a bound, a Get past max_waiters held calls or the byte bound, or a Get whose answer
+// would pass max_answer_bytes, fails with RESOURCE_EXHAUSTED naming the bound; nothing already
+// stored is lost.
 //
-// A job may hold what its size needs: a fixed allowance plus, per rank it may have, a few keys
-// and held gets, and per pair of ranks the bytes of a Gloo full-mesh bootstrap (each rank
-// publishes about 136 bytes per peer, client.h) in each of the two generations held. A 4-rank job
-// may hold about 16 MiB; one of 1,000 ranks about 320 MB more, which its bootstrap needs.
+// A job may hold what its size needs: a fixed allowance plus, per rank of its current and its
+// previous generation (the larger), a few keys and held gets, and per pair of ranks the bytes
+// of Gloo full-mesh bootstraps (each rank publishes about 136 bytes per peer, client.h): two
+// meshes' worth in each of the two generations held, for a pipeline's stage and replica groups
+// beside the world's. A 4-rank job may hold about 16 MiB; one of 1,000 ranks about 576 MB more,
+// which its bootstraps need. The ranks are the generation's, not the declared maximum, so a job
+// that declares 50,000 replicas and runs one gets one rank's allowance.
 struct StoreLimits {
   static constexpr size_t kKeyOverheadBytes = 64;
   size_t max_keys = 4096;
   size_t max_bytes = size_t{16} << 20;
   size_t max_waiters = 1024;
+  // An answer larger than this is refused before it is built: the clients refuse a message past
+  // kMaxRendezvousRequestBytes (client.h) anyway.
+  size_t max_answer_bytes = size_t{8} << 20;
   size_t keys_per_rank = 16;
   size_t waiters_per_rank = 16;
-  size_t bytes_per_rank_pair = 2 * 160;
+  size_t bytes_per_rank_pair = 2 * 2 * 144;
 
-  // The absolute limits of a job of at most `ranks` ranks (the per-rank terms folded in).
+  // The absolute limits of a job of `ranks` ranks (the per-rank terms folded in).
   StoreLimits ScaledTo(int64_t ranks) const {
     const auto n = static_cast<size_t>(ranks > 0 ? ranks : 0);
-    StoreLimits scaled;
+    StoreLimits scaled = *this;
     scaled.max_keys = max_keys + keys_per_rank * n;
     scaled.max_bytes = max_bytes + bytes_per_rank_pair * n * n;
     scaled.max_waiters = max_waiters + waiters_per_rank * n;
@@ -62,6 +70,8 @@ class GenerationStores {
  public:
   // `limits` as they stand (their per-rank terms are not applied: ScaledTo first).
   explicit GenerationStores(StoreLimits limits = {}) : limits_(limits) {}
+  // New limits (a generation formed with another size); what is held already stays.
+  void SetLimits(const StoreLimits& limits) { limits_ = limits; }
 
   // RESOURCE_EXHAUSTED when the value would take the job past its limits (the old value stays).
   Status Set(int64_t generation, const std::string& key, const std::string& value, Actions& out);
@@ -82,9 +92,11 @@ class GenerationStores {
   // Fails every waiter with `status` and forgets them.
   void FailAll(const Status& status, Actions& out);
 
-  // What the held generations store: keys, and bytes as StoreLimits counts them.
+  // What the job holds: stored keys, held gets, and bytes as StoreLimits counts them.
   size_t keys() const { return total_keys_; }
+  size_t waiters() const { return waiters_.size(); }
   size_t bytes() const { return total_bytes_; }
+  const StoreLimits& limits() const { return limits_; }
 
  private:
   struct Waiter {
@@ -95,29 +107,33 @@ class GenerationStores {
     int64_t timeout_ms = 0;
     TimePoint deadline;
     size_t missing = 0;  // keys (with repeats) not yet present
+    size_t bytes = 0;    // what it holds, as StoreLimits counts it
   };
 
-  // Answers `waiter` with its values; every key must be present.
+  // Answers `waiter` with its values (every key must be present), or RESOURCE_EXHAUSTED when
+  // they would pass max_answer_bytes.
   void Answer(const Waiter& waiter, Actions& out) const;
+  // Takes a held waiter out of the index of missing keys and gives back its bytes.
+  void Forget(const Waiter& waiter);
   // `key` of `generation` now exists: answers the waiters that missed only it.
   void Arrived(int64_t generation, const std::string& key, Actions& out);
   std::string MissingKeys(const Waiter& waiter) const;
 
-  // RESOURCE_EXHAUSTED unless `added_keys` more keys and `added_bytes` more bytes fit.
-  Status CheckRoom(const char* call, const std::string& key, size_t added_keys,
-                   size_t added_bytes) const;
+  // RESOURCE_EXHAUSTED unless `added_keys` more keys and `added_bytes` more bytes fit; `what`
+  // names the call in the message.
+  Status CheckRoom(const std::string& what, size_t added_keys, size_t added_bytes) const;
   static size_t EntryBytes(const std::string& key, const std::string& value) {
     return key.size() + value.size() + StoreLimits::kKeyOverheadBytes;
   }
 
-  const StoreLimits limits_;
+  StoreLimits limits_;
   std::map<int64_t, std::unordered_map<std::string, std::string>> keys_;  // by generation
   std::map<int64_t, size_t> bytes_;  // by generation, as EntryBytes counts them
   size_t total_keys_ = 0;
-  size_t total_bytes_ = 0;
+  size_t total_bytes_ = 0;  // stored entries and held waiters
   std::map<CallId, Waiter> waiters_;
-  // By generation: a missing key -> the waiters missing it (once per time they list it). Entries
-  // of waiters that went away are skipped when the key arrives.
+  // By generation: a missing key -> the waiters missing it (once per time they list it). A
+  // waiter that goes away (answered, cancelled, expired) takes its entries out.
   std::map<int64_t, std::unordered_map<std::string, std::vector<CallId>>> waiting_on_;
 };
 

@@ -19,8 +19,7 @@ JobState::JobState(JobConfig config)
     : config_(std::move(config)),
       first_generation_(std::max<int64_t>(config_.first_generation, 1)),
       generation_(first_generation_ - 1),
-      stores_(config_.store_limits.ScaledTo(int64_t{config_.max_members} *
-                                            std::max(config_.ranks_per_pod, 1))),
+      stores_(config_.store_limits.ScaledTo(0)),
       stragglers_(config_.stragglers) {}
 
 // ---------------------------------------------------------------------------------------------
@@ -311,8 +310,12 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   while (history_.size() > std::max<size_t>(config_.history_kept, 1)) history_.pop_front();
 
   // A member of g-1 may still be reading g-1's keys while it learns that g-1 ended; anything
-  // older is unreachable.
+  // older is unreachable. The store may hold what a generation of the larger of the two sizes
+  // needs (StoreLimits): ranks that are here, not the declared maximum.
   stores_.DropBefore(generation_ - 1, out);
+  stores_.SetLimits(config_.store_limits.ScaledTo(
+      static_cast<int64_t>(std::max(world, previous_world_))));
+  previous_world_ = world;
 
   LOCKSTEP_LOG(INFO) << Describe() << ": formed generation " << generation_ << " (world " << world
                      << ", " << pending_.size() << " waiting for the next)";

@@ -71,7 +71,8 @@ struct JobConfig {
   // gives them, and a generation whose pods have all joined waits for their places as for a late
   // joiner, until the last call.
   bool order_by_topology = false;
-  // What the job's store may hold (generation_stores.h), scaled to max_members * ranks_per_pod.
+  // What the job's store may hold (generation_stores.h), scaled at each formation to the ranks
+  // of that generation or the one before, the larger.
   StoreLimits store_limits;
   // How many of the latest generations' records the job keeps (JobSnapshot::history); the
   // counts and the longest recovery cover every generation.
@@ -318,6 +319,7 @@ class JobState {
   TimePoint heartbeat_check_at_;    // while active_: when a member can next have gone silent
   bool last_check_credited_ = false;  // the last check ran late and credited that time to all
   GenerationStores stores_;
+  size_t previous_world_ = 0;  // ranks of the latest generation formed
   ProgressReport progress_;
   bool has_progress_ = false;
   std::deque<GenerationRecord> history_;  // the latest history_kept, oldest first

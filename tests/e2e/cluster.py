@@ -396,14 +396,15 @@ def operator_summary():
     """A few lines on the operators: the Lease, each replica (node, ready, restarts, leader
     label) and its last log lines, for a failure message's end, which survives truncation."""
     lines = []
-    lease = kubectl("get", "lease", LEASE, "-n", OPERATOR_NAMESPACE, "-o",
-                    "jsonpath={.spec.holderIdentity} acquired {.spec.acquireTime} renewed "
-                    "{.spec.renewTime} transitions {.spec.leaseTransitions}", check=False)
-    lines.append("operator lease: holder " + lease.strip())
     try:
+        lease = kubectl("get", "lease", LEASE, "-n", OPERATOR_NAMESPACE, "-o",
+                        "jsonpath={.spec.holderIdentity} acquired {.spec.acquireTime} renewed "
+                        "{.spec.renewTime} transitions {.spec.leaseTransitions}", check=False,
+                        timeout=30)
+        lines.append("operator lease: holder " + lease.strip())
         pods = operator_pods()
-    except AssertionError as error:
-        return "\n".join(lines + ["(operator pods: %s)" % error])
+    except (AssertionError, subprocess.TimeoutExpired) as error:
+        return "\n".join(lines + ["(the operators' state: %s)" % error])
     for pod in pods:
         name = pod["metadata"]["name"]
         ready = pod_ready(pod)

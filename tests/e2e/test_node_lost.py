@@ -49,6 +49,25 @@ def move_operators_off(node):
         cluster.kubectl("uncordon", node)
 
 
+def spread_operators():
+    """The operator replicas over both nodes again, as the chart's anti-affinity prefers: the
+    standby moved off the lost node is deleted, and its replacement lands on the other one."""
+    leader = cluster.wait_for("one operator leading", cluster.operator_leader, timeout=60)[0]
+    pods = [p for p in cluster.operator_pods() if not p["metadata"].get("deletionTimestamp")]
+    if len({p["spec"].get("nodeName") for p in pods}) > 1:
+        return
+    standbys = [p["metadata"]["name"] for p in pods if p["metadata"]["name"] != leader]
+    if standbys:
+        cluster.kubectl("delete", "pod", "-n", cluster.OPERATOR_NAMESPACE, "--wait=false",
+                        standbys[0])
+
+    def spread():
+        now = [p for p in cluster.operator_pods() if not p["metadata"].get("deletionTimestamp")]
+        return len(now) == len(pods) and all(cluster.pod_ready(p) for p in now) and \
+            len({p["spec"].get("nodeName") for p in now}) > 1
+    cluster.wait_for("the operator's replicas on both nodes again", spread, timeout=120)
+
+
 class NodeLost(unittest.TestCase):
     lost = None
 
@@ -59,6 +78,7 @@ class NodeLost(unittest.TestCase):
                              timeout=120)
         if self.lost:
             cluster.kubectl("label", "node", self.lost, LOST + "-", check=False)
+            spread_operators()
 
     def test_job_goes_on_and_gets_its_workers_back_on_the_other_node(self):
         job = cluster.spread_over_nodes(cluster.example("elastic.yaml"), unless_labelled=LOST)
@@ -96,9 +116,14 @@ class NodeLost(unittest.TestCase):
                                survivors_training, timeout=120)
             except cluster.Timeout as error:
                 # What explains it, last: a truncated report keeps its end.
+                def tail(pod):
+                    try:
+                        return "\n".join(ns.logs(pod).splitlines()[-25:])
+                    except (AssertionError, subprocess.TimeoutExpired) as cause:
+                        return "(no log: %s)" % cause
                 raise cluster.Timeout("%s\n%s\nthe leader when %s was lost: %s\n%s" % (
-                    error, "\n".join("$ kubectl logs %s (last lines)\n%s" % (
-                        pod, "\n".join(ns.logs(pod).splitlines()[-25:])) for pod in kept),
+                    error, "\n".join("$ kubectl logs %s (last lines)\n%s" % (pod, tail(pod))
+                                     for pod in kept),
                     lost_node, leader, cluster.operator_summary())) from None
 
             def replaced():

@@ -868,7 +868,6 @@ TEST(JobStateTest, AStorePastItsJobsLimitsRefusesMoreAndKeepsWhatItHolds) {
   JobConfig config = Config(1, 1);
   config.store_limits.max_keys = 3;
   config.store_limits.max_bytes = 3 * (StoreLimits::kKeyOverheadBytes + 2) + 4;
-  config.store_limits.max_waiters = 1;
   config.store_limits.keys_per_rank = config.store_limits.waiters_per_rank = 0;
   config.store_limits.bytes_per_rank_pair = 0;
   Driver job(config);
@@ -883,13 +882,11 @@ TEST(JobStateTest, AStorePastItsJobsLimitsRefusesMoreAndKeepsWhatItHolds) {
       {"set g1 d 4", "set fails RESOURCE_EXHAUSTED"},
       {"set g1 a 11111111", "set fails RESOURCE_EXHAUSTED"},  // a larger value of a held key
       {"get g1 a,b,c", "get#2 = 1,2,3"},   // nothing was lost
-      {"get g1 x timeout=300", "wake @300"},
-      {"get g1 y timeout=300", "get#4 fails RESOURCE_EXHAUSTED"},  // waiters
       {"remove w0", ""},
       {"join w0", "wake @10000; w0 joins g2 as 0/1; wake @501"},
       {"remove w0", ""},
       // g1 is dropped when g3 forms: its keys and bytes no longer count.
-      {"join w0", "wake @10000; w0 joins g3 as 0/1; get#3 fails FAILED_PRECONDITION; wake @501"},
+      {"join w0", "wake @10000; w0 joins g3 as 0/1; wake @501"},
       {"set g3 a 1", ""},
       {"set g3 b 2", ""},
       {"set g3 c 3", ""},
@@ -899,13 +896,83 @@ TEST(JobStateTest, AStorePastItsJobsLimitsRefusesMoreAndKeepsWhatItHolds) {
   EXPECT_NE(refused.message().find("limit is 3"), std::string::npos) << refused.ToString();
 }
 
+// The limits follow the ranks a generation has, not the job's declared maximum: a job that
+// declares 50,000 replicas and runs one gets one rank's allowance.
+TEST(JobStateTest, AStoresLimitsFollowTheRanksThatFormedNotTheDeclaredMaximum) {
+  JobConfig config = Config(1, 50000);
+  config.store_limits.max_bytes = 1000;
+  config.store_limits.bytes_per_rank_pair = 100;
+  Driver job(config);
+  job.Apply("join w0");
+  job.Apply("at 1000");  // the last call: the generation forms with the one member there
+  ASSERT_TRUE(job.state().Snapshot().generation_active);
+  ASSERT_EQ(job.state().Snapshot().world_size, 1);
+  const std::string big(1050, 'x');  // 1 + 1050 + 64 bytes: past 1000 + 100 x 1^2
+  Actions out;
+  EXPECT_EQ(job.state().StoreSet(1, "k", big, out).code(), StatusCode::kResourceExhausted);
+  EXPECT_TRUE(job.state().StoreSet(1, "k", std::string(900, 'x'), out).ok());
+}
+
+// A get that waits holds its keys: they count against the job's bytes until it is answered,
+// cancelled or expired, so gets that time out and come again do not pile up.
+TEST(GenerationStoresTest, HeldGetsCountTheirKeysUntilTheyGo) {
+  StoreLimits limits;
+  limits.max_bytes = 4096;
+  GenerationStores stores(limits);
+  Actions out;
+  const TimePoint now = Driver::Start();
+  const std::vector<std::string> keys = {std::string(500, 'a'), std::string(500, 'b')};
+  stores.Get(1, 1, keys, 300, now, out);
+  const size_t held = stores.bytes();
+  EXPECT_GT(held, 2000u);  // both keys, twice
+  stores.Get(2, 1, keys, 300, now, out);  // a second would pass 4096
+  ASSERT_FALSE(out.empty());
+  const auto* refused = std::get_if<AnswerStoreGet>(&out.back());
+  ASSERT_NE(refused, nullptr);
+  EXPECT_EQ(refused->status.code(), StatusCode::kResourceExhausted);
+  stores.Cancel(1);
+  EXPECT_EQ(stores.bytes(), 0u);
+  for (int round = 0; round < 100; ++round) {  // expire, come again: nothing piles up
+    stores.Get(10 + round, 1, keys, 300, now, out);
+    stores.Expire(now + std::chrono::milliseconds(300), out);
+    EXPECT_EQ(stores.waiters(), 0u);
+    EXPECT_EQ(stores.bytes(), 0u);
+  }
+  limits.max_waiters = 1;
+  stores.SetLimits(limits);
+  stores.Get(7, 1, {"k"}, 300, now, out);
+  stores.Get(8, 1, {"k"}, 300, now, out);  // a second held get passes max_waiters
+  refused = std::get_if<AnswerStoreGet>(&out.back());
+  ASSERT_NE(refused, nullptr);
+  EXPECT_NE(refused->status.message().find("waiting gets, its limit is 1"), std::string::npos);
+  EXPECT_TRUE(stores.Set(1, "k", "v", out).ok());  // answered: its bytes go too
+  EXPECT_EQ(stores.waiters(), 0u);
+  EXPECT_EQ(stores.bytes(), 1 + 1 + StoreLimits::kKeyOverheadBytes);
+}
+
+// An answer is bounded before it is built: a get that names a key a million times is refused.
+TEST(JobStateTest, AStoreGetWhoseAnswerWouldPassItsBoundIsRefused) {
+  JobConfig config = Config(1, 1);
+  config.store_limits.max_answer_bytes = 10;
+  Driver job(config);
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g1 as 0/1; wake @501"},
+      {"set g1 a 12345678", ""},
+      {"get g1 a", "get#2 = 12345678"},
+      {"get g1 a,a", "get#3 fails RESOURCE_EXHAUSTED"},
+      {"get g1 a,a offset=0 length=4", "get#4 = 1234,1234"},
+      {"get g1 b,b timeout=300", "wake @300"},
+      {"set g1 b 123456", "get#5 fails RESOURCE_EXHAUSTED"},  // answered when the key came
+  });
+}
+
 // The limits grow with the job: its bootstrap's keys and bytes grow with its ranks.
 TEST(JobStateTest, AStoresLimitsGrowWithTheRanksTheJobMayHave) {
   StoreLimits limits;
   const StoreLimits small = limits.ScaledTo(4);
   const StoreLimits large = limits.ScaledTo(1000);
   EXPECT_EQ(small.max_bytes, limits.max_bytes + 16 * limits.bytes_per_rank_pair);
-  EXPECT_GT(large.max_bytes, size_t{1000} * 1000 * 2 * 136);  // two Gloo full meshes
+  EXPECT_GT(large.max_bytes, size_t{1000} * 1000 * 4 * 136);  // two meshes in each generation
   EXPECT_GT(large.max_keys, size_t{2} * 1000);                // a key per rank, twice
   EXPECT_GT(large.max_waiters, small.max_waiters);
 }

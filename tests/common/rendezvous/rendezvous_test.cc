@@ -1085,8 +1085,8 @@ TEST_F(RendezvousTest, AFloodingMemberOfOneJobIsRefusedWhileAnotherJobTrainsOn) 
     for (int64_t i = 0; phase.load() < 2; ++i) {
       const auto started = std::chrono::steady_clock::now();
       const std::string key = "b-" + std::to_string(i % 64);
-      Status set = b_store->Set(key, std::to_string(i), 2000);
-      StatusOr<std::vector<std::string>> got = b_store->Get({key}, 2000);
+      Status set = b_store->Set(key, std::to_string(i), 10000);
+      StatusOr<std::vector<std::string>> got = b_store->Get({key}, 10000);
       if (!set.ok() || !got.ok() || (*got)[0] != std::to_string(i)) ++b_failures;
       const int64_t us = std::chrono::duration_cast<std::chrono::microseconds>(
                              std::chrono::steady_clock::now() - started)
@@ -1096,6 +1096,15 @@ TEST_F(RendezvousTest, AFloodingMemberOfOneJobIsRefusedWhileAnotherJobTrainsOn) 
       ++b_rounds;
     }
   });
+  // B's thread ends however the test does (an ASSERT returns early).
+  struct StopB {
+    std::atomic<int>& phase;
+    std::thread& thread;
+    ~StopB() {
+      phase.store(2);
+      if (thread.joinable()) thread.join();
+    }
+  } stop_b{phase, b_thread};
   ASSERT_TRUE(WaitUntil([&] { return b_rounds.load() >= 200; }, 30000));
 
   const int64_t resident_before = ResidentBytes();
@@ -1115,6 +1124,9 @@ TEST_F(RendezvousTest, AFloodingMemberOfOneJobIsRefusedWhileAnotherJobTrainsOn) 
   }
   EXPECT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
   EXPECT_LE(big_accepted, 4);
+  // An answer past the clients' 8 MiB is refused before it is built.
+  StatusOr<std::vector<std::string>> thrice = a_store->Get({"big-0", "big-0", "big-0"}, 10000);
+  EXPECT_EQ(thrice.status().code(), StatusCode::kResourceExhausted) << thrice.status();
 
   // Small keys, up to 10^6, in a generation two past the big values' (which drops them): refused
   // after A's 4,096 keys and 16 per rank.

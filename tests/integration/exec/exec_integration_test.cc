@@ -155,7 +155,7 @@ TEST(ExecIntegration, TwoAgentsTrainDdpScriptToTheEnd) {
   const rendezvous::JobSnapshot snapshot = job.Snapshot();
   EXPECT_EQ(snapshot.progress.step, 30) << "the progress file reached the rendezvous";
   EXPECT_EQ(snapshot.progress.total_steps, 30);
-  EXPECT_EQ(snapshot.history.size(), 1u);
+  EXPECT_EQ(snapshot.generations_formed, 1);
   EXPECT_EQ(snapshot.completed_members, 2);
 }
 
@@ -180,7 +180,7 @@ TEST_P(ExecExampleAtItsEnd, ResumedAtItsFinalStepEndsAtOnceAndSucceeds) {
     ASSERT_EQ(r0.exit_code, 0) << round << "\n" << r0.out << r0.err;
     ASSERT_EQ(r1.exit_code, 0) << round << "\n" << r1.out << r1.err;
     const rendezvous::JobSnapshot snapshot = job.Snapshot();
-    EXPECT_EQ(snapshot.history.size(), 1u) << round << ": no restart";
+    EXPECT_EQ(snapshot.generations_formed, 1) << round << ": no restart";
     EXPECT_EQ(snapshot.progress.step, 10) << round << ": the progress says where it is";
     if (std::string(round) == "again") {
       EXPECT_NE((r0.out + r1.out).find("finished at step 10 (world 2, nothing left to train)"),
@@ -217,7 +217,7 @@ TEST(ExecIntegration, KilledTrainingProcessRestartsGroupThatResumesFromItsCheckp
   EXPECT_NE(out.find("finished at step 60"), std::string::npos) << out;
   EXPECT_NE(r1.err.find("signal 9"), std::string::npos) << "the kill is reported as it is";
   const rendezvous::JobSnapshot snapshot = job.Snapshot();
-  EXPECT_GE(snapshot.history.size(), 2u);
+  EXPECT_GE(snapshot.generations_formed, 2);
   EXPECT_EQ(snapshot.progress.step, 60);
 }
 
@@ -656,7 +656,7 @@ TEST_P(ExecBadCommand, GivesClearErrorAfterAtMostBackoffLimitPlusOneStarts) {
   EXPECT_NE(result.err.find(param.expected_message), std::string::npos) << result.err;
   EXPECT_NE(result.err.find("restarts exhausted: 2 of 2"), std::string::npos) << result.err;
   // One generation per start, and a last one whose plan tells every agent to give up.
-  EXPECT_EQ(job.Snapshot().history.size(), static_cast<size_t>(kBackoffLimit + 2));
+  EXPECT_EQ(job.Snapshot().generations_formed, kBackoffLimit + 2);
   if (param.name == "exits_at_once") {
     EXPECT_EQ(ReadFile(starts), "started\nstarted\nstarted\n");
   }
@@ -759,7 +759,7 @@ TEST(ExecIntegration, ACommandThatStopsSlowlyIsWaitedForBeforeAnyoneStartsAgain)
   }
   EXPECT_EQ(starts, 4) << ReadFile(events);
   // The first generation, and the one after the failure: nothing formed in between.
-  EXPECT_EQ(job.Snapshot().history.size(), 2u) << ReadFile(events);
+  EXPECT_EQ(job.Snapshot().generations_formed, 2) << ReadFile(events);
 }
 
 // backoffLimit + 1 starts of each member's command, whatever fails at once.
@@ -788,7 +788,7 @@ TEST(ExecIntegration, SimultaneousFailuresUseOneRestartAndTheBoundHolds) {
     EXPECT_LE(count, kBackoffLimit + 1) << pod << "\n" << ReadFile(events);
   }
   // One generation per restart, and the last whose plan says give up.
-  EXPECT_EQ(job.Snapshot().history.size(), static_cast<size_t>(kBackoffLimit + 2));
+  EXPECT_EQ(job.Snapshot().generations_formed, kBackoffLimit + 2);
 }
 
 // The same under `lockstep run`, which also replaces failed workers: an agent that gave up
