@@ -900,8 +900,8 @@ TEST_F(OperatorEndToEndTest, AStragglerIsReplacedWhenTheJobAsksAndTheJobFinishes
   manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
   const std::vector<json> pods = WaitForPods("slow", 4);
-  const std::string slowed_uid = UidsByName(pods)["slow-worker-2"];
-  ASSERT_FALSE(slowed_uid.empty());
+  const auto first_uids = UidsByName(pods);
+  ASSERT_FALSE(first_uids.at("slow-worker-2").empty());
   bool ok = false;
   json job = SlowWorkerTwoUntil(
       "slow",
@@ -915,11 +915,15 @@ TEST_F(OperatorEndToEndTest, AStragglerIsReplacedWhenTheJobAsksAndTheJobFinishes
   EXPECT_TRUE(HasEvent("slow", "Straggler"));
   EXPECT_TRUE(HasEvent("slow", "ReplacingStraggler"));
 
-  // The replacement is a new pod that prefers other nodes.
+  // The replacement is a new pod that prefers other nodes. Usually it is worker 2's, the one
+  // slowed; on 2 busy cores another worker may be slower still and be the one named, which is
+  // as right: the straggler is whoever computes slowest.
   bool replaced = OperatorHarness::WaitFor(
       [&] {
         for (const json& pod : h_->Pods(ns_, "slow")) {
-          if (pod["metadata"]["name"] == "slow-worker-2" && pod["metadata"]["uid"] != slowed_uid &&
+          const std::string name = pod["metadata"]["name"];
+          auto first = first_uids.find(name);
+          if (first != first_uids.end() && pod["metadata"]["uid"] != first->second &&
               !pod["metadata"].contains("deletionTimestamp")) {
             EXPECT_EQ(pod["spec"]["affinity"]["nodeAffinity"]
                           ["preferredDuringSchedulingIgnoredDuringExecution"][0]["preference"]
