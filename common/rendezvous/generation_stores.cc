@@ -42,61 +42,53 @@ Status GenerationStores::CheckRoom(const std::string& what, size_t added_keys,
   return OkStatus();
 }
 
-Status GenerationStores::Set(int64_t generation, const std::string& key, const std::string& value,
-                             Actions& out) {
+Status GenerationStores::Store(const char* call, int64_t generation, const std::string& key,
+                               std::string value, Actions& out) {
   auto& generation_keys = keys_[generation];
   auto it = generation_keys.find(key);
-  const size_t old_bytes = it == generation_keys.end() ? 0 : EntryBytes(key, it->second);
+  const bool added = it == generation_keys.end();
+  const size_t old_bytes = added ? 0 : EntryBytes(key, it->second);
   const size_t new_bytes = EntryBytes(key, value);
   if (new_bytes > old_bytes) {
-    LOCKSTEP_RETURN_IF_ERROR(CheckRoom("store set of key " + Shown(key),
-                                       it == generation_keys.end() ? 1 : 0,
-                                       new_bytes - old_bytes));
+    LOCKSTEP_RETURN_IF_ERROR(CheckRoom(std::string(call) + " of key " + Shown(key),
+                                       added ? 1 : 0, new_bytes - old_bytes));
   }
   bytes_[generation] = bytes_[generation] - old_bytes + new_bytes;
   total_bytes_ = total_bytes_ - old_bytes + new_bytes;
-  if (it != generation_keys.end()) {
-    it->second = value;
+  if (!added) {
+    it->second = std::move(value);
     return OkStatus();
   }
-  generation_keys.emplace(key, value);
+  generation_keys.emplace(key, std::move(value));
   ++total_keys_;
   Arrived(generation, key, out);
   return OkStatus();
 }
 
+Status GenerationStores::Set(int64_t generation, const std::string& key, const std::string& value,
+                             Actions& out) {
+  return Store("store set", generation, key, value, out);
+}
+
 StatusOr<int64_t> GenerationStores::Add(int64_t generation, const std::string& key, int64_t delta,
                                         Actions& out) {
-  auto& generation_keys = keys_[generation];
-  auto it = generation_keys.find(key);
-  const bool added = it == generation_keys.end();
   int64_t value = 0;
-  if (!added && !it->second.empty()) {
-    const std::string& stored = it->second;
-    char* end = nullptr;
-    errno = 0;
-    value = std::strtoll(stored.c_str(), &end, 10);
-    if (errno != 0 || end == stored.c_str() || *end != '\0') {
-      return InvalidArgumentError("store add: value of key " + Shown(key) + " is not an integer");
+  auto generation_keys = keys_.find(generation);
+  if (generation_keys != keys_.end()) {
+    auto it = generation_keys->second.find(key);
+    if (it != generation_keys->second.end() && !it->second.empty()) {
+      const std::string& stored = it->second;
+      char* end = nullptr;
+      errno = 0;
+      value = std::strtoll(stored.c_str(), &end, 10);
+      if (errno != 0 || end == stored.c_str() || *end != '\0') {
+        return InvalidArgumentError("store add: value of key " + Shown(key) +
+                                    " is not an integer");
+      }
     }
   }
   value += delta;
-  std::string text = std::to_string(value);
-  const size_t old_bytes = added ? 0 : EntryBytes(key, it->second);
-  const size_t new_bytes = EntryBytes(key, text);
-  if (new_bytes > old_bytes) {
-    LOCKSTEP_RETURN_IF_ERROR(
-        CheckRoom("store add of key " + Shown(key), added ? 1 : 0, new_bytes - old_bytes));
-  }
-  bytes_[generation] = bytes_[generation] - old_bytes + new_bytes;
-  total_bytes_ = total_bytes_ - old_bytes + new_bytes;
-  if (!added) {
-    it->second = std::move(text);
-    return value;
-  }
-  generation_keys.emplace(key, std::move(text));
-  ++total_keys_;
-  Arrived(generation, key, out);
+  LOCKSTEP_RETURN_IF_ERROR(Store("store add", generation, key, std::to_string(value), out));
   return value;
 }
 

@@ -92,11 +92,9 @@ class GenerationStores {
   // Fails every waiter with `status` and forgets them.
   void FailAll(const Status& status, Actions& out);
 
-  // What the job holds: stored keys, held gets, and bytes as StoreLimits counts them.
-  size_t keys() const { return total_keys_; }
+  // What the job holds: held gets, and bytes as StoreLimits counts them.
   size_t waiters() const { return waiters_.size(); }
   size_t bytes() const { return total_bytes_; }
-  const StoreLimits& limits() const { return limits_; }
 
  private:
   struct Waiter {
@@ -119,6 +117,9 @@ class GenerationStores {
   void Arrived(int64_t generation, const std::string& key, Actions& out);
   std::string MissingKeys(const Waiter& waiter) const;
 
+  // Set and Add: stores `value` under `key` within the limits (`call` names it in a refusal).
+  Status Store(const char* call, int64_t generation, const std::string& key, std::string value,
+               Actions& out);
   // RESOURCE_EXHAUSTED unless `added_keys` more keys and `added_bytes` more bytes fit; `what`
   // names the call in the message.
   Status CheckRoom(const std::string& what, size_t added_keys, size_t added_bytes) const;
