@@ -32,7 +32,16 @@ std::string Status::ToString() const {
 
 Status Status::WithContext(const std::string& context) const {
   if (ok()) return *this;
-  return Status(code_, context + ": " + message_);
+  Status status(code_, context + ": " + message_);
+  status.reason_ = reason_;
+  return status;
+}
+
+Status Status::WithReason(std::string reason) const {
+  if (ok()) return *this;
+  Status status = *this;
+  status.reason_ = std::move(reason);
+  return status;
 }
 
 std::ostream& operator<<(std::ostream& os, const Status& status) {

@@ -1,7 +1,10 @@
 // Status and StatusOr<T>: the one error type across Lockstep's module boundaries.
 //
 // A Status is either OK or carries a code and a message that names what went wrong (the field,
-// file, value or peer). Exceptions from third-party libraries (Gloo, cpprestsdk, yaml-cpp) are
+// file, value or peer). The message is for people and may be reworded in any release; where a
+// caller must tell one error of a code from another (a full generation from a join that found too
+// few members), the error carries a reason, a stable UPPER_SNAKE_CASE word (gRPC's ErrorInfo),
+// and the caller reads that. Exceptions from third-party libraries (Gloo, cpprestsdk, yaml-cpp) are
 // caught in the adapter that calls them and turned into a Status; they never cross a module or a
 // thread.
 //
@@ -53,8 +56,13 @@ class [[nodiscard]] Status {
   // "DEADLINE_EXCEEDED: rendezvous join: no generation formed within 30000 ms"
   std::string ToString() const;
 
-  // Returns a copy whose message is "context: message"; OK stays OK.
+  // Returns a copy whose message is "context: message"; OK stays OK. The reason is kept.
   Status WithContext(const std::string& context) const;
+
+  // The error's stable machine-readable reason ("GENERATION_FULL"), empty when it has none.
+  const std::string& reason() const { return reason_; }
+  // Returns a copy carrying `reason`; OK stays OK.
+  Status WithReason(std::string reason) const;
 
   friend bool operator==(const Status& a, const Status& b) {
     return a.code_ == b.code_ && a.message_ == b.message_;
@@ -63,6 +71,7 @@ class [[nodiscard]] Status {
  private:
   StatusCode code_ = StatusCode::kOk;
   std::string message_;
+  std::string reason_;
 };
 
 std::ostream& operator<<(std::ostream& os, const Status& status);

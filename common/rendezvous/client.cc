@@ -189,8 +189,8 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
       backoff_ms = std::min<int64_t>(backoff_ms * 2, 1000);
       continue;
     }
-    if (error.code() == StatusCode::kDeadlineExceeded &&
-        error.message().find("members present") == std::string::npos) {
+    // A deadline the service answered carries its reason; one without came from the transport.
+    if (error.code() == StatusCode::kDeadlineExceeded && error.reason().empty()) {
       error = DeadlineExceededError("no answer from the rendezvous service at " + options_.address +
                                     " within " + std::to_string(timeout_ms + kHeldCallMarginMs) +
                                     " ms");
@@ -415,8 +415,7 @@ StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
     StatusOr<Assignment> assignment = client.Join(state_step, timeout_ms);
     const bool deadline =
         !assignment.ok() && assignment.status().code() == StatusCode::kDeadlineExceeded;
-    const bool full = deadline && assignment.status().message().find(kGenerationFullMarker) !=
-                                      std::string::npos;
+    const bool full = deadline && assignment.status().reason() == kReasonGenerationFull;
     // Once a standby, a join that ended between generations (the job waiting for replacements
     // of several lost workers) is waited out too: the standby is one of the members to come.
     if (!(full || (standing_by && deadline)) || (keep_waiting && !keep_waiting())) {

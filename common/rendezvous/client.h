@@ -137,17 +137,25 @@ class RendezvousClient {
   virtual std::unique_ptr<KeyValueStore> GenerationStore(int64_t generation) = 0;
 };
 
-// What the service's DEADLINE_EXCEEDED answer to a join says when the join waited only because
-// the current generation is active and has no room: the member is a hot standby (a job's
-// `spec.elastic.standby`, or a replacement whose place a standby took).
+// Why the service refused a join: the reason its status carries (Status::reason(); on the wire,
+// an ErrorInfo in the status's details, proto/rendezvous.proto). Clients decide on these.
+//  - DEADLINE_EXCEEDED, kNoGenerationFormed: the join's deadline passed with too few members.
+//  - DEADLINE_EXCEEDED, kGenerationFull: the same, while the current generation is active and
+//    has no room: the member is a hot standby (a job's `spec.elastic.standby`, or a replacement
+//    whose place a standby took).
+//  - FAILED_PRECONDITION, kJobCompleted: the job has completed training: a standby or a late
+//    replacement has nothing to do, and ends as a success.
+inline constexpr char kReasonNoGenerationFormed[] = "NO_GENERATION_FORMED";
+inline constexpr char kReasonGenerationFull[] = "GENERATION_FULL";
+inline constexpr char kReasonJobCompleted[] = "JOB_COMPLETED";
+// The texts the service's messages keep for clients from before the reasons, which read them
+// (tests/common/rendezvous/wire_compat_test.cc); no client of this release decides on them.
 inline constexpr char kGenerationFullMarker[] = "is active and full";
-// What the service's FAILED_PRECONDITION answer to a join says once the job has completed
-// training: a standby or a late replacement has nothing to do, and ends as a success.
 inline constexpr char kJobCompletedMarker[] = "has completed; nothing to join";
-// Whether `status` (of a join) is that answer.
+// Whether `status` (of a join) is the answer that the job has completed.
 inline bool JobCompletedWhileJoining(const Status& status) {
   return status.code() == StatusCode::kFailedPrecondition &&
-         status.message().find(kJobCompletedMarker) != std::string::npos;
+         status.reason() == kReasonJobCompleted;
 }
 
 // Joins, and joins again for as long as the service answers that the generation is full: a

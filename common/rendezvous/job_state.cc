@@ -462,7 +462,9 @@ void JobState::ExpireJoins(TimePoint now, Actions& out) {
         "no generation formed within " + std::to_string(it->timeout_ms) + " ms: " + present +
         (active_ ? "; generation " + std::to_string(generation_) + " " + kGenerationFullMarker
                  : std::string());
-    out.push_back(AnswerJoin{it->call, DeadlineExceededError(message), {}, nullptr});
+    const Status refusal = DeadlineExceededError(message).WithReason(
+        active_ ? kReasonGenerationFull : kReasonNoGenerationFormed);
+    out.push_back(AnswerJoin{it->call, refusal, {}, nullptr});
     CountPending(*it, -1);
     it = pending_.erase(it);
   }

@@ -238,7 +238,8 @@ class JobState {
   std::string Describe() const { return "job " + config_.job; }
   // The answer to a newcomer's join once a member completed training.
   Status CompletedError() const {
-    return FailedPreconditionError("job " + config_.job + " " + kJobCompletedMarker);
+    return FailedPreconditionError("job " + config_.job + " " + kJobCompletedMarker)
+        .WithReason(kReasonJobCompleted);
   }
   // The detector's stragglers as members of the current generation.
   std::vector<StragglerInfo> StragglerInfos() const;

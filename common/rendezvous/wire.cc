@@ -2,14 +2,44 @@
 
 namespace lockstep::rendezvous {
 
+namespace {
+
+constexpr char kErrorInfoTypeUrl[] = "type.googleapis.com/google.rpc.ErrorInfo";
+constexpr char kErrorDomain[] = "rendezvous.lockstep.dev";
+
+}  // namespace
+
 Status FromGrpcStatus(const grpc::Status& status) {
   if (status.ok()) return OkStatus();
-  return Status(static_cast<StatusCode>(status.error_code()), status.error_message());
+  Status converted(static_cast<StatusCode>(status.error_code()), status.error_message());
+  v1::StatusDetails details;
+  if (status.error_details().empty() || !details.ParseFromString(status.error_details())) {
+    return converted;
+  }
+  for (const google::protobuf::Any& detail : details.details()) {
+    v1::ErrorInfo info;
+    if (detail.type_url() == kErrorInfoTypeUrl && info.ParseFromString(detail.value()) &&
+        info.domain() == kErrorDomain) {
+      return converted.WithReason(info.reason());
+    }
+  }
+  return converted;
 }
 
 grpc::Status ToGrpcStatus(const Status& status) {
   if (status.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(status.code()), status.message());
+  const auto code = static_cast<grpc::StatusCode>(status.code());
+  if (status.reason().empty()) return grpc::Status(code, status.message());
+  v1::ErrorInfo info;
+  info.set_reason(status.reason());
+  info.set_domain(kErrorDomain);
+  v1::StatusDetails details;
+  details.set_code(static_cast<int32_t>(status.code()));
+  details.set_message(status.message());
+  google::protobuf::Any* any = details.add_details();
+  any->set_type_url(kErrorInfoTypeUrl);
+  any->set_value(info.SerializeAsString());
+  return grpc::Status(code, status.message(), details.SerializeAsString());
 }
 
 bool TokensEqual(const std::string& expected, const std::string& presented) {

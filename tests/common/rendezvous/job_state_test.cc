@@ -8,7 +8,8 @@
 //          remove W    cancel W  (W's held join went away)    at MS  (the clock moves; Tick)
 //          place P A/B/C  (pod P's place in the network, coarse to fine)
 //          set gG K V    add gG K N    get gG K1,K2 [timeout=MS]    close    snapshot
-// Actions: "W joins gG as R/N" (+ " pod I/P" when pods hold several ranks), "W join fails CODE", "W ends gG lost|joined", "W closed CODE",
+// Actions: "W joins gG as R/N" (+ " pod I/P" when pods hold several ranks),
+//          "W join fails CODE [REASON]", "W ends gG lost|joined", "W closed CODE",
 //          "get#I = V1,V2", "get#I fails CODE", "wake @MS", "add = N", "add fails CODE",
 //          and for `snapshot`: "gG active|idle [members] waiting [ids]".
 #include "common/rendezvous/job_state.h"
@@ -192,7 +193,9 @@ class Driver {
       const std::string& who = callers_.at(answer->call);
       if (!answer->status.ok()) {
         last_join_error_ = answer->status.message();
-        return who + " join fails " + StatusCodeName(answer->status.code());
+        const std::string& reason = answer->status.reason();
+        return who + " join fails " + StatusCodeName(answer->status.code()) +
+               (reason.empty() ? "" : " " + reason);
       }
       last_assignment_ = answer->assignment;
       assignments_[who] = answer->assignment;
@@ -313,7 +316,7 @@ TEST(JobStateTest, JoinFailsAtItsDeadlineNamingWhoIsPresent) {
   job.Run({
       {"join w0 timeout=300", "wake @300"},
       {"at 299", ""},
-      {"at 300", "w0 join fails DEADLINE_EXCEEDED"},
+      {"at 300", "w0 join fails DEADLINE_EXCEEDED NO_GENERATION_FORMED"},
       {"snapshot", "g0 idle [] waiting []"},
   });
   EXPECT_EQ(job.last_join_error(),
@@ -364,7 +367,7 @@ TEST(JobStateTest, MaxMembersIsRespectedAndTheExtraJoinerTimesOutNamingTheFullGe
       {"join w2 timeout=400", "wake @400"},  // the generation is full: it goes on
       {"beat w0 g1", ""},
       {"beat w1 g1", ""},
-      {"at 400", "w2 join fails DEADLINE_EXCEEDED"},
+      {"at 400", "w2 join fails DEADLINE_EXCEEDED GENERATION_FULL"},
   });
   EXPECT_EQ(job.last_join_error(),
             "no generation formed within 400 ms: 1 of 3 members present (min 1, max 2); "
@@ -658,7 +661,7 @@ TEST(JobStateTest, CompletingDoesNotEndTheGenerationAndClosesItToNewcomers) {
       {"at 300", ""},
       {"beat w1 g1", ""},
       {"at 501", "wake @801"},  // w0, completed, is not expected to beat
-      {"join w9", "w9 join fails FAILED_PRECONDITION"},
+      {"join w9", "w9 join fails FAILED_PRECONDITION JOB_COMPLETED"},
       {"snapshot", "g1 active [w0 w1] waiting []"},
   });
 }
@@ -672,7 +675,7 @@ TEST(JobStateTest, AStandbyIsToldAtOnceWhenTheJobCompletes) {
       {"join w1", "wake @10000; w0 joins g1 as 0/2; w1 joins g1 as 1/2; wake @501"},
       {"join w2", "wake @10000"},  // the generation is full: w2 waits, ending nothing
       {"snapshot", "g1 active [w0 w1] waiting [w2]"},
-      {"complete w0 step=100", "w2 join fails FAILED_PRECONDITION"},
+      {"complete w0 step=100", "w2 join fails FAILED_PRECONDITION JOB_COMPLETED"},
       {"snapshot", "g1 active [w0 w1] waiting []"},
   });
 }
@@ -1127,7 +1130,7 @@ TEST(JobStatePodsTest, AJoinTimesOutNamingCompletePods) {
   Driver job(PodConfig(2, 2));
   job.Run({
       {"join a0 pod=a local=0 timeout=100", "wake @100"},
-      {"at 100", "a0 join fails DEADLINE_EXCEEDED"},
+      {"at 100", "a0 join fails DEADLINE_EXCEEDED NO_GENERATION_FORMED"},
   });
   EXPECT_EQ(job.last_join_error(),
             "no generation formed within 100 ms: 0 of 2 pods complete (1 members present, 2 ranks "
