@@ -311,11 +311,52 @@ def _wait_for_listener(host, port, timeout_s, over):
             time.sleep(0.005)
 
 
+def _wait_for_everyone(prefix, world, over, timeout_s, where):
+    """Counts this member in and returns once all `world` members are: the last to arrive sets
+    the key "everyone" to "1", and the others read that key in one blocking get (the store's
+    server answers it the moment the key is set; timeout_s is the store's own timeout, which bounds
+    the get). Each member costs the store two requests per formation, however long the wait. A generation that ends while its members gather sets the
+    key to "ended" (_end_arrivals, on rank 0), which wakes them into GenerationEnded; one whose
+    rank 0 is gone breaks their connections to its store."""
+    over()
+    try:
+        if prefix.add("arrived", 1) >= world:
+            prefix.set("everyone", "1")
+            return
+        everyone = prefix.get("everyone")  # blocks until the key is set, within the store's timeout
+    except RuntimeError as error:  # torch's DistStoreError is one
+        over()
+        cause = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if "timeout" in cause.lower():
+            raise RuntimeError(f"{where}: not every member reached the store within "
+                               f"{timeout_s:g} s ({cause})") from error
+        raise RuntimeError(f"{where}: the store failed while the members gathered ({cause})"
+                           ) from error
+    if everyone != b"1":
+        over()
+        raise GenerationEnded(f"{where}: the generation ended while its members gathered")
+
+
+def _end_arrivals(connect, generation, agent, gathered):
+    """Rank 0's watch while its generation's members gather: once the agent says the generation
+    is over, and unless `gathered` is set first, sets their key to "ended" through a connection of
+    its own (the store's own client may be blocked in the wait)."""
+    while not gathered.is_set():
+        if agent.wait_ended(generation, 0.25):
+            break
+    else:
+        return
+    try:
+        connect().set(f"lockstep/{generation}/everyone", "ended")
+    except Exception:  # noqa: BLE001 - a store already gone has woken its waiters itself
+        pass
+
+
 def _form_group(assignment, backend, timeout, agent):
     """Forms the assignment's group. Every wait that a failure elsewhere could make endless (the
-    store's server not coming, a member not arriving) polls, and gives up with GenerationEnded
-    as soon as the agent says the generation is over; torch's own waits start only once every
-    member is known to be there."""
+    store's server not coming, a member not arriving) is bounded, and gives up with
+    GenerationEnded as soon as the agent says the generation is over; torch's own waits start
+    only once every member is known to be there."""
     import torch.distributed as dist
     generation = int(assignment["generation"])
     rank, world = int(assignment["rank"]), int(assignment["world_size"])
@@ -329,14 +370,17 @@ def _form_group(assignment, backend, timeout, agent):
         _wait_for_listener(host, port, timeout.total_seconds(), over)
     store = _tcp_store(host, port, world, rank == 0, timeout)
     prefix = dist.PrefixStore(f"lockstep/{generation}", store)
-    prefix.add("arrived", 1)
-    deadline = time.monotonic() + timeout.total_seconds()
-    while prefix.add("arrived", 0) < world:
-        over()
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"generation {generation}: not every member reached the store "
-                               f"{host}:{port} within {timeout}")
-        time.sleep(0.002)
+    gathered = threading.Event()
+    if rank == 0:
+        def connect():
+            return _tcp_store(host, port, world, False, datetime.timedelta(seconds=5))
+        threading.Thread(target=_end_arrivals, args=(connect, generation, agent, gathered),
+                         name="lockstep-arrivals", daemon=True).start()
+    try:
+        _wait_for_everyone(prefix, world, over, timeout.total_seconds(),
+                           f"generation {generation}, store {host}:{port}")
+    finally:
+        gathered.set()
     dist.init_process_group(backend, store=prefix, rank=rank, world_size=world, timeout=timeout)
 
 

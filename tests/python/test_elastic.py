@@ -102,6 +102,159 @@ class AgentChannelTest(unittest.TestCase):
         self.assertIsNone(self.agent.next_assignment())
 
 
+class FakeStore:
+    """torch's TCPStore as the arrival wait uses it: add, set, and a get that blocks until its key
+    exists or the store's timeout passes (then RuntimeError, as torch's DistStoreError). Records
+    each call by its caller's thread name."""
+
+    def __init__(self, broken=None, timeout_s=10):
+        self.timeout_s = timeout_s
+        self._cond = threading.Condition()
+        self._values = {}
+        self.calls = []
+        self._broken = broken  # an error every call raises: a store whose server is gone
+
+    def _call(self, *call):
+        self.calls.append((threading.current_thread().name,) + call)
+        self._cond.notify_all()
+        if self._broken is not None:
+            raise self._broken
+
+    def add(self, key, delta):
+        with self._cond:
+            self._call("add", key, delta)
+            self._values[key] = int(self._values.get(key, 0)) + delta
+            return self._values[key]
+
+    def set(self, key, value):
+        with self._cond:
+            self._call("set", key, value)
+            self._values[key] = value.encode()
+            self._cond.notify_all()
+
+    def get(self, key):
+        """Blocks until the key exists, within the store's timeout, as torch's get does."""
+        with self._cond:
+            self._call("get", key)
+            if not self._cond.wait_for(lambda: key in self._values, self.timeout_s):
+                raise RuntimeError(f"wait timeout after {self.timeout_s * 1000:g}ms, keys: {key}")
+            return self._values[key]
+
+    def wait_for_waiters(self, names, timeout_s):
+        """True once every thread named has called get."""
+        with self._cond:
+            return self._cond.wait_for(
+                lambda: names <= {c[0] for c in self.calls if c[1] == "get"}, timeout_s)
+
+
+class FakePrefixStore:
+    """torch's PrefixStore: every key under "prefix/"."""
+
+    def __init__(self, prefix, store):
+        self._prefix, self._store = prefix, store
+
+    def add(self, key, delta):
+        return self._store.add(f"{self._prefix}/{key}", delta)
+
+    def set(self, key, value):
+        self._store.set(f"{self._prefix}/{key}", value)
+
+    def get(self, key):
+        return self._store.get(f"{self._prefix}/{key}")
+
+
+
+class FakeAgent:
+    def __init__(self):
+        self.over = threading.Event()
+
+    def wait_ended(self, generation, timeout):
+        return self.over.wait(timeout)
+
+
+class ArrivalTest(unittest.TestCase):
+    """How the members of a generation wait for each other at rank 0's store before forming the
+    group (elastic._wait_for_everyone): blocked in the store, not polling it."""
+
+    def setUp(self):
+        self.store = FakeStore()
+        self.agent = FakeAgent()
+        self.errors = {}
+
+    def over(self):
+        if self.agent.over.is_set():
+            raise elastic.GenerationEnded("generation 1 is over")
+
+    def member(self, world, timeout_s=10):
+        name = threading.current_thread().name
+        try:
+            elastic._wait_for_everyone(FakePrefixStore("lockstep/1", self.store), world,
+                                       self.over, timeout_s, "generation 1, store h:1")
+        except Exception as error:  # noqa: BLE001 - checked by the test
+            self.errors[name] = error
+
+    def start(self, names, world):
+        threads = [threading.Thread(target=self.member, args=(world,), name=n) for n in names]
+        for thread in threads:
+            thread.start()
+        return threads
+
+    def join(self, threads):
+        for thread in threads:
+            thread.join(10)
+            self.assertFalse(thread.is_alive())
+
+    def test_waiting_members_block_in_the_store_until_the_last_arrives(self):
+        waiters = self.start(["rank1", "rank2"], 3)
+        self.assertTrue(self.store.wait_for_waiters({"rank1", "rank2"}, 10))
+        self.join(waiters + self.start(["rank0"], 3))
+        self.assertEqual(self.errors, {})
+        # Two requests each, however long the wait.
+        for name in ("rank1", "rank2"):
+            self.assertEqual([c[1:] for c in self.store.calls if c[0] == name], [
+                ("add", "lockstep/1/arrived", 1), ("get", "lockstep/1/everyone")])
+        self.assertEqual([c[1:] for c in self.store.calls if c[0] == "rank0"], [
+            ("add", "lockstep/1/arrived", 1), ("set", "lockstep/1/everyone", "1")])
+
+    def test_a_generation_that_ends_while_its_members_gather_wakes_them_into_generation_ended(self):
+        waiters = self.start(["rank1", "rank2"], 3)
+        self.assertTrue(self.store.wait_for_waiters({"rank1", "rank2"}, 10))
+        gathered = threading.Event()
+        watch = threading.Thread(target=elastic._end_arrivals,
+                                 args=(lambda: self.store, 1, self.agent, gathered))
+        watch.start()
+        self.agent.over.set()
+        self.join(waiters + [watch])
+        for name in ("rank1", "rank2"):
+            self.assertIsInstance(self.errors.get(name), elastic.GenerationEnded, name)
+
+    def test_rank0_sets_nothing_once_its_members_have_gathered(self):
+        gathered = threading.Event()
+        gathered.set()
+        connected = []
+        elastic._end_arrivals(lambda: connected.append(1), 1, self.agent, gathered)
+        self.assertEqual(connected, [])
+
+    def test_a_member_that_never_comes_ends_the_wait_at_its_deadline_naming_the_store(self):
+        elastic_error = None
+        try:
+            elastic._wait_for_everyone(FakePrefixStore("lockstep/4", FakeStore(timeout_s=0.2)),
+                                       2, self.over, 0.2, "generation 4, store h:1")
+        except RuntimeError as error:
+            elastic_error = error
+        self.assertRegex(str(elastic_error),
+                         r"generation 4, store h:1: not every member reached the store within "
+                         r"0.2 s \(wait timeout")
+
+    def test_a_store_whose_server_is_gone_is_an_error_naming_it_or_the_generations_end(self):
+        broken = FakeStore(broken=RuntimeError("Connection reset by peer"))
+        with self.assertRaisesRegex(RuntimeError, r"store h:1: .*Connection reset by peer"):
+            elastic._wait_for_everyone(broken, 2, lambda: None, 60, "generation 1, store h:1")
+        self.agent.over.set()
+        with self.assertRaises(elastic.GenerationEnded):
+            elastic._wait_for_everyone(broken, 2, self.over, 60, "generation 1, store h:1")
+
+
 class SnapshotTest(unittest.TestCase):
     @unittest.skipIf(torch is None, "no torch")
     def test_a_cold_process_resumes_from_a_newer_snapshot_only(self):
