@@ -114,6 +114,7 @@ class TrainingJobReconciler : public controller::Reconciler {
   Status EnsureChildren(Work& w);
   Status ReconcilePods(Work& w);
   Status ReconcileParameterServers(Work& w);  // reconciler_ps.cc
+  static bool KueueHoldsTheWorkers(const Work& w);  // reconciler_ps.cc
   // A failed pod's restart, counted in status.restarts against backoffLimit and its deletion
   // queued for after the status write (ReplaceRestartedPods; `replacement` is added to what the
   // deletion says), or, past the limit, the job finished: Finish's status then.

@@ -1,7 +1,8 @@
 // TrainingJobReconciler, the parameter servers (spec.parameterServers; children.h, "Parameter
 // servers"): one pod per server created when missing; a failed server replaced (it restores its
 // shard's newest checkpoint), counted against backoffLimit as a worker's restart, or, without
-// spec.checkpoint.uri, the job failed: its shard of the model is lost.
+// spec.checkpoint.uri, the job failed: its shard of the model is lost. A job Kueue queues gets
+// its servers once Kueue has admitted its workers (KueueHoldsTheWorkers).
 #include <map>
 #include <mutex>
 #include <set>
@@ -33,6 +34,26 @@ int32_t ServerIndex(const json& pod) {
 }
 
 }  // namespace
+
+// Whether the job waits for Kueue: it is queued and none of its workers is past the gate yet
+// (none bound to a node or running). Its servers are then not created: they would hold their CPU
+// and memory, outside the group's quota, while the workers wait in the queue. The servers stay
+// out of the pod group because Kueue never recreates a pod and counts a group done when all its
+// pods succeeded, while a server is replaced by the operator and stops only when told: as
+// members, they would need a group of their own rules. Once created they stay for the job's
+// life, a re-queue (a preemption of the workers) included: they hold the model.
+bool TrainingJobReconciler::KueueHoldsTheWorkers(const Work& w) {
+  if (!w.kueue) return false;
+  for (const auto& [index, pod] : w.by_index) {
+    if (IsTerminating(*pod)) continue;
+    const std::string phase = PodPhase(*pod);
+    if (phase == "Succeeded" || phase == "Failed") continue;
+    if (SchedulingGatedBy(*pod).empty() && (!NodeNameOf(*pod).empty() || phase == "Running")) {
+      return false;
+    }
+  }
+  return true;
+}
 
 Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
   const spec::TrainingJob& job = w.job;
@@ -112,6 +133,7 @@ Status TrainingJobReconciler::ReconcileParameterServers(Work& w) {
     if (by_shard.count(shard) == 0) names.insert(ParameterServerPodName(job.metadata.name, shard));
   }
   if (names.empty()) return OkStatus();
+  if (by_shard.empty() && KueueHoldsTheWorkers(w)) return OkStatus();
   deps_.expectations->ExpectCreations(w.key, names);
   for (int32_t shard = 0; shard < servers; ++shard) {
     if (by_shard.count(shard) != 0) continue;

@@ -451,20 +451,6 @@ TEST_F(OperatorTest, PodTemplateTheApiServerRefusesFailsTheJobWithItsMessage) {
   EXPECT_TRUE(HasEvent("badtemplate", "FailedCreatePod"));
 }
 
-// A parameter-server job (docs/parameter-servers.md): 2 workers and 2 servers.
-json ParameterServerManifest(const std::string& name) {
-  json manifest = JobManifest(name, 2);
-  json& trainer = manifest["spec"]["trainer"];
-  trainer["model"]["embedding"] = {{"fields", 8}, {"dim", 8}, {"rows", 65536}};
-  trainer["data"] = {{"format", "clickLog"}, {"train", {"file:///data/ctr/train.tsv.gz"}}};
-  trainer["optimizer"] = {{"type", "sgd"}, {"learningRate", 0.5}, {"momentum", 0}};
-  trainer["sync"] = {{"strategy", "parameterServer"}, {"parameterServer", {{"mode", "async"}}}};
-  manifest["spec"]["parameterServers"] = {{"replicas", 2},
-                                          {"resources", {{"cpu", "2"}, {"memory", "1Gi"}}}};
-  manifest["spec"]["runPolicy"] = {{"restartPolicy", "OnFailure"}, {"backoffLimit", 3}};
-  return manifest;
-}
-
 TEST_F(OperatorTest, AParameterServerJobGetsItsServersTheirServiceAndWorkersThatFindThem) {
   ASSERT_EQ(h_->Apply(ns_, ParameterServerManifest("ctr")).status, 201);
   std::vector<json> pods = WaitForPods("ctr", 4);

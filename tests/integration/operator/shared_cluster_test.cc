@@ -201,6 +201,37 @@ TEST_F(SharedClusterTest, AQueuedJobsPodsFormOneGroupAndTheJobIsQueuedUntilKueue
   EXPECT_TRUE(job["status"].contains("startTime"));
 }
 
+// A queued parameter-server job's servers wait with its workers: started at once, they would
+// hold their CPU and memory, outside Kueue's quota, for as long as the workers queue.
+TEST_F(SharedClusterTest, AQueuedJobsParameterServersStartOnlyOnceKueueAdmitsItsWorkers) {
+  json manifest = ParameterServerManifest("queued-ps", 2);
+  manifest["metadata"]["labels"] = {{"kueue.x-k8s.io/queue-name", kQueue}};
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  std::vector<json> workers = WaitForLivePods("queued-ps", 2);
+  ASSERT_EQ(workers.size(), 2u);
+  for (const json& pod : workers) {
+    EXPECT_NE(pod["metadata"]["labels"].value("lockstep.io/replica-type", ""), "ps");
+    KueueManages(Name(pod));
+    Gated(Name(pod));
+  }
+  json job = WaitForJob(
+      "queued-ps", [](const json& j) { return Phase(j) == "Queued"; }, "Queued");
+  // Every reconcile up to this one has looked at the servers; none was created.
+  EXPECT_EQ(h_->Pods(ns_, "queued-ps").size(), 2u) << "a server started while the workers queued";
+  EXPECT_EQ(job["status"]["parameterServers"].value("ready", -1), 0) << job["status"].dump();
+
+  for (const json& pod : workers) ASSERT_TRUE(h_->SetPodRunning(ns_, Name(pod)));  // admitted
+  std::vector<json> pods = WaitForLivePods("queued-ps", 4);
+  int servers = 0;
+  for (const json& pod : pods) {
+    if (pod["metadata"]["labels"].value("lockstep.io/replica-type", "") != "ps") continue;
+    ++servers;
+    // Not members of the group Kueue admitted: it would wait for them to be admitted too.
+    EXPECT_FALSE(pod["metadata"]["labels"].contains("kueue.x-k8s.io/pod-group-name"));
+  }
+  EXPECT_EQ(servers, 2);
+}
+
 TEST_F(SharedClusterTest, APreemptedGroupIsReplacedOnceWithoutCountingAFailureAndTheJobFinishes) {
   json manifest = QueuedJob("preempt", 2);
   // Any failure counted would fail the job.
