@@ -2,8 +2,8 @@
 // parameter-server job (data format clickLog, click_log_file.h), and prints the best AUC any
 // model can reach on its test file: the AUC of the true click probabilities.
 //
-//   lockstep-click-log --samples 200000 --test-samples 50000 --fields 8 --vocabulary 1000 \
-//       --seed 1 DIR          # the defaults; writes DIR/train.tsv.gz and DIR/test.tsv.gz
+//   lockstep-click-log --samples 200000 --test-samples 50000 --fields 8 --vocabulary 1000
+//       --seed 1 DIR          # (one line) the defaults; writes DIR/train.tsv.gz and test.tsv.gz
 //
 // Exit status: 0 written, 2 bad arguments, 1 a file could not be written.
 #include <filesystem>

@@ -69,7 +69,9 @@ class Membership {
         ended_ = false;
         lock.unlock();
         Status joined = JoinAndBeat(join_timeout_ms);
-        if (!joined.ok()) LOCKSTEP_LOG(WARNING) << "rejoining the rendezvous: " << joined;
+        if (!joined.ok()) {
+          LOCKSTEP_LOG(WARNING) << "rejoining the rendezvous: " << joined;
+        }
         lock.lock();
         // A join that failed is tried again (the training does not depend on it).
         if (!joined.ok() && !done_) {
