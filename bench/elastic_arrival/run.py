@@ -7,8 +7,8 @@ every 2 ms; now they read one key in a blocking get (elastic._wait_for_everyone)
 TCPStore (rank 0's, in this process) serves --ranks members in forked processes; all but one
 arrive at once and the last comes --late seconds later, as a member that is still loading its
 data. Both protocols run in one invocation, --reps times each, alternating. Printed per protocol
-(medians): the store calls the members made while they gathered, per second of the gather (a
-call is a request and its answer; torch's blocking get is two on the wire, a wait then a get);
+(medians): the store requests the members made while they gathered, per second of the gather
+(torch's blocking get counts two: on the wire it is a wait, then a get);
 this process's CPU time in that window (the store's server thread is all that runs in it), as a
 share of one core; and how long the waiting members took to be released after the last arrived.
 
@@ -36,7 +36,8 @@ TIMEOUT = datetime.timedelta(seconds=120)
 
 
 class Counting:
-    """A PrefixStore that counts the requests it sends."""
+    """A PrefixStore that counts the requests it sends: one per call, two for a get (torch's
+    client waits for the key, then gets it)."""
 
     def __init__(self, store):
         self.store, self.requests = store, 0
@@ -45,7 +46,7 @@ class Counting:
         method = getattr(self.store, name)
 
         def counted(*args):
-            self.requests += 1
+            self.requests += 2 if name == "get" else 1
             return method(*args)
         return counted
 
@@ -78,7 +79,6 @@ def free_port():
 
 def one_round(protocol, ranks, late_s, round_id):
     port = free_port()
-    master = elastic._tcp_store("127.0.0.1", port, ranks + 1, True, TIMEOUT)
     context = multiprocessing.get_context("fork")
     results = context.Queue()
     start_at = time.monotonic() + 1.0  # every member connected by then
@@ -87,6 +87,9 @@ def one_round(protocol, ranks, late_s, round_id):
         for i in range(ranks)]
     for process in processes:
         process.start()
+    # The server's thread starts after the fork: the members connect to it, retrying until it
+    # listens.
+    master = elastic._tcp_store("127.0.0.1", port, ranks + 1, True, TIMEOUT)
     time.sleep(max(0.0, start_at - time.monotonic()))
     cpu_before = resource.getrusage(resource.RUSAGE_SELF)
     wall_before = time.monotonic()
@@ -117,7 +120,7 @@ def main():
             round_id += 1
             figures[protocol].append(one_round(protocol, args.ranks, args.late, round_id))
     print(f"{args.ranks} ranks, the last {args.late:g} s late; medians of {args.reps} rounds")
-    print(f"{'protocol':<10}{'store calls/s':>18}{'store CPU (cores)':>19}"
+    print(f"{'protocol':<10}{'store requests/s':>18}{'store CPU (cores)':>19}"
           f"{'release median ms':>19}{'release max ms':>16}")
     for protocol, rounds in figures.items():
         def med(key):

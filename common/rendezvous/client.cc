@@ -190,7 +190,7 @@ StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t time
       continue;
     }
     // A deadline the service answered carries its reason; one without came from the transport.
-    if (error.code() == StatusCode::kDeadlineExceeded && error.reason().empty()) {
+    if (error.code() == StatusCode::kDeadlineExceeded && JoinRefusalReason(error).empty()) {
       error = DeadlineExceededError("no answer from the rendezvous service at " + options_.address +
                                     " within " + std::to_string(timeout_ms + kHeldCallMarginMs) +
                                     " ms");
@@ -407,6 +407,22 @@ StatusOr<int64_t> GenerationScopedStore::Add(const std::string& key, int64_t del
 
 }  // namespace
 
+std::string JoinRefusalReason(const Status& status) {
+  if (!status.reason().empty() || status.ok()) return status.reason();
+  // A service from before the reasons: what its texts meant. Goes once no such operator runs.
+  const std::string& message = status.message();
+  const auto says = [&message](const char* text) {
+    return message.find(text) != std::string::npos;
+  };
+  if (status.code() == StatusCode::kDeadlineExceeded && says(kNoGenerationMarker)) {
+    return says(kGenerationFullMarker) ? kReasonGenerationFull : kReasonNoGenerationFormed;
+  }
+  if (status.code() == StatusCode::kFailedPrecondition && says(kJobCompletedMarker)) {
+    return kReasonJobCompleted;
+  }
+  return "";
+}
+
 StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
                                    int64_t timeout_ms, const std::function<bool()>& keep_waiting,
                                    const std::function<void()>& on_standby) {
@@ -415,7 +431,8 @@ StatusOr<Assignment> JoinOrStandBy(RendezvousClient& client, int64_t state_step,
     StatusOr<Assignment> assignment = client.Join(state_step, timeout_ms);
     const bool deadline =
         !assignment.ok() && assignment.status().code() == StatusCode::kDeadlineExceeded;
-    const bool full = deadline && assignment.status().reason() == kReasonGenerationFull;
+    const bool full =
+        deadline && JoinRefusalReason(assignment.status()) == kReasonGenerationFull;
     // Once a standby, a join that ended between generations (the job waiting for replacements
     // of several lost workers) is waited out too: the standby is one of the members to come.
     if (!(full || (standing_by && deadline)) || (keep_waiting && !keep_waiting())) {

@@ -149,13 +149,19 @@ inline constexpr char kReasonNoGenerationFormed[] = "NO_GENERATION_FORMED";
 inline constexpr char kReasonGenerationFull[] = "GENERATION_FULL";
 inline constexpr char kReasonJobCompleted[] = "JOB_COMPLETED";
 // The texts the service's messages keep for clients from before the reasons, which read them
-// (tests/common/rendezvous/wire_compat_test.cc); no client of this release decides on them.
+// (tests/common/rendezvous/wire_compat_test.cc).
 inline constexpr char kGenerationFullMarker[] = "is active and full";
 inline constexpr char kJobCompletedMarker[] = "has completed; nothing to join";
+inline constexpr char kNoGenerationMarker[] = "members present";
+// Why a join was refused: the reason the service gave; from a service of the release before the
+// reasons (an operator not yet upgraded, the answer without details), the one its message's
+// words meant, so that a worker newer than its operator still stands by and ends. "" for any
+// other answer (a deadline of the transport, a refused connection).
+std::string JoinRefusalReason(const Status& status);
 // Whether `status` (of a join) is the answer that the job has completed.
 inline bool JobCompletedWhileJoining(const Status& status) {
   return status.code() == StatusCode::kFailedPrecondition &&
-         status.reason() == kReasonJobCompleted;
+         JoinRefusalReason(status) == kReasonJobCompleted;
 }
 
 // Joins, and joins again for as long as the service answers that the generation is full: a

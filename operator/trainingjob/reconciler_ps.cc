@@ -40,8 +40,8 @@ int32_t ServerIndex(const json& pod) {
 // and memory, outside the group's quota, while the workers wait in the queue. The servers stay
 // out of the pod group because Kueue never recreates a pod and counts a group done when all its
 // pods succeeded, while a server is replaced by the operator and stops only when told: as
-// members, they would need a group of their own rules. Once created they stay for the job's
-// life, a re-queue (a preemption of the workers) included: they hold the model.
+// members, they would need a group of their own rules. Once created they stay through a re-queue
+// (a preemption of the workers): they hold the model. A suspend deletes them with every pod.
 bool TrainingJobReconciler::KueueHoldsTheWorkers(const Work& w) {
   if (!w.kueue) return false;
   for (const auto& [index, pod] : w.by_index) {

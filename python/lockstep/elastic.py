@@ -230,6 +230,12 @@ class _Agent:
         with self._cond:
             return self._ended >= generation
 
+    @property
+    def closed(self):
+        """The channel to the agent is gone: no end of a generation will be told any more."""
+        with self._cond:
+            return self._closed
+
     def wait_ended(self, generation, timeout):
         with self._cond:
             return self._cond.wait_for(lambda: self._ended >= generation or self._closed, timeout) \
@@ -315,15 +321,18 @@ def _wait_for_everyone(prefix, world, over, timeout_s, where):
     """Counts this member in and returns once all `world` members are: the last to arrive sets
     the key "everyone" to "1", and the others read that key in one blocking get (the store's
     server answers it the moment the key is set; timeout_s is the store's own timeout, which bounds
-    the get). Each member costs the store two requests per formation, however long the wait. A generation that ends while its members gather sets the
-    key to "ended" (_end_arrivals, on rank 0), which wakes them into GenerationEnded; one whose
-    rank 0 is gone breaks their connections to its store."""
+    the get). A member costs the store three requests per formation however long it waits: its
+    add, and the get (on the wire a wait, then the get). A generation that ends while its members
+    gather sets the key to "ended" instead (_end_arrivals, on rank 0), which wakes them into
+    GenerationEnded; one whose rank 0 is gone breaks their connections to its store. The key is
+    set once, by whichever comes first (compare_set), so no member reads "ended" while another
+    went on with "1"."""
     over()
     try:
         if prefix.add("arrived", 1) >= world:
-            prefix.set("everyone", "1")
-            return
-        everyone = prefix.get("everyone")  # blocks until the key is set, within the store's timeout
+            everyone = prefix.compare_set("everyone", "", "1")
+        else:
+            everyone = prefix.get("everyone")  # blocks until the key is set (the store's timeout)
     except RuntimeError as error:  # torch's DistStoreError is one
         over()
         cause = str(error).splitlines()[0] if str(error) else type(error).__name__
@@ -339,15 +348,19 @@ def _wait_for_everyone(prefix, world, over, timeout_s, where):
 
 def _end_arrivals(connect, generation, agent, gathered):
     """Rank 0's watch while its generation's members gather: once the agent says the generation
-    is over, and unless `gathered` is set first, sets their key to "ended" through a connection of
-    its own (the store's own client may be blocked in the wait)."""
+    is over, and unless `gathered` is set first, sets their key to "ended" (unless the last member
+    set it to "1" first) through a connection of its own, since the store's own client may be
+    blocked in the get. Ends too when the agent's channel closes (the agent is gone, and the
+    process with it)."""
     while not gathered.is_set():
         if agent.wait_ended(generation, 0.25):
             break
+        if agent.closed:
+            return
     else:
         return
     try:
-        connect().set(f"lockstep/{generation}/everyone", "ended")
+        connect().compare_set(f"lockstep/{generation}/everyone", "", "ended")
     except Exception:  # noqa: BLE001 - a store already gone has woken its waiters itself
         pass
 

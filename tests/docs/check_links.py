@@ -1,10 +1,11 @@
 #!/usr/bin/python3
 """Every link and repository path the documentation names exists.
 
-Reads README.md, docs/*.md and charts/lockstep/README.md, and checks:
-  * each relative Markdown link [text](target): the file or directory exists, and a #fragment
-    names a heading of the target page (GitHub's anchors: lower case, punctuation dropped,
-    spaces as hyphens);
+Reads README.md, docs/*.md and charts/lockstep/README.md, outside fenced code, and checks:
+  * each inline relative Markdown link on one line, [text](target): the file or directory
+    exists, and a #fragment names an ATX heading of the target page (GitHub's anchors: lower
+    case, punctuation dropped, spaces as hyphens, -1, -2 on repeated headings). Links with a
+    title, reference-style links and links wrapped over two lines are not read;
   * each repository path in backquotes (`worker/ps/ps_client.cc`, `scripts/test.sh:12`): a
     token under one of the repository's top directories, with a file extension or a trailing
     slash, exists (a `:line` suffix is dropped; paths with wildcards or placeholders are skipped).
@@ -30,18 +31,23 @@ PATH = re.compile(r"^(?:%s)/[A-Za-z0-9_./+-]*(?:\.[A-Za-z0-9]+|/)$" % "|".join(
 
 
 def anchors(page):
-    """GitHub's heading anchors of a Markdown file."""
+    """GitHub's heading anchors of a Markdown file: ATX headings ("## Text", closing #s dropped),
+    lower case, punctuation but hyphens and underscores dropped, spaces as hyphens, and a
+    repeated heading's anchor suffixed -1, -2..."""
     found = set()
+    seen = {}
     in_fence = False
     with open(page, encoding="utf-8") as f:
         for line in f:
             if line.startswith("```"):
                 in_fence = not in_fence
-            if in_fence or not line.startswith("#"):
+            heading = re.match(r"^ {0,3}#{1,6}\s+(.*?)(?:\s+#+)?\s*$", line)
+            if in_fence or not heading:
                 continue
-            text = line.lstrip("#").strip().lower()
-            text = re.sub(r"[^\w\- ]", "", text)
-            found.add(text.replace(" ", "-"))
+            slug = re.sub(r"[^\w\- ]", "", heading.group(1).lower()).replace(" ", "-")
+            count = seen.get(slug, 0)
+            seen[slug] = count + 1
+            found.add(slug if count == 0 else f"{slug}-{count}")
     return found
 
 
@@ -58,6 +64,8 @@ def check(page):
             if line.startswith("```"):
                 in_fence = not in_fence
                 continue
+            if in_fence:
+                continue
             where = f"{page}:{number}"
             for target in LINK.findall(line):
                 if re.match(r"^[a-z]+:", target) or target.startswith("mailto"):
@@ -69,8 +77,6 @@ def check(page):
                     problems.append(f"{where}: link to {target}: no such file")
                 elif fragment and linked.endswith(".md") and fragment not in anchors(linked):
                     problems.append(f"{where}: link to {target}: no heading #{fragment} there")
-            if in_fence:
-                continue
             for token in CODE.findall(line):
                 token = re.sub(r":\d+(?:-\d+)?(?:,\s*\d+)*$", "", token)
                 if not PATH.match(token) or any(c in token for c in "*<>{}$"):

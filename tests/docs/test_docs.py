@@ -34,16 +34,17 @@ class DocsTest(unittest.TestCase):
             os.makedirs(os.path.join(repo, "worker"))
             open(os.path.join(repo, "worker", "real.cc"), "w").close()
             with open(os.path.join(repo, "docs", "a.md"), "w") as f:
-                f.write("# A page\n\n## Its part\n")
+                f.write("# A page\n\n## Its part ##\n\n## Its part\n")
             with open(os.path.join(repo, "charts", "lockstep", "README.md"), "w") as f:
                 f.write("# Chart\n")
             with open(os.path.join(repo, "README.md"), "w") as f:
                 f.write("# Readme\n"
-                        "[fine](docs/a.md#its-part) and `worker/real.cc:12`\n"
+                        "[fine](docs/a.md#its-part) [again](docs/a.md#its-part-1) and "
+                        "`worker/real.cc:12`\n"
                         "[gone](docs/gone.md)\n"
                         "[no such part](docs/a.md#another-part)\n"
                         "see `worker/gone.cc:3`\n"
-                        "```\n`worker/in-a-fence.cc`\n```\n")
+                        "```\n`worker/in-a-fence.cc` [x](in/a/fence.md)\n```\n")
             result = run(repo)
         self.assertEqual(result.returncode, 1)
         self.assertIn("README.md:3: link to docs/gone.md: no such file", result.stdout)

@@ -132,6 +132,17 @@ class FakeStore:
             self._values[key] = value.encode()
             self._cond.notify_all()
 
+    def compare_set(self, key, expected, desired):
+        """torch's: sets `desired` when the key holds `expected` or (expected "") is absent;
+        returns the key's value after."""
+        with self._cond:
+            self._call("compare_set", key, desired)
+            current = self._values.get(key)
+            if (current is None and expected == "") or current == expected.encode():
+                self._values[key] = desired.encode()
+                self._cond.notify_all()
+            return self._values[key]
+
     def get(self, key):
         """Blocks until the key exists, within the store's timeout, as torch's get does."""
         with self._cond:
@@ -162,11 +173,15 @@ class FakePrefixStore:
     def get(self, key):
         return self._store.get(f"{self._prefix}/{key}")
 
+    def compare_set(self, key, expected, desired):
+        return self._store.compare_set(f"{self._prefix}/{key}", expected, desired)
+
 
 
 class FakeAgent:
     def __init__(self):
         self.over = threading.Event()
+        self.closed = False
 
     def wait_ended(self, generation, timeout):
         return self.over.wait(timeout)
@@ -214,19 +229,35 @@ class ArrivalTest(unittest.TestCase):
             self.assertEqual([c[1:] for c in self.store.calls if c[0] == name], [
                 ("add", "lockstep/1/arrived", 1), ("get", "lockstep/1/everyone")])
         self.assertEqual([c[1:] for c in self.store.calls if c[0] == "rank0"], [
-            ("add", "lockstep/1/arrived", 1), ("set", "lockstep/1/everyone", "1")])
+            ("add", "lockstep/1/arrived", 1), ("compare_set", "lockstep/1/everyone", "1")])
 
     def test_a_generation_that_ends_while_its_members_gather_wakes_them_into_generation_ended(self):
+        self.store.timeout_s = 600  # only the watch can end the gets within the test's wait
         waiters = self.start(["rank1", "rank2"], 3)
         self.assertTrue(self.store.wait_for_waiters({"rank1", "rank2"}, 10))
         gathered = threading.Event()
-        watch = threading.Thread(target=elastic._end_arrivals,
+        watch = threading.Thread(target=elastic._end_arrivals, name="watch",
                                  args=(lambda: self.store, 1, self.agent, gathered))
         watch.start()
         self.agent.over.set()
         self.join(waiters + [watch])
+        self.assertIn(("watch", "compare_set", "lockstep/1/everyone", "ended"), self.store.calls)
         for name in ("rank1", "rank2"):
             self.assertIsInstance(self.errors.get(name), elastic.GenerationEnded, name)
+
+    def test_the_last_member_after_the_generations_end_does_not_go_on_alone(self):
+        self.store.compare_set("lockstep/1/everyone", "", "ended")  # the watch came first
+        self.join(self.start(["rank1"], 1))
+        self.assertIsInstance(self.errors.get("rank1"), elastic.GenerationEnded)
+
+    def test_the_watch_ends_when_the_agent_is_gone(self):
+        self.agent.closed = True
+        watch = threading.Thread(target=elastic._end_arrivals,
+                                 args=(lambda: self.store, 1, self.agent, threading.Event()))
+        watch.start()
+        watch.join(10)
+        self.assertFalse(watch.is_alive())
+        self.assertEqual(self.store.calls, [])
 
     def test_rank0_sets_nothing_once_its_members_have_gathered(self):
         gathered = threading.Event()

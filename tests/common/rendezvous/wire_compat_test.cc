@@ -66,8 +66,13 @@ class PreviousHeartbeat
     WaitDone();
   }
 
-  // One beat, with progress when step >= 0; returns once it is written.
+  // One beat, with progress when step >= 0; returns once it is written. False when it was not
+  // written within kCallTimeoutMs; the stream then takes no more beats (its write is in flight).
   bool Beat(int64_t step = -1) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (stuck_) return false;
+    }
     request_.Clear();
     request_.set_job(kJob);
     request_.set_member_id(member_);
@@ -79,9 +84,11 @@ class PreviousHeartbeat
     }
     StartWrite(&request_);
     std::unique_lock<std::mutex> lock(mu_);
-    return cv_.wait_for(lock, std::chrono::milliseconds(kCallTimeoutMs),
-                        [this] { return written_ || done_; }) &&
-           written_;
+    if (!cv_.wait_for(lock, std::chrono::milliseconds(kCallTimeoutMs),
+                      [this] { return written_ || done_; })) {
+      stuck_ = true;
+    }
+    return written_;
   }
   // The service's answer on the stream, if one came within kCallTimeoutMs.
   std::optional<previous::HeartbeatResponse> WaitAnswer() {
@@ -110,9 +117,11 @@ class PreviousHeartbeat
   }
 
  private:
+  // After TryCancel gRPC calls OnDone promptly, and holds the reactor until it has: waiting with
+  // a limit could free it under gRPC.
   void WaitDone() {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait_for(lock, std::chrono::milliseconds(kCallTimeoutMs), [this] { return done_; });
+    cv_.wait(lock, [this] { return done_; });
   }
 
   const std::string member_;
@@ -123,6 +132,7 @@ class PreviousHeartbeat
   std::mutex mu_;
   std::condition_variable cv_;
   bool written_ = false;
+  bool stuck_ = false;
   bool done_ = false;
   std::optional<previous::HeartbeatResponse> answer_;
 };
@@ -164,13 +174,17 @@ class PreviousWorker {
     return joined;
   }
 
-  // The previous release's standby: joins again for as long as the answer reads "full".
+  // The previous release's standby: joins again for as long as the answer reads "full", and,
+  // once it has stood by, after any deadline (the job between generations).
   Joined JoinOrStandBy(int64_t timeout_ms, int max_joins, int* full_answers) {
     Joined joined;
+    bool standing_by = *full_answers > 0;
     for (int i = 0; i < max_joins; ++i) {
       joined = Join(timeout_ms);
-      if (!joined.full()) return joined;
-      ++*full_answers;
+      const bool deadline = joined.status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED;
+      if (!joined.full() && !(standing_by && deadline)) return joined;
+      if (joined.full()) ++*full_answers;
+      standing_by = true;
     }
     return joined;
   }
@@ -221,7 +235,8 @@ class WireCompatTest : public ::testing::Test {
     config.max_members = 2;
     config.last_call_ms = 200;
     config.heartbeat_interval_ms = 50;
-    config.heartbeat_timeout_ms = 2000;
+    // Long: the tests beat once, and end a member by breaking its stream, not by its silence.
+    config.heartbeat_timeout_ms = 60000;
     ASSERT_TRUE(server_->AddJob(config).ok());
   }
   void TearDown() override {
@@ -337,6 +352,29 @@ TEST_F(WireCompatTest, AFullGenerationsAnswerCarriesItsReasonInTheStatusDetails)
   EXPECT_EQ(info.reason(), "GENERATION_FULL");
   EXPECT_EQ(info.domain(), "rendezvous.lockstep.dev");
   EXPECT_EQ(FromGrpcStatus(waited.status).reason(), kReasonGenerationFull);
+}
+
+// A worker of this release on an operator of the previous one: the answers carry no reason, and
+// what their texts meant is read instead, so a standby still stands by and a late replacement of
+// a completed job still ends as a success.
+TEST(JoinRefusalReasonTest, AnAnswerFromAServiceBeforeTheReasonsIsReadFromItsTexts) {
+  EXPECT_EQ(JoinRefusalReason(DeadlineExceededError(
+                "no generation formed within 400 ms: 1 of 3 members present (min 1, max 2); "
+                "generation 1 is active and full")),
+            kReasonGenerationFull);
+  EXPECT_EQ(JoinRefusalReason(DeadlineExceededError(
+                "no generation formed within 300 ms: 1 of 2 members present (min 2, max 2)")),
+            kReasonNoGenerationFormed);
+  EXPECT_EQ(JoinRefusalReason(
+                FailedPreconditionError("job default/fashion has completed; nothing to join")),
+            kReasonJobCompleted);
+  EXPECT_TRUE(JobCompletedWhileJoining(
+      FailedPreconditionError("job default/fashion has completed; nothing to join")));
+  // A deadline of the transport has no reason; a reason given wins over any text.
+  EXPECT_EQ(JoinRefusalReason(DeadlineExceededError("Deadline Exceeded")), "");
+  EXPECT_EQ(JoinRefusalReason(DeadlineExceededError("1 of 2 members present; is active and full")
+                                  .WithReason(kReasonNoGenerationFormed)),
+            kReasonNoGenerationFormed);
 }
 
 }  // namespace
