@@ -322,7 +322,8 @@ def _wait_for_everyone(prefix, world, over, timeout_s, where):
     the key "everyone" to "1", and the others read that key in one blocking get (the store's
     server answers it the moment the key is set; timeout_s is the store's own timeout, which bounds
     the get). A member costs the store three requests per formation however long it waits: its
-    add, and the get (on the wire a wait, then the get). A generation that ends while its members
+    add, and the get (on the wire a wait, then the get); the last, its add, a compare_set and a
+    set. A generation that ends while its members
     gather sets the key to "ended" instead (_end_arrivals, on rank 0), which wakes them into
     GenerationEnded; one whose rank 0 is gone breaks their connections to its store. The key is
     set once, by whichever comes first (compare_set), so no member reads "ended" while another
@@ -331,6 +332,8 @@ def _wait_for_everyone(prefix, world, over, timeout_s, where):
     try:
         if prefix.add("arrived", 1) >= world:
             everyone = prefix.compare_set("everyone", "", "1")
+            if everyone == b"1":
+                prefix.set("everyone", "1")  # wakes the gets: torch 1.13's compare_set does not
         else:
             everyone = prefix.get("everyone")  # blocks until the key is set (the store's timeout)
     except RuntimeError as error:  # torch's DistStoreError is one
@@ -359,8 +362,11 @@ def _end_arrivals(connect, generation, agent, gathered):
             return
     else:
         return
+    key = f"lockstep/{generation}/everyone"
     try:
-        connect().compare_set(f"lockstep/{generation}/everyone", "", "ended")
+        store = connect()
+        if store.compare_set(key, "", "ended") == b"ended":
+            store.set(key, "ended")  # wakes the gets: torch 1.13's compare_set does not
     except Exception:  # noqa: BLE001 - a store already gone has woken its waiters itself
         pass
 

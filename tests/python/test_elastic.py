@@ -111,6 +111,7 @@ class FakeStore:
         self.timeout_s = timeout_s
         self._cond = threading.Condition()
         self._values = {}
+        self._set = set()  # keys a get may see: set() wakes a get, compare_set does not
         self.calls = []
         self._broken = broken  # an error every call raises: a store whose server is gone
 
@@ -130,11 +131,13 @@ class FakeStore:
         with self._cond:
             self._call("set", key, value)
             self._values[key] = value.encode()
+            self._set.add(key)
             self._cond.notify_all()
 
     def compare_set(self, key, expected, desired):
         """torch's: sets `desired` when the key holds `expected` or (expected "") is absent;
-        returns the key's value after."""
+        returns the key's value after. As torch 1.13's, it does not wake a get waiting for the
+        key (its server's compare_set wakes no waiter)."""
         with self._cond:
             self._call("compare_set", key, desired)
             current = self._values.get(key)
@@ -147,7 +150,7 @@ class FakeStore:
         """Blocks until the key exists, within the store's timeout, as torch's get does."""
         with self._cond:
             self._call("get", key)
-            if not self._cond.wait_for(lambda: key in self._values, self.timeout_s):
+            if not self._cond.wait_for(lambda: key in self._set, self.timeout_s):
                 raise RuntimeError(f"wait timeout after {self.timeout_s * 1000:g}ms, keys: {key}")
             return self._values[key]
 
@@ -229,7 +232,8 @@ class ArrivalTest(unittest.TestCase):
             self.assertEqual([c[1:] for c in self.store.calls if c[0] == name], [
                 ("add", "lockstep/1/arrived", 1), ("get", "lockstep/1/everyone")])
         self.assertEqual([c[1:] for c in self.store.calls if c[0] == "rank0"], [
-            ("add", "lockstep/1/arrived", 1), ("compare_set", "lockstep/1/everyone", "1")])
+            ("add", "lockstep/1/arrived", 1), ("compare_set", "lockstep/1/everyone", "1"),
+            ("set", "lockstep/1/everyone", "1")])
 
     def test_a_generation_that_ends_while_its_members_gather_wakes_them_into_generation_ended(self):
         self.store.timeout_s = 600  # only the watch can end the gets within the test's wait
