@@ -317,23 +317,32 @@ def _wait_for_listener(host, port, timeout_s, over):
             time.sleep(0.005)
 
 
+# What rank 0's watch subtracts from a generation's arrival count when the generation ends while
+# its members gather: every later add then returns a negative count.
+_ENDED_WHILE_GATHERING = 1 << 40
+
+
 def _wait_for_everyone(prefix, world, over, timeout_s, where):
     """Counts this member in and returns once all `world` members are: the last to arrive sets
     the key "everyone" to "1", and the others read that key in one blocking get (the store's
     server answers it the moment the key is set; timeout_s is the store's own timeout, which bounds
     the get). A member costs the store three requests per formation however long it waits: its
-    add, and the get (on the wire a wait, then the get); the last, its add, a compare_set and a
-    set. A generation that ends while its members
-    gather sets the key to "ended" instead (_end_arrivals, on rank 0), which wakes them into
-    GenerationEnded; one whose rank 0 is gone breaks their connections to its store. The key is
-    set once, by whichever comes first (compare_set), so no member reads "ended" while another
-    went on with "1"."""
+    add, and the get (on the wire a wait, then the get); the last, its add and the set.
+
+    A generation that ends while its members gather ends their wait: rank 0's watch
+    (_end_arrivals) subtracts _ENDED_WHILE_GATHERING from the count and, unless everyone had
+    arrived, sets the key to "ended", which wakes them into GenerationEnded. The count's adds are
+    atomic, so exactly one of the last member and the watch sets the key, and a member that comes
+    after the end learns it from its own add. One whose rank 0 is gone breaks their connections to
+    its store."""
     over()
     try:
-        if prefix.add("arrived", 1) >= world:
-            everyone = prefix.compare_set("everyone", "", "1")
-            if everyone == b"1":
-                prefix.set("everyone", "1")  # wakes the gets: torch 1.13's compare_set does not
+        arrived = prefix.add("arrived", 1)
+        if arrived < 0:
+            everyone = b"ended"
+        elif arrived == world:
+            prefix.set("everyone", "1")
+            return
         else:
             everyone = prefix.get("everyone")  # blocks until the key is set (the store's timeout)
     except RuntimeError as error:  # torch's DistStoreError is one
@@ -349,12 +358,11 @@ def _wait_for_everyone(prefix, world, over, timeout_s, where):
         raise GenerationEnded(f"{where}: the generation ended while its members gathered")
 
 
-def _end_arrivals(connect, generation, agent, gathered):
+def _end_arrivals(connect, generation, world, agent, gathered):
     """Rank 0's watch while its generation's members gather: once the agent says the generation
-    is over, and unless `gathered` is set first, sets their key to "ended" (unless the last member
-    set it to "1" first) through a connection of its own, since the store's own client may be
-    blocked in the get. Ends too when the agent's channel closes (the agent is gone, and the
-    process with it)."""
+    is over, and unless `gathered` is set first, ends the gathering (see _wait_for_everyone)
+    through a connection of its own, since the store's own client may be blocked in the get.
+    Ends too when the agent's channel closes (the agent is gone, and the process with it)."""
     while not gathered.is_set():
         if agent.wait_ended(generation, 0.25):
             break
@@ -362,11 +370,11 @@ def _end_arrivals(connect, generation, agent, gathered):
             return
     else:
         return
-    key = f"lockstep/{generation}/everyone"
     try:
         store = connect()
-        if store.compare_set(key, "", "ended") == b"ended":
-            store.set(key, "ended")  # wakes the gets: torch 1.13's compare_set does not
+        arrived = store.add(f"lockstep/{generation}/arrived", -_ENDED_WHILE_GATHERING)
+        if arrived + _ENDED_WHILE_GATHERING < world:  # the last member has not set the key
+            store.set(f"lockstep/{generation}/everyone", "ended")
     except Exception:  # noqa: BLE001 - a store already gone has woken its waiters itself
         pass
 
@@ -393,7 +401,8 @@ def _form_group(assignment, backend, timeout, agent):
     if rank == 0:
         def connect():
             return _tcp_store(host, port, world, False, datetime.timedelta(seconds=5))
-        threading.Thread(target=_end_arrivals, args=(connect, generation, agent, gathered),
+        threading.Thread(target=_end_arrivals,
+                         args=(connect, generation, world, agent, gathered),
                          name="lockstep-arrivals", daemon=True).start()
     try:
         _wait_for_everyone(prefix, world, over, timeout.total_seconds(),

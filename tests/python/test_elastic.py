@@ -86,6 +86,9 @@ class AgentChannelTest(unittest.TestCase):
         self.send(type="assign", generation=3, rank=0, world_size=2)
         self.send(type="ended", generation=3)
         self.send(type="assign", generation=4, rank=1, world_size=2)
+        # Once the end is read (the channel's thread reads in its own time; asked earlier, the
+        # helper rightly hands out generation 3, then still live).
+        self.assertTrue(self.agent.wait_ended(3, timeout=10))
         self.assertEqual(self.agent.next_assignment()["generation"], 4)
 
     def test_the_end_of_a_generation_is_seen_and_waited_for(self):
@@ -111,7 +114,7 @@ class FakeStore:
         self.timeout_s = timeout_s
         self._cond = threading.Condition()
         self._values = {}
-        self._set = set()  # keys a get may see: set() wakes a get, compare_set does not
+        self._set = set()  # keys a get may see: only set() wakes a get (torch 1.13's add does not)
         self.calls = []
         self._broken = broken  # an error every call raises: a store whose server is gone
 
@@ -133,18 +136,6 @@ class FakeStore:
             self._values[key] = value.encode()
             self._set.add(key)
             self._cond.notify_all()
-
-    def compare_set(self, key, expected, desired):
-        """torch's: sets `desired` when the key holds `expected` or (expected "") is absent;
-        returns the key's value after. As torch 1.13's, it does not wake a get waiting for the
-        key (its server's compare_set wakes no waiter)."""
-        with self._cond:
-            self._call("compare_set", key, desired)
-            current = self._values.get(key)
-            if (current is None and expected == "") or current == expected.encode():
-                self._values[key] = desired.encode()
-                self._cond.notify_all()
-            return self._values[key]
 
     def get(self, key):
         """Blocks until the key exists, within the store's timeout, as torch's get does."""
@@ -175,9 +166,6 @@ class FakePrefixStore:
 
     def get(self, key):
         return self._store.get(f"{self._prefix}/{key}")
-
-    def compare_set(self, key, expected, desired):
-        return self._store.compare_set(f"{self._prefix}/{key}", expected, desired)
 
 
 
@@ -232,8 +220,7 @@ class ArrivalTest(unittest.TestCase):
             self.assertEqual([c[1:] for c in self.store.calls if c[0] == name], [
                 ("add", "lockstep/1/arrived", 1), ("get", "lockstep/1/everyone")])
         self.assertEqual([c[1:] for c in self.store.calls if c[0] == "rank0"], [
-            ("add", "lockstep/1/arrived", 1), ("compare_set", "lockstep/1/everyone", "1"),
-            ("set", "lockstep/1/everyone", "1")])
+            ("add", "lockstep/1/arrived", 1), ("set", "lockstep/1/everyone", "1")])
 
     def test_a_generation_that_ends_while_its_members_gather_wakes_them_into_generation_ended(self):
         self.store.timeout_s = 600  # only the watch can end the gets within the test's wait
@@ -241,23 +228,36 @@ class ArrivalTest(unittest.TestCase):
         self.assertTrue(self.store.wait_for_waiters({"rank1", "rank2"}, 10))
         gathered = threading.Event()
         watch = threading.Thread(target=elastic._end_arrivals, name="watch",
-                                 args=(lambda: self.store, 1, self.agent, gathered))
+                                 args=(lambda: self.store, 1, 3, self.agent, gathered))
         watch.start()
         self.agent.over.set()
         self.join(waiters + [watch])
-        self.assertIn(("watch", "compare_set", "lockstep/1/everyone", "ended"), self.store.calls)
+        self.assertIn(("watch", "set", "lockstep/1/everyone", "ended"), self.store.calls)
         for name in ("rank1", "rank2"):
             self.assertIsInstance(self.errors.get(name), elastic.GenerationEnded, name)
 
     def test_the_last_member_after_the_generations_end_does_not_go_on_alone(self):
-        self.store.compare_set("lockstep/1/everyone", "", "ended")  # the watch came first
-        self.join(self.start(["rank1"], 1))
+        waiters = self.start(["rank1"], 2)
+        self.assertTrue(self.store.wait_for_waiters({"rank1"}, 10))
+        self.agent.over.set()
+        elastic._end_arrivals(lambda: self.store, 1, 2, self.agent, threading.Event())
+        self.agent.over.clear()  # the last member's agent has not heard yet
+        self.join(waiters + self.start(["rank0"], 2))
+        self.assertIsInstance(self.errors.get("rank0"), elastic.GenerationEnded)
         self.assertIsInstance(self.errors.get("rank1"), elastic.GenerationEnded)
+        self.assertFalse([c for c in self.store.calls if c[0] == "rank0" and c[1] == "set"])
+
+    def test_a_generations_end_after_everyone_arrived_changes_nothing(self):
+        self.join(self.start(["rank1", "rank0"], 2))
+        self.assertEqual(self.errors, {})
+        self.agent.over.set()
+        elastic._end_arrivals(lambda: self.store, 1, 2, self.agent, threading.Event())
+        self.assertEqual(self.store.get("lockstep/1/everyone"), b"1")
 
     def test_the_watch_ends_when_the_agent_is_gone(self):
         self.agent.closed = True
         watch = threading.Thread(target=elastic._end_arrivals,
-                                 args=(lambda: self.store, 1, self.agent, threading.Event()))
+                                 args=(lambda: self.store, 1, 2, self.agent, threading.Event()))
         watch.start()
         watch.join(10)
         self.assertFalse(watch.is_alive())
@@ -267,7 +267,7 @@ class ArrivalTest(unittest.TestCase):
         gathered = threading.Event()
         gathered.set()
         connected = []
-        elastic._end_arrivals(lambda: connected.append(1), 1, self.agent, gathered)
+        elastic._end_arrivals(lambda: connected.append(1), 1, 2, self.agent, gathered)
         self.assertEqual(connected, [])
 
     def test_a_member_that_never_comes_ends_the_wait_at_its_deadline_naming_the_store(self):
