@@ -94,7 +94,8 @@ StatusOr<std::unique_ptr<WorkerMetrics>> WorkerMetrics::Create(const std::string
                               .Register(registry);
   m.restarts_family_ = &BuildCounter()
                             .Name("lockstep_restarts_total")
-                            .Help("Generations this worker rejoined after losing one")
+                            .Help("Generations this worker process joined after its first: every "
+                                  "re-formation, for a lost member, a newcomer or a scale change")
                             .Register(registry);
   m.checkpoint_duration_family_ = &BuildHistogram()
                                        .Name("lockstep_checkpoint_duration_seconds")
