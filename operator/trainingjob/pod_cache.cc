@@ -111,6 +111,11 @@ std::string SchedulingGatedBy(const json& pod) {
   return "";
 }
 
+bool PastItsSchedulingGate(const json& pod) {
+  return SchedulingGatedBy(pod).empty() &&
+         (!NodeNameOf(pod).empty() || PodPhase(pod) == "Running");
+}
+
 std::string DisruptedBy(const json& pod) {
   for (const char* type : {"DisruptionTarget", "TerminationTarget"}) {
     const json c = ConditionOf(pod, type);

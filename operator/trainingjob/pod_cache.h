@@ -47,6 +47,9 @@ std::string AnnotationOf(const nlohmann::json& pod, const std::string& key);
 // server does not show the gates, "a scheduling gate" when its PodScheduled condition is False
 // with reason SchedulingGated (what kube-scheduler writes for a gated pod, KEP-3521).
 std::string SchedulingGatedBy(const nlohmann::json& pod);
+// Whether the pod is past its scheduling gate, if it had one: no gate holds it and it is bound to
+// a node or running. A queued job's worker that is, is one Kueue admitted.
+bool PastItsSchedulingGate(const nlohmann::json& pod);
 // Why the cluster stopped the pod rather than its program failing: "<reason>: <message>" of its
 // DisruptionTarget condition (Kubernetes 1.26+: PreemptionByScheduler, EvictionByEvictionAPI,
 // DeletionByTaintManager, TerminationByKubelet) or of Kueue's TerminationTarget (written before

@@ -48,9 +48,7 @@ bool TrainingJobReconciler::KueueHoldsTheWorkers(const Work& w) {
     if (IsTerminating(*pod)) continue;
     const std::string phase = PodPhase(*pod);
     if (phase == "Succeeded" || phase == "Failed") continue;
-    if (SchedulingGatedBy(*pod).empty() && (!NodeNameOf(*pod).empty() || phase == "Running")) {
-      return false;
-    }
+    if (PastItsSchedulingGate(*pod)) return false;
   }
   return true;
 }

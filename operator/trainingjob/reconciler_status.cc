@@ -162,7 +162,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
     if (std::string by = SchedulingGatedBy(*pod); !by.empty()) {
       ++gated;
       gate = std::move(by);
-    } else if (!NodeNameOf(*pod).empty() || phase == "Running") {
+    } else if (PastItsSchedulingGate(*pod)) {
       ++admitted;
     }
   }
