@@ -240,6 +240,8 @@ class WireCompatTest : public ::testing::Test {
     ASSERT_TRUE(server_->AddJob(config).ok());
   }
   void TearDown() override {
+    beat0_.reset();
+    beat1_.reset();
     if (server_ != nullptr) server_->Shutdown(1000);
   }
 
@@ -253,6 +255,17 @@ class WireCompatTest : public ::testing::Test {
     return {first.get(), second};
   }
 
+  // w-0 and w-1 form generation 1, which is then full (max 2), and beat once each.
+  void FormAFullGeneration() {
+    w0_ = std::make_unique<PreviousWorker>(Address(), "w-0");
+    w1_ = std::make_unique<PreviousWorker>(Address(), "w-1");
+    auto [joined0, joined1] = JoinBoth(*w0_, *w1_);
+    ASSERT_TRUE(joined0.status.ok() && joined1.status.ok());
+    beat0_ = w0_->Heartbeat(1);
+    beat1_ = w1_->Heartbeat(1);
+    ASSERT_TRUE(beat0_->Beat() && beat1_->Beat());
+  }
+
   JobSnapshot Snap() {
     auto snapshot = server_->Snapshot(kJob);
     EXPECT_TRUE(snapshot.ok()) << snapshot.status();
@@ -260,6 +273,8 @@ class WireCompatTest : public ::testing::Test {
   }
 
   std::unique_ptr<RendezvousServer> server_;
+  std::unique_ptr<PreviousWorker> w0_, w1_;  // FormAFullGeneration's
+  std::unique_ptr<PreviousHeartbeat> beat0_, beat1_;
 };
 
 TEST_F(WireCompatTest, APreviousReleaseWorkerJoinsBeatsAndLeavesCompletedOnTodaysService) {
@@ -296,13 +311,7 @@ TEST_F(WireCompatTest, APreviousReleaseWorkerJoinsBeatsAndLeavesCompletedOnToday
 }
 
 TEST_F(WireCompatTest, APreviousReleaseStandbyWaitsOnAFullGenerationAndTakesALostMembersPlace) {
-  PreviousWorker w0(Address(), "w-0");
-  PreviousWorker w1(Address(), "w-1");
-  auto [joined0, joined1] = JoinBoth(w0, w1);
-  ASSERT_TRUE(joined0.status.ok() && joined1.status.ok());
-  auto beat0 = w0.Heartbeat(1);
-  auto beat1 = w1.Heartbeat(1);
-  ASSERT_TRUE(beat0->Beat() && beat1->Beat());
+  ASSERT_NO_FATAL_FAILURE(FormAFullGeneration());
 
   // A third worker finds generation 1 full: the previous release reads that as standing by, and
   // tells it from a deadline of the transport.
@@ -317,13 +326,13 @@ TEST_F(WireCompatTest, APreviousReleaseStandbyWaitsOnAFullGenerationAndTakesALos
   auto standing_by = std::async(std::launch::async, [&standby, &full_answers] {
     return standby.JoinOrStandBy(1000, 20, &full_answers);
   });
-  beat1->Break();
-  const std::optional<previous::HeartbeatResponse> ended = beat0->WaitAnswer();
+  beat1_->Break();
+  const std::optional<previous::HeartbeatResponse> ended = beat0_->WaitAnswer();
   ASSERT_TRUE(ended.has_value()) << "w-0 was not told the generation ended";
   EXPECT_EQ(ended->kind(), previous::HeartbeatResponse::GENERATION_ENDED);
   EXPECT_EQ(ended->generation(), 1);
   EXPECT_TRUE(ended->member_lost());
-  const PreviousWorker::Joined rejoined = w0.Join(kCallTimeoutMs);
+  const PreviousWorker::Joined rejoined = w0_->Join(kCallTimeoutMs);
   const PreviousWorker::Joined promoted = standing_by.get();
   ASSERT_TRUE(rejoined.status.ok()) << rejoined.status.error_message();
   ASSERT_TRUE(promoted.status.ok()) << promoted.status.error_message();
@@ -333,13 +342,7 @@ TEST_F(WireCompatTest, APreviousReleaseStandbyWaitsOnAFullGenerationAndTakesALos
 
 // Today's status details, read by any gRPC client: an ErrorInfo under google.rpc's type URL.
 TEST_F(WireCompatTest, AFullGenerationsAnswerCarriesItsReasonInTheStatusDetails) {
-  PreviousWorker w0(Address(), "w-0");
-  PreviousWorker w1(Address(), "w-1");
-  auto [joined0, joined1] = JoinBoth(w0, w1);
-  ASSERT_TRUE(joined0.status.ok() && joined1.status.ok());
-  auto beat0 = w0.Heartbeat(1);
-  auto beat1 = w1.Heartbeat(1);
-  ASSERT_TRUE(beat0->Beat() && beat1->Beat());
+  ASSERT_NO_FATAL_FAILURE(FormAFullGeneration());
 
   const PreviousWorker::Joined waited = PreviousWorker(Address(), "w-2").Join(300);
   v1::StatusDetails details;
