@@ -20,7 +20,7 @@
 # (iptables); GlusterFS serves storage both nodes share. Kubernetes comes from
 # scripts/kubernetes.sh, the images from the Dockerfile
 # (cached under ${LOCKSTEP_CACHE_DIR:-~/.cache/lockstep}); needs root and the packages
-# `scripts/setup.sh` installs, and a build of the project (helm_render renders the chart).
+# `scripts/setup.sh` installs (Helm installs the chart), and a build of the project.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

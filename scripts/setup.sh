@@ -7,7 +7,7 @@
 #   scripts/setup.sh --example  only what building and running the main example needs
 #                               (scripts/run-example.sh): the toolchain, the libraries and the
 #                               data set, without the test suite's PyTorch, MPI, Go, etcd,
-#                               Prometheus and Node (most of a fresh machine's download)
+#                               Prometheus, Node and Helm (most of a fresh machine's download)
 set -euo pipefail
 
 example_only=false
@@ -53,16 +53,15 @@ suite_packages=(
   # busybox for the e2e tests' image without a shell or C library
   glusterfs-server glusterfs-client busybox-static
   # packaging tests (tests/packaging): prometheus and promtool, PyYAML for the chart test, and
-  # the Go sources of the chart renderer helm_render (built with golang-1.19-go above): sprig v3
-  # (Helm's template functions) and sigs.k8s.io/yaml (Helm's YAML)
-  prometheus python3-yaml golang-github-masterminds-sprig-dev golang-k8s-sigs-yaml-dev
+  # unzip for scripts/helm-tools.sh (Helm comes from the npm registry: Debian has none)
+  prometheus python3-yaml unzip
   patchelf  # scripts/gpu-bundle.sh: RUNPATH $ORIGIN/../lib of the bundled programs
 )
 if [[ $example_only == false ]]; then
   packages+=("${suite_packages[@]}")
 fi
-# Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs): Debian's
-# when no node is installed (an existing one, e.g. NodeSource's, which bundles npm, is kept).
+# Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs) and for
+# Helm (scripts/helm-tools.sh): Debian's when no node is installed (an existing one, e.g. NodeSource's, which bundles npm, is kept).
 if [[ $example_only == false ]] && { ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; }; then
   packages+=(nodejs npm)
 fi
@@ -82,15 +81,18 @@ for package in "${packages[@]}"; do
 done
 
 # npm packages of tests/packaging, installed from its package-lock.json into
-# tests/packaging/node_modules (git-ignored) when missing or older than the lock file.
+# tests/packaging/node_modules (git-ignored) when missing or older than the lock file; then Helm
+# v4 and kubectl 1.35 (scripts/helm-tools.sh: pinned, cached, helm linked into /usr/local/bin).
 install_npm_packages() {
   [[ $example_only == false ]] || return 0
-  local dir
-  dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)/tests/packaging"
+  local scripts dir
+  scripts="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+  dir="$(cd "$scripts/../tests/packaging" && pwd)"
   if [[ ! -d "$dir/node_modules" || "$dir/package-lock.json" -nt "$dir/node_modules" ]]; then
     echo "setup: npm ci in $dir"
     (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error && touch node_modules)
   fi
+  echo "setup: helm $("$scripts/helm-tools.sh")"
 }
 
 if [[ ${#missing[@]} -eq 0 ]]; then

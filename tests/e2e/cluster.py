@@ -36,6 +36,18 @@ def kubectl(*args, input=None, timeout=60, check=True):
     return result.stdout
 
 
+def helm(*args, timeout=180, check=True):
+    """Helm v4 (scripts/helm-tools.sh) against the cluster: its stdout; a failure raises with its
+    stderr."""
+    binary = subprocess.run([os.path.join(REPO, "scripts", "helm-tools.sh")], capture_output=True,
+                            text=True, check=True, timeout=300).stdout.strip()
+    result = subprocess.run([binary, "--kubeconfig", KUBECONFIG, *args], capture_output=True,
+                            text=True, timeout=timeout)
+    if check and result.returncode != 0:
+        raise AssertionError("helm %s: %s" % (" ".join(args), result.stderr.strip()))
+    return result.stdout
+
+
 def get_json(*args, timeout=30):
     return json.loads(kubectl("get", "-o", "json", *args, timeout=timeout))
 

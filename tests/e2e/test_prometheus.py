@@ -37,18 +37,14 @@ BUILD = os.environ.get("LOCKSTEP_BUILD_DIR", os.path.join(cluster.REPO, "build")
 
 
 def pod_monitor():
-    """The chart's PodMonitor, rendered with monitoring.podMonitor.enabled."""
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml") as values:
-        yaml.safe_dump({"monitoring": {"podMonitor": {"enabled": True}}}, values)
-        values.flush()
-        rendered = subprocess.run(
-            [os.path.join(BUILD, "tests", "packaging", "helm_render", "helm_render"),
-             "--chart", os.path.join(cluster.REPO, "charts", "lockstep"),
-             "--values", os.path.join(cluster.REPO, "scripts", "cluster", "values.yaml"),
-             "--values", values.name, "--release", "lockstep", "--namespace", "lockstep-system",
-             "--format", "json"], capture_output=True, text=True, check=True).stdout
-    objects = [o["object"] for o in json.loads(rendered)["objects"]]
-    return next(o for o in objects if o["kind"] == "PodMonitor")
+    """The chart's PodMonitor, rendered by Helm with monitoring.podMonitor.enabled."""
+    rendered = cluster.helm(
+        "template", "lockstep", os.path.join(cluster.REPO, "charts", "lockstep"),
+        "--namespace", "lockstep-system",
+        "--values", os.path.join(cluster.REPO, "scripts", "cluster", "values.yaml"),
+        "--set", "monitoring.podMonitor.enabled=true",
+        "--show-only", "templates/podmonitor.yaml")
+    return yaml.safe_load(rendered)
 
 
 def sanitize(name):

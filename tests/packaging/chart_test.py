@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
-"""Renders charts/lockstep with helm_render (tests/packaging/helm_render: Go's text/template and
-sprig, as Helm renders) and checks what a user of the chart relies on.
+"""Renders charts/lockstep with Helm (`helm install --dry-run=client`, no cluster) and checks what a
+user of the chart relies on.
 
-    chart_test.py --source REPO --out DIR --helm-render PATH
+    chart_test.py --source REPO --out DIR --helm PATH
 
 Renders three value sets (the defaults; tests/packaging/values-monitoring.yaml, the defaults with
 the Prometheus objects and the dashboard on; tests/packaging/values-all-options.yaml, every
@@ -20,6 +20,9 @@ alert rules as the PrometheusRule renders them with default thresholds to DIR/ru
     creates, updates and scale of TrainingJobs, never their status; the operator's flags name the
     same Service and configuration, and its RBAC reaches only that configuration) and the
     ClusterRoles aggregated to the built-in edit/admin and view roles.
+  - `helm lint --strict` passes for each value set;
+  - values.schema.json types every value of values.yaml, and Helm refuses bad values (a string
+    for a number, an unknown key, a value outside its enum or range) naming the value.
 Exit 0 when every check holds; otherwise prints each failure and exits 1.
 """
 import argparse
@@ -94,19 +97,70 @@ def deep_merge(base, override):
     return merged
 
 
-def render_chart(helm_render, chart, value_files, release, namespace):
-    """Returns (objects, notes) as helm_render --format json prints them, or raises RenderError
-    with the renderer's message."""
-    command = [helm_render, "--chart", chart, "--release", release, "--namespace", namespace,
-               "--format", "json"]
+def helm_env():
+    """Helm's environment with no cluster: client-only dry runs never reach one, and its caches
+    stay in a temporary HOME-independent place."""
+    env = dict(os.environ)
+    env["KUBECONFIG"] = os.devnull
+    return env
+
+
+def render_chart(helm, chart, value_files, release, namespace, extra=()):
+    """Returns (objects, notes): what `helm install --dry-run=client` would install, as
+    [{"source": "templates/FILE", "object": {...}}, ...] in Helm's install order, and the rendered
+    NOTES.txt; raises RenderError with Helm's message."""
+    command = [helm, "install", release, chart, "--namespace", namespace, "--dry-run=client",
+               "--output", "json"]
     for path in value_files:
         command += ["--values", path]
+    command += list(extra)
     result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            timeout=60, check=False)
+                            timeout=60, check=False, env=helm_env())
     if result.returncode != 0:
         raise RenderError(result.stderr.strip() or "exit status %d" % result.returncode)
-    rendered = json.loads(result.stdout)
-    return rendered["objects"], rendered["notes"]
+    release_json = json.loads(result.stdout)
+    objects = []
+    for document in release_json["manifest"].split("\n---\n"):
+        source = re.search(r"^# Source: [^/]+/(\S+)$", document, re.M)
+        body = yaml.safe_load(document)
+        if body:
+            objects.append({"source": source.group(1) if source else "", "object": body})
+    return objects, release_json["info"].get("notes", "")
+
+
+def lint_chart(helm, chart, value_files):
+    """`helm lint --strict`'s complaint, or None when it passes."""
+    command = [helm, "lint", "--strict", chart]
+    for path in value_files:
+        command += ["--values", path]
+    result = subprocess.run(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            timeout=60, check=False, env=helm_env())
+    return None if result.returncode == 0 else result.stdout.strip()
+
+
+def schema_paths(schema, definitions, prefix=""):
+    """Dotted paths of values.schema.json's leaves, following $ref into its definitions."""
+    if "$ref" in schema:
+        schema = definitions[schema["$ref"].rsplit("/", 1)[1]]
+    properties = schema.get("properties")
+    if not properties:
+        yield prefix
+        return
+    for key, sub in properties.items():
+        yield from schema_paths(sub, definitions, prefix + "." + key if prefix else key)
+
+
+# (--set arguments, what Helm's refusal must name): values a user gets wrong, refused by
+# values.schema.json before anything renders.
+BAD_VALUES = [
+    (["operator.replicas=two"], "/operator/replicas"),
+    (["operator.replicaz=2"], "replicaz"),
+    (["image.pullPolicy=Sometimes"], "/image/pullPolicy"),
+    (["operator.topologyKeys=topology.kubernetes.io/zone"], "/operator/topologyKeys"),
+    (["webhook.timeoutSeconds=60"], "/webhook/timeoutSeconds"),
+    (["operator.spreadReplicas=sometimes"], "/operator/spreadReplicas"),
+    (["monitoring.serviceMonitor.interval=30 seconds"], "/monitoring/serviceMonitor/interval"),
+]
 
 
 class RenderError(Exception):
@@ -376,12 +430,11 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--source", required=True)
     parser.add_argument("--out", required=True)
-    parser.add_argument("--helm-render", required=True,
-                        help="the helm_render program (built by CMake: target helm_render)")
+    parser.add_argument("--helm", required=True, help="Helm v4 (scripts/helm-tools.sh)")
     options = parser.parse_args()
-    if not os.access(options.helm_render, os.X_OK):
-        print("FAIL %s is not built: `ninja helm_render` (needs Go and Debian's sprig, "
-              "scripts/setup.sh)" % options.helm_render)
+    helm = shutil.which(options.helm)
+    if not helm:
+        print("FAIL %s is missing: scripts/setup.sh installs Helm (scripts/helm-tools.sh)" % options.helm)
         return 1
     chart = os.path.join(options.source, "charts", "lockstep")
     here = os.path.dirname(os.path.abspath(__file__))
@@ -447,10 +500,12 @@ def main():
                 with open(path) as f:
                     values = deep_merge(values, yaml.safe_load(f))
         try:
-            objects, notes = render_chart(options.helm_render, chart, files, release, namespace)
+            objects, notes = render_chart(helm, chart, files, release, namespace)
         except RenderError as e:
             check.expect(False, "[%s] render: %s" % (label, e))
             continue
+        complaint = lint_chart(helm, chart, files)
+        check.expect(complaint is None, "[%s] helm lint --strict: %s" % (label, complaint))
         with open(os.path.join(options.out, label + ".json"), "w") as f:
             json.dump({"release": release, "namespace": namespace, "objects": objects}, f, indent=1)
         check.expect("docs/operations.md" in notes and "kubectl" in notes, "[%s] NOTES.txt tells the next step" % label)
@@ -466,6 +521,23 @@ def main():
             with open(os.path.join(chart, "files", "dashboards", "lockstep.json")) as f:
                 check.expect(json.loads(config_map["data"]["lockstep.json"]) == json.load(f),
                              "the dashboard ConfigMap carries files/dashboards/lockstep.json unchanged")
+
+    with open(os.path.join(chart, "values.schema.json")) as f:
+        schema = json.load(f)
+    typed = set(schema_paths(schema, schema.get("definitions", {}))) - {"global"}
+    untyped = sorted(v for v in value_paths if not any(covers(t, v) for t in typed))
+    extra = sorted(t for t in typed if not any(covers(t, v) for v in value_paths))
+    check.expect(not untyped and not extra, "values.schema.json types %s that values.yaml lacks, "
+                 "and lacks %s" % (extra, untyped))
+    for arguments, named in BAD_VALUES:
+        extra = [a for argument in arguments for a in ("--set", argument)]
+        try:
+            render_chart(helm, chart, [], "lockstep", "lockstep-system", extra)
+            check.expect(False, "helm install --set %s is not refused" % " ".join(arguments))
+        except RenderError as e:
+            check.expect("schema" in str(e) and named in str(e),
+                         "helm install --set %s is refused naming %s (got: %s)" %
+                         (" ".join(arguments), named, e))
 
     for failure in check.failures:
         print("FAIL " + failure)
