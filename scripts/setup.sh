@@ -61,7 +61,8 @@ if [[ $example_only == false ]]; then
   packages+=("${suite_packages[@]}")
 fi
 # Node and npm for the chart's schema validation (tests/packaging/validate_objects.mjs) and for
-# Helm (scripts/helm-tools.sh): Debian's when no node is installed (an existing one, e.g. NodeSource's, which bundles npm, is kept).
+# Helm (scripts/helm-tools.sh): Debian's when no node is installed (an existing one, e.g.
+# NodeSource's, which bundles npm, is kept).
 if [[ $example_only == false ]] && { ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; }; then
   packages+=(nodejs npm)
 fi

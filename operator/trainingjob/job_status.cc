@@ -269,4 +269,36 @@ double EstimatedSecondsRemaining(int64_t step, int64_t total_steps, int64_t samp
   return static_cast<double>(total_steps - step) * samples_per_step / samples_per_second;
 }
 
+std::string DisplayRate(double per_second) {
+  if (!(per_second >= 0)) return "";
+  char text[32];
+  if (per_second < 9.95) {
+    std::snprintf(text, sizeof text, "%.1f", per_second);
+  } else {
+    std::snprintf(text, sizeof text, "%.0f", std::min(per_second, 1e18));
+  }
+  return text;
+}
+
+std::string DisplayPercent(double share) {
+  if (!(share >= 0)) return "";
+  char text[32];
+  std::snprintf(text, sizeof text, "%.0f%%", std::min(share, 1e6) * 100.0);
+  return text;
+}
+
+std::string DisplayDuration(double seconds) {
+  if (!(seconds >= 0)) return "";
+  const int64_t s = static_cast<int64_t>(std::llround(std::min(seconds, 1e15)));
+  const int64_t m = s / 60, h = s / 3600, d = s / 86400;
+  auto two = [](int64_t major, const char* a, int64_t minor, const char* b) {
+    return minor == 0 ? std::to_string(major) + a
+                      : std::to_string(major) + a + std::to_string(minor) + b;
+  };
+  if (s < 120) return std::to_string(s) + "s";
+  if (m < 60) return two(m, "m", s % 60, "s");
+  if (h < 48) return two(h, "h", m % 60, "m");
+  return two(d, "d", h % 24, "h");
+}
+
 }  // namespace lockstep::op::trainingjob

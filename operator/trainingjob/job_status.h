@@ -86,4 +86,12 @@ std::string WorkerGaveUpMessage(const json& pod);
 double EstimatedSecondsRemaining(int64_t step, int64_t total_steps, int64_t samples,
                                  double samples_per_second);
 
+// status.progress.display: the figures as `kubectl get tj` prints them (1.20's printer columns
+// cannot format a number). A rate as a whole number ("37604"), one decimal below 10 ("2.5"); a
+// share as a whole percentage ("16%"); seconds as kubectl prints an age ("45s", "4m10s", "2h5m",
+// "3d4h").
+std::string DisplayRate(double per_second);
+std::string DisplayPercent(double share);
+std::string DisplayDuration(double seconds);
+
 }  // namespace lockstep::op::trainingjob

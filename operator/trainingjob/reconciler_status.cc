@@ -51,6 +51,15 @@ json ProgressStatus(const rendezvous::ProgressReport& p) {
   const double left =
       EstimatedSecondsRemaining(p.step, p.total_steps, p.samples, p.samples_per_second);
   if (left >= 0) progress["estimatedSecondsRemaining"] = std::round(left);
+  json display = json::object();
+  if (progress.contains("samplesPerSecond")) {
+    display["samplesPerSecond"] = DisplayRate(p.samples_per_second);
+  }
+  if (progress.contains("scalingEfficiency")) {
+    display["scalingEfficiency"] = DisplayPercent(p.scaling_efficiency);
+  }
+  if (left >= 0) display["remaining"] = DisplayDuration(left);
+  if (!display.empty()) progress["display"] = display;
   return progress;
 }
 

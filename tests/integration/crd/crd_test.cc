@@ -366,7 +366,8 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
         {"totalSteps", 1000},
         {"samplesPerSecond", 5120.5},
         {"scalingEfficiency", 0.93},
-        {"loss", 0.41}}},
+        {"loss", 0.41},
+        {"display", {{"samplesPerSecond", "5120"}, {"scalingEfficiency", "93%"}}}}},
       {"lastCheckpoint",
        {{"step", 100}, {"uri", "file:///ckpt/step-100"}, {"time", "2025-01-01T00:01:00Z"}}},
       {"restarts", 0},
@@ -405,8 +406,8 @@ TEST_F(CrdTest, StatusSubresourceIsSeparateFromSpec) {
   EXPECT_EQ(cells[5], 1);  // status.rendezvous.standby
   EXPECT_TRUE(cells[6].is_null()) << cells[6];  // status.parameterServers: a job without servers
   EXPECT_EQ(cells[7], 120);
-  EXPECT_EQ(cells[8], 5120.5);
-  EXPECT_EQ(cells[9], 0.93);
+  EXPECT_EQ(cells[8], "5120");  // status.progress.display: as the operator formats them
+  EXPECT_EQ(cells[9], "93%");
 }
 
 // The description of the schema property at a dotted path ("spec.elastic.minReplicas"; a list's

@@ -645,6 +645,18 @@ TEST_F(OperatorEndToEndTest, WorkersTrainOverTlsRendezvousAndTheJobSucceedsWithP
   ASSERT_TRUE(ok) << job["status"].dump(2) << "\n" << kubelet_->Describe();
   EXPECT_EQ(job["status"]["progress"]["step"], 300);
   EXPECT_EQ(job["status"]["progress"]["totalSteps"], 300);
+  // What `kubectl get tj` prints: the rate as a whole number, the efficiency as a percentage.
+  const json& progress = job["status"]["progress"];
+  const json display = progress.value("display", json::object());
+  const std::string rate = display.value("samplesPerSecond", "");
+  EXPECT_TRUE(!rate.empty() && rate.find_first_not_of("0123456789") == std::string::npos &&
+              std::to_string(std::llround(progress["samplesPerSecond"].get<double>())) == rate)
+      << progress.dump(2);
+  if (progress.contains("scalingEfficiency")) {
+    EXPECT_EQ(display.value("scalingEfficiency", ""),
+              std::to_string(std::llround(progress["scalingEfficiency"].get<double>() * 100)) + "%")
+        << progress.dump(2);
+  }
   EXPECT_GE(job["status"]["rendezvous"]["generation"].get<int>(), 1);
   EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);

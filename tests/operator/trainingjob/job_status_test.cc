@@ -5,6 +5,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <string>
 
 #include "operator/trainingjob/children.h"
@@ -194,6 +196,28 @@ TEST(JobStatusTest, TimeLeftComesFromTheReportedPaceAndIsUnknownUntilItCanBe) {
   EXPECT_EQ(EstimatedSecondsRemaining(10, 100, 640, 0.0), -1) << "no rate yet";
   EXPECT_EQ(EstimatedSecondsRemaining(100, 100, 6400, 320.0), -1) << "done";
   EXPECT_EQ(EstimatedSecondsRemaining(0, 100, 0, 0.0), -1);
+}
+
+TEST(JobStatusTest, KubectlGetShowsRatesAsWholeNumbersSharesAsPercentagesAndTimeAsAnAge) {
+  EXPECT_EQ(DisplayRate(37603.77835859647), "37604");
+  EXPECT_EQ(DisplayRate(12.4), "12");
+  EXPECT_EQ(DisplayRate(2.46), "2.5") << "a slow job keeps a decimal";
+  EXPECT_EQ(DisplayRate(9.96), "10");
+  EXPECT_EQ(DisplayRate(0), "0.0");
+  EXPECT_EQ(DisplayPercent(0.15708127699991847), "16%");
+  EXPECT_EQ(DisplayPercent(1.0), "100%");
+  EXPECT_EQ(DisplayPercent(0.004), "0%");
+  EXPECT_EQ(DisplayDuration(45.4), "45s");
+  EXPECT_EQ(DisplayDuration(119), "119s") << "as kubectl's ages: seconds below two minutes";
+  EXPECT_EQ(DisplayDuration(250), "4m10s");
+  EXPECT_EQ(DisplayDuration(300), "5m");
+  EXPECT_EQ(DisplayDuration(7500), "2h5m");
+  EXPECT_EQ(DisplayDuration(3 * 86400 + 4 * 3600 + 59), "3d4h");
+  for (double bad : {-1.0, std::nan("")}) {
+    EXPECT_EQ(DisplayRate(bad), "");
+    EXPECT_EQ(DisplayPercent(bad), "");
+    EXPECT_EQ(DisplayDuration(bad), "");
+  }
 }
 
 // A failed pod whose `container` terminated as `terminated` says.
