@@ -112,7 +112,9 @@ Status TrainingJobReconciler::ReconcileJob(Work& w) {
     w.job.metadata.namespace_ = object["metadata"].value("namespace", "default");
     w.job.metadata.uid = uid;
     // The labels say whether Kueue holds a group for it (CleanUpFinished ends it).
-    for (const auto& [key, value] : object["metadata"].value("labels", json::object()).items()) {
+    // Named: a range-for over a temporary's items() would read the temporary after it died.
+    const json labels = object["metadata"].value("labels", json::object());
+    for (const auto& [key, value] : labels.items()) {
       if (value.is_string()) w.job.metadata.labels[key] = value.get<std::string>();
     }
     // Finished: what its end left undone (a pod not stopped or not marked, the TTL) is retried.
