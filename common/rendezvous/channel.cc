@@ -21,6 +21,11 @@ std::shared_ptr<grpc::Channel> NewRendezvousChannel(const std::string& address,
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5000);
   args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
+  // A member whose service went away (an operator's leader replaced) reconnects within about a
+  // second of its successor listening, not after gRPC's default backoff of up to two minutes.
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   // Small messages only: no bandwidth-delay probing (server.cc says why).
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // The service sends back what its clients may send it (a store value, server.h's bound).

@@ -4,7 +4,12 @@
 // names the member) and beats, with new progress at most every heartbeat_interval_ms, without
 // every heartbeat_idle_interval_ms; a reader thread waits for GENERATION_ENDED. Whichever learns
 // first that the generation is over (the message, or the stream failing) reports it, once.
-// StopHeartbeat cancels the call's context, which unblocks both threads at once, and joins them.
+// A stream that fails because the service went away (UNAVAILABLE, NOT_FOUND: an operator's leader
+// gone, a new one not hosting the job yet) does not end the generation: the writer opens it again
+// until ClientOptions::reconnect_timeout_ms has passed without a service accepting one, and every
+// stream's first beat carries the member's place (Resume), so a new service takes the generation
+// up (proto/rendezvous.proto, step 4). StopHeartbeat cancels the current call's context, which
+// unblocks both threads at once, and joins them.
 #include "common/rendezvous/client.h"
 
 #include <grpcpp/grpcpp.h>
@@ -31,6 +36,14 @@ namespace {
 // service's answer, not the transport's, reaches the caller.
 constexpr int64_t kHeldCallMarginMs = 2000;
 
+// A call that failed this way met no service that knows the job: the service went away (a
+// refused or broken connection, a service shutting down) or its successor hosts the job not yet.
+bool ServiceWentAway(const grpc::Status& status) {
+  return status.error_code() == grpc::StatusCode::UNAVAILABLE ||
+         status.error_code() == grpc::StatusCode::NOT_FOUND ||
+         status.error_code() == grpc::StatusCode::CANCELLED;
+}
+
 std::chrono::system_clock::time_point DeadlineAfterMs(int64_t ms) {
   return std::chrono::system_clock::now() + std::chrono::milliseconds(ms);
 }
@@ -56,12 +69,13 @@ class GenerationScopedStore : public KeyValueStore {
 // The state of one heartbeat stream; owned by the client, shared with its two threads.
 struct HeartbeatSession {
   Assignment assignment;
+  int64_t state_step = -1;  // what the member held when it joined (Resume.state_step)
   std::function<void(const GenerationEnd&)> on_generation_ended;
-  grpc::ClientContext context;
   std::mutex mu;
   std::condition_variable cv;
+  std::unique_ptr<grpc::ClientContext> context;  // of the current stream; replaced under mu
   bool stop_requested = false;  // StopHeartbeat
-  bool stream_ended = false;    // the reader saw the end of the stream
+  bool stream_ended = false;    // the reader saw the end of the current stream
   // The first progress set during this generation waits for no beat interval: it is how the
   // service learns that training runs again after a re-formation (recovery time).
   bool first_progress_pending = false;
@@ -136,6 +150,10 @@ class GrpcRendezvousClient : public RendezvousClient {
     context->AddMetadata(kTokenMetadataKey, options_.token);
   }
   void RunHeartbeat(HeartbeatSession* session);
+  // One stream of the session: beats until it ends. Returns its status; *accepted: the service
+  // took it (its initial metadata arrived), *ended_by_service: it said the generation ended.
+  grpc::Status BeatOnStream(HeartbeatSession* session, bool after_outage, bool* accepted,
+                            bool* ended_by_service);
 
   const ClientOptions options_;
   std::shared_ptr<grpc::Channel> channel_;
@@ -147,6 +165,7 @@ class GrpcRendezvousClient : public RendezvousClient {
   uint64_t progress_version_ = 0;  // counts SetProgress calls
   v1::Pace pace_;
   uint64_t pace_version_ = 0;  // counts SetPace calls; 0: never set
+  std::atomic<int64_t> joined_state_step_{-1};  // the latest Join's state_step
 
   std::mutex heartbeat_mu_;  // serializes StartHeartbeat/StopHeartbeat
   std::unique_ptr<HeartbeatSession> heartbeat_;
@@ -154,6 +173,7 @@ class GrpcRendezvousClient : public RendezvousClient {
 
 StatusOr<Assignment> GrpcRendezvousClient::Join(int64_t state_step, int64_t timeout_ms) {
   if (timeout_ms <= 0) return InvalidArgumentError("rendezvous join: timeout_ms must be > 0");
+  joined_state_step_ = state_step;
   const Deadline deadline = Deadline::AfterMs(timeout_ms);
   v1::JoinResponse response;
   int64_t backoff_ms = 100;
@@ -210,25 +230,98 @@ Status GrpcRendezvousClient::StartHeartbeat(
   heartbeat_ = std::make_unique<HeartbeatSession>();
   HeartbeatSession* session = heartbeat_.get();
   session->assignment = a;
+  session->state_step = joined_state_step_;
   session->on_generation_ended = std::move(on_ended);
-  // No overall deadline: the stream lives as long as the generation. Liveness is bounded by the
-  // channel's keepalive and by the service's heartbeat timeout instead.
-  session->context.AddMetadata(kTokenMetadataKey, options_.token);
-  session->context.AddMetadata(kJobMetadataKey, options_.job);
-  session->context.AddMetadata(kMemberMetadataKey, options_.member_id);
-  session->context.AddMetadata(kGenerationMetadataKey, std::to_string(a.generation));
   session->writer = std::thread([this, session] { RunHeartbeat(session); });
   return OkStatus();
 }
 
 void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
-  auto stream = stub_->Heartbeat(&session->context);
   const int64_t generation = session->assignment.generation;
+  bool away = false;  // the service went away and no stream has been taken since
+  Deadline reconnect_by = Deadline::AfterMs(0);
+  int64_t backoff_ms = 100;
+  grpc::Status status;
+  while (true) {
+    bool accepted = false, ended_by_service = false;
+    status = BeatOnStream(session, away, &accepted, &ended_by_service);
+    {
+      std::lock_guard<std::mutex> lock(session->mu);
+      if (session->stop_requested) return;
+    }
+    if (ended_by_service) return;  // reported by the reader
+    if (accepted) {
+      away = false;
+      backoff_ms = 100;
+    }
+    if (!ServiceWentAway(status) || options_.reconnect_timeout_ms <= 0) break;
+    if (!away) {
+      away = true;
+      reconnect_by = Deadline::AfterMs(options_.reconnect_timeout_ms);
+      LOCKSTEP_LOG(WARNING) << "rendezvous: the service went away ("
+                            << FromGrpcStatus(status).ToString() << "); " << options_.member_id
+                            << " trains on in generation " << generation
+                            << " and reconnects for up to " << options_.reconnect_timeout_ms
+                            << " ms";
+    }
+    if (reconnect_by.expired()) {
+      session->ReportEnded(GenerationEnd{
+          "no rendezvous service at " + options_.address + " for " +
+              std::to_string(options_.reconnect_timeout_ms) + " ms: " +
+              FromGrpcStatus(status).ToString(),
+          /*member_lost=*/true});
+      return;
+    }
+    std::unique_lock<std::mutex> lock(session->mu);
+    session->cv.wait_for(lock, std::chrono::milliseconds(std::min(
+                                   backoff_ms, std::max<int64_t>(1, reconnect_by.remaining_ms()))),
+                         [session] { return session->stop_requested; });
+    if (session->stop_requested) return;
+    backoff_ms = std::min<int64_t>(backoff_ms * 2, 1000);
+  }
+  // The service did not say why: assume the worst (a member lost) so collectives abort.
+  session->ReportEnded(
+      GenerationEnd{status.ok() ? "heartbeat stream closed by the rendezvous service"
+                                : "heartbeat stream failed: " + FromGrpcStatus(status).ToString(),
+                    /*member_lost=*/true});
+}
 
-  std::thread reader([session, &stream] {
+grpc::Status GrpcRendezvousClient::BeatOnStream(HeartbeatSession* session, bool after_outage,
+                                                bool* accepted, bool* ended_by_service) {
+  grpc::ClientContext* context;
+  {
+    std::lock_guard<std::mutex> lock(session->mu);
+    if (session->stop_requested) return grpc::Status::CANCELLED;
+    session->context = std::make_unique<grpc::ClientContext>();
+    session->stream_ended = false;
+    context = session->context.get();
+  }
+  const Assignment& a = session->assignment;
+  const int64_t generation = a.generation;
+  // No overall deadline: the stream lives as long as the generation. Liveness is bounded by the
+  // channel's keepalive and by the service's heartbeat timeout instead.
+  context->AddMetadata(kTokenMetadataKey, options_.token);
+  context->AddMetadata(kJobMetadataKey, options_.job);
+  context->AddMetadata(kMemberMetadataKey, options_.member_id);
+  context->AddMetadata(kGenerationMetadataKey, std::to_string(generation));
+  // Fails fast while no service answers (RunHeartbeat retries within reconnect_timeout_ms; the
+  // channel tries to connect again at least every second, channel.cc).
+  auto stream = stub_->Heartbeat(context);
+  std::atomic<bool> service_ended{false};
+  std::atomic<bool> taken{false};
+
+  std::thread reader([this, session, context, after_outage, generation, &stream, &service_ended,
+                       &taken] {
+    stream->WaitForInitialMetadata();
+    taken = context->GetServerInitialMetadata().count(kStreamAcceptedMetadataKey) != 0;
+    if (taken && after_outage) {
+      LOCKSTEP_LOG(INFO) << "rendezvous: " << options_.member_id << " beats again for generation "
+                         << generation << " at " << options_.address;
+    }
     v1::HeartbeatResponse response;
     while (stream->Read(&response)) {
       if (response.kind() == v1::HeartbeatResponse::GENERATION_ENDED) {
+        service_ended = true;
         session->ReportEnded(GenerationEnd{response.reason(), response.member_lost()});
       }
     }
@@ -243,15 +336,26 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
   // none new beats every idle interval (an older service sends none: the interval). A member
   // that dies is found by its stream breaking; one that hangs or loses its node, by beats
   // missing for the heartbeat timeout, which holds several idle intervals.
-  const Assignment& a = session->assignment;
   const auto interval = std::chrono::milliseconds(a.heartbeat_interval_ms);
   const auto idle =
       std::chrono::milliseconds(std::max(a.heartbeat_idle_interval_ms, a.heartbeat_interval_ms));
+  bool first = true;
   while (true) {
     v1::HeartbeatRequest beat;
     beat.set_job(options_.job);
     beat.set_member_id(options_.member_id);
     beat.set_generation(generation);
+    if (first) {
+      // Where the member sits: a service that never formed the generation takes it up.
+      v1::Resume* resume = beat.mutable_resume();
+      resume->set_rank(a.rank);
+      resume->set_world_size(a.world_size);
+      resume->set_host(options_.host);
+      resume->set_pod(options_.pod);
+      resume->set_local_rank(a.local_rank);
+      resume->set_state_step(session->state_step);
+      first = false;
+    }
     {
       // Cleared before the progress is read: progress set while it is in flight prompts another
       // beat.
@@ -289,18 +393,12 @@ void GrpcRendezvousClient::RunHeartbeat(HeartbeatSession* session) {
   }
   reader.join();  // returns once the service finishes the stream or StopHeartbeat cancels it
   const grpc::Status status = stream->Finish();
-  bool stopped;
-  {
-    std::lock_guard<std::mutex> lock(session->mu);
-    stopped = session->stop_requested;
-  }
-  if (!stopped) {
-    // The service did not say why: assume the worst (a member lost) so collectives abort.
-    session->ReportEnded(
-        GenerationEnd{status.ok() ? "heartbeat stream closed by the rendezvous service"
-                                  : "heartbeat stream failed: " + FromGrpcStatus(status).ToString(),
-                      /*member_lost=*/true});
-  }
+  *accepted = taken;
+  *ended_by_service = service_ended;
+  // Progress sent on a stream the service never accepted may not have reached it: send the
+  // latest again on the next.
+  if (!*accepted) session->sent_version = 0;
+  return status;
 }
 
 void GrpcRendezvousClient::StopHeartbeat() {
@@ -313,23 +411,35 @@ void GrpcRendezvousClient::StopHeartbeat() {
   {
     std::lock_guard<std::mutex> lock(session->mu);
     session->stop_requested = true;
+    if (session->context != nullptr) session->context->TryCancel();
   }
   session->cv.notify_all();
-  session->context.TryCancel();
   if (session->writer.joinable()) session->writer.join();
 }
 
 Status GrpcRendezvousClient::Leave(bool completed, const ProgressReport& final_progress) {
-  grpc::ClientContext context;
-  PrepareContext(&context, options_.rpc_timeout_ms);
   v1::LeaveRequest request;
   request.set_job(options_.job);
   request.set_member_id(options_.member_id);
   request.set_completed(completed);
   *request.mutable_progress() = ToProto(final_progress);
-  v1::LeaveResponse response;
-  return FromGrpcStatus(stub_->Leave(&context, request, &response))
-      .WithContext("rendezvous leave as " + options_.member_id);
+  // A member that completed while the service was away (an operator's leader replaced) tells
+  // its successor, within the reconnect timeout: its report is the job's final progress.
+  const Deadline deadline =
+      Deadline::AfterMs(completed ? options_.reconnect_timeout_ms : 0);
+  int64_t backoff_ms = 100;
+  while (true) {
+    grpc::ClientContext context;
+    PrepareContext(&context, options_.rpc_timeout_ms);
+    v1::LeaveResponse response;
+    const grpc::Status status = stub_->Leave(&context, request, &response);
+    if (ServiceWentAway(status) && deadline.remaining_ms() > backoff_ms) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(backoff_ms));
+      backoff_ms = std::min<int64_t>(backoff_ms * 2, 1000);
+      continue;
+    }
+    return FromGrpcStatus(status).WithContext("rendezvous leave as " + options_.member_id);
+  }
 }
 
 Status GrpcRendezvousClient::StoreSet(int64_t generation, const std::string& key,

@@ -38,6 +38,11 @@ struct ClientOptions {
   // TLS: PEM of the CA that signed the service's certificate; empty for plaintext (loopback).
   std::string tls_ca_pem;
   int64_t rpc_timeout_ms = 10000;  // deadline of each non-blocking RPC
+  // How long a member trains on while the service is away (its heartbeat stream failed with
+  // UNAVAILABLE or NOT_FOUND: an operator's leader gone and its successor not serving the job
+  // yet), opening the stream again, before it gives up its generation. 0: the generation ends
+  // with the stream (LOCKSTEP_RENDEZVOUS_RECONNECT_MS).
+  int64_t reconnect_timeout_ms = 60000;
 };
 
 struct MemberInfo {
@@ -118,8 +123,9 @@ class RendezvousClient {
 
   // Opens the heartbeat stream for a.generation and beats: with new progress at most every
   // a.heartbeat_interval_ms, without every a.heartbeat_idle_interval_ms. on_generation_ended
-  // is called once, when the service ends the generation or the stream fails. Replaces any
-  // previous heartbeat.
+  // is called once, when the service ends the generation or the stream fails, but not while
+  // the service is away (options.reconnect_timeout_ms): then the stream is opened again and
+  // resumes the generation. Replaces any previous heartbeat.
   virtual Status StartHeartbeat(
       const Assignment& a, std::function<void(const GenerationEnd& end)> on_generation_ended) = 0;
   // Closes the stream without ending the generation for others only if preceded by Leave; a

@@ -34,6 +34,12 @@ StatusOr<ClientOptions> ClientOptionsFromEnvironment(const std::string& job_name
     options.member_id = options.pod + "/" + local_rank;
   }
   options.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
+  const int64_t reconnect_ms = EnvInt("LOCKSTEP_RENDEZVOUS_RECONNECT_MS", options.reconnect_timeout_ms);
+  if (reconnect_ms < 0) {
+    return InvalidArgumentError("LOCKSTEP_RENDEZVOUS_RECONNECT_MS=" + std::to_string(reconnect_ms) +
+                                ": expected milliseconds >= 0");
+  }
+  options.reconnect_timeout_ms = reconnect_ms;
   const std::string ca_file = EnvString("LOCKSTEP_RENDEZVOUS_CA_FILE", "");
   if (!ca_file.empty()) {
     std::ifstream in(ca_file, std::ios::binary);

@@ -125,6 +125,7 @@ bool JobState::AllExpectedJoined() const {
 //  - at most max_members pods are admitted (FormGeneration picks surviving pods first).
 void JobState::TryFormGeneration(TimePoint now, Actions& out) {
   if (active_ || !closed_status_.ok()) return;
+  if (HoldForResume(now, out)) return;
   if (complete_pods_ < config_.min_members) return;
   // Whole pods left over beyond a multiple of pods_multiple wait for the next generation.
   const int32_t multiple = std::max<int32_t>(1, config_.pods_multiple);
@@ -237,7 +238,7 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   }
   const size_t world = order.size();
 
-  ++generation_;
+  generation_ = std::max(generation_ + 1, generation_floor_);
   active_ = true;
   members_.clear();
   member_index_.clear();
@@ -388,6 +389,9 @@ void JobState::Join(CallId call, const JoinArgs& join, TimePoint now, Actions& o
     CountPending(*it, -1);
     it = pending_.erase(it);
   }
+  if (FindResumer(member_id) != nullptr) {
+    AbandonResume("member " + member_id + " joined again", now, out);
+  }
   if (active_) {
     // A member of the active generation joining again has restarted (or given up on the
     // generation): the others must re-form with it. A newcomer ends the generation so that it
@@ -479,6 +483,12 @@ void JobState::CancelJoin(CallId call) {
 
 void JobState::Tick(TimePoint now, Actions& out) {
   if (!closed_status_.ok()) return;
+  if (resuming_.has_value() && now >= resuming_->deadline) {
+    AbandonResume(std::to_string(resuming_->ranks.size()) + " of its " +
+                      std::to_string(resuming_->world_size) + " ranks resumed within " +
+                      std::to_string(config_.heartbeat_timeout_ms) + " ms",
+                  now, out);
+  }
   if (active_ && now >= heartbeat_check_at_) CheckHeartbeats(now, out);
   TryFormGeneration(now, out);  // a last call may be over
   ExpireJoins(now, out);
@@ -494,6 +504,7 @@ void JobState::Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Action
     out.push_back(CloseStream{stream, closed_status_});
     return;
   }
+  if (ResumeBeat(stream, beat, now, out)) return;
   if (!active_ || beat.generation != generation_ || member == nullptr) {
     // A beat for a generation that is over, or from someone outside it: tell it to rejoin.
     // Unless the generation is known to have ended by a join, treat it as lost so that the
@@ -541,6 +552,14 @@ void JobState::Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Action
 
 void JobState::StreamClosed(StreamId stream, const std::string& member_id, int64_t generation,
                             const std::string& how, TimePoint now, Actions& out) {
+  if (resuming_.has_value() && generation == resuming_->generation) {
+    ActiveMember* resumer = FindResumer(member_id);
+    if (resumer != nullptr && resumer->stream == stream) {
+      resumer->stream = 0;
+      if (!resumer->completed) AbandonResume("member " + member_id + " left: " + how, now, out);
+    }
+    return;
+  }
   ActiveMember* member = FindMember(member_id);
   if (!active_ || generation != generation_ || member == nullptr || member->stream != stream) {
     return;  // a stream of an ended generation, or one already replaced
@@ -606,6 +625,13 @@ Status JobState::Leave(const LeaveArgs& leave, TimePoint now, Actions& out) {
   if (leave.progress.has_value()) UpdateProgress(*leave.progress);
   RemoveSurvivor(PodOfMember(member_id));
   ActiveMember* member = FindMember(member_id);
+  if (ActiveMember* resumer = FindResumer(member_id); resumer != nullptr) {
+    if (leave.completed) {
+      resumer->completed = true;
+    } else {
+      AbandonResume("member " + member_id + " left", now, out);
+    }
+  }
   if (leave.completed) {
     completed_ids_.insert(member_id);
     if (member != nullptr) member->completed = true;
@@ -653,6 +679,14 @@ void JobState::RemoveMember(const std::string& id, const std::string& reason, Ti
   // `id` names a member or a whole pod. A pending Join of it is left alone: it may come from a
   // restarted process, and a dead process's Join is cancelled by its transport anyway.
   places_.erase(id);
+  if (resuming_.has_value()) {
+    for (const auto& [rank, resumer] : resuming_->ranks) {
+      if (resumer.info.member_id == id || resumer.info.pod == id) {
+        AbandonResume("member " + id + " removed: " + reason, now, out);
+        break;
+      }
+    }
+  }
   const size_t survivors_before = survivors_.size();
   RemoveSurvivor(PodOfMember(id));
   bool lost = false;
@@ -756,6 +790,7 @@ JobSnapshot JobState::Snapshot() const {
   snapshot.completed_members = static_cast<int32_t>(completed_ids_.size());
   snapshot.final_progress = final_progress_;
   if (active_) snapshot.stragglers = StragglerInfos();
+  snapshot.resuming = resuming_.has_value();
   return snapshot;
 }
 
@@ -801,6 +836,12 @@ void JobState::Close(const Status& status, TimePoint now, Actions& out) {
     if (member.stream == 0) continue;
     out.push_back(CloseStream{member.stream, status});
     member.stream = 0;
+  }
+  if (resuming_.has_value()) {
+    for (const auto& [rank, resumer] : resuming_->ranks) {
+      if (resumer.stream != 0) out.push_back(CloseStream{resumer.stream, status});
+    }
+    resuming_.reset();
   }
 }
 

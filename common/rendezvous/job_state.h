@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <optional>
 #include <set>
 #include <string>
@@ -77,6 +78,12 @@ struct JobConfig {
   // How many of the latest generations' records the job keeps (JobSnapshot::history); the
   // counts and the longest recovery cover every generation.
   size_t history_kept = 64;
+  // A registration of a job whose generation was training when the service that formed it went
+  // away (an operator's new leader): before this registration's first generation forms, joins
+  // are held this long from the first of them, so that the members may resume their generation
+  // (BeatArgs::resume) rather than a standby's or a replacement's join forming a new one. 0:
+  // no hold (a resume is still taken up while nothing has formed).
+  int64_t resume_window_ms = 0;
 };
 
 // How often a member with no new progress beats: a quarter of the heartbeat timeout (so that a
@@ -129,6 +136,9 @@ struct JobSnapshot {
   ProgressReport final_progress;
   // Members of the current generation named stragglers now, in the order they were named.
   std::vector<StragglerInfo> stragglers;
+  // Members are resuming a generation this registration did not form (BeatArgs::resume): it
+  // trains, but is not this service's yet (`generation` and `world_size` are from before).
+  bool resuming = false;
 };
 
 // Members waiting while the generation is active: it is full, so they are hot standbys
@@ -149,12 +159,26 @@ struct JoinArgs {
   bool wants_members = false;
 };
 
+// A member's place in the generation it resumes (proto/rendezvous.proto, Resume).
+struct ResumeArgs {
+  int32_t rank = 0;
+  int32_t world_size = 0;
+  std::string host;
+  std::string pod;  // empty: the member is its own pod
+  int32_t local_rank = 0;
+  int64_t state_step = -1;
+};
+
 // One heartbeat of `member_id` for `generation`, with its latest progress if any.
 struct BeatArgs {
   std::string member_id;
   int64_t generation = 0;
   std::optional<ProgressReport> progress;
   std::optional<Pace> pace;  // its own counters (straggler_detector.h)
+  // The first beat of a stream opened again after the service went away.
+  std::optional<ResumeArgs> resume;
+  // The stream opening (its metadata), before any beat the member sent.
+  bool opening = false;
 };
 
 struct LeaveArgs {
@@ -179,7 +203,9 @@ class JobState {
 
   // A beat on `stream`. A beat for a generation that is over, or from a non-member, is answered
   // with EndStream so that the member rejoins. A second stream of the same member replaces the
-  // first (CloseStream ABORTED).
+  // first (CloseStream ABORTED). A beat that resumes a generation this registration never
+  // formed, before it formed any, is taken up (job_state_resume.cc): once every rank of it has
+  // resumed, it is the current generation.
   void Beat(StreamId stream, const BeatArgs& beat, TimePoint now, Actions& out);
   // `stream` (of member_id in generation) broke or was closed by the client: unless the member
   // completed first, the member is lost and its generation ends.
@@ -293,8 +319,30 @@ class JobState {
   // The current generation's record trains: a loss before it is recovered.
   void TrainingAgain(GenerationRecord& record, TimePoint now);
 
+  // Resuming a generation formed by a service before this one (job_state_resume.cc).
+  struct Resuming {
+    int64_t generation = 0;
+    int32_t world_size = 0;
+    TimePoint deadline;                    // every rank resumed by then, or it ends
+    std::map<int32_t, ActiveMember> ranks;  // those that resumed, by rank
+  };
+  // Handles `beat` if it belongs to a resume (starting one): true when it did.
+  bool ResumeBeat(StreamId stream, const BeatArgs& beat, TimePoint now, Actions& out);
+  // Why `resume` cannot take a place in a generation of its world (empty: it can).
+  std::string ResumeProblem(const ResumeArgs& resume) const;
+  // The resumed member `member_id`, or nullptr.
+  ActiveMember* FindResumer(const std::string& member_id);
+  // Every rank resumed: the generation is this registration's current one.
+  void TakeUpResumedGeneration(TimePoint now, Actions& out);
+  // The resume fails: those that resumed are told their generation ended (lost).
+  void AbandonResume(const std::string& reason, TimePoint now, Actions& out);
+  // Whether a generation must not form yet: a resume is under way, or the resume window
+  // (JobConfig::resume_window_ms) of a registration with none formed is not over.
+  bool HoldForResume(TimePoint now, Actions& out);
+
   const JobConfig config_;
-  const int64_t first_generation_;
+  // Lowered to a generation taken up by resuming, when that is older.
+  int64_t first_generation_;
 
   Status closed_status_;  // not OK once closed
   int64_t generation_;    // the current or latest; first_generation_ - 1 before the first
@@ -331,6 +379,10 @@ class JobState {
   ProgressReport final_progress_;
   bool has_final_progress_ = false;
   StragglerDetector stragglers_;  // of the current generation
+  std::optional<Resuming> resuming_;
+  std::optional<TimePoint> resume_hold_until_;  // set by the first join held for a resume
+  // The next generation formed is numbered at least this (past a resume that failed).
+  int64_t generation_floor_ = 0;
 };
 
 }  // namespace lockstep::rendezvous

@@ -22,7 +22,7 @@ std::string TokenFromMetadata(const grpc::CallbackServerContext* context) {
 // ---------------------------------------------------------------------------------------------
 // HeartbeatStream
 
-void HeartbeatStream::Start(const grpc::CallbackServerContext* context) {
+void HeartbeatStream::Start(grpc::CallbackServerContext* context) {
   // Named in the metadata, the member is bound to the stream as it opens: a member killed before
   // its first beat is lost when its stream breaks, not only at the heartbeat timeout.
   const std::string job_name = MetadataValue(context, kJobMetadataKey);
@@ -45,10 +45,13 @@ void HeartbeatStream::Start(const grpc::CallbackServerContext* context) {
     opened.set_job(job_name);
     opened.set_member_id(member_id);
     opened.set_generation(generation);
-    job->Beat(shared_from_this(), opened);
+    job->Beat(shared_from_this(), opened, /*opening=*/true);
     // Tells the client the stream is its member's now (its initial metadata arrives).
     std::lock_guard<std::mutex> lock(mu_);
-    if (!finished_) StartSendInitialMetadata();
+    if (!finished_) {
+      context->AddInitialMetadata(kStreamAcceptedMetadataKey, "1");
+      StartSendInitialMetadata();
+    }
   }
   std::lock_guard<std::mutex> lock(mu_);
   if (!finished_) StartRead(&request_);

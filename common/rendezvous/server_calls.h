@@ -153,7 +153,7 @@ class HeartbeatStream : public grpc::ServerBidiReactor<v1::HeartbeatRequest, v1:
       : jobs_(jobs), token_(TokenFromMetadata(context)), id_(id) {}
 
   // Binds the stream to its member from the metadata, if named there, then starts reading.
-  void Start(const grpc::CallbackServerContext* context);
+  void Start(grpc::CallbackServerContext* context);
   // Binds the stream to `member_id` in `generation` of `job_name` if the token authorizes it;
   // otherwise closes the stream and returns null.
   std::shared_ptr<Job> Identify(const std::string& job_name, const std::string& member_id,

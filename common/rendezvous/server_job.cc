@@ -153,12 +153,18 @@ void Job::Join(const std::shared_ptr<HeldCall>& call, const v1::JoinRequest& req
 }
 
 void Job::Beat(const std::shared_ptr<HeartbeatStream>& stream,
-               const v1::HeartbeatRequest& request) {
+               const v1::HeartbeatRequest& request, bool opening) {
   BeatArgs beat;
+  beat.opening = opening;
   beat.member_id = request.member_id();
   beat.generation = request.generation();
   if (request.has_progress()) beat.progress = FromProto(request.progress());
   if (request.has_pace()) beat.pace = FromProto(request.pace());
+  if (request.has_resume()) {
+    const v1::Resume& resume = request.resume();
+    beat.resume = ResumeArgs{resume.rank(), resume.world_size(), resume.host(),
+                             resume.pod(),  resume.local_rank(), resume.state_step()};
+  }
   Feed([&](Actions& out) {
     streams_[stream->id()] = stream;
     state_.Beat(stream->id(), beat, Clock::now(), out);

@@ -29,7 +29,9 @@ class Job : public std::enable_shared_from_this<Job> {
   const JobConfig& config() const { return state_.config(); }
 
   void Join(const std::shared_ptr<HeldCall>& call, const v1::JoinRequest& request);
-  void Beat(const std::shared_ptr<HeartbeatStream>& stream, const v1::HeartbeatRequest& request);
+  // opening: the beat the stream's metadata stands for, before the member's first.
+  void Beat(const std::shared_ptr<HeartbeatStream>& stream, const v1::HeartbeatRequest& request,
+            bool opening = false);
   void StreamClosed(const std::shared_ptr<HeartbeatStream>& stream, const std::string& member_id,
                     int64_t generation, const std::string& how);
   Status Leave(const v1::LeaveRequest& request);

@@ -21,6 +21,9 @@ inline constexpr char kTokenMetadataKey[] = "x-lockstep-token";
 inline constexpr char kJobMetadataKey[] = "x-lockstep-job";
 inline constexpr char kMemberMetadataKey[] = "x-lockstep-member";
 inline constexpr char kGenerationMetadataKey[] = "x-lockstep-generation";
+// Initial metadata the service sends on a heartbeat stream it took (job hosted, token right),
+// so that a reconnecting member knows a service is back (an older service sends none).
+inline constexpr char kStreamAcceptedMetadataKey[] = "x-lockstep-accepted";
 
 Status FromGrpcStatus(const grpc::Status& status);
 grpc::Status ToGrpcStatus(const Status& status);

@@ -291,13 +291,22 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       // Generations are numbered on from the newest any registration reached: the status (a
       // previous operator's) or, registering again, this service's own.
       int64_t last_generation = 0;
+      // A generation was training (by the status, or this service's own): its members may
+      // resume it here rather than re-form (proto/rendezvous.proto, step 4).
+      bool training = false;
       if (w.status.contains("rendezvous") && w.status["rendezvous"].is_object()) {
         const json& generation = w.status["rendezvous"].value("generation", json(0));
         if (generation.is_number_integer()) last_generation = generation.get<int64_t>();
+        const json& rendezvous = w.status["rendezvous"];
+        training = rendezvous.contains("worldSize") && rendezvous["worldSize"].is_number_integer() &&
+                   rendezvous["worldSize"].get<int64_t>() > 0;
       }
       if (it != hosted_.end()) {
         StatusOr<rendezvous::JobSnapshot> hosted = deps_.rendezvous->Snapshot(w.key);
-        if (hosted.ok()) last_generation = std::max(last_generation, hosted->generation);
+        if (hosted.ok()) {
+          last_generation = std::max(last_generation, hosted->generation);
+          training = hosted->generation_active;
+        }
         (void)deps_.rendezvous->RemoveJob(w.key);
       }
       rendezvous::JobConfig config;
@@ -313,6 +322,7 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.heartbeat_interval_ms = options_.rendezvous_heartbeat_interval_ms;
       config.heartbeat_timeout_ms = options_.rendezvous_heartbeat_timeout_ms;
       config.order_by_topology = !options_.topology_keys.empty();
+      if (training) config.resume_window_ms = options_.rendezvous_heartbeat_timeout_ms;
       Status added = deps_.rendezvous->AddJob(config);
       if (!added.ok() && added.code() != StatusCode::kAlreadyExists) return added;
       hosted_[w.key] = registration;

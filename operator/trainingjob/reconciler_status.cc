@@ -100,7 +100,11 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
     if (!snapshot.ok()) ReportStragglers(w, {});
     if (snapshot.ok()) {
       const rendezvous::JobSnapshot& s = *snapshot;
-      if (s.generation > 0) {
+      if (s.resuming && w.old_status.contains("rendezvous")) {
+        // Its members are resuming their generation here (a new leader): they train in what
+        // the status says until every rank is back.
+        w.status["rendezvous"] = w.old_status["rendezvous"];
+      } else if (s.generation > 0) {
         w.status["rendezvous"] = {{"generation", s.generation}, {"worldSize", s.world_size}};
         if (w.job.spec.elastic.standby > 0) {
           // Pods: a standby pod of several ranks waits with all of them.
@@ -111,7 +115,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
       for (const rendezvous::MemberInfo& member : s.members) {
         training_pods.insert(member.pod.empty() ? member.member_id : member.pod);
       }
-      knows_training_pods = s.generation > 0;
+      knows_training_pods = s.generation > 0 && !s.resuming;
       const rendezvous::ProgressReport& p =
           s.final_progress.step > 0 ? s.final_progress : s.progress;
       if (p.step > 0) w.status["progress"] = ProgressStatus(p);

@@ -3,7 +3,8 @@
 // as text (see Render*). Rows that expect "" produced nothing.
 //
 // Events:  join W [step=N] [timeout=MS] [pod=P local=R]
-//          beat W gG [step=N] [pace=STEPS/COMPUTE_MS] [via=STREAM]
+//          beat W gG [step=N] [pace=STEPS/COMPUTE_MS] [via=STREAM] [resume=RANK/WORLD
+//                    [pod=P local=R]]    open W gG (the stream opens, before its first beat)
 //          drop W gG [via=STREAM]  (the stream closed)    leave W    complete W [step=N] [acc=X]
 //          remove W    cancel W  (W's held join went away)    at MS  (the clock moves; Tick)
 //          place P A/B/C  (pod P's place in the network, coarse to fine)
@@ -111,6 +112,22 @@ class Driver {
         beat.pace =
             Pace{std::stoll(pace.substr(0, slash)), std::stod(pace.substr(slash + 1)) / 1000};
       }
+      if (options.count("resume") != 0) {  // resume=RANK/WORLD
+        const std::string& place = options["resume"];
+        const size_t slash = place.find('/');
+        beat.resume = ResumeArgs{static_cast<int32_t>(std::stoi(place.substr(0, slash))),
+                                 static_cast<int32_t>(std::stoi(place.substr(slash + 1))),
+                                 "10.0.0.9",
+                                 options.count("pod") ? options["pod"] : "",
+                                 static_cast<int32_t>(option("local", 0)),
+                                 option("held", -1)};
+      }
+      state_.Beat(Stream(options.count("via") ? options["via"] : words.at(0)), beat, now_, out);
+    } else if (verb == "open") {
+      BeatArgs beat;
+      beat.member_id = words.at(0);
+      beat.generation = generation(1);
+      beat.opening = true;
       state_.Beat(Stream(options.count("via") ? options["via"] : words.at(0)), beat, now_, out);
     } else if (verb == "drop") {
       state_.StreamClosed(Stream(options.count("via") ? options["via"] : words.at(0)), words.at(0),
@@ -446,6 +463,152 @@ TEST(JobStateTest, RegistrationContinuesTheGenerationNumberingItIsGiven) {
       {"beat w0 g6", "w0 ends g6 lost"},  // a generation of the previous registration
       {"remove w0", ""},  // it had no stream to end
       {"join w0", "wake @10000; w0 joins g8 as 0/1; wake @501"},
+  });
+}
+
+// ----------------------------------------------------------------------------------------------
+// Resuming a generation another service formed (an operator's new leader)
+
+// A registration whose status showed generation 4: first_generation 5.
+JobConfig ResumingConfig(int32_t min_members, int32_t max_members) {
+  JobConfig config = Config(min_members, max_members);
+  config.first_generation = 5;
+  return config;
+}
+
+TEST(JobStateResumeTest, AGenerationIsTakenUpOnceEveryRankResumedAndGoesOnAsIfFormedHere) {
+  Driver job(ResumingConfig(1, 3));
+  job.Run({
+      {"open w0 g4", ""},  // its first beat says whether it resumes
+      {"beat w0 g4 resume=0/3 step=100", "wake @500"},
+      {"snapshot", "g4 idle [] waiting []"},
+      {"open w2 g4", ""},
+      {"beat w2 g4 resume=2/3", ""},
+      {"beat w0 g4 step=101", ""},  // a resumer's later beats carry no place
+      {"beat w1 g4 resume=1/3", "wake @501"},
+      {"snapshot", "g4 active [w0 w1 w2] waiting []"},
+      {"set g4 k v", ""},  // its store starts empty and serves it
+      {"get g4 k", "get#1 = v"},
+      {"drop w1 g4", "w0 ends g4 lost; w2 ends g4 lost"},
+      {"join w0", "wake @10000; wake @1000"},
+      {"join w2", "wake @10000; w0 joins g5 as 0/2; w2 joins g5 as 1/2; wake @501"},
+  });
+  EXPECT_EQ(job.snapshot().progress.step, 101);
+}
+
+TEST(JobStateResumeTest, TheSnapshotSaysAGenerationIsResumingUntilItIsTakenUp) {
+  Driver job(ResumingConfig(1, 2));
+  EXPECT_FALSE(job.snapshot().resuming);
+  job.Apply("beat w0 g4 resume=0/2");
+  EXPECT_TRUE(job.snapshot().resuming);
+  job.Apply("beat w1 g4 resume=1/2");
+  EXPECT_FALSE(job.snapshot().resuming);
+  EXPECT_TRUE(job.snapshot().generation_active);
+}
+
+TEST(JobStateResumeTest, RanksThatDoNotAllResumeWithinTheTimeoutEndItAndTheNextIsNumberedPastIt) {
+  JobConfig config = Config(1, 2);
+  config.first_generation = 4;  // the status lagged: it showed generation 3
+  Driver job(config);
+  job.Run({
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"at 499", ""},
+      {"at 500", "w0 ends g4 lost"},
+      {"join w0", "wake @10500; wake @1500"},
+      {"at 1500", "w0 joins g5 as 0/1; wake @2001"},
+  });
+}
+
+TEST(JobStateResumeTest, PlacesThatDisagreeOrAWorldOutsideTheBoundsAreNotTakenUp) {
+  Driver disagree(ResumingConfig(1, 3));
+  disagree.Run({
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"beat w1 g4 resume=0/2", "w1 ends g4 lost; w0 ends g4 lost"},
+  });
+  Driver worlds(ResumingConfig(1, 3));
+  worlds.Run({
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"beat w1 g4 resume=1/3", "w1 ends g4 lost; w0 ends g4 lost"},
+  });
+  Driver bounds(ResumingConfig(1, 2));
+  bounds.Run({
+      {"beat w0 g4 resume=0/3", "w0 ends g4 lost"},  // scaled down while the service was away
+      {"snapshot", "g4 idle [] waiting []"},
+  });
+  Driver unplaced(ResumingConfig(1, 2));
+  unplaced.Run({
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"beat w1 g4", "w1 ends g4 lost; w0 ends g4 lost"},  // an older worker, or a stale one
+  });
+}
+
+TEST(JobStateResumeTest, AResumerThatRejoinsBreaksItsStreamOrIsRemovedEndsTheResume) {
+  for (const char* event : {"join w0", "drop w0 g4", "remove w0", "leave w0"}) {
+    SCOPED_TRACE(event);
+    Driver resuming(ResumingConfig(1, 3));
+    resuming.Apply("beat w0 g4 resume=0/3");
+    resuming.Apply("beat w1 g4 resume=1/3");
+    const std::string out = resuming.Apply(event);
+    EXPECT_NE(out.find("w1 ends g4 lost"), std::string::npos) << out;
+    EXPECT_FALSE(resuming.snapshot().generation_active);
+  }
+}
+
+TEST(JobStateResumeTest, AServiceThatFormedAGenerationAnswersAResumeAsAnyBeat) {
+  Driver job(ResumingConfig(1, 1));
+  job.Run({
+      {"join w0", "wake @10000; w0 joins g5 as 0/1; wake @501"},
+      {"beat w0 g5 resume=0/1", ""},        // a stream broken by the network, opened again
+      {"beat w1 g4 resume=0/1", "w1 ends g4 lost"},  // an older generation: not current
+  });
+  Driver stale(ResumingConfig(1, 1));
+  stale.Run({
+      {"beat w0 g3 resume=0/1", "w0 ends g3 lost"},  // older than the status showed
+  });
+}
+
+TEST(JobStateResumeTest, JoinsWaitOutTheResumeWindowThenFormAsUsual) {
+  JobConfig config = ResumingConfig(1, 3);
+  config.resume_window_ms = 500;
+  Driver job(config);
+  job.Run({
+      {"join s0", "wake @10000; wake @500"},  // a standby, before the members resume
+      {"at 500", "wake @1000"},               // nobody resumed: the usual last call
+      {"at 1000", "s0 joins g5 as 0/1; wake @1501"},
+  });
+}
+
+TEST(JobStateResumeTest, ANewcomerWithRoomHeldDuringTheResumeReformsTheTakenUpGeneration) {
+  JobConfig config = ResumingConfig(1, 3);
+  config.resume_window_ms = 500;
+  Driver job(config);
+  job.Run({
+      {"join n0", "wake @10000; wake @500"},
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"beat w1 g4 resume=1/2", "wake @501; w0 ends g4 joined; w1 ends g4 joined; wake @1000"},
+      {"join w0", "wake @10000"},
+      {"join w1", "wake @10000; w0 joins g5 as 0/3; w1 joins g5 as 1/3; n0 joins g5 as 2/3; "
+                  "wake @501"},
+  });
+}
+
+TEST(JobStateResumeTest, AStandbyHeldDuringTheResumeOfAFullGenerationStaysAStandby) {
+  JobConfig config = ResumingConfig(1, 2);
+  config.resume_window_ms = 500;
+  Driver job(config);
+  job.Run({
+      {"join s0 timeout=300", "wake @300; wake @500"},
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"beat w1 g4 resume=1/2", "wake @501"},
+      {"at 300", "s0 join fails DEADLINE_EXCEEDED GENERATION_FULL"},
+  });
+}
+
+TEST(JobStateResumeTest, ClosingClosesTheStreamsOfAResume) {
+  Driver job(ResumingConfig(1, 3));
+  job.Run({
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"close", "w0 closed UNAVAILABLE"},
   });
 }
 

@@ -748,6 +748,91 @@ TEST_F(RendezvousTest, JoinPendingAtShutdownIsAnsweredByTheSuccessorOnTheSameAdd
   EXPECT_EQ(result->world_size, 1);
 }
 
+// The service restarted under a training generation (an operator's leader replaced): its members
+// are never told their generation ended. Their heartbeats wait for the successor on the same
+// address, which takes the generation up from their word (proto/rendezvous.proto, step 4); from
+// there it is the successor's own, and losing a member ends it as usual.
+TEST_F(RendezvousTest, AGenerationTrainsOnThroughARestartOfItsServiceAndTheSuccessorTakesItUp) {
+  ASSERT_TRUE(server_->AddJob(Config(2, 3)).ok());
+  const int port = server_->port();
+  std::vector<std::unique_ptr<RendezvousClient>> clients;
+  for (int i = 0; i < 3; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
+  auto results = JoinAll({clients[0].get(), clients[1].get(), clients[2].get()});
+  EndWatcher watchers[3];
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(results[i].ok()) << results[i].status();
+    ASSERT_TRUE(clients[i]->StartHeartbeat(*results[i], watchers[i].Callback()).ok());
+  }
+  ProgressReport progress;
+  progress.step = 40;
+  clients[0]->SetProgress(progress);
+  ASSERT_TRUE(WaitUntil([&] { return Snap().progress.step == 40; }));
+  server_->Shutdown(1000);
+
+  // The successor, as a new leader registers the job: numbering on from the status (1).
+  ServerOptions options;
+  options.listen_address = "127.0.0.1:" + std::to_string(port);
+  auto successor = RendezvousServer::Start(options);
+  ASSERT_TRUE(successor.ok()) << successor.status();
+  server_ = std::move(*successor);
+  JobConfig config = Config(2, 3);
+  config.first_generation = 2;
+  config.resume_window_ms = kHeartbeatTimeoutMs;
+  ASSERT_TRUE(server_->AddJob(config).ok());
+  progress.step = 41;  // trained on while the service was away
+  clients[0]->SetProgress(progress);
+  ASSERT_TRUE(WaitUntil([&] { return Snap().generation_active; }))
+      << "the successor did not take generation 1 up";
+  JobSnapshot snapshot = Snap();
+  EXPECT_EQ(snapshot.generation, 1);
+  ASSERT_EQ(snapshot.members.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(snapshot.members[static_cast<size_t>(results[i]->rank)].member_id,
+              "w-" + std::to_string(i));
+    EXPECT_TRUE(watchers[i].reasons().empty())
+        << "member " << i << " was told its generation ended: " << watchers[i].reasons()[0];
+  }
+  EXPECT_TRUE(WaitUntil([&] { return Snap().progress.step == 41; }));
+
+  clients[2].reset();  // now a member dies: the successor ends the generation as its own
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(watchers[i].WaitEnded()) << "member " << i << " was not told";
+    EXPECT_NE(watchers[i].reasons()[0].find("member w-2 left"), std::string::npos)
+        << watchers[i].reasons()[0];
+    clients[i]->StopHeartbeat();
+  }
+  auto next = JoinAll({clients[0].get(), clients[1].get()});
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(next[i].ok()) << next[i].status();
+    EXPECT_EQ(next[i]->generation, 2);
+  }
+}
+
+// A member whose service stays away trains on for its reconnect timeout, then gives its
+// generation up, saying so.
+TEST_F(RendezvousTest, AMemberWhoseServiceStaysAwayGivesItsGenerationUpAfterItsReconnectTimeout) {
+  ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
+  ClientOptions options;
+  options.address = Address();
+  options.job = kJob;
+  options.token = kToken;
+  options.member_id = "w-0";
+  options.reconnect_timeout_ms = 500;
+  auto client = RendezvousClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto joined = (*client)->Join(-1, kJoinTimeoutMs);
+  ASSERT_TRUE(joined.ok()) << joined.status();
+  EndWatcher watcher;
+  ASSERT_TRUE((*client)->StartHeartbeat(*joined, watcher.Callback()).ok());
+  ASSERT_TRUE(WaitUntil([&] { return Snap().generation_active; }));
+  server_->Shutdown(1000);
+  server_.reset();
+  ASSERT_TRUE(watcher.WaitEnded(500 + kBoundedWaitMs));
+  EXPECT_NE(watcher.reasons()[0].find("no rendezvous service at"), std::string::npos)
+      << watcher.reasons()[0];
+  EXPECT_TRUE(watcher.member_lost()[0]);
+}
+
 // With no successor, the join still ends at its own deadline, naming the service.
 TEST_F(RendezvousTest, JoinPendingAtShutdownWithoutSuccessorFailsAtItsDeadline) {
   ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
