@@ -4,7 +4,7 @@
 // names the member) and beats, with new progress at most every heartbeat_interval_ms, without
 // every heartbeat_idle_interval_ms; a reader thread waits for GENERATION_ENDED. Whichever learns
 // first that the generation is over (the message, or the stream failing) reports it, once.
-// A stream that fails because the service went away (UNAVAILABLE, NOT_FOUND: an operator's leader
+// A stream that fails because the service went away (UNAVAILABLE, NOT_FOUND, CANCELLED: a leader
 // gone, a new one not hosting the job yet) does not end the generation: the writer opens it again
 // until ClientOptions::reconnect_timeout_ms has passed without a service accepting one, and every
 // stream's first beat carries the member's place (Resume), so a new service takes the generation

@@ -39,9 +39,9 @@ struct ClientOptions {
   std::string tls_ca_pem;
   int64_t rpc_timeout_ms = 10000;  // deadline of each non-blocking RPC
   // How long a member trains on while the service is away (its heartbeat stream failed with
-  // UNAVAILABLE or NOT_FOUND: an operator's leader gone and its successor not serving the job
-  // yet), opening the stream again, before it gives up its generation. 0: the generation ends
-  // with the stream (LOCKSTEP_RENDEZVOUS_RECONNECT_MS).
+  // UNAVAILABLE, NOT_FOUND or CANCELLED: an operator's leader gone and its successor not serving
+  // the job yet), opening the stream again, before it gives up its generation. 0: the generation
+  // ends with the stream (LOCKSTEP_RENDEZVOUS_RECONNECT_MS).
   int64_t reconnect_timeout_ms = 60000;
 };
 

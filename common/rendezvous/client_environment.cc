@@ -34,7 +34,8 @@ StatusOr<ClientOptions> ClientOptionsFromEnvironment(const std::string& job_name
     options.member_id = options.pod + "/" + local_rank;
   }
   options.host = EnvString("LOCKSTEP_HOST", "127.0.0.1");
-  const int64_t reconnect_ms = EnvInt("LOCKSTEP_RENDEZVOUS_RECONNECT_MS", options.reconnect_timeout_ms);
+  const int64_t reconnect_ms =
+      EnvInt("LOCKSTEP_RENDEZVOUS_RECONNECT_MS", options.reconnect_timeout_ms);
   if (reconnect_ms < 0) {
     return InvalidArgumentError("LOCKSTEP_RENDEZVOUS_RECONNECT_MS=" + std::to_string(reconnect_ms) +
                                 ": expected milliseconds >= 0");

@@ -4,6 +4,7 @@
 // service while membership holds, so the service going away must cost the members nothing.
 #include <algorithm>
 #include <string>
+#include <unordered_set>
 
 #include "common/logging.h"
 #include "common/rendezvous/job_state.h"
@@ -63,8 +64,9 @@ bool JobState::ResumeBeat(StreamId stream, const BeatArgs& beat, TimePoint now, 
     // Only a registration that formed nothing takes a generation up, and never one older than
     // what the job's status showed (first_generation - 1); anything else is answered as any
     // beat (a generation this service knows, or one that is over).
+    // A generation whose resume failed here is over: its members rejoin.
     if (!beat.resume.has_value() || active_ || !BeforeFirstGeneration() || g < 1 ||
-        g < first_generation_ - 1) {
+        g < first_generation_ - 1 || g < generation_floor_) {
       return false;
     }
     if (const std::string problem = ResumeProblem(*beat.resume); !problem.empty()) {
@@ -74,12 +76,12 @@ bool JobState::ResumeBeat(StreamId stream, const BeatArgs& beat, TimePoint now, 
                               /*member_lost=*/true});
       return true;
     }
-    resuming_ = Resuming{g, beat.resume->world_size,
-                         now + milliseconds(config_.heartbeat_timeout_ms), {}};
+    resuming_ =
+        Resuming{g, beat.resume->world_size, now + milliseconds(config_.heartbeat_timeout_ms), {}};
     out.push_back(WakeAt{resuming_->deadline});
     LOCKSTEP_LOG(INFO) << Describe() << ": generation " << g << " resumes ("
-                       << resuming_->world_size << " ranks, within "
-                       << config_.heartbeat_timeout_ms << " ms): its members train on";
+                       << resuming_->world_size << " ranks, within " << config_.heartbeat_timeout_ms
+                       << " ms): its members train on";
   } else if (g != resuming_->generation) {
     return false;  // not the generation resuming: ended as any stale beat
   }
@@ -91,8 +93,9 @@ bool JobState::ResumeBeat(StreamId stream, const BeatArgs& beat, TimePoint now, 
                               : "it beats without saying where it sits in the generation";
     if (!problem.empty()) {
       problem = "member " + beat.member_id + ": " + problem;
-      out.push_back(EndStream{stream, g, "generation " + std::to_string(g) + " cannot resume: " +
-                                             problem, /*member_lost=*/true});
+      out.push_back(EndStream{stream, g,
+                              "generation " + std::to_string(g) + " cannot resume: " + problem,
+                              /*member_lost=*/true});
       AbandonResume(problem, now, out);
       return true;
     }
@@ -127,11 +130,16 @@ bool JobState::ResumeBeat(StreamId stream, const BeatArgs& beat, TimePoint now, 
 }
 
 void JobState::TakeUpResumedGeneration(TimePoint now, Actions& out) {
-  // Ranks go pod by pod: each pod's ranks are consecutive and name the same pod.
+  // Ranks go pod by pod: each pod's ranks are consecutive and name the same pod, once.
   const int32_t per_pod = config_.ranks_per_pod;
   std::vector<std::string> pods;
+  std::unordered_set<std::string> seen;
   for (const auto& [rank, member] : resuming_->ranks) {
     if (rank % per_pod == 0) {
+      if (!seen.insert(member.info.pod).second) {
+        AbandonResume("pod " + member.info.pod + " holds two places", now, out);
+        return;
+      }
       pods.push_back(member.info.pod);
     } else if (member.info.pod != pods.back()) {
       AbandonResume("ranks " + std::to_string(rank - 1) + " and " + std::to_string(rank) +
@@ -153,7 +161,6 @@ void JobState::TakeUpResumedGeneration(TimePoint now, Actions& out) {
   record.generation = generation_;
   record.world_size = resumed.world_size;
   record.formed_at = SecondsOf(now);
-  record.training_at = record.formed_at;  // it never stopped
   for (auto& [rank, member] : resumed.ranks) {
     record.formed_at_step = std::max(record.formed_at_step, member.info.state_step);
     member_index_[member.info.member_id] = members_.size();
@@ -164,6 +171,7 @@ void JobState::TakeUpResumedGeneration(TimePoint now, Actions& out) {
   last_places_.clear();
   for (size_t i = 0; i < pods.size(); ++i) last_places_[pods[i]] = static_cast<int32_t>(i);
   RecountPending();
+  TrainingAgain(record, now);  // it never stopped
   history_.push_back(record);
   while (history_.size() > std::max<size_t>(config_.history_kept, 1)) history_.pop_front();
   stores_.DropBefore(generation_ - 1, out);
@@ -198,6 +206,7 @@ void JobState::AbandonResume(const std::string& reason, TimePoint now, Actions& 
   // The generation existed: the next is numbered past it, and recovering from it counts.
   generation_floor_ = std::max(generation_floor_, resumed.generation + 1);
   if (unrecovered_loss_at_ < 0) unrecovered_loss_at_ = SecondsOf(now);
+  resume_hold_until_ = now;  // nothing more to wait for: joins form as usual
   LOCKSTEP_LOG(WARNING) << Describe() << ": " << why << "; its members join again";
   TryFormGeneration(now, out);
 }
@@ -205,6 +214,9 @@ void JobState::AbandonResume(const std::string& reason, TimePoint now, Actions& 
 bool JobState::HoldForResume(TimePoint now, Actions& out) {
   if (resuming_.has_value()) return true;
   if (config_.resume_window_ms <= 0 || !BeforeFirstGeneration()) return false;
+  // Every expected pod joined (members of a release before Resume, or a generation that had
+  // ended): nobody is left to resume.
+  if (AllExpectedJoined()) return false;
   if (!resume_hold_until_.has_value()) {
     resume_hold_until_ = now + milliseconds(config_.resume_window_ms);
     out.push_back(WakeAt{*resume_hold_until_});

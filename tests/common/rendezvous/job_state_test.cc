@@ -578,6 +578,29 @@ TEST(JobStateResumeTest, JoinsWaitOutTheResumeWindowThenFormAsUsual) {
   });
 }
 
+TEST(JobStateResumeTest, AFailedResumeIsOverJoinsFormAsUsualAndItsLateRanksRejoin) {
+  JobConfig config = ResumingConfig(1, 2);
+  config.resume_window_ms = 500;
+  Driver job(config);
+  job.Run({
+      {"beat w0 g4 resume=0/2", "wake @500"},
+      {"at 500", "w0 ends g4 lost"},
+      {"beat w1 g4 resume=1/2", "w1 ends g4 lost"},  // too late: g4 is over here
+      {"join w0", "wake @10500; wake @1500"},        // no second window: the usual last call
+      {"join w1", "wake @10500; w0 joins g5 as 0/2; w1 joins g5 as 1/2; wake @1001"},
+  });
+}
+
+TEST(JobStateResumeTest, MembersThatAllRejoinInsteadOfResumingAreNotHeld) {
+  JobConfig config = ResumingConfig(2, 2);
+  config.resume_window_ms = 500;
+  Driver job(config);  // members of a release before Resume, or a generation that had ended
+  job.Run({
+      {"join w0", "wake @10000; wake @500"},
+      {"join w1", "wake @10000; w0 joins g5 as 0/2; w1 joins g5 as 1/2; wake @501"},
+  });
+}
+
 TEST(JobStateResumeTest, ANewcomerWithRoomHeldDuringTheResumeReformsTheTakenUpGeneration) {
   JobConfig config = ResumingConfig(1, 3);
   config.resume_window_ms = 500;
