@@ -243,10 +243,7 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   members_.clear();
   member_index_.clear();
   stragglers_ = StragglerDetector(config_.stragglers);  // paces compare within a world
-  survivors_ = pods;
-  survivor_set_ = std::unordered_set<std::string>(pods.begin(), pods.end());
-  last_places_.clear();
-  for (size_t i = 0; i < pods.size(); ++i) last_places_[pods[i]] = static_cast<int32_t>(i);
+  SetSurvivors(pods);
   Assignment assignment;
   assignment.generation = generation_;
   assignment.world_size = static_cast<int32_t>(world);
@@ -306,20 +303,32 @@ void JobState::FormGeneration(TimePoint now, Actions& out) {
   for (const auto& member : members_) {
     record.formed_at_step = std::max(record.formed_at_step, member.info.state_step);
   }
-  history_.push_back(record);
   ++generations_formed_;
+  StartGeneration(record, now, out);
+  LOCKSTEP_LOG(INFO) << Describe() << ": formed generation " << generation_ << " (world " << world
+                     << ", " << pending_.size() << " waiting for the next)";
+}
+
+void JobState::SetSurvivors(const std::vector<std::string>& pods) {
+  survivors_ = pods;
+  survivor_set_ = std::unordered_set<std::string>(pods.begin(), pods.end());
+  last_places_.clear();
+  for (size_t i = 0; i < pods.size(); ++i) last_places_[pods[i]] = static_cast<int32_t>(i);
+}
+
+void JobState::StartGeneration(const GenerationRecord& record, TimePoint now, Actions& out) {
+  history_.push_back(record);
   while (history_.size() > std::max<size_t>(config_.history_kept, 1)) history_.pop_front();
 
   // A member of g-1 may still be reading g-1's keys while it learns that g-1 ended; anything
   // older is unreachable. The store may hold what a generation of the larger of the two sizes
   // needs (StoreLimits): ranks that are here, not the declared maximum.
+  const auto world = static_cast<size_t>(record.world_size);
   stores_.DropBefore(generation_ - 1, out);
   stores_.SetLimits(config_.store_limits.ScaledTo(
       static_cast<int64_t>(std::max(world, previous_world_))));
   previous_world_ = world;
 
-  LOCKSTEP_LOG(INFO) << Describe() << ": formed generation " << generation_ << " (world " << world
-                     << ", " << pending_.size() << " waiting for the next)";
   heartbeat_check_at_ = now + milliseconds(config_.heartbeat_timeout_ms + 1);
   last_check_credited_ = false;
   out.push_back(WakeAt{heartbeat_check_at_});

@@ -303,6 +303,12 @@ class JobState {
   bool EveryAdmissiblePodPlaced() const;
   void TryFormGeneration(TimePoint now, Actions& out);
   void FormGeneration(TimePoint now, Actions& out);
+  // The pods of the generation now current, in rank order: the survivors the next one expects,
+  // and their places.
+  void SetSurvivors(const std::vector<std::string>& pods);
+  // What every generation that becomes current needs, formed here or taken up (generation_
+  // already its number): its record, the store's generations and limits, the heartbeat check.
+  void StartGeneration(const GenerationRecord& record, TimePoint now, Actions& out);
   // lost: a member is gone (for the recovery time); false when one joined.
   void EndGeneration(const std::string& reason, bool lost, TimePoint now, Actions& out);
   // Ends the generation for a lost member and forms the next from the survivors if it can.

@@ -166,22 +166,12 @@ void JobState::TakeUpResumedGeneration(TimePoint now, Actions& out) {
     member_index_[member.info.member_id] = members_.size();
     members_.push_back(std::move(member));
   }
-  survivors_ = pods;
-  survivor_set_ = std::unordered_set<std::string>(pods.begin(), pods.end());
-  last_places_.clear();
-  for (size_t i = 0; i < pods.size(); ++i) last_places_[pods[i]] = static_cast<int32_t>(i);
+  SetSurvivors(pods);
   RecountPending();
   TrainingAgain(record, now);  // it never stopped
-  history_.push_back(record);
-  while (history_.size() > std::max<size_t>(config_.history_kept, 1)) history_.pop_front();
-  stores_.DropBefore(generation_ - 1, out);
-  stores_.SetLimits(config_.store_limits.ScaledTo(resumed.world_size));
-  previous_world_ = static_cast<size_t>(resumed.world_size);
+  StartGeneration(record, now, out);
   LOCKSTEP_LOG(INFO) << Describe() << ": took up generation " << generation_ << " (world "
                      << resumed.world_size << ") as its members resumed it";
-  heartbeat_check_at_ = now + milliseconds(config_.heartbeat_timeout_ms + 1);
-  last_check_credited_ = false;
-  out.push_back(WakeAt{heartbeat_check_at_});
 
   // Joins held while it resumed: a newcomer with room re-forms it, as its join would have.
   const auto pods_in_generation = static_cast<int32_t>(pods.size());
