@@ -98,8 +98,8 @@ def deep_merge(base, override):
 
 
 def helm_env():
-    """Helm's environment with no cluster: client-only dry runs never reach one, and its caches
-    stay in a temporary HOME-independent place."""
+    """Helm's environment with no cluster (KUBECONFIG empty): the client-only dry runs and lint
+    never reach one."""
     env = dict(os.environ)
     env["KUBECONFIG"] = os.devnull
     return env

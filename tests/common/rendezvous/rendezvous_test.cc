@@ -138,6 +138,18 @@ class RendezvousTest : public ::testing::Test {
     return results;
   }
 
+  // The service shut down and a successor started on its address, as an operator's new leader
+  // behind the Service: no job is registered with it yet.
+  void RestartServerOnTheSameAddress() {
+    const int port = server_->port();
+    server_->Shutdown(1000);
+    ServerOptions options;
+    options.listen_address = "127.0.0.1:" + std::to_string(port);
+    auto successor = RendezvousServer::Start(options);
+    ASSERT_TRUE(successor.ok()) << successor.status();
+    server_ = std::move(*successor);
+  }
+
   JobSnapshot Snap(const std::string& job = kJob) {
     auto snapshot = server_->Snapshot(job);
     EXPECT_TRUE(snapshot.ok()) << snapshot.status();
@@ -732,16 +744,10 @@ TEST_F(RendezvousTest, RegistrationContinuesTheGenerationNumberingItIsGiven) {
 // deadline, instead of failing the worker.
 TEST_F(RendezvousTest, JoinPendingAtShutdownIsAnsweredByTheSuccessorOnTheSameAddress) {
   ASSERT_TRUE(server_->AddJob(Config(2, 2)).ok());
-  const int port = server_->port();
   auto client = NewClient("w-0");
   auto pending = std::async(std::launch::async, [&] { return client->Join(-1, kJoinTimeoutMs); });
   ASSERT_TRUE(WaitUntil([&] { return Snap().waiting_members.size() == 1; }));
-  server_->Shutdown(1000);
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:" + std::to_string(port);
-  auto successor = RendezvousServer::Start(options);
-  ASSERT_TRUE(successor.ok()) << successor.status();
-  server_ = std::move(*successor);
+  ASSERT_NO_FATAL_FAILURE(RestartServerOnTheSameAddress());
   ASSERT_TRUE(server_->AddJob(Config(1, 1)).ok());
   auto result = pending.get();
   ASSERT_TRUE(result.ok()) << result.status();
@@ -754,7 +760,6 @@ TEST_F(RendezvousTest, JoinPendingAtShutdownIsAnsweredByTheSuccessorOnTheSameAdd
 // there it is the successor's own, and losing a member ends it as usual.
 TEST_F(RendezvousTest, AGenerationTrainsOnThroughARestartOfItsServiceAndTheSuccessorTakesItUp) {
   ASSERT_TRUE(server_->AddJob(Config(2, 3)).ok());
-  const int port = server_->port();
   std::vector<std::unique_ptr<RendezvousClient>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(NewClient("w-" + std::to_string(i)));
   auto results = JoinAll({clients[0].get(), clients[1].get(), clients[2].get()});
@@ -767,14 +772,9 @@ TEST_F(RendezvousTest, AGenerationTrainsOnThroughARestartOfItsServiceAndTheSucce
   progress.step = 40;
   clients[0]->SetProgress(progress);
   ASSERT_TRUE(WaitUntil([&] { return Snap().progress.step == 40; }));
-  server_->Shutdown(1000);
+  ASSERT_NO_FATAL_FAILURE(RestartServerOnTheSameAddress());
 
-  // The successor, as a new leader registers the job: numbering on from the status (1).
-  ServerOptions options;
-  options.listen_address = "127.0.0.1:" + std::to_string(port);
-  auto successor = RendezvousServer::Start(options);
-  ASSERT_TRUE(successor.ok()) << successor.status();
-  server_ = std::move(*successor);
+  // The successor registers the job as a new leader does: numbering on from the status (1).
   JobConfig config = Config(2, 3);
   config.first_generation = 2;
   config.resume_window_ms = kHeartbeatTimeoutMs;
