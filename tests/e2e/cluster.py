@@ -357,6 +357,16 @@ def container_id(pod):
     return statuses[0].get("containerID", "") if statuses else ""
 
 
+def containers(pods):
+    """{pod name: (container id, restart count)}: the same later means each kept its process."""
+    return {p["metadata"]["name"]: (container_id(p), restart_count(p)) for p in pods}
+
+
+def job_pods_any_state(ns_name, job_name):
+    """Every pod of the job, those being deleted included."""
+    return get_json("pods", "-n", ns_name, "-l", "%s=%s" % (JOB_LABEL, job_name))["items"]
+
+
 def restart_count(pod):
     statuses = pod.get("status", {}).get("containerStatuses", [])
     return statuses[0].get("restartCount", 0) if statuses else 0

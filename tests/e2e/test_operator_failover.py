@@ -44,8 +44,7 @@ class OperatorFailover(unittest.TestCase):
                                   timeout=300)
             generation = trained["status"]["rendezvous"]["generation"]
             cluster.wait_logged_step(ns, name, 200, timeout=300)
-            before = {p["metadata"]["name"]: (cluster.container_id(p), cluster.restart_count(p))
-                      for p in ns.pods(name)}
+            before = cluster.containers(ns.pods(name))
             self.assertEqual(len(before), 4, ns.describe(name))
             leader, _ = cluster.wait_for("one operator leading", cluster.operator_leader,
                                          timeout=60)
@@ -92,14 +91,11 @@ class OperatorFailover(unittest.TestCase):
             self.assertEqual(done["status"].get("restarts", 0), 0, "no restart counted")
             self.assertEqual(done["status"]["rendezvous"]["generation"], generation,
                              "the workers never re-formed:\n" + ns.describe(name))
-            after = {p["metadata"]["name"]: p for p in
-                     cluster.get_json("pods", "-n", ns.name, "-l",
-                                      "%s=%s" % (cluster.JOB_LABEL, name))["items"]}
-            for pod, (cid, restarts) in before.items():
+            after = cluster.containers(cluster.job_pods_any_state(ns.name, name))
+            for pod, kept in before.items():
                 self.assertIn(pod, after, "worker %s kept its pod" % pod)
-                self.assertEqual(cluster.container_id(after[pod]), cid,
-                                 "worker %s kept its container" % pod)
-                self.assertEqual(cluster.restart_count(after[pod]), restarts)
+                self.assertEqual(after[pod], kept,
+                                 "worker %s kept its container and its restart count" % pod)
 
             # Rank 0's pace around the kill, from its own log.
             times = [t for t, _ in step_times(ns, name) if killed_at - 5 <= t <= led_at + 10]

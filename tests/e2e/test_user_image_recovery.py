@@ -26,12 +26,6 @@ STEPS = 1500
 DELAY = "0.04"  # at most 25 steps/s: STEPS take at least 60 s
 
 
-def containers(pods):
-    """{pod name: (container id, restart count)}."""
-    return {p["metadata"]["name"]: (cluster.container_id(p), cluster.restart_count(p))
-            for p in pods}
-
-
 class UserImageRecovery(unittest.TestCase):
     def run_job(self, ns, job, disturb):
         """Applies `job` in `ns` with a shared claim, waits for step 300, calls disturb(ns, name) ->
@@ -70,13 +64,13 @@ class UserImageRecovery(unittest.TestCase):
         """SIGKILL to worker 1's container; the others' containers are kept in self.survivors.
         Returns the time of the kill."""
         pods = ns.pods(name)
-        self.survivors = containers(pods[:1] + pods[2:])
+        self.survivors = cluster.containers(pods[:1] + pods[2:])
         at = time.time()
         cluster.kill_container(pods[1])
         return at
 
     def assert_survivors_keep_their_containers(self, ns, name):
-        after = containers(p for p in ns.pods(name) if p["metadata"]["name"] in self.survivors)
+        after = cluster.containers(p for p in ns.pods(name) if p["metadata"]["name"] in self.survivors)
         self.assertEqual(after, self.survivors, "survivors keep their containers (ids, restarts)")
 
     def test_a_killed_container_is_recovered_in_place_and_the_survivors_keep_theirs(self):

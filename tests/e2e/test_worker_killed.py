@@ -22,8 +22,8 @@ class WorkerKilled(unittest.TestCase):
             before = {p["metadata"]["name"]: p for p in ns.pods(name)}
             self.assertEqual(len(before), 4, ns.describe(name))
             victim = ns.pods(name)[1]
-            survivors = {n: (cluster.container_id(p), cluster.restart_count(p))
-                         for n, p in before.items() if n != victim["metadata"]["name"]}
+            survivors = cluster.containers(p for n, p in before.items()
+                                           if n != victim["metadata"]["name"])
 
             killed_at = time.time()
             cluster.kill_container(victim)
@@ -56,14 +56,11 @@ class WorkerKilled(unittest.TestCase):
             self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"], "exact steps")
             self.assertGreaterEqual(done["status"].get("restarts", 0), 1)
 
-            after = {p["metadata"]["name"]: p for p in
-                     cluster.get_json("pods", "-n", ns.name, "-l",
-                                      "%s=%s" % (cluster.JOB_LABEL, name))["items"]}
-            for pod, (cid, restarts) in survivors.items():
+            after = cluster.containers(cluster.job_pods_any_state(ns.name, name))
+            for pod, kept in survivors.items():
                 self.assertIn(pod, after, "survivor %s kept its pod" % pod)
-                self.assertEqual(cluster.container_id(after[pod]), cid,
-                                 "survivor %s kept its container (its process and state)" % pod)
-                self.assertEqual(cluster.restart_count(after[pod]), restarts)
+                self.assertEqual(after[pod], kept, "survivor %s kept its container (its process "
+                                 "and state) and its restart count" % pod)
             print("e2e worker killed: survivors training again (world %d) %.1f s after the kill, "
                   "the whole world again %.1f s after it" % (world, back_after,
                                                              whole_at - killed_at))
