@@ -367,6 +367,10 @@ class Operator {
     LOCKSTEP_LOG(INFO) << "metrics, healthz and readyz on port " << endpoint_->port();
 
     if (flags_.leader_elect) {
+      // A replica restarted in the pod of a leader that died (a crash, a failed liveness probe)
+      // still carries its label: the rendezvous Service would send new workers to a replica that
+      // hosts no job. Only the leader wears it, so a replica starts without it.
+      SetLeaderLabel(false);
       controller::LeaderElectionOptions election;
       election.lease_namespace = flags_.leader_election_namespace;
       election.lease_name = flags_.leader_election_id;

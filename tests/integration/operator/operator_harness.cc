@@ -184,8 +184,7 @@ std::unique_ptr<OperatorProcess> OperatorHarness::Launch(const OperatorOptions& 
     argv.push_back("--watch-namespace=" + options.watch_namespace);
   }
   for (const std::string& flag : options.extra_flags) argv.push_back(flag);
-  process->child_ =
-      std::make_unique<ChildProcess>(argv, std::vector<std::pair<std::string, std::string>>{});
+  process->child_ = std::make_unique<ChildProcess>(argv, options.env);
   if (!wait_ready) return process;
   int code = 0;
   bool ready = KubeTestEnv::WaitFor(

@@ -15,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tests/support/process/process.h"
@@ -32,6 +33,8 @@ struct OperatorOptions {
   std::string watch_namespace;         // "" : all
   int64_t progress_interval_ms = 500;  // fast status refresh for tests
   std::vector<std::string> extra_flags;
+  // Added to its environment (POD_NAME: the pod it runs in, whose leader label it keeps).
+  std::vector<std::pair<std::string, std::string>> env;
 };
 
 // One lockstep-operator process.

@@ -1274,5 +1274,63 @@ TEST_F(OperatorLifecycleTest, TwoOperatorsElectOneLeaderAndTheOtherTakesOver) {
   EXPECT_TRUE(reconciled) << standby->LogTail();
 }
 
+TEST_F(OperatorLifecycleTest, AReplicaRestartedInTheOldLeadersPodTakesItsLeaderLabelOff) {
+  // The rendezvous Service selects the leader label: a replica that restarts in the pod of a
+  // leader that crashed must not keep drawing workers to itself while another leads.
+  const std::string pod = "operator-" + ns_;
+  const std::string path = "/api/v1/namespaces/default/pods/" + pod;
+  ASSERT_EQ(h_->kube()
+                .Request("POST", "/api/v1/namespaces/default/pods",
+                         json{{"apiVersion", "v1"},
+                              {"kind", "Pod"},
+                              {"metadata",
+                               {{"name", pod},
+                                {"labels", {{"lockstep.io/rendezvous-leader", "true"}}}}},
+                              {"spec",
+                               {{"containers", json::array({{{"name", "operator"},
+                                                             {"image", "lockstep-operator"}}})}}}})
+                .status,
+            201);
+  OperatorOptions leading, restarted;
+  leading.identity = "op-leading";
+  restarted.identity = "op-restarted";
+  leading.leader_elect = restarted.leader_elect = true;
+  leading.lease_name = restarted.lease_name = "lease-" + ns_;
+  leading.watch_namespace = restarted.watch_namespace = ns_;
+  restarted.env = {{"POD_NAME", pod}};
+  std::string error;
+  auto leader = h_->StartOperator(leading, &error);
+  ASSERT_NE(leader, nullptr) << error;
+  ASSERT_TRUE(OperatorHarness::WaitFor(
+      [&] { return leader->Metric("lockstep_operator_is_leader") == 1; }, kWaitMs));
+  auto standby = h_->StartOperator(restarted, &error);
+  ASSERT_NE(standby, nullptr) << error;
+  std::string labels;
+  const bool taken_off = OperatorHarness::WaitFor(
+      [&] {
+        json metadata = h_->kube().Request("GET", path).body["metadata"];
+        labels = metadata.value("labels", json::object()).dump();
+        return !metadata.is_null() && !labels.empty() &&
+               metadata.value("labels", json::object()).count("lockstep.io/rendezvous-leader") ==
+                   0;
+      },
+      kWaitMs);
+  EXPECT_TRUE(taken_off) << "labels " << labels << "\n" << standby->LogTail();
+  EXPECT_EQ(standby->Metric("lockstep_operator_is_leader"), 0);
+
+  // Once it leads, it wears the label again.
+  leader->Stop();
+  const bool worn = OperatorHarness::WaitFor(
+      [&] {
+        json metadata = h_->kube().Request("GET", path).body["metadata"];
+        labels = metadata.value("labels", json::object()).dump();
+        return metadata.value("labels", json::object()).value("lockstep.io/rendezvous-leader",
+                                                              "") == "true";
+      },
+      kWaitMs);
+  EXPECT_TRUE(worn) << "labels " << labels << "\n" << standby->LogTail();
+  h_->kube().Request("DELETE", path);
+}
+
 }  // namespace
 }  // namespace lockstep::testing
