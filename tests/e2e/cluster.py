@@ -252,17 +252,40 @@ class Namespace:
             raise Timeout("%s\n%s" % (error, self.describe(name))) from None
 
     def describe(self, name):
-        """The job, its pods, the namespace's events, the operators' recent log lines, the nodes
-        and what the node lifecycle controller did (why a lost node's pods were not evicted)."""
-        parts = []
-        for args in (("get", "trainingjob", name, "-o", "yaml"),
-                     ("get", "pods", "-o", "wide"),
-                     ("get", "events", "--sort-by=.lastTimestamp")):
-            parts.append("$ kubectl -n %s %s\n%s" % (self.name, " ".join(args),
-                                                      kubectl(*args, "-n", self.name, check=False)))
-        args = ("logs", "-n", "lockstep-system", "-l", "app.kubernetes.io/component=operator",
-                "--tail=60", "--prefix")
-        parts.append("$ kubectl %s\n%s" % (" ".join(args), kubectl(*args, check=False)))
+        """What explains a failure, the most telling first (a long report may be cut in its
+        middle): the job's pods and each one's last log lines, the operators' lines about the job
+        and the replicas' state (leader, label, restarts), then the job's status, the events, the
+        nodes and what the node lifecycle controller did (why a lost node's pods were not
+        evicted)."""
+        parts = ["$ kubectl -n %s get pods -o wide\n%s" % (
+            self.name, kubectl("get", "pods", "-o", "wide", "-n", self.name, check=False))]
+        try:
+            items = get_json("pods", "-n", self.name, "-l", "%s=%s" % (JOB_LABEL, name))["items"]
+        except AssertionError as error:
+            items = []
+            parts.append("(the job's pods: %s)" % error)
+        for pod in items:
+            pod_name = pod["metadata"]["name"]
+            try:
+                log = kubectl("logs", "-n", self.name, pod_name, "--tail=12",
+                              "--request-timeout=10s", check=False, timeout=15)
+            except subprocess.TimeoutExpired:
+                log = "(no log: its node does not answer)"
+            parts.append("$ kubectl logs %s --tail=12\n%s" % (pod_name, log.rstrip()))
+        args = ("logs", "-n", OPERATOR_NAMESPACE, "-l", "app.kubernetes.io/component=operator",
+                "--tail=2000", "--prefix")
+        about = [line for line in kubectl(*args, check=False).splitlines()
+                 if "%s/%s" % (self.name, name) in line]
+        parts.append("$ kubectl %s | grep %s/%s | tail -30\n%s" % (
+            " ".join(args), self.name, name, "\n".join(about[-30:])))
+        parts.append(operator_summary())
+        status = kubectl("get", "trainingjob", name, "-n", self.name, "-o", "jsonpath={.status}",
+                         check=False)
+        parts.append("$ kubectl -n %s get trainingjob %s -o jsonpath={.status}\n%s" % (
+            self.name, name, status))
+        parts.append("$ kubectl -n %s get events --sort-by=.lastTimestamp\n%s" % (
+            self.name, kubectl("get", "events", "--sort-by=.lastTimestamp", "-n", self.name,
+                               check=False)))
         parts.append("$ kubectl get nodes -o wide\n%s" % kubectl("get", "nodes", "-o", "wide",
                                                                  check=False))
         log = os.path.join(STATE, "logs", "kube-controller-manager.log")
@@ -272,7 +295,7 @@ class Namespace:
                          if "node_lifecycle" in line or "taint" in line.lower()]
         except OSError as error:
             lines = ["(cannot read %s: %s)" % (log, error)]
-        parts.append("$ grep node_lifecycle|taint %s | tail -40\n%s" % (log, "\n".join(lines[-40:])))
+        parts.append("$ grep node_lifecycle|taint %s | tail -20\n%s" % (log, "\n".join(lines[-20:])))
         return "\n".join(parts)
 
     def logs(self, pod, previous=False):

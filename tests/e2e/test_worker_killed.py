@@ -15,6 +15,9 @@ class WorkerKilled(unittest.TestCase):
     def test_killed_worker_is_replaced_and_survivors_keep_their_processes(self):
         job = cluster.spread_over_nodes(cluster.example("elastic.yaml"))
         name = job["metadata"]["name"]
+        # Sized so that the replacement joins mid-run on a fast machine (about 100 steps a
+        # second at world 4): a job that ends first leaves nothing for it to join.
+        job["spec"]["trainer"]["steps"] = 8000
         with cluster.Namespace("killed") as ns:
             cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))
             ns.apply(job)
