@@ -23,10 +23,13 @@ std::shared_ptr<grpc::Channel> NewRendezvousChannel(const std::string& address,
   args.SetInt(GRPC_ARG_HTTP2_MAX_PINGS_WITHOUT_DATA, 0);
   // A member whose service went away (an operator's leader replaced) reconnects within about a
   // second of its successor listening, not after gRPC's default backoff of up to two minutes.
-  // (The minimum backoff stays gRPC's 20 s: it is also each attempt's connect timeout, TLS
-  // handshake included.)
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  // The minimum backoff is each attempt's connect timeout, TLS handshake included: gRPC's 20 s,
+  // said here because a resume waits for it (kConnectAttemptTimeoutMs). Shorter ones (100 ms,
+  // 4 s) failed every handshake with a new leader on the two-node cluster, for reasons not yet
+  // understood.
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, static_cast<int>(kConnectAttemptTimeoutMs));
   // Small messages only: no bandwidth-delay probing (server.cc says why).
   args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
   // The service sends back what its clients may send it (a store value, server.h's bound).

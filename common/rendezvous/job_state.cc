@@ -495,7 +495,7 @@ void JobState::Tick(TimePoint now, Actions& out) {
   if (resuming_.has_value() && now >= resuming_->deadline) {
     AbandonResume(std::to_string(resuming_->ranks.size()) + " of its " +
                       std::to_string(resuming_->world_size) + " ranks resumed within " +
-                      std::to_string(config_.heartbeat_timeout_ms) + " ms",
+                      std::to_string(ResumeWaitMs()) + " ms",
                   now, out);
   }
   if (active_ && now >= heartbeat_check_at_) CheckHeartbeats(now, out);

@@ -17,6 +17,7 @@
 // Not thread-safe: the transport serialises calls (one mutex per job).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -82,7 +83,8 @@ struct JobConfig {
   // away (an operator's new leader): before this registration's first generation forms, joins
   // are held this long from the first of them, so that the members may resume their generation
   // (BeatArgs::resume) rather than a standby's or a replacement's join forming a new one. 0:
-  // no hold (a resume is still taken up while nothing has formed).
+  // no hold (a resume is still taken up while nothing has formed). A resume also waits this
+  // long (at least heartbeat_timeout_ms) from its first rank for the others.
   int64_t resume_window_ms = 0;
 };
 
@@ -262,6 +264,10 @@ class JobState {
   };
 
   std::string Describe() const { return "job " + config_.job; }
+  // How long a resume waits, from its first rank, for the others to come back.
+  int64_t ResumeWaitMs() const {
+    return std::max(config_.heartbeat_timeout_ms, config_.resume_window_ms);
+  }
   // The answer to a newcomer's join once a member completed training.
   Status CompletedError() const {
     return FailedPreconditionError("job " + config_.job + " " + kJobCompletedMarker)

@@ -76,11 +76,10 @@ bool JobState::ResumeBeat(StreamId stream, const BeatArgs& beat, TimePoint now, 
                               /*member_lost=*/true});
       return true;
     }
-    resuming_ =
-        Resuming{g, beat.resume->world_size, now + milliseconds(config_.heartbeat_timeout_ms), {}};
+    resuming_ = Resuming{g, beat.resume->world_size, now + milliseconds(ResumeWaitMs()), {}};
     out.push_back(WakeAt{resuming_->deadline});
     LOCKSTEP_LOG(INFO) << Describe() << ": generation " << g << " resumes ("
-                       << resuming_->world_size << " ranks, within " << config_.heartbeat_timeout_ms
+                       << resuming_->world_size << " ranks, within " << ResumeWaitMs()
                        << " ms): its members train on";
   } else if (g != resuming_->generation) {
     return false;  // not the generation resuming: ended as any stale beat

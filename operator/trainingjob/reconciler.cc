@@ -7,6 +7,7 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "common/rendezvous/client.h"
 #include "operator/tls/certificates.h"
 #include "operator/trainingjob/admission.h"
 #include "operator/trainingjob/job_status.h"
@@ -322,7 +323,12 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.heartbeat_interval_ms = options_.rendezvous_heartbeat_interval_ms;
       config.heartbeat_timeout_ms = options_.rendezvous_heartbeat_timeout_ms;
       config.order_by_topology = !options_.topology_keys.empty();
-      if (training) config.resume_window_ms = options_.rendezvous_heartbeat_timeout_ms;
+      // Its members come back within a heartbeat timeout of each other, plus one connection
+      // attempt that hung on the old leader's address.
+      if (training) {
+        config.resume_window_ms =
+            options_.rendezvous_heartbeat_timeout_ms + rendezvous::kConnectAttemptTimeoutMs;
+      }
       Status added = deps_.rendezvous->AddJob(config);
       if (!added.ok() && added.code() != StatusCode::kAlreadyExists) return added;
       hosted_[w.key] = registration;

@@ -519,6 +519,20 @@ TEST(JobStateResumeTest, RanksThatDoNotAllResumeWithinTheTimeoutEndItAndTheNextI
   });
 }
 
+TEST(JobStateResumeTest, AResumeWaitsTheRegistrationsResumeWindowWhenItIsTheLonger) {
+  // The operator's window: a heartbeat timeout plus one connection attempt that hung on the old
+  // leader's address, so a rank that comes back that much after the first is still taken up.
+  JobConfig config = ResumingConfig(1, 2);
+  config.resume_window_ms = 2000;
+  Driver job(config);
+  job.Run({
+      {"beat w0 g4 resume=0/2", "wake @2000"},
+      {"at 1999", ""},
+      {"beat w1 g4 resume=1/2", "wake @2500"},
+      {"snapshot", "g4 active [w0 w1] waiting []"},
+  });
+}
+
 TEST(JobStateResumeTest, PlacesThatDisagreeOrAWorldOutsideTheBoundsAreNotTakenUp) {
   Driver disagree(ResumingConfig(1, 3));
   disagree.Run({
