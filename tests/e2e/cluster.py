@@ -295,7 +295,8 @@ class Namespace:
                          if "node_lifecycle" in line or "taint" in line.lower()]
         except OSError as error:
             lines = ["(cannot read %s: %s)" % (log, error)]
-        parts.append("$ grep node_lifecycle|taint %s | tail -20\n%s" % (log, "\n".join(lines[-20:])))
+        parts.append("$ grep node_lifecycle|taint %s | tail -20\n%s" % (log,
+                                                                     "\n".join(lines[-20:])))
         return "\n".join(parts)
 
     def logs(self, pod, previous=False):
@@ -411,6 +412,78 @@ def node_ready(node):
 
 OPERATOR_NAMESPACE = "lockstep-system"
 LEASE = "lockstep-operator"
+
+
+TIMED_STEP_LINE = re.compile(r"^(\S+) I .* step (\d+)/\d+ loss ", re.M)
+
+
+def step_times(ns, job_name):
+    """(time, step) of every step line of rank 0, whichever pod logs them."""
+    for pod in ns.pods(job_name):
+        found = [(log_time(stamp), int(step))
+                 for stamp, step in TIMED_STEP_LINE.findall(ns.logs(pod["metadata"]["name"]))]
+        if found:
+            return found
+    return []
+
+
+def longest_pause(ns, job_name, start, end):
+    """(longest, usual): the longest gap between rank 0's step lines from 5 s before `start` to
+    10 s after `end`, and the longest before `start` (the job's own pace)."""
+    times = [t for t, _ in step_times(ns, job_name) if start - 5 <= t <= end + 10]
+    if len(times) <= 2:
+        raise AssertionError("rank 0 logged %d steps around %.0f..%.0f\n%s" % (
+            len(times), start, end, ns.describe(job_name)))
+    before = [t for t in times if t < start]
+    return (max(b - a for a, b in zip(times, times[1:])),
+            max((b - a for a, b in zip(before, before[1:])), default=0.0))
+
+
+def wait_generation_taken_up(ns, job_name, generation, step_at_lead, leader, workers):
+    """Waits until the job's status (written by the new leader `leader`) shows `generation` at
+    world 4 training past `step_at_lead`: taken up, not re-formed (that numbers the next one).
+    A failure ends with what the workers saw of the service going away and coming back."""
+    def taken_up():
+        j = ns.job(job_name)
+        rendezvous = j["status"].get("rendezvous", {})
+        if phase(j) in ("Succeeded", "Failed"):
+            raise AssertionError("the job ended before the new leader showed it: size its steps "
+                                 "up for this machine\n" + ns.describe(job_name))
+        return (rendezvous.get("worldSize") == 4 and rendezvous.get("generation") == generation
+                and step(j) > step_at_lead)
+    try:
+        ns.wait(job_name, "the new leader %s showing generation %d training" % (leader, generation),
+                taken_up, timeout=120)
+    except (Timeout, AssertionError) as error:
+        def tail(pod):
+            lines = [line for line in ns.logs(pod).splitlines() if "rendezvous" in line]
+            return "\n".join(lines[-12:])
+        raise AssertionError("%s\n%s" % (error, "\n".join(
+            "$ kubectl logs %s | grep rendezvous (last lines)\n%s" % (pod, tail(pod))
+            for pod in workers))) from None
+
+
+def assert_ended_undisturbed(ns, job_name, steps, generation, workers):
+    """Waits for the job to end and asserts that the operator's change under it cost nothing:
+    Succeeded at exactly `steps`, no restart, still `generation` (never re-formed), and every
+    worker of `workers` (containers()) kept its pod, container and restart count."""
+    done = ns.wait_job(job_name, "finished", lambda j: phase(j) in ("Succeeded", "Failed"),
+                       timeout=1200)
+    if phase(done) != "Succeeded":
+        raise AssertionError("the job %s\n%s" % (phase(done), ns.describe(job_name)))
+    if step(done) != steps:
+        raise AssertionError("the job ended at step %d, not %d" % (step(done), steps))
+    if done["status"].get("restarts", 0) != 0:
+        raise AssertionError("%d restarts counted\n%s" % (done["status"]["restarts"],
+                                                          ns.describe(job_name)))
+    if done["status"]["rendezvous"]["generation"] != generation:
+        raise AssertionError("the workers re-formed (generation %d, was %d):\n%s" % (
+            done["status"]["rendezvous"]["generation"], generation, ns.describe(job_name)))
+    after = containers(job_pods_any_state(ns.name, job_name))
+    for pod, kept in workers.items():
+        if after.get(pod) != kept:
+            raise AssertionError("worker %s did not keep its pod, container and restart count: "
+                                 "%s, now %s" % (pod, kept, after.get(pod)))
 
 
 def operator_leader():
