@@ -25,6 +25,11 @@
 
 namespace lockstep::rendezvous {
 
+// Each connection attempt's timeout, TLS handshake included (gRPC's minimum reconnect backoff,
+// whose default this is; channel.cc sets it). A member reconnecting to a new leader may come back
+// this much later than another: one attempt can hang on an address that no longer answers.
+inline constexpr int64_t kConnectAttemptTimeoutMs = 20000;
+
 struct ClientOptions {
   std::string address;             // host:port of the rendezvous service (LOCKSTEP_RENDEZVOUS)
   std::string job;                 // namespace/name (LOCKSTEP_JOB)
@@ -153,10 +158,6 @@ class RendezvousClient {
 //    replacement has nothing to do, and ends as a success.
 inline constexpr char kReasonNoGenerationFormed[] = "NO_GENERATION_FORMED";
 inline constexpr char kReasonGenerationFull[] = "GENERATION_FULL";
-// Each connection attempt's timeout, TLS handshake included (gRPC's minimum reconnect backoff,
-// whose default this is; channel.cc sets it). A member reconnecting to a new leader may come back
-// this much later than another: one attempt can hang on an address that no longer answers.
-inline constexpr int64_t kConnectAttemptTimeoutMs = 20000;
 inline constexpr char kReasonJobCompleted[] = "JOB_COMPLETED";
 // The texts the service's messages keep for clients from before the reasons, which read them
 // (tests/common/rendezvous/wire_compat_test.cc).

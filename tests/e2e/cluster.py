@@ -260,7 +260,7 @@ class Namespace:
         parts = ["$ kubectl -n %s get pods -o wide\n%s" % (
             self.name, kubectl("get", "pods", "-o", "wide", "-n", self.name, check=False))]
         try:
-            items = get_json("pods", "-n", self.name, "-l", "%s=%s" % (JOB_LABEL, name))["items"]
+            items = job_pods_any_state(self.name, name)
         except AssertionError as error:
             items = []
             parts.append("(the job's pods: %s)" % error)
@@ -437,6 +437,25 @@ def longest_pause(ns, job_name, start, end):
     before = [t for t in times if t < start]
     return (max(b - a for a, b in zip(times, times[1:])),
             max((b - a for a, b in zip(before, before[1:])), default=0.0))
+
+
+def train_elastic_job_at_world_4(ns, steps):
+    """examples/elastic.yaml over both nodes, `steps` long with a checkpoint every 2,000 steps
+    on storage both nodes share, applied in `ns` and waited for until its 4 workers train and rank
+    0 logged step 200: (its name, its generation, containers() of its 4 pods)."""
+    job = spread_over_nodes(example("elastic.yaml"))
+    name = job["metadata"]["name"]
+    job["spec"]["trainer"]["steps"] = steps
+    job["spec"]["checkpoint"]["intervalSteps"] = 2000
+    shared_checkpoints(job, os.path.join(STATE, "shared", ns.name))
+    ns.apply(job)
+    trained = ns.wait_job(name, "training at world 4", lambda j: step(j) > 0 and
+                          j["status"].get("rendezvous", {}).get("worldSize") == 4, timeout=300)
+    wait_logged_step(ns, name, 200, timeout=300)
+    workers = containers(ns.pods(name))
+    if len(workers) != 4:
+        raise AssertionError("%d worker pods\n%s" % (len(workers), ns.describe(name)))
+    return name, trained["status"]["rendezvous"]["generation"], workers
 
 
 def wait_generation_taken_up(ns, job_name, generation, step_at_lead, leader, workers):

@@ -33,20 +33,8 @@ def rolled_out(old):
 
 class OperatorUpgrade(unittest.TestCase):
     def test_training_goes_on_through_a_helm_upgrade(self):
-        job = cluster.spread_over_nodes(cluster.example("elastic.yaml"))
-        name = job["metadata"]["name"]
-        job["spec"]["trainer"]["steps"] = STEPS
-        job["spec"]["checkpoint"]["intervalSteps"] = 2000
         with cluster.Namespace("upgrade") as ns:
-            cluster.shared_checkpoints(job, os.path.join(cluster.STATE, "shared", ns.name))
-            ns.apply(job)
-            trained = ns.wait_job(name, "training at world 4", lambda j: cluster.step(j) > 0 and
-                                  j["status"].get("rendezvous", {}).get("worldSize") == 4,
-                                  timeout=300)
-            generation = trained["status"]["rendezvous"]["generation"]
-            cluster.wait_logged_step(ns, name, 200, timeout=300)
-            before = cluster.containers(ns.pods(name))
-            self.assertEqual(len(before), 4, ns.describe(name))
+            name, generation, before = cluster.train_elastic_job_at_world_4(ns, STEPS)
             cluster.wait_for("one operator leading", cluster.operator_leader, timeout=60)
             old = {p["metadata"]["name"] for p in cluster.operator_pods()}
 

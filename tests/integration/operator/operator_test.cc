@@ -1169,6 +1169,15 @@ class OperatorLifecycleTest : public ::testing::Test {
     ASSERT_NE(h_, nullptr);
     ns_ = h_->NewNamespace("life");
   }
+  // A replica that elects a leader with the others of this test (one Lease) over its namespace.
+  OperatorOptions Replica(const std::string& identity) const {
+    OperatorOptions options;
+    options.identity = identity;
+    options.leader_elect = true;
+    options.lease_name = "lease-" + ns_;
+    options.watch_namespace = ns_;
+    return options;
+  }
   OperatorHarness* h_ = nullptr;
   std::string ns_;
 };
@@ -1233,12 +1242,7 @@ TEST_F(OperatorLifecycleTest, KilledAndRestartedOperatorAdoptsJobsWithoutDuplica
 }
 
 TEST_F(OperatorLifecycleTest, TwoOperatorsElectOneLeaderAndTheOtherTakesOver) {
-  OperatorOptions a, b;
-  a.identity = "op-a";
-  b.identity = "op-b";
-  a.leader_elect = b.leader_elect = true;
-  a.lease_name = b.lease_name = "lease-" + ns_;
-  a.watch_namespace = b.watch_namespace = ns_;
+  const OperatorOptions a = Replica("op-a"), b = Replica("op-b");
   std::string error;
   auto first = h_->StartOperator(a, &error);
   ASSERT_NE(first, nullptr) << error;
@@ -1291,12 +1295,8 @@ TEST_F(OperatorLifecycleTest, AReplicaRestartedInTheOldLeadersPodTakesItsLeaderL
                                                              {"image", "lockstep-operator"}}})}}}})
                 .status,
             201);
-  OperatorOptions leading, restarted;
-  leading.identity = "op-leading";
-  restarted.identity = "op-restarted";
-  leading.leader_elect = restarted.leader_elect = true;
-  leading.lease_name = restarted.lease_name = "lease-" + ns_;
-  leading.watch_namespace = restarted.watch_namespace = ns_;
+  const OperatorOptions leading = Replica("op-leading");
+  OperatorOptions restarted = Replica("op-restarted");
   restarted.env = {{"POD_NAME", pod}};
   std::string error;
   auto leader = h_->StartOperator(leading, &error);
