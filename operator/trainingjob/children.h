@@ -143,9 +143,9 @@ json DesiredService(const spec::TrainingJob& job);
 // an RDMA worker runs as root with IPC_LOCK alone): HardenPod in pod_security.h.
 // avoid_nodes (a job's status.stragglerNodes): a preferred node-affinity term away from them is
 // added to the template's own affinity. A job Kueue queues (KueueQueue) gets the queue label,
-// the pod group's label and its size (spec.replicas) on every pod. spec.placement becomes Kueue's
-// topology annotation for such a job, and a pod-affinity term to the job's pods across the
-// level's label otherwise.
+// the pod group's label and its size (spec.replicas + spec.elastic.standby) on every pod.
+// spec.placement becomes Kueue's topology annotation for such a job, and a pod-affinity term to
+// the job's pods across the level's label otherwise.
 // A parameter-server job's worker also gets LOCKSTEP_WORKER_INDEX (its index) and
 // LOCKSTEP_PS_SERVERS (ParameterServerAddresses).
 // name: the pod's name when it is not PodName(job, index) (a replacement that cannot take the

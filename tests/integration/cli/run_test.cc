@@ -253,7 +253,9 @@ TEST(RunCommandTest, WorkersGetTheDocumentedEnvironmentAndTheTokenStaysSecret) {
     ASSERT_NE(at, std::string::npos);
     const std::string this_token = env.substr(at + 19, env.find('\n', at) - at - 19);
     EXPECT_EQ(this_token.size(), 64u);
-    if (!token.empty()) EXPECT_EQ(this_token, token) << "one token per job";
+    if (!token.empty()) {
+      EXPECT_EQ(this_token, token) << "one token per job";
+    }
     token = this_token;
   }
   ASSERT_FALSE(token.empty());
