@@ -301,8 +301,12 @@ Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string&
   w.status["phase"] = succeeded ? "Succeeded" : "Failed";
   SetCondition(&w.status, succeeded ? kSucceeded : kFailed, true, reason, message, w.now);
   w.status.erase("stragglers");  // nobody trains any more, so nobody is slow
+  // The conditions that hold end with the job, and so does Running, whatever it read last: a
+  // job whose workers complete one after another shows "1 of 4 workers running" otherwise.
   for (const char* type : {kRunning, kRestarting, kScaling, kStraggler, kQueued}) {
-    if (HasCondition(w.status, type)) {
+    const bool running_shown = type == std::string(kRunning) &&
+                               FindCondition(w.status, type).is_object();
+    if (HasCondition(w.status, type) || running_shown) {
       SetCondition(&w.status, type, false, reason,
                    "the job " + std::string(succeeded ? "succeeded" : "failed"), w.now);
     }

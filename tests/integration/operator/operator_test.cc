@@ -661,6 +661,11 @@ TEST_F(OperatorEndToEndTest, WorkersTrainOverTlsRendezvousAndTheJobSucceedsWithP
   EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
+  // Running ends with the job, whatever it read while the workers completed one by one.
+  const json running = Condition(job, "Running");
+  EXPECT_EQ(running.value("status", ""), "False") << running.dump();
+  EXPECT_EQ(running.value("reason", ""), "WorkersSucceeded") << running.dump();
+  EXPECT_EQ(running.value("message", ""), "the job succeeded") << running.dump();
 }
 
 // An exec job's program reports progress with the Python helper (on the PYTHONPATH its agent
