@@ -39,7 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 struct LoadOptions {
   std::string address;     // host:port of the service
-  std::string tls_ca_pem;  // empty: plaintext
+  std::string tls_ca_pem{};  // empty: plaintext
   int members_per_connection = 1;
   int64_t join_timeout_ms = 120000;
 };

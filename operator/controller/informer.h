@@ -53,11 +53,11 @@ std::string ObjectKey(const json& object);
 struct InformerOptions {
   kube::Resource resource;
   std::string ns;  // "" : every namespace
-  std::string label_selector;
-  std::string field_selector;
+  std::string label_selector{};
+  std::string field_selector{};
   // Applied to every object before it is cached and before handlers see it: drop what the
   // operator never reads (managedFields, most of a pod's spec) so 1,000 jobs fit in a few MB.
-  std::function<json(json)> transform;
+  std::function<json(json)> transform{};
   int64_t watch_timeout_seconds = 300;
   int64_t list_page_size = 500;
 };

@@ -51,7 +51,7 @@ struct PodJob {
   int ranks_per_pod = 2;
   int batch_size = 16;  // per rank
   int64_t steps = 40;
-  std::string elastic;  // "" or "{minReplicas: .., maxReplicas: ..}"
+  std::string elastic{};  // "" or "{minReplicas: .., maxReplicas: ..}"
   std::string run_policy = "{restartPolicy: Never}";
 };
 

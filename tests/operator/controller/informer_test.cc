@@ -92,8 +92,12 @@ TEST(InformerTest, SyncsThenReportsAddsUpdatesAndDeletes) {
   ASSERT_TRUE(recorder.WaitFor("update", ns + "/a"));
   ASSERT_TRUE(recorder.WaitFor("delete", ns + "/b"));
   for (const HandlerCall& call : recorder.Calls()) {
-    if (call.kind == "update") EXPECT_EQ(call.old_value + "->" + call.new_value, "1->2");
-    if (call.kind == "delete") EXPECT_EQ(call.old_value, "1");
+    if (call.kind == "update") {
+      EXPECT_EQ(call.old_value + "->" + call.new_value, "1->2");
+    }
+    if (call.kind == "delete") {
+      EXPECT_EQ(call.old_value, "1");
+    }
   }
   ObjectPtr a = informer.Get(ns + "/a");
   ASSERT_NE(a, nullptr);
@@ -317,7 +321,9 @@ TEST(InformerTest, RelistsAfterGoneAndConvergesToTheServersState) {
   ASSERT_TRUE(recorder.WaitFor("add", ns + "/d"));
   EXPECT_GE(informer.relists(), 1);
   for (const HandlerCall& call : recorder.Calls()) {
-    if (call.kind == "update") EXPECT_EQ(call.new_value, "registry.example/worker:2");
+    if (call.kind == "update") {
+      EXPECT_EQ(call.new_value, "registry.example/worker:2");
+    }
   }
   StatusOr<kube::ListResult> server = real->List(jobs, ns, {});
   ASSERT_TRUE(server.ok());

@@ -29,8 +29,8 @@ struct LocalJobSpec {
                          // unless `env` sets LOCKSTEP_SPEC (the worker then reads that)
   int replicas = 1;
   int min_replicas = 0;  // the service's lower bound of members; 0: replicas
-  Environment env;       // more environment of every worker (overriding MemberEnv)
-  std::string tag;       // tells apart the files of several incarnations of one job in one dir
+  Environment env{};     // more environment of every worker (overriding MemberEnv)
+  std::string tag{};     // tells apart the files of several incarnations of one job in one dir
   // spec.ranksPerWorker of the manifest: each worker is a pod of this many ranks, and the
   // service counts pods (JobConfig::ranks_per_pod).
   int ranks_per_pod = 1;

@@ -102,7 +102,7 @@ struct CommunicatorBackend {
   std::optional<StatusCode> code_after_error;
   // Why point to point reaches only some pairs of ranks ("" when it reaches every pair): the
   // suite's point-to-point tests skip, and the backend's own file tests what it reaches.
-  std::string point_to_point_limit;
+  std::string point_to_point_limit{};
 };
 
 // Runs body(rank, communicator) on `world` threads, every rank built by `backend` through one

@@ -309,7 +309,10 @@ TEST(CudaCheckpointTest, AnAsynchronousCheckpointHoldsItsStepWhileTheNextStepsRe
   auto step = (*checkpointer)->Restore(*restored);
   ASSERT_TRUE(step.ok()) << step.status();
   EXPECT_EQ(*step, 50);
-  for (float value : *restored->params.ToHost()) ASSERT_EQ(value, 1.0f);
+  // Held: a range-for over *ToHost() would read a vector its temporary StatusOr took with it.
+  const StatusOr<std::vector<float>> params = restored->params.ToHost();
+  ASSERT_TRUE(params.ok()) << params.status();
+  for (float value : *params) ASSERT_EQ(value, 1.0f);
   for (auto [buffer, count] : restored->optimizer.StateBuffers()) {
     for (int64_t i = 0; i < count; ++i) ASSERT_EQ(buffer[i], 1.0f) << "momentum " << i;
   }
