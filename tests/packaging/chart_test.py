@@ -10,6 +10,7 @@ option set) into DIR/<set>.json (read by validate_objects.mjs and chart_apply_te
 alert rules as the PrometheusRule renders them with default thresholds to DIR/rules/alerts.yaml
 (promtool and the scrape test use it), and checks:
   - the chart's CRD is a byte-for-byte copy of crds/trainingjob.yaml;
+  - Chart.yaml's tested-kubernetes and tested-helm annotations name the versions the tests pin;
   - values.yaml, the chart README and values-all-options.yaml list the same options, and every
     .Values reference in the templates exists in values.yaml;
   - the Deployment (replicas, probes, securityContext, resources, flags and environment of the
@@ -446,6 +447,21 @@ def main():
         check.expect(a.read() == b.read(),
                      "charts/lockstep/crds/trainingjob.yaml differs from crds/trainingjob.yaml: "
                      "cp crds/trainingjob.yaml charts/lockstep/crds/")
+
+    # The versions Chart.yaml says it was tested with are the ones the tests pin.
+    with open(os.path.join(chart, "Chart.yaml")) as f:
+        annotations = yaml.safe_load(f).get("annotations") or {}
+    pinned = {}
+    with open(os.path.join(options.source, "scripts", "kubernetes.sh")) as f:
+        pinned["lockstep.io/tested-kubernetes"] = re.search(r"^readonly version=(\S+)", f.read(),
+                                                            re.M).group(1)
+    with open(os.path.join(options.source, "scripts", "helm-tools.sh")) as f:
+        pinned["lockstep.io/tested-helm"] = re.search(r"^readonly version=\S+ +# helm v(\S+),",
+                                                      f.read(), re.M).group(1)
+    for key, version in pinned.items():
+        check.expect(annotations.get(key) == version,
+                     "Chart.yaml annotation %s is %r; the tests run %s" %
+                     (key, annotations.get(key), version))
 
     with open(os.path.join(chart, "crds", "trainingjob.yaml")) as f:
         crd = yaml.safe_load(f)
