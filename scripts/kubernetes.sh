@@ -12,7 +12,7 @@
 # the build log stays in .../kubernetes-1.20.2/build.log. A second caller waits on a lock (bounded by
 # LOCKSTEP_KUBE_BUILD_LOCK_TIMEOUT seconds, default 1800) instead of building twice.
 #
-# How the build works (docs/operator.md has the why):
+# How the build works (docs/test-apiserver.md has the why):
 #   - the Debian source is fetched with `apt-get source` against a private deb-src list in the
 #     build directory (the system's apt configuration is left alone; the mirror is the one in
 #     /etc/apt/sources.list.d/debian.sources, else deb.debian.org);
