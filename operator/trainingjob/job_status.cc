@@ -251,7 +251,14 @@ std::string WorkerStuckReason(const json& pod) {
 std::string WorkerTerminationMessage(const json& pod) {
   const std::string text = TerminatedMessage(pod);
   const size_t begin = text.find_first_not_of(" \t\r\n");
-  if (begin == std::string::npos) return "";
+  if (begin == std::string::npos) {
+    // SIGKILLed by the kernel, the worker wrote nothing: the kubelet's reason is all there is.
+    const json* terminated = WorkerState(pod, "terminated");
+    if (terminated != nullptr && terminated->value("reason", json()) == "OOMKilled") {
+      return "OOMKilled: the container reached its memory limit (spec.resources.memory)";
+    }
+    return "";
+  }
   return text.substr(begin, text.find_last_not_of(" \t\r\n") - begin + 1);
 }
 

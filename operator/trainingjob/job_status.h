@@ -73,7 +73,8 @@ std::string WorkerStuckReason(const json& pod);
 bool IsStuckWaitingReason(const std::string& reason);
 
 // The worker container's termination message (what it wrote to its terminationMessagePath as it
-// exited: its error), without surrounding whitespace; empty when it wrote none.
+// exited: its error), without surrounding whitespace. A container the kernel killed for memory
+// wrote none: then "OOMKilled: ..." from the kubelet's reason. Empty otherwise.
 std::string WorkerTerminationMessage(const json& pod);
 
 // Why the worker's exec agents gave up, from its terminated container's termination message

@@ -220,6 +220,12 @@ json TrimPod(json pod) {
         const json& state = c["state"];
         if (state.contains("terminated") && state["terminated"].is_object()) {
           json terminated = {{"exitCode", state["terminated"].value("exitCode", -1)}};
+          // The kubelet's word for the end (OOMKilled, Error, Completed): an OOM kill leaves no
+          // message of the worker's own, so this is all that says why.
+          const json reason = state["terminated"].value("reason", json());
+          if (reason.is_string() && !reason.get<std::string>().empty()) {
+            terminated["reason"] = Utf8Prefix(reason.get<std::string>(), 64);
+          }
           // The worker's error, or that its agents gave up (WorkerGaveUpMessage, which fails
           // the job): quoted in the job's condition. Only terminated containers carry one.
           const json message = state["terminated"].value("message", json());

@@ -257,6 +257,24 @@ TEST(JobStatusTest, TheWorkersErrorIsItsTerminationMessage) {
   EXPECT_EQ(WorkerTerminationMessage(json::object()), "");
 }
 
+// The kernel's OOM killer leaves the worker no time to write its error: the kubelet's reason is
+// what says why, and a message of the worker's own still comes first.
+TEST(JobStatusTest, AWorkerKilledForMemoryIsSaidToBe) {
+  const auto pod = FailedPod;
+  EXPECT_EQ(WorkerTerminationMessage(
+                pod(kWorkerContainer, {{"exitCode", 137}, {"reason", "OOMKilled"}})),
+            "OOMKilled: the container reached its memory limit (spec.resources.memory)");
+  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 137},
+                                                            {"reason", "OOMKilled"},
+                                                            {"message", "its own words"}})),
+            "its own words");
+  EXPECT_EQ(WorkerTerminationMessage(pod(kWorkerContainer, {{"exitCode", 137}, {"reason", "Error"}})),
+            "");
+  EXPECT_EQ(WorkerTerminationMessage(pod("sidecar", {{"exitCode", 137}, {"reason", "OOMKilled"}})),
+            "")
+      << "another container's end is not the worker's";
+}
+
 // A pod whose agent init container (pod_agent.h) terminated as `terminated`, its worker still
 // waiting to start.
 json PodWithAgentInit(const json& terminated) {

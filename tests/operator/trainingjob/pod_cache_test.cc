@@ -6,6 +6,8 @@
 
 #include <string>
 
+#include "operator/trainingjob/job_status.h"
+
 namespace lockstep::op::trainingjob {
 namespace {
 
@@ -99,6 +101,25 @@ TEST(TrimPodTest, KeepsWhatTheQueueAndDisruptionReadersNeed) {
   EXPECT_FALSE(IsReady(trimmed));
   EXPECT_FALSE(trimmed["spec"].contains("containers"));
   EXPECT_EQ(trimmed["status"]["conditions"].size(), 2u);  // Ready and DisruptionTarget
+}
+
+TEST(TrimPodTest, KeepsTheWorkersExitCodeMessageAndTheKubeletsReason) {
+  json pod = PodWith({{"containers", json::array({{{"name", "worker"}}})}},
+                     {{"phase", "Failed"},
+                      {"containerStatuses",
+                       json::array({{{"name", "worker"},
+                                     {"image", "registry.example/worker:1"},
+                                     {"state",
+                                      {{"terminated",
+                                        {{"exitCode", 137},
+                                         {"reason", "OOMKilled"},
+                                         {"startedAt", "2026-11-26T10:00:00Z"}}}}}}})}});
+  const json trimmed = TrimPod(pod);
+  EXPECT_EQ(WorkerExitCode(trimmed), 137);
+  EXPECT_EQ(WorkerTerminationMessage(trimmed),
+            "OOMKilled: the container reached its memory limit (spec.resources.memory)");
+  const json& kept = trimmed["status"]["containerStatuses"][0]["state"]["terminated"];
+  EXPECT_FALSE(kept.contains("startedAt")) << kept.dump();
 }
 
 }  // namespace
