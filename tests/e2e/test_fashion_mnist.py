@@ -48,6 +48,11 @@ class FashionMnistOnTwoNodes(unittest.TestCase):
                                timeout=900)
             self.assertEqual(cluster.phase(done), "Succeeded", ns.describe(name))
             self.assertEqual(cluster.step(done), job["spec"]["trainer"]["steps"])
+            # The job ran (the table said Running above), and Running ended with it: not the
+            # "1 of 4 workers running" of the moment the first worker completed.
+            ended = cluster.condition(done, "Running") or {}
+            self.assertEqual((ended.get("status"), ended.get("reason"), ended.get("message")),
+                             ("False", "WorkersSucceeded", "the job succeeded"), ns.describe(name))
 
             # Each node is a rack of its own: its pods' ranks in the generation of all four are
             # consecutive, whatever order the pods joined in.

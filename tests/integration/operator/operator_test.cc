@@ -661,11 +661,13 @@ TEST_F(OperatorEndToEndTest, WorkersTrainOverTlsRendezvousAndTheJobSucceedsWithP
   EXPECT_EQ(job["status"]["rendezvous"]["worldSize"], 2);
   EXPECT_EQ(job["status"]["replicas"]["succeeded"], 2);
   EXPECT_EQ(job["status"].value("restarts", 0), 0);
-  // Running ends with the job, whatever it read while the workers completed one by one.
-  const json running = Condition(job, "Running");
-  EXPECT_EQ(running.value("status", ""), "False") << running.dump();
-  EXPECT_EQ(running.value("reason", ""), "WorkersSucceeded") << running.dump();
-  EXPECT_EQ(running.value("message", ""), "the job succeeded") << running.dump();
+  // Running, if the status showed it (300 steps may end before a reconcile sees the job
+  // Running), ends with the job; e2e_fashion_mnist checks it on a job that surely ran.
+  if (const json running = Condition(job, "Running"); running.is_object() && !running.empty()) {
+    EXPECT_EQ(running.value("status", ""), "False") << running.dump();
+    EXPECT_EQ(running.value("reason", ""), "WorkersSucceeded") << running.dump();
+    EXPECT_EQ(running.value("message", ""), "the job succeeded") << running.dump();
+  }
 }
 
 // An exec job's program reports progress with the Python helper (on the PYTHONPATH its agent
