@@ -50,6 +50,11 @@ def header(path):
     return fields
 
 
+def places(fields):
+    """The set of places a header's `Runs:` line names."""
+    return {p.strip() for p in fields.get("Runs", "").split(",")}
+
+
 def example_paths():
     source = OPTIONS.source
     return sorted(glob.glob(os.path.join(source, "examples", "*.yaml")) +
@@ -86,8 +91,7 @@ class ExamplesTest(unittest.TestCase):
                 fields = header(path)
                 for field in ("Runs", "Needs", "Proven"):
                     self.assertIn(field, fields, "%s: no '# %s:' line at the top" % (path, field))
-                places = {p.strip() for p in fields["Runs"].split(",")}
-                self.assertTrue(places and places <= PLACES,
+                self.assertTrue(places(fields) <= PLACES,
                                 "%s: Runs: %r is not a list of %s" % (path, fields["Runs"],
                                                                        sorted(PLACES)))
                 for test in re.findall(r"\be2e_([a-z_]+)", fields["Proven"]):
@@ -102,7 +106,7 @@ class ExamplesTest(unittest.TestCase):
             if len(documents) != 1 or documents[0].get("kind") != "TrainingJob":
                 continue
             manifest = documents[0]
-            if "local" not in header(path)["Runs"]:
+            if "local" not in places(header(path)):
                 continue
             name = os.path.basename(path)
             with self.subTest(example=name), tempfile.TemporaryDirectory() as scratch:
