@@ -132,7 +132,8 @@ TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly
                  {}, kRunTimeoutMs);
   ASSERT_FALSE(baseline.timed_out) << baseline.out << baseline.err;
   ASSERT_EQ(baseline.exit_code, 0) << baseline.out << baseline.err;
-  const double baseline_accuracy = ReadRunSummary(dir + "/base.json")["eval_accuracy"].get<double>();
+  const double baseline_accuracy =
+      ReadRunSummary(dir + "/base.json")["eval_accuracy"].get<double>();
   ASSERT_GT(baseline_accuracy, 0.9);
 
   for (int i = 0; i < kills; ++i) {
@@ -393,20 +394,72 @@ TEST(ElasticRunTest, ElasticPipelineTrainsOnWithItsWholeReplicasWhileTheLostOneI
   const FinalModel undisturbed = RunUndisturbed(dir, manifest, "undisturbed");
   ASSERT_FALSE(undisturbed.params.empty());
 
-  // The survivors of the whole replica re-form at once (every survivor is back within
-  // milliseconds, or the last call's second): the replacement, started 2 s later, finds them
-  // training even on a loaded machine. (At 0.8 s it failed 2 runs of 11 on 2 busy cores,
-  // likely by joining the survivors' own re-formation, which a last call can hold for 1 s.)
-  ProcessResult result = RunWithAKill(dir, manifest, job.name, "killed", 1, 150, "worker-1",
-                                      /*restart_backoff_ms=*/2000);
+  // The replacement must join while the surviving replica trains alone, on any machine: how
+  // long 1,350 steps take says nothing about how long a replacement takes to start. So once the
+  // survivors have trained alone for a few steps, the test stops them (SIGSTOP: a machine that
+  // slowed down) until the replacement has joined and ended their generation, then lets them go
+  // on. The replacement starts 2 s after the loss, so that the survivors re-form alone first (at
+  // 0.8 s it joined their own re-formation in 2 runs of 11 on 2 busy cores). The launcher sees
+  // a process exit at once; the heartbeat deadline only must outlast the stop.
+  auto env = kRunEnv;
+  env.emplace_back("LOCKSTEP_DUMP_PARAMS", dir + "/killed.params");
+  env.emplace_back("LOCKSTEP_SAMPLE_ACCOUNTING", dir + "/killed-accounting.jsonl");
+  env.emplace_back("LOCKSTEP_RUN_RESTART_BACKOFF_MS", "2000");
+  env.emplace_back("LOCKSTEP_HEARTBEAT_TIMEOUT_MS", "120000");
+  ChildProcess run({LOCKSTEP_BINARY, "run", manifest, "--summary", dir + "/killed.json",
+                    "--log-dir", dir + "/killed"},
+                   env);
+  const std::string victim = job.name + "-worker-1";
+  ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= 150; }, 60000, 5))
+      << run.StdoutSoFar();
+  const pid_t victim_pid = WorkerOfLauncher(run.pid(), job.name, victim);
+  ASSERT_NE(victim_pid, 0) << victim << " not found";
+  // The survivors, found now so that stopping them below takes no time.
+  std::vector<pid_t> survivors;
+  for (int index : {0, 2, 3}) {
+    const pid_t pid =
+        WorkerOfLauncher(run.pid(), job.name, job.name + "-worker-" + std::to_string(index));
+    ASSERT_NE(pid, 0) << "worker-" << index << " not found";
+    survivors.push_back(pid);
+  }
+  ASSERT_EQ(kill(victim_pid, SIGKILL), 0);
+  // Trained alone: a progress line of the world of 2 (its ranks agreed on their state and
+  // stepped).
+  ASSERT_TRUE(PollUntil(
+      [&] {
+        const std::string out = run.StdoutSoFar();
+        const size_t alone_at = out.find("world size 4 -> 2");
+        return alone_at != std::string::npos &&
+               out.find("world 2  gen ", alone_at) != std::string::npos;
+      },
+      60000, 2))
+      << run.StdoutSoFar();
+  for (pid_t pid : survivors) ASSERT_EQ(kill(pid, SIGSTOP), 0) << run.StdoutSoFar();
+  const std::string at_stop = run.StdoutSoFar();
+  // Stopped mid-run: the job is long enough for the test to see the world of 2 train.
+  EXPECT_LT(LatestStep(at_stop), job.steps - 100) << at_stop;
+  // The replacement's join ends the survivors' generation: the launcher started it, and the
+  // progress line since says re-forming (it cannot re-form while they are stopped).
+  const std::string started = "started replacement for " + victim;
+  const bool replacement_joined = PollUntil(
+      [&] {
+        const std::string out = run.StdoutSoFar();
+        const size_t started_at = out.find(started);
+        return started_at != std::string::npos &&
+               out.find("re-forming", std::max(started_at, at_stop.size())) != std::string::npos;
+      },
+      60000, 5);
+  for (pid_t pid : survivors) kill(pid, SIGCONT);
+  ASSERT_TRUE(replacement_joined) << run.StdoutSoFar();
+  ProcessResult result = run.Wait(kRunTimeoutMs);
   ASSERT_FALSE(result.timed_out) << result.out << result.err;
   ASSERT_EQ(result.exit_code, 0) << result.out << result.err;
   const nlohmann::json summary = ReadRunSummary(dir + "/killed.json");
   EXPECT_EQ(summary["steps"], 1500) << summary.dump();
   EXPECT_EQ(summary["restarts"], 1) << summary.dump();
   EXPECT_EQ(summary["world_size"], 4) << summary.dump();
-  // The surviving replica trained alone (the replacement is started 2 s after the loss), in
-  // its places: each of its ranks kept the stage it held, and nothing was sent.
+  // The surviving replica trained alone, in its places: each of its ranks kept the stage it held,
+  // and nothing was sent.
   int alone = 0;
   std::string agreements;
   for (const auto& entry : std::filesystem::directory_iterator(dir + "/killed")) {
@@ -421,8 +474,8 @@ TEST(ElasticRunTest, ElasticPipelineTrainsOnWithItsWholeReplicasWhileTheLostOneI
     }
   }
   EXPECT_EQ(alone, 2) << "the surviving replica's two ranks, in one generation of world 2; "
-                          "every rank's agreements:\n"
-                       << agreements;
+                         "every rank's agreements:\n"
+                      << agreements;
   const FinalModel killed = ReadFinalModel(dir + "/killed.json", dir + "/killed.params");
   // A world of 2 sums each replica's 128 rows as 4 micro-batches of 32, not 16: another rounding
   // for a couple of hundred steps, which this deeper model amplifies more than the calibration's
@@ -466,10 +519,9 @@ TEST(ElasticRunTest, AModelTooLargeForARankIsRefusedWholeAndTrainsInFourStages) 
       << refused.err;
 
   auto run = [&](const std::string& name, const std::string& manifest) {
-    ProcessResult result =
-        RunProcess({LOCKSTEP_BINARY, "run", manifest, "--summary", dir + "/" + name + ".json",
-                    "--log-dir", dir + "/" + name},
-                   kRunEnv, kRunTimeoutMs);
+    ProcessResult result = RunProcess({LOCKSTEP_BINARY, "run", manifest, "--summary",
+                                       dir + "/" + name + ".json", "--log-dir", dir + "/" + name},
+                                      kRunEnv, kRunTimeoutMs);
     EXPECT_EQ(result.exit_code, 0) << result.out << result.err;
     return ReadRunSummary(dir + "/" + name + ".json");
   };
@@ -484,7 +536,8 @@ TEST(ElasticRunTest, AModelTooLargeForARankIsRefusedWholeAndTrainsInFourStages) 
   // learning rate: 7 answers of 1797 apart after 150 steps on this machine.
   EXPECT_NEAR(staged["eval_accuracy"].get<double>(), unconstrained["eval_accuracy"].get<double>(),
               0.01)
-      << staged.dump() << "\n" << unconstrained.dump();
+      << staged.dump() << "\n"
+      << unconstrained.dump();
 }
 
 TEST(ElasticRunTest, WholeJobKilledMidRunResumesFromTheNewestCheckpoint) {
@@ -628,8 +681,8 @@ TEST_P(StandbyRunTest, AStandbyTakesAKilledWorkersPlaceAndItsReplacementStandsBy
     ASSERT_GE(before, 1) << run.StdoutSoFar();
     kill_worker(standby);
     // Its replacement waits in its place before a training worker is killed.
-    ASSERT_TRUE(PollUntil([&] { return Occurrences(run.StdoutSoFar(), waits) > before; }, 60000,
-                          10))
+    ASSERT_TRUE(
+        PollUntil([&] { return Occurrences(run.StdoutSoFar(), waits) > before; }, 60000, 10))
         << run.StdoutSoFar();
   }
   const int victim = (standby + 1) % (kWorkers + 1);
