@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "common/process_stat.h"
+#include "tests/support/process/poll_until.h"
 #include "tests/support/process/scratch_files.h"
 
 namespace lockstep::testing {
@@ -55,6 +56,15 @@ std::vector<pid_t> ChildrenWithEnv(pid_t parent,
 pid_t ParentPid(pid_t pid) {
   const std::optional<ProcessStat> stat = ReadProcessStat(pid);
   return stat ? stat->parent : -1;
+}
+
+bool WaitUntilThreadSleeps(pid_t tid, int64_t timeout_ms) {
+  return PollUntil(
+      [tid] {
+        const std::optional<ProcessStat> stat = ReadProcessStat(tid);
+        return stat && (stat->state == 'S' || stat->state == 'D');
+      },
+      timeout_ms, 1);
 }
 
 }  // namespace lockstep::testing

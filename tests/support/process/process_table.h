@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -18,5 +19,9 @@ std::vector<pid_t> ChildrenWithEnv(pid_t parent,
                                    const std::vector<std::pair<std::string, std::string>>& env);
 // The parent pid of `pid`, or -1 when it is gone.
 pid_t ParentPid(pid_t pid);
+// Waits up to timeout_ms until thread `tid` sleeps in the kernel (state S or D: waiting on a
+// lock, a condition variable, a join, I/O); false past the deadline. For a test that must act
+// only once another thread of its own waits, where the code under test offers no hook to say so.
+bool WaitUntilThreadSleeps(pid_t tid, int64_t timeout_ms);
 
 }  // namespace lockstep::testing

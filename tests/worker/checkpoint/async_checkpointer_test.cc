@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -11,11 +13,16 @@
 #include <thread>
 #include <vector>
 
+#include "tests/support/process/poll_until.h"
+#include "tests/support/process/process_table.h"
 #include "worker/checkpoint/checkpoint_reader.h"
 #include "worker/checkpoint/storage/local/local_storage.h"
 
 namespace lockstep::checkpoint {
 namespace {
+
+using ::lockstep::testing::PollUntil;
+using ::lockstep::testing::WaitUntilThreadSleeps;
 
 // LocalStorage whose writes can be made to fail, or to wait until released.
 class ControllableStorage : public LocalStorage {
@@ -303,10 +310,17 @@ TEST_F(AsyncCheckpointerTest, DestroyedWhileCopyingLetsTheCopyFinishFirst) {
     copied = true;
   });
   ASSERT_TRUE(gate.WaitForArrival(Deadline::AfterMs(10000)));
+  // The fill is held until this thread waits in the destructor (its first sleep after
+  // `destroying`), whatever the machine's load: a destructor that did not wait returns with the
+  // fill still held, and `copied` is false.
+  const auto this_thread = static_cast<pid_t>(syscall(SYS_gettid));
+  std::atomic<bool> destroying{false};
   std::thread opener([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    PollUntil([&] { return destroying.load(); }, 10000, 1);
+    WaitUntilThreadSleeps(this_thread, 10000);
     gate.Open();
   });
+  destroying = true;
   checkpointer.reset();  // must not return while the fill still reads the caller's state
   EXPECT_TRUE(copied.load());
   opener.join();
