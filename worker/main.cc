@@ -243,6 +243,10 @@ int Train(const std::string& manifest_path) {
 }  // namespace lockstep
 
 int main(int argc, char** argv) {
+  // A write to a socket or pipe whose reader is gone fails with EPIPE, which every caller handles
+  // (libgloo's writev after an abort, a metrics scrape cut short), instead of ending the worker.
+  // Set here, before any thread starts; the programs it starts get the default back (ChildProcess).
+  signal(SIGPIPE, SIG_IGN);
   if (argc < 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     lockstep::Usage();
     return argc < 2 ? 2 : 0;

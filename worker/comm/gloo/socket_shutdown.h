@@ -43,6 +43,8 @@ bool WaitUntilSentBytesAcknowledged(const std::vector<sockaddr_storage>& local,
 // (an abort above) or whose peer reset it (a peer's abort). SIGPIPE's default action ends the
 // process, so a survivor would die where the write should fail with EPIPE and the collective
 // throw. Sets SIGPIPE to be ignored, unless the process already handles or ignores it.
+// lockstep-worker ignores it in main, before any thread starts; this covers the other programs
+// that create a communicator (the tests, a program linking the library).
 void IgnoreSigpipeUnlessHandled();
 
 }  // namespace lockstep::comm
