@@ -47,6 +47,7 @@ RUN apt-get update \
       cmake ninja-build g++ pkg-config \
       libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev \
       prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev zlib1g-dev \
+      libcli11-dev \
       patchelf \
  && rm -rf /var/lib/apt/lists/*
 WORKDIR /src

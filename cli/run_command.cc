@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cerrno>
 #include <climits>
@@ -236,55 +237,60 @@ void PrintWorkerFailure(const WorkerExit& exit, const std::string& policy,
   err << "---\n";
 }
 
+// `lockstep run`'s command line, defined once for parsing and for --help. The values CLI11
+// cannot check as the old parser did (--replicas' bound, --console's words) are read as text and
+// checked after, with the same messages.
+struct RunFlags {
+  RunOptions options;
+  std::string replicas;
+  std::string console = "all";
+};
+
+std::unique_ptr<CLI::App> RunCommandLine(RunFlags& flags) {
+  auto app = std::make_unique<CLI::App>(
+      "Runs a TrainingJob on this machine: its workers as lockstep-worker processes and an "
+      "in-process rendezvous service.",
+      "lockstep run");
+  app->option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app->add_option("FILE", flags.options.manifest_path, "the TrainingJob manifest")->required();
+  app->add_option("--replicas", flags.replicas, "number of workers (default: spec.replicas)")
+      ->type_name("N");
+  app->add_option("--summary", flags.options.summary_path, "write the result as JSON to FILE")
+      ->type_name("FILE");
+  app->add_option("--log-dir", flags.options.log_dir,
+                  "worker logs (default: ./lockstep-logs/<name>-<time>/)")
+      ->type_name("DIR");
+  app->add_option("--console", flags.console,
+                  "an exec job's program output on the console, each line prefixed with its "
+                  "rank: all (default), rank0 or none; the logs keep it all")
+      ->type_name("WHO");
+  return app;
+}
+
 }  // namespace
 
-const char kRunUsage[] =
-    "usage: lockstep run FILE [--replicas N] [--summary FILE] [--log-dir DIR] [--console WHO]\n"
-    "  Runs a TrainingJob on this machine: N lockstep-worker processes and an in-process\n"
-    "  rendezvous service.\n"
-    "  --replicas N     number of workers (default: spec.replicas)\n"
-    "  --summary FILE   write the result as JSON to FILE\n"
-    "  --log-dir DIR    worker logs (default: ./lockstep-logs/<name>-<time>/)\n"
-    "  --console WHO    an exec job's program output on the console, each line prefixed\n"
-    "                   with its rank: all (default), rank0 or none; the logs keep it all\n";
+std::string RunUsage() {
+  RunFlags flags;
+  return RunCommandLine(flags)->help();
+}
 
 StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
-  RunOptions options;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    std::string flag = arg, value;
-    bool has_inline_value = false;
-    if (arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos) {
-      flag = arg.substr(0, arg.find('='));
-      value = arg.substr(arg.find('=') + 1);
-      has_inline_value = true;
-    }
-    auto take_value = [&]() -> StatusOr<std::string> {
-      if (has_inline_value) return value;
-      if (i + 1 >= args.size()) return InvalidArgumentError(flag + ": missing value");
-      return args[++i];
-    };
-    if (flag == "--replicas") {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, take_value());
-      LOCKSTEP_ASSIGN_OR_RETURN(options.replicas, ParseReplicas(text));
-    } else if (flag == "--summary") {
-      LOCKSTEP_ASSIGN_OR_RETURN(options.summary_path, take_value());
-      if (options.summary_path.empty()) return InvalidArgumentError("--summary: empty path");
-    } else if (flag == "--console") {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, take_value());
-      LOCKSTEP_ASSIGN_OR_RETURN(options.console, ParseConsoleRanks(text));
-    } else if (flag == "--log-dir") {
-      LOCKSTEP_ASSIGN_OR_RETURN(options.log_dir, take_value());
-      if (options.log_dir.empty()) return InvalidArgumentError("--log-dir: empty path");
-    } else if (arg.size() > 1 && arg[0] == '-') {
-      return InvalidArgumentError("unknown flag " + arg);
-    } else if (options.manifest_path.empty()) {
-      options.manifest_path = arg;
-    } else {
-      return InvalidArgumentError("unexpected argument " + arg + " (one manifest per run)");
-    }
+  RunFlags flags;
+  std::unique_ptr<CLI::App> app = RunCommandLine(flags);
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    app->parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    flags.options.help = true;
+    return flags.options;
+  } catch (const CLI::ParseError& error) {
+    return InvalidArgumentError(error.what());
   }
-  if (options.manifest_path.empty()) return InvalidArgumentError("missing manifest FILE");
+  RunOptions& options = flags.options;
+  if (!flags.replicas.empty()) {
+    LOCKSTEP_ASSIGN_OR_RETURN(options.replicas, ParseReplicas(flags.replicas));
+  }
+  LOCKSTEP_ASSIGN_OR_RETURN(options.console, ParseConsoleRanks(flags.console));
   return options;
 }
 
@@ -305,7 +311,8 @@ Status CheckDevicePlacement(const spec::TrainingJob& job) {
         std::to_string(job.spec.ranks_per_worker) + "), but this machine shows " +
         std::to_string(gpus) +
         " GPU(s): each rank needs a GPU of its own (NCCL cannot put two ranks on one GPU); "
-        "use --replicas " + std::to_string(most) + " or fewer");
+        "use --replicas " +
+        std::to_string(most) + " or fewer");
   }
   return OkStatus();
 }
@@ -394,14 +401,14 @@ std::vector<std::string> TailOfFile(const std::string& path, int max_lines) {
 }
 
 int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
-    out << kRunUsage;
-    return kExitOk;
-  }
   StatusOr<RunOptions> options = ParseRunArgs(args);
   if (!options.ok()) {
-    err << "lockstep run: " << options.status().message() << "\n" << kRunUsage;
+    err << "lockstep run: " << options.status().message() << "\n" << RunUsage();
     return kExitBadInput;
+  }
+  if (options->help) {
+    out << RunUsage();
+    return kExitOk;
   }
 
   if (HeartbeatTimeoutMs() < 500 || HeartbeatTimeoutMs() > 600000) {

@@ -31,13 +31,15 @@ namespace lockstep::cli {
 
 struct RunOptions {
   std::string manifest_path;
-  std::optional<int32_t> replicas;  // overrides spec.replicas
-  std::string summary_path;         // empty: no summary file
-  std::string log_dir;              // empty: DefaultLogDir
+  std::optional<int32_t> replicas;            // overrides spec.replicas
+  std::string summary_path;                   // empty: no summary file
+  std::string log_dir;                        // empty: DefaultLogDir
   ConsoleRanks console = ConsoleRanks::kAll;  // whose program lines an exec job shows
+  bool help = false;                          // --help or -h: print RunUsage(), run nothing
 };
 
-extern const char kRunUsage[];
+// `lockstep run --help`: generated from the flags' definitions (CLI11).
+std::string RunUsage();
 
 // Parses the arguments after "run"; InvalidArgument says what is wrong (the caller adds usage).
 StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args);

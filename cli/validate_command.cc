@@ -1,7 +1,10 @@
 #include "cli/validate_command.h"
 
+#include <CLI/CLI.hpp>
 #include <cstdlib>
+#include <memory>
 #include <sstream>
+#include <vector>
 
 #include "cli/exit_codes.h"
 #include "kernels/device.h"
@@ -42,11 +45,16 @@ size_t CountProblems(const std::vector<std::string>& lines) {
   return count - 1 + more;
 }
 
-}  // namespace
+// `lockstep validate`'s command line, defined once for parsing and for --help.
+std::unique_ptr<CLI::App> ValidateCommandLine(std::string& path) {
+  auto app = std::make_unique<CLI::App>(
+      "Checks a TrainingJob manifest and its data; prints every problem, one per line.",
+      "lockstep validate");
+  app->add_option("FILE", path, "the TrainingJob manifest")->required();
+  return app;
+}
 
-const char kValidateUsage[] =
-    "usage: lockstep validate FILE\n"
-    "  Checks a TrainingJob manifest and its data; prints every problem, one per line.\n";
+}  // namespace
 
 ManifestCheck CheckManifest(const std::string& path) {
   ManifestCheck check;
@@ -99,8 +107,8 @@ std::string CheckPodMemory(const spec::TrainingJobSpec& spec, const trainer::Mem
   const std::string needs = "a pod of " + std::to_string(ranks) +
                             (ranks == 1 ? " rank" : " ranks") + " is estimated to need " +
                             (ranks == 1 ? rank.Describe()
-                                        : trainer::FormatBytes(pod) + ", " +
-                                              std::to_string(ranks) + " x " + rank.Describe());
+                                        : trainer::FormatBytes(pod) + ", " + std::to_string(ranks) +
+                                              " x " + rank.Describe());
   if (!spec.resources.memory.empty()) {
     const double limit = spec::QuantityValue(spec.resources.memory);
     if (pod <= limit) return "";
@@ -115,15 +123,18 @@ std::string CheckPodMemory(const spec::TrainingJobSpec& spec, const trainer::Mem
 }
 
 int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
-  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
-    out << kValidateUsage;
+  std::string path;
+  std::unique_ptr<CLI::App> app = ValidateCommandLine(path);
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    app->parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    out << app->help();
     return kExitOk;
-  }
-  if (args.size() != 1 || (!args[0].empty() && args[0][0] == '-')) {
-    err << kValidateUsage;
+  } catch (const CLI::ParseError& error) {
+    err << "lockstep validate: " << error.what() << "\n" << app->help();
     return kExitBadInput;
   }
-  const std::string& path = args[0];
   ManifestCheck check = CheckManifest(path);
   if (!check.ok()) {
     for (const std::string& problem : check.problems) err << problem << "\n";

@@ -40,6 +40,4 @@ std::string CheckPodMemory(const spec::TrainingJobSpec& spec, const trainer::Mem
 // `err` and returns 2. Usage errors print the usage on `err` and return 2.
 int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);
 
-extern const char kValidateUsage[];
-
 }  // namespace lockstep::cli

@@ -36,6 +36,7 @@
 #include "operator/controller/work_queue.h"
 #include "operator/kube/kube_client.h"
 #include "operator/kube/kube_config.h"
+#include "operator/operator_flags.h"
 #include "operator/operator_identity.h"
 #include "operator/operator_metrics.h"
 #include "operator/rendezvous_address.h"
@@ -49,225 +50,9 @@ namespace {
 
 using json = nlohmann::json;
 
-struct Flags {
-  std::string kubeconfig;
-  std::string watch_namespace;
-  bool leader_elect = true;
-  std::string leader_election_namespace;
-  std::string leader_election_id = "lockstep-operator";
-  std::string identity;
-  int metrics_port = 8080;
-  std::string metrics_host = "0.0.0.0";
-  int rendezvous_port = 7443;
-  std::string rendezvous_host = "0.0.0.0";
-  std::string rendezvous_address;
-  std::string rendezvous_service;
-  bool rendezvous_insecure = false;
-  int webhook_port = 0;
-  std::string webhook_host = "0.0.0.0";
-  std::string webhook_service = "lockstep-webhook";
-  std::string webhook_configuration;
-  int64_t webhook_ca_check_ms = 10000;
-  std::string operator_secret = "lockstep-operator";
-  std::string worker_image = "lockstep-worker:0.1";
-  std::string agent_image = "lockstep-agent:0.1";
-  int workers = 4;
-  int io_threads = 4;
-  double qps = 50;
-  int burst = 100;
-  std::string volcano_scheduler = "volcano";
-  std::string scheduler_plugins_scheduler = "scheduler-plugins-scheduler";
-  int64_t progress_interval_ms = 10000;
-  int64_t node_loss_toleration_seconds = 30;
-  int64_t heartbeat_timeout_ms = 10000;
-  std::vector<std::string> topology_keys = trainingjob::DefaultTopologyKeys();
-};
-
 constexpr char kPhaseIndex[] = "phase";  // jobs informer: status.phase ("Pending" when unset)
 // Where the API server sends TrainingJob admission reviews (the chart's webhook clientConfig).
 constexpr char kValidateTrainingJobPath[] = "/validate-trainingjob";
-
-constexpr char kUsage[] = R"(usage: lockstep-operator [flags]
-  --kubeconfig FILE                 kubeconfig to use (default: in-cluster service account)
-  --watch-namespace NS              only this namespace's TrainingJobs (default: all)
-  --leader-elect=true|false         run leader election (default true)
-  --leader-election-namespace NS    namespace of the Lease (default: $POD_NAMESPACE or default)
-  --leader-election-id NAME         name of the Lease (default lockstep-operator)
-  --identity ID                     this replica's identity (default: $POD_NAME or hostname)
-  --metrics-port PORT               /metrics, /healthz, /readyz (default 8080; 0: a free port)
-  --metrics-host HOST               address to bind it (default 0.0.0.0)
-  --rendezvous-port PORT            the rendezvous gRPC service (default 7443; 0: a free port)
-  --rendezvous-host HOST            address to bind it (default 0.0.0.0)
-  --rendezvous-address HOST:PORT    what workers dial (default
-                                    lockstep-rendezvous.$POD_NAMESPACE.svc:<rendezvous-port>)
-  --rendezvous-service NAME         workers dial this Service's cluster IP (in the leader
-                                    election namespace) instead: no cluster DNS needed
-  --rendezvous-insecure             plaintext rendezvous (no TLS; development only)
-  --webhook-port PORT               HTTPS admission webhook for TrainingJobs (default 0: none;
-                                    the chart serves it on 9443)
-  --webhook-host HOST               address to bind it (default 0.0.0.0)
-  --webhook-service NAME            the Service the API server calls it through, in the
-                                    operator's namespace (default lockstep-webhook): the names
-                                    on its serving certificate
-  --webhook-configuration NAME      ValidatingWebhookConfiguration whose caBundle this operator
-                                    keeps set to its CA (default: none)
-  --webhook-ca-check-ms MS          how often that caBundle is checked (default 10000)
-  --operator-secret NAME            Secret holding the CA and master key (default
-                                    lockstep-operator, in the leader election namespace)
-  --worker-image IMAGE              image for jobs that name none (spec.image, or the template's
-                                    worker container's image)
-  --agent-image IMAGE               image whose init container brings the exec agent into a
-                                    command job's own image (the Dockerfile's agent stage)
-  --workers N                       concurrent reconciles (default 4)
-  --io-threads N                    HTTP client I/O threads (default 4)
-  --qps Q --burst B                 API client rate limit (default 50, 100)
-  --gang-scheduler-name-volcano NAME
-  --gang-scheduler-name-scheduler-plugins NAME
-  --progress-interval-ms MS         how often running jobs' progress is written (default 10000)
-  --node-loss-toleration-seconds S  how long worker pods stay bound to a node that is not-ready or
-                                    unreachable before they are evicted (default 30; -1: the
-                                    cluster's default, 300)
-  --topology-keys K1,K2,...         node label keys, coarse to fine, whose values (then the node's
-                                    name) order a job's ranks so that ring neighbours share a
-                                    switch; "" numbers pods as they join (default: the zone labels
-                                    and EKS', GKE's and NVIDIA topograph's network layers)
-)";
-
-Status ParseFlags(int argc, char** argv, Flags* flags) {
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--help" || arg == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (arg.rfind("--", 0) != 0) return InvalidArgumentError("unexpected argument " + arg);
-    std::string name = arg, value;
-    bool has_value = false;
-    if (size_t eq = arg.find('='); eq != std::string::npos) {
-      name = arg.substr(0, eq);
-      value = arg.substr(eq + 1);
-      has_value = true;
-    }
-    auto take = [&]() -> StatusOr<std::string> {
-      if (has_value) return value;
-      if (i + 1 >= argc) return InvalidArgumentError(name + " needs a value");
-      return std::string(argv[++i]);
-    };
-    auto take_int = [&](int64_t lo, int64_t hi) -> StatusOr<int64_t> {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string text, take());
-      char* end = nullptr;
-      long long v = std::strtoll(text.c_str(), &end, 10);
-      if (text.empty() || *end != '\0' || v < lo || v > hi) {
-        return InvalidArgumentError(name + ": " + text + " is not an integer in " +
-                                    std::to_string(lo) + ".." + std::to_string(hi));
-      }
-      return static_cast<int64_t>(v);
-    };
-    auto take_bool = [&]() -> StatusOr<bool> {
-      if (!has_value) return true;
-      if (value == "true") return true;
-      if (value == "false") return false;
-      return InvalidArgumentError(name + ": " + value + " is not true or false");
-    };
-    if (name == "--kubeconfig") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->kubeconfig, take());
-    } else if (name == "--watch-namespace") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->watch_namespace, take());
-    } else if (name == "--leader-elect") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->leader_elect, take_bool());
-    } else if (name == "--leader-election-namespace") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->leader_election_namespace, take());
-    } else if (name == "--leader-election-id") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->leader_election_id, take());
-    } else if (name == "--identity") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->identity, take());
-    } else if (name == "--metrics-port") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 65535));
-      flags->metrics_port = static_cast<int>(v);
-    } else if (name == "--metrics-host") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->metrics_host, take());
-    } else if (name == "--rendezvous-port") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 65535));
-      flags->rendezvous_port = static_cast<int>(v);
-    } else if (name == "--rendezvous-host") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_host, take());
-    } else if (name == "--rendezvous-address") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_address, take());
-    } else if (name == "--rendezvous-service") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_service, take());
-    } else if (name == "--rendezvous-insecure") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->rendezvous_insecure, take_bool());
-    } else if (name == "--webhook-port") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 65535));
-      flags->webhook_port = static_cast<int>(v);
-    } else if (name == "--webhook-host") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_host, take());
-    } else if (name == "--webhook-service") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_service, take());
-    } else if (name == "--webhook-configuration") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_configuration, take());
-    } else if (name == "--webhook-ca-check-ms") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->webhook_ca_check_ms, take_int(100, 3600000));
-    } else if (name == "--operator-secret") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->operator_secret, take());
-    } else if (name == "--worker-image") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->worker_image, take());
-    } else if (name == "--agent-image") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->agent_image, take());
-    } else if (name == "--workers") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(1, 256));
-      flags->workers = static_cast<int>(v);
-    } else if (name == "--io-threads") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(1, 256));
-      flags->io_threads = static_cast<int>(v);
-    } else if (name == "--qps") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(0, 100000));
-      flags->qps = static_cast<double>(v);
-    } else if (name == "--burst") {
-      LOCKSTEP_ASSIGN_OR_RETURN(int64_t v, take_int(1, 100000));
-      flags->burst = static_cast<int>(v);
-    } else if (name == "--gang-scheduler-name-volcano") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->volcano_scheduler, take());
-    } else if (name == "--gang-scheduler-name-scheduler-plugins") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->scheduler_plugins_scheduler, take());
-    } else if (name == "--progress-interval-ms") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->progress_interval_ms, take_int(100, 3600000));
-    } else if (name == "--node-loss-toleration-seconds") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->node_loss_toleration_seconds, take_int(-1, 86400));
-    } else if (name == "--topology-keys") {
-      LOCKSTEP_ASSIGN_OR_RETURN(std::string list, take());
-      flags->topology_keys.clear();
-      if (!list.empty()) {
-        std::istringstream keys(list + ",");  // so that a trailing empty key is read too
-        for (std::string key; std::getline(keys, key, ',');) {
-          if (key.empty()) {
-            return InvalidArgumentError("--topology-keys: an empty key in \"" + list + "\"");
-          }
-          flags->topology_keys.push_back(key);
-        }
-      }
-    } else if (name == "--rendezvous-heartbeat-timeout-ms") {
-      LOCKSTEP_ASSIGN_OR_RETURN(flags->heartbeat_timeout_ms, take_int(500, 600000));
-    } else {
-      return InvalidArgumentError("unknown flag " + name + " (see --help)");
-    }
-  }
-  auto env = [](const char* name) {
-    const char* v = std::getenv(name);
-    return std::string(v ? v : "");
-  };
-  if (flags->leader_election_namespace.empty()) {
-    flags->leader_election_namespace = env("POD_NAMESPACE");
-    if (flags->leader_election_namespace.empty()) flags->leader_election_namespace = "default";
-  }
-  if (flags->identity.empty()) flags->identity = env("POD_NAME");
-  if (flags->identity.empty()) {
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    flags->identity = std::string(host) + "-" + std::to_string(getpid());
-  }
-  return OkStatus();
-}
 
 // Signals go to one waiting thread (main), never to a library's thread.
 sigset_t BlockTerminationSignals() {
@@ -308,8 +93,8 @@ class Operator {
           RendezvousServiceAddress(client_.get(), flags_.leader_election_namespace,
                                    flags_.rendezvous_service, 60000));
       const std::string& ns = flags_.leader_election_namespace;
-      for (const std::string& service : {flags_.rendezvous_service,
-                                         std::string("lockstep-rendezvous")}) {
+      for (const std::string& service :
+           {flags_.rendezvous_service, std::string("lockstep-rendezvous")}) {
         for (const std::string& name : {service + "." + ns, service + "." + ns + ".svc",
                                         service + "." + ns + ".svc.cluster.local"}) {
           service_names.push_back(name);
@@ -329,9 +114,9 @@ class Operator {
     server_options.listen_address =
         flags_.rendezvous_host + ":" + std::to_string(flags_.rendezvous_port);
     if (!flags_.rendezvous_insecure) {
-      LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
-                                IssueRendezvousCertificate(identity_, flags_.rendezvous_address,
-                                                           service_names));
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          tls::KeyPair serving,
+          IssueRendezvousCertificate(identity_, flags_.rendezvous_address, service_names));
       server_options.tls_cert_pem = serving.cert_pem + identity_.ca.cert_pem;
       server_options.tls_key_pem = serving.key_pem;
     }
@@ -680,12 +465,20 @@ class Operator {
 
 int main(int argc, char** argv) {
   using namespace lockstep;
+  // A write to a connection whose peer is gone fails with EPIPE instead of ending the operator
+  // (Boost.Asio already sends with MSG_NOSIGNAL; this covers what does not).
+  signal(SIGPIPE, SIG_IGN);
   const sigset_t signals = op::BlockTerminationSignals();
-  op::Flags flags;
-  if (Status s = op::ParseFlags(argc, argv, &flags); !s.ok()) {
-    std::cerr << "lockstep-operator: " << s.message() << "\n";
+  StatusOr<op::OperatorCommandLine> line = op::ParseOperatorFlags(argc, argv);
+  if (!line.ok()) {
+    std::cerr << "lockstep-operator: " << line.status().message() << "\n";
     return 2;
   }
+  if (line->help) {
+    std::cout << line->usage;
+    return 0;
+  }
+  const op::Flags& flags = line->flags;
   SetLogContext("operator " + flags.identity);
   if (std::getenv("MALLOC_ARENA_MAX") == nullptr) {
     // glibc gives each busy thread an arena of its own (up to 8 per core); the operator's threads

@@ -27,6 +27,7 @@ packages=(
   # libraries (docs/architecture.md, "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev
   prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev zlib1g-dev
+  libcli11-dev
   # RDMA device discovery (worker/comm/rdma); optional at build time, named here all the same
   libibverbs-dev
   # the build configures the tests and benchmarks too (headers and small libraries; the

@@ -6,6 +6,8 @@
 
 #include <set>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "tests/support/process/process.h"
 
@@ -31,6 +33,37 @@ TEST(RunArgsTest, RejectsWhatItDoesNotUnderstand) {
   StatusOr<RunOptions> unknown = ParseRunArgs({"a.yaml", "--fast"});
   ASSERT_FALSE(unknown.ok());
   EXPECT_NE(unknown.status().message().find("--fast"), std::string::npos);
+}
+
+TEST(RunArgsTest, ABadValueIsRefusedNamingTheFlagAndTheValue) {
+  for (const auto& [args, flag, value] :
+       std::vector<std::tuple<std::vector<std::string>, std::string, std::string>>{
+           {{"a.yaml", "--replicas", "0"}, "--replicas", "0"},
+           {{"a.yaml", "--replicas=two"}, "--replicas", "two"},
+           {{"a.yaml", "--replicas", "1025"}, "--replicas", "1025"},
+           {{"a.yaml", "--console", "rank1"}, "--console", "rank1"}}) {
+    StatusOr<RunOptions> refused = ParseRunArgs(args);
+    ASSERT_FALSE(refused.ok()) << flag << " " << value;
+    EXPECT_NE(refused.status().message().find(flag), std::string::npos) << refused.status();
+    EXPECT_NE(refused.status().message().find(value), std::string::npos) << refused.status();
+  }
+  StatusOr<RunOptions> missing = ParseRunArgs({"a.yaml", "--summary"});
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("--summary"), std::string::npos) << missing.status();
+}
+
+TEST(RunArgsTest, ConsoleAndHelpAreRead) {
+  StatusOr<RunOptions> options = ParseRunArgs({"a.yaml", "--console=rank0"});
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->console, ConsoleRanks::kRankZero);
+  EXPECT_FALSE(options->help);
+  EXPECT_EQ(ParseRunArgs({"a.yaml"})->console, ConsoleRanks::kAll);
+  // --help anywhere asks for the usage, which names every flag.
+  EXPECT_TRUE(ParseRunArgs({"a.yaml", "--help"})->help);
+  EXPECT_TRUE(ParseRunArgs({"-h"})->help);
+  for (const char* flag : {"FILE", "--replicas", "--summary", "--log-dir", "--console"}) {
+    EXPECT_NE(RunUsage().find(flag), std::string::npos) << flag << "\n" << RunUsage();
+  }
 }
 
 TEST(RunArgsTest, ReplicasOverrideSetsTheRangeOfAFixedSizeJob) {

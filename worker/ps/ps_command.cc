@@ -2,8 +2,10 @@
 
 #include <signal.h>
 
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <sstream>
+#include <vector>
 
 #include "common/env.h"
 #include "common/spec/training_job.h"
@@ -39,13 +41,15 @@ bool ParseTable(const std::string& value, TableSpec* table, std::string* error) 
   std::stringstream stream(value);
   for (std::string part; std::getline(stream, part, ':');) parts.push_back(part);
   if (parts.size() < 3 || parts.size() > 6 || parts[0].empty()) {
-    *error = "--table \"" + value + "\": expected NAME:ROWS:DIM[:LEARNING_RATE[:SEED[:INIT_SCALE]]]";
+    *error =
+        "--table \"" + value + "\": expected NAME:ROWS:DIM[:LEARNING_RATE[:SEED[:INIT_SCALE]]]";
     return false;
   }
   table->name = parts[0];
   return ParseNumber(parts[1], "rows", &table->rows, error) &&
          ParseNumber(parts[2], "dim", &table->dim, error) &&
-         (parts.size() < 4 || ParseNumber(parts[3], "learning rate", &table->learning_rate, error)) &&
+         (parts.size() < 4 ||
+          ParseNumber(parts[3], "learning rate", &table->learning_rate, error)) &&
          (parts.size() < 5 || ParseNumber(parts[4], "seed", &table->seed, error)) &&
          (parts.size() < 6 || ParseNumber(parts[5], "init scale", &table->init_scale, error));
 }
@@ -57,30 +61,39 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
   options.listen_address = "0.0.0.0:7470";
   std::string manifest_path;
   int64_t manifest_metrics_port = 0;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (i + 1 >= args.size()) return Refuse(flag + " needs a value (see --help)");
-    const std::string& value = args[++i];
+  std::vector<std::string> table_texts;
+  CLI::App app{"Serves one shard of a job's embedding tables to its workers until SIGTERM.",
+               "lockstep-worker ps"};
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--job", options.job, "the job, NAMESPACE/NAME (default: the manifest's)")
+      ->type_name("JOB");
+  app.add_option("--shard", options.shard, "this server's shard")->type_name("N");
+  app.add_option("--shards", options.shards, "the job's shards")->type_name("N");
+  app.add_option("--workers", options.workers, "the job's workers, whose clocks this server keeps")
+      ->type_name("N");
+  app.add_option("--listen", options.listen_address, "the address to serve on")
+      ->type_name("HOST:PORT");
+  app.add_option("--manifest", manifest_path,
+                 "the job's manifest: its tables, workers, shards and checkpoints (default: "
+                 "$LOCKSTEP_SPEC when no --table is given)")
+      ->type_name("FILE");
+  app.add_option("--table", table_texts, "a table to hold, instead of a manifest's (repeatable)")
+      ->type_name("NAME:ROWS:DIM[:LEARNING_RATE[:SEED[:INIT_SCALE]]]")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+  try {
+    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    std::cout << app.help();
+    return 0;
+  } catch (const CLI::ParseError& error) {
+    return Refuse(std::string(error.what()) + " (see --help)");
+  }
+  for (const std::string& text : table_texts) {
+    TableSpec table;
     std::string error;
-    if (flag == "--job") {
-      options.job = value;
-    } else if (flag == "--shard") {
-      if (!ParseNumber(value, "--shard", &options.shard, &error)) return Refuse(error);
-    } else if (flag == "--shards") {
-      if (!ParseNumber(value, "--shards", &options.shards, &error)) return Refuse(error);
-    } else if (flag == "--workers") {
-      if (!ParseNumber(value, "--workers", &options.workers, &error)) return Refuse(error);
-    } else if (flag == "--listen") {
-      options.listen_address = value;
-    } else if (flag == "--manifest") {
-      manifest_path = value;
-    } else if (flag == "--table") {
-      TableSpec table;
-      if (!ParseTable(value, &table, &error)) return Refuse(error);
-      options.tables.push_back(table);
-    } else {
-      return Refuse("unknown flag " + flag);
-    }
+    if (!ParseTable(text, &table, &error)) return Refuse(error);
+    options.tables.push_back(table);
   }
   if (!manifest_path.empty() ||
       (options.tables.empty() && !EnvString("LOCKSTEP_SPEC", "").empty())) {

@@ -1,8 +1,7 @@
 // `lockstep-worker ps` as a process (worker/ps/ps_command.h): it serves its table to a client
 // over gRPC until SIGTERM, then exits 0; bad arguments exit 2 naming what is wrong.
-#include <signal.h>
-
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <regex>
 #include <string>
@@ -88,7 +87,14 @@ TEST(ParameterServerProcessTest, BadArgumentsExit2NamingWhatIsWrong) {
   EXPECT_NE(result.err.find("shard 2 of 2 does not exist"), std::string::npos) << result.err;
   result = run({"--bogus", "1"}, token);
   EXPECT_EQ(result.exit_code, 2);
-  EXPECT_NE(result.err.find("unknown flag --bogus"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("not expected: "), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("--bogus"), std::string::npos) << result.err;
+  result = run({"--shard", "first", "--table", "emb:10:4"}, token);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--shard = first"), std::string::npos) << result.err;
+  result = run({"--listen"}, token);
+  EXPECT_EQ(result.exit_code, 2);
+  EXPECT_NE(result.err.find("--listen"), std::string::npos) << result.err;
 }
 
 }  // namespace
