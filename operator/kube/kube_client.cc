@@ -1,10 +1,10 @@
 #include "operator/kube/kube_client.h"
 
 #include <cpprest/http_client.h>
-#include <pplx/threadpool.h>
 #include <cpprest/uri.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
+#include <pplx/threadpool.h>
 
 #include <algorithm>
 #include <boost/asio/ssl/context.hpp>
@@ -17,6 +17,8 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "operator/kube/api_status.h"
+#include "operator/kube/token_bucket.h"
 
 namespace lockstep::op::kube {
 namespace {
@@ -74,121 +76,10 @@ class Query {
   std::string text_;
 };
 
-// The Kubernetes API conventions' Status reasons decide first; the HTTP status otherwise.
-StatusCode CodeFor(int http_status, const std::string& reason) {
-  if (reason == "AlreadyExists") return StatusCode::kAlreadyExists;
-  if (reason == "Conflict") return StatusCode::kAborted;
-  if (reason == "Expired" || reason == "Gone") return StatusCode::kOutOfRange;
-  switch (http_status) {
-    case 400:
-    case 406:
-    case 413:
-    case 415:
-    case 422:
-      return StatusCode::kInvalidArgument;
-    case 401:
-      return StatusCode::kUnauthenticated;
-    case 403:
-      return StatusCode::kPermissionDenied;
-    case 404:
-      return StatusCode::kNotFound;
-    case 405:
-      return StatusCode::kUnimplemented;
-    case 409:
-      return StatusCode::kAborted;
-    case 410:
-      return StatusCode::kOutOfRange;
-    case 429:
-      return StatusCode::kResourceExhausted;
-    default:
-      break;
-  }
-  if (http_status >= 500) return StatusCode::kUnavailable;
-  return StatusCode::kUnknown;
-}
-
-// `what` is "VERB /path". The server's Status object carries the message (field causes included
-// for 422) and the reason; a body that is not one (a proxy's HTML page) is quoted, shortened.
-Status StatusFromKubeStatus(int http_status, const json& body, const std::string& raw,
-                            const std::string& what) {
-  std::string reason;
-  std::string message;
-  if (body.is_object() && body.value("kind", "") == "Status") {
-    reason = body.value("reason", "");
-    message = body.value("message", "");
-  }
-  if (message.empty()) {
-    message = raw.size() > 300 ? raw.substr(0, 300) + "..." : raw;
-    if (message.empty()) message = "HTTP " + std::to_string(http_status);
-  }
-  std::string text = what + ": " + message;
-  // Field causes the message does not already spell out (it usually does for 422).
-  if (body.is_object() && body.contains("details") && body["details"].is_object()) {
-    const json& causes = body["details"].value("causes", json::array());
-    for (const json& cause : causes) {
-      if (!cause.is_object()) continue;
-      const std::string field = cause.value("field", "");
-      const std::string cause_message = cause.value("message", "");
-      if (cause_message.empty() || message.find(cause_message) != std::string::npos) continue;
-      text += "; " + (field.empty() ? "" : field + ": ") + cause_message;
-    }
-  }
-  if (!reason.empty() && message.find(reason) == std::string::npos) text += " (" + reason + ")";
-  return Status(CodeFor(http_status, reason), text + " [HTTP " + std::to_string(http_status) + "]");
-}
-
 struct HttpResult {
   int status = 0;
   std::string body;
   int64_t retry_after_seconds = -1;  // -1: no Retry-After header
-};
-
-class TokenBucket {
- public:
-  TokenBucket(double qps, int burst)
-      : qps_(qps),
-        burst_(std::max(1, burst)),
-        tokens_(std::max(1, burst)),
-        last_(Deadline::Clock::now()) {}
-
-  // Reserves a token and sleeps until it is due. Fails without reserving when the token would
-  // come after the deadline. A stop flag cuts the sleep short (CANCELLED).
-  Status Wait(Deadline deadline, const std::atomic<bool>* stop) {
-    if (qps_ <= 0) return OkStatus();
-    Deadline::Clock::time_point due;
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      const auto now = Deadline::Clock::now();
-      const double elapsed = std::chrono::duration<double>(now - last_).count();
-      last_ = now;
-      tokens_ = std::min<double>(burst_, tokens_ + elapsed * qps_);
-      if (tokens_ >= 1) {
-        tokens_ -= 1;
-        return OkStatus();
-      }
-      // Reserve ahead: the debt makes later callers wait their turn behind this one.
-      const double wait_seconds = (1 - tokens_) / qps_;
-      due = now + std::chrono::duration_cast<Deadline::Clock::duration>(
-                      std::chrono::duration<double>(wait_seconds));
-      if (due > deadline.at()) {
-        return DeadlineExceededError("client rate limit (" + std::to_string(qps_) +
-                                     " qps): no token before the deadline");
-      }
-      tokens_ -= 1;
-    }
-    while (Deadline::Clock::now() < due) {
-      if (stop != nullptr && stop->load()) return CancelledError("stopped");
-      std::this_thread::sleep_until(std::min(due, Deadline::Clock::now() + kStopPollInterval));
-    }
-    return OkStatus();
-  }
-
- private:
-  const double qps_;
-  const int burst_;
-  std::mutex mutex_;
-  double tokens_;
-  Deadline::Clock::time_point last_;
 };
 
 WatchEventType EventTypeOf(const std::string& type, bool* known) {
