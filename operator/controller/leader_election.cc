@@ -107,6 +107,16 @@ void LeaderElector::Loop() {
   }
 }
 
+std::string LeaderElector::ObservedLeader() const {
+  std::lock_guard<std::mutex> lock(holder_mutex_);
+  return observed_holder_;
+}
+
+void LeaderElector::SetObservedHolder(const std::string& holder) {
+  std::lock_guard<std::mutex> lock(holder_mutex_);
+  observed_holder_ = holder;
+}
+
 bool LeaderElector::TryAcquireOrRenew() {
   const std::string now_text = MicroTimeNow();
   const int64_t duration_seconds = std::max<int64_t>(1, (options_.lease_duration_ms + 999) / 1000);
@@ -132,7 +142,7 @@ bool LeaderElector::TryAcquireOrRenew() {
     }
     observed_spec_ = created->value("spec", json::object());
     observed_at_ = MonotonicSeconds();
-    observed_holder_ = options_.identity;
+    SetObservedHolder(options_.identity);
     return true;
   }
   if (!current.ok()) {
@@ -146,7 +156,7 @@ bool LeaderElector::TryAcquireOrRenew() {
     observed_at_ = MonotonicSeconds();
   }
   const std::string holder = StringField(spec, "holderIdentity");
-  observed_holder_ = holder;
+  SetObservedHolder(holder);
   const bool held_by_other = !holder.empty() && holder != options_.identity;
   if (held_by_other && (MonotonicSeconds() - observed_at_) * 1000.0 < options_.lease_duration_ms) {
     return false;  // the holder renewed within its lease, as far as our clock can tell
@@ -174,7 +184,7 @@ bool LeaderElector::TryAcquireOrRenew() {
   }
   observed_spec_ = updated->value("spec", json::object());
   observed_at_ = MonotonicSeconds();
-  observed_holder_ = options_.identity;
+  SetObservedHolder(options_.identity);
   return true;
 }
 

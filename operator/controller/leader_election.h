@@ -50,12 +50,16 @@ class LeaderElector {
   // Stops campaigning; a leader releases the lease (holderIdentity cleared). Idempotent.
   void Stop();
   bool IsLeader() const { return leader_.load(); }
+  // The Lease's holder as this replica last read or wrote it: "" before the first read and while
+  // none holds it (client-go's GetLeader).
+  std::string ObservedLeader() const;
 
  private:
   void Loop();
   bool TryAcquireOrRenew();
   void Release();             // a leader's Stop: clears holderIdentity so a standby need not wait
   void SleepFor(int64_t ms);  // woken early by Stop
+  void SetObservedHolder(const std::string& holder);
 
   kube::KubeClient* client_;
   LeaderElectionOptions options_;
@@ -69,7 +73,8 @@ class LeaderElector {
   // presumed alive until lease_duration_ms after we saw its record change.
   nlohmann::json observed_spec_;
   double observed_at_ = 0;
-  std::string observed_holder_;
+  std::string observed_holder_;  // written by the campaign thread under holder_mutex_
+  mutable std::mutex holder_mutex_;
 };
 
 }  // namespace lockstep::op::controller

@@ -94,8 +94,8 @@ TEST(LeaderElectionTest, StoppedLeaderReleasesAndTheStandbyTakesOverQuickly) {
   ASSERT_TRUE(KubeTestEnv::WaitFor([&] { return first->IsLeader(); }, 10000));
   LeaderElector standby(client.get(), Options(ns, "standby", 20000));
   standby.Run(standby_calls.on_started(), standby_calls.on_stopped());
-  // Let the standby see the held lease at least once.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  // The standby has read the held lease, and left it to its holder.
+  ASSERT_TRUE(KubeTestEnv::WaitFor([&] { return standby.ObservedLeader() == "first"; }, 10000));
   ASSERT_FALSE(standby.IsLeader());
 
   const auto stopped_at = Clock::now();

@@ -373,17 +373,30 @@ TEST(KubeClientTest, WatchReturnsCancelledSoonAfterStop) {
   const std::string ns = KubeServer::NewNamespace("stop");
   std::atomic<bool> stop{false};
   std::atomic<bool> returned{false};
+  std::atomic<int> seen{0};
   Status status;
   std::thread watcher([&] {
     WatchOptions options;
     options.timeout_seconds = 300;
     status = client->Watch(
-        kConfigMaps, ns, options, [](const WatchEvent&) { return true; }, &stop);
+        kConfigMaps, ns, options,
+        [&](const WatchEvent&) {
+          ++seen;
+          return true;
+        },
+        &stop);
     returned = true;
   });
-  // Open for a while (the connection is established and idle) before asking it to stop.
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  ASSERT_FALSE(returned.load());
+  // The watch is established (it delivered an event) and idle before it is asked to stop.
+  ASSERT_TRUE(client->Create(kConfigMaps, ns, KubeServer::ConfigMap(ns, "seen")).ok());
+  const bool delivered =
+      lockstep::testing::KubeTestEnv::WaitFor([&] { return seen.load() > 0; }, 30000);
+  if (!delivered || returned.load()) {
+    stop = true;
+    watcher.join();
+    FAIL() << "the watch delivered " << seen.load() << " events and "
+           << (returned.load() ? "returned: " + status.ToString() : "is still open");
+  }
   const auto stopped_at = Clock::now();
   stop = true;
   watcher.join();
