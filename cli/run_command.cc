@@ -28,6 +28,7 @@
 #include "cli/summary.h"
 #include "cli/validate_command.h"
 #include "cli/worker_commands.h"
+#include "common/command_line.h"
 #include "common/deadline.h"
 #include "common/env.h"
 #include "common/logging.h"
@@ -278,7 +279,7 @@ StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
   RunFlags flags;
   std::unique_ptr<CLI::App> app = RunCommandLine(flags);
   try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    std::vector<std::string> reversed = Cli11Arguments(args);
     app->parse(reversed);
   } catch (const CLI::CallForHelp&) {
     flags.options.help = true;
@@ -287,9 +288,16 @@ StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
     return InvalidArgumentError(error.what());
   }
   RunOptions& options = flags.options;
-  if (!flags.replicas.empty()) {
+  if (app->count("--replicas") > 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(options.replicas, ParseReplicas(flags.replicas));
   }
+  if (app->count("--summary") > 0 && options.summary_path.empty()) {
+    return InvalidArgumentError("--summary: empty path");
+  }
+  if (app->count("--log-dir") > 0 && options.log_dir.empty()) {
+    return InvalidArgumentError("--log-dir: empty path");
+  }
+  if (options.manifest_path.empty()) return InvalidArgumentError("FILE: empty path");
   LOCKSTEP_ASSIGN_OR_RETURN(options.console, ParseConsoleRanks(flags.console));
   return options;
 }

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "cli/exit_codes.h"
+#include "common/command_line.h"
 #include "kernels/device.h"
 #include "worker/ps/click_log_file.h"
 #include "worker/trainer/dataset.h"
@@ -126,7 +127,7 @@ int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, 
   std::string path;
   std::unique_ptr<CLI::App> app = ValidateCommandLine(path);
   try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    std::vector<std::string> reversed = Cli11Arguments(args);
     app->parse(reversed);
   } catch (const CLI::CallForHelp&) {
     out << app->help();

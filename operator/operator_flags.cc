@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <sstream>
 
+#include "common/command_line.h"
 #include "operator/trainingjob/reconciler.h"
 
 namespace lockstep::op {
@@ -50,7 +51,8 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
   app.add_option("--watch-namespace", f.watch_namespace,
                  "only this namespace's TrainingJobs (default: all)")
       ->type_name("NS");
-  app.add_flag("--leader-elect", f.leader_elect, "run leader election (--leader-elect=false: not)");
+  AddBooleanFlag(app, "--leader-elect", f.leader_elect,
+                 "run leader election (--leader-elect=false: not)");
   app.add_option("--leader-election-namespace", f.leader_election_namespace,
                  "namespace of the Lease (default: $POD_NAMESPACE, else default)")
       ->type_name("NS");
@@ -60,11 +62,13 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
                  "this replica's identity (default: $POD_NAME, else the host name and pid)")
       ->type_name("ID");
   app.add_option("--metrics-port", f.metrics_port, "/metrics, /healthz, /readyz (0: a free port)")
+      ->transform(DecimalInteger())
       ->check(port)
       ->type_name("PORT");
   app.add_option("--metrics-host", f.metrics_host, "address to bind it")->type_name("HOST");
   app.add_option("--rendezvous-port", f.rendezvous_port,
                  "the rendezvous gRPC service (0: a free port)")
+      ->transform(DecimalInteger())
       ->check(port)
       ->type_name("PORT");
   app.add_option("--rendezvous-host", f.rendezvous_host, "address to bind it")->type_name("HOST");
@@ -76,14 +80,16 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
                  "workers dial this Service's cluster IP (in the leader election namespace) "
                  "instead: no cluster DNS needed")
       ->type_name("NAME");
-  app.add_flag("--rendezvous-insecure", f.rendezvous_insecure,
-               "plaintext rendezvous (no TLS; development only)");
+  AddBooleanFlag(app, "--rendezvous-insecure", f.rendezvous_insecure,
+                 "plaintext rendezvous (no TLS; development only)");
   app.add_option("--rendezvous-heartbeat-timeout-ms", f.heartbeat_timeout_ms,
                  "how long a worker may send no heartbeat before its generation ends")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(int64_t{500}, int64_t{600000}))
       ->type_name("MS");
   app.add_option("--webhook-port", f.webhook_port,
                  "HTTPS admission webhook for TrainingJobs (0: none; the chart serves it on 9443)")
+      ->transform(DecimalInteger())
       ->check(port)
       ->type_name("PORT");
   app.add_option("--webhook-host", f.webhook_host, "address to bind it")->type_name("HOST");
@@ -97,6 +103,7 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
       ->type_name("NAME");
   app.add_option("--webhook-ca-check-ms", f.webhook_ca_check_ms,
                  "how often that caBundle is checked")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
       ->type_name("MS");
   app.add_option("--operator-secret", f.operator_secret,
@@ -111,17 +118,21 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
                  "image (the Dockerfile's agent stage)")
       ->type_name("IMAGE");
   app.add_option("--workers", f.workers, "concurrent reconciles")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(1, 256))
       ->type_name("N");
   app.add_option("--io-threads", f.io_threads, "HTTP client I/O threads")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(1, 256))
       ->type_name("N");
   // Whole numbers, as before: a rate of 2.5 is refused, not rounded.
   int64_t qps = static_cast<int64_t>(f.qps);
   app.add_option("--qps", qps, "API client rate limit, requests per second")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(int64_t{0}, int64_t{100000}))
       ->type_name("Q");
   app.add_option("--burst", f.burst, "API client burst")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(1, 100000))
       ->type_name("B");
   app.add_option("--gang-scheduler-name-volcano", f.volcano_scheduler,
@@ -132,11 +143,13 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
       ->type_name("NAME");
   app.add_option("--progress-interval-ms", f.progress_interval_ms,
                  "how often running jobs' progress is written")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(int64_t{100}, int64_t{3600000}))
       ->type_name("MS");
   app.add_option("--node-loss-toleration-seconds", f.node_loss_toleration_seconds,
                  "how long worker pods stay bound to a node that is not-ready or unreachable "
                  "before they are evicted (-1: the cluster's default, 300)")
+      ->transform(DecimalInteger())
       ->check(CLI::Range(int64_t{-1}, int64_t{86400}))
       ->type_name("S");
   std::string topology_keys;
@@ -150,7 +163,8 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
           ->type_name("K1,K2,...");
 
   try {
-    app.parse(argc, argv);
+    std::vector<std::string> reversed = Cli11Arguments({argv + 1, argv + argc});
+    app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     line.help = true;
     line.usage = app.help();

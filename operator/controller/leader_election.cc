@@ -207,7 +207,9 @@ void LeaderElector::Release() {
   });
   if (!released.ok()) {
     LOCKSTEP_LOG(WARNING) << "leader election: releasing the lease: " << released;
+    return;
   }
+  SetObservedHolder("");  // as written: none holds it
 }
 
 }  // namespace lockstep::op::controller

@@ -47,6 +47,17 @@ TEST(RunArgsTest, ABadValueIsRefusedNamingTheFlagAndTheValue) {
     EXPECT_NE(refused.status().message().find(flag), std::string::npos) << refused.status();
     EXPECT_NE(refused.status().message().find(value), std::string::npos) << refused.status();
   }
+  // "--summary=" is an empty path, refused; it never takes the next argument as the path.
+  for (const std::vector<std::string>& args :
+       std::vector<std::vector<std::string>>{{"a.yaml", "--summary=", "--log-dir", "logs"},
+                                             {"a.yaml", "--log-dir", ""},
+                                             {"a.yaml", "--replicas="}}) {
+    StatusOr<RunOptions> empty = ParseRunArgs(args);
+    ASSERT_FALSE(empty.ok()) << args[1];
+    EXPECT_NE(empty.status().message().find(args[1].substr(0, args[1].find('='))),
+              std::string::npos)
+        << empty.status();
+  }
   StatusOr<RunOptions> missing = ParseRunArgs({"a.yaml", "--summary"});
   ASSERT_FALSE(missing.ok());
   EXPECT_NE(missing.status().message().find("--summary"), std::string::npos) << missing.status();

@@ -127,6 +127,32 @@ TEST_F(OperatorFlagsTest, AnEmptyTopologyKeyListNumbersPodsAsTheyJoin) {
       << refused;
 }
 
+// "--name=" is an empty value, never "take the next argument": the chart may render one.
+TEST_F(OperatorFlagsTest, AnEmptyValueIsEmptyAndNeverTakesTheNextArgument) {
+  setenv("POD_NAME", "from-the-pod", 1);
+  const Flags flags = ParseOk(
+      {"--identity=", "--leader-elect=false", "--gang-scheduler-name-volcano=", "--workers=2"});
+  EXPECT_EQ(flags.identity, "from-the-pod");  // empty: the default
+  EXPECT_FALSE(flags.leader_elect);
+  EXPECT_EQ(flags.volcano_scheduler, "");
+  EXPECT_EQ(flags.workers, 2);
+  const std::string refused = Refusal({"--metrics-port=", "--workers=2"});
+  EXPECT_NE(refused.find("--metrics-port"), std::string::npos) << refused;
+}
+
+TEST_F(OperatorFlagsTest, NumbersAreDecimalAndBooleansAreTrueOrFalse) {
+  EXPECT_EQ(ParseOk({"--metrics-port=010"}).metrics_port, 10);
+  EXPECT_EQ(ParseOk({"--metrics-port=08080"}).metrics_port, 8080);
+  for (const char* arg : {"--metrics-port=0x1F90", "--workers=+", "--qps=1e2"}) {
+    const std::string refused = Refusal({arg});
+    EXPECT_NE(refused.find("is not a whole number"), std::string::npos) << arg << ": " << refused;
+  }
+  for (const char* arg : {"--leader-elect=yes", "--leader-elect=1", "--rendezvous-insecure=on"}) {
+    const std::string refused = Refusal({arg});
+    EXPECT_NE(refused.find("expected true or false"), std::string::npos) << arg << ": " << refused;
+  }
+}
+
 TEST_F(OperatorFlagsTest, AFlagGivenTwiceKeepsItsLastValue) {
   EXPECT_EQ(ParseOk({"--workers=2", "--workers", "6"}).workers, 6);
 }

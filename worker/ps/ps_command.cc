@@ -7,6 +7,7 @@
 #include <sstream>
 #include <vector>
 
+#include "common/command_line.h"
 #include "common/env.h"
 #include "common/spec/training_job.h"
 #include "common/status.h"
@@ -67,9 +68,14 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--job", options.job, "the job, NAMESPACE/NAME (default: the manifest's)")
       ->type_name("JOB");
-  app.add_option("--shard", options.shard, "this server's shard")->type_name("N");
-  app.add_option("--shards", options.shards, "the job's shards")->type_name("N");
+  app.add_option("--shard", options.shard, "this server's shard")
+      ->transform(DecimalInteger())
+      ->type_name("N");
+  app.add_option("--shards", options.shards, "the job's shards")
+      ->transform(DecimalInteger())
+      ->type_name("N");
   app.add_option("--workers", options.workers, "the job's workers, whose clocks this server keeps")
+      ->transform(DecimalInteger())
       ->type_name("N");
   app.add_option("--listen", options.listen_address, "the address to serve on")
       ->type_name("HOST:PORT");
@@ -77,11 +83,12 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
                  "the job's manifest: its tables, workers, shards and checkpoints (default: "
                  "$LOCKSTEP_SPEC when no --table is given)")
       ->type_name("FILE");
-  app.add_option("--table", table_texts, "a table to hold, instead of a manifest's (repeatable)")
+  app.add_option("--table", table_texts,
+                 "tables to hold, instead of a manifest's (repeatable; one flag may name several)")
       ->type_name("NAME:ROWS:DIM[:LEARNING_RATE[:SEED[:INIT_SCALE]]]")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
   try {
-    std::vector<std::string> reversed(args.rbegin(), args.rend());  // CLI11 takes them last first
+    std::vector<std::string> reversed = Cli11Arguments(args);
     app.parse(reversed);
   } catch (const CLI::CallForHelp&) {
     std::cout << app.help();
