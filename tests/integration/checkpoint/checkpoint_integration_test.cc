@@ -79,6 +79,16 @@ std::vector<checkpoint::CheckpointInfo> ListVerified(const std::string& root) {
   return list.ok() ? *list : std::vector<checkpoint::CheckpointInfo>{};
 }
 
+// Waits (up to 60 s) until the job's rendezvous knows of a committed checkpoint of `step` or later.
+bool WaitForCommittedCheckpoint(LocalJob& job, const std::string& key, int64_t step) {
+  return testing::PollUntil(
+      [&] {
+        auto snapshot = job.rendezvous().server().Snapshot(key);
+        return snapshot.ok() && snapshot->progress.last_checkpoint_step >= step;
+      },
+      60000, 5);
+}
+
 // One incarnation of `job` run to its end; `tag` names its manifest and logs apart from the
 // other incarnations' in the same directory.
 JobRun RunToEnd(const fs::path& dir, const std::string& manifest, int replicas,
@@ -119,13 +129,8 @@ TEST_F(DigitsCheckpointTest,
     // And a checkpoint past step 100 committed: with one always in flight, the writer drops the
     // steps it cannot keep up with, so on a loaded machine the newest can lag the training by
     // far more than the 50 steps above (80 at step 150 in one run on 2 busy cores).
-    const bool committed = testing::PollUntil(
-        [&] {
-          auto snapshot = first.rendezvous().server().Snapshot("default/killall");
-          return snapshot.ok() && snapshot->progress.last_checkpoint_step >= 100;
-        },
-        60000, 5);
-    ASSERT_TRUE(committed) << first.worker(0).StdoutSoFar();
+    ASSERT_TRUE(WaitForCommittedCheckpoint(first, "default/killall", 100))
+        << first.worker(0).StdoutSoFar();
     first.KillAll();
   }
   // Whatever the kill interrupted, no step-* directory that retention keeps is partial or
@@ -263,13 +268,7 @@ TEST_F(DigitsCheckpointTest, TrainingFinishesWhileStorageIsDownAndThePreviousChe
                              .env = {{"LOCKSTEP_CHECKPOINT_ATTEMPT_TIMEOUT_MS", "5000"},
                                      {"LOCKSTEP_CHECKPOINT_RETRY_BACKOFF_MS", "100"},
                                      {"LOCKSTEP_FINAL_CHECKPOINT_TIMEOUT_MS", "3000"}}});
-  const bool committed = testing::PollUntil(
-      [&] {
-        auto snapshot = job.rendezvous().server().Snapshot("default/down");
-        return snapshot.ok() && snapshot->progress.last_checkpoint_step >= 50;
-      },
-      60000, 5);
-  ASSERT_TRUE(committed) << job.worker(0).StdoutSoFar();
+  ASSERT_TRUE(WaitForCommittedCheckpoint(job, "default/down", 50)) << job.worker(0).StdoutSoFar();
   ASSERT_TRUE((*server)->Admin("/deny?path=/ckpt").ok());
   JobRun run = job.WaitAll(std::chrono::seconds(120));
   const std::string& logs = run.logs;
