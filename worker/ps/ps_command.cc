@@ -24,14 +24,14 @@ int Refuse(const std::string& message) {
   return 2;
 }
 
-// A number of the --table value, or nothing (a message naming it is returned through `error`).
+// A field of a --table value as a number, or nothing (a message naming it is returned through
+// `error`).
 template <typename T>
 bool ParseNumber(const std::string& text, const std::string& field, T* out, std::string* error) {
   std::istringstream in(text);
   in >> *out;
   if (in.fail() || !in.eof()) {
-    *error = (field.rfind("--", 0) == 0 ? field : "--table: " + field) + " \"" + text +
-             "\" is not a number";
+    *error = "--table: " + field + " \"" + text + "\" is not a number";
     return false;
   }
   return true;
