@@ -22,8 +22,8 @@ case "${1:-}" in
 esac
 
 packages=(
-  # toolchain
-  cmake ninja-build g++ pkg-config
+  # toolchain (ccache: scripts/build.sh compiles through it, its cache kept outside the tree)
+  cmake ninja-build g++ pkg-config ccache
   # libraries (docs/architecture.md, "Dependencies")
   libgrpc++-dev protobuf-compiler-grpc libprotobuf-dev libyaml-cpp-dev libcpprest-dev
   prometheus-cpp-dev libgloo-dev nlohmann-json3-dev libopenblas-dev libssl-dev libxxhash-dev zlib1g-dev

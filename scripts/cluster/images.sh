@@ -12,8 +12,12 @@ operator_image=$image_registry/lockstep-operator:$image_tag
 worker_image=$image_registry/lockstep-worker-cpu:$image_tag
 agent_image=$image_registry/lockstep-agent:$image_tag
 
+# TMPDIR: where buildah keeps RUN --mount=type=cache folders (the Dockerfile's ccache), so they
+# live with the images' cache rather than in /var/tmp.
 buildah_() {
-  buildah --root "$images/storage" --runroot "$images/run" --storage-driver overlay "$@"
+  mkdir -p "$images/tmp"
+  TMPDIR=$images/tmp buildah --root "$images/storage" --runroot "$images/run" \
+    --storage-driver overlay "$@"
 }
 
 debian_mirror() {
