@@ -15,6 +15,8 @@
 //     the last two cases every other worker is stopped (SIGTERM, then SIGKILL after a grace
 //     period) before `lockstep` exits.
 //  5. Prints a result block and, with --summary, writes the summary JSON (cli/summary.h).
+//
+// Steps 1 to 3 are in run_setup.h, step 4 in run_watch.h, step 5 in run_report.h.
 #pragma once
 
 #include <cstdint>
@@ -43,26 +45,6 @@ std::string RunUsage();
 
 // Parses the arguments after "run"; InvalidArgument says what is wrong (the caller adds usage).
 StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args);
-
-// Applies --replicas to the job: sets spec.replicas and, for a job without spec.elastic, the
-// elastic range to exactly that many. InvalidArgument when it falls outside spec.elastic.
-Status ApplyReplicasOverride(int32_t replicas, spec::TrainingJob* job);
-
-// device: cuda needs a usable CUDA device on this machine and a GPU of its own for every worker
-// (worker i is given the i-th visible GPU through CUDA_VISIBLE_DEVICES). FAILED_PRECONDITION
-// naming spec.trainer.device and the reason otherwise; OK for every other manifest.
-Status CheckDevicePlacement(const spec::TrainingJob& job);
-
-// ./lockstep-logs/<name>-<YYYYmmdd-HHMMSS> when the working directory is writable, else
-// ${TMPDIR:-/tmp}/lockstep-logs/<name>-<YYYYmmdd-HHMMSS>; "-2", "-3", ... when taken. Creates it.
-StatusOr<std::string> CreateDefaultLogDir(const std::string& job_name);
-
-// 32 bytes from OpenSSL's CSPRNG, as 64 lowercase hex digits.
-StatusOr<std::string> GenerateJobToken();
-
-// The last `max_lines` lines of a file (for failure reports); empty when unreadable. Reads at
-// most the last 64 KiB.
-std::vector<std::string> TailOfFile(const std::string& path, int max_lines);
 
 // Runs the command; returns the process exit code (exit_codes.h).
 int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err);

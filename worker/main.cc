@@ -41,6 +41,7 @@
 #include "kernels/kernels.h"
 #include "worker/agent/exec_agent.h"
 #include "worker/agent/pod_supervisor.h"
+#include "worker/agent/worker_command_line.h"
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 #include "worker/metrics.h"
 #include "worker/ps/ps_command.h"
@@ -77,17 +78,16 @@ int Fail(int code, const std::string& message) {
   return ReportFatalError("lockstep-worker", code, message);
 }
 
+// The commands; each one's own --help is generated from its flags (worker_command_line.h,
+// ps_command.h).
 void Usage() {
-  std::cerr << "usage: lockstep-worker train [--manifest FILE]\n"
-               "       lockstep-worker exec [--manifest FILE] -- COMMAND [ARGS...]\n"
-               "       lockstep-worker ps --job NS/NAME --shard S --shards N [--listen HOST:PORT]\n"
-               "                          [--workers N] --table "
-               "NAME:ROWS:DIM[:LR[:SEED[:INIT_SCALE]]]...\n"
-               "       lockstep-worker ps --manifest FILE --shard S [--listen HOST:PORT]\n"
-               "  train runs the built-in trainer; exec runs COMMAND under the rendezvous and\n"
-               "  restart rules (docs/exec.md). The manifest comes from --manifest or the\n"
-               "  LOCKSTEP_SPEC environment variable. ps serves one parameter server of a job\n"
-               "  (worker/ps/ps_command.h; its token in LOCKSTEP_JOB_TOKEN)\n";
+  std::cerr << "usage: lockstep-worker COMMAND [ARGS...]\n"
+               "  train   runs the built-in trainer as a member of the job\n"
+               "  exec    runs a program (a PyTorch script) as a member of the job, under the\n"
+               "          rendezvous and restart rules (docs/exec.md)\n"
+               "  ps      serves one parameter server of a job\n"
+               "The manifest comes from --manifest or the LOCKSTEP_SPEC environment variable.\n"
+               "lockstep-worker COMMAND --help describes a command's flags.\n";
 }
 
 // SIGTERM/SIGINT: the handler only writes the signal number to a pipe (async-signal-safe);
@@ -271,17 +271,14 @@ int main(int argc, char** argv) {
     lockstep::Usage();
     return lockstep::Fail(2, "unknown command \"" + command + "\"");
   }
-  std::string manifest_path;
-  for (int i = 2; i < argc; ++i) {
-    const std::string arg = argv[i];
-    if (arg == "--manifest" && i + 1 < argc) {
-      manifest_path = argv[++i];
-    } else if (arg.rfind("--manifest=", 0) == 0) {
-      manifest_path = arg.substr(std::string("--manifest=").size());
-    } else {
-      lockstep::Usage();
-      return lockstep::Fail(2, "unexpected argument \"" + arg + "\"");
-    }
+  using lockstep::agent::WorkerMode;
+  lockstep::StatusOr<lockstep::agent::WorkerCommandLine> line =
+      lockstep::agent::ParseWorkerCommandLine(WorkerMode::kTrain,
+                                              std::vector<std::string>(argv + 2, argv + argc));
+  if (!line.ok()) return lockstep::Fail(2, line.status().message() + " (see --help)");
+  if (line->help) {
+    std::cout << lockstep::agent::WorkerCommandLineHelp(WorkerMode::kTrain, "lockstep-worker");
+    return 0;
   }
-  return lockstep::Train(manifest_path);
+  return lockstep::Train(line->manifest_path);
 }

@@ -1,6 +1,8 @@
 // The parts of `lockstep run` that need no workers: flags, the replicas override, the job token,
 // log tails.
 #include "cli/run_command.h"
+#include "cli/run_report.h"
+#include "cli/run_setup.h"
 
 #include <gtest/gtest.h>
 

@@ -20,9 +20,9 @@
 
 #include "common/deadline.h"
 #include "common/env.h"
-#include "common/rendezvous/client_environment.h"
 #include "common/errno_check.h"
 #include "common/logging.h"
+#include "common/rendezvous/client_environment.h"
 #include "common/spec/training_job.h"
 #include "common/termination_message.h"
 #include "worker/agent/child_process.h"
@@ -32,6 +32,7 @@
 #include "worker/agent/progress_file.h"
 #include "worker/agent/supervised_command.h"
 #include "worker/agent/wake_pipe.h"
+#include "worker/agent/worker_command_line.h"
 #include "worker/comm/rdma/nccl_rdma_setup.h"
 
 namespace lockstep::agent {
@@ -285,12 +286,11 @@ int ExecAgent::Run() {
     // Safety net under the shared count: a command that failed here more often than the budget
     // allows stops even if failure records went missing (an unreachable store).
     if (own_failures_ > options_.budget.backoff_limit) {
-      return GiveUpForGood(
-          last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
-                    "the command failed " + std::to_string(own_failures_) +
-                        " times on this member (backoffLimit " +
-                        std::to_string(options_.budget.backoff_limit) +
-                        "); last: " + last_exit_.Describe());
+      return GiveUpForGood(last_exit_.ShellStatus() != 0 ? last_exit_.ShellStatus() : kExitFailure,
+                           "the command failed " + std::to_string(own_failures_) +
+                               " times on this member (backoffLimit " +
+                               std::to_string(options_.budget.backoff_limit) +
+                               "); last: " + last_exit_.Describe());
     }
     if (active_ && active_->process().running() && active_->recoverable()) {
       switch (AwaitLeft(a)) {
@@ -335,8 +335,8 @@ int ExecAgent::Run() {
       }
     }
 
-    if (Status started = StartOrAssign(a, *plan, CommandOptions(a, *plan),
-                                       ExecVariables(a, *plan, Extras()));
+    if (Status started =
+            StartOrAssign(a, *plan, CommandOptions(a, *plan), ExecVariables(a, *plan, Extras()));
         !started.ok()) {
       return GiveUp(kExitFailure, started.ToString());
     }
@@ -388,8 +388,9 @@ using exec_agent_internal::kExitOk;
 void SetAgentProgramName(const std::string& name) { AgentProgramName() = name; }
 
 int RunExecAgent(const std::vector<std::string>& args) {
-  if (args.size() == 1 && (args[0] == "-h" || args[0] == "--help")) {
-    std::cout << kExecUsage;
+  if (StatusOr<WorkerCommandLine> line = ParseWorkerCommandLine(WorkerMode::kExec, args);
+      line.ok() && line->help) {
+    std::cout << WorkerCommandLineHelp(WorkerMode::kExec, AgentProgramName());
     return kExitOk;
   }
   auto fail = [](int code, const std::string& message) {
@@ -399,10 +400,7 @@ int RunExecAgent(const std::vector<std::string>& args) {
     return code;
   };
   StatusOr<ExecAgentOptions> options = ParseExecAgentArgs(args);
-  if (!options.ok()) {
-    std::cerr << kExecUsage;
-    return fail(kExitBadInput, options.status().message());
-  }
+  if (!options.ok()) return fail(kExitBadInput, options.status().message() + " (see --help)");
   if (Status status = InstallWakePipe({SIGTERM, SIGINT, SIGCHLD}); !status.ok()) {
     return fail(kExitFailure, status.message());
   }

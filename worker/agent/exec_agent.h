@@ -95,6 +95,4 @@ struct ExecAgentOptions {
 // options. InvalidArgument with one line naming what is wrong.
 StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& args);
 
-extern const char kExecUsage[];
-
 }  // namespace lockstep::agent

@@ -1,4 +1,4 @@
-// ParseExecAgentArgs and the exec agent's usage (exec_agent.h): the arguments after "exec", the
+// ParseExecAgentArgs (exec_agent.h): the arguments after "exec" (worker_command_line.h), the
 // manifest and the LOCKSTEP_ environment, with the tunables of docs/exec.md.
 #include <algorithm>
 #include <optional>
@@ -10,6 +10,7 @@
 #include "common/spec/training_job.h"
 #include "worker/agent/exec_agent.h"
 #include "worker/agent/exec_environment.h"
+#include "worker/agent/worker_command_line.h"
 
 namespace lockstep::agent {
 
@@ -24,34 +25,11 @@ LOCKSTEP_PARAM_INT(ExecSpareIdle, "LOCKSTEP_EXEC_SPARE_IDLE", 0);
 LOCKSTEP_PARAM_INT(ExecZygote, "LOCKSTEP_EXEC_ZYGOTE", 1);
 LOCKSTEP_PARAM_INT(ExecProgramAhead, "LOCKSTEP_EXEC_PROGRAM_AHEAD", 1);
 
-const char kExecUsage[] =
-    "usage: lockstep-worker exec [--manifest FILE] [--] COMMAND [ARG...]\n"
-    "  Runs COMMAND as this member of the job under the rendezvous, with the environment\n"
-    "  PyTorch expects (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, ...), and\n"
-    "  restarts it in a new generation when it fails anywhere or membership changes.\n"
-    "  The manifest (runPolicy, command) comes from --manifest or LOCKSTEP_SPEC.\n";
-
 StatusOr<ExecAgentOptions> ParseExecAgentArgs(const std::vector<std::string>& args) {
-  std::string manifest_path;
-  std::vector<std::string> command;
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i) + 1, args.end());
-      break;
-    }
-    if (arg == "--manifest") {
-      if (i + 1 >= args.size()) return InvalidArgumentError("--manifest: missing value");
-      manifest_path = args[++i];
-    } else if (arg.rfind("--manifest=", 0) == 0) {
-      manifest_path = arg.substr(std::string("--manifest=").size());
-    } else if (!arg.empty() && arg[0] == '-') {
-      return InvalidArgumentError("unknown flag " + arg + " (the command follows --)");
-    } else {
-      command.assign(args.begin() + static_cast<std::ptrdiff_t>(i), args.end());
-      break;
-    }
-  }
+  StatusOr<WorkerCommandLine> line = ParseWorkerCommandLine(WorkerMode::kExec, args);
+  if (!line.ok()) return line.status();
+  const std::string& manifest_path = line->manifest_path;
+  std::vector<std::string> command = line->command;
 
   std::optional<spec::TrainingJob> job;
   // A manifest is optional here: the command may come after --.

@@ -13,6 +13,7 @@
 #include "common/spec/training_job.h"
 #include "worker/agent/child_process.h"
 #include "worker/agent/wake_pipe.h"
+#include "worker/agent/worker_command_line.h"
 
 namespace lockstep::agent {
 namespace {
@@ -124,22 +125,14 @@ int RunPod(const std::vector<std::string>& argv, int32_t ranks, const PodOptions
   }
 }
 
-namespace {
-
-// The manifest's --manifest argument (before any "--"), or "" for LOCKSTEP_SPEC.
-std::string ManifestArgument(const std::vector<std::string>& args) {
-  for (size_t i = 0; i < args.size() && args[i] != "--"; ++i) {
-    if (args[i] == "--manifest" && i + 1 < args.size()) return args[i + 1];
-    if (args[i].rfind("--manifest=", 0) == 0) return args[i].substr(11);
-  }
-  return "";
-}
-
-}  // namespace
-
 int32_t RanksToSupervise(const std::vector<std::string>& args) {
   if (!EnvString("LOCKSTEP_LOCAL_RANK", "").empty()) return 1;
-  const std::string path = ManifestArgument(args);
+  if (args.empty() || (args[0] != "train" && args[0] != "exec")) return 1;
+  // A command line the worker will refuse: one rank, which refuses it.
+  StatusOr<WorkerCommandLine> line = ParseWorkerCommandLine(
+      args[0] == "exec" ? WorkerMode::kExec : WorkerMode::kTrain, {args.begin() + 1, args.end()});
+  if (!line.ok() || line->help) return 1;
+  const std::string& path = line->manifest_path;
   if (path.empty() && EnvString("LOCKSTEP_SPEC", "").empty()) return 1;
   StatusOr<spec::TrainingJob> job = spec::LoadTrainingJobFileOrEnv(path);
   return job.ok() ? job->spec.ranks_per_worker : 1;
