@@ -1,71 +1,48 @@
+// OpenSSL's EVP_EncodeBlock and EVP_DecodeBlock (libcrypto, which the build links already), with
+// what they leave to the caller: whitespace inside the text, the length check, and the zero bytes
+// EVP_DecodeBlock writes for the padding.
 #include "common/base64.h"
+
+#include <openssl/evp.h>
+
+#include <algorithm>
+#include <climits>
 
 namespace lockstep {
 
-namespace {
-constexpr char kAlphabet[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-int Value(unsigned char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-}  // namespace
-
 std::string Base64Encode(const std::string& bytes) {
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 3 <= bytes.size(); i += 3) {
-    const uint32_t v = (static_cast<unsigned char>(bytes[i]) << 16) |
-                       (static_cast<unsigned char>(bytes[i + 1]) << 8) |
-                       static_cast<unsigned char>(bytes[i + 2]);
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += kAlphabet[(v >> 6) & 63];
-    out += kAlphabet[v & 63];
-  }
-  const size_t rest = bytes.size() - i;
-  if (rest > 0) {
-    uint32_t v = static_cast<unsigned char>(bytes[i]) << 16;
-    if (rest == 2) v |= static_cast<unsigned char>(bytes[i + 1]) << 8;
-    out += kAlphabet[(v >> 18) & 63];
-    out += kAlphabet[(v >> 12) & 63];
-    out += rest == 2 ? kAlphabet[(v >> 6) & 63] : '=';
-    out += '=';
-  }
+  if (bytes.empty()) return "";
+  std::string out((bytes.size() + 2) / 3 * 4 + 1, '\0');  // + 1: EVP_EncodeBlock's final NUL
+  const int written = EVP_EncodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                      reinterpret_cast<const unsigned char*>(bytes.data()),
+                                      static_cast<int>(bytes.size()));
+  out.resize(static_cast<size_t>(std::max(written, 0)));
   return out;
 }
 
 StatusOr<std::string> Base64Decode(const std::string& text) {
-  std::string out;
-  uint32_t accumulator = 0;
-  int bits = 0;
-  size_t symbols = 0, padding = 0;
-  for (unsigned char c : text) {
-    if (c == ' ' || c == '\n' || c == '\r' || c == '\t') continue;
-    if (c == '=') {
-      ++padding;
-      ++symbols;
-      continue;
-    }
-    const int v = Value(c);
-    if (v < 0 || padding > 0) {
-      return InvalidArgumentError("not base64: unexpected character at offset " +
-                                  std::to_string(symbols));
-    }
-    ++symbols;
-    accumulator = (accumulator << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out += static_cast<char>((accumulator >> bits) & 0xFF);
-    }
+  std::string symbols;
+  symbols.reserve(text.size());
+  for (char c : text) {
+    if (c != ' ' && c != '\n' && c != '\r' && c != '\t') symbols.push_back(c);
   }
-  if (symbols % 4 != 0 || padding > 2) return InvalidArgumentError("not base64: bad length");
+  if (symbols.size() % 4 != 0) return InvalidArgumentError("not base64: bad length");
+  if (symbols.size() > static_cast<size_t>(INT_MAX))
+    return InvalidArgumentError("not base64: too long");
+  if (symbols.empty()) return std::string();
+  // '=' only as the last one or two symbols: EVP_DecodeBlock does not check where it stands.
+  const size_t first_pad = symbols.find('=');
+  const size_t padding = first_pad == std::string::npos ? 0 : symbols.size() - first_pad;
+  if (padding > 2 || symbols.find_first_not_of('=', first_pad) != std::string::npos) {
+    return InvalidArgumentError("not base64: '=' before the end at offset " +
+                                std::to_string(first_pad));
+  }
+  std::string out(symbols.size() / 4 * 3, '\0');
+  const int written = EVP_DecodeBlock(reinterpret_cast<unsigned char*>(out.data()),
+                                      reinterpret_cast<const unsigned char*>(symbols.data()),
+                                      static_cast<int>(symbols.size()));
+  if (written < 0) return InvalidArgumentError("not base64: a character outside the alphabet");
+  out.resize(static_cast<size_t>(written) - padding);
   return out;
 }
 
