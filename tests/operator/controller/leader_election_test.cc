@@ -8,6 +8,8 @@
 #include <atomic>
 #include <chrono>
 #include <regex>
+#include <set>
+#include <string>
 
 #include "tests/operator/kube/kube_server.h"
 
@@ -52,14 +54,22 @@ TEST(LeaderElectionTest, ExactlyOneOfTwoCandidatesLeadsAndTheLeaseIsValid) {
   one.Run(one_calls.on_started(), one_calls.on_stopped());
   two.Run(two_calls.on_started(), two_calls.on_stopped());
   ASSERT_TRUE(KubeTestEnv::WaitFor([&] { return one.IsLeader() || two.IsLeader(); }, 10000));
-  // Several renew rounds: leadership never doubles and never changes hands.
+  // Three renew rounds, counted by the lease's renewTime (the leader writes it each round):
+  // leadership never doubles and never changes hands meanwhile. The 30 s only bounds a leader
+  // that stopped renewing.
   const bool one_leads = one.IsLeader();
-  const auto until = Clock::now() + std::chrono::milliseconds(1500);
-  while (Clock::now() < until) {
+  std::set<std::string> renew_times;
+  const auto give_up = Clock::now() + std::chrono::seconds(30);
+  while (renew_times.size() < 4 && Clock::now() < give_up) {
     ASSERT_NE(one.IsLeader(), two.IsLeader());
     ASSERT_EQ(one.IsLeader(), one_leads);
+    if (StatusOr<json> seen = client->Get(kube::resources::kLeases, ns, "lockstep-operator");
+        seen.ok()) {
+      renew_times.insert((*seen)["spec"].value("renewTime", ""));
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  ASSERT_GE(renew_times.size(), 4u) << "the leader renewed its lease three times";
   EXPECT_EQ(one_calls.started + two_calls.started, 1);
 
   StatusOr<json> lease = client->Get(kube::resources::kLeases, ns, "lockstep-operator");

@@ -41,8 +41,8 @@ const CommunicatorBackend& Gloo() {
           },
       // TCP: a deadline is kept to within a few scheduler quanta either way.
       .deadline_early_ms = 50,
-      .deadline_late_ms = 2000,
-      .connect_late_ms = 2000,
+      .deadline_late_ms = 4500,
+      .connect_late_ms = 2700,
       .code_after_error = std::nullopt,
   };
   return backend;

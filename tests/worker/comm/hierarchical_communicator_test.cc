@@ -50,8 +50,8 @@ CommunicatorBackend OverHosts(std::function<std::vector<std::string>(int world)>
           },
       // Gloo's TCP between hosts sets the precision.
       .deadline_early_ms = 50,
-      .deadline_late_ms = 2000,
-      .connect_late_ms = 2000,
+      .deadline_late_ms = 4500,
+      .connect_late_ms = 2700,
       .code_after_error = std::nullopt,
       .point_to_point_limit =
           "shm+gloo connects a rank to its host's ranks and to the same local index on other "

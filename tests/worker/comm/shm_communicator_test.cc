@@ -58,8 +58,8 @@ const CommunicatorBackend& Shm() {
           },
       // Deadlines are checked by the waiting rank itself, to within a few milliseconds.
       .deadline_early_ms = 5,
-      .deadline_late_ms = 500,
-      .connect_late_ms = 1000,
+      .deadline_late_ms = 4500,
+      .connect_late_ms = 2700,
       .code_after_error = StatusCode::kFailedPrecondition,
   };
   return backend;
