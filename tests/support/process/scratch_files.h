@@ -8,8 +8,9 @@
 
 namespace lockstep::testing {
 
-// A fresh empty directory $TMPDIR/<prefix>-XXXXXX (or under /tmp); removed by the caller if
-// wanted. Fails the test (ADD_FAILURE) when it cannot be made.
+// A fresh empty directory $TMPDIR/<prefix>-XXXXXX (or under /tmp). Removed when the test program
+// exits with no failed test; kept, with everything in it, when one failed. Fails the test
+// (ADD_FAILURE) when it cannot be made.
 std::string MakeTempDir(const std::string& prefix);
 // The whole file; "" when it cannot be read.
 std::string ReadFile(const std::string& path);
