@@ -89,15 +89,12 @@ std::string RunUsage() {
 StatusOr<RunOptions> ParseRunArgs(const std::vector<std::string>& args) {
   RunFlags flags;
   std::unique_ptr<CLI::App> app = RunCommandLine(flags);
-  try {
-    std::vector<std::string> reversed = Cli11Arguments(args);
-    app->parse(reversed);
-  } catch (const CLI::CallForHelp&) {
+  const CommandLineParse parsed = ParseCommandLine(*app, args);
+  if (parsed.help) {
     flags.options.help = true;
     return flags.options;
-  } catch (const CLI::ParseError& error) {
-    return InvalidArgumentError(error.what());
   }
+  if (!parsed.error.empty()) return InvalidArgumentError(parsed.error);
   RunOptions& options = flags.options;
   if (app->count("--replicas") > 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(options.replicas, ParseReplicas(flags.replicas));

@@ -126,14 +126,13 @@ std::string CheckPodMemory(const spec::TrainingJobSpec& spec, const trainer::Mem
 int RunValidateCommand(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
   std::string path;
   std::unique_ptr<CLI::App> app = ValidateCommandLine(path);
-  try {
-    std::vector<std::string> reversed = Cli11Arguments(args);
-    app->parse(reversed);
-  } catch (const CLI::CallForHelp&) {
+  const CommandLineParse parsed = ParseCommandLine(*app, args);
+  if (parsed.help) {
     out << app->help();
     return kExitOk;
-  } catch (const CLI::ParseError& error) {
-    err << "lockstep validate: " << error.what() << "\n" << app->help();
+  }
+  if (!parsed.error.empty()) {
+    err << "lockstep validate: " << parsed.error << "\n" << app->help();
     return kExitBadInput;
   }
   ManifestCheck check = CheckManifest(path);

@@ -4,8 +4,7 @@
 //   CLI::App app{"...", "lockstep run"};
 //   app.add_option("--workers", workers, "...")->transform(DecimalInteger())->check(...);
 //   AddBooleanFlag(app, "--leader-elect", leader_elect, "...");
-//   std::vector<std::string> reversed = Cli11Arguments(args);
-//   app.parse(reversed);  // throws CLI::ParseError; CLI::CallForHelp for --help
+//   CommandLineParse parsed = ParseCommandLine(app, args);  // .help, or .error naming the flag
 //
 // Header-only: CLI11 is too.
 #pragma once
@@ -63,6 +62,36 @@ inline CLI::Option* AddBooleanFlag(CLI::App& app, const std::string& name, bool&
                        : "expected true or false, got \"" + text + "\"";
           },
           "true|false", "BOOLEAN"));
+}
+
+// What ParseCommandLine found: the flags read into the app's variables, a request for the help,
+// or a refusal (CLI11's message, naming the flag and the value).
+struct CommandLineParse {
+  bool help = false;
+  std::string error;  // "" when the flags were read
+};
+
+// Parses `args` (those after the program's or command's name) into app's options. --help or -h
+// anywhere before a "--" asks for the help whatever the rest of the line holds: CLI11 alone checks
+// the other flags' values first, so `--help --metrics-port=70000` would have been refused. A
+// prefix command (whose first positional starts another program's arguments) leaves --help to
+// CLI11, which sees only the part before the program.
+inline CommandLineParse ParseCommandLine(CLI::App& app, const std::vector<std::string>& args) {
+  if (!app.get_prefix_command()) {
+    for (const std::string& arg : args) {
+      if (arg == "--") break;
+      if (arg == "--help" || arg == "-h") return {true, ""};
+    }
+  }
+  try {
+    std::vector<std::string> reversed = Cli11Arguments(args);
+    app.parse(reversed);
+  } catch (const CLI::CallForHelp&) {
+    return {true, ""};
+  } catch (const CLI::ParseError& error) {
+    return {false, error.what()};
+  }
+  return {};
 }
 
 }  // namespace lockstep

@@ -162,16 +162,13 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
           ->expected(0, 1)
           ->type_name("K1,K2,...");
 
-  try {
-    std::vector<std::string> reversed = Cli11Arguments({argv + 1, argv + argc});
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
+  const CommandLineParse parsed = ParseCommandLine(app, {argv + 1, argv + argc});
+  if (parsed.help) {
     line.help = true;
     line.usage = app.help();
     return line;
-  } catch (const CLI::ParseError& error) {
-    return InvalidArgumentError(std::string(error.what()) + " (see --help)");
   }
+  if (!parsed.error.empty()) return InvalidArgumentError(parsed.error + " (see --help)");
   f.qps = static_cast<double>(qps);
   if (topology_keys_option->count() > 0) {
     LOCKSTEP_ASSIGN_OR_RETURN(f.topology_keys, TopologyKeys(topology_keys));

@@ -1,8 +1,6 @@
 // The parts of `lockstep run` that need no workers: flags, the replicas override, the job token,
 // log tails.
 #include "cli/run_command.h"
-#include "cli/run_report.h"
-#include "cli/run_setup.h"
 
 #include <gtest/gtest.h>
 
@@ -11,6 +9,8 @@
 #include <tuple>
 #include <vector>
 
+#include "cli/run_report.h"
+#include "cli/run_setup.h"
 #include "tests/support/process/process.h"
 
 namespace lockstep::cli {
@@ -74,6 +74,8 @@ TEST(RunArgsTest, ConsoleAndHelpAreRead) {
   // --help anywhere asks for the usage, which names every flag.
   EXPECT_TRUE(ParseRunArgs({"a.yaml", "--help"})->help);
   EXPECT_TRUE(ParseRunArgs({"-h"})->help);
+  EXPECT_TRUE(ParseRunArgs({"a.yaml", "--help", "--replicas"})->help)
+      << "the help, whatever else the line holds";
   for (const char* flag : {"FILE", "--replicas", "--summary", "--log-dir", "--console"}) {
     EXPECT_NE(RunUsage().find(flag), std::string::npos) << flag << "\n" << RunUsage();
   }

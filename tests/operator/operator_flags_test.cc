@@ -224,5 +224,14 @@ TEST_F(OperatorFlagsTest, HelpListsEveryFlagWithItsDefault) {
   EXPECT_TRUE(Parse({"-h"})->help);
 }
 
+TEST_F(OperatorFlagsTest, HelpIsShownWhateverElseTheLineHolds) {
+  // CLI11 alone checked the other values first and refused the line.
+  StatusOr<OperatorCommandLine> line = Parse({"--metrics-port=70000", "--help"});
+  ASSERT_TRUE(line.ok()) << line.status();
+  EXPECT_TRUE(line->help);
+  EXPECT_NE(line->usage.find("--metrics-port"), std::string::npos) << line->usage;
+  EXPECT_TRUE(Parse({"-h", "--qps=-1", "--no-such-flag"})->help);
+}
+
 }  // namespace
 }  // namespace lockstep::op

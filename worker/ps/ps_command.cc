@@ -87,15 +87,12 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
                  "tables to hold, instead of a manifest's (repeatable; one flag may name several)")
       ->type_name("NAME:ROWS:DIM[:LEARNING_RATE[:SEED[:INIT_SCALE]]]")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
-  try {
-    std::vector<std::string> reversed = Cli11Arguments(args);
-    app.parse(reversed);
-  } catch (const CLI::CallForHelp&) {
+  const CommandLineParse parsed = ParseCommandLine(app, args);
+  if (parsed.help) {
     std::cout << app.help();
     return 0;
-  } catch (const CLI::ParseError& error) {
-    return Refuse(std::string(error.what()) + " (see --help)");
   }
+  if (!parsed.error.empty()) return Refuse(parsed.error + " (see --help)");
   for (const std::string& text : table_texts) {
     TableSpec table;
     std::string error;
