@@ -54,15 +54,12 @@ StatusOr<WorkerCommandLine> ParseWorkerCommandLine(WorkerMode mode,
       dashes = true;
     }
   }
-  std::vector<std::string> reversed = Cli11Arguments(flags);
-  try {
-    app->parse(reversed);
-  } catch (const CLI::CallForHelp&) {
+  const CommandLineParse parsed = ParseCommandLine(*app, flags);
+  if (parsed.help) {
     line.help = true;
     return line;
-  } catch (const CLI::ParseError& error) {
-    return InvalidArgumentError(error.what());
   }
+  if (!parsed.error.empty()) return InvalidArgumentError(parsed.error);
   if (mode == WorkerMode::kExec) {
     // The program is the last remaining_size() arguments CLI11 read; Cli11Arguments may have made
     // two of one ("--x=" is "--x" and ""), so they are counted back to the arguments as given,
