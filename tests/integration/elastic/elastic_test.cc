@@ -10,7 +10,7 @@
 //
 // The kill tests are seeded for replay: they print their seed, and LOCKSTEP_ELASTIC_SEED=<seed>
 // repeats the same victims and steps (LOCKSTEP_ELASTIC_KILLS changes the count of the accuracy
-// test, default 8: each suite run draws a new seed, so the runs together cover more; a soak is
+// test, default 4: each suite run draws a new seed, so the runs together cover more; a soak is
 // LOCKSTEP_ELASTIC_KILLS=200).
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -112,7 +112,7 @@ uint64_t SeedFromEnvOrRandom() {
 
 int KillsFromEnv() {
   const char* text = std::getenv("LOCKSTEP_ELASTIC_KILLS");
-  return text != nullptr && *text != '\0' ? std::atoi(text) : 8;
+  return text != nullptr && *text != '\0' ? std::atoi(text) : 4;
 }
 
 TEST(ElasticRunTest, KilledWorkerAtARandomStepIsReplacedAndTheRunFinishesExactly) {
