@@ -125,7 +125,8 @@ ARG CUDA_VERSION
 ARG CUDA_PACKAGE_VERSION
 COPY --from=cuda-apt /usr/share/keyrings/cuda-archive-keyring.gpg /usr/share/keyrings/
 COPY --from=cuda-apt /etc/apt/sources.list.d/cuda-debian12-x86_64.list /etc/apt/sources.list.d/
-# runtime libraries: the packages of `ldd lockstep-worker` and `ldd lockstep`
+# runtime libraries: the packages of `ldd lockstep-worker` and `ldd lockstep`, and cuBLAS, which
+# the first CUDA device opens with dlopen (kernels/cuda/cublas_library.h)
 RUN apt-get update \
  && apt-get install -y --no-install-recommends ca-certificates \
  && apt-get install -y --no-install-recommends \

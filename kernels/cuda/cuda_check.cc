@@ -4,6 +4,7 @@
 #include <string>
 
 #include "common/logging.h"
+#include "kernels/cuda/cublas_library.h"
 
 namespace lockstep::kernels::cuda {
 namespace {
@@ -54,8 +55,8 @@ Status CublasStatus(cublasStatus_t status, const char* expression, const char* f
     default:
       break;
   }
-  return Status(code, Where(expression, file, line) + ": " + cublasGetStatusName(status) + ": " +
-                          cublasGetStatusString(status));
+  return Status(code, Where(expression, file, line) + ": " + Cublas().status_name(status) + ": " +
+                          Cublas().status_string(status));
 }
 
 namespace internal {

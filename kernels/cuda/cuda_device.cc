@@ -13,6 +13,7 @@
 #include <string>
 #include <utility>
 
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
@@ -53,7 +54,7 @@ class CudaDeviceImpl final : public Device {
     cudaStreamSynchronize(StreamOf(compute_));
     cudaStreamSynchronize(StreamOf(side_));
     cudaStreamSynchronize(StreamOf(background_));
-    cublasDestroy(blas_);
+    Cublas().destroy(blas_);
     cudaStreamDestroy(StreamOf(background_));
     cudaStreamDestroy(StreamOf(side_));
     cudaStreamDestroy(StreamOf(compute_));
@@ -186,12 +187,17 @@ StatusOr<std::unique_ptr<Device>> CreateCudaDevice(int ordinal, bool allow_tf32)
     status = CudaStatus(cudaStreamCreateWithFlags(&background, cudaStreamNonBlocking),
                         "cudaStreamCreateWithFlags", __FILE__, __LINE__);
   }
-  if (status.ok()) status = CublasStatus(cublasCreate(&blas), "cublasCreate", __FILE__, __LINE__);
+  StatusOr<const CublasLibrary*> cublas = LoadCublas();
+  if (status.ok() && !cublas.ok()) status = cublas.status();
   if (status.ok()) {
-    status = CublasStatus(cublasSetStream(blas, compute), "cublasSetStream", __FILE__, __LINE__);
+    status = CublasStatus((*cublas)->create(&blas), "cublasCreate", __FILE__, __LINE__);
+  }
+  if (status.ok()) {
+    status =
+        CublasStatus((*cublas)->set_stream(blas, compute), "cublasSetStream", __FILE__, __LINE__);
   }
   if (!status.ok()) {
-    if (blas != nullptr) cublasDestroy(blas);
+    if (blas != nullptr) (*cublas)->destroy(blas);
     if (background != nullptr) cudaStreamDestroy(background);
     if (side != nullptr) cudaStreamDestroy(side);
     if (compute != nullptr) cudaStreamDestroy(compute);

@@ -18,6 +18,7 @@
 #include <limits>
 
 #include "common/logging.h"
+#include "kernels/cuda/cublas_library.h"
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/cuda_kernels.h"
 #include "kernels/cuda/launch.h"
@@ -64,14 +65,15 @@ void Gemm(const ExecutionContext& ctx, bool transpose_a, bool transpose_b, int64
   const int lda = transpose_a ? blas_m : blas_k;
   const int ldb = transpose_b ? blas_k : blas_n;
   const cublasHandle_t handle = BlasHandleOf(ctx);
-  LOCKSTEP_CUBLAS_CHECK(cublasSetStream(handle, StreamOf(ctx)));
+  const CublasLibrary& cublas = Cublas();
+  LOCKSTEP_CUBLAS_CHECK(cublas.set_stream(handle, StreamOf(ctx)));
   const cublasComputeType_t compute = ctx.bf16_operands ? CUBLAS_COMPUTE_32F_FAST_16BF
                                       : ctx.allow_tf32  ? CUBLAS_COMPUTE_32F_FAST_TF32
                                                         : CUBLAS_COMPUTE_32F;
-  LOCKSTEP_CUBLAS_CHECK(cublasGemmEx(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
-                                     transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, blas_n, blas_m,
-                                     blas_k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda, &beta,
-                                     c, CUDA_R_32F, blas_n, compute, CUBLAS_GEMM_DEFAULT));
+  LOCKSTEP_CUBLAS_CHECK(cublas.gemm_ex(handle, transpose_b ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                       transpose_a ? CUBLAS_OP_T : CUBLAS_OP_N, blas_n, blas_m,
+                                       blas_k, &alpha, b, CUDA_R_32F, ldb, a, CUDA_R_32F, lda,
+                                       &beta, c, CUDA_R_32F, blas_n, compute, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace lockstep::kernels::cuda

@@ -68,6 +68,14 @@ for program in cuda_kernels_test comm_nccl_communicator_test kernels_test kernel
   fi
 done
 
+# lockstep and lockstep-worker open cuBLAS with dlopen (kernels/cuda/cublas_library.h), so no
+# loader check sees them need it: the list of what the GPU machine must provide still names it
+# (gpu-check.sh finds and sets up exactly those libraries).
+if [[ -x $build_dir/bin/cuda_kernels_test ]] &&
+  ! grep -q '^cuda_libraries=.*libcublas\.so\.' "$work/unpacked/BUNDLE-INFO"; then
+  fail "BUNDLE-INFO's cuda_libraries does not name libcublas.so, which the CUDA device opens"
+fi
+
 # Repacks the unpacked tree as archive $1, without the data (the check does not read it) and with
 # the fastest xz level: seconds instead of the minute a real packing takes.
 repack() {
