@@ -8,8 +8,8 @@
 //
 // Why not prometheus-cpp's Exposer: it runs civetweb, whose threads are created with a fixed
 // 100 KiB stack (compiled into Debian's libcivetweb). glibc refuses a thread stack smaller than
-// the process's static TLS, and a worker that links cuBLAS/cuBLASLt and OpenBLAS carries about
-// 170 KiB of it, so the Exposer cannot start in our binaries ("null context when constructing
+// the process's static TLS, and a worker with OpenBLAS, and on a GPU cuBLAS/cuBLASLt, carries up
+// to about 170 KiB of it, so the Exposer cannot start in our binaries ("null context when constructing
 // CivetServer"). prometheus-cpp still owns the registry and the text format; this only serves it.
 //
 // One thread serves up to 32 connections at once with non-blocking sockets and poll(2). Each

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "common/logging.h"
 
@@ -13,6 +14,9 @@ namespace {
 #define LOCKSTEP_STRINGIFY_VALUE(x) #x
 #define LOCKSTEP_STRINGIFY(x) LOCKSTEP_STRINGIFY_VALUE(x)
 constexpr char kCublasFile[] = "libcublas.so." LOCKSTEP_STRINGIFY(CUBLAS_VER_MAJOR);
+
+// The exported cublasGemmEx, not the inline overload: a header that changes it fails here.
+static_assert(std::is_same_v<decltype(static_cast<CublasGemmEx>(&::cublasGemmEx)), CublasGemmEx>);
 
 template <typename Function>
 bool Resolve(void* handle, const char* symbol, Function* function, std::string* missing) {
@@ -41,8 +45,8 @@ StatusOr<const CublasLibrary*> Open() {
   Resolve(handle, "cublasGetStatusString", &library->status_string, &missing);
   if (!missing.empty()) {
     delete library;
-    return UnavailableError(std::string(kCublasFile) + " has no " + missing +
-                            ": not the cuBLAS the kernels were built with");
+    return FailedPreconditionError(std::string(kCublasFile) + " has no " + missing +
+                                   ": not the cuBLAS the kernels were built with");
   }
   return static_cast<const CublasLibrary*>(library);
 }
@@ -52,8 +56,9 @@ StatusOr<const CublasLibrary*> Open() {
 const char* CublasFileName() { return kCublasFile; }
 
 StatusOr<const CublasLibrary*> LoadCublas() {
-  static const StatusOr<const CublasLibrary*> loaded = Open();
-  return loaded;
+  // Never destroyed: a device freed during static destruction may still ask for it.
+  static const auto* loaded = new StatusOr<const CublasLibrary*>(Open());
+  return *loaded;
 }
 
 const CublasLibrary& Cublas() {

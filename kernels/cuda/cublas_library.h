@@ -35,8 +35,9 @@ struct CublasLibrary {
 // RUNPATH, the ld.so cache).
 const char* CublasFileName();
 
-// Opens cuBLAS once per process (later calls return the first call's result). Unavailable,
-// naming the file and the loader's reason, when it or one of its functions cannot be found.
+// Opens cuBLAS once per process (later calls return the first call's result). UNAVAILABLE,
+// naming the file and the loader's reason, when it cannot be opened; FAILED_PRECONDITION, naming
+// them, when it lacks one of the functions.
 StatusOr<const CublasLibrary*> LoadCublas();
 
 // The library LoadCublas opened. Only for code that runs on a device, which LoadCublas made

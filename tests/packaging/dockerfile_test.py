@@ -242,6 +242,11 @@ def check_stage(stage, binaries, args, failures):
         fail("runtime libraries install %s, which no copied binary links" % extra)
     dlopened = {p.format(cuda=cuda_suffix) for p in NVIDIA_DLOPENED}
     unused_nvidia = sorted(installed_nvidia - set(needed) - (dlopened if links_cuda else set()))
+    if links_cuda and dlopened - library_packages:
+        fail("runtime libraries lack %s, which the CUDA build opens with dlopen (%s)" %
+             (sorted(dlopened - library_packages),
+              "; ".join(NVIDIA_DLOPENED[p] for p in NVIDIA_DLOPENED
+                        if p.format(cuda=cuda_suffix) in dlopened - library_packages)))
     if unused_nvidia and links_cuda:
         fail("installs %s, which the CUDA build of the binaries does not link" % unused_nvidia)
     print("stage %s: %d runtime packages = ldd of %s" %
