@@ -10,14 +10,17 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iostream>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
 #include "tests/support/kube/kube_testenv.h"
+#include "tests/support/process/child_process.h"
 
 namespace lockstep {
 namespace {
@@ -397,6 +400,93 @@ TEST_F(ChartApplyTest, NamespaceUsersWithEditRunJobsAndWithViewOnlyWatchThem) {
   EXPECT_EQ(kube().RequestAs(bob, "GET", jobs(other)).status, 403);
 
   EXPECT_EQ(kube().RequestAs(alice, "DELETE", jobs(team) + "/mine").status, 200);
+}
+
+// Helm installs crds/ once and never upgrades it, so docs/operations.md tells a user to apply the
+// chart's CRD with kubectl before `helm upgrade`. Played here on a server of its own (ctest runs
+// this case alone: chart_crd_upgrade_test): the CRD of an earlier chart created as Helm creates it,
+// a user's job stored under it, then today's chart CRD applied with the documented command. The
+// job stays as it was, and what the new schema adds (status.progress.display, which the new
+// printer columns read) is kept where the old schema pruned it, as `kubectl get` shows.
+TEST(CrdUpgradeTest, TheChartsCrdAppliedOverAnEarlierOneKeepsItsJobsAndServesTheNewFields) {
+  const std::string source = LOCKSTEP_SOURCE_DIR;
+  auto kubectl = [](std::vector<std::string> args) {
+    args.insert(args.begin(), {LOCKSTEP_KUBECTL, "--kubeconfig", kube().kubeconfig()});
+    return testing::RunProcess(args, {}, 60000);
+  };
+  const std::string crd_path =
+      "/apis/apiextensions.k8s.io/v1/customresourcedefinitions/trainingjobs.lockstep.io";
+  // Established, and the version's printer columns as the server serves them.
+  auto printer_columns = [&] {
+    auto got = kube().Request("GET", crd_path);
+    for (const auto& condition : got.body["status"].value("conditions", json::array())) {
+      if (condition.value("type", "") == "Established" && condition.value("status", "") == "True") {
+        return got.body["spec"]["versions"][0]["additionalPrinterColumns"].dump();
+      }
+    }
+    return std::string();
+  };
+  const std::string kDisplayColumn = ".status.progress.display.samplesPerSecond";
+
+  // The earlier chart's CRD, created (not applied) as Helm creates crds/.
+  testing::ProcessResult created =
+      kubectl({"create", "-f", source + "/tests/packaging/crd_upgrade/trainingjob-d7472bd.yaml"});
+  ASSERT_EQ(created.exit_code, 0) << created.out << created.err;
+  ASSERT_TRUE(KubeTestEnv::WaitFor([&] { return !printer_columns().empty(); }, 30000));
+  ASSERT_EQ(printer_columns().find(kDisplayColumn), std::string::npos)
+      << "the earlier CRD already reads status.progress.display: " << printer_columns();
+
+  // A user's job under it, with the status an operator of that time wrote.
+  EnsureNamespace("upgrade");
+  const std::string jobs = "/apis/lockstep.io/v1alpha1/namespaces/upgrade/trainingjobs";
+  bool served = KubeTestEnv::WaitFor(
+      [&] {
+        testing::ProcessResult applied =
+            kubectl({"apply", "-n", "upgrade", "-f", source + "/examples/digits.yaml"});
+        return applied.exit_code == 0;
+      },
+      30000);
+  ASSERT_TRUE(served) << "kubectl apply of examples/digits.yaml under the earlier CRD failed";
+  const json display = {{"samplesPerSecond", "37604"}, {"scalingEfficiency", "16%"}};
+  const json status = {{"status",
+                        {{"phase", "Running"},
+                         {"progress",
+                          {{"step", 300}, {"samplesPerSecond", 37603.77}, {"display", display}}}}}};
+  auto patched =
+      kube().Request("PATCH", jobs + "/digits/status", status, "application/merge-patch+json");
+  ASSERT_EQ(patched.status, 200) << patched.raw;
+  ASSERT_FALSE(patched.body["status"]["progress"].contains("display"))
+      << "the earlier schema should prune a field it does not know: " << patched.raw;
+  const json spec_before = kube().Request("GET", jobs + "/digits").body["spec"];
+
+  // The documented upgrade: today's chart CRD, applied over the one Helm created.
+  testing::ProcessResult applied =
+      kubectl({"apply", "-f", source + "/charts/lockstep/crds/trainingjob.yaml"});
+  ASSERT_EQ(applied.exit_code, 0) << applied.out << applied.err;
+  ASSERT_TRUE(KubeTestEnv::WaitFor(
+      [&] { return printer_columns().find(kDisplayColumn) != std::string::npos; }, 30000))
+      << printer_columns();
+
+  // The job is as it was, and the new field is kept (the server may take a moment to serve the
+  // new schema for the resource: bounded).
+  auto job = kube().Request("GET", jobs + "/digits");
+  ASSERT_EQ(job.status, 200) << job.raw;
+  EXPECT_EQ(job.body["spec"], spec_before);
+  EXPECT_EQ(job.body["status"]["progress"]["step"], 300);
+  bool kept = KubeTestEnv::WaitFor(
+      [&] {
+        auto again =
+            kube().Request("PATCH", jobs + "/digits/status", status, "application/merge-patch+json");
+        return again.status == 200 && again.body["status"]["progress"].value("display", json()) ==
+                                          display;
+      },
+      30000);
+  ASSERT_TRUE(kept) << kube().Request("GET", jobs + "/digits").raw;
+  testing::ProcessResult listed = kubectl({"get", "trainingjobs", "-n", "upgrade"});
+  ASSERT_EQ(listed.exit_code, 0) << listed.err;
+  EXPECT_NE(listed.out.find("37604"), std::string::npos) << listed.out;
+  EXPECT_NE(listed.out.find("16%"), std::string::npos) << listed.out;
+  std::cout << listed.out;
 }
 
 }  // namespace
