@@ -14,7 +14,7 @@
 
 #include "common/status.h"
 #include "operator/kube/kube_client.h"
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 
 namespace lockstep::op {
 

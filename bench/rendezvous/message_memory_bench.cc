@@ -26,7 +26,7 @@
 #include "bench/rendezvous/service_process.h"
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/server.h"
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 
 namespace {
 
@@ -42,7 +42,7 @@ constexpr char kToken[] = "bench-token";
 
 // The child: hosts the service (TLS when `serving` has a certificate), writes its port to `fd`,
 // waits to be killed.
-[[noreturn]] void Serve(int fd, const lockstep::op::tls::KeyPair& serving) {
+[[noreturn]] void Serve(int fd, const lockstep::tls::KeyPair& serving) {
   ServerOptions options;
   options.listen_address = "127.0.0.1:0";
   options.tls_cert_pem = serving.cert_pem;
@@ -78,7 +78,7 @@ int main(int argc, char** argv) {
       big_mib = static_cast<size_t>(std::stoul(arg));
     }
   }
-  lockstep::op::tls::KeyPair serving;
+  lockstep::tls::KeyPair serving;
   std::string ca_pem;
   if (tls) {
     auto made = lockstep::rendezvous::load::MakeLoopbackTls();

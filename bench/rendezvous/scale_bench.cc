@@ -47,7 +47,7 @@
 #include "bench/rendezvous/simulated_members.h"
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/server.h"
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 
 namespace {
 
@@ -83,7 +83,7 @@ bool Contains(const std::vector<int>& values, int value) {
 // The child: hosts the service and runs the parent's commands, one per line:
 //   add <job> <token> <min> <max> <initial>  -> "ok" or "error <message>"
 //   remove <job>                             -> "ok" or "error <message>"
-[[noreturn]] void Serve(int commands_fd, int replies_fd, const lockstep::op::tls::KeyPair& tls) {
+[[noreturn]] void Serve(int commands_fd, int replies_fd, const lockstep::tls::KeyPair& tls) {
   ServerOptions options;
   options.tls_cert_pem = tls.cert_pem;
   options.tls_key_pem = tls.key_pem;
@@ -119,7 +119,7 @@ bool Contains(const std::vector<int>& values, int value) {
 // The service's process, seen from the parent.
 class Service {
  public:
-  bool Start(const lockstep::op::tls::KeyPair& tls) {
+  bool Start(const lockstep::tls::KeyPair& tls) {
     int commands[2], replies[2];
     if (pipe(commands) != 0 || pipe(replies) != 0) return false;
     pid_ = fork();
@@ -465,7 +465,7 @@ int main(int argc, char** argv) {
   files.rlim_cur = files.rlim_max;
   setrlimit(RLIMIT_NOFILE, &files);
 
-  lockstep::op::tls::KeyPair serving;
+  lockstep::tls::KeyPair serving;
   std::string ca_pem;
   if (tls) {
     auto made = lockstep::rendezvous::load::MakeLoopbackTls();

@@ -17,9 +17,9 @@ ProcessMemory ReadProcessMemory(pid_t pid) {
 }
 
 StatusOr<LoopbackTls> MakeLoopbackTls() {
-  LOCKSTEP_ASSIGN_OR_RETURN(op::tls::KeyPair ca, op::tls::CreateCertificateAuthority("bench-ca"));
-  LOCKSTEP_ASSIGN_OR_RETURN(op::tls::KeyPair serving,
-                            op::tls::IssueServingCertificate(ca, {}, {"127.0.0.1"}));
+  LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair ca, tls::CreateCertificateAuthority("bench-ca"));
+  LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
+                            tls::IssueServingCertificate(ca, {}, {"127.0.0.1"}));
   return LoopbackTls{std::move(serving), ca.cert_pem};
 }
 

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "common/status.h"
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 
 namespace lockstep::rendezvous::load {
 
@@ -21,7 +21,7 @@ ProcessMemory ReadProcessMemory(pid_t pid);
 
 // A serving certificate for 127.0.0.1 from a CA made here, and that CA's PEM for the clients.
 struct LoopbackTls {
-  op::tls::KeyPair serving;
+  tls::KeyPair serving;
   std::string ca_pem;
 };
 StatusOr<LoopbackTls> MakeLoopbackTls();

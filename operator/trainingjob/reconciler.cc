@@ -8,7 +8,7 @@
 #include "common/deadline.h"
 #include "common/logging.h"
 #include "common/rendezvous/client.h"
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 #include "operator/trainingjob/admission.h"
 #include "operator/trainingjob/job_status.h"
 #include "operator/trainingjob/pod_cache.h"

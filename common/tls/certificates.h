@@ -15,7 +15,7 @@
 
 #include "common/status.h"
 
-namespace lockstep::op::tls {
+namespace lockstep::tls {
 
 struct KeyPair {
   std::string cert_pem;
@@ -39,4 +39,4 @@ std::string HmacSha256Hex(const std::string& key, const std::string& message);
 // `bytes` random bytes from OpenSSL's CSPRNG.
 StatusOr<std::string> RandomBytes(size_t bytes);
 
-}  // namespace lockstep::op::tls
+}  // namespace lockstep::tls

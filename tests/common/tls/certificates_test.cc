@@ -1,7 +1,7 @@
-// The rendezvous CA (operator/tls): certificates OpenSSL verifies against the CA with the right
+// The rendezvous CA (common/tls): certificates OpenSSL verifies against the CA with the right
 // names and purposes, a real TLS handshake between the rendezvous service and its client, HMAC
 // against RFC 4231, and the CSPRNG.
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 
 #include <gtest/gtest.h>
 #include <openssl/bio.h>
@@ -20,7 +20,7 @@
 #include "common/rendezvous/client.h"
 #include "common/rendezvous/server.h"
 
-namespace lockstep::op::tls {
+namespace lockstep::tls {
 namespace {
 
 struct X509Free {
@@ -288,4 +288,4 @@ TEST(RandomBytesTest, ReturnsTheRequestedLengthAndDiffers) {
 }
 
 }  // namespace
-}  // namespace lockstep::op::tls
+}  // namespace lockstep::tls

@@ -1,4 +1,4 @@
-#include "operator/tls/certificates.h"
+#include "common/tls/certificates.h"
 
 #include <arpa/inet.h>
 #include <openssl/bio.h>
@@ -15,7 +15,7 @@
 #include <string>
 #include <vector>
 
-namespace lockstep::op::tls {
+namespace lockstep::tls {
 namespace {
 
 template <typename T, void (*Free)(T*)>
@@ -300,4 +300,4 @@ StatusOr<std::string> RandomBytes(size_t bytes) {
   return out;
 }
 
-}  // namespace lockstep::op::tls
+}  // namespace lockstep::tls
