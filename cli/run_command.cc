@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <csignal>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <optional>
 
@@ -219,6 +220,9 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     end.snapshot = *latest;
   }
   (*server)->Shutdown(kServerShutdownMs);
+  // The parameter servers' key and certificates served this run only.
+  std::error_code ignored;
+  std::filesystem::remove_all(LocalParameterServerTlsDir(run.log_dir), ignored);
 
   // 5. Report.
   return ReportRun(run, end, supervisor, options->summary_path, out, err);

@@ -1,9 +1,11 @@
 #include "cli/run_setup.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <openssl/rand.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -17,6 +19,8 @@
 
 #include "cli/exit_codes.h"
 #include "cli/validate_command.h"
+#include "common/errno_check.h"
+#include "common/tls/certificates.h"
 #include "kernels/device.h"
 
 namespace lockstep::cli {
@@ -252,6 +256,10 @@ StatusOr<std::vector<WorkerCommand>> LocalCommands(const LocalRun& run,
           .push_back("127.0.0.1:" + std::to_string((*ports)[static_cast<size_t>(i)]));
     }
   }
+  if (servers > 0 && !run.exec) {
+    Status written = WriteLocalParameterServerCredentials(run.log_dir, &options);
+    if (!written.ok()) return written.WithContext("parameter servers");
+  }
   std::vector<WorkerCommand> commands = BuildWorkerCommands(run.job, options);
   *worker_slots = static_cast<int32_t>(commands.size());
   for (WorkerCommand& command : BuildParameterServerCommands(run.job, options)) {
@@ -345,6 +353,44 @@ StatusOr<std::string> CreateDefaultLogDir(const std::string& job_name) {
   }
   const std::string tmp = EnvString("TMPDIR", "/tmp");
   return CreateFreshDirectory(fs::path(tmp) / "lockstep-logs" / leaf);
+}
+
+std::string LocalParameterServerTlsDir(const std::string& log_dir) {
+  return (fs::path(log_dir) / "ps-tls").string();
+}
+
+Status WriteLocalParameterServerCredentials(const std::string& log_dir,
+                                            WorkerCommandOptions* options) {
+  LOCKSTEP_ASSIGN_OR_RETURN(options->ps_token, GenerateJobToken());
+  // The servers listen on 127.0.0.1, which is the name the workers dial and check. A day is
+  // longer than any run this machine holds in memory; the CA signs nothing else.
+  LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair ca,
+                            tls::CreateCertificateAuthority("lockstep run parameter servers", 1));
+  LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
+                            tls::IssueServingCertificate(ca, {"localhost"}, {"127.0.0.1"}, 1));
+  const fs::path dir = LocalParameterServerTlsDir(log_dir);
+  std::error_code error;
+  fs::remove_all(dir, error);
+  if (mkdir(dir.c_str(), 0700) != 0) {
+    return ErrnoStatus("cannot make " + dir.string(), errno);
+  }
+  const std::vector<std::pair<std::string, std::string>> files = {
+      {"tls.crt", serving.cert_pem + ca.cert_pem},
+      {"tls.key", serving.key_pem},
+      {"ca.crt", ca.cert_pem}};
+  for (const auto& [name, pem] : files) {
+    const std::string path = (dir / name).string();
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (fd < 0) return ErrnoStatus("cannot write " + path, errno);
+    const bool written = write(fd, pem.data(), pem.size()) == static_cast<ssize_t>(pem.size());
+    const int write_error = errno;
+    close(fd);
+    if (!written) return ErrnoStatus("cannot write " + path, write_error);
+  }
+  options->ps_tls_cert_file = (dir / "tls.crt").string();
+  options->ps_tls_key_file = (dir / "tls.key").string();
+  options->ps_ca_file = (dir / "ca.crt").string();
+  return OkStatus();
 }
 
 StatusOr<std::string> GenerateJobToken() {

@@ -92,4 +92,11 @@ StatusOr<std::string> CreateDefaultLogDir(const std::string& job_name);
 // 32 bytes from OpenSSL's CSPRNG, as 64 lowercase hex digits.
 StatusOr<std::string> GenerateJobToken();
 
+// The built-in trainer's parameter servers under `lockstep run`: a token of their own, and a CA
+// and a certificate for 127.0.0.1 written under LocalParameterServerTlsDir (0700, files 0600),
+// which the run removes at its end. Sets options' ps_* fields.
+std::string LocalParameterServerTlsDir(const std::string& log_dir);
+Status WriteLocalParameterServerCredentials(const std::string& log_dir,
+                                            WorkerCommandOptions* options);
+
 }  // namespace lockstep::cli

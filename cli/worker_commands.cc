@@ -55,7 +55,7 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
   const std::string& join_timeout_ms = options.join_timeout_ms;
   std::vector<WorkerCommand> commands;
   const int32_t workers = spec::WorkersToRun(job.spec);  // replicas, then the standbys
-  const int32_t ranks = job.spec.ranks_per_worker;  // each pod's supervisor starts its ranks
+  const int32_t ranks = job.spec.ranks_per_worker;       // each pod's supervisor starts its ranks
   // Threads for the ranks that train: a standby waits, and takes a trainer's place.
   const std::string threads = ThreadsPerWorker(job.spec.replicas * ranks);
   const std::vector<std::string> gpus = UsesCuda(job) ? VisibleGpus() : std::vector<std::string>{};
@@ -101,6 +101,10 @@ std::vector<WorkerCommand> BuildWorkerCommands(const spec::TrainingJob& job,
         servers += (servers.empty() ? "" : ",") + server;
       }
       command.env.emplace_back("LOCKSTEP_PS_SERVERS", servers);
+      command.env.emplace_back("LOCKSTEP_PS_TOKEN", options.ps_token);
+      if (!options.ps_ca_file.empty()) {
+        command.env.emplace_back("LOCKSTEP_PS_CA_FILE", options.ps_ca_file);
+      }
     }
     if ((i + 1) * ranks <= static_cast<int32_t>(gpus.size())) {
       // Pod i sees only its GPUs, i * ranks .. (i + 1) * ranks - 1 (as a device plugin gives a
@@ -158,7 +162,7 @@ std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob&
     command.log_path = (fs::path(options.log_dir) / ("ps-" + std::to_string(s) + ".log")).string();
     command.env = {
         {"LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name},
-        {"LOCKSTEP_JOB_TOKEN", options.token},
+        {"LOCKSTEP_PS_TOKEN", options.ps_token},
         {"LOCKSTEP_POD", command.member_id},
         // After the workers' ports (theirs: spec.metrics.port + worker x ranksPerWorker + rank).
         {"LOCKSTEP_METRICS_PORT",
@@ -168,6 +172,10 @@ std::vector<WorkerCommand> BuildParameterServerCommands(const spec::TrainingJob&
                                   spec::WorkersToRun(job.spec) * job.spec.ranks_per_worker +
                                   static_cast<int32_t>(s))},
     };
+    if (!options.ps_tls_cert_file.empty()) {
+      command.env.emplace_back("LOCKSTEP_PS_TLS_CERT_FILE", options.ps_tls_cert_file);
+      command.env.emplace_back("LOCKSTEP_PS_TLS_KEY_FILE", options.ps_tls_key_file);
+    }
     // A server restarts from its shard's newest checkpoint; without checkpoints its shard would
     // start over, and the job fails instead.
     command.restartable = !job.spec.checkpoint.uri.empty();

@@ -23,6 +23,12 @@ struct WorkerCommandOptions {
   // An exec job with parameter servers: host:port of each worker's TensorFlow task, by index
   // (TF_CONFIG, common/spec/tf_config.h); parameter_servers then holds the ps tasks'.
   std::vector<std::string> tf_workers;
+  // The built-in trainer's parameter servers: their own token (never the rendezvous token, which
+  // they are not given) and, when set, TLS files (ps_credentials.h's variables).
+  std::string ps_token;
+  std::string ps_tls_cert_file;  // the servers' certificate chain and key
+  std::string ps_tls_key_file;
+  std::string ps_ca_file;  // what the workers trust
 };
 
 // Threads for the linear-algebra library of each of `workers` local workers.

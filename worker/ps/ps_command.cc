@@ -12,6 +12,7 @@
 #include "common/spec/training_job.h"
 #include "common/status.h"
 #include "worker/agent/wake_pipe.h"
+#include "worker/ps/ps_credentials.h"
 #include "worker/ps/ps_job.h"
 #include "worker/ps/ps_metrics.h"
 #include "worker/ps/ps_server.h"
@@ -118,9 +119,12 @@ int RunParameterServerCommand(const std::vector<std::string>& args) {
       options.job = EnvString("LOCKSTEP_JOB", job->metadata.namespace_ + "/" + job->metadata.name);
     }
   }
-  options.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
   if (options.job.empty()) return Refuse("--job is required");
-  if (options.token.empty()) return Refuse("LOCKSTEP_JOB_TOKEN is not set");
+  StatusOr<PsServerCredentials> credentials = PsServerCredentialsFromEnvironment();
+  if (!credentials.ok()) return Refuse(credentials.status().message());
+  options.token = credentials->token;
+  options.tls_cert_pem = credentials->tls_cert_pem;
+  options.tls_key_pem = credentials->tls_key_pem;
   if (options.tables.empty()) return Refuse("no --table: a server must hold a table");
 
   if (Status installed = agent::InstallWakePipe({SIGTERM, SIGINT}); !installed.ok()) {

@@ -19,6 +19,7 @@
 #include "worker/agent/wake_pipe.h"
 #include "worker/metrics.h"
 #include "worker/ps/click_log_file.h"
+#include "worker/ps/ps_credentials.h"
 #include "worker/ps/ps_job.h"
 
 namespace lockstep::ps {
@@ -156,7 +157,10 @@ int RunParameterServerWorker(const spec::TrainingJob& job, const std::string& jo
   PsClientOptions client_options;
   client_options.servers = SplitList(EnvString("LOCKSTEP_PS_SERVERS", ""));
   client_options.job = job_name;
-  client_options.token = EnvString("LOCKSTEP_JOB_TOKEN", "");
+  StatusOr<PsClientCredentials> credentials = PsClientCredentialsFromEnvironment();
+  if (!credentials.ok()) return Fail(kExitBadInput, credentials.status().message());
+  client_options.token = credentials->token;
+  client_options.tls_ca_pem = credentials->tls_ca_pem;
   // A server being replaced (its pod rescheduled, its shard restored) is waited for as long as
   // the other workers are.
   client_options.down_server_wait_ms = options.wait_timeout_ms;

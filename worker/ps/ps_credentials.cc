@@ -1,0 +1,68 @@
+#include "worker/ps/ps_credentials.h"
+
+#include <fstream>
+#include <sstream>
+
+#include "common/env.h"
+
+namespace lockstep::ps {
+namespace {
+
+StatusOr<std::string> Token() {
+  std::string token = EnvString("LOCKSTEP_PS_TOKEN", "");
+  if (token.empty()) token = EnvString("LOCKSTEP_JOB_TOKEN", "");
+  if (token.empty()) return InvalidArgumentError("LOCKSTEP_PS_TOKEN is not set");
+  return token;
+}
+
+// The PEM file named by `variable`, which must hold a "-----BEGIN <marker>" block ("" when the
+// variable is unset). At most 1 MiB: a certificate chain or a key is a few KiB.
+StatusOr<std::string> PemFile(const char* variable, const std::string& marker) {
+  const std::string path = EnvString(variable, "");
+  if (path.empty()) return std::string();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return InvalidArgumentError(std::string(variable) + ": cannot read " + path);
+  constexpr std::streamsize kMaxBytes = 1 << 20;
+  std::string pem(static_cast<size_t>(kMaxBytes) + 1, '\0');
+  in.read(pem.data(), kMaxBytes + 1);
+  pem.resize(static_cast<size_t>(in.gcount()));
+  if (in.bad()) return InvalidArgumentError(std::string(variable) + ": cannot read " + path);
+  if (pem.size() > static_cast<size_t>(kMaxBytes)) {
+    return InvalidArgumentError(std::string(variable) + ": " + path + " is over 1 MiB");
+  }
+  if (pem.find("-----BEGIN " + marker) == std::string::npos) {
+    return InvalidArgumentError(std::string(variable) + ": " + path + " holds no PEM " + marker);
+  }
+  return pem;
+}
+
+}  // namespace
+
+StatusOr<PsServerCredentials> PsServerCredentialsFromEnvironment() {
+  PsServerCredentials credentials;
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.token, Token());
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_cert_pem,
+                            PemFile("LOCKSTEP_PS_TLS_CERT_FILE", "CERTIFICATE"));
+  // "PRIVATE KEY" is the end of every PEM key label (EC, RSA, PKCS#8).
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_key_pem, PemFile("LOCKSTEP_PS_TLS_KEY_FILE", ""));
+  if (!credentials.tls_key_pem.empty() &&
+      credentials.tls_key_pem.find("PRIVATE KEY-----") == std::string::npos) {
+    return InvalidArgumentError(
+        "LOCKSTEP_PS_TLS_KEY_FILE: " + EnvString("LOCKSTEP_PS_TLS_KEY_FILE", "") +
+        " holds no PEM private key");
+  }
+  if (credentials.tls_cert_pem.empty() != credentials.tls_key_pem.empty()) {
+    return InvalidArgumentError(
+        "LOCKSTEP_PS_TLS_CERT_FILE and LOCKSTEP_PS_TLS_KEY_FILE: give both (TLS) or neither");
+  }
+  return credentials;
+}
+
+StatusOr<PsClientCredentials> PsClientCredentialsFromEnvironment() {
+  PsClientCredentials credentials;
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.token, Token());
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_ca_pem, PemFile("LOCKSTEP_PS_CA_FILE", "CERTIFICATE"));
+  return credentials;
+}
+
+}  // namespace lockstep::ps
