@@ -248,6 +248,7 @@ class Operator {
     options.settings.scheduler_plugins_scheduler_name = flags_.scheduler_plugins_scheduler;
     options.settings.node_loss_toleration_seconds = flags_.node_loss_toleration_seconds;
     options.master_key = identity_.master_key;
+    if (!flags_.rendezvous_insecure) options.ca_key_pem = identity_.ca.key_pem;
     options.progress_interval_ms = flags_.progress_interval_ms;
     options.rendezvous_heartbeat_timeout_ms = flags_.heartbeat_timeout_ms;
     options.topology_keys = flags_.topology_keys;

@@ -28,6 +28,7 @@
 #include "common/logging.h"
 #include "common/rendezvous/kv_store.h"
 #include "common/spec/training_job.h"
+#include "common/tls/certificates.h"
 #include "worker/comm/communicator_factory.h"
 #include "worker/ps/click_log.h"
 #include "worker/ps/ps_job.h"
@@ -57,23 +58,26 @@ struct Result {
 };
 
 double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 spec::TrainingJob Job(const Options& options, const std::string& mode, int workers, int servers,
                       int epochs) {
-  const double rate =
-      mode == "sync" ? options.learning_rate * workers : options.learning_rate;
+  const double rate = mode == "sync" ? options.learning_rate * workers : options.learning_rate;
   const std::string yaml =
       "apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: bench}\nspec:\n"
-      "  replicas: " + std::to_string(workers) + "\n  parameterServers: {replicas: " +
-      std::to_string(servers) + "}\n  trainer:\n    model: {hidden: [64], embedding: {fields: 8, "
-      "dim: 8, rows: " + std::to_string(options.rows) + "}}\n    data: {format: clickLog, train: "
-      "[t.tsv]}\n    batchSize: " + std::to_string(options.batch) + "\n    epochs: " +
-      std::to_string(epochs) + "\n    optimizer: {type: sgd, learningRate: " +
-      std::to_string(rate) + ", momentum: 0}\n    logIntervalSteps: 1000000\n    sync: "
-      "{strategy: parameterServer, parameterServer: {mode: " + mode + "}}\n";
+      "  replicas: " +
+      std::to_string(workers) + "\n  parameterServers: {replicas: " + std::to_string(servers) +
+      "}\n  trainer:\n    model: {hidden: [64], embedding: {fields: 8, "
+      "dim: 8, rows: " +
+      std::to_string(options.rows) +
+      "}}\n    data: {format: clickLog, train: "
+      "[t.tsv]}\n    batchSize: " +
+      std::to_string(options.batch) + "\n    epochs: " + std::to_string(epochs) +
+      "\n    optimizer: {type: sgd, learningRate: " + std::to_string(rate) +
+      ", momentum: 0}\n    logIntervalSteps: 1000000\n    sync: "
+      "{strategy: parameterServer, parameterServer: {mode: " +
+      mode + "}}\n";
   StatusOr<spec::TrainingJob> job = spec::ParseTrainingJobYaml(yaml, "bench");
   if (!job.ok()) {
     std::fprintf(stderr, "%s\n", job.status().ToString().c_str());
@@ -82,8 +86,26 @@ spec::TrainingJob Job(const Options& options, const std::string& mode, int worke
   return *job;
 }
 
-Result RunThroughServers(const Options& options, const std::string& mode, int workers,
-                         int servers, int epochs, const ClickLog& train, const ClickLog& test) {
+// The servers' TLS as the operator and `lockstep run` set it up: a CA, a certificate for
+// 127.0.0.1 (chain with the CA), the workers trusting the CA.
+struct BenchTls {
+  std::string cert_pem, key_pem, ca_pem;
+};
+
+BenchTls MakeBenchTls() {
+  StatusOr<tls::KeyPair> ca = tls::CreateCertificateAuthority("ps_bench ca", 1);
+  StatusOr<tls::KeyPair> serving =
+      ca.ok() ? tls::IssueServingCertificate(*ca, {}, {"127.0.0.1"}, 1) : ca.status();
+  if (!serving.ok()) {
+    std::fprintf(stderr, "%s\n", serving.status().ToString().c_str());
+    std::exit(1);
+  }
+  return {serving->cert_pem + ca->cert_pem, serving->key_pem, ca->cert_pem};
+}
+
+Result RunThroughServers(const Options& options, const std::string& mode, int workers, int servers,
+                         int epochs, const ClickLog& train, const ClickLog& test,
+                         const BenchTls* tls = nullptr) {
   const spec::TrainingJob job = Job(options, mode, workers, servers, epochs);
   StatusOr<std::vector<TableSpec>> tables = JobTables(job);
   std::vector<std::unique_ptr<ShardServer>> shards;
@@ -96,6 +118,10 @@ Result RunThroughServers(const Options& options, const std::string& mode, int wo
     server.shards = servers;
     server.workers = workers;
     server.tables = *tables;
+    if (tls != nullptr) {
+      server.tls_cert_pem = tls->cert_pem;
+      server.tls_key_pem = tls->key_pem;
+    }
     StatusOr<std::unique_ptr<ShardServer>> started = ShardServer::Start(server);
     if (!started.ok()) {
       std::fprintf(stderr, "%s\n", started.status().ToString().c_str());
@@ -113,6 +139,7 @@ Result RunThroughServers(const Options& options, const std::string& mode, int wo
       client_options.servers = addresses;
       client_options.job = "default/bench";
       client_options.token = "bench";
+      if (tls != nullptr) client_options.tls_ca_pem = tls->ca_pem;
       auto client = PsClient::Connect(client_options);
       PsTrainingOptions training;
       training.job = job;
@@ -134,8 +161,7 @@ Result RunThroughServers(const Options& options, const std::string& mode, int wo
     bytes += result.traffic.request_bytes + result.traffic.response_bytes;
     out.steps = std::max(out.steps, result.steps);
   }
-  out.samples_per_second =
-      static_cast<double>(out.steps * workers * options.batch) / out.seconds;
+  out.samples_per_second = static_cast<double>(out.steps * workers * options.batch) / out.seconds;
   out.bytes_per_step = static_cast<double>(bytes) / static_cast<double>(out.steps * workers);
   out.auc = results[0].test_auc;
   return out;
@@ -273,13 +299,20 @@ int main(int argc, char** argv) {
   for (int i = 1; i + 1 < argc; i += 2) {
     const std::string flag = argv[i];
     const double value = std::atof(argv[i + 1]);
-    if (flag == "--rows") options.rows = static_cast<int64_t>(value);
-    else if (flag == "--samples") options.samples = static_cast<int64_t>(value);
-    else if (flag == "--test-samples") options.test_samples = static_cast<int64_t>(value);
-    else if (flag == "--batch") options.batch = static_cast<int64_t>(value);
-    else if (flag == "--epochs") options.epochs = static_cast<int>(value);
-    else if (flag == "--target-auc") options.target_auc = value;
-    else if (flag == "--allreduce-steps") options.allreduce_steps = static_cast<int64_t>(value);
+    if (flag == "--rows")
+      options.rows = static_cast<int64_t>(value);
+    else if (flag == "--samples")
+      options.samples = static_cast<int64_t>(value);
+    else if (flag == "--test-samples")
+      options.test_samples = static_cast<int64_t>(value);
+    else if (flag == "--batch")
+      options.batch = static_cast<int64_t>(value);
+    else if (flag == "--epochs")
+      options.epochs = static_cast<int>(value);
+    else if (flag == "--target-auc")
+      options.target_auc = value;
+    else if (flag == "--allreduce-steps")
+      options.allreduce_steps = static_cast<int64_t>(value);
     else {
       std::fprintf(stderr, "unknown flag %s\n", flag.c_str());
       return 2;
@@ -299,12 +332,12 @@ int main(int argc, char** argv) {
   test.labels.assign(log.labels.begin() + options.samples, log.labels.end());
   const std::vector<double> truth(log.probabilities.begin() + options.samples,
                                   log.probabilities.end());
-  std::printf("click log: %lld train, %lld test samples, 8 fields; ceiling AUC %.4f; table %lld "
-              "rows x 8; batch %lld per worker; target AUC %.3f\n",
-              static_cast<long long>(options.samples),
-              static_cast<long long>(options.test_samples), Auc(truth, test.labels),
-              static_cast<long long>(options.rows), static_cast<long long>(options.batch),
-              options.target_auc);
+  std::printf(
+      "click log: %lld train, %lld test samples, 8 fields; ceiling AUC %.4f; table %lld "
+      "rows x 8; batch %lld per worker; target AUC %.3f\n",
+      static_cast<long long>(options.samples), static_cast<long long>(options.test_samples),
+      Auc(truth, test.labels), static_cast<long long>(options.rows),
+      static_cast<long long>(options.batch), options.target_auc);
   std::printf("%-10s %7s %7s %12s %14s %8s %10s\n", "mode", "workers", "servers", "samples/s",
               "bytes/step", "AUC", "to target");
   double sync_epochs_to_target[8] = {0};
@@ -336,5 +369,21 @@ int main(int argc, char** argv) {
                 Seconds(to_target).c_str());
     std::fflush(stdout);
   }
+  // What TLS costs the servers' traffic: async (the mode that sends most), 4 workers, 2 servers,
+  // one epoch, plaintext and TLS in turn five times; the median rate of each and their ratio.
+  const BenchTls tls = MakeBenchTls();
+  std::vector<double> plain_rates, tls_rates;
+  for (int i = 0; i < 5; ++i) {
+    plain_rates.push_back(
+        RunThroughServers(options, "async", 4, 2, 1, train, test).samples_per_second);
+    tls_rates.push_back(
+        RunThroughServers(options, "async", 4, 2, 1, train, test, &tls).samples_per_second);
+  }
+  std::sort(plain_rates.begin(), plain_rates.end());
+  std::sort(tls_rates.begin(), tls_rates.end());
+  std::printf(
+      "TLS against plaintext (async, 4 workers, 2 servers, 1 epoch, median of 5 in turn): "
+      "%.0f against %.0f samples/s, ratio %.3f\n",
+      tls_rates[2], plain_rates[2], tls_rates[2] / plain_rates[2]);
   return 0;
 }

@@ -309,8 +309,8 @@ namespace {
 // template asks: a cluster with no other node still runs the pod.
 void PreferOtherNodes(json* pod, const std::vector<std::string>& nodes) {
   if (nodes.empty()) return;
-  json& terms = (*pod)["spec"]["affinity"]["nodeAffinity"]
-                    ["preferredDuringSchedulingIgnoredDuringExecution"];
+  json& terms =
+      (*pod)["spec"]["affinity"]["nodeAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
   if (!terms.is_array()) terms = json::array();
   terms.push_back(
       {{"weight", 100},
@@ -329,8 +329,8 @@ void PlaceTogether(json* pod, const spec::TrainingJob& job) {
                {"topologyKey", placement.topology}};
   const bool required = placement.mode == spec::PlacementMode::kRequired;
   json& terms = (*pod)["spec"]["affinity"]["podAffinity"]
-                    [required ? "requiredDuringSchedulingIgnoredDuringExecution"
-                              : "preferredDuringSchedulingIgnoredDuringExecution"];
+                      [required ? "requiredDuringSchedulingIgnoredDuringExecution"
+                                : "preferredDuringSchedulingIgnoredDuringExecution"];
   if (!terms.is_array()) terms = json::array();
   if (required) {
     terms.push_back(std::move(term));
@@ -401,6 +401,17 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
     env.push_back(EnvValue("LOCKSTEP_WORKER_INDEX", std::to_string(index)));
     if (spec.trainer.has_value()) {
       env.push_back(EnvValue("LOCKSTEP_PS_SERVERS", ParameterServerAddresses(job)));
+      // The servers' own token (worker/ps/ps_credentials.h); their certificates come from the
+      // CA the job's Secret already mounts.
+      env.push_back(
+          {{"name", "LOCKSTEP_PS_TOKEN"},
+           {"valueFrom",
+            {{"secretKeyRef",
+              {{"name", ParameterServerSecretName(job.metadata.name)}, {"key", kTokenKey}}}}}});
+      if (tls) {
+        env.push_back(
+            EnvValue("LOCKSTEP_PS_CA_FILE", std::string(kSecretMountPath) + "/" + kCaKey));
+      }
     } else {
       env.push_back(EnvValue("TF_CONFIG", TensorflowConfig(job, spec::TfTaskOfWorker(index))));
     }

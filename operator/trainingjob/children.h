@@ -20,6 +20,8 @@
 
 #include "common/spec/tf_config.h"
 #include "common/spec/training_job.h"
+#include "common/status.h"
+#include "common/tls/certificates.h"
 
 namespace lockstep::op::trainingjob {
 
@@ -160,7 +162,9 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
 // index: the workers' reconcile never sees it), behind its own headless Service "<job>-ps"
 // (port 7470, "ps"), so workers reach server s at "<job>-ps-<s>.<job>-ps.<namespace>.svc:7470"
 // (LOCKSTEP_PS_SERVERS). Container "ps": `lockstep-worker ps --shard s --listen 0.0.0.0:7470`,
-// the job's spec (LOCKSTEP_SPEC), name (LOCKSTEP_JOB) and token (from the Secret), the servers'
+// the job's spec (LOCKSTEP_SPEC), name (LOCKSTEP_JOB), the servers' token and, with TLS, their
+// certificate and key (from the Secret "<job>-ps", worker/ps/ps_credentials.h; never the
+// rendezvous token), the servers'
 // own resources (spec.parameterServers.resources); restartPolicy Never (a lost server's pod is
 // replaced by the operator and restores its shard's checkpoint), the node-loss tolerations and
 // the restricted security defaults. spec.template is the workers' and is not applied; the
@@ -179,6 +183,13 @@ std::string ParameterServerAddresses(const spec::TrainingJob& job);
 // with it instead of `lockstep-worker ps`.
 std::string TensorflowConfig(const spec::TrainingJob& job, const spec::TfTask& task);
 json DesiredParameterServerService(const spec::TrainingJob& job);
+// The built-in trainer's servers' Secret "<job>-ps": their token ("token") and, given the
+// operator's CA (a null `ca`: plaintext, as the rendezvous then is), a serving certificate for
+// every server's name and "*.<job>-ps.<namespace>.svc" ("tls.crt", the CA appended) and its key
+// ("tls.key"). The workers get the token and trust the CA of the job's Secret.
+std::string ParameterServerSecretName(const std::string& job_name);  // "<job>-ps"
+StatusOr<json> DesiredParameterServerSecret(const spec::TrainingJob& job,
+                                            const std::string& ps_token, const tls::KeyPair* ca);
 json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
                                const OperatorSettings& settings);
 

@@ -3,6 +3,7 @@
 #include <string>
 #include <vector>
 
+#include "common/base64.h"
 #include "common/spec/tf_config.h"
 #include "operator/trainingjob/children.h"
 #include "operator/trainingjob/children_internal.h"
@@ -19,6 +20,11 @@ using internal::JobLabels;
 namespace {
 
 constexpr char kPortName[] = "ps";
+// The servers' Secret's TLS keys, and where a server mounts them.
+constexpr char kParameterServerCertKey[] = "tls.crt";
+constexpr char kParameterServerKeyKey[] = "tls.key";
+constexpr char kParameterServerSecretVolume[] = "lockstep-ps";
+constexpr char kParameterServerSecretMountPath[] = "/var/run/lockstep-ps";
 constexpr char kTfPortName[] = "tf";
 
 json ServerLabels(const spec::TrainingJob& job) {
@@ -34,6 +40,31 @@ std::string ParameterServerPodName(const std::string& job_name, int32_t shard) {
 }
 
 std::string ParameterServerServiceName(const std::string& job_name) { return job_name + "-ps"; }
+
+std::string ParameterServerSecretName(const std::string& job_name) { return job_name + "-ps"; }
+
+StatusOr<json> DesiredParameterServerSecret(const spec::TrainingJob& job,
+                                            const std::string& ps_token, const tls::KeyPair* ca) {
+  json data = {{internal::kTokenKey, Base64Encode(ps_token)}};
+  if (ca != nullptr) {
+    const std::string domain = "." + ParameterServerServiceName(job.metadata.name) + "." +
+                               job.metadata.namespace_ + ".svc";
+    std::vector<std::string> names = {"*" + domain};
+    for (int32_t s = 0; s < job.spec.parameter_servers.replicas; ++s) {
+      names.push_back(internal::Hostname(ParameterServerPodName(job.metadata.name, s)) + domain);
+    }
+    LOCKSTEP_ASSIGN_OR_RETURN(tls::KeyPair serving,
+                              tls::IssueServingCertificate(*ca, names, {}, 365));
+    data[kParameterServerCertKey] = Base64Encode(serving.cert_pem + ca->cert_pem);
+    data[kParameterServerKeyKey] = Base64Encode(serving.key_pem);
+  }
+  return json{{"apiVersion", "v1"},
+              {"kind", "Secret"},
+              {"metadata",
+               ChildMetadata(job, ParameterServerSecretName(job.metadata.name), ServerLabels(job))},
+              {"type", "Opaque"},
+              {"data", std::move(data)}};
+}
 
 std::string TensorflowConfig(const spec::TrainingJob& job, const spec::TfTask& task) {
   const std::string tail = "." + job.metadata.namespace_ + ".svc:" + std::to_string(spec::kTfPort);
@@ -85,10 +116,11 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
   const bool tensorflow = !job.spec.command.empty();
   json env = json::array({
       EnvValue("LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name),
-      {{"name", "LOCKSTEP_JOB_TOKEN"},
+      {{"name", "LOCKSTEP_PS_TOKEN"},
        {"valueFrom",
         {{"secretKeyRef",
-          {{"name", SecretName(job.metadata.name)}, {"key", internal::kTokenKey}}}}}},
+          {{"name", ParameterServerSecretName(job.metadata.name)},
+           {"key", internal::kTokenKey}}}}}},
       EnvField("LOCKSTEP_POD", "metadata.name"),
       EnvValue("LOCKSTEP_SPEC", spec::ToJson(job).dump()),
   });
@@ -123,10 +155,30 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
     container["resources"]["limits"] = limits;
     container["resources"]["requests"] = limits;  // Guaranteed QoS, as the workers'
   }
+  const bool tls = !tensorflow && !settings.rendezvous_ca_pem.empty();
+  json volumes = json::array();
+  if (tls) {
+    // The certificate and key only: the token comes as an env var, as the workers' does.
+    const std::string mount = kParameterServerSecretMountPath;
+    container["env"].push_back(
+        EnvValue("LOCKSTEP_PS_TLS_CERT_FILE", mount + "/" + kParameterServerCertKey));
+    container["env"].push_back(
+        EnvValue("LOCKSTEP_PS_TLS_KEY_FILE", mount + "/" + kParameterServerKeyKey));
+    container["volumeMounts"] = json::array(
+        {{{"name", kParameterServerSecretVolume}, {"mountPath", mount}, {"readOnly", true}}});
+    volumes.push_back(
+        {{"name", kParameterServerSecretVolume},
+         {"secret",
+          {{"secretName", ParameterServerSecretName(job.metadata.name)},
+           {"items",
+            json::array({{{"key", kParameterServerCertKey}, {"path", kParameterServerCertKey}},
+                         {{"key", kParameterServerKeyKey}, {"path", kParameterServerKeyKey}}})}}}});
+  }
   json pod_spec = {{"restartPolicy", "Never"},
                    {"hostname", internal::Hostname(name)},
                    {"subdomain", ParameterServerServiceName(job.metadata.name)},
                    {"containers", json::array({std::move(container)})}};
+  if (!volumes.empty()) pod_spec["volumes"] = std::move(volumes);
   if (!job.spec.run_policy.scheduling.priority_class_name.empty()) {
     pod_spec["priorityClassName"] = job.spec.run_policy.scheduling.priority_class_name;
   }

@@ -35,6 +35,12 @@ std::string TrainingJobReconciler::Token(const spec::TrainingJob& job) const {
                                                      job.metadata.uid);
 }
 
+std::string TrainingJobReconciler::ParameterServerToken(const spec::TrainingJob& job) const {
+  return tls::HmacSha256Hex(options_.master_key, "parameter-server-token/" +
+                                                     job.metadata.namespace_ + "/" +
+                                                     job.metadata.name + "/" + job.metadata.uid);
+}
+
 std::string TrainingJobReconciler::OnPodEvent(const json* old_pod, const json* new_pod) {
   const json& any = new_pod ? *new_pod : *old_pod;
   const std::string key = JobKeyOfPod(any);
@@ -259,6 +265,19 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
     if (job.spec.parameter_servers.replicas > 0) {
       LOCKSTEP_RETURN_IF_ERROR(create(res::kServices, DesiredParameterServerService(job)));
     }
+    if (job.spec.parameter_servers.replicas > 0 && job.spec.trainer.has_value()) {
+      // TLS exactly when the rendezvous has it: the server pods mount a certificate then.
+      const tls::KeyPair ca{options_.settings.rendezvous_ca_pem, options_.ca_key_pem};
+      const bool tls = !ca.cert_pem.empty();
+      if (tls && ca.key_pem.empty()) {
+        return FailedPreconditionError("parameter servers: the operator has no CA key to sign "
+                                       "their certificate (ReconcilerOptions::ca_key_pem)");
+      }
+      LOCKSTEP_ASSIGN_OR_RETURN(
+          json secret,
+          DesiredParameterServerSecret(job, ParameterServerToken(job), tls ? &ca : nullptr));
+      LOCKSTEP_RETURN_IF_ERROR(create(res::kSecrets, secret));
+    }
     std::optional<json> group = DesiredPodGroup(job);
     if (group) {
       const bool volcano = job.spec.run_policy.scheduling.gang == spec::GangScheduler::kVolcano;
@@ -299,7 +318,8 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
         const json& generation = w.status["rendezvous"].value("generation", json(0));
         if (generation.is_number_integer()) last_generation = generation.get<int64_t>();
         const json& rendezvous = w.status["rendezvous"];
-        training = rendezvous.contains("worldSize") && rendezvous["worldSize"].is_number_integer() &&
+        training = rendezvous.contains("worldSize") &&
+                   rendezvous["worldSize"].is_number_integer() &&
                    rendezvous["worldSize"].get<int64_t>() > 0;
       }
       if (it != hosted_.end()) {

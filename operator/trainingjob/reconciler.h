@@ -65,6 +65,9 @@ const std::vector<std::string>& DefaultTopologyKeys();
 struct ReconcilerOptions {
   OperatorSettings settings;
   std::string master_key;  // derives each job's rendezvous token (HMAC with the job's uid)
+  // The operator's CA key (its certificate: settings.rendezvous_ca_pem), which signs each
+  // parameter-server job's serving certificate; needed whenever that certificate is set.
+  std::string ca_key_pem;
   // While a job runs it is reconciled this often to carry the workers' progress into status.
   int64_t progress_interval_ms = 10000;
   // Children other than pods (Secret, Service, PodGroup) are not watched; they are re-ensured
@@ -113,7 +116,7 @@ class TrainingJobReconciler : public controller::Reconciler {
   Status ReconcileJob(Work& w);
   Status EnsureChildren(Work& w);
   Status ReconcilePods(Work& w);
-  Status ReconcileParameterServers(Work& w);  // reconciler_ps.cc
+  Status ReconcileParameterServers(Work& w);        // reconciler_ps.cc
   static bool KueueHoldsTheWorkers(const Work& w);  // reconciler_ps.cc
   // A failed pod's restart, counted in status.restarts against backoffLimit and its deletion
   // queued for after the status write (ReplaceRestartedPods; `replacement` is added to what the
@@ -159,6 +162,9 @@ class TrainingJobReconciler : public controller::Reconciler {
   void ReportQueue(Work& w, int32_t gated, int32_t admitted, const std::string& gate);
   Status CleanUpFinished(Work& w);
   std::string Token(const spec::TrainingJob& job) const;
+  // The job's parameter servers' token: derived the same way under another label, so it
+  // authenticates nothing at the rendezvous.
+  std::string ParameterServerToken(const spec::TrainingJob& job) const;
   double Now() const;
 
   ReconcilerDeps deps_;

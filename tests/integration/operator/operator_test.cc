@@ -477,7 +477,21 @@ TEST_F(OperatorTest, AParameterServerJobGetsItsServersTheirServiceAndWorkersThat
                                           "--listen", "0.0.0.0:7470"}));
     EXPECT_EQ(container["resources"]["limits"]["cpu"], "2");
     EXPECT_EQ(container["resources"]["requests"]["memory"], "1Gi");
+    // The servers' own token, never the rendezvous token; the workers get it too.
+    std::map<std::string, json> server_env;
+    for (const json& e : container["env"]) server_env[e["name"]] = e;
+    EXPECT_FALSE(server_env.count("LOCKSTEP_JOB_TOKEN")) << container["env"].dump();
+    EXPECT_EQ(server_env["LOCKSTEP_PS_TOKEN"]["valueFrom"]["secretKeyRef"]["name"], "ctr-ps");
+    EXPECT_EQ(env["LOCKSTEP_PS_TOKEN"]["valueFrom"]["secretKeyRef"]["name"], "ctr-ps");
   }
+  // The servers' Secret: a token that is not the rendezvous token.
+  const std::string secrets = "/api/v1/namespaces/" + ns_ + "/secrets/";
+  auto ps_secret = h_->kube().Request("GET", secrets + "ctr-ps");
+  ASSERT_EQ(ps_secret.status, 200) << ps_secret.raw;
+  auto job_secret = h_->kube().Request("GET", secrets + "ctr-rendezvous");
+  ASSERT_EQ(job_secret.status, 200) << job_secret.raw;
+  EXPECT_FALSE(ps_secret.body["data"].value("token", "").empty());
+  EXPECT_NE(ps_secret.body["data"]["token"], job_secret.body["data"]["token"]);
   auto service = h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/services/ctr-ps");
   ASSERT_EQ(service.status, 200) << service.raw;
   EXPECT_EQ(service.body["spec"]["clusterIP"], "None");

@@ -4,12 +4,17 @@
 #include "operator/trainingjob/children.h"
 
 #include <gtest/gtest.h>
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <openssl/x509v3.h>
 
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/base64.h"
+#include "common/tls/certificates.h"
 #include "tests/support/kube/pod_security.h"
 
 namespace lockstep::op::trainingjob {
@@ -140,10 +145,10 @@ spec:
 )";
   EXPECT_EQ(EnvText(DesiredPod(ParseJob(manifest), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
             "/dev/termination-log");
-  const json moved = DesiredPod(
-      ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
-                          "terminationMessagePath: /var/run/why}]}}\n"),
-      0, Settings());
+  const json moved =
+      DesiredPod(ParseJob(manifest + "  template: {spec: {containers: [{name: worker, "
+                                     "terminationMessagePath: /var/run/why}]}}\n"),
+                 0, Settings());
   EXPECT_EQ(EnvText(moved, "LOCKSTEP_TERMINATION_LOG"), "/var/run/why");
   EXPECT_EQ(CountEnv(moved, "LOCKSTEP_TERMINATION_LOG"), 1);
   EXPECT_EQ(EnvText(DesiredPod(JobWith(""), 0, Settings()), "LOCKSTEP_TERMINATION_LOG"),
@@ -166,19 +171,19 @@ TEST(DesiredPodTest, WorkersLeaveALostNodeAfterTheOperatorsTolerationSeconds) {
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 30}}));
 
-  const json own = DesiredPod(
-      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
-              "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
-      0, settings);
+  const json own =
+      DesiredPod(JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+                         "operator: Exists, effect: NoExecute, tolerationSeconds: 600}]}}\n"),
+                 0, settings);
   seconds.clear();
   for (const json& t : own["spec"]["tolerations"]) seconds[t["key"]] = t["tolerationSeconds"];
   EXPECT_EQ(seconds, (std::map<std::string, int64_t>{{"node.kubernetes.io/not-ready", 30},
                                                      {"node.kubernetes.io/unreachable", 600}}));
 
-  const json no_schedule = DesiredPod(
-      JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
-              "operator: Exists, effect: NoSchedule}]}}\n"),
-      0, settings);
+  const json no_schedule =
+      DesiredPod(JobWith("  template: {spec: {tolerations: [{key: node.kubernetes.io/unreachable, "
+                         "operator: Exists, effect: NoSchedule}]}}\n"),
+                 0, settings);
   int no_execute = 0;
   for (const json& t : no_schedule["spec"]["tolerations"]) {
     no_execute += t.value("effect", "") == "NoExecute";
@@ -925,7 +930,8 @@ TEST(KueuePodGroupTest, AJobLabelledWithAQueueRunsAsOnePodGroupOfItsReplicas) {
 // Standbys are pods of the group too: Kueue admits (and counts quota for) all of them at once.
 TEST(KueuePodGroupTest, TheGroupCountsTheStandbyPods) {
   std::string manifest = kQueuedManifest;
-  manifest.replace(manifest.find("  replicas: 3\n"), 14, "  replicas: 3\n  elastic: {standby: 2}\n");
+  manifest.replace(manifest.find("  replicas: 3\n"), 14,
+                   "  replicas: 3\n  elastic: {standby: 2}\n");
   const spec::TrainingJob job = ParseJob(manifest, "0b7c4f2e-91aa-4c1e-8d55-0c2f9b1e7a10");
   for (int32_t index = 0; index < 5; ++index) {
     const json pod = DesiredPod(job, index, Settings());
@@ -986,9 +992,9 @@ TEST(PlacementTest, ARequiredLevelKeepsEveryPodWithTheJobsOthersAcrossItsLabel) 
 }
 
 TEST(PlacementTest, APreferredLevelIsAWeightedTermAndNoPlacementAddsNone) {
-  const json pod = DesiredPod(
-      JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"), 0,
-      Settings());
+  const json pod =
+      DesiredPod(JobWith("  placement: {topology: topology.kubernetes.io/zone, mode: preferred}\n"),
+                 0, Settings());
   const json& terms =
       pod["spec"]["affinity"]["podAffinity"]["preferredDuringSchedulingIgnoredDuringExecution"];
   ASSERT_EQ(terms.size(), 1u);
@@ -1007,20 +1013,20 @@ TEST(PlacementTest, AQueuedJobAsksKueuesTopologyAwareSchedulingInstead) {
             "topology.lockstep.io/block");
   EXPECT_FALSE(required["spec"].contains("affinity") &&
                required["spec"]["affinity"].contains("podAffinity"));
-  const json preferred = DesiredPod(
-      ParseJob(std::string(kQueuedManifest) +
-               "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
-      0, Settings());
+  const json preferred =
+      DesiredPod(ParseJob(std::string(kQueuedManifest) +
+                          "  placement: {topology: topology.lockstep.io/block, mode: preferred}\n"),
+                 0, Settings());
   EXPECT_EQ(preferred["metadata"]["annotations"]["kueue.x-k8s.io/podset-preferred-topology"],
             "topology.lockstep.io/block");
-  EXPECT_FALSE(preferred["metadata"]["annotations"].contains(
-      "kueue.x-k8s.io/podset-required-topology"));
+  EXPECT_FALSE(
+      preferred["metadata"]["annotations"].contains("kueue.x-k8s.io/podset-required-topology"));
 }
 
 TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
-  const spec::TrainingJob job =
-      JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"
-              "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
+  const spec::TrainingJob job = JobWith(
+      "  runPolicy: {scheduling: {gang: volcano}}\n"
+      "  placement: {topology: topology.lockstep.io/rack, volcanoTier: 1}\n");
   std::optional<json> group = DesiredPodGroup(job);
   ASSERT_TRUE(group.has_value());
   EXPECT_EQ((*group)["spec"]["networkTopology"],
@@ -1028,7 +1034,8 @@ TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
   // Volcano's own topology replaces the affinity term.
   const json pod = DesiredPod(job, 0, Settings());
   EXPECT_FALSE(pod["spec"].contains("affinity") && pod["spec"]["affinity"].contains("podAffinity"));
-  std::optional<json> plain = DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
+  std::optional<json> plain =
+      DesiredPodGroup(JobWith("  runPolicy: {scheduling: {gang: volcano}}\n"));
   ASSERT_TRUE(plain.has_value());
   EXPECT_FALSE((*plain)["spec"].contains("networkTopology"));
 }
@@ -1038,6 +1045,77 @@ TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
 
 namespace lockstep::op::trainingjob {
 namespace {
+
+// The built-in trainer's parameter servers get a credential of their own: the Secret
+// "<job>-ps" holds their token and a certificate for every server's name; the servers never get
+// the rendezvous token, and the workers get the servers' token and trust the operator's CA.
+TEST(ParameterServerCredentialsTest, ServersGetTheirOwnTokenAndACertificateForTheirNames) {
+  const spec::TrainingJob job = ParseJob(R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: ctr, namespace: team-a}
+spec:
+  replicas: 2
+  parameterServers: {replicas: 2}
+  trainer:
+    model: {hidden: [8], embedding: {fields: 4, dim: 4, rows: 1024}}
+    data: {format: clickLog, train: [file:///data/train.tsv.gz]}
+    steps: 10
+    optimizer: {type: sgd, learningRate: 0.1, momentum: 0}
+    sync: {strategy: parameterServer, parameterServer: {mode: async}}
+)");
+  auto ca = tls::CreateCertificateAuthority("operator ca", 1);
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  OperatorSettings settings = Settings();
+  settings.rendezvous_ca_pem = ca->cert_pem;
+
+  auto secret = DesiredParameterServerSecret(job, "ps-token", &*ca);
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  EXPECT_EQ((*secret)["metadata"]["name"], "ctr-ps");
+  EXPECT_EQ((*secret)["metadata"]["ownerReferences"][0]["uid"], "uid-1");
+  EXPECT_EQ(Base64Decode((*secret)["data"]["token"].get<std::string>()).value(), "ps-token");
+  const std::string chain = Base64Decode((*secret)["data"]["tls.crt"].get<std::string>()).value();
+  EXPECT_NE(Base64Decode((*secret)["data"]["tls.key"].get<std::string>())
+                .value()
+                .find("PRIVATE KEY-----"),
+            std::string::npos);
+  // The leaf (first in the chain) names every server as the workers dial it, and no other.
+  BIO* bio = BIO_new_mem_buf(chain.data(), static_cast<int>(chain.size()));
+  X509* leaf = PEM_read_bio_X509(bio, nullptr, nullptr, nullptr);
+  BIO_free(bio);
+  ASSERT_NE(leaf, nullptr);
+  for (const char* name : {"ctr-ps-0.ctr-ps.team-a.svc", "ctr-ps-1.ctr-ps.team-a.svc"}) {
+    EXPECT_EQ(X509_check_host(leaf, name, 0, 0, nullptr), 1) << name;
+  }
+  EXPECT_NE(X509_check_host(leaf, "ctr-ps-0.ctr-ps.team-b.svc", 0, 0, nullptr), 1);
+  EXPECT_NE(X509_check_host(leaf, "lockstep-rendezvous.lockstep-system.svc", 0, 0, nullptr), 1);
+  X509_free(leaf);
+  EXPECT_NE(chain.find(ca->cert_pem), std::string::npos) << "the chain ends with the CA";
+  auto plaintext = DesiredParameterServerSecret(job, "ps-token", nullptr);
+  ASSERT_TRUE(plaintext.ok());
+  EXPECT_EQ((*plaintext)["data"].size(), 1u) << (*plaintext)["data"].dump();
+
+  for (int s = 0; s < 2; ++s) {
+    const json server = DesiredParameterServerPod(job, s, settings);
+    EXPECT_EQ(EnvText(server, "LOCKSTEP_JOB_TOKEN"), "<unset>") << "never the rendezvous token";
+    EXPECT_EQ(Env(server, "LOCKSTEP_PS_TOKEN")["valueFrom"]["secretKeyRef"],
+              json({{"name", "ctr-ps"}, {"key", "token"}}));
+    EXPECT_EQ(EnvText(server, "LOCKSTEP_PS_TLS_CERT_FILE"), "/var/run/lockstep-ps/tls.crt");
+    EXPECT_EQ(EnvText(server, "LOCKSTEP_PS_TLS_KEY_FILE"), "/var/run/lockstep-ps/tls.key");
+    const json& volume = server["spec"]["volumes"][0];
+    EXPECT_EQ(volume["secret"]["secretName"], "ctr-ps");
+    EXPECT_EQ(volume["secret"]["items"].size(), 2u) << "the certificate and key, not the token";
+    EXPECT_EQ(Worker(server)["volumeMounts"][0]["readOnly"], true);
+    const json plain = DesiredParameterServerPod(job, s, Settings());
+    EXPECT_EQ(EnvText(plain, "LOCKSTEP_PS_TLS_CERT_FILE"), "<unset>");
+    EXPECT_FALSE(plain["spec"].contains("volumes"));
+  }
+  const json worker = DesiredPod(job, 0, settings);
+  EXPECT_EQ(Env(worker, "LOCKSTEP_PS_TOKEN")["valueFrom"]["secretKeyRef"],
+            json({{"name", "ctr-ps"}, {"key", "token"}}));
+  EXPECT_EQ(EnvText(worker, "LOCKSTEP_PS_CA_FILE"), "/var/run/lockstep/ca.crt");
+  EXPECT_EQ(EnvText(DesiredPod(job, 0, Settings()), "LOCKSTEP_PS_CA_FILE"), "<unset>");
+}
 
 // TensorFlow's documented form (run_standard_tensorflow_server, TFConfigClusterResolver): a
 // cluster of task lists by type and this task's type and index.

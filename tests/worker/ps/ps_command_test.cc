@@ -21,7 +21,7 @@ using testing::RunProcess;
 TEST(ParameterServerProcessTest, ServesItsTableUntilSigtermAndThenExitsZero) {
   ChildProcess server({LOCKSTEP_WORKER_BINARY, "ps", "--job", "default/ctr", "--shard", "0",
                        "--shards", "1", "--listen", "127.0.0.1:0", "--table", "emb:1000:4:0.5:7"},
-                      {{"LOCKSTEP_JOB_TOKEN", "process-token"}});
+                      {{"LOCKSTEP_PS_TOKEN", "process-token"}});
   int port = 0;
   ASSERT_TRUE(PollUntil(
       [&] {
@@ -73,14 +73,14 @@ TEST(ParameterServerProcessTest, BadArgumentsExit2NamingWhatIsWrong) {
     argv.insert(argv.end(), extra.begin(), extra.end());
     return RunProcess(argv, env, 30000);
   };
-  const testing::Environment token = {{"LOCKSTEP_JOB_TOKEN", "t"}};
+  const testing::Environment token = {{"LOCKSTEP_PS_TOKEN", "t"}};
   testing::ProcessResult result = run({"--table", "emb:ten:4"}, token);
   EXPECT_EQ(result.exit_code, 2);
   EXPECT_NE(result.err.find("--table: rows \"ten\" is not a number"), std::string::npos)
       << result.err;
-  result = run({"--table", "emb:10:4"}, {{"LOCKSTEP_JOB_TOKEN", ""}});
+  result = run({"--table", "emb:10:4"}, {{"LOCKSTEP_PS_TOKEN", ""}, {"LOCKSTEP_JOB_TOKEN", ""}});
   EXPECT_EQ(result.exit_code, 2);
-  EXPECT_NE(result.err.find("LOCKSTEP_JOB_TOKEN is not set"), std::string::npos) << result.err;
+  EXPECT_NE(result.err.find("LOCKSTEP_PS_TOKEN is not set"), std::string::npos) << result.err;
   result = run({"--table", "emb:10:4", "--shard", "2", "--shards", "2", "--listen", "127.0.0.1:0"},
                token);
   EXPECT_EQ(result.exit_code, 2);
