@@ -153,7 +153,15 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     return kExitFailure;
   }
 
-  // 3. The workers (and parameter servers).
+  // 3. The workers (and parameter servers). Their servers' key and certificates serve this run
+  // only: removed on every way out, failures included.
+  struct RemovedAtExit {
+    std::string dir;
+    ~RemovedAtExit() {
+      std::error_code ignored;
+      std::filesystem::remove_all(dir, ignored);
+    }
+  } ps_tls{LocalParameterServerTlsDir(run.log_dir)};
   int32_t worker_slots = 0;
   StatusOr<std::vector<WorkerCommand>> commands =
       LocalCommands(run, "127.0.0.1:" + std::to_string((*server)->port()), *token, &worker_slots);
@@ -220,9 +228,6 @@ int RunRunCommand(const std::vector<std::string>& args, std::ostream& out, std::
     end.snapshot = *latest;
   }
   (*server)->Shutdown(kServerShutdownMs);
-  // The parameter servers' key and certificates served this run only.
-  std::error_code ignored;
-  std::filesystem::remove_all(LocalParameterServerTlsDir(run.log_dir), ignored);
 
   // 5. Report.
   return ReportRun(run, end, supervisor, options->summary_path, out, err);

@@ -236,10 +236,14 @@ StatusOr<KeyPair> IssueServingCertificate(const KeyPair& ca,
   }
 
   LOCKSTEP_ASSIGN_OR_RETURN(OwnedKey key, NewP256Key());
-  // The subject's CN is informational (verifiers match subjectAltName): the first name.
-  const std::string common_name = !dns_names.empty()      ? dns_names.front()
-                                  : !ip_addresses.empty() ? ip_addresses.front()
-                                                          : std::string("lockstep");
+  // The subject's CN is informational (verifiers match subjectAltName): the first name, unless
+  // it is longer than the 64 characters X.509 allows a CN (a long job and namespace); the names
+  // are all in subjectAltName, which has no such bound.
+  constexpr size_t kMaxCommonName = 64;
+  std::string common_name = !dns_names.empty()      ? dns_names.front()
+                            : !ip_addresses.empty() ? ip_addresses.front()
+                                                    : std::string("lockstep");
+  if (common_name.size() > kMaxCommonName) common_name = "lockstep";
   LOCKSTEP_ASSIGN_OR_RETURN(OwnedName name, NameWithCommonName(common_name));
   LOCKSTEP_ASSIGN_OR_RETURN(
       OwnedX509 certificate,

@@ -8,6 +8,10 @@
 namespace lockstep::ps {
 namespace {
 
+constexpr char kCertificate[] = "-----BEGIN CERTIFICATE-----";
+// The end of every PEM key's label: EC, RSA and PKCS#8 ("-----BEGIN PRIVATE KEY-----").
+constexpr char kPrivateKey[] = "PRIVATE KEY-----";
+
 StatusOr<std::string> Token() {
   std::string token = EnvString("LOCKSTEP_PS_TOKEN", "");
   if (token.empty()) token = EnvString("LOCKSTEP_JOB_TOKEN", "");
@@ -15,9 +19,10 @@ StatusOr<std::string> Token() {
   return token;
 }
 
-// The PEM file named by `variable`, which must hold a "-----BEGIN <marker>" block ("" when the
-// variable is unset). At most 1 MiB: a certificate chain or a key is a few KiB.
-StatusOr<std::string> PemFile(const char* variable, const std::string& marker) {
+// The PEM file named by `variable`, which must contain `needle` (a PEM label of the kind `what`
+// names); "" when the variable is unset. At most 1 MiB: a certificate chain or a key is a few KiB.
+StatusOr<std::string> PemFile(const char* variable, const std::string& needle,
+                              const std::string& what) {
   const std::string path = EnvString(variable, "");
   if (path.empty()) return std::string();
   std::ifstream in(path, std::ios::binary);
@@ -30,8 +35,8 @@ StatusOr<std::string> PemFile(const char* variable, const std::string& marker) {
   if (pem.size() > static_cast<size_t>(kMaxBytes)) {
     return InvalidArgumentError(std::string(variable) + ": " + path + " is over 1 MiB");
   }
-  if (pem.find("-----BEGIN " + marker) == std::string::npos) {
-    return InvalidArgumentError(std::string(variable) + ": " + path + " holds no PEM " + marker);
+  if (pem.find(needle) == std::string::npos) {
+    return InvalidArgumentError(std::string(variable) + ": " + path + " holds no " + what);
   }
   return pem;
 }
@@ -42,15 +47,9 @@ StatusOr<PsServerCredentials> PsServerCredentialsFromEnvironment() {
   PsServerCredentials credentials;
   LOCKSTEP_ASSIGN_OR_RETURN(credentials.token, Token());
   LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_cert_pem,
-                            PemFile("LOCKSTEP_PS_TLS_CERT_FILE", "CERTIFICATE"));
-  // "PRIVATE KEY" is the end of every PEM key label (EC, RSA, PKCS#8).
-  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_key_pem, PemFile("LOCKSTEP_PS_TLS_KEY_FILE", ""));
-  if (!credentials.tls_key_pem.empty() &&
-      credentials.tls_key_pem.find("PRIVATE KEY-----") == std::string::npos) {
-    return InvalidArgumentError(
-        "LOCKSTEP_PS_TLS_KEY_FILE: " + EnvString("LOCKSTEP_PS_TLS_KEY_FILE", "") +
-        " holds no PEM private key");
-  }
+                            PemFile("LOCKSTEP_PS_TLS_CERT_FILE", kCertificate, "PEM certificate"));
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_key_pem,
+                            PemFile("LOCKSTEP_PS_TLS_KEY_FILE", kPrivateKey, "PEM private key"));
   if (credentials.tls_cert_pem.empty() != credentials.tls_key_pem.empty()) {
     return InvalidArgumentError(
         "LOCKSTEP_PS_TLS_CERT_FILE and LOCKSTEP_PS_TLS_KEY_FILE: give both (TLS) or neither");
@@ -61,7 +60,8 @@ StatusOr<PsServerCredentials> PsServerCredentialsFromEnvironment() {
 StatusOr<PsClientCredentials> PsClientCredentialsFromEnvironment() {
   PsClientCredentials credentials;
   LOCKSTEP_ASSIGN_OR_RETURN(credentials.token, Token());
-  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_ca_pem, PemFile("LOCKSTEP_PS_CA_FILE", "CERTIFICATE"));
+  LOCKSTEP_ASSIGN_OR_RETURN(credentials.tls_ca_pem,
+                            PemFile("LOCKSTEP_PS_CA_FILE", kCertificate, "PEM certificate"));
   return credentials;
 }
 

@@ -88,6 +88,27 @@ TEST(CertificatesTest, CaIsASelfSignedP256CertificateAuthority) {
   EXPECT_STREQ(common_name, "lockstep-rendezvous-ca");
 }
 
+// A name longer than a CN may be (64 characters: a long job in a long namespace) is certified in
+// subjectAltName, where verifiers look, and the CN says only "lockstep".
+TEST(CertificatesTest, ANameTooLongForTheCommonNameIsStillCertified) {
+  auto ca = CreateCertificateAuthority("lockstep-rendezvous-ca");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  const std::string name = "a-parameter-server-job-with-a-long-name-ps-0.a-parameter-server-job-"
+                           "with-a-long-name-ps.a-long-team-namespace.svc";
+  ASSERT_GT(name.size(), 64u);
+  auto serving = IssueServingCertificate(*ca, {"*.x.svc", name}, {}, 1);
+  auto first_long = IssueServingCertificate(*ca, {name}, {}, 1);
+  ASSERT_TRUE(serving.ok()) << serving.status();
+  ASSERT_TRUE(first_long.ok()) << first_long.status();
+  X509Ptr leaf = ParseCertificate(first_long->cert_pem);
+  ASSERT_TRUE(leaf);
+  EXPECT_EQ(X509_check_host(leaf.get(), name.c_str(), name.size(), 0, nullptr), 1);
+  char common_name[128] = {0};
+  X509_NAME_get_text_by_NID(X509_get_subject_name(leaf.get()), NID_commonName, common_name,
+                            sizeof(common_name));
+  EXPECT_STREQ(common_name, "lockstep");
+}
+
 TEST(CertificatesTest, ServingCertificateVerifiesAgainstItsCaWithEveryName) {
   auto ca = CreateCertificateAuthority("lockstep-rendezvous-ca");
   ASSERT_TRUE(ca.ok()) << ca.status();

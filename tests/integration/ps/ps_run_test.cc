@@ -6,6 +6,7 @@
 // server ends the job naming it.
 #include <gtest/gtest.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -109,6 +110,13 @@ TEST_P(PsRunTest, AWorkerKilledMidRunIsReplacedFromItsClockAndTheAucHolds) {
                    kRunEnv);
   ASSERT_TRUE(PollUntil([&] { return LatestStep(run.StdoutSoFar()) >= 100; }, 60000, 10))
       << run.StdoutSoFar();
+  // The servers speak TLS from a key only the run's user can read, kept for the run alone.
+  const std::string tls_dir = dir + "/logs/ps-tls";
+  struct stat info {};
+  ASSERT_EQ(stat(tls_dir.c_str(), &info), 0) << tls_dir;
+  EXPECT_EQ(info.st_mode & 0777, 0700u);
+  ASSERT_EQ(stat((tls_dir + "/tls.key").c_str(), &info), 0);
+  EXPECT_EQ(info.st_mode & 0777, 0600u);
   const std::string member = name + "-worker-2";
   const pid_t pid = WorkerOfLauncher(run.pid(), name, member);
   ASSERT_NE(pid, 0) << member << " not found";
@@ -122,6 +130,7 @@ TEST_P(PsRunTest, AWorkerKilledMidRunIsReplacedFromItsClockAndTheAucHolds) {
   EXPECT_NE(result.out.find("worker " + member + " failed (signal 9 (SIGKILL))"),
             std::string::npos)
       << result.out;
+  EXPECT_NE(stat(tls_dir.c_str(), &info), 0) << tls_dir << " outlived the run";
   // The replacement went on where its predecessor's last reported step left it.
   const std::string log = ReadFile(dir + "/logs/worker-2.log");
   EXPECT_NE(log.find("worker 2 resumes at step "), std::string::npos) << log;

@@ -1046,15 +1046,10 @@ TEST(PlacementTest, VolcanoGetsTheTiersNetworkTopologyInItsPodGroup) {
 namespace lockstep::op::trainingjob {
 namespace {
 
-// The built-in trainer's parameter servers get a credential of their own: the Secret
-// "<job>-ps" holds their token and a certificate for every server's name; the servers never get
-// the rendezvous token, and the workers get the servers' token and trust the operator's CA.
-TEST(ParameterServerCredentialsTest, ServersGetTheirOwnTokenAndACertificateForTheirNames) {
-  const spec::TrainingJob job = ParseJob(R"(
-apiVersion: lockstep.io/v1alpha1
-kind: TrainingJob
-metadata: {name: ctr, namespace: team-a}
-spec:
+// A built-in trainer's job with 2 parameter servers.
+spec::TrainingJob ParameterServerTrainerJob(const std::string& name, const std::string& ns) {
+  return ParseJob("apiVersion: lockstep.io/v1alpha1\nkind: TrainingJob\nmetadata: {name: " + name +
+                  ", namespace: " + ns + "}\n" + R"(spec:
   replicas: 2
   parameterServers: {replicas: 2}
   trainer:
@@ -1064,6 +1059,13 @@ spec:
     optimizer: {type: sgd, learningRate: 0.1, momentum: 0}
     sync: {strategy: parameterServer, parameterServer: {mode: async}}
 )");
+}
+
+// The built-in trainer's parameter servers get a credential of their own: the Secret
+// "<job>-ps" holds their token and a certificate for every server's name; the servers never get
+// the rendezvous token, and the workers get the servers' token and trust the operator's CA.
+TEST(ParameterServerCredentialsTest, ServersGetTheirOwnTokenAndACertificateForTheirNames) {
+  const spec::TrainingJob job = ParameterServerTrainerJob("ctr", "team-a");
   auto ca = tls::CreateCertificateAuthority("operator ca", 1);
   ASSERT_TRUE(ca.ok()) << ca.status();
   OperatorSettings settings = Settings();
@@ -1115,6 +1117,37 @@ spec:
             json({{"name", "ctr-ps"}, {"key", "token"}}));
   EXPECT_EQ(EnvText(worker, "LOCKSTEP_PS_CA_FILE"), "/var/run/lockstep/ca.crt");
   EXPECT_EQ(EnvText(DesiredPod(job, 0, Settings()), "LOCKSTEP_PS_CA_FILE"), "<unset>");
+}
+
+// A job whose servers' names are longer than a certificate's CN may be still gets its
+// certificate; a TensorFlow job's servers (its own program) get none of this, under TLS too.
+TEST(ParameterServerCredentialsTest, LongNamesAreCertifiedAndTensorflowServersAreLeftAlone) {
+  auto ca = tls::CreateCertificateAuthority("operator ca", 1);
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  OperatorSettings settings = Settings();
+  settings.rendezvous_ca_pem = ca->cert_pem;
+  const spec::TrainingJob long_named = ParameterServerTrainerJob(
+      "a-click-model-with-a-long-descriptive-name", "recommendations-team-a");
+  auto secret = DesiredParameterServerSecret(long_named, "t", &*ca);
+  ASSERT_TRUE(secret.ok()) << secret.status();
+  EXPECT_TRUE((*secret)["data"].contains("tls.crt"));
+
+  const spec::TrainingJob tensorflow = ParseJob(R"(
+apiVersion: lockstep.io/v1alpha1
+kind: TrainingJob
+metadata: {name: tf, namespace: team-a}
+spec:
+  replicas: 2
+  parameterServers: {replicas: 1}
+  command: [python3, train.py]
+)");
+  const json server = DesiredParameterServerPod(tensorflow, 0, settings);
+  EXPECT_EQ(EnvText(server, "LOCKSTEP_PS_TOKEN"), "<unset>");
+  EXPECT_EQ(EnvText(server, "LOCKSTEP_PS_TLS_CERT_FILE"), "<unset>");
+  EXPECT_FALSE(server["spec"].contains("volumes"));
+  const json worker = DesiredPod(tensorflow, 0, settings);
+  EXPECT_EQ(EnvText(worker, "LOCKSTEP_PS_TOKEN"), "<unset>");
+  EXPECT_EQ(EnvText(worker, "LOCKSTEP_PS_CA_FILE"), "<unset>");
 }
 
 // TensorFlow's documented form (run_standard_tensorflow_server, TFConfigClusterResolver): a

@@ -164,7 +164,7 @@ TEST_F(PsCredentialsTest, BadTlsFilesAreRefusedNamingTheVariableAndTheFile) {
   setenv("LOCKSTEP_PS_CA_FILE", Write("ca.txt", "hello").c_str(), 1);
   auto not_pem = PsClientCredentialsFromEnvironment();
   EXPECT_NE(not_pem.status().message().find("LOCKSTEP_PS_CA_FILE: " + dir_ +
-                                            "/ca.txt holds no PEM CERTIFICATE"),
+                                            "/ca.txt holds no PEM certificate"),
             std::string::npos)
       << not_pem.status();
 }
