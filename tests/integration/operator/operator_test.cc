@@ -851,7 +851,11 @@ TEST_F(OperatorEndToEndTest, AStandbyPodTakesAKilledWorkersPlaceAndItsReplacemen
   EXPECT_EQ(job["status"]["progress"]["step"], 8000);
   EXPECT_EQ(job["status"]["restarts"], 1);
   EXPECT_EQ(job["status"]["rendezvous"]["generation"], 2) << "the replacement ended nothing";
-  EXPECT_EQ(job["status"]["replicas"]["succeeded"], 3);
+  // The standby is told the job completed at the moment the others complete, and exits 0: the
+  // final status counts it when its exit lands first (3), else the clean-up finds it stopping (2).
+  // Seen both ways within milliseconds (2026-12-07).
+  EXPECT_GE(job["status"]["replicas"]["succeeded"].get<int>(), 2) << job["status"].dump(2);
+  EXPECT_LE(job["status"]["replicas"]["succeeded"].get<int>(), 3) << job["status"].dump(2);
   EXPECT_EQ(Condition(job, "Succeeded").value("message", ""), "2 of 2 workers completed training")
       << job["status"].dump(2);
 }
