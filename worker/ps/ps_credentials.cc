@@ -1,7 +1,6 @@
 #include "worker/ps/ps_credentials.h"
 
 #include <fstream>
-#include <sstream>
 
 #include "common/env.h"
 
