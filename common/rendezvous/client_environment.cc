@@ -1,9 +1,7 @@
 #include "common/rendezvous/client_environment.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "common/env.h"
+#include "common/pem_file.h"
 
 namespace lockstep::rendezvous {
 
@@ -25,8 +23,8 @@ StatusOr<ClientOptions> ClientOptionsFromEnvironment(const std::string& job_name
     const int64_t ranks = EnvInt("LOCKSTEP_LOCAL_WORLD_SIZE", 1);
     const int64_t rank = EnvInt("LOCKSTEP_LOCAL_RANK", -1);
     if (rank < 0 || rank >= ranks || std::to_string(rank) != local_rank) {
-      return InvalidArgumentError("LOCKSTEP_LOCAL_RANK=" + local_rank +
-                                  ": expected 0.." + std::to_string(ranks - 1) +
+      return InvalidArgumentError("LOCKSTEP_LOCAL_RANK=" + local_rank + ": expected 0.." +
+                                  std::to_string(ranks - 1) +
                                   " (LOCKSTEP_LOCAL_WORLD_SIZE=" + std::to_string(ranks) + ")");
     }
     options.pod = options.member_id;
@@ -41,20 +39,8 @@ StatusOr<ClientOptions> ClientOptionsFromEnvironment(const std::string& job_name
                                 ": expected milliseconds >= 0");
   }
   options.reconnect_timeout_ms = reconnect_ms;
-  const std::string ca_file = EnvString("LOCKSTEP_RENDEZVOUS_CA_FILE", "");
-  if (!ca_file.empty()) {
-    std::ifstream in(ca_file, std::ios::binary);
-    std::ostringstream pem;
-    pem << in.rdbuf();
-    if (!in.good() && !in.eof()) {
-      return InvalidArgumentError("LOCKSTEP_RENDEZVOUS_CA_FILE: cannot read " + ca_file);
-    }
-    options.tls_ca_pem = pem.str();
-    if (options.tls_ca_pem.find("-----BEGIN CERTIFICATE-----") == std::string::npos) {
-      return InvalidArgumentError("LOCKSTEP_RENDEZVOUS_CA_FILE: " + ca_file +
-                                  " holds no PEM certificate");
-    }
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(options.tls_ca_pem, PemFileNamedBy("LOCKSTEP_RENDEZVOUS_CA_FILE",
+                                                               kPemCertificate, "PEM certificate"));
   return options;
 }
 

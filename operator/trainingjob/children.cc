@@ -20,6 +20,7 @@ namespace lockstep::op::trainingjob {
 
 using internal::ChildMetadata;
 using internal::EnvField;
+using internal::EnvSecret;
 using internal::EnvValue;
 using internal::Hostname;
 using internal::JobLabels;
@@ -109,6 +110,10 @@ json EnvValue(const std::string& name, const std::string& value) {
 json EnvField(const std::string& name, const std::string& field_path) {
   return {{"name", name},
           {"valueFrom", {{"fieldRef", {{"apiVersion", "v1"}, {"fieldPath", field_path}}}}}};
+}
+
+json EnvSecret(const std::string& name, const std::string& secret, const std::string& key) {
+  return {{"name", name}, {"valueFrom", {{"secretKeyRef", {{"name", secret}, {"key", key}}}}}};
 }
 
 // DNS of a worker is <hostname>.<service>.<namespace>.svc, so the hostname is the pod name when
@@ -383,9 +388,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
   json env = json::array({
       EnvValue("LOCKSTEP_RENDEZVOUS", settings.rendezvous_address),
       EnvValue("LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name),
-      {{"name", "LOCKSTEP_JOB_TOKEN"},
-       {"valueFrom",
-        {{"secretKeyRef", {{"name", SecretName(job.metadata.name)}, {"key", kTokenKey}}}}}},
+      EnvSecret("LOCKSTEP_JOB_TOKEN", SecretName(job.metadata.name), kTokenKey),
       EnvField("LOCKSTEP_POD", "metadata.name"),
       EnvField("LOCKSTEP_HOST", "status.podIP"),
       EnvValue("LOCKSTEP_SPEC", spec::ToJson(job).dump()),
@@ -404,10 +407,7 @@ json DesiredPod(const spec::TrainingJob& job, int32_t index, const OperatorSetti
       // The servers' own token (worker/ps/ps_credentials.h); their certificates come from the
       // CA the job's Secret already mounts.
       env.push_back(
-          {{"name", "LOCKSTEP_PS_TOKEN"},
-           {"valueFrom",
-            {{"secretKeyRef",
-              {{"name", ParameterServerSecretName(job.metadata.name)}, {"key", kTokenKey}}}}}});
+          EnvSecret("LOCKSTEP_PS_TOKEN", ParameterServerSecretName(job.metadata.name), kTokenKey));
       if (tls) {
         env.push_back(
             EnvValue("LOCKSTEP_PS_CA_FILE", std::string(kSecretMountPath) + "/" + kCaKey));

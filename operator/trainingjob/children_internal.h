@@ -21,6 +21,9 @@ nlohmann::json ChildMetadata(const spec::TrainingJob& job, const std::string& na
                              nlohmann::json labels);
 nlohmann::json EnvValue(const std::string& name, const std::string& value);
 nlohmann::json EnvField(const std::string& name, const std::string& field_path);
+// An env var from key `key` of Secret `secret` (a token: never written into the pod in clear).
+nlohmann::json EnvSecret(const std::string& name, const std::string& secret,
+                         const std::string& key);
 // The pod name as a DNS label: cut, with a hash of the whole name, past 63 characters.
 std::string Hostname(const std::string& pod_name);
 // NoExecute tolerations of the node-lifecycle taints for `seconds` (< 0: none), unless the pod

@@ -116,11 +116,8 @@ json DesiredParameterServerPod(const spec::TrainingJob& job, int32_t shard,
   const bool tensorflow = !job.spec.command.empty();
   json env = json::array({
       EnvValue("LOCKSTEP_JOB", job.metadata.namespace_ + "/" + job.metadata.name),
-      {{"name", "LOCKSTEP_PS_TOKEN"},
-       {"valueFrom",
-        {{"secretKeyRef",
-          {{"name", ParameterServerSecretName(job.metadata.name)},
-           {"key", internal::kTokenKey}}}}}},
+      internal::EnvSecret("LOCKSTEP_PS_TOKEN", ParameterServerSecretName(job.metadata.name),
+                          internal::kTokenKey),
       EnvField("LOCKSTEP_POD", "metadata.name"),
       EnvValue("LOCKSTEP_SPEC", spec::ToJson(job).dump()),
   });

@@ -29,16 +29,24 @@ double TrainingJobReconciler::Now() const {
   return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
 }
 
+namespace {
+
+// A job's token for one purpose: the master key's HMAC of the purpose and the job's identity, so
+// a restarted operator derives it again and one purpose's token is no other's.
+std::string DerivedToken(const std::string& master_key, const std::string& purpose,
+                         const spec::TrainingJob& job) {
+  return tls::HmacSha256Hex(master_key, purpose + "/" + job.metadata.namespace_ + "/" +
+                                            job.metadata.name + "/" + job.metadata.uid);
+}
+
+}  // namespace
+
 std::string TrainingJobReconciler::Token(const spec::TrainingJob& job) const {
-  return tls::HmacSha256Hex(options_.master_key, "rendezvous-token/" + job.metadata.namespace_ +
-                                                     "/" + job.metadata.name + "/" +
-                                                     job.metadata.uid);
+  return DerivedToken(options_.master_key, "rendezvous-token", job);
 }
 
 std::string TrainingJobReconciler::ParameterServerToken(const spec::TrainingJob& job) const {
-  return tls::HmacSha256Hex(options_.master_key, "parameter-server-token/" +
-                                                     job.metadata.namespace_ + "/" +
-                                                     job.metadata.name + "/" + job.metadata.uid);
+  return DerivedToken(options_.master_key, "parameter-server-token", job);
 }
 
 std::string TrainingJobReconciler::OnPodEvent(const json* old_pod, const json* new_pod) {
@@ -270,8 +278,9 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       const tls::KeyPair ca{options_.settings.rendezvous_ca_pem, options_.ca_key_pem};
       const bool tls = !ca.cert_pem.empty();
       if (tls && ca.key_pem.empty()) {
-        return FailedPreconditionError("parameter servers: the operator has no CA key to sign "
-                                       "their certificate (ReconcilerOptions::ca_key_pem)");
+        return FailedPreconditionError(
+            "parameter servers: the operator has no CA key to sign "
+            "their certificate (ReconcilerOptions::ca_key_pem)");
       }
       LOCKSTEP_ASSIGN_OR_RETURN(
           json secret,
