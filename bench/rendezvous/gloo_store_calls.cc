@@ -25,16 +25,17 @@ Status GlooBootstrapStoreCalls(KeyValueStore& store, int rank, int size, int64_t
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank) mine[peer] = MadeUpAddress(rank, peer);
   }
-  LOCKSTEP_ASSIGN_OR_RETURN(
-      std::vector<std::string> theirs,
-      comm::ExchangePairAddresses(store, rank, size, mine, Deadline::AfterMs(timeout_ms)));
+  const Deadline deadline = Deadline::AfterMs(timeout_ms);
+  LOCKSTEP_ASSIGN_OR_RETURN(std::vector<std::string> theirs,
+                            comm::ExchangePairAddresses(store, rank, size, mine, 0, deadline));
   for (int peer = 0; peer < size; ++peer) {
     if (peer != rank && theirs[peer] != MadeUpAddress(peer, rank)) {
       return InternalError("rank " + std::to_string(rank) + " got the wrong address of rank " +
                            std::to_string(peer));
     }
   }
-  return OkStatus();
+  // Every pair connected: the verdict the ranks agree on before the mesh is used.
+  return comm::AgreeOnConnect(store, rank, size, 0, OkStatus(), deadline);
 }
 
 Status LibglooConnectFullMeshStoreCalls(KeyValueStore& store, int rank, int size,

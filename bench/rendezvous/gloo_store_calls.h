@@ -11,7 +11,8 @@
 namespace lockstep::rendezvous::load {
 
 // Rank `rank` of `size`: the communicator's own exchange (worker/comm/gloo/pair_addresses.h),
-// with made-up pair addresses of libgloo's size.
+// with made-up pair addresses of libgloo's size, and the verdict after
+// connecting (AgreeOnConnect).
 Status GlooBootstrapStoreCalls(KeyValueStore& store, int rank, int size, int64_t timeout_ms);
 
 // The same rank's calls as libgloo's own connectFullMesh makes them (0.0~git20220518: its

@@ -4,12 +4,14 @@
 // rank runs as a thread of this process, bootstrapping through one in-memory store.
 #include "worker/comm/gloo/gloo_communicator.h"
 
+#include <gloo/transport/tcp/address.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
-
 #include <chrono>
 #include <cmath>
 #include <future>
@@ -20,6 +22,7 @@
 
 #include "tests/worker/comm/communicator_conformance.h"
 #include "tests/worker/comm/memory_store.h"
+#include "worker/comm/gloo/full_mesh.h"
 #include "worker/comm/gloo/half_reduce.h"
 
 namespace lockstep::comm {
@@ -152,6 +155,93 @@ TEST(GlooCommunicatorTest, AbortMakesBlockedAndLaterCallsFailWithAbortedAtOnce) 
     return OkStatus();
   });
   EXPECT_TRUE(status.ok()) << status;
+}
+
+// A store through which every pair's listening port also receives a stray connection, made and
+// closed just before the rank that will connect there reads the address: what libgloo takes for
+// the peer when a client still retrying some server that has gone reaches a port the kernel handed
+// out again. `attempts` says which tries at the mesh get strays.
+class StrayConnectionStore : public testing::MemoryKeyValueStore {
+ public:
+  explicit StrayConnectionStore(int attempts) : attempts_(attempts) {}
+
+  StatusOr<std::vector<std::string>> GetRange(const std::vector<std::string>& keys, size_t offset,
+                                              size_t length, int64_t timeout_ms) override {
+    auto records = KeyValueStore::GetRange(keys, offset, length, timeout_ms);
+    if (!records.ok() || !ForAStrayedAttempt(keys)) return records;
+    for (const std::string& record : *records) {
+      const sockaddr_storage address =
+          ::gloo::transport::tcp::Address(std::vector<char>(record.begin(), record.end()))
+              .getSockaddr();
+      const int fd = socket(address.ss_family, SOCK_STREAM, 0);
+      if (fd < 0) continue;
+      if (connect(fd, reinterpret_cast<const sockaddr*>(&address), sizeof(sockaddr_in)) == 0) {
+        ++strays;
+      }
+      close(fd);
+    }
+    return records;
+  }
+
+  std::atomic<int> strays{0};
+
+ private:
+  bool ForAStrayedAttempt(const std::vector<std::string>& keys) const {
+    for (int attempt = 0; attempt < attempts_; ++attempt) {
+      if (keys.front().rfind("gloo/pairs/" + std::to_string(attempt) + "/", 0) == 0) return true;
+    }
+    return false;
+  }
+  const int attempts_;
+};
+
+bool Has(testing::MemoryKeyValueStore& store, const std::string& key) {
+  return store.Get({key}, 0).ok();
+}
+
+TEST(GlooCommunicatorTest, AStrayConnectionToAPairsPortIsMendedByConnectingTheMeshAgain) {
+  constexpr int kWorld = 3;
+  StrayConnectionStore store(/*attempts=*/1);
+  Status status = RunRanks(
+      Gloo(), kWorld,
+      [&](int rank, Communicator& comm) -> Status {
+        std::vector<double> data(1000, rank + 1.0);
+        LOCKSTEP_RETURN_IF_ERROR(comm.AllReduce(data.data(), data.size(), DataType::kFloat64,
+                                                ReduceOp::kSum, kTimeoutMs));
+        if (data.front() != 6.0 || data.back() != 6.0) return InternalError("wrong sum");
+        return OkStatus();
+      },
+      &store);
+  EXPECT_TRUE(status.ok()) << status;
+  EXPECT_GT(store.strays.load(), 0);
+  // The first attempt failed, and every rank agreed; the second connected.
+  auto first = store.Get({"gloo/verdict/0"}, 0);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_NE(first->front().find("rank "), std::string::npos) << first->front();
+  auto second = store.Get({"gloo/verdict/1"}, 0);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->front(), "");
+  EXPECT_FALSE(Has(store, "gloo/pairs/2/0"));
+}
+
+TEST(GlooCommunicatorTest, AMeshThatNeverConnectsFailsOnEveryRankAfterItsLastAttempt) {
+  constexpr int kWorld = 2;
+  StrayConnectionStore store(/*attempts=*/kConnectAttempts);
+  std::vector<Status> results(kWorld);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ranks.emplace_back([&, rank] {
+      auto comm = CreateGlooCommunicator(GlooOptions{rank, kWorld, "127.0.0.1", kTimeoutMs}, store);
+      results[rank] = comm.status();
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  for (int rank = 0; rank < kWorld; ++rank) {
+    EXPECT_EQ(results[rank].code(), StatusCode::kUnavailable) << "rank " << rank << ": "
+                                                              << results[rank];
+  }
+  EXPECT_TRUE(Has(store, "gloo/verdict/" + std::to_string(kConnectAttempts - 1)));
+  EXPECT_FALSE(Has(store, "gloo/pairs/" + std::to_string(kConnectAttempts) + "/0"));
 }
 
 // libgloo writes with writev(2): a write on a socket an abort shut down (or a peer reset) must fail

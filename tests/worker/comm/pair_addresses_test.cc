@@ -1,5 +1,6 @@
 // The Gloo communicator's pair-address exchange (worker/comm/gloo/pair_addresses.h): each rank
-// gets exactly the record each peer published for it, and reads no more of the store than those.
+// gets exactly the record each peer published for it, and reads no more of the store than those;
+// and the verdict after an attempt at the mesh, the same on every rank.
 #include "worker/comm/gloo/pair_addresses.h"
 
 #include <gtest/gtest.h>
@@ -46,7 +47,7 @@ TEST(PairAddressesTest, EveryRankGetsTheRecordEachPeerPublishedForItAndOnlyThose
         for (int peer = 0; peer < size; ++peer) {
           if (peer != rank) mine[peer] = Address(rank, peer);
         }
-        results[rank] = ExchangePairAddresses(store, rank, size, mine, Deadline::AfterMs(5000));
+        results[rank] = ExchangePairAddresses(store, rank, size, mine, 0, Deadline::AfterMs(5000));
       });
     }
     for (auto& rank : ranks) rank.join();
@@ -65,7 +66,7 @@ TEST(PairAddressesTest, EveryRankGetsTheRecordEachPeerPublishedForItAndOnlyThose
 TEST(PairAddressesTest, AddressesOfDifferentSizesAreRefusedNamingThePeer) {
   testing::MemoryKeyValueStore store;
   std::vector<std::string> mine = {"", Address(0, 1), Address(0, 2, 20)};
-  auto result = ExchangePairAddresses(store, 0, 3, mine, Deadline::AfterMs(1000));
+  auto result = ExchangePairAddresses(store, 0, 3, mine, 0, Deadline::AfterMs(1000));
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(result.status().message().find("peer 2"), std::string::npos) << result.status();
@@ -74,9 +75,58 @@ TEST(PairAddressesTest, AddressesOfDifferentSizesAreRefusedNamingThePeer) {
 TEST(PairAddressesTest, APeerThatNeverPublishesFailsTheExchangeAtItsDeadline) {
   testing::MemoryKeyValueStore store;
   std::vector<std::string> mine = {"", Address(0, 1)};
-  auto result = ExchangePairAddresses(store, 0, 2, mine, Deadline::AfterMs(100));
+  auto result = ExchangePairAddresses(store, 0, 2, mine, 0, Deadline::AfterMs(100));
   ASSERT_FALSE(result.ok());
   EXPECT_EQ(result.status().code(), StatusCode::kDeadlineExceeded) << result.status();
+}
+
+// Runs AgreeOnConnect on `said.size()` ranks, rank r saying said[r], and returns what each got.
+std::vector<Status> Agree(rendezvous::KeyValueStore& store, const std::vector<Status>& said,
+                          int attempt = 0) {
+  const int size = static_cast<int>(said.size());
+  std::vector<Status> got(size);
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < size; ++rank) {
+    ranks.emplace_back([&, rank] {
+      got[rank] = AgreeOnConnect(store, rank, size, attempt, said[rank], Deadline::AfterMs(5000));
+    });
+  }
+  for (auto& rank : ranks) rank.join();
+  return got;
+}
+
+TEST(AgreeOnConnectTest, EveryRankConnectedIsAgreedByAll) {
+  testing::MemoryKeyValueStore store;
+  for (const Status& got : Agree(store, std::vector<Status>(4))) EXPECT_TRUE(got.ok()) << got;
+}
+
+TEST(AgreeOnConnectTest, OneRanksResetConnectionMakesEveryRankTryAgainNamingIt) {
+  testing::MemoryKeyValueStore store;
+  std::vector<Status> said(4);
+  said[2] = UnavailableError("connection reset");
+  for (const Status& got : Agree(store, said)) {
+    EXPECT_EQ(got.code(), StatusCode::kUnavailable) << got;
+    EXPECT_NE(got.message().find("rank 2: connection reset"), std::string::npos) << got;
+  }
+  // The next attempt's verdict is its own.
+  for (const Status& got : Agree(store, std::vector<Status>(4), 1)) EXPECT_TRUE(got.ok()) << got;
+}
+
+TEST(AgreeOnConnectTest, AFailureNoAttemptMendsEndsEveryRanksTries) {
+  testing::MemoryKeyValueStore store;
+  std::vector<Status> said(3);
+  said[0] = UnavailableError("connection reset");
+  said[2] = InternalError("address family mismatch");
+  for (const Status& got : Agree(store, said)) {
+    EXPECT_EQ(got.code(), StatusCode::kInternal) << got;
+    EXPECT_NE(got.message().find("rank 2: address family mismatch"), std::string::npos) << got;
+  }
+}
+
+TEST(AgreeOnConnectTest, ARankThatNeverSaysEndsTheWaitAtTheDeadline) {
+  testing::MemoryKeyValueStore store;
+  Status got = AgreeOnConnect(store, 0, 2, 0, OkStatus(), Deadline::AfterMs(100));
+  EXPECT_EQ(got.code(), StatusCode::kDeadlineExceeded) << got;
 }
 
 }  // namespace

@@ -6,11 +6,8 @@
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
 #include <gloo/math.h>
-#include <gloo/rendezvous/context.h>
 #include <gloo/transport/context.h>
 #include <gloo/transport/pair.h>
-#include <gloo/transport/tcp/address.h>
-#include <gloo/transport/tcp/device.h>
 
 #include <atomic>
 #include <cctype>
@@ -25,8 +22,8 @@
 
 #include "common/deadline.h"
 #include "common/logging.h"
+#include "worker/comm/gloo/full_mesh.h"
 #include "worker/comm/gloo/half_reduce.h"
-#include "worker/comm/gloo/pair_addresses.h"
 #include "worker/comm/gloo/socket_shutdown.h"
 
 namespace lockstep::comm {
@@ -98,53 +95,6 @@ const char* ReduceOpName(ReduceOp op) {
   }
   return "unknown";
 }
-
-bool MentionsTimeout(const std::string& message) {
-  std::string lower(message);
-  for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  return lower.find("timed out") != std::string::npos || lower.find("timeout") != std::string::npos;
-}
-
-// gloo::Context::setTimeout only changes the value later operations' options copy; the buffers
-// that gloo::allreduce waits on internally (its scratch buffer) use the transport context's
-// timeout, which the public API sets once at connect time. This subclass sets both, so every
-// call really returns by its own deadline.
-//
-// It also makes the full mesh itself, as gloo::rendezvous::Context::connectFullMesh does (a pair
-// per peer, connected to the address the peer's pair with this rank listens on), except for how
-// the addresses travel: pair_addresses.h, size - 1 addresses per rank where connectFullMesh reads
-// (size - 1)^2.
-class TimeoutSettingContext : public gloo::rendezvous::Context {
- public:
-  using gloo::rendezvous::Context::Context;
-  void SetOperationTimeout(std::chrono::milliseconds timeout) {
-    setTimeout(timeout);
-    if (transportContext_ != nullptr) transportContext_->setTimeout(timeout);
-  }
-
-  // Creates a pair per peer and returns the address each listens on, by peer ([rank] empty).
-  std::vector<std::string> CreatePairs(const std::shared_ptr<::gloo::transport::Device>& device) {
-    device_ = device;
-    transportContext_ = device->createContext(rank, size);
-    transportContext_->setTimeout(getTimeout());
-    std::vector<std::string> addresses(size);
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      const std::vector<char> bytes = transportContext_->createPair(peer)->address().bytes();
-      addresses[peer].assign(bytes.begin(), bytes.end());
-    }
-    return addresses;
-  }
-
-  // Connects each pair to `theirs[peer]`, the address of the peer's pair with this rank.
-  void ConnectPairs(const std::vector<std::string>& theirs) {
-    for (int peer = 0; peer < size; ++peer) {
-      if (peer == rank) continue;
-      transportContext_->getPair(peer)->connect(
-          std::vector<char>(theirs[peer].begin(), theirs[peer].end()));
-    }
-  }
-};
 
 class GlooCommunicator final : public Communicator {
  public:
@@ -519,49 +469,12 @@ StatusOr<std::unique_ptr<Communicator>> CreateGlooCommunicator(const GlooOptions
     return InvalidArgumentError("gloo communicator: connect_timeout_ms must be positive");
   }
   IgnoreSigpipeUnlessHandled();
-  const Deadline deadline = Deadline::AfterMs(options.connect_timeout_ms);
-  std::shared_ptr<TimeoutSettingContext> context;
-  // peer_addresses[r]: rank r's address for its pair with this rank, so an error naming a
-  // socket can name the rank.
-  std::vector<std::string> peer_addresses(options.size);
-  std::vector<sockaddr_storage> local, remote;
-  try {
-    ::gloo::transport::tcp::attr attr;
-    attr.hostname = options.listen_host;
-    auto device = ::gloo::transport::tcp::CreateDevice(attr);
-    context = std::make_shared<TimeoutSettingContext>(options.rank, options.size);
-    // Bounds each pair's connect; collectives set their own timeout per call.
-    context->setTimeout(std::chrono::milliseconds(options.connect_timeout_ms));
-    const std::vector<std::string> mine = context->CreatePairs(device);
-    StatusOr<std::vector<std::string>> theirs =
-        ExchangePairAddresses(store, options.rank, options.size, mine, deadline);
-    if (!theirs.ok()) return theirs.status().WithContext("gloo connect full mesh");
-    context->ConnectPairs(*theirs);
-    for (int peer = 0; peer < options.size; ++peer) {
-      if (peer == options.rank) continue;
-      const ::gloo::transport::tcp::Address address(
-          std::vector<char>((*theirs)[peer].begin(), (*theirs)[peer].end()));
-      peer_addresses[peer] = address.str();
-      remote.push_back(address.getSockaddr());
-      local.push_back(::gloo::transport::tcp::Address(
-                          std::vector<char>(mine[peer].begin(), mine[peer].end()))
-                          .getSockaddr());
-    }
-  } catch (const std::exception& e) {
-    const std::string message = std::string("gloo connect full mesh (rank ") +
-                                std::to_string(options.rank) + " on " + options.listen_host +
-                                "): " + e.what();
-    if (MentionsTimeout(e.what()) || deadline.expired()) return DeadlineExceededError(message);
-    if (dynamic_cast<const ::gloo::IoException*>(&e) != nullptr) {
-      return UnavailableError(message);
-    }
-    return InternalError(message);
-  }
+  LOCKSTEP_ASSIGN_OR_RETURN(FullMesh mesh, ConnectFullMesh(options, store));
   LOCKSTEP_LOG(INFO) << "gloo communicator connected: rank " << options.rank << " of "
                      << options.size << " on " << options.listen_host;
   return std::unique_ptr<Communicator>(
-      new GlooCommunicator(options, std::move(context), std::move(peer_addresses),
-                           std::move(local), std::move(remote)));
+      new GlooCommunicator(options, std::move(mesh.context), std::move(mesh.peer_addresses),
+                           std::move(mesh.local), std::move(mesh.remote)));
 }
 
 }  // namespace lockstep::comm

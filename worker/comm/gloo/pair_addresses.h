@@ -5,6 +5,7 @@
 // for itself (index rank - 1 in the lists of lower ranks, index rank in those of higher ranks),
 // so it reads exactly those with two ranged gets (KeyValueStore::GetRange), which the rendezvous
 // service cuts before sending. One set and two gets per rank, size - 1 records received.
+// After connecting, AgreeOnConnect (below) costs one set and one get more per rank.
 //
 // libgloo's connectFullMesh (0.0~git20220518, which the communicator used before) reads every
 // peer's whole list with a wait and a get per peer: 2 * (size - 1) calls and (size - 1)^2 records
@@ -23,9 +24,19 @@ namespace lockstep::comm {
 
 // `mine[peer]`: the address this rank's pair with `peer` listens on (mine[rank] is ignored); all
 // of one length. Returns each peer's address for its pair with this rank ([rank] empty).
+// `attempt` counts the tries at the mesh from 0 (full_mesh.h); each has its own keys.
 StatusOr<std::vector<std::string>> ExchangePairAddresses(rendezvous::KeyValueStore& store,
                                                          int rank, int size,
                                                          const std::vector<std::string>& mine,
-                                                         const Deadline& deadline);
+                                                         int attempt, const Deadline& deadline);
+
+// After an attempt, whether every rank's pairs connected. Each rank sets whether its own did
+// (`mine`), rank 0 reads all of them and sets the verdict, and every rank reads that: one set and
+// one get per rank, and one get of `size` keys at rank 0, so that all ranks decide alike. OK when
+// all connected; UNAVAILABLE when one could not and a new attempt may mend it (a connection
+// reset); INTERNAL when one failed otherwise. Both name the rank and its reason. A store error
+// (its deadline) is returned as it is.
+Status AgreeOnConnect(rendezvous::KeyValueStore& store, int rank, int size, int attempt,
+                      const Status& mine, const Deadline& deadline);
 
 }  // namespace lockstep::comm
