@@ -35,7 +35,7 @@ Status GlooBootstrapStoreCalls(KeyValueStore& store, int rank, int size, int64_t
     }
   }
   // Every pair connected: the verdict the ranks agree on before the mesh is used.
-  return comm::AgreeOnConnect(store, rank, size, 0, OkStatus(), deadline);
+  return comm::AgreeOnConnect(store, rank, size, 0, OkStatus(), /*may_retry=*/true, deadline);
 }
 
 Status LibglooConnectFullMeshStoreCalls(KeyValueStore& store, int rank, int size,

@@ -82,13 +82,16 @@ TEST(PairAddressesTest, APeerThatNeverPublishesFailsTheExchangeAtItsDeadline) {
 
 // Runs AgreeOnConnect on `said.size()` ranks, rank r saying said[r], and returns what each got.
 std::vector<Status> Agree(rendezvous::KeyValueStore& store, const std::vector<Status>& said,
-                          int attempt = 0) {
+                          int attempt = 0, bool rank0_may_retry = true) {
   const int size = static_cast<int>(said.size());
   std::vector<Status> got(size);
   std::vector<std::thread> ranks;
   for (int rank = 0; rank < size; ++rank) {
     ranks.emplace_back([&, rank] {
-      got[rank] = AgreeOnConnect(store, rank, size, attempt, said[rank], Deadline::AfterMs(5000));
+      // Only rank 0's may_retry counts; the others' differs here to show it.
+      const bool may_retry = rank == 0 ? rank0_may_retry : !rank0_may_retry;
+      got[rank] = AgreeOnConnect(store, rank, size, attempt, said[rank], may_retry,
+                                 Deadline::AfterMs(5000));
     });
   }
   for (auto& rank : ranks) rank.join();
@@ -123,9 +126,19 @@ TEST(AgreeOnConnectTest, AFailureNoAttemptMendsEndsEveryRanksTries) {
   }
 }
 
+TEST(AgreeOnConnectTest, WhenRankZeroAllowsNoNewAttemptEveryRankStops) {
+  testing::MemoryKeyValueStore store;
+  std::vector<Status> said(3);
+  said[1] = UnavailableError("connection reset");
+  for (const Status& got : Agree(store, said, 0, /*rank0_may_retry=*/false)) {
+    EXPECT_EQ(got.code(), StatusCode::kInternal) << got;
+    EXPECT_NE(got.message().find("rank 1: connection reset"), std::string::npos) << got;
+  }
+}
+
 TEST(AgreeOnConnectTest, ARankThatNeverSaysEndsTheWaitAtTheDeadline) {
   testing::MemoryKeyValueStore store;
-  Status got = AgreeOnConnect(store, 0, 2, 0, OkStatus(), Deadline::AfterMs(100));
+  Status got = AgreeOnConnect(store, 0, 2, 0, OkStatus(), true, Deadline::AfterMs(100));
   EXPECT_EQ(got.code(), StatusCode::kDeadlineExceeded) << got;
 }
 

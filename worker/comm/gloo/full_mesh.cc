@@ -42,11 +42,17 @@ Status ConnectError(const std::exception& e, const std::string& where, const Dea
 }
 
 // Each rank sends every peer its rank and the attempt over their pair, and checks what every peer
-// sent. A connection taken for a peer's that is not (above) sends nothing, which ends the wait
-// at kHelloTimeoutMs, or something else; either is a failure a new attempt may mend. After the
+// sent. A connection taken for a peer's that is not (above) ends, which fails the wait at once,
+// or sends nothing the pair takes for a message, which ends the wait at kHelloTimeoutMs (the
+// first timeout closes every pair of the rank, so the others fail at once). Either is a failure
+// a new attempt may mend. After the
 // address exchange every rank reaches this within a few store round trips of the others, so the
 // bound is generous.
 constexpr int64_t kHelloTimeoutMs = 10000;
+
+// Rank 0 calls for no new attempt with less than this left of its deadline: the attempt could
+// not finish, and the other ranks would wait out theirs in it.
+constexpr int64_t kMinRetryMs = 1000;
 
 Status Hello(TimeoutSettingContext& context, int attempt, const std::string& where,
              const Deadline& deadline) {
@@ -112,9 +118,11 @@ StatusOr<Attempt> TryOnce(const GlooOptions& options, rendezvous::KeyValueStore&
     attr.hostname = options.listen_host;
     auto device = ::gloo::transport::tcp::CreateDevice(attr);
     result.mesh.context = std::make_shared<TimeoutSettingContext>(options.rank, options.size);
-    // Bounds each pair's connect; collectives set their own timeout per call.
+    // Bounds each pair's connect, which libgloo waits for five times its pair's timeout
+    // (tcp::Pair::waitUntil): a fifth of what is left, so a peer that never connects ends the
+    // wait at the deadline, not at five times it. Collectives set their own timeout per call.
     result.mesh.context->setTimeout(
-        std::chrono::milliseconds(std::max<int64_t>(1, deadline.remaining_ms())));
+        std::chrono::milliseconds(std::max<int64_t>(1, (deadline.remaining_ms() + 4) / 5)));
     mine = result.mesh.context->CreatePairs(device);
   } catch (const std::exception& e) {
     return ConnectError(e, where, deadline);
@@ -182,12 +190,14 @@ StatusOr<FullMesh> ConnectFullMesh(const GlooOptions& options, rendezvous::KeyVa
     LOCKSTEP_ASSIGN_OR_RETURN(Attempt tried, TryOnce(options, store, attempt, deadline));
     // A timeout has spent the deadline: the peers learn of it when theirs passes.
     if (tried.connected.code() == StatusCode::kDeadlineExceeded) return tried.connected;
-    // Every rank decides from the same verdict, so all of them try again or none does.
-    Status everyone =
-        AgreeOnConnect(store, options.rank, options.size, attempt, tried.connected, deadline);
+    // Rank 0 decides whether a failure is tried again (while attempts and time are left) and
+    // every rank follows its verdict, so all of them try again or none does.
+    const bool may_retry =
+        attempt + 1 < kConnectAttempts && deadline.remaining_ms() > kMinRetryMs;
+    Status everyone = AgreeOnConnect(store, options.rank, options.size, attempt, tried.connected,
+                                     may_retry, deadline);
     if (everyone.ok()) return std::move(tried.mesh);
-    const bool again = everyone.code() == StatusCode::kUnavailable &&
-                       attempt + 1 < kConnectAttempts && !deadline.expired();
+    const bool again = everyone.code() == StatusCode::kUnavailable;
     if (!again) return tried.connected.ok() ? everyone.WithContext(Where(options)) : tried.connected;
     LOCKSTEP_LOG(WARNING) << Where(options) << ": attempt " << attempt + 1 << " of "
                           << kConnectAttempts << " failed (" << everyone.message()

@@ -5,15 +5,18 @@
 // the first connection that arrives there, from anyone: a stray connection to a freshly bound port
 // (a client still retrying a server that has gone, whose port the kernel handed out again) is
 // taken for the peer, and the peer's own connection is then reset. CI saw it once in ~70 runs
-// (`connect [127.0.0.1]:23971: Connection reset by peer`), and every other rank then waited out
-// its whole connect timeout. pytorch/gloo#413 (2025) answered the same class of failure with
-// connection retries; the Debian package predates it. So here:
+// (`connect [127.0.0.1]:23971: Connection reset by peer`), and every other rank then waited five
+// times its connect timeout (a pair waits 5x its timeout to connect). pytorch/gloo#413 (2025)
+// answered the same class of failure with connection retries; the Debian package predates it.
+// So here:
 //  - a pair that fails does not stop the others: the rank still connects its remaining pairs, so
-//    no peer waits out its timeout for a connection that will never come;
+//    no peer waits for a connection that will never come; pairs get a fifth of the time left;
+//  - every pair is greeted, so a connection that is not the peer's is found now;
 //  - the ranks then agree through the store whether every pair of every rank connected
-//    (AgreeOnConnect), and on a failure all of them drop the attempt and build the mesh anew on
-//    fresh ports, up to kConnectAttempts times within the one connect deadline.
-// A peer that never arrives is not retried: its pairs time out at the deadline, as before.
+//    (AgreeOnConnect; rank 0 decides whether to try again), and on a failure all of them drop the
+//    attempt and build the mesh anew on fresh ports, up to kConnectAttempts times within the
+//    connect deadline.
+// A peer that never arrives is not retried: the others' waits end at the deadline.
 #pragma once
 
 #include <sys/socket.h>

@@ -76,7 +76,7 @@ StatusOr<std::vector<std::string>> ExchangePairAddresses(rendezvous::KeyValueSto
 }
 
 Status AgreeOnConnect(rendezvous::KeyValueStore& store, int rank, int size, int attempt,
-                      const Status& mine, const Deadline& deadline) {
+                      const Status& mine, bool may_retry, const Deadline& deadline) {
   if (size == 1) return mine;
   LOCKSTEP_RETURN_IF_ERROR(store.Set(ConnectedKeyOf(attempt, rank), Said(mine),
                                      deadline.remaining_ms())
@@ -96,6 +96,7 @@ Status AgreeOnConnect(rendezvous::KeyValueStore& store, int rank, int size, int 
         verdict = one.substr(0, 1) + "rank " + std::to_string(peer) + ": " + one.substr(1);
       }
     }
+    if (!verdict.empty() && !may_retry) verdict[0] = kFinal;
     LOCKSTEP_RETURN_IF_ERROR(store.Set(VerdictKeyOf(attempt), verdict, deadline.remaining_ms())
                                  .WithContext("gloo connect verdict"));
   }

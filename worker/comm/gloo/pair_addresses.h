@@ -5,7 +5,8 @@
 // for itself (index rank - 1 in the lists of lower ranks, index rank in those of higher ranks),
 // so it reads exactly those with two ranged gets (KeyValueStore::GetRange), which the rendezvous
 // service cuts before sending. One set and two gets per rank, size - 1 records received.
-// After connecting, AgreeOnConnect (below) costs one set and one get more per rank.
+// After connecting, AgreeOnConnect (below) costs one set and one get more per rank (and at
+// rank 0 a get of every rank's word and the verdict's set).
 //
 // libgloo's connectFullMesh (0.0~git20220518, which the communicator used before) reads every
 // peer's whole list with a wait and a get per peer: 2 * (size - 1) calls and (size - 1)^2 records
@@ -32,11 +33,12 @@ StatusOr<std::vector<std::string>> ExchangePairAddresses(rendezvous::KeyValueSto
 
 // After an attempt, whether every rank's pairs connected. Each rank sets whether its own did
 // (`mine`), rank 0 reads all of them and sets the verdict, and every rank reads that: one set and
-// one get per rank, and one get of `size` keys at rank 0, so that all ranks decide alike. OK when
-// all connected; UNAVAILABLE when one could not and a new attempt may mend it (a connection
-// reset); INTERNAL when one failed otherwise. Both name the rank and its reason. A store error
+// one get per rank, and at rank 0 also a get of `size` keys and the verdict's set, so that all
+// ranks decide alike. OK when all connected; UNAVAILABLE when one could not, a new attempt may
+// mend it (a transport fault: a reset, a connection that was not the peer's) and rank 0's
+// `may_retry` allows one; INTERNAL otherwise. Both name the rank and its reason. A store error
 // (its deadline) is returned as it is.
 Status AgreeOnConnect(rendezvous::KeyValueStore& store, int rank, int size, int attempt,
-                      const Status& mine, const Deadline& deadline);
+                      const Status& mine, bool may_retry, const Deadline& deadline);
 
 }  // namespace lockstep::comm
