@@ -10,6 +10,12 @@ StatusOr<std::string> PemFileNamedBy(const char* variable, const std::string& ne
                                      const std::string& what) {
   const std::string path = EnvString(variable, "");
   if (path.empty()) return std::string();
+  return PemFile(path, needle, what, variable);
+}
+
+StatusOr<std::string> PemFile(const std::string& path, const std::string& needle,
+                              const std::string& what, const std::string& named_by) {
+  const std::string& variable = named_by;
   std::ifstream in(path, std::ios::binary);
   if (!in) return InvalidArgumentError(std::string(variable) + ": cannot read " + path);
   // A certificate chain or a key is a few KiB.

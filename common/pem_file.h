@@ -20,4 +20,8 @@ inline constexpr char kPemPrivateKey[] = "PRIVATE KEY-----";
 StatusOr<std::string> PemFileNamedBy(const char* variable, const std::string& needle,
                                      const std::string& what);
 
+// The same for a file named by a flag: errors begin with `named_by` ("--ca-file").
+StatusOr<std::string> PemFile(const std::string& path, const std::string& needle,
+                              const std::string& what, const std::string& named_by);
+
 }  // namespace lockstep

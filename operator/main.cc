@@ -36,6 +36,7 @@
 #include "operator/controller/work_queue.h"
 #include "operator/kube/kube_client.h"
 #include "operator/kube/kube_config.h"
+#include "operator/check/check_command.h"
 #include "operator/operator_flags.h"
 #include "operator/operator_identity.h"
 #include "operator/operator_metrics.h"
@@ -470,6 +471,9 @@ int main(int argc, char** argv) {
   // (Boost.Asio already sends with MSG_NOSIGNAL; this covers what does not).
   signal(SIGPIPE, SIG_IGN);
   const sigset_t signals = op::BlockTerminationSignals();
+  if (argc > 1 && std::string(argv[1]) == "check") {
+    return op::check::RunCheckCommand(argc - 1, argv + 1);
+  }
   StatusOr<op::OperatorCommandLine> line = op::ParseOperatorFlags(argc, argv);
   if (!line.ok()) {
     std::cerr << "lockstep-operator: " << line.status().message() << "\n";

@@ -39,7 +39,8 @@ StatusOr<OperatorCommandLine> ParseOperatorFlags(int argc, const char* const* ar
   CLI::App app{
       "Reconciles TrainingJobs into worker pods and hosts their rendezvous service. "
       "In a pod (no --kubeconfig) it uses the service account. Exits 0 after SIGTERM "
-      "or SIGINT, 1 when it loses leadership, 2 on bad flags or configuration.",
+      "or SIGINT, 1 when it loses leadership, 2 on bad flags or configuration. "
+      "`lockstep-operator check --help`: check an installed operator (what `helm test` runs).",
       "lockstep-operator"};
   app.option_defaults()->always_capture_default()->multi_option_policy(
       CLI::MultiOptionPolicy::TakeLast);

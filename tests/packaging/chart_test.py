@@ -126,6 +126,11 @@ def render_chart(helm, chart, value_files, release, namespace, extra=()):
         body = yaml.safe_load(document)
         if body:
             objects.append({"source": source.group(1) if source else "", "object": body})
+    # Hooks (the `helm test` pod) are kept apart from the manifest; "templates/tests/FILE".
+    for hook in release_json.get("hooks") or []:
+        body = yaml.safe_load(hook["manifest"])
+        if body:
+            objects.append({"source": hook["path"].split("/", 1)[-1], "object": body})
     return objects, release_json["info"].get("notes", "")
 
 
@@ -307,6 +312,7 @@ def check_render(check, objects, values, label, release_namespace):
             check.expect(subject == {"kind": "ServiceAccount", "name": account, "namespace": release_namespace},
                          ctx + "%s binds the operator's ServiceAccount" % binding["kind"])
     check_user_roles(check, objects, values, ctx)
+    check_helm_test(check, objects, values, ctx, release_namespace)
     if values["serviceAccount"]["create"]:
         check.expect([a["metadata"]["name"] for a in find(objects, "ServiceAccount")] == [account],
                      ctx + "the ServiceAccount the pods use is created")
@@ -398,6 +404,50 @@ def check_webhook(check, objects, values, ctx, flags, ports, selector, release_n
                  hook["timeoutSeconds"] == settings["timeoutSeconds"] and hook["sideEffects"] == "None",
                  ctx + "failurePolicy, timeoutSeconds from values; no side effects (dry runs work)")
     return configuration
+
+
+def check_helm_test(check, objects, values, ctx, release_namespace):
+    """`helm test`'s pod checks the installation through the Services this release made, with
+    only the CA of the operator's Secret, and is gone once it passed."""
+    pods = [o["object"] for o in objects if o["source"] == "templates/tests/check.yaml"]
+    if not check.expect(len(pods) == 1, ctx + "one `helm test` pod"):
+        return
+    pod = pods[0]
+    annotations = pod["metadata"].get("annotations", {})
+    check.expect(annotations.get("helm.sh/hook") == "test", ctx + "the check pod is a test hook")
+    check.expect("hook-succeeded" in annotations.get("helm.sh/hook-delete-policy", ""),
+                 ctx + "a passed check pod is deleted (nothing outlives an uninstall)")
+    container = pod["spec"]["containers"][0]
+    check.expect(container["command"] == ["/usr/bin/lockstep-operator", "check"],
+                 ctx + "the check pod runs `lockstep-operator check`")
+    args = dict(a[2:].split("=", 1) for a in container["args"])
+    service = {s["metadata"]["name"].rsplit("-", 1)[-1]: s["metadata"]["name"]
+               for s in find(objects, "Service")}
+    op = values["operator"]
+
+    def link(part):
+        """What Kubernetes expands to the Service's cluster IP and port in a pod's arguments."""
+        variable = service.get(part, "?").upper().replace("-", "_")
+        return "$(%s_SERVICE_HOST):$(%s_SERVICE_PORT)" % (variable, variable)
+    check.expect(pod["spec"].get("enableServiceLinks") is True,
+                 ctx + "the check pod gets the Services' variables")
+    check.expect(args.get("rendezvous-address") == link("rendezvous"),
+                 ctx + "the check dials the rendezvous Service: %s" % args.get("rendezvous-address"))
+    check.expect(args.get("metrics-url") == "http://%s/metrics" % link("metrics"),
+                 ctx + "the check reads the metrics Service: %s" % args.get("metrics-url"))
+    if values["webhook"]["enabled"]:
+        check.expect(args.get("webhook-url") == "https://%s/validate-trainingjob" % link("webhook"),
+                     ctx + "the check calls the webhook Service: %s" % args.get("webhook-url"))
+        check.expect(args.get("webhook-server-name") == "%s.%s.svc" % (
+            service.get("webhook"), release_namespace),
+            ctx + "the webhook's certificate is checked for the name the API server uses: %s" %
+            args.get("webhook-server-name"))
+    else:
+        check.expect("webhook-url" not in args, ctx + "no webhook check without the webhook")
+    secrets = [v["secret"] for v in pod["spec"].get("volumes", []) if "secret" in v]
+    check.expect(secrets == [{"secretName": "lockstep-operator",
+                              "items": [{"key": "ca.crt", "path": "ca.crt"}]}],
+                 ctx + "the check pod mounts only ca.crt of the operator's Secret: %s" % secrets)
 
 
 def check_user_roles(check, objects, values, ctx):

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <string>
 
+#include "common/base64.h"
 #include "common/spec/training_job.h"
 #include "tests/integration/operator/operator_harness.h"
 #include "tests/support/kube/training_job_webhook.h"
@@ -309,6 +310,58 @@ TEST_F(AdmissionWebhookTest, ARestartedOperatorLosesNoJobAndAdmitsAgain) {
   EXPECT_TRUE(
       OperatorHarness::WaitFor([&] { return h_->Pods(ns_, "during").size() == 4; }, kWaitMs));
   EXPECT_EQ(h_->Pods(ns_, "before").size(), 4u);
+}
+
+// `lockstep-operator check`, what the chart's `helm test` pod runs, against a running operator:
+// every check passes, and a part that does not answer is named while the others still pass. Here
+// by loopback address (the certificates name 127.0.0.1 too); on the cluster by Service name.
+TEST_F(AdmissionWebhookTest, TheInstallationCheckPassesAndNamesThePartThatDoesNotAnswer) {
+  ASSERT_NO_FATAL_FAILURE(StartLiveWebhook());
+  KubeTestEnv::Response secret =
+      Kube().Request("GET", "/api/v1/namespaces/default/secrets/lockstep-operator");
+  ASSERT_EQ(secret.status, 200) << secret.raw;
+  StatusOr<std::string> ca = Base64Decode(secret.body["data"].value("ca.crt", ""));
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  ScratchDir dir("installation-check");
+  const std::string ca_file = dir / "ca.crt";
+  WriteFile(ca_file, *ca);
+  // By address, with the certificate checked for the name the API server uses, as in the chart.
+  auto check = [&](const std::string& metrics_url, const std::string& webhook_name) {
+    return RunProcess(
+        {LOCKSTEP_OPERATOR_BINARY, "check",
+         "--webhook-url=https://127.0.0.1:" + std::to_string(webhook_port_) +
+             kTrainingJobWebhookPath,
+         "--webhook-server-name=" + webhook_name,
+         "--rendezvous-address=127.0.0.1:" + std::to_string(op_->rendezvous_port()),
+         "--metrics-url=" + metrics_url, "--ca-file=" + ca_file, "--namespace=" + ns_,
+         "--timeout-ms=10000"},
+        {}, 60000);
+  };
+  const std::string metrics = "http://127.0.0.1:" + std::to_string(op_->metrics_port()) + "/metrics";
+  ProcessResult passed = check(metrics, "lockstep-webhook.default.svc");
+  std::cout << passed.out;
+  EXPECT_EQ(passed.exit_code, 0) << passed.out << passed.err;
+  EXPECT_NE(passed.out.find("refused a TrainingJob with spec.replicas -1"), std::string::npos);
+  EXPECT_NE(passed.out.find("answered a member of no job with NOT_FOUND, over TLS"),
+            std::string::npos);
+  EXPECT_NE(passed.out.find("all 3 checks passed"), std::string::npos);
+
+  std::vector<int> closed = FreePorts(1);  // nothing listens there
+  ASSERT_EQ(closed.size(), 1u);
+  ProcessResult failed =
+      check("http://127.0.0.1:" + std::to_string(closed[0]) + "/metrics", "lockstep-webhook.default.svc");
+  std::cout << failed.out;
+  EXPECT_EQ(failed.exit_code, 1) << failed.out << failed.err;
+  EXPECT_NE(failed.out.find("FAILED metrics"), std::string::npos) << failed.out;
+  EXPECT_NE(failed.out.find("ok     webhook"), std::string::npos) << failed.out;
+  EXPECT_NE(failed.out.find("1 of 3 checks failed"), std::string::npos) << failed.out;
+
+  // A certificate that does not carry the name asked for is refused, as the API server would.
+  ProcessResult misnamed = check(metrics, "elsewhere.example");
+  std::cout << misnamed.out;
+  EXPECT_EQ(misnamed.exit_code, 1) << misnamed.out << misnamed.err;
+  EXPECT_NE(misnamed.out.find("FAILED webhook"), std::string::npos) << misnamed.out;
+  EXPECT_NE(misnamed.out.find("1 of 3 checks failed"), std::string::npos) << misnamed.out;
 }
 
 }  // namespace
