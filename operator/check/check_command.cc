@@ -65,8 +65,9 @@ int RunCheckCommand(int argc, const char* const* argv) {
     }
     options.ca_pem = *ca;
   }
-  const std::vector<CheckResult> results = CheckInstallation(options);
-  std::cout << CheckReport(results) << std::flush;
+  const std::vector<CheckResult> results = CheckInstallation(
+      options, [](const CheckResult& result) { std::cout << CheckLine(result) << std::flush; });
+  std::cout << CheckVerdict(results) << std::flush;
   for (const CheckResult& result : results) {
     if (!result.status.ok()) return 1;
   }

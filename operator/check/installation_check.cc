@@ -7,9 +7,12 @@
 
 #include <boost/asio/ssl/context.hpp>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <functional>
+#include <future>
+#include <memory>
 
 #include "common/rendezvous/client.h"
 
@@ -22,14 +25,21 @@ using Clock = std::chrono::steady_clock;
 struct HttpAnswer {
   int status = 0;
   std::string body;
+  uint64_t refused_length = 0;  // the answer said it was this long, past kMaxAnswerBytes
 };
 
-// One request within timeout_ms. With a CA, the server's certificate must chain to exactly that CA
-// and name `server_name` or else the URL's host (cpprestsdk checks both, and takes the name it
-// verifies and sends as SNI from the Host header); without one, http:// only.
+// One request within timeout_ms, all of it: cpprestsdk's own timeout restarts with every step
+// (connect, handshake, each read), so a server that trickles could hold it longer; the request
+// is cancelled at the deadline instead. With a CA, the server's certificate must chain to exactly
+// that CA and name `server_name` or else the URL's host (cpprestsdk checks both, and takes the
+// name it verifies and sends as SNI from the Host header); without one, http:// only. An answer
+// that says it is over kMaxAnswerBytes is refused before it is read.
+constexpr uint64_t kMaxAnswerBytes = 16 << 20;
+
 StatusOr<HttpAnswer> Request(const std::string& method, const std::string& url,
                              const std::string& body, const std::string& ca_pem,
                              const std::string& server_name, int64_t timeout_ms) {
+  const auto deadline = Clock::now() + std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 1));
   web::http::client::http_client_config config;
   config.set_timeout(std::chrono::milliseconds(std::max<int64_t>(timeout_ms, 1)));
   if (!ca_pem.empty()) {
@@ -40,19 +50,56 @@ StatusOr<HttpAnswer> Request(const std::string& method, const std::string& url,
       context.add_certificate_authority(boost::asio::buffer(ca_pem), error);
     });
   }
+  const std::string what = method + " " + url;
+  auto promise = std::make_shared<std::promise<StatusOr<HttpAnswer>>>();
+  std::future<StatusOr<HttpAnswer>> future = promise->get_future();
+  pplx::cancellation_token_source cancel;
   try {
     web::http::client::http_client client(utility::conversions::to_string_t(url), config);
     web::http::http_request request(utility::conversions::to_string_t(method));
     if (!body.empty()) request.set_body(body, "application/json");
     if (!server_name.empty()) request.headers().add("Host", server_name);
-    web::http::http_response response = client.request(request).get();
-    HttpAnswer answer;
-    answer.status = response.status_code();
-    answer.body = response.extract_utf8string(/*ignore_content_type=*/true).get();
-    return answer;
+    client.request(request, cancel.get_token())
+        .then([](web::http::http_response response) -> pplx::task<HttpAnswer> {
+          HttpAnswer answer;
+          answer.status = response.status_code();
+          const uint64_t length = response.headers().content_length();
+          if (length > kMaxAnswerBytes) {
+            answer.refused_length = length;
+            return pplx::task_from_result(answer);
+          }
+          return response.extract_utf8string(/*ignore_content_type=*/true)
+              .then([answer](const std::string& text) mutable {
+                answer.body = text;
+                return answer;
+              });
+        })
+        .then([promise, what](pplx::task<HttpAnswer> task) {
+          try {
+            HttpAnswer answer = task.get();
+            if (answer.refused_length > 0) {
+              promise->set_value(FailedPreconditionError(
+                  what + " answered " + std::to_string(answer.refused_length) +
+                  " bytes, more than " + std::to_string(kMaxAnswerBytes)));
+            } else {
+              promise->set_value(std::move(answer));
+            }
+          } catch (const pplx::task_canceled&) {
+            promise->set_value(DeadlineExceededError(what + ": no answer within the deadline"));
+          } catch (const std::exception& e) {
+            promise->set_value(UnavailableError(what + ": " + e.what()));
+          }
+        });
   } catch (const std::exception& e) {
-    return UnavailableError(method + " " + url + ": " + e.what());
+    return InvalidArgumentError(what + ": " + e.what());
   }
+  if (future.wait_until(deadline) == std::future_status::timeout) {
+    cancel.cancel();
+    future.wait();  // cancellation closes the connection; nothing may outlive this frame
+    return DeadlineExceededError(what + ": no answer within " + std::to_string(timeout_ms) +
+                                 " ms");
+  }
+  return future.get();
 }
 
 CheckResult Timed(const std::string& name, const std::function<Status(std::string*)>& check) {
@@ -163,29 +210,35 @@ CheckResult CheckMetrics(const CheckOptions& options) {
   });
 }
 
-std::vector<CheckResult> CheckInstallation(const CheckOptions& options) {
+std::vector<CheckResult> CheckInstallation(
+    const CheckOptions& options, const std::function<void(const CheckResult&)>& done) {
   std::vector<CheckResult> results;
-  if (!options.webhook_url.empty()) results.push_back(CheckWebhook(options));
-  results.push_back(CheckRendezvous(options));
-  results.push_back(CheckMetrics(options));
+  auto run = [&](CheckResult (*check)(const CheckOptions&)) {
+    results.push_back(check(options));
+    if (done) done(results.back());
+  };
+  if (!options.webhook_url.empty()) run(CheckWebhook);
+  run(CheckRendezvous);
+  run(CheckMetrics);
   return results;
 }
 
-std::string CheckReport(const std::vector<CheckResult>& results) {
-  std::string report;
+std::string CheckLine(const CheckResult& result) {
+  char seconds[32];
+  std::snprintf(seconds, sizeof(seconds), "%6.2f s", result.seconds);
+  return std::string(result.status.ok() ? "ok     " : "FAILED ") + result.name +
+         std::string(result.name.size() < 11 ? 11 - result.name.size() : 1, ' ') + seconds +
+         "  " + (result.status.ok() ? result.detail : result.status.message()) + "\n";
+}
+
+std::string CheckVerdict(const std::vector<CheckResult>& results) {
   int failed = 0;
   for (const CheckResult& result : results) {
-    char seconds[32];
-    std::snprintf(seconds, sizeof(seconds), "%6.2f s", result.seconds);
-    report += std::string(result.status.ok() ? "ok     " : "FAILED ") + result.name +
-              std::string(result.name.size() < 11 ? 11 - result.name.size() : 1, ' ') + seconds +
-              "  " + (result.status.ok() ? result.detail : result.status.message()) + "\n";
     if (!result.status.ok()) ++failed;
   }
-  report += failed == 0 ? "all " + std::to_string(results.size()) + " checks passed\n"
-                        : std::to_string(failed) + " of " + std::to_string(results.size()) +
-                              " checks failed\n";
-  return report;
+  return failed == 0 ? "all " + std::to_string(results.size()) + " checks passed\n"
+                     : std::to_string(failed) + " of " + std::to_string(results.size()) +
+                           " checks failed\n";
 }
 
 }  // namespace lockstep::op::check

@@ -5,11 +5,12 @@
 //  - the rendezvous service, through its Service over TLS from the same CA, answers a member of
 //    no job with NOT_FOUND (what a worker's first call meets before its job is served);
 //  - the metrics Service serves Prometheus text with the operator's own metrics.
-// Each check has its own deadline; every check runs even after one fails, and each result names
-// what was called and what came back.
+// Each check has its own deadline, all of the call (the HTTP ones are cancelled at it); every
+// check runs even after one fails, and each result names what was called and what came back.
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -38,11 +39,15 @@ struct CheckResult {
   double seconds = 0;
 };
 
-std::vector<CheckResult> CheckInstallation(const CheckOptions& options);
+// Runs every check in turn; `done`, when given, is called with each result as soon as it is known
+// (so that a pod killed at its deadline has printed what it learnt).
+std::vector<CheckResult> CheckInstallation(
+    const CheckOptions& options, const std::function<void(const CheckResult&)>& done = nullptr);
 
-// One line per check ("ok   webhook     0.12 s  refused ..."), then "all N checks passed" or
-// "M of N checks failed".
-std::string CheckReport(const std::vector<CheckResult>& results);
+// A check's line ("ok     webhook      0.12 s  refused ..."), and the verdict after all of them:
+// "all N checks passed" or "M of N checks failed".
+std::string CheckLine(const CheckResult& result);
+std::string CheckVerdict(const std::vector<CheckResult>& results);
 
 // The parts, for tests.
 CheckResult CheckWebhook(const CheckOptions& options);

@@ -431,8 +431,12 @@ def check_helm_test(check, objects, values, ctx, release_namespace):
         return "$(%s_SERVICE_HOST):$(%s_SERVICE_PORT)" % (variable, variable)
     check.expect(pod["spec"].get("enableServiceLinks") is True,
                  ctx + "the check pod gets the Services' variables")
-    check.expect(args.get("rendezvous-address") == link("rendezvous"),
-                 ctx + "the check dials the rendezvous Service: %s" % args.get("rendezvous-address"))
+    # What the workers dial: operator.rendezvousAddress when set (the certificate names it).
+    check.expect(args.get("rendezvous-address") == (op["rendezvousAddress"] or link("rendezvous")),
+                 ctx + "the check dials what the workers dial: %s" % args.get("rendezvous-address"))
+    check.expect(pod["spec"].get("nodeSelector", {}) == (op["nodeSelector"] or {}) and
+                 pod["spec"].get("tolerations", []) == (op["tolerations"] or []),
+                 ctx + "the check pod runs where the operator may")
     check.expect(args.get("metrics-url") == "http://%s/metrics" % link("metrics"),
                  ctx + "the check reads the metrics Service: %s" % args.get("metrics-url"))
     if values["webhook"]["enabled"]:

@@ -7,8 +7,12 @@
 //
 // Each test has its own namespace and webhook configuration, scoped to that namespace by a
 // label, so configurations of different failure policies never meet.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <string>
@@ -326,7 +330,8 @@ TEST_F(AdmissionWebhookTest, TheInstallationCheckPassesAndNamesThePartThatDoesNo
   const std::string ca_file = dir / "ca.crt";
   WriteFile(ca_file, *ca);
   // By address, with the certificate checked for the name the API server uses, as in the chart.
-  auto check = [&](const std::string& metrics_url, const std::string& webhook_name) {
+  auto check = [&](const std::string& metrics_url, const std::string& webhook_name,
+                   const std::string& timeout_ms = "10000") {
     return RunProcess(
         {LOCKSTEP_OPERATOR_BINARY, "check",
          "--webhook-url=https://127.0.0.1:" + std::to_string(webhook_port_) +
@@ -334,7 +339,7 @@ TEST_F(AdmissionWebhookTest, TheInstallationCheckPassesAndNamesThePartThatDoesNo
          "--webhook-server-name=" + webhook_name,
          "--rendezvous-address=127.0.0.1:" + std::to_string(op_->rendezvous_port()),
          "--metrics-url=" + metrics_url, "--ca-file=" + ca_file, "--namespace=" + ns_,
-         "--timeout-ms=10000"},
+         "--timeout-ms=" + timeout_ms},
         {}, 60000);
   };
   const std::string metrics = "http://127.0.0.1:" + std::to_string(op_->metrics_port()) + "/metrics";
@@ -362,6 +367,24 @@ TEST_F(AdmissionWebhookTest, TheInstallationCheckPassesAndNamesThePartThatDoesNo
   EXPECT_EQ(misnamed.exit_code, 1) << misnamed.out << misnamed.err;
   EXPECT_NE(misnamed.out.find("FAILED webhook"), std::string::npos) << misnamed.out;
   EXPECT_NE(misnamed.out.find("1 of 3 checks failed"), std::string::npos) << misnamed.out;
+
+  // A port that takes the connection and never answers: the check ends at its deadline.
+  const int silent = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(silent, 0);
+  sockaddr_in address{};
+  address.sin_family = AF_INET;
+  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(address);
+  ASSERT_EQ(bind(silent, reinterpret_cast<sockaddr*>(&address), length), 0);
+  ASSERT_EQ(listen(silent, 4), 0);
+  ASSERT_EQ(getsockname(silent, reinterpret_cast<sockaddr*>(&address), &length), 0);
+  ProcessResult unanswered = check(
+      "http://127.0.0.1:" + std::to_string(ntohs(address.sin_port)) + "/metrics",
+      "lockstep-webhook.default.svc", "1000");
+  close(silent);
+  std::cout << unanswered.out;
+  EXPECT_EQ(unanswered.exit_code, 1) << unanswered.out << unanswered.err;
+  EXPECT_NE(unanswered.out.find("no answer within 1000 ms"), std::string::npos) << unanswered.out;
 }
 
 }  // namespace
