@@ -159,6 +159,8 @@ class RendezvousClient {
 inline constexpr char kReasonNoGenerationFormed[] = "NO_GENERATION_FORMED";
 inline constexpr char kReasonGenerationFull[] = "GENERATION_FULL";
 inline constexpr char kReasonJobCompleted[] = "JOB_COMPLETED";
+// A store call past one of the job's limits (generation_stores.h, StoreLimits): RESOURCE_EXHAUSTED.
+inline constexpr char kReasonStoreLimit[] = "STORE_LIMIT";
 // The texts the service's messages keep for clients from before the reasons, which read them
 // (tests/common/rendezvous/wire_compat_test.cc).
 inline constexpr char kGenerationFullMarker[] = "is active and full";

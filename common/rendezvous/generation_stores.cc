@@ -4,6 +4,7 @@
 #include <cerrno>
 #include <cstdlib>
 
+#include "common/rendezvous/client.h"
 #include "common/rendezvous/kv_store.h"
 
 namespace lockstep::rendezvous {
@@ -27,17 +28,22 @@ size_t WaiterBytes(const std::vector<std::string>& keys) {
 
 }  // namespace
 
+Status GenerationStores::Refuse(const std::string& message) {
+  ++refusals_;
+  last_refusal_ = message;
+  return ResourceExhaustedError(message).WithReason(kReasonStoreLimit);
+}
+
 Status GenerationStores::CheckRoom(const std::string& what, size_t added_keys,
-                                   size_t added_bytes) const {
+                                   size_t added_bytes) {
   if (total_keys_ + added_keys > limits_.max_keys) {
-    return ResourceExhaustedError(what + ": the job's store holds " + std::to_string(total_keys_) +
-                                  " keys, its limit is " + std::to_string(limits_.max_keys));
+    return Refuse(what + ": the job's store holds " + std::to_string(total_keys_) +
+                  " keys, its limit is " + std::to_string(limits_.max_keys));
   }
   if (total_bytes_ + added_bytes > limits_.max_bytes) {
-    return ResourceExhaustedError(what + ": the job's store holds " +
-                                  std::to_string(total_bytes_) + " bytes, " +
-                                  std::to_string(added_bytes) + " more would pass its limit of " +
-                                  std::to_string(limits_.max_bytes));
+    return Refuse(what + ": the job's store holds " + std::to_string(total_bytes_) + " bytes, " +
+                  std::to_string(added_bytes) + " more would pass its limit of " +
+                  std::to_string(limits_.max_bytes));
   }
   return OkStatus();
 }
@@ -119,9 +125,8 @@ void GenerationStores::Get(CallId call, int64_t generation, const std::vector<st
   if (waiters_.size() >= limits_.max_waiters) {
     out.push_back(AnswerStoreGet{
         call,
-        ResourceExhaustedError("store get: the job holds " + std::to_string(waiters_.size()) +
-                               " waiting gets, its limit is " +
-                               std::to_string(limits_.max_waiters)),
+        Refuse("store get: the job holds " + std::to_string(waiters_.size()) +
+               " waiting gets, its limit is " + std::to_string(limits_.max_waiters)),
         {}});
     return;
   }
@@ -200,7 +205,7 @@ void GenerationStores::FailAll(const Status& status, Actions& out) {
   waiting_on_.clear();
 }
 
-void GenerationStores::Answer(const Waiter& waiter, Actions& out) const {
+void GenerationStores::Answer(const Waiter& waiter, Actions& out) {
   const auto& generation_keys = keys_.at(waiter.generation);
   size_t answer_bytes = 0;
   for (const auto& key : waiter.keys) {
@@ -211,10 +216,10 @@ void GenerationStores::Answer(const Waiter& waiter, Actions& out) const {
   if (answer_bytes > limits_.max_answer_bytes) {
     out.push_back(AnswerStoreGet{
         waiter.call,
-        ResourceExhaustedError("store get of " + std::to_string(waiter.keys.size()) +
-                               " keys: the answer would be " + std::to_string(answer_bytes) +
-                               " bytes, more than " + std::to_string(limits_.max_answer_bytes) +
-                               " (ask for fewer keys, or a range of each)"),
+        Refuse("store get of " + std::to_string(waiter.keys.size()) +
+               " keys: the answer would be " + std::to_string(answer_bytes) + " bytes, more than " +
+               std::to_string(limits_.max_answer_bytes) +
+               " (ask for fewer keys, or a range of each)"),
         {}});
     return;
   }

@@ -94,6 +94,10 @@ class GenerationStores {
 
   // What the job holds: held gets, and bytes as StoreLimits counts them.
   size_t waiters() const { return waiters_.size(); }
+  // Calls refused past a limit so far (RESOURCE_EXHAUSTED, reason kReasonStoreLimit), and the
+  // last refusal's message: what the operator shows in the job's condition.
+  int64_t refusals() const { return refusals_; }
+  const std::string& last_refusal() const { return last_refusal_; }
   size_t bytes() const { return total_bytes_; }
 
  private:
@@ -110,7 +114,7 @@ class GenerationStores {
 
   // Answers `waiter` with its values (every key must be present), or RESOURCE_EXHAUSTED when
   // they would pass max_answer_bytes.
-  void Answer(const Waiter& waiter, Actions& out) const;
+  void Answer(const Waiter& waiter, Actions& out);
   // Takes a held waiter out of the index of missing keys and gives back its bytes.
   void Forget(const Waiter& waiter);
   // `key` of `generation` now exists: answers the waiters that missed only it.
@@ -122,12 +126,16 @@ class GenerationStores {
                Actions& out);
   // RESOURCE_EXHAUSTED unless `added_keys` more keys and `added_bytes` more bytes fit; `what`
   // names the call in the message.
-  Status CheckRoom(const std::string& what, size_t added_keys, size_t added_bytes) const;
+  Status CheckRoom(const std::string& what, size_t added_keys, size_t added_bytes);
+  // Counts a refusal and returns it: RESOURCE_EXHAUSTED with reason kReasonStoreLimit.
+  Status Refuse(const std::string& message);
   static size_t EntryBytes(const std::string& key, const std::string& value) {
     return key.size() + value.size() + StoreLimits::kKeyOverheadBytes;
   }
 
   StoreLimits limits_;
+  int64_t refusals_ = 0;
+  std::string last_refusal_;
   std::map<int64_t, std::unordered_map<std::string, std::string>> keys_;  // by generation
   std::map<int64_t, size_t> bytes_;  // by generation, as EntryBytes counts them
   size_t total_keys_ = 0;

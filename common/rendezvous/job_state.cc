@@ -800,6 +800,8 @@ JobSnapshot JobState::Snapshot() const {
   snapshot.final_progress = final_progress_;
   if (active_) snapshot.stragglers = StragglerInfos();
   snapshot.resuming = resuming_.has_value();
+  snapshot.store_refusals = stores_.refusals();
+  snapshot.last_store_refusal = stores_.last_refusal();
   return snapshot;
 }
 

@@ -141,6 +141,10 @@ struct JobSnapshot {
   // Members are resuming a generation this registration did not form (BeatArgs::resume): it
   // trains, but is not this service's yet (`generation` and `world_size` are from before).
   bool resuming = false;
+  // Store calls of this registration refused past the job's limits, and the last refusal's
+  // message (GenerationStores::refusals).
+  int64_t store_refusals = 0;
+  std::string last_store_refusal;
 };
 
 // Members waiting while the generation is active: it is full, so they are hot standbys

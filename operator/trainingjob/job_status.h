@@ -27,6 +27,9 @@ inline constexpr char kQueued[] = "Queued";
 // True while the rendezvous service names a worker whose compute time per step stays well above
 // its peers' (status.stragglers lists them).
 inline constexpr char kStraggler[] = "Straggler";
+// True once the job's rendezvous store refused a member's call past one of its limits (keys,
+// bytes, held gets): a member of this job stores more than a job of its size needs.
+inline constexpr char kStoreLimit[] = "StoreLimit";
 
 // Sets (adds or replaces) status.conditions[type]. lastTransitionTime changes only when `status`
 // changes; lastUpdateTime whenever reason or message change. now: RFC 3339 ("2026-11-22T10:00:00Z").

@@ -137,6 +137,9 @@ class TrainingJobReconciler : public controller::Reconciler {
   // reconciler_stragglers.cc: status.stragglers, the Straggler condition and Events from the
   // rendezvous service's stragglers, and their replacement when the spec asks for it.
   void ReportStragglers(Work& w, const std::vector<rendezvous::StragglerInfo>& named);
+  // reconciler_status.cc: the StoreLimit condition and a Warning Event once the job's rendezvous
+  // store refused a call past its limits.
+  void ReportStoreRefusals(Work& w, const rendezvous::JobSnapshot& s);
   // status.stragglerNodes together with the nodes this operator replaced stragglers on.
   std::vector<std::string> StragglerNodes(Work& w);
   void ReplaceStraggler(Work& w, const nlohmann::json& pod, const std::string& node,

@@ -120,6 +120,7 @@ void TrainingJobReconciler::ComputeStatus(Work& w) {
           s.final_progress.step > 0 ? s.final_progress : s.progress;
       if (p.step > 0) w.status["progress"] = ProgressStatus(p);
       ReportStragglers(w, s.stragglers);
+      ReportStoreRefusals(w, s);
       if (p.last_checkpoint_step >= 0 && !p.last_checkpoint_uri.empty()) {
         const json old = w.old_status.value("lastCheckpoint", json::object());
         const bool same =
@@ -291,6 +292,24 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
     SetCondition(&w.status, kScaling, false, "Scaled",
                  std::to_string(w.job.spec.replicas) + " workers, as spec.replicas asks", w.now);
   }
+}
+
+void TrainingJobReconciler::ReportStoreRefusals(Work& w, const rendezvous::JobSnapshot& s) {
+  if (s.store_refusals == 0) return;  // this registration refused nothing (yet)
+  const std::string message =
+      "the job's rendezvous store refused " + std::to_string(s.store_refusals) +
+      (s.store_refusals == 1 ? " call" : " calls") +
+      " past its limits (a member stores more than a job of its size needs); the last: " +
+      s.last_store_refusal;
+  // One Event each time the count has grown since the last status: at most one per reconcile,
+  // however fast a member is refused.
+  const json old = FindCondition(w.old_status, kStoreLimit);
+  if (!old.is_object() || old.value("message", "") != message) {
+    deps_.events->Record(*w.object, controller::EventType::kWarning, "StoreLimitReached",
+                         message);
+    LOCKSTEP_LOG(WARNING) << w.key << ": " << message;
+  }
+  SetCondition(&w.status, kStoreLimit, true, "StoreLimitReached", message, w.now);
 }
 
 Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string& reason,

@@ -1097,6 +1097,13 @@ TEST(JobStateTest, AStorePastItsJobsLimitsRefusesMoreAndKeepsWhatItHolds) {
   Actions out;
   const Status refused = job.state().StoreSet(3, "d", "4", out);
   EXPECT_NE(refused.message().find("limit is 3"), std::string::npos) << refused.ToString();
+  // A reason clients decide on, and what the operator shows in the job's StoreLimit condition:
+  // every refusal of this registration counted, the last one's words. g1's four were refused by
+  // g1's store, dropped since; the count is the job's.
+  EXPECT_EQ(refused.reason(), kReasonStoreLimit);
+  const JobSnapshot snapshot = job.state().Snapshot();
+  EXPECT_EQ(snapshot.store_refusals, 5);
+  EXPECT_EQ(snapshot.last_store_refusal, refused.message());
 }
 
 // The limits follow the ranks a generation has, not the job's declared maximum: a job that

@@ -13,6 +13,8 @@
 #include <set>
 #include <utility>
 
+#include "common/base64.h"
+#include "common/rendezvous/client.h"
 #include "common/spec/problems.h"
 #include "common/spec/training_job.h"
 #include "common/spec/yaml_to_json.h"
@@ -910,6 +912,71 @@ TEST_F(OperatorEndToEndTest, ASlowedWorkerIsNamedAStragglerWithItsPodAndNode) {
       "cleared its Straggler condition");
   EXPECT_EQ(Condition(job, "Straggler")["reason"], "NoStraggler");
   EXPECT_FALSE(job["status"].contains("stragglers")) << job["status"].dump(2);
+}
+
+// A member that stores more than a job of its size needs (here the test, holding the job's token as
+// any program in its pods can) is refused past the job's store limits with RESOURCE_EXHAUSTED and
+// the reason STORE_LIMIT; the job's StoreLimit condition and a Warning Event say so, and its worker
+// trains on.
+TEST_F(OperatorEndToEndTest, AMemberPastItsJobsStoreLimitsIsRefusedAndTheJobSaysSo) {
+  StartKubelet();
+  json manifest = JobManifest("flooded", 1);
+  manifest["spec"]["trainer"]["steps"] = 100000000;
+  ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
+  json job = WaitForJob(
+      "flooded",
+      [](const json& j) {
+        return j.contains("status") &&
+               j["status"].value("rendezvous", json::object()).value("generation", 0) >= 1 &&
+               j["status"].value("progress", json::object()).value("step", 0) > 0;
+      },
+      "training");
+  const int64_t generation = job["status"]["rendezvous"]["generation"];
+  KubeTestEnv::Response secret =
+      h_->kube().Request("GET", "/api/v1/namespaces/" + ns_ + "/secrets/flooded-rendezvous");
+  ASSERT_EQ(secret.status, 200) << secret.raw;
+  StatusOr<std::string> token = Base64Decode(secret.body["data"].value("token", ""));
+  StatusOr<std::string> ca = Base64Decode(secret.body["data"].value("ca.crt", ""));
+  ASSERT_TRUE(token.ok() && ca.ok());
+  rendezvous::ClientOptions options;
+  options.address = "127.0.0.1:" + std::to_string(op_->rendezvous_port());
+  options.job = ns_ + "/flooded";
+  options.token = *token;
+  options.member_id = "flooder";
+  options.tls_ca_pem = *ca;
+  auto client = rendezvous::RendezvousClient::Connect(options);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::unique_ptr<rendezvous::KeyValueStore> store = (*client)->GenerationStore(generation);
+  const std::string value(1 << 20, 'x');
+  Status refused;
+  int stored = 0;
+  // A one-rank job may hold about 16 MiB: refused well before 256 MiB.
+  for (; stored < 256; ++stored) {
+    refused = store->Set("flood/" + std::to_string(stored), value, kWaitMs);
+    if (!refused.ok()) break;
+  }
+  ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
+  EXPECT_EQ(refused.reason(), rendezvous::kReasonStoreLimit) << refused;
+  EXPECT_NE(refused.message().find("its limit"), std::string::npos) << refused;
+
+  job = WaitForJob(
+      "flooded",
+      [](const json& j) { return Condition(j, "StoreLimit").value("status", "") == "True"; },
+      "its StoreLimit condition");
+  const std::string message = Condition(job, "StoreLimit").value("message", "");
+  EXPECT_NE(message.find("refused 1 call past its limits"), std::string::npos) << message;
+  // The service's words, which the member got too (after its client's context).
+  const std::string words = "store set of key flood/" + std::to_string(stored) + ": ";
+  EXPECT_NE(message.find(words), std::string::npos) << message;
+  EXPECT_NE(refused.message().find(words), std::string::npos) << refused;
+  EXPECT_TRUE(HasEvent("flooded", "StoreLimitReached"));
+  const int64_t step = job["status"]["progress"]["step"];
+  WaitForJob(
+      "flooded",
+      [step](const json& j) { return j["status"]["progress"].value("step", int64_t{0}) > step; },
+      "training on");
+  std::cout << "store limit: " << stored << " values of 1 MiB stored before the refusal: "
+            << refused.message() << "\n";
 }
 
 // With spec.elastic.replaceStragglers the straggler's pod is replaced (not a restart), the
