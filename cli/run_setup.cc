@@ -223,6 +223,8 @@ rendezvous::JobConfig LocalJobConfig(const LocalRun& run, const std::string& tok
   // Every local worker is started at once; the first generation takes replicas of them and any
   // standbys wait.
   config.initial_members = job.spec.replicas;
+  config.store_limits = config.store_limits.SetByJob(job.spec.rendezvous.store.max_keys,
+                                                     job.spec.rendezvous.store.max_bytes);
   config.ranks_per_pod = job.spec.ranks_per_worker;
   config.pods_multiple = spec::PodsPerPipelineReplicas(job.spec);
   config.wait_for_initial_members = true;

@@ -10,12 +10,25 @@
 namespace lockstep::rendezvous {
 namespace {
 
-// A key as an error message shows it: keys are the clients' and may be megabytes long.
+// A key as an error message shows it: keys are the clients' bytes and may be megabytes long or
+// not text at all, and the message reaches a job's status, which must be valid UTF-8. Printable
+// ASCII as it is, any other byte as \xNN, cut after 64 bytes of the key.
 std::string Shown(const std::string& key) {
   constexpr size_t kShown = 64;
-  return key.size() <= kShown ? key
-                              : key.substr(0, kShown) + "... (" + std::to_string(key.size()) +
-                                    " bytes)";
+  static const char kHex[] = "0123456789abcdef";
+  std::string shown;
+  for (size_t i = 0; i < key.size() && i < kShown; ++i) {
+    const auto byte = static_cast<unsigned char>(key[i]);
+    if (byte >= 0x20 && byte < 0x7f && byte != '\\') {
+      shown += static_cast<char>(byte);
+    } else {
+      shown += "\\x";
+      shown += kHex[byte >> 4];
+      shown += kHex[byte & 0xf];
+    }
+  }
+  if (key.size() > kShown) shown += "... (" + std::to_string(key.size()) + " bytes)";
+  return shown;
 }
 
 // What a held get costs: its keys, kept by the call and named again in the index of missing

@@ -51,6 +51,21 @@ struct StoreLimits {
   size_t waiters_per_rank = 16;
   size_t bytes_per_rank_pair = 2 * 2 * 144;
 
+  // With the job's own limits where it sets them (spec.rendezvous.store; <= 0: not set): an
+  // absolute limit in place of the default and its per-rank term.
+  StoreLimits SetByJob(int64_t job_max_keys, int64_t job_max_bytes) const {
+    StoreLimits set = *this;
+    if (job_max_keys > 0) {
+      set.max_keys = static_cast<size_t>(job_max_keys);
+      set.keys_per_rank = 0;
+    }
+    if (job_max_bytes > 0) {
+      set.max_bytes = static_cast<size_t>(job_max_bytes);
+      set.bytes_per_rank_pair = 0;
+    }
+    return set;
+  }
+
   // The absolute limits of a job of `ranks` ranks (the per-rank terms folded in).
   StoreLimits ScaledTo(int64_t ranks) const {
     const auto n = static_cast<size_t>(ranks > 0 ? ranks : 0);

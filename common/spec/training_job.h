@@ -277,6 +277,24 @@ struct MetricsSpec {
   int32_t port = 9400;  // 0: no endpoint; else 1..65535
 };
 
+// `rendezvous.store`: what the job's rendezvous store may hold (common/rendezvous/
+// generation_stores.h, StoreLimits), in place of the limits scaled to the ranks of its
+// generations. 0: that default. Past a limit a member's call is refused (RESOURCE_EXHAUSTED) and
+// the job's StoreLimit condition says so.
+struct RendezvousStoreSpec {
+  int64_t max_keys = 0;   // `maxKeys`: keys held across the job's two latest generations
+  int64_t max_bytes = 0;  // `maxBytes` (a quantity: "64Mi"): their keys', values' and held gets' bytes
+};
+
+struct RendezvousSpec {
+  RendezvousStoreSpec store;
+};
+
+// Most a job may ask its rendezvous store to hold (`rendezvous.store`): far more than a small
+// job's bootstraps need, and a bound past which a value is a typo, not a job.
+inline constexpr int64_t kMaxStoreKeys = 10000000;
+inline constexpr int64_t kMaxStoreBytes = int64_t{16} << 30;
+
 // Most worker pods one job may ask for (`replicas`, `elastic.maxReplicas`): ten times the largest
 // cluster Kubernetes is tested at (5,000 nodes); past it a typo, not a job. Every count that is
 // sized from replicas (pods, rendezvous slots, local processes) stays small at this bound.
@@ -307,6 +325,7 @@ struct TrainingJobSpec {
   PlacementSpec placement;
   MetricsSpec metrics;
   ParameterServersSpec parameter_servers;
+  RendezvousSpec rendezvous;
 };
 
 // Worker pods (or `lockstep run` processes) the job runs: replicas plus its standbys.

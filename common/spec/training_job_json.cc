@@ -126,6 +126,11 @@ nlohmann::json ToJson(const TrainingJob& job) {
       {"runPolicy", RunPolicyToJson(spec.run_policy)},
       {"metrics", {{"port", spec.metrics.port}}},
   };
+  // Only what was set: an unset limit is the ranks' default, not a number to carry.
+  json store = json::object();
+  if (spec.rendezvous.store.max_keys > 0) store["maxKeys"] = spec.rendezvous.store.max_keys;
+  if (spec.rendezvous.store.max_bytes > 0) store["maxBytes"] = spec.rendezvous.store.max_bytes;
+  if (!store.empty()) out_spec["rendezvous"] = {{"store", store}};
   // Defaulted elastic bounds are not written, so elastic_set survives the round trip.
   if (spec.elastic_set) {
     out_spec["elastic"] = {{"minReplicas", spec.elastic.min_replicas},

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <string>
@@ -132,6 +133,27 @@ bool IsQuantity(const std::string& text) {
     return true;
   }
   return false;
+}
+
+// A quantity of bytes ("64Mi", "1G", "4096") as a whole number within 1..max; a problem naming
+// the field otherwise. Fractions of a byte ("500m") are refused.
+void ReadByteQuantity(const ObjectReader& reader, std::string_view key, int64_t max,
+                      int64_t* out) {
+  std::string value;
+  if (!reader.ReadIntOrString(key, &value)) return;
+  const double bytes = IsQuantity(value) ? QuantityValue(value) : std::nan("");
+  if (std::isnan(bytes) || bytes != std::floor(bytes)) {
+    reader.problems()->Add(reader.PathOf(key),
+                           "must be a whole number of bytes, a Kubernetes quantity such as "
+                           "\"64Mi\" or \"1G\" (got " + Describe(json(value)) + ")");
+    return;
+  }
+  if (bytes < 1 || bytes > static_cast<double>(max)) {
+    reader.problems()->Add(reader.PathOf(key), "must be within 1.." + std::to_string(max) +
+                                                   " bytes (got " + value + ")");
+    return;
+  }
+  *out = static_cast<int64_t>(bytes);
 }
 
 void ReadQuantity(const ObjectReader& reader, std::string_view key, std::string* out) {
@@ -435,6 +457,9 @@ void ReadSpec(const ObjectReader& top, TrainingJobSpec* spec) {
   internal::CheckParameterServers(reader, *spec);
   ObjectReader metrics = ChildMap(reader, "metrics");
   metrics.ReadInt("port", &spec->metrics.port, 0, 65535);
+  ObjectReader store = ChildMap(ChildMap(reader, "rendezvous"), "store");
+  store.ReadInt("maxKeys", &spec->rendezvous.store.max_keys, 1, kMaxStoreKeys);
+  ReadByteQuantity(store, "maxBytes", kMaxStoreBytes, &spec->rendezvous.store.max_bytes);
 }
 
 StatusOr<TrainingJob> ParseDocument(const json& document, const std::string& source,

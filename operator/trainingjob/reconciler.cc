@@ -92,6 +92,7 @@ Status TrainingJobReconciler::Reconcile(const std::string& key, controller::Resu
     deps_.expectations->Forget(key);
     std::lock_guard<std::mutex> lock(mutex_);
     straggler_records_.erase(key);
+    store_refusals_told_.erase(key);
     placement_warned_.erase(key);
     counted_failures_.erase(key);
     auto it = hosted_.find(key);
@@ -313,8 +314,11 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
     // A new incarnation of the name, or new membership bounds (scaling a job that is not
     // elastic moves both; with standbys the largest generation is replicas): register again.
     // Members rejoin the new registration with their state.
+    // So do new store limits (spec.rendezvous.store).
     const std::string registration = uid + "|" + std::to_string(job.spec.elastic.min_replicas) +
-                                     "/" + std::to_string(spec::MaxWorld(job.spec));
+                                     "/" + std::to_string(spec::MaxWorld(job.spec)) + "|" +
+                                     std::to_string(job.spec.rendezvous.store.max_keys) + "/" +
+                                     std::to_string(job.spec.rendezvous.store.max_bytes);
     auto it = hosted_.find(w.key);
     if (it == hosted_.end() || it->second != registration) {
       // Generations are numbered on from the newest any registration reached: the status (a
@@ -352,6 +356,8 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
       config.heartbeat_interval_ms = options_.rendezvous_heartbeat_interval_ms;
       config.heartbeat_timeout_ms = options_.rendezvous_heartbeat_timeout_ms;
       config.order_by_topology = !options_.topology_keys.empty();
+      config.store_limits = config.store_limits.SetByJob(job.spec.rendezvous.store.max_keys,
+                                                         job.spec.rendezvous.store.max_bytes);
       // Its members come back within a heartbeat timeout of each other, plus one connection
       // attempt that hung on the old leader's address.
       if (training) {

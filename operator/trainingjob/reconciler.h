@@ -184,6 +184,12 @@ class TrainingJobReconciler : public controller::Reconciler {
     std::vector<std::string> nodes;
   };
   std::map<std::string, StragglerRecord> straggler_records_;
+  // job key -> the store refusals of its registration last told in an Event (reconciler_status.cc).
+  struct StoreRefusalRecord {
+    std::string uid;
+    int64_t told = 0;
+  };
+  std::map<std::string, StoreRefusalRecord> store_refusals_told_;
   // node name -> its place and when it was read (MonotonicSeconds), reconciler_topology.cc.
   struct NodePlaceEntry {
     std::optional<rendezvous::TopologyPath> place;  // none: the node could not be read

@@ -296,20 +296,37 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
 
 void TrainingJobReconciler::ReportStoreRefusals(Work& w, const rendezvous::JobSnapshot& s) {
   if (s.store_refusals == 0) return;  // this registration refused nothing (yet)
-  const std::string message =
-      "the job's rendezvous store refused " + std::to_string(s.store_refusals) +
-      (s.store_refusals == 1 ? " call" : " calls") +
-      " past its limits (a member stores more than a job of its size needs); the last: " +
-      s.last_store_refusal;
-  // One Event each time the count has grown since the last status: at most one per reconcile,
-  // however fast a member is refused.
-  const json old = FindCondition(w.old_status, kStoreLimit);
-  if (!old.is_object() || old.value("message", "") != message) {
+  const std::string count = std::to_string(s.store_refusals);
+  SetCondition(&w.status, kStoreLimit, true, "StoreLimitReached",
+               "the job's rendezvous store refused " + count +
+                   (s.store_refusals == 1 ? " call" : " calls") +
+                   " past its limits since the operator last registered the job (a member asks "
+                   "the store for more than a job of its size needs); the last: " +
+                   s.last_store_refusal,
+               w.now);
+  // An Event at the first refusal and each time the count has doubled since the last one told:
+  // a member refused without end makes a few dozen, not one per status write. A registration
+  // anew (an operator restart) counts from 0: told again from its first.
+  bool tell = false;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    StoreRefusalRecord& record = store_refusals_told_[w.key];
+    if (record.uid != w.job.metadata.uid || s.store_refusals < record.told) {
+      record = StoreRefusalRecord{w.job.metadata.uid, 0};
+    }
+    if (record.told == 0 || s.store_refusals >= 2 * record.told) {
+      record.told = s.store_refusals;
+      tell = true;
+    }
+  }
+  if (tell) {
+    const std::string message = "the job's rendezvous store refused " + count +
+                                (s.store_refusals == 1 ? " call" : " calls") +
+                                " past its limits; the last: " + s.last_store_refusal;
     deps_.events->Record(*w.object, controller::EventType::kWarning, "StoreLimitReached",
                          message);
     LOCKSTEP_LOG(WARNING) << w.key << ": " << message;
   }
-  SetCondition(&w.status, kStoreLimit, true, "StoreLimitReached", message, w.now);
 }
 
 Status TrainingJobReconciler::Finish(Work& w, bool succeeded, const std::string& reason,

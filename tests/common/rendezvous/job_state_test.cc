@@ -1104,6 +1104,13 @@ TEST(JobStateTest, AStorePastItsJobsLimitsRefusesMoreAndKeepsWhatItHolds) {
   const JobSnapshot snapshot = job.state().Snapshot();
   EXPECT_EQ(snapshot.store_refusals, 5);
   EXPECT_EQ(snapshot.last_store_refusal, refused.message());
+  // A key of any bytes is named as printable ASCII (the words reach the job's status, which
+  // must be valid UTF-8), cut after 64 of them.
+  const std::string binary = "k\xff\xc3\n" + std::string(100, 'x');
+  const Status named = job.state().StoreSet(3, binary, "4", out);
+  EXPECT_NE(named.message().find("key k\\xff\\xc3\\x0axxx"), std::string::npos)
+      << named.message();
+  EXPECT_NE(named.message().find("... (104 bytes)"), std::string::npos) << named.message();
 }
 
 // The limits follow the ranks a generation has, not the job's declared maximum: a job that

@@ -415,6 +415,40 @@ TEST(TrainingJobSpec, QuantityValueReadsKubernetesSuffixes) {
   EXPECT_TRUE(std::isnan(QuantityValue("")));
 }
 
+// spec.rendezvous.store: the job's own store limits, as numbers or quantities of bytes; what
+// cannot be one is refused naming the field; unset is 0 (the ranks' default) and stays unset
+// through the JSON the operator hands the workers.
+TEST(TrainingJobSpec, RendezvousStoreLimitsReadAsKeysAndBytes) {
+  StatusOr<TrainingJob> set = ParseTrainingJobYaml(
+      std::string(kMinimal) + "  rendezvous:\n    store: {maxKeys: 100000, maxBytes: 64Mi}\n",
+      "job.yaml");
+  ASSERT_TRUE(set.ok()) << set.status();
+  EXPECT_EQ(set->spec.rendezvous.store.max_keys, 100000);
+  EXPECT_EQ(set->spec.rendezvous.store.max_bytes, int64_t{64} << 20);
+  StatusOr<TrainingJob> again = ParseTrainingJobJson(ToJson(*set), "");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->spec.rendezvous.store.max_bytes, int64_t{64} << 20);
+
+  StatusOr<TrainingJob> plain = ParseTrainingJobYaml(kMinimal, "job.yaml");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(plain->spec.rendezvous.store.max_keys, 0);
+  EXPECT_FALSE(ToJson(*plain)["spec"].contains("rendezvous"));
+
+  for (const char* bad : {"500m", "0", "17Gi", "lots", "-1"}) {
+    const std::string message = ParseError(std::string(kMinimal) +
+                                           "  rendezvous:\n    store: {maxBytes: \"" + bad +
+                                           "\"}\n");
+    EXPECT_NE(message.find("spec.rendezvous.store.maxBytes"), std::string::npos)
+        << bad << ": " << message;
+  }
+  EXPECT_NE(ParseError(std::string(kMinimal) + "  rendezvous:\n    store: {maxKeys: 0}\n")
+                .find("spec.rendezvous.store.maxKeys"),
+            std::string::npos);
+  EXPECT_NE(ParseError(std::string(kMinimal) + "  rendezvous:\n    store: {maxKeyz: 1}\n")
+                .find("spec.rendezvous.store.maxKeyz"),
+            std::string::npos);
+}
+
 TEST(TrainingJobSpec, RealDatasetFilesPassTheFileCheck) {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")) {
     GTEST_SKIP() << "Fashion-MNIST is not installed on this machine";

@@ -914,14 +914,16 @@ TEST_F(OperatorEndToEndTest, ASlowedWorkerIsNamedAStragglerWithItsPodAndNode) {
   EXPECT_FALSE(job["status"].contains("stragglers")) << job["status"].dump(2);
 }
 
-// A member that stores more than a job of its size needs (here the test, holding the job's token as
-// any program in its pods can) is refused past the job's store limits with RESOURCE_EXHAUSTED and
-// the reason STORE_LIMIT; the job's StoreLimit condition and a Warning Event say so, and its worker
-// trains on.
+// A member that stores more than its job allows (here the test, holding the job's token as any
+// program in its pods can; the job sets its own limit, spec.rendezvous.store.maxBytes) is refused
+// past it with RESOURCE_EXHAUSTED and the reason STORE_LIMIT; the job's StoreLimit condition and a
+// Warning Event say so, and its worker trains on.
 TEST_F(OperatorEndToEndTest, AMemberPastItsJobsStoreLimitsIsRefusedAndTheJobSaysSo) {
   StartKubelet();
   json manifest = JobManifest("flooded", 1);
   manifest["spec"]["trainer"]["steps"] = 100000000;
+  // The job's own limit, in place of the ~16 MiB a one-rank job gets.
+  manifest["spec"]["rendezvous"] = {{"store", {{"maxBytes", "6Mi"}}}};
   ASSERT_EQ(h_->Apply(ns_, manifest).status, 201);
   json job = WaitForJob(
       "flooded",
@@ -950,14 +952,15 @@ TEST_F(OperatorEndToEndTest, AMemberPastItsJobsStoreLimitsIsRefusedAndTheJobSays
   const std::string value(1 << 20, 'x');
   Status refused;
   int stored = 0;
-  // A one-rank job may hold about 16 MiB: refused well before 256 MiB.
+  // Its 6 MiB hold five values of 1 MiB and their keys, not six.
   for (; stored < 256; ++stored) {
     refused = store->Set("flood/" + std::to_string(stored), value, kWaitMs);
     if (!refused.ok()) break;
   }
   ASSERT_EQ(refused.code(), StatusCode::kResourceExhausted) << refused;
   EXPECT_EQ(refused.reason(), rendezvous::kReasonStoreLimit) << refused;
-  EXPECT_NE(refused.message().find("its limit"), std::string::npos) << refused;
+  EXPECT_NE(refused.message().find("its limit of 6291456"), std::string::npos) << refused;
+  EXPECT_EQ(stored, 5);
 
   job = WaitForJob(
       "flooded",
