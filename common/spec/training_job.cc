@@ -122,13 +122,16 @@ bool operator==(const RunPolicy& a, const RunPolicy& b) {
          a.scheduling == b.scheduling && a.retryable_exit_codes == b.retryable_exit_codes;
 }
 bool operator==(const MetricsSpec& a, const MetricsSpec& b) { return a.port == b.port; }
+bool operator==(const RendezvousSpec& a, const RendezvousSpec& b) {
+  return a.store.max_keys == b.store.max_keys && a.store.max_bytes == b.store.max_bytes;
+}
 bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b) {
   return a.replicas == b.replicas && a.ranks_per_worker == b.ranks_per_worker &&
          a.elastic == b.elastic && a.elastic_set == b.elastic_set && a.trainer == b.trainer &&
          a.command == b.command && a.image == b.image && a.resources == b.resources &&
          a.template_ == b.template_ && a.checkpoint == b.checkpoint && a.network == b.network &&
          a.run_policy == b.run_policy && a.placement == b.placement && a.metrics == b.metrics &&
-         a.parameter_servers == b.parameter_servers;
+         a.parameter_servers == b.parameter_servers && a.rendezvous == b.rendezvous;
 }
 bool operator==(const TrainingJob& a, const TrainingJob& b) {
   return a.api_version == b.api_version && a.kind == b.kind && a.metadata == b.metadata &&

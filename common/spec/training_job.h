@@ -380,6 +380,7 @@ bool operator==(const SchedulingSpec& a, const SchedulingSpec& b);
 bool operator==(const PlacementSpec& a, const PlacementSpec& b);
 bool operator==(const RunPolicy& a, const RunPolicy& b);
 bool operator==(const MetricsSpec& a, const MetricsSpec& b);
+bool operator==(const RendezvousSpec& a, const RendezvousSpec& b);
 bool operator==(const TrainingJobSpec& a, const TrainingJobSpec& b);
 bool operator==(const TrainingJob& a, const TrainingJob& b);
 inline bool operator!=(const TrainingJobSpec& a, const TrainingJobSpec& b) { return !(a == b); }

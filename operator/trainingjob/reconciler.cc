@@ -321,6 +321,8 @@ Status TrainingJobReconciler::EnsureChildren(Work& w) {
                                      std::to_string(job.spec.rendezvous.store.max_bytes);
     auto it = hosted_.find(w.key);
     if (it == hosted_.end() || it->second != registration) {
+      // A registration anew counts its store refusals from 0: told again from the first.
+      store_refusals_told_.erase(w.key);
       // Generations are numbered on from the newest any registration reached: the status (a
       // previous operator's) or, registering again, this service's own.
       int64_t last_generation = 0;
