@@ -45,9 +45,8 @@ Status ConnectError(const std::exception& e, const std::string& where, const Dea
 // sent. A connection taken for a peer's that is not (above) ends, which fails the wait at once,
 // or sends nothing the pair takes for a message, which ends the wait at kHelloTimeoutMs (the
 // first timeout closes every pair of the rank, so the others fail at once). Either is a failure
-// a new attempt may mend. After the
-// address exchange every rank reaches this within a few store round trips of the others, so the
-// bound is generous.
+// a new attempt may mend. After the address exchange every rank reaches this within a few store
+// round trips of the others, so the bound is generous.
 constexpr int64_t kHelloTimeoutMs = 10000;
 
 // Rank 0 calls for no new attempt with less than this left of its deadline: the attempt could
