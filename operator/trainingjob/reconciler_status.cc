@@ -296,13 +296,14 @@ void TrainingJobReconciler::ReportQueue(Work& w, int32_t gated, int32_t admitted
 
 void TrainingJobReconciler::ReportStoreRefusals(Work& w, const rendezvous::JobSnapshot& s) {
   if (s.store_refusals == 0) return;  // this registration refused nothing (yet)
-  const std::string count = std::to_string(s.store_refusals);
+  const std::string refused = "the job's rendezvous store refused " +
+                              std::to_string(s.store_refusals) +
+                              (s.store_refusals == 1 ? " call" : " calls") + " past its limits";
+  const std::string last = "; the last: " + s.last_store_refusal;
   SetCondition(&w.status, kStoreLimit, true, "StoreLimitReached",
-               "the job's rendezvous store refused " + count +
-                   (s.store_refusals == 1 ? " call" : " calls") +
-                   " past its limits since the operator last registered the job (a member asks "
-                   "the store for more than a job of its size needs); the last: " +
-                   s.last_store_refusal,
+               refused +
+                   " since the operator last registered the job (a member asks the store for "
+                   "more than a job of its size needs)" + last,
                w.now);
   // An Event at the first refusal and each time the count has doubled since the last one told:
   // a member refused without end makes a few dozen, not one per status write. A registration
@@ -320,9 +321,7 @@ void TrainingJobReconciler::ReportStoreRefusals(Work& w, const rendezvous::JobSn
     }
   }
   if (tell) {
-    const std::string message = "the job's rendezvous store refused " + count +
-                                (s.store_refusals == 1 ? " call" : " calls") +
-                                " past its limits; the last: " + s.last_store_refusal;
+    const std::string message = refused + last;
     deps_.events->Record(*w.object, controller::EventType::kWarning, "StoreLimitReached",
                          message);
     LOCKSTEP_LOG(WARNING) << w.key << ": " << message;

@@ -1,5 +1,7 @@
 #include "worker/comm/gloo/pair_addresses.h"
 
+#include "common/utf8.h"
+
 namespace lockstep::comm {
 
 namespace {
@@ -21,7 +23,7 @@ constexpr size_t kReasonBytes = 512;
 std::string Said(const Status& status) {
   if (status.ok()) return "";
   const char mark = status.code() == StatusCode::kUnavailable ? kRetry : kFinal;
-  return std::string(1, mark) + status.message().substr(0, kReasonBytes);
+  return std::string(1, mark) + Utf8Prefix(status.message(), kReasonBytes);
 }
 }  // namespace
 
